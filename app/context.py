@@ -1,0 +1,101 @@
+"""AppContext: the one object handed to widgets: settings, engine adapter, store, loaded LLM, server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtCore import QObject, QSettings, Signal
+
+from .bridge import LoadParams, MemoryFigures, ServerSettings, free_port, port_in_use
+from .settings import load_settings, save_settings
+from .storage import ConversationStore
+from .workers import CallWorker, MemoryPoller, ModelLoadWorker, WorkerPool
+
+
+class AppContext(QObject):
+    llm_loaded = Signal(object)  # LlmSession
+    llm_unloaded = Signal()
+    memory_polled = Signal(object)  # MemoryFigures
+    server_started = Signal(object)  # server handle (.url, .port)
+    server_stopped = Signal()
+    server_failed = Signal(str)
+    request_logged = Signal(str)  # emitted from server threads; receivers get it queued
+
+    def __init__(self, engine: Any, store: ConversationStore, qsettings: QSettings):
+        super().__init__()
+        self.engine, self.store, self.qsettings = engine, store, qsettings
+        self.settings = load_settings(qsettings)
+        self.pool = WorkerPool(self)
+        self.session: Any = None
+        self.server: Any = None
+        self.last_memory = MemoryFigures()
+        self._poller: MemoryPoller | None = None
+
+    # model ----------------------------------------------------------------------------------
+    def load(self, path: str, params: LoadParams) -> ModelLoadWorker:
+        """Starts loading; the caller connects progress/failure. Success replaces the session."""
+        self.settings.load = params
+        self.settings.add_recent(path)
+        worker = ModelLoadWorker(self.engine, path, params)
+        worker.loaded.connect(self._set_session)
+        return self.pool.start(worker)
+
+    def _set_session(self, session: Any) -> None:
+        self.unload()
+        self.session = session
+        self._poller = self.pool.start(MemoryPoller(session))
+        self._poller.polled.connect(self._on_memory_polled)
+        self.llm_loaded.emit(session)
+
+    def _on_memory_polled(self, fig: MemoryFigures) -> None:
+        self.last_memory = fig
+        self.memory_polled.emit(fig)
+
+    def unload(self) -> None:
+        if self.session is None:
+            return
+        self.stop_server()
+        if self._poller is not None:
+            self._poller.cancel()
+            self._poller = None
+        self.session.close()
+        self.session = None
+        self.llm_unloaded.emit()
+
+    # server ---------------------------------------------------------------------------------
+    def start_server(self, settings: ServerSettings) -> None:
+        self.settings.server = settings
+        if self.session is None:
+            self.server_failed.emit("Load a model first: the server shares the loaded model.")
+            return
+        if settings.port and port_in_use(settings.host, settings.port):
+            self.server_failed.emit(
+                f"Port {settings.port} is already in use on {settings.host}. "
+                f"Port {free_port(settings.host)} is free."
+            )
+            return
+        worker = CallWorker(self.session.start_server, settings, self.request_logged.emit)
+        worker.result.connect(self._on_server_started)
+        worker.failed.connect(self.server_failed)
+        self.pool.start(worker)
+
+    def _on_server_started(self, handle: Any) -> None:
+        self.server = handle
+        self.server_started.emit(handle)
+
+    def stop_server(self) -> None:
+        if self.server is None:
+            return
+        handle, self.server = self.server, None
+        handle.stop()
+        self.server_stopped.emit()
+
+    # lifetime -------------------------------------------------------------------------------
+    def save(self) -> None:
+        save_settings(self.qsettings, self.settings)
+
+    def shutdown(self) -> None:
+        self.unload()
+        self.pool.shutdown()
+        self.save()
+        self.store.close()

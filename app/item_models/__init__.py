@@ -1,0 +1,1 @@
+"""Qt item models. Named …ListModel / …TableModel so they never clash with LLM 'models'."""

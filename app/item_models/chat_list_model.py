@@ -1,0 +1,100 @@
+"""ChatListModel: the messages of one conversation; a streaming reply grows its last row."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QAbstractListModel, QModelIndex, QPersistentModelIndex, Qt
+
+from ..storage import Message
+
+ROLE_ROLE = Qt.ItemDataRole.UserRole + 1  # "user" | "assistant" | "system"
+STATS_ROLE = Qt.ItemDataRole.UserRole + 2  # dict: speed, counts, replay record
+STREAMING_ROLE = Qt.ItemDataRole.UserRole + 3  # bool: the reply is still growing
+ID_ROLE = Qt.ItemDataRole.UserRole + 4  # storage message id
+ERROR_ROLE = Qt.ItemDataRole.UserRole + 5  # str: why a reply failed
+
+
+class ChatListModel(QAbstractListModel):
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self._messages: list[Message] = []
+        self._streaming_row = -1
+        self._errors: dict[int, str] = {}
+
+    def rowCount(self, parent=QModelIndex()) -> int:  # noqa: N802
+        return 0 if parent.isValid() else len(self._messages)
+
+    def data(self, index, role=Qt.ItemDataRole.DisplayRole):
+        if not index.isValid() or not 0 <= index.row() < len(self._messages):
+            return None
+        m = self._messages[index.row()]
+        if role in (Qt.ItemDataRole.DisplayRole, Qt.ItemDataRole.EditRole):
+            return m.content
+        return {
+            ROLE_ROLE: m.role,
+            STATS_ROLE: m.stats,
+            STREAMING_ROLE: index.row() == self._streaming_row,
+            ID_ROLE: m.id,
+            ERROR_ROLE: self._errors.get(index.row(), ""),
+        }.get(role)
+
+    def roleNames(self):  # noqa: N802
+        return {**super().roleNames(), ROLE_ROLE: b"role", STATS_ROLE: b"stats",
+                STREAMING_ROLE: b"streaming", ID_ROLE: b"messageId", ERROR_ROLE: b"error"}
+
+    # editing --------------------------------------------------------------------------------
+    def set_messages(self, messages: list[Message]) -> None:
+        self.beginResetModel()
+        self._messages, self._streaming_row, self._errors = list(messages), -1, {}
+        self.endResetModel()
+
+    def append(self, message: Message, streaming: bool = False) -> int:
+        row = len(self._messages)
+        self.beginInsertRows(QModelIndex(), row, row)
+        self._messages.append(message)
+        if streaming:
+            self._streaming_row = row
+        self.endInsertRows()
+        return row
+
+    def append_delta(self, text: str) -> None:
+        row = self._streaming_row
+        if row < 0:
+            return
+        self._messages[row].content += text
+        idx = self.index(row)
+        self.dataChanged.emit(idx, idx, [Qt.ItemDataRole.DisplayRole])
+
+    def finish_streaming(self, stats: dict | None = None, error: str = "") -> None:
+        row, self._streaming_row = self._streaming_row, -1
+        if row < 0:
+            return
+        if stats is not None:
+            self._messages[row].stats = stats
+        if error:
+            self._errors[row] = error
+        idx = self.index(row)
+        self.dataChanged.emit(idx, idx)
+
+    def truncate(self, row: int) -> None:
+        """Remove `row` and every row after it."""
+        if row >= len(self._messages):
+            return
+        self.beginRemoveRows(QModelIndex(), row, len(self._messages) - 1)
+        del self._messages[row:]
+        self._errors = {r: e for r, e in self._errors.items() if r < row}
+        if self._streaming_row >= row:
+            self._streaming_row = -1
+        self.endRemoveRows()
+
+    # reading --------------------------------------------------------------------------------
+    def message(self, row: int) -> Message:
+        return self._messages[row]
+
+    def messages(self) -> list[Message]:
+        return list(self._messages)
+
+    def streaming_message(self) -> Message | None:
+        return self._messages[self._streaming_row] if self._streaming_row >= 0 else None
+
+    def is_streaming(self) -> bool:
+        return self._streaming_row >= 0

@@ -1,0 +1,83 @@
+"""LlmFileTableModel: GGUF files found on disk with what they are; unusable files keep their reason."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QAbstractTableModel, QModelIndex, Qt
+from PySide6.QtGui import QColor
+
+from ..bridge import LlmFileInfo
+from ..format import human_bytes, human_count
+
+COLUMNS = ("Name", "Architecture", "Parameters", "Quantisation", "Size", "Train ctx", "Template", "Status")
+INFO_ROLE = Qt.ItemDataRole.UserRole + 1
+SORT_ROLE = Qt.ItemDataRole.UserRole + 2
+
+
+class LlmFileTableModel(QAbstractTableModel):
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self._rows: list[LlmFileInfo] = []
+
+    def rowCount(self, parent=QModelIndex()) -> int:  # noqa: N802
+        return 0 if parent.isValid() else len(self._rows)
+
+    def columnCount(self, parent=QModelIndex()) -> int:  # noqa: N802
+        return 0 if parent.isValid() else len(COLUMNS)
+
+    def headerData(self, section, orientation, role=Qt.ItemDataRole.DisplayRole):  # noqa: N802
+        if role == Qt.ItemDataRole.DisplayRole and orientation == Qt.Orientation.Horizontal:
+            return COLUMNS[section] if 0 <= section < len(COLUMNS) else None
+        return None
+
+    def data(self, index, role=Qt.ItemDataRole.DisplayRole):
+        if not index.isValid() or not 0 <= index.row() < len(self._rows):
+            return None
+        info, col = self._rows[index.row()], index.column()
+        if role == Qt.ItemDataRole.DisplayRole:
+            return self._text(info, col)
+        if role == SORT_ROLE:
+            return (info.name, info.arch, info.n_params, info.main_quant, info.file_size,
+                    info.n_ctx_train, int(info.has_chat_template), info.error or "")[col]
+        if role == Qt.ItemDataRole.ToolTipRole:
+            return info.error or self._quant_tooltip(info) or info.path
+        if role == Qt.ItemDataRole.ForegroundRole and info.error and col == 7:
+            return QColor("#d9534f")
+        if role == INFO_ROLE:
+            return info
+        return None
+
+    @staticmethod
+    def _text(info: LlmFileInfo, col: int) -> str:
+        if info.error and col not in (0, 4, 7):
+            return "–"
+        return (
+            info.name, info.arch, human_count(info.n_params), info.main_quant,
+            human_bytes(info.file_size), f"{info.n_ctx_train:,}",
+            "yes" if info.has_chat_template else "no (fallback)",
+            f"✗ {info.error.splitlines()[0]}" if info.error else "ready",
+        )[col]
+
+    @staticmethod
+    def _quant_tooltip(info: LlmFileInfo) -> str:
+        total = sum(info.quant_mix.values()) or 1
+        mix = ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in
+                        sorted(info.quant_mix.items(), key=lambda kv: -kv[1]))
+        return f"{info.path}\n{mix}"
+
+    def add_or_update(self, info: LlmFileInfo) -> int:
+        for row, old in enumerate(self._rows):
+            if old.path == info.path:
+                self._rows[row] = info
+                self.dataChanged.emit(self.index(row, 0), self.index(row, len(COLUMNS) - 1))
+                return row
+        row = len(self._rows)
+        self.beginInsertRows(QModelIndex(), row, row)
+        self._rows.append(info)
+        self.endInsertRows()
+        return row
+
+    def info(self, row: int) -> LlmFileInfo:
+        return self._rows[row]
+
+    def row_of(self, path: str) -> int:
+        return next((i for i, r in enumerate(self._rows) if r.path == path), -1)

@@ -1,0 +1,219 @@
+"""MainWindow: layout and signal wiring only; behaviour lives in the widgets and controllers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import QByteArray, Qt
+from PySide6.QtGui import QAction, QKeySequence, QShortcut
+from PySide6.QtWidgets import QFileDialog, QLabel, QMainWindow, QSplitter, QTabWidget, QToolBar, QWidget
+
+from .chat_controller import ChatController
+from .context import AppContext
+from .gl_info import opengl_info
+from .resources import icon
+from .widgets.chat_pane import ChatPane
+from .widgets.conversation_sidebar import ConversationSidebar
+from .widgets.memory_dashboard import MemoryDashboard
+from .widgets.model_picker import ModelPicker
+from .widgets.sampling_panel import SamplingPanel
+from .widgets.server_panel import ServerPanel
+from .widgets.server_toggle import ServerToggle
+from .widgets.status_bar import AppStatusBar
+
+TAB_CHAT, TAB_MODELS, TAB_MEMORY, TAB_SERVER = range(4)
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, ctx: AppContext, parent=None):
+        super().__init__(parent)
+        self.ctx = ctx
+        self.chat = ChatController(ctx, self)
+        self.setWindowTitle("ggstation")
+        self.setWindowIcon(icon("ggstation"))
+        self._build_toolbar()
+        self._build_tabs()
+        self.status = AppStatusBar(self)
+        self.setStatusBar(self.status)
+        self._build_shortcuts()
+        self._connect_context()
+        self._connect_chat()
+        self._restore_state()
+        self.dashboard.backends.set_backend(ctx.engine.backends())
+        self.dashboard.backends.set_opengl(*opengl_info())
+
+    # building -------------------------------------------------------------------------------
+    def _build_toolbar(self) -> None:
+        bar = QToolBar("Main", objectName="mainToolbar", movable=False)
+        bar.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.open_action = QAction(icon("open"), "Open model…", self, shortcut=QKeySequence("Ctrl+O"))
+        self.open_action.triggered.connect(self.on_open_action_triggered)
+        self.new_action = QAction(icon("new_chat"), "New chat", self, shortcut=QKeySequence("Ctrl+N"))
+        self.new_action.triggered.connect(self.chat.new_conversation)
+        bar.addAction(self.open_action)
+        bar.addAction(self.new_action)
+        spacer = QWidget()
+        spacer.setSizePolicy(spacer.sizePolicy().Policy.Expanding, spacer.sizePolicy().Policy.Preferred)
+        bar.addWidget(spacer)
+        self.llm_label = QLabel("No model loaded", objectName="toolbarModel")
+        bar.addWidget(self.llm_label)
+        self.server_toggle = ServerToggle()
+        self.server_toggle.toggled.connect(self.on_server_toggle_toggled)
+        bar.addWidget(self.server_toggle)
+        self.addToolBar(bar)
+
+    def _build_tabs(self) -> None:
+        self.tabs = QTabWidget(documentMode=True)
+        self.sidebar = ConversationSidebar(self.chat.conversations)
+        self.chat_pane = ChatPane(self.chat.chat_model)
+        self.sampling = SamplingPanel(self.ctx.settings.presets())
+        s = self.ctx.settings
+        self.sampling.set_values(s.sampling, s.system_prompt, s.preset)
+        self.chat_splitter = QSplitter(Qt.Orientation.Horizontal, childrenCollapsible=False)
+        for w, width in ((self.sidebar, 230), (self.chat_pane, 700), (self.sampling, 270)):
+            self.chat_splitter.addWidget(w)
+        self.chat_splitter.setSizes([230, 700, 270])
+        self.chat_splitter.setStretchFactor(1, 1)
+        self.picker = ModelPicker(self.ctx)
+        self.dashboard = MemoryDashboard()
+        self.server_panel = ServerPanel(self.ctx.settings.server)
+        self.tabs.addTab(self.chat_splitter, icon("chat"), "Chat")
+        self.tabs.addTab(self.picker, icon("models"), "Models")
+        self.tabs.addTab(self.dashboard, icon("memory"), "Memory")
+        self.tabs.addTab(self.server_panel, icon("server"), "Server")
+        self.setCentralWidget(self.tabs)
+
+    def _build_shortcuts(self) -> None:
+        QShortcut(QKeySequence("Esc"), self, activated=self.on_escape_activated)
+        QShortcut(QKeySequence("Ctrl+F"), self, activated=self.on_search_shortcut_activated)
+
+    # wiring ---------------------------------------------------------------------------------
+    def _connect_context(self) -> None:
+        ctx = self.ctx
+        ctx.llm_loaded.connect(self.on_ctx_llm_loaded)
+        ctx.llm_unloaded.connect(self.on_ctx_llm_unloaded)
+        ctx.memory_polled.connect(self.dashboard.set_figures)
+        ctx.memory_polled.connect(lambda fig: self.status.set_memory(fig.rss_bytes))
+        ctx.server_started.connect(self.on_ctx_server_started)
+        ctx.server_stopped.connect(lambda: self._show_server(None))
+        ctx.server_failed.connect(self.on_ctx_server_failed)
+        ctx.request_logged.connect(self.server_panel.append_log)
+        self.server_panel.start_requested.connect(ctx.start_server)
+        self.server_panel.stop_requested.connect(ctx.stop_server)
+
+    def _connect_chat(self) -> None:
+        chat, pane, side, s = self.chat, self.chat_pane, self.sidebar, self.ctx.settings
+        pane.send_requested.connect(chat.send)
+        pane.edit_submitted.connect(chat.edit)
+        pane.stop_requested.connect(chat.stop)
+        pane.regenerate_requested.connect(chat.regenerate)
+        chat.busy_changed.connect(pane.set_busy)
+        chat.context_changed.connect(pane.set_context)
+        chat.context_changed.connect(self.status.set_context)
+        chat.step_received.connect(self.dashboard.add_step)
+        chat.failed.connect(lambda msg: self.status.showMessage(msg.splitlines()[0], 8000))
+        chat.conversation_opened.connect(self.on_chat_conversation_opened)
+        side.new_requested.connect(chat.new_conversation)
+        side.conversation_selected.connect(chat.open_conversation)
+        side.delete_requested.connect(chat.delete_conversation)
+        side.search_changed.connect(chat.refresh_conversations)
+        side.export_requested.connect(self.on_sidebar_export_requested)
+        self.sampling.sampling_changed.connect(lambda v: setattr(s, "sampling", v))
+        self.sampling.system_prompt_changed.connect(lambda v: setattr(s, "system_prompt", v))
+        self.sampling.preset_combo.currentTextChanged.connect(lambda v: setattr(s, "preset", v))
+        self.sampling.preset_saved.connect(lambda n, v: s.user_presets.update({n: v.as_dict()}))
+        self.picker.load_started.connect(lambda: self.status.showMessage("Loading model…", 3000))
+
+    # slots ----------------------------------------------------------------------------------
+    def on_open_action_triggered(self) -> None:
+        self.tabs.setCurrentIndex(TAB_MODELS)
+        self.picker.open_file()
+
+    def on_escape_activated(self) -> None:
+        if self.chat.busy():
+            self.chat.stop()
+        else:
+            self.chat_pane.cancel_edit()
+
+    def on_search_shortcut_activated(self) -> None:
+        self.tabs.setCurrentIndex(TAB_CHAT)
+        self.sidebar.search.setFocus()
+        self.sidebar.search.selectAll()
+
+    def on_ctx_llm_loaded(self, session) -> None:
+        self.status.clearMessage()
+        self.llm_label.setText(f"{session.name}  ")
+        self.status.set_llm(session)
+        self.dashboard.set_layers(session.layers())
+        self.dashboard.backends.set_backend(self.ctx.engine.backends(session.n_threads))
+        self.chat_pane.view.placeholder = f"{session.name} is ready. Type a message below."
+        self.chat_pane.set_context(0, self.chat.n_ctx())
+        self.tabs.setCurrentIndex(TAB_CHAT)
+        self.chat_pane.input.setFocus()
+
+    def on_ctx_llm_unloaded(self) -> None:
+        self.llm_label.setText("No model loaded")
+        self.status.set_llm(None)
+        self.dashboard.set_layers([])
+        self.chat_pane.view.placeholder = "Load a model, then type a message below."
+        self.chat_pane.set_context(0, 0)
+
+    def on_ctx_server_started(self, handle) -> None:
+        self._show_server(handle.url)
+        self.server_panel.append_log(f"listening on {handle.url}")
+
+    def on_ctx_server_failed(self, message: str) -> None:
+        self._show_server(None, failed=True)
+        self.server_panel.show_error(message)
+        self.status.showMessage(message.splitlines()[0], 8000)
+
+    def _show_server(self, url: str | None, failed: bool = False) -> None:
+        self.server_toggle.set_state(url, failed)
+        self.server_panel.set_running(url)
+        self.status.set_server(url)
+
+    def on_server_toggle_toggled(self, checked: bool) -> None:
+        if checked:
+            self.ctx.start_server(self.server_panel.settings())
+        else:
+            self.ctx.stop_server()
+
+    def on_chat_conversation_opened(self, conversation_id: int, title: str) -> None:
+        self.chat_pane.set_title(title)
+        self.sidebar.select(conversation_id)
+
+    def on_sidebar_export_requested(self, conversation_id: int, fmt: str) -> None:
+        store = self.ctx.store
+        name = store.title(conversation_id).replace("/", "-") or "conversation"
+        path, _ = QFileDialog.getSaveFileName(self, "Export conversation", f"{name}.{fmt}",
+                                              "Markdown (*.md)" if fmt == "md" else "JSON (*.json)")
+        if path:
+            text = store.export_markdown(conversation_id) if fmt == "md" else store.export_json(conversation_id)
+            Path(path).write_text(text, encoding="utf-8")
+
+    # state ----------------------------------------------------------------------------------
+    def _restore_state(self) -> None:
+        qs = self.ctx.qsettings
+        for key, restore in (("window/geometry", self.restoreGeometry), ("window/state", self.restoreState),
+                             ("window/chat_splitter", self.chat_splitter.restoreState),
+                             ("window/picker_splitter", self.picker.splitter.restoreState)):
+            value = qs.value(key)
+            if isinstance(value, QByteArray):
+                restore(value)
+        if not qs.value("window/geometry"):
+            self.resize(1280, 800)
+        self.tabs.setCurrentIndex(int(qs.value("window/tab", TAB_CHAT)))
+
+    def save_state(self) -> None:
+        qs = self.ctx.qsettings
+        qs.setValue("window/geometry", self.saveGeometry())
+        qs.setValue("window/state", self.saveState())
+        qs.setValue("window/chat_splitter", self.chat_splitter.saveState())
+        qs.setValue("window/picker_splitter", self.picker.splitter.saveState())
+        qs.setValue("window/tab", self.tabs.currentIndex())
+
+    def closeEvent(self, event) -> None:  # noqa: N802
+        self.chat.stop()
+        self.save_state()
+        self.ctx.shutdown()
+        super().closeEvent(event)

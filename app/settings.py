@@ -1,0 +1,66 @@
+"""AppSettings: typed settings, stored with QSettings (one key per field)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+
+from PySide6.QtCore import QSettings
+
+from .bridge import LoadParams, SamplingSettings, ServerSettings
+
+BUILTIN_PRESETS: dict[str, SamplingSettings] = {
+    "Balanced": SamplingSettings(),
+    "Precise": SamplingSettings(temperature=0.2, top_k=20, top_p=0.9, min_p=0.1, repeat_penalty=1.05),
+    "Creative": SamplingSettings(temperature=1.0, top_k=100, top_p=0.98, min_p=0.02, repeat_penalty=1.0),
+    "Greedy (deterministic)": SamplingSettings(temperature=0.0, top_k=1, top_p=1.0, min_p=0.0,
+                                               repeat_penalty=1.0, seed=0),
+}
+
+
+@dataclass
+class AppSettings:
+    load: LoadParams = field(default_factory=LoadParams)
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)
+    server: ServerSettings = field(default_factory=ServerSettings)
+    system_prompt: str = "You are a helpful assistant."
+    preset: str = "Balanced"
+    user_presets: dict[str, dict] = field(default_factory=dict)
+    models_folder: str = ""
+    recent_files: list[str] = field(default_factory=list)
+    theme: str = "system"  # system | light | dark
+
+    def add_recent(self, path: str, limit: int = 8) -> None:
+        self.recent_files = [path] + [p for p in self.recent_files if p != path][: limit - 1]
+
+    def presets(self) -> dict[str, SamplingSettings]:
+        user = {k: SamplingSettings(**v) for k, v in self.user_presets.items()}
+        return {**BUILTIN_PRESETS, **user}
+
+
+_NESTED = {"load": LoadParams, "sampling": SamplingSettings, "server": ServerSettings}
+
+
+def load_settings(qs: QSettings) -> AppSettings:
+    s = AppSettings()
+    for f in fields(AppSettings):
+        raw = qs.value(f.name)
+        if raw is None:
+            continue
+        try:
+            value = json.loads(raw)
+            if f.name in _NESTED:
+                cls = _NESTED[f.name]
+                known = {k: v for k, v in value.items() if k in cls.__dataclass_fields__}
+                value = cls(**known)
+            setattr(s, f.name, value)
+        except (TypeError, ValueError):
+            continue  # a corrupt or outdated key keeps its default
+    return s
+
+
+def save_settings(qs: QSettings, s: AppSettings) -> None:
+    for f in fields(AppSettings):
+        value = getattr(s, f.name)
+        qs.setValue(f.name, json.dumps(asdict(value) if f.name in _NESTED else value))
+    qs.sync()

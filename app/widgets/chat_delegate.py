@@ -1,0 +1,242 @@
+"""ChatDelegate: paints one message as a bubble with Markdown, code blocks, stats and actions.
+
+Layout is computed once per (text, width) and cached, so painting a long conversation stays cheap;
+a streaming reply re-lays out only its own row.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from PySide6.QtCore import QEvent, QPointF, QRect, QRectF, QSize, Qt, Signal
+from PySide6.QtGui import (
+    QAbstractTextDocumentLayout, QColor, QFont, QFontDatabase, QPainter, QPalette, QTextCharFormat,
+    QTextCursor, QTextDocument, QTextFormat,
+)
+from PySide6.QtWidgets import QStyle, QStyledItemDelegate, QToolTip
+
+from ..format import replay_record, reply_summary
+from ..item_models.chat_list_model import ERROR_ROLE, ROLE_ROLE, STATS_ROLE, STREAMING_ROLE
+from ..theme import is_dark, mix
+
+MARGIN, GAP, PAD, RADIUS = 16, 10, 12, 10
+CACHE_SIZE = 256
+
+
+@dataclass
+class _Layout:
+    bubble: QRect
+    doc: QTextDocument
+    doc_origin: QPointF
+    header: QRect
+    footer: QRect  # stats line (assistant) or empty
+    actions: list[tuple[str, QRect]] = field(default_factory=list)
+    code_copies: list[tuple[str, QRect]] = field(default_factory=list)
+
+
+class ChatDelegate(QStyledItemDelegate):
+    copy_requested = Signal(int)
+    edit_requested = Signal(int)
+    regenerate_requested = Signal(int)
+    code_copy_requested = Signal(str)
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self._docs: OrderedDict[tuple, tuple[QTextDocument, float]] = OrderedDict()
+        self.hover_row = -1
+
+    # documents ------------------------------------------------------------------------------
+    def _document(self, text: str, width: int, palette: QPalette, font: QFont) -> tuple[QTextDocument, float]:
+        """The laid-out document and its ideal width at `width` (before a user bubble shrinks it)."""
+        key = (text, width, palette.color(QPalette.ColorRole.Text).rgb(), font.pointSizeF())
+        cached = self._docs.get(key)
+        if cached is not None:
+            self._docs.move_to_end(key)
+            return cached
+        doc = QTextDocument()
+        doc.setDefaultFont(font)
+        doc.setDocumentMargin(0)
+        doc.setMarkdown(text or "…")
+        _style_code_blocks(doc, palette)
+        doc.setTextWidth(width)
+        self._docs[key] = (doc, doc.idealWidth())
+        if len(self._docs) > CACHE_SIZE:
+            self._docs.popitem(last=False)
+        return self._docs[key]
+
+    # layout ---------------------------------------------------------------------------------
+    def _layout(self, option, index) -> _Layout:
+        role = index.data(ROLE_ROLE)
+        is_user = role == "user"
+        avail = max(option.rect.width() - 2 * MARGIN, 120)
+        max_w = int(avail * (0.78 if is_user else 0.92))
+        fm = option.fontMetrics
+        doc, ideal = self._document(index.data() or "", max_w - 2 * PAD, option.palette, option.font)
+        content_w = int(ideal) + 1 if is_user else max_w - 2 * PAD
+        actions = self._action_names(index)
+        actions_w = sum(fm.horizontalAdvance(a) + 18 for a in actions)
+        width = min(max(content_w + 2 * PAD, actions_w + 2 * PAD, 120), max_w)
+        if is_user and doc.textWidth() != width - 2 * PAD:
+            doc.setTextWidth(width - 2 * PAD)
+        header_h, line_h = fm.height() + 4, fm.height() + 6
+        stats = self._footer_text(index)
+        footer_h = line_h if stats else 0
+        height = PAD + header_h + int(doc.size().height()) + footer_h + line_h + PAD // 2
+        left = option.rect.right() - MARGIN - width + 1 if is_user else option.rect.left() + MARGIN
+        bubble = QRect(left, option.rect.top() + GAP // 2, width, height)
+        header = QRect(left + PAD, bubble.top() + PAD - 2, width - 2 * PAD, header_h)
+        doc_origin = QPointF(left + PAD, header.bottom() + 2)
+        footer = QRect(left + PAD, int(doc_origin.y() + doc.size().height()) + 4,
+                       width - 2 * PAD, footer_h)
+        lay = _Layout(bubble, doc, doc_origin, header, footer)
+        x, y = left + PAD, footer.bottom() + 2 if footer_h else footer.top()
+        for name in actions:
+            w = fm.horizontalAdvance(name) + 10
+            lay.actions.append((name, QRect(x, y, w, line_h - 2)))
+            x += w + 8
+        lay.code_copies = _code_copy_rects(doc, doc_origin, fm)
+        return lay
+
+    def _action_names(self, index) -> list[str]:
+        if index.data(STREAMING_ROLE):
+            return []
+        if index.data(ROLE_ROLE) == "user":
+            return ["Copy", "Edit"]
+        is_last = index.row() == index.model().rowCount() - 1
+        return ["Copy", "Regenerate"] if is_last else ["Copy"]
+
+    @staticmethod
+    def _footer_text(index) -> str:
+        if index.data(ERROR_ROLE):
+            return "⚠ " + index.data(ERROR_ROLE).splitlines()[0]
+        if index.data(ROLE_ROLE) != "assistant" or index.data(STREAMING_ROLE):
+            return ""
+        return reply_summary(index.data(STATS_ROLE) or {})
+
+    def sizeHint(self, option, index) -> QSize:  # noqa: N802
+        lay = self._layout(option, index)
+        return QSize(option.rect.width() or 400, lay.bubble.height() + GAP)
+
+    # painting -------------------------------------------------------------------------------
+    def paint(self, painter: QPainter, option, index) -> None:
+        lay = self._layout(option, index)
+        pal = option.palette
+        painter.save()
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        painter.setPen(Qt.PenStyle.NoPen)
+        painter.setBrush(_bubble_colour(pal, index.data(ROLE_ROLE)))
+        painter.drawRoundedRect(QRectF(lay.bubble), RADIUS, RADIUS)
+        self._paint_header(painter, option, index, lay)
+        painter.translate(lay.doc_origin)
+        ctx = QAbstractTextDocumentLayout.PaintContext()
+        ctx.palette.setColor(QPalette.ColorRole.Text, pal.color(QPalette.ColorRole.Text))
+        lay.doc.documentLayout().draw(painter, ctx)
+        painter.translate(-lay.doc_origin)
+        self._paint_footer(painter, option, index, lay)
+        painter.restore()
+
+    def _paint_header(self, painter, option, index, lay: _Layout) -> None:
+        font = QFont(option.font)
+        font.setBold(True)
+        painter.setFont(font)
+        dim = mix(option.palette.color(QPalette.ColorRole.Text), option.palette.color(QPalette.ColorRole.Base), 0.35)
+        painter.setPen(dim)
+        role = index.data(ROLE_ROLE)
+        label = {"user": "You", "assistant": "Assistant"}.get(role, role.capitalize())
+        if index.data(STREAMING_ROLE):
+            label += "  · generating…"
+        painter.drawText(lay.header, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, label)
+        painter.setFont(option.font)
+
+    def _paint_footer(self, painter, option, index, lay: _Layout) -> None:
+        pal = option.palette
+        small = QFont(option.font)
+        small.setPointSizeF(max(option.font.pointSizeF() - 1, 7))
+        painter.setFont(small)
+        dim = mix(pal.color(QPalette.ColorRole.Text), pal.color(QPalette.ColorRole.Base), 0.45)
+        text = self._footer_text(index)
+        if text:
+            painter.setPen(QColor("#d9534f") if index.data(ERROR_ROLE) else dim)
+            elided = painter.fontMetrics().elidedText(text, Qt.TextElideMode.ElideRight, lay.footer.width())
+            painter.drawText(lay.footer, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, elided)
+        link = pal.color(QPalette.ColorRole.Link)
+        hovered = index.row() == self.hover_row
+        for name, rect in lay.actions + lay.code_copies:
+            painter.setPen(link if hovered or (name, rect) in lay.code_copies else dim)
+            label = "Copy code" if (name, rect) in lay.code_copies else name
+            painter.drawText(rect, Qt.AlignmentFlag.AlignCenter, label)
+
+    # interaction ----------------------------------------------------------------------------
+    def editorEvent(self, event, model, option, index) -> bool:  # noqa: N802
+        if event.type() != QEvent.Type.MouseButtonRelease:
+            return False
+        lay = self._layout(option, index)
+        pos = event.position().toPoint()
+        for text, rect in lay.code_copies:
+            if rect.contains(pos):
+                self.code_copy_requested.emit(text)
+                return True
+        for name, rect in lay.actions:
+            if rect.contains(pos):
+                {"Copy": self.copy_requested, "Edit": self.edit_requested,
+                 "Regenerate": self.regenerate_requested}[name].emit(index.row())
+                return True
+        return False
+
+    def helpEvent(self, event, view, option, index) -> bool:  # noqa: N802
+        lay = self._layout(option, index)
+        stats = index.data(STATS_ROLE) or {}
+        if lay.footer.contains(event.pos()) and stats:
+            QToolTip.showText(event.globalPos(), "Replay record\n" + replay_record(stats), view)
+            return True
+        return super().helpEvent(event, view, option, index)
+
+    def action_rects(self, option, index) -> dict[str, QRect]:
+        """For tests: where each action of a row is drawn."""
+        return dict(self._layout(option, index).actions)
+
+
+def _bubble_colour(pal: QPalette, role: str) -> QColor:
+    base, accent = pal.color(QPalette.ColorRole.Base), pal.color(QPalette.ColorRole.Highlight)
+    if role == "user":
+        return mix(base, accent, 0.28 if is_dark(pal) else 0.14)
+    return pal.color(QPalette.ColorRole.AlternateBase)
+
+
+def _style_code_blocks(doc: QTextDocument, pal: QPalette) -> None:
+    """Monospace font and a tinted background on fenced code blocks."""
+    mono = QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)
+    bg = mix(pal.color(QPalette.ColorRole.Base), pal.color(QPalette.ColorRole.Text), 0.08)
+    char_fmt = QTextCharFormat()
+    char_fmt.setFont(mono)
+    block = doc.begin()
+    while block.isValid():
+        if block.blockFormat().hasProperty(QTextFormat.Property.BlockCodeFence):
+            cursor = QTextCursor(block)
+            fmt = block.blockFormat()
+            fmt.setBackground(bg)
+            fmt.setLeftMargin(6)
+            cursor.setBlockFormat(fmt)
+            cursor.select(QTextCursor.SelectionType.BlockUnderCursor)
+            cursor.mergeCharFormat(char_fmt)
+        block = block.next()
+
+
+def _code_copy_rects(doc: QTextDocument, origin: QPointF, fm) -> list[tuple[str, QRect]]:
+    """One 'Copy code' hit area at the top-right of each fenced code block."""
+    out, block, lines, first = [], doc.begin(), [], None
+    layout = doc.documentLayout()
+    w = fm.horizontalAdvance("Copy code") + 10
+    while True:
+        fenced = block.isValid() and block.blockFormat().hasProperty(QTextFormat.Property.BlockCodeFence)
+        if fenced:
+            first = first or block
+            lines.append(block.text())
+        elif first is not None:
+            r = layout.blockBoundingRect(first).translated(origin)
+            out.append(("\n".join(lines), QRect(int(r.right()) - w, int(r.top()), w, fm.height() + 2)))
+            lines, first = [], None
+        if not block.isValid():
+            return out
+        block = block.next()

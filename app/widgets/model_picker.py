@@ -1,0 +1,155 @@
+"""ModelPicker: GGUF files (open, drop, recent, folder scan) with what they are, starter models,
+and the load panel for the selected file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import QSortFilterProxyModel, Qt, Signal
+from PySide6.QtWidgets import (
+    QFileDialog, QGroupBox, QHBoxLayout, QHeaderView, QMenu, QPushButton, QSplitter, QTableView,
+    QVBoxLayout, QWidget,
+)
+
+from ..context import AppContext
+from ..item_models.llm_file_table_model import COLUMNS, INFO_ROLE, SORT_ROLE, LlmFileTableModel
+from ..workers import InspectWorker
+from .load_panel import LoadPanel
+from .starter_panel import StarterPanel
+
+
+class ModelPicker(QWidget):
+    load_started = Signal()
+
+    def __init__(self, ctx: AppContext, parent=None):
+        super().__init__(parent)
+        self.ctx = ctx
+        self.files = LlmFileTableModel(self)
+        self._pending_select = ""
+        self.setAcceptDrops(True)
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        splitter = QSplitter(Qt.Orientation.Horizontal)
+        splitter.addWidget(self._build_files())
+        self.load_panel = LoadPanel(ctx)
+        self.load_panel.load_started.connect(self.load_started)
+        splitter.addWidget(self.load_panel)
+        splitter.setStretchFactor(0, 3)
+        splitter.setStretchFactor(1, 2)
+        layout.addWidget(splitter)
+        self.splitter = splitter
+        self.add_paths(list(ctx.settings.recent_files))
+        if ctx.settings.models_folder:
+            self.add_paths([ctx.settings.models_folder])
+
+    # building -------------------------------------------------------------------------------
+    def _build_files(self) -> QWidget:
+        box = QWidget()
+        col = QVBoxLayout(box)
+        col.setContentsMargins(12, 12, 6, 12)
+        col.addLayout(self._build_toolbar())
+        col.addWidget(self._build_table(), 1)
+        starters = QGroupBox("Starter models")
+        self.starter_panel = StarterPanel(self.ctx)
+        self.starter_panel.pulled.connect(lambda p: self.add_paths([p]))
+        QVBoxLayout(starters).addWidget(self.starter_panel)
+        col.addWidget(starters)
+        return box
+
+    def _build_toolbar(self) -> QHBoxLayout:
+        row = QHBoxLayout()
+        open_button = QPushButton("Open file…", clicked=self.open_file)
+        open_button.setToolTip("Open a .gguf file (Ctrl+O)")
+        folder_button = QPushButton("Models folder…", clicked=self.choose_folder)
+        self.recent_button = QPushButton("Recent")
+        self.recent_menu = QMenu(self)
+        self.recent_menu.aboutToShow.connect(self._fill_recent)
+        self.recent_button.setMenu(self.recent_menu)
+        for b in (open_button, folder_button, self.recent_button):
+            row.addWidget(b)
+        row.addStretch(1)
+        return row
+
+    def _build_table(self) -> QTableView:
+        self.proxy = QSortFilterProxyModel(self)
+        self.proxy.setSourceModel(self.files)
+        self.proxy.setSortRole(SORT_ROLE)
+        self.table = QTableView()
+        self.table.setModel(self.proxy)
+        self.table.setSortingEnabled(True)
+        self.table.verticalHeader().hide()
+        self.table.setShowGrid(False)
+        self.table.setAlternatingRowColors(True)
+        self.table.setSelectionBehavior(QTableView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QTableView.SelectionMode.SingleSelection)
+        self.table.verticalHeader().setDefaultSectionSize(self.fontMetrics().height() + 10)
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(len(COLUMNS) - 1, QHeaderView.ResizeMode.Stretch)
+        self.table.setTextElideMode(Qt.TextElideMode.ElideRight)
+        self.table.setWordWrap(False)
+        self.table.selectionModel().currentRowChanged.connect(self._on_current_changed)
+        self.table.doubleClicked.connect(lambda _i: self.load_panel.start_load())
+        return self.table
+
+    # files ----------------------------------------------------------------------------------
+    def add_paths(self, paths: list[str]) -> None:
+        paths = [p for p in paths if p and Path(p).exists()]
+        if not paths:
+            return
+        worker = InspectWorker(self.ctx.engine, paths)
+        worker.file_inspected.connect(self._on_inspected)
+        self.ctx.pool.start(worker)
+
+    def _on_inspected(self, info) -> None:
+        row = self.files.add_or_update(info)
+        if not self.table.currentIndex().isValid() or info.path == self._pending_select:
+            self.select_path(info.path)
+        elif self.load_panel.info and self.load_panel.info.path == info.path:
+            self.load_panel.set_info(self.files.info(row))
+
+    def open_path(self, path: str) -> None:
+        """Inspect `path` and select it once its row appears."""
+        self._pending_select = path
+        self.add_paths([path])
+        self.select_path(path)
+
+    def select_path(self, path: str) -> None:
+        row = self.files.row_of(path)
+        if row >= 0:
+            self.table.setCurrentIndex(self.proxy.mapFromSource(self.files.index(row, 0)))
+
+    def _on_current_changed(self, current, _previous) -> None:
+        if current.isValid():
+            self.load_panel.set_info(current.data(INFO_ROLE))
+
+    def open_file(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Open GGUF model", self.ctx.settings.models_folder,
+                                              "GGUF models (*.gguf);;All files (*)")
+        if path:
+            self.ctx.settings.add_recent(path)
+            self.open_path(path)
+
+    def choose_folder(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Models folder", self.ctx.settings.models_folder)
+        if folder:
+            self.ctx.settings.models_folder = folder
+            self.add_paths([folder])
+
+    def _fill_recent(self) -> None:
+        self.recent_menu.clear()
+        for path in self.ctx.settings.recent_files:
+            self.recent_menu.addAction(Path(path).name, lambda p=path: (self.add_paths([p]), self.select_path(p)))
+        if not self.ctx.settings.recent_files:
+            self.recent_menu.addAction("No recent files").setEnabled(False)
+
+    # drag and drop ----------------------------------------------------------------------------
+    def dragEnterEvent(self, event) -> None:  # noqa: N802
+        if any(u.toLocalFile().endswith(".gguf") for u in event.mimeData().urls()):
+            event.acceptProposedAction()
+
+    def dropEvent(self, event) -> None:  # noqa: N802
+        paths = [u.toLocalFile() for u in event.mimeData().urls() if u.toLocalFile().endswith(".gguf")]
+        for p in paths:
+            self.ctx.settings.add_recent(p)
+        self.add_paths(paths)

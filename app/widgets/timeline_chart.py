@@ -1,0 +1,113 @@
+"""TimelineChart: memory series (bytes, left axis) and tokens/s (right axis) over the last minutes."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from PySide6.QtCore import QPointF, QRectF, QSize, Qt
+from PySide6.QtGui import QColor, QPainter, QPainterPath, QPalette, QPen
+from PySide6.QtWidgets import QSizePolicy, QWidget
+
+from ..format import human_bytes
+
+WINDOW_S = 120.0
+LEFT, RIGHT, TOP, BOTTOM = 64, 56, 26, 22
+
+
+@dataclass
+class Series:
+    label: str
+    colour: QColor
+    right_axis: bool = False  # tokens/s instead of bytes
+    points: deque = field(default_factory=lambda: deque(maxlen=2000))  # (t, value)
+
+
+class TimelineChart(QWidget):
+    def __init__(self, series: list[Series], parent=None):
+        super().__init__(parent)
+        self.series = {s.label: s for s in series}
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
+        self.setMinimumHeight(160)
+
+    def sizeHint(self) -> QSize:  # noqa: N802
+        return QSize(600, 220)
+
+    def add(self, label: str, value: float, t: float | None = None) -> None:
+        self.series[label].points.append((time.monotonic() if t is None else t, float(value)))
+        self.update()
+
+    def clear(self) -> None:
+        for s in self.series.values():
+            s.points.clear()
+        self.update()
+
+    def _max(self, right: bool, t0: float) -> float:
+        vals = [v for s in self.series.values() if s.right_axis == right for t, v in s.points if t >= t0]
+        return max(vals, default=0.0) * 1.15 or 1.0
+
+    def paintEvent(self, _event) -> None:  # noqa: N802
+        p = QPainter(self)
+        p.setRenderHint(QPainter.RenderHint.Antialiasing)
+        pal = self.palette()
+        plot = QRectF(LEFT, TOP, max(self.width() - LEFT - RIGHT, 10), max(self.height() - TOP - BOTTOM, 10))
+        p.fillRect(plot, pal.color(QPalette.ColorRole.Base))
+        now = time.monotonic()
+        t0 = now - WINDOW_S
+        y_max, r_max = self._max(False, t0), self._max(True, t0)
+        self._paint_grid(p, plot, y_max, r_max)
+        for s in self.series.values():
+            self._paint_series(p, plot, s, t0, r_max if s.right_axis else y_max)
+        self._paint_legend(p)
+
+    def _paint_grid(self, p: QPainter, plot: QRectF, y_max: float, r_max: float) -> None:
+        pal, fm = self.palette(), self.fontMetrics()
+        grid = QPen(pal.color(QPalette.ColorRole.Midlight), 1)
+        text = pal.color(QPalette.ColorRole.PlaceholderText)
+        for i in range(5):
+            y = plot.bottom() - plot.height() * i / 4
+            p.setPen(grid)
+            p.drawLine(QPointF(plot.left(), y), QPointF(plot.right(), y))
+            p.setPen(text)
+            left = human_bytes(y_max * i / 4)
+            p.drawText(QRectF(0, y - 9, LEFT - 6, 18), Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter, left)
+            p.drawText(QRectF(plot.right() + 6, y - 9, RIGHT - 6, 18),
+                       Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, _tick(r_max * i / 4))
+        p.drawText(QRectF(plot.left(), plot.bottom() + 2, plot.width(), BOTTOM),
+                   Qt.AlignmentFlag.AlignLeft, f"−{WINDOW_S:.0f} s")
+        p.drawText(QRectF(plot.left(), plot.bottom() + 2, plot.width(), BOTTOM), Qt.AlignmentFlag.AlignRight, "now")
+        p.drawText(QRectF(plot.right() + 6, TOP - fm.height() - 4, RIGHT, fm.height()),
+                   Qt.AlignmentFlag.AlignLeft, "tok/s")
+        p.setPen(pal.color(QPalette.ColorRole.Mid))
+        p.setBrush(Qt.BrushStyle.NoBrush)
+        p.drawRect(plot)
+
+    def _paint_series(self, p: QPainter, plot: QRectF, s: Series, t0: float, y_max: float) -> None:
+        pts = [(t, v) for t, v in s.points if t >= t0 - 1]
+        if not pts:
+            return
+        path = QPainterPath()
+        for i, (t, v) in enumerate(pts):
+            x = plot.left() + plot.width() * max(t - t0, 0) / WINDOW_S
+            y = plot.bottom() - plot.height() * min(v / y_max, 1.0)
+            path.moveTo(x, y) if i == 0 else path.lineTo(x, y)
+        pen = QPen(s.colour, 2)
+        if s.right_axis:
+            pen.setStyle(Qt.PenStyle.DashLine)
+        p.setPen(pen)
+        p.setBrush(Qt.BrushStyle.NoBrush)
+        p.drawPath(path)
+
+    def _paint_legend(self, p: QPainter) -> None:
+        fm, x = self.fontMetrics(), LEFT
+        p.setPen(self.palette().color(QPalette.ColorRole.WindowText))
+        for s in self.series.values():
+            p.fillRect(QRectF(x, 6 + (fm.height() - 10) / 2, 10, 10), s.colour)
+            label = s.label + (" (right axis)" if s.right_axis else "")
+            p.drawText(int(x + 16), 6 + fm.ascent(), label)
+            x += 16 + fm.horizontalAdvance(label) + 18
+
+
+def _tick(value: float) -> str:
+    return f"{value:.0f}" if value >= 10 or value == 0 else f"{value:.1f}"

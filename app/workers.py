@@ -1,0 +1,231 @@
+"""QObject workers run on QThreads (Qt's worker-object pattern). The GUI thread never computes.
+
+Each worker's `run()` is entered once from its thread's `started` signal and always ends with
+`finished`; results and errors travel as signals, so receivers on the GUI thread get them queued.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from PySide6.QtCore import QObject, QThread, Signal, Slot
+
+from .bridge import (
+    AppError, LoadCancelled, LoadParams, ReplyStep, SamplingSettings, fit_to_context, now_ms,
+    plain_error,
+)
+
+
+class TaskWorker(QObject):
+    failed = Signal(str)
+    cancelled = Signal()
+    finished = Signal()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._cancel = threading.Event()
+
+    def cancel(self) -> None:
+        """Thread-safe: may be called from the GUI thread while run() works."""
+        self._cancel.set()
+
+    @Slot()
+    def run(self) -> None:
+        try:
+            self.work()
+        except LoadCancelled:
+            self.cancelled.emit()
+        except Exception as e:  # reported to the user, never swallowed
+            self.failed.emit(plain_error(e))
+        finally:
+            self.finished.emit()
+
+    def work(self) -> None:
+        raise NotImplementedError
+
+
+class WorkerPool(QObject):
+    """Starts each worker on its own QThread and keeps both alive until the thread ends."""
+
+    def __init__(self, parent: QObject | None = None):
+        super().__init__(parent)
+        self._running: dict[QThread, TaskWorker] = {}
+
+    def start(self, worker: TaskWorker) -> TaskWorker:
+        thread = QThread()
+        worker.moveToThread(thread)
+        thread.started.connect(worker.run)
+        worker.finished.connect(thread.quit)
+        thread.finished.connect(self._on_thread_finished)  # queued: the pool lives on the GUI thread
+        self._running[thread] = worker
+        thread.start()
+        return worker
+
+    @Slot()
+    def _on_thread_finished(self) -> None:
+        self._forget(self.sender())
+
+    def _forget(self, thread: QThread) -> None:
+        worker = self._running.pop(thread, None)
+        if worker is not None:  # already forgotten when shutdown() got there first
+            worker.deleteLater()
+            thread.deleteLater()
+
+    def busy(self) -> bool:
+        return bool(self._running)
+
+    def shutdown(self, timeout_ms: int = 5000) -> None:
+        for thread, worker in list(self._running.items()):
+            worker.cancel()
+        for thread in list(self._running):
+            thread.quit()
+            thread.wait(timeout_ms)
+            self._forget(thread)
+
+
+class CallWorker(TaskWorker):
+    """Runs one blocking call and emits its result."""
+
+    result = Signal(object)
+
+    def __init__(self, fn: Callable[..., Any], *args: Any):
+        super().__init__()
+        self._fn, self._args = fn, args
+
+    def work(self) -> None:
+        self.result.emit(self._fn(*self._args))
+
+
+class InspectWorker(TaskWorker):
+    """Reads metadata of GGUF files (a folder is scanned recursively), one signal per file."""
+
+    file_inspected = Signal(object)  # LlmFileInfo
+
+    def __init__(self, engine: Any, paths: list[str]):
+        super().__init__()
+        self._engine, self._paths = engine, paths
+
+    def work(self) -> None:
+        for p in self._paths:
+            path = Path(p)
+            files = sorted(path.rglob("*.gguf")) if path.is_dir() else [path]
+            for f in files:
+                if self._cancel.is_set():
+                    return
+                self.file_inspected.emit(self._engine.inspect(str(f)))
+
+
+class ModelLoadWorker(TaskWorker):
+    progressed = Signal(float, str)
+    loaded = Signal(object)  # LlmSession
+
+    def __init__(self, engine: Any, path: str, params: LoadParams):
+        super().__init__()
+        self._engine, self._path, self._params = engine, path, params
+
+    def work(self) -> None:
+        session = self._engine.load(self._path, self._params, self.progressed.emit, self._cancel)
+        if self._cancel.is_set():
+            session.close()
+            raise LoadCancelled("Loading cancelled")
+        self.loaded.emit(session)
+
+
+class PullWorker(TaskWorker):
+    progressed = Signal(str, int, int)  # phase, done, total
+    pulled = Signal(str)
+
+    def __init__(self, engine: Any, name: str):
+        super().__init__()
+        self._engine, self._name = engine, name
+
+    def work(self) -> None:
+        path = self._engine.pull(self._name, self.progressed.emit, self._cancel)
+        if self._cancel.is_set():
+            raise LoadCancelled("Download cancelled")
+        self.pulled.emit(path)
+
+
+class GenerationWorker(TaskWorker):
+    """Fits the conversation into the context, streams one reply, and reports its stats."""
+
+    token_received = Signal(str)
+    step_received = Signal(object)  # ReplyStep (counts and timings while streaming)
+    replied = Signal(dict)  # stats + replay record
+
+    def __init__(self, session: Any, messages: list[dict], sampling: SamplingSettings):
+        super().__init__()
+        self._session, self._messages, self._sampling = session, messages, sampling
+        self._stream: Any = None
+
+    def cancel(self) -> None:
+        """Thread-safe; reaches the engine at once, even while the prompt is being read."""
+        super().cancel()
+        stream = self._stream
+        if stream is not None:
+            stream.cancel()
+
+    def work(self) -> None:
+        s = self._sampling
+        if s.seed < 0:
+            s = SamplingSettings(**{**s.as_dict(), "seed": random.randrange(1 << 31)})
+        n_ctx = getattr(self._session, "n_ctx_seq", self._session.n_ctx)
+        messages, dropped, max_tokens = fit_to_context(
+            self._session.count_tokens, self._messages, n_ctx, s.max_tokens
+        )
+        s = SamplingSettings(**{**s.as_dict(), "max_tokens": max_tokens})
+        t0, ttft, step = now_ms(), None, None
+        self._stream = stream = self._session.generate(messages, s)
+        if self._cancel.is_set():
+            stream.cancel()
+        for step in stream:
+            if step.text_delta:
+                ttft = ttft if ttft is not None else now_ms() - t0
+                self.token_received.emit(step.text_delta)
+            self.step_received.emit(step)
+            if step.finish_reason:
+                break
+        if step is None:
+            if not self._cancel.is_set():
+                raise AppError("The engine returned no tokens")
+            step = ReplyStep("", "stopped", 0, 0)
+        self.replied.emit(self._stats(step, ttft, s, dropped))
+
+    def _stats(self, step: Any, ttft: float | None, s: SamplingSettings, dropped: int) -> dict:
+        tmpl = getattr(self._session, "template_source", "") or ""
+        finish = "stopped" if self._cancel.is_set() else step.finish_reason
+        return {
+            "n_prompt": step.n_prompt, "n_generated": step.n_generated, "n_cached": step.n_cached,
+            "t_prompt_ms": round(step.t_prompt_ms, 2), "t_gen_ms": round(step.t_gen_ms, 2),
+            "ttft_ms": round(ttft, 1) if ttft is not None else None,
+            "finish_reason": finish, "dropped_messages": dropped,
+            "replay": {
+                "model": Path(self._session.path).name, "model_sha256": self._session.sha256,
+                "template_sha256": hashlib.sha256(tmpl.encode()).hexdigest()[:16],
+                "sampling": s.as_dict(), "n_ctx": self._session.n_ctx,
+            },
+        }
+
+
+class MemoryPoller(TaskWorker):
+    """Reads the engine's memory report every `interval_s` until cancelled."""
+
+    polled = Signal(object)  # MemoryFigures
+
+    def __init__(self, session: Any, interval_s: float = 0.5):
+        super().__init__()
+        self._session, self._interval = session, interval_s
+
+    def work(self) -> None:
+        while not self._cancel.is_set():
+            self.polled.emit(self._session.memory())
+            self._cancel.wait(self._interval)
+
+
+def elapsed_since(t0: float) -> float:
+    return time.perf_counter() - t0

@@ -1,0 +1,60 @@
+"""`ggstation` console entry point: the GUI by default, otherwise a subcommand from engine.commands.
+
+Each subcommand lives in engine/commands/<name>.py and exposes `add_parser(subparsers)` and
+`run(args) -> int`. The GUI is imported lazily so that headless commands never load Qt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .errors import EngineError
+
+# name -> module under engine.commands; order is the order shown in --help
+COMMANDS = ["gui", "serve", "chat", "generate", "bench", "perplexity", "tokenize", "info", "models"]
+
+
+def _load(name: str):
+    try:
+        return importlib.import_module(f"engine.commands.{name}")
+    except ModuleNotFoundError as e:
+        if e.name == f"engine.commands.{name}":
+            return None
+        raise
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ggstation",
+        description="Desktop inference workstation for GGUF models (numba CPU engine).",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        mod = _load(name)
+        if mod is not None:
+            mod.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+        argv = ["gui", *argv]
+    args = parser.parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except EngineError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,255 @@
+"""`ggstation chat`: an interactive conversation in the terminal, like llama-cli.
+
+Start-up follows the seed: parse flags, initialise the backend, load the model, install the
+SIGINT handler, then loop: read a line (prompt_toolkit: line editing and history), render the
+conversation with the chat template, generate and stream the reply.
+
+Ctrl+C while a reply streams stops it and returns to the prompt; Ctrl+C or Ctrl+D at an empty
+prompt exits. Commands: /exit, /clear, /regen, /save FILE, /load FILE. When stdin is not a
+terminal, the whole input is one user message and the reply is printed once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from .. import params
+from ..errors import EngineError
+from ..generate import GenerationStep, generate
+from ..sampling import SamplingParams, resolve_seed
+from .generate import InterruptFlag, load_for_generation, n_keep_for, timings_text
+
+HELP = (
+    "commands: /exit, /clear (new conversation), /regen, /save FILE, /load FILE\n"
+    "Ctrl+C stops a reply; Ctrl+C or Ctrl+D at an empty prompt exits"
+)
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "chat",
+        help="interactive chat with a model in the terminal",
+        description="Chat with a model using its chat template (like llama-cli).",
+    )
+    params.add_common_args(p, prompt=False)
+    params.add_chat_args(p)
+    p.set_defaults(run=run)
+    return p
+
+
+class ChatSession:
+    """A conversation held in one KV-cache sequence.
+
+    Each turn re-renders the whole conversation with the chat template; the tokens already
+    in the cache (`self.cached`) are reused up to the first difference, so a turn only
+    evaluates what is new. Each reply gets its own seed drawn from a generator seeded with
+    params.seed, so a session is reproducible and /regen still gives a new reply.
+    """
+
+    def __init__(self, ctx, template, sampling: SamplingParams, *, system_prompt: str | None = None,
+                 n_predict: int = -1, keep: int = 0, context_shift: bool = False):
+        self.ctx = ctx
+        self.template = template
+        self.tokenizer = ctx.model.tokenizer
+        self.sampling = sampling
+        self.system_prompt = system_prompt
+        self.n_predict = n_predict
+        self.keep = keep
+        self.context_shift = context_shift
+        self.cached: list[int] = []  # tokens in the KV cache for sequence 0
+        self._seeds = np.random.default_rng(resolve_seed(sampling.seed))
+        self.messages: list[dict] = []
+        self.clear()
+
+    def clear(self) -> None:
+        """Start a new conversation (the system prompt stays)."""
+        self.messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+
+    def respond(self, text: str, on_delta: Callable[[str], None],
+                cancel: threading.Event | None = None) -> GenerationStep | None:
+        """Add a user message and generate the assistant's reply (kept even if cancelled).
+
+        Raises:
+            EngineError: e.g. the conversation no longer fits in the context; the user
+                message is then dropped again.
+        """
+        self.messages.append({"role": "user", "content": text})
+        try:
+            return self._reply(on_delta, cancel)
+        except EngineError:
+            self.messages.pop()
+            raise
+
+    def regenerate(self, on_delta: Callable[[str], None],
+                   cancel: threading.Event | None = None) -> GenerationStep | None:
+        """Replace the last assistant reply with a new one."""
+        if self.messages and self.messages[-1]["role"] == "assistant":
+            self.messages.pop()
+        if not self.messages or self.messages[-1]["role"] != "user":
+            raise EngineError("nothing to regenerate: send a message first")
+        return self._reply(on_delta, cancel)
+
+    def save(self, path: str) -> None:
+        try:
+            Path(path).write_text(json.dumps({"messages": self.messages}, indent=2,
+                                             ensure_ascii=False) + "\n", encoding="utf-8")
+        except OSError as e:
+            raise EngineError(f"cannot save conversation to '{path}': {e}") from None
+
+    def load(self, path: str) -> None:
+        self.messages = load_messages(path)
+
+    def prompt_tokens(self) -> list[int]:
+        """The rendered conversation, tokenized, ready for the assistant's turn."""
+        text = self.template.render(self.messages, add_generation_prompt=True)
+        tokens = self.tokenizer.encode(text, add_special=True, parse_special=True)
+        bos = self.tokenizer.bos_id
+        if len(tokens) >= 2 and tokens[0] == tokens[1] == bos:
+            tokens = tokens[1:]  # the template wrote BOS itself (llama.cpp drops the duplicate)
+        return tokens
+
+    def _reply(self, on_delta, cancel) -> GenerationStep | None:
+        tokens = self.prompt_tokens()
+        sampling = dataclasses.replace(self.sampling, seed=int(self._seeds.integers(0, 2**32 - 1)))
+        parts: list[str] = []
+        last = None
+        for last in generate(
+            self.ctx, tokens, sampling, n_predict=self.n_predict,
+            n_keep=n_keep_for(self.keep, tokens, self.tokenizer),
+            context_shift=self.context_shift, cancel=cancel, cached=self.cached,
+        ):
+            if last.text_delta:
+                parts.append(last.text_delta)
+                on_delta(last.text_delta)
+        self.messages.append({"role": "assistant", "content": "".join(parts)})
+        return last
+
+
+def load_messages(path: str) -> list[dict]:
+    """Messages saved by /save: {"messages": [{"role", "content"}, ...]} or a bare list."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise EngineError(f"cannot read '{path}': {e}") from None
+    except json.JSONDecodeError as e:
+        raise EngineError(f"'{path}' is not valid JSON: {e}") from None
+    messages = data.get("messages") if isinstance(data, dict) else data
+    ok = isinstance(messages, list) and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        for m in messages
+    )
+    if not ok:
+        raise EngineError(f"'{path}' does not hold a conversation (a list of role/content messages)")
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
+def run(args: argparse.Namespace) -> int:
+    template_override = params.chat_template_override(args)
+    model, ctx = load_for_generation(args)
+    from ..tokenizer.chat_template import ChatTemplate
+
+    template = ChatTemplate.from_gguf(model.gguf, override=template_override)
+    chat = ChatSession(
+        ctx, template, params.to_sampling_params(args), system_prompt=args.system_prompt,
+        n_predict=args.n_predict, keep=args.keep, context_shift=args.context_shift,
+    )
+    flag = InterruptFlag().install()
+    if not sys.stdin.isatty():
+        return _run_once(chat, flag, args.verbose)
+    return _run_interactive(chat, flag, args.verbose)
+
+
+def _run_once(chat: ChatSession, flag: InterruptFlag, verbose: bool) -> int:
+    text = sys.stdin.read().strip()
+    if not text:
+        raise EngineError("no input: stdin is empty")
+    last = chat.respond(text, _write, flag.event)
+    _end_reply(last, verbose)
+    return 130 if flag.event.is_set() else 0
+
+
+def _run_interactive(chat: ChatSession, flag: InterruptFlag, verbose: bool) -> int:
+    from prompt_toolkit import PromptSession
+    from prompt_toolkit.history import InMemoryHistory
+
+    session = PromptSession(history=InMemoryHistory(), key_bindings=_key_bindings())
+    print(HELP, file=sys.stderr)
+    while True:
+        try:
+            line = session.prompt("> ")
+        except (EOFError, KeyboardInterrupt):
+            return 0
+        line = line.strip()
+        if not line:
+            continue
+        flag.event.clear()
+        try:
+            if line.startswith("/"):
+                if _command(chat, line, flag, verbose):
+                    return 0
+            else:
+                _end_reply(chat.respond(line, _write, flag.event), verbose)
+        except EngineError as e:
+            print(f"error: {e}", file=sys.stderr)
+        flag.event.clear()
+
+
+def _command(chat: ChatSession, line: str, flag: InterruptFlag, verbose: bool) -> bool:
+    """Run one /command; returns True to exit."""
+    name, _, arg = line.partition(" ")
+    arg = arg.strip()
+    if name in ("/exit", "/quit"):
+        return True
+    if name == "/clear":
+        chat.clear()
+        print("(new conversation)", file=sys.stderr)
+    elif name == "/regen":
+        _end_reply(chat.regenerate(_write, flag.event), verbose)
+    elif name in ("/save", "/load") and not arg:
+        print(f"usage: {name} FILE", file=sys.stderr)
+    elif name == "/save":
+        chat.save(arg)
+        print(f"(saved {len(chat.messages)} messages to {arg})", file=sys.stderr)
+    elif name == "/load":
+        chat.load(arg)
+        print(f"(loaded {len(chat.messages)} messages from {arg})", file=sys.stderr)
+    else:
+        print(f"unknown command {name}\n{HELP}", file=sys.stderr)
+    return False
+
+
+def _key_bindings():
+    """Ctrl+C clears a non-empty line and exits on an empty one."""
+    from prompt_toolkit.key_binding import KeyBindings
+
+    kb = KeyBindings()
+
+    @kb.add("c-c")
+    @kb.add("<sigint>")
+    def _(event):
+        buf = event.app.current_buffer
+        if buf.text:
+            buf.reset()
+        else:
+            event.app.exit(exception=KeyboardInterrupt, style="class:aborting")
+
+    return kb
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def _end_reply(last: GenerationStep | None, verbose: bool) -> None:
+    _write("\n")
+    if verbose and last is not None:
+        print(timings_text(last), file=sys.stderr)

@@ -1,0 +1,130 @@
+"""`ggstation generate`: complete one prompt, like llama-cli with conversation mode off.
+
+Only the generated text goes to stdout, exactly (a final newline is added only on a
+terminal), so it can be piped; timings go to stderr. The prompt
+is tokenized with add_special and parse_special on, as llama-cli does. The helpers at the
+bottom (model loading, SIGINT flag, timings) are shared with `ggstation chat`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+
+from .. import params
+from ..errors import EngineError
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "generate",
+        help="complete a prompt and print the generated text",
+        description="Complete a prompt: the generated text goes to stdout, timings to stderr.",
+    )
+    params.add_common_args(p)
+    p.set_defaults(run=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    prompt = params.read_prompt(args)
+    if prompt is None:
+        raise EngineError("no prompt given: use -p/--prompt TEXT or -f/--file FNAME")
+    model, ctx = load_for_generation(args)
+    tokens = model.tokenizer.encode(prompt, add_special=True, parse_special=True)
+    tokens = ensure_not_empty(tokens, model.tokenizer)
+    flag = InterruptFlag().install()
+
+    from ..generate import generate
+
+    out = sys.stdout
+    last = None
+    for last in generate(
+        ctx, tokens, params.to_sampling_params(args),
+        n_predict=args.n_predict, stop=args.stop, n_keep=n_keep_for(args.keep, tokens, model.tokenizer),
+        context_shift=args.context_shift, cancel=flag.event,
+    ):
+        if last.text_delta:
+            out.write(last.text_delta)
+            out.flush()
+    if out.isatty():  # keep piped output byte-exact; end the line for a terminal
+        out.write("\n")
+        out.flush()
+    if last is not None:
+        print(timings_text(last), file=sys.stderr)
+    return 130 if flag.event.is_set() else 0
+
+
+# -- shared with engine/commands/chat.py ---------------------------------------------------
+
+
+def load_for_generation(args: argparse.Namespace):
+    """Seed start-up steps 2-3: initialise the backend, load the model, create the context."""
+    from ..context import Context
+    from ..jit import set_num_threads
+    from ..model import load_model
+
+    n_threads = set_num_threads(args.threads)
+    path = params.resolve_model_path(args)
+    model = load_model(path, n_threads=n_threads)
+    ctx = Context(model, params.to_context_params(args))
+    if getattr(args, "verbose", False):
+        cfg = model.cfg
+        print(
+            f"loaded {path} ({cfg.arch}, {cfg.n_layer} layers, n_vocab {cfg.n_vocab}); "
+            f"n_ctx {ctx.n_ctx} (train {cfg.n_ctx_train}), {n_threads} threads",
+            file=sys.stderr,
+        )
+    return model, ctx
+
+
+def ensure_not_empty(tokens: list[int], tokenizer) -> list[int]:
+    """llama-cli: an empty prompt becomes [BOS] when the model adds BOS, else an error."""
+    if tokens:
+        return tokens
+    if tokenizer.add_bos and tokenizer.bos_id is not None:
+        return [tokenizer.bos_id]
+    raise EngineError("the prompt is empty")
+
+
+def n_keep_for(keep: int, tokens: list[int], tokenizer) -> int:
+    """llama-cli's --keep: -1 or too large keeps the whole prompt; otherwise BOS is kept too."""
+    if keep < 0 or keep > len(tokens):
+        return len(tokens)
+    return keep + int(bool(tokenizer.add_bos))
+
+
+def timings_text(step) -> str:
+    """Prompt and generation speed from a stream's last GenerationStep."""
+    n_eval = step.n_prompt - step.n_cached
+    lines = [
+        f"prompt eval: {n_eval} tokens ({step.n_cached} cached) in {step.t_prompt_ms:.1f} ms"
+        f" = {_per_s(n_eval, step.t_prompt_ms)} tokens/s",
+        # the first token comes with the prompt's logits: n_generated - 1 decode steps follow
+        f"generation:  {step.n_generated} tokens in {step.t_gen_ms:.1f} ms"
+        f" = {_per_s(step.n_generated - 1, step.t_gen_ms)} tokens/s",
+    ]
+    return "\n".join(lines)
+
+
+def _per_s(n: int, ms: float) -> str:
+    return f"{n / ms * 1e3:.2f}" if n > 0 and ms > 0 else "n/a"
+
+
+class InterruptFlag:
+    """SIGINT handler: the first Ctrl+C sets `event` (stop the current generation), a second
+    one before `event` is cleared raises KeyboardInterrupt (exit)."""
+
+    def __init__(self):
+        self.event = threading.Event()
+
+    def install(self) -> "InterruptFlag":
+        signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.event.is_set():
+            raise KeyboardInterrupt
+        self.event.set()

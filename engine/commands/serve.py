@@ -1,0 +1,248 @@
+"""`ggstation serve`: the HTTP server, a drop-in for llama-server.
+
+Start-up follows the seed (DESIGN.md): parse flags; clamp n_batch in embedding mode; -np -1
+means 4 slots with a unified KV cache; initialise the backend; create the server state; set
+up HTTP (API keys, middleware) and routes; start listening BEFORE the model loads (every
+request gets 503 "Loading model" meanwhile); load the model and its context; install the
+SIGINT/SIGTERM handlers; run the task loop on the main thread. The first SIGINT or SIGTERM
+ends in-flight streams cleanly and exits 0; a second SIGINT exits at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+
+from .. import params
+from ..errors import EngineError
+from ..server import flags
+
+log = logging.getLogger("ggstation.serve")
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "serve",
+        help="run the HTTP server (llama-server / OpenAI compatible)",
+        description="HTTP server compatible with llama-server and the OpenAI API. Accepts every "
+        "llama-server flag; flags for features ggstation lacks (GPU offload, LoRA...) are "
+        "accepted and reported as ignored.",
+    )
+    params.add_model_args(p)
+    params.add_context_args(p)
+    params.add_generation_args(p, prompt=False)
+    params.add_sampling_args(p)
+    params.add_chat_args(p)
+    flags.add_server_args(p)
+    p.set_defaults(parallel=-1, ignored=[], refused=[], env_error=None, run=run)
+    _apply_env_defaults(p)
+    return p
+
+
+def _apply_env_defaults(p: argparse.ArgumentParser) -> None:
+    """LLAMA_ARG_* variables become defaults, so flags on the command line still win."""
+    extra = flags.env_argv(p, [])
+    if not extra:
+        return
+    try:
+        with contextlib.redirect_stderr(io.StringIO()) as err:
+            base, from_env = p.parse_args([]), p.parse_args(extra)
+    except SystemExit:
+        p.set_defaults(env_error=f"invalid LLAMA_ARG_* environment variable: {err.getvalue().strip()}")
+        return
+    changed = {k: v for k, v in vars(from_env).items() if vars(base).get(k) != v}
+    p.set_defaults(**changed)
+
+
+# -- start-up ----------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace) -> int:
+    _setup_logging(args)
+    _check_flags(args)  # 1. flags parsed by cli.py; reject what cannot work
+    _clamp_batch(args)  # 2.
+    n_slots = 4 if args.parallel < 0 else args.parallel  # 3. auto parallelism
+    n_threads = _init_backend(args)  # 4.-5.
+    options = _server_options(args)
+    from ..server import ServerState, listen
+
+    state = ServerState(options)  # 6. server context (the scheduler joins it once loaded)
+    handle = listen(state, args.host, args.port)  # 7.-9. HTTP set up, routes, listening
+    _announce(args, "listening", handle)
+    print(f"main: server is listening on {handle.url} - loading the model", file=sys.stderr)
+    try:
+        scheduler = _load(args, state, n_threads, n_slots)  # 10.
+    except KeyboardInterrupt:
+        handle.stop(2.0)
+        return 130
+    except Exception as e:
+        state.set_failed(str(e))
+        handle.stop(2.0)
+        raise e if isinstance(e, EngineError) else EngineError(f"cannot load the model: {e}") from e
+    stopper = _install_signals(scheduler)  # 11.
+    _announce(args, "ready", handle)
+    print(f"main: model loaded; {n_slots} slots, n_ctx_seq {scheduler.n_ctx_seq}; "
+          f"server ready at {handle.url}", file=sys.stderr)
+    try:
+        scheduler.run()  # 12. the task loop, on the main thread
+    finally:
+        handle.stop(min(3.0, max(0.5, stopper.deadline - time.monotonic())))
+    print("main: server stopped", file=sys.stderr)
+    return 0
+
+
+def _setup_logging(args) -> None:
+    level = logging.INFO if getattr(args, "verbose", False) else logging.WARNING
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+def _check_flags(args) -> None:
+    if args.env_error:
+        raise EngineError(args.env_error)
+    if args.refused:
+        raise EngineError(
+            f"{args.refused[0]}: downloading models is not supported by ggstation serve; "
+            "download the .gguf yourself and pass it with -m FILE (or `ggstation models pull NAME`)"
+        )
+    if not args.model:
+        raise EngineError("no model given: use -m/--model FNAME (router mode without a model is not "
+                          "available yet)")
+    if not 0 <= args.port <= 65535:
+        raise EngineError(f"invalid --port {args.port}: must be 0..65535")
+    if args.pooling == "rank":
+        raise EngineError("--pooling rank (reranking) is not supported")
+    for flag in dict.fromkeys(args.ignored):
+        log.warning("%s is accepted for llama-server compatibility but ignored (not supported by "
+                    "ggstation's CPU engine)", flag)
+    for env in flags.ignored_env():
+        log.warning("environment variable %s is ignored (not supported by ggstation)", env)
+
+
+def _clamp_batch(args) -> None:
+    if args.embedding and args.batch_size > args.ubatch_size:
+        print(f"main: embedding mode: setting n_batch = n_ubatch = {args.ubatch_size}", file=sys.stderr)
+        args.batch_size = args.ubatch_size
+
+
+def _init_backend(args) -> int:
+    from ..jit import set_num_threads
+
+    n_threads = set_num_threads(args.threads)
+    print(f"main: backend numba-cpu, {n_threads} threads", file=sys.stderr)
+    return n_threads
+
+
+def _api_keys(args) -> tuple[str, ...]:
+    keys = [k.strip() for raw in args.api_key for k in raw.split(",") if k.strip()]
+    if args.api_key_file:
+        try:
+            with open(args.api_key_file, encoding="utf-8") as f:
+                keys += [ln.strip() for ln in f if ln.strip() and not ln.lstrip().startswith("#")]
+        except OSError as e:
+            raise EngineError(f"cannot read --api-key-file '{args.api_key_file}': {e.strerror}") from None
+    return tuple(dict.fromkeys(keys))
+
+
+def _server_options(args):
+    from ..server import ServerOptions
+
+    kwargs = {}
+    if args.chat_template_kwargs:
+        try:
+            kwargs = json.loads(args.chat_template_kwargs)
+        except ValueError as e:
+            raise EngineError(f"--chat-template-kwargs is not valid JSON: {e}") from None
+        if not isinstance(kwargs, dict):
+            raise EngineError("--chat-template-kwargs must be a JSON object")
+    cors = tuple(o.strip() for o in (args.cors_origins or "").split(",") if o.strip())
+    return ServerOptions(
+        api_keys=_api_keys(args),
+        cors_origins=cors,
+        alias=args.alias,
+        metrics=args.metrics,
+        slots=args.slots,
+        props_writable=args.props,
+        embeddings=args.embedding,
+        pooling=args.pooling,
+        embd_normalize=args.embd_normalize,
+        cache_prompt=args.cache_prompt,
+        n_predict=args.n_predict,
+        max_body_bytes=int(args.max_body_mib * 1024 * 1024),
+        default_sampling=params.to_sampling_params(args),
+        chat_template_kwargs=kwargs,
+        api_prefix=args.api_prefix or "",
+    )
+
+
+def _load(args, state, n_threads: int, n_slots: int):
+    from ..context import Context
+    from ..model import load_model
+    from ..scheduler import Scheduler
+
+    t0 = time.perf_counter()
+    path = params.resolve_model_path(args)
+    model = load_model(path, n_threads=n_threads)
+    ctx = Context(model, params.to_context_params(args, n_seq_max=n_slots))
+    scheduler = Scheduler(ctx, model.tokenizer, model=model, n_slots=n_slots,
+                          slot_prompt_similarity=args.slot_prompt_similarity)
+    state.set_ready(scheduler, _chat_template(args, model))
+    log.info("model %s loaded in %.2f s", path, time.perf_counter() - t0)
+    return scheduler
+
+
+def _chat_template(args, model):
+    from ..errors import TemplateError
+
+    override = params.chat_template_override(args)
+    try:
+        from ..tokenizer.chat_template import ChatTemplate
+
+        return ChatTemplate.from_gguf(model.gguf, override=override)
+    except ImportError:
+        log.warning("chat templates are not available; /v1/chat/completions will fail")
+    except TemplateError as e:
+        if override is not None:
+            raise
+        log.warning("the model's chat template cannot be used (%s); chat endpoints will fail", e)
+    return None
+
+
+def _announce(args, event: str, handle) -> None:
+    """One JSON line on stdout per start-up milestone, for a supervising router."""
+    if args.ready_json:
+        print(json.dumps({"event": event, "port": handle.port, "url": handle.url}), flush=True)
+
+
+class _Stopper:
+    """SIGINT/SIGTERM: first one stops the scheduler (streams end cleanly), second exits."""
+
+    def __init__(self, scheduler):
+        self.scheduler = scheduler
+        self.count = 0
+        self.deadline = float("inf")
+
+    def __call__(self, signum, frame):
+        self.count += 1
+        if self.count > 1:
+            if signum == signal.SIGINT:
+                os._exit(130)
+            return
+        print(f"main: received {signal.Signals(signum).name}, shutting down", file=sys.stderr)
+        self.deadline = time.monotonic() + 4.0
+        # never block here: this runs on the scheduler's own (main) thread
+        threading.Thread(target=self.scheduler.stop, kwargs={"join_s": 0}, daemon=True).start()
+
+
+def _install_signals(scheduler) -> _Stopper:
+    stopper = _Stopper(scheduler)
+    signal.signal(signal.SIGINT, stopper)
+    signal.signal(signal.SIGTERM, stopper)
+    return stopper

@@ -1,0 +1,102 @@
+"""Context: a model plus its KV cache and compute buffers; `decode(batch)` runs the forward pass.
+
+Like llama_context: every buffer (KV cache, per-ubatch activations, weight-tile scratch) is
+allocated here once and reused; `memory_report()` reads their real sizes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import forward
+from .batch import Batch
+from .errors import EngineError
+from .kv_cache import KVCache
+from .memory import MemoryReport, compute_buffer_bytes, memory_report
+from .model import Model
+
+
+@dataclass(frozen=True)
+class ContextParams:
+    n_ctx: int = 4096  # total KV positions (0 = the model's training context)
+    n_batch: int = 2048  # most tokens one decode() call accepts
+    n_ubatch: int = 512  # tokens per forward pass (compute buffers are sized for this)
+    n_seq_max: int = 1
+    type_k: str = "f16"
+    type_v: str = "f16"
+    kv_unified: bool = False
+
+
+class Buffers:
+    """Activations for one ubatch of n_ubatch tokens, allocated once."""
+
+    def __init__(self, cfg, n_ubatch: int, n_ctx_seq: int, tile_cols: int):
+        from .quants import TILE_ROWS
+
+        U, E, F = n_ubatch, cfg.n_embd, cfg.n_ff
+        q_dim, kv_dim = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
+        v_dim = cfg.n_head_kv * cfg.head_dim_v
+        f32 = np.float32
+        self.x = np.zeros((U, E), f32)  # residual stream
+        self.h = np.zeros((U, E), f32)  # normed input of a block
+        self.o = np.zeros((U, E), f32)  # block output
+        self.q = np.zeros((U, q_dim), f32)
+        self.k = np.zeros((U, kv_dim), f32)
+        self.v = np.zeros((U, v_dim), f32)
+        self.attn = np.zeros((U, cfg.n_head * cfg.head_dim_v), f32)
+        self.gate = np.zeros((U, F), f32)
+        self.up = np.zeros((U, F), f32)
+        self.tile = np.zeros(TILE_ROWS * tile_cols, f32)  # dequantised weight tile for BLAS
+        # Attention scores for the per-token kernel: (DECODE_TOKENS * n_head, n_ctx_seq)
+        self.scores = np.zeros((forward.DECODE_TOKENS * cfg.n_head, n_ctx_seq), f32)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in vars(self).values() if isinstance(a, np.ndarray))
+
+
+class Context:
+    def __init__(self, model: Model, params: ContextParams | None = None):
+        params = params or ContextParams()
+        cfg = model.cfg
+        n_ctx = params.n_ctx or cfg.n_ctx_train
+        if n_ctx < 0:
+            raise EngineError(f"invalid context size {n_ctx}")
+        if params.n_seq_max < 1:
+            raise EngineError(f"n_seq_max must be >= 1 (got {params.n_seq_max})")
+        if params.n_ubatch < 1 or params.n_batch < 1:
+            raise EngineError("n_batch and n_ubatch must be >= 1")
+        self.model = model
+        self.cfg = cfg
+        self.n_ctx = n_ctx
+        self.n_ubatch = min(params.n_ubatch, params.n_batch)
+        self.n_batch = params.n_batch
+        self.n_seq_max = params.n_seq_max
+        # Each sequence owns an equal share of the positions (unified pools are not paged yet).
+        self.n_ctx_seq = max(1, n_ctx // params.n_seq_max)
+        self.params = params
+        self.kv = KVCache(cfg, self.n_ctx_seq, params.n_seq_max, params.type_k, params.type_v)
+        tile_cols = max(cfg.n_embd, cfg.n_ff, cfg.n_head * cfg.head_dim_v)
+        self.buf = Buffers(cfg, self.n_ubatch, self.n_ctx_seq, tile_cols)
+        assert self.buf.nbytes == compute_buffer_bytes(cfg, self.n_ubatch, self.n_ctx_seq)
+
+    def decode(self, batch: Batch, embeddings: bool = False) -> np.ndarray:
+        """Run the batch; return float32 (n_outputs, n_vocab) logits (or (n_outputs, n_embd)
+        final hidden states with embeddings=True) for entries whose logits flag is set."""
+        forward.validate_batch(self, batch)
+        if len(batch) > self.n_batch:
+            raise EngineError(f"batch of {len(batch)} tokens exceeds n_batch = {self.n_batch}")
+        width = self.cfg.n_embd if embeddings else self.cfg.n_vocab
+        out = np.empty((batch.n_outputs, width), np.float32)
+        row = 0
+        for i0 in range(0, len(batch), self.n_ubatch):
+            ub = batch.slice(i0, min(i0 + self.n_ubatch, len(batch)))
+            n_out = ub.n_outputs
+            forward.forward_ubatch(self, ub, out[row : row + n_out], embeddings)
+            row += n_out
+        return out
+
+    def memory_report(self) -> MemoryReport:
+        return memory_report(self)

@@ -1,0 +1,36 @@
+"""The one place numba options live: decorator presets, cache location and thread count.
+
+Every kernel in the engine is decorated with `kernel` or `parallel_kernel` so that packaging
+(PyInstaller, where numba's default cache locator fails) can change cache behaviour here.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numba
+
+_FROZEN = getattr(sys, "frozen", False)
+if _FROZEN and "NUMBA_CACHE_DIR" not in os.environ:
+    # A frozen bundle has no writable __pycache__ beside the sources (numba/numba#4908).
+    os.environ["NUMBA_CACHE_DIR"] = os.path.join(
+        os.path.expanduser("~"), ".cache", "ggstation", "numba"
+    )
+
+_OPTS = dict(cache=True, fastmath=True, nogil=True, error_model="numpy")
+
+kernel = numba.njit(**_OPTS)
+parallel_kernel = numba.njit(parallel=True, **_OPTS)
+
+
+def set_num_threads(n_threads: int) -> int:
+    """Set the numba thread pool size (clamped to what numba was started with); returns it."""
+    n_max = numba.config.NUMBA_NUM_THREADS
+    n = max(1, min(int(n_threads) if n_threads and n_threads > 0 else n_max, n_max))
+    numba.set_num_threads(n)
+    return n
+
+
+def get_num_threads() -> int:
+    return numba.get_num_threads()

@@ -1,0 +1,109 @@
+"""MemoryReport: what a loaded context really holds, and the same formulas as an estimate.
+
+Weights are the mapped tensor bytes (resident bytes from the OS where it tells: mincore is not
+available from Python, so we read the mapping's Rss from /proc/self/smaps on Linux). KV cache
+and compute buffers are the nbytes of the arrays the context allocated.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+
+import psutil
+
+from .config import ModelConfig
+from .kv_cache import kv_bytes
+
+# Sequences with at most this many tokens in a ubatch use the per-token attention kernel
+# (forward.py); longer chunks use BLAS. Also sizes that kernel's score scratch.
+DECODE_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    weights_bytes: int  # mapped tensor data
+    weights_resident_bytes: int | None  # of the mapping, resident in RAM (None: OS did not say)
+    kv_bytes: int  # allocated
+    kv_used_bytes: int  # holding live positions
+    kv_per_seq_used: list[int] = field(default_factory=list)
+    compute_bytes: int = 0
+    metadata_bytes: int = 0
+    rss_bytes: int | None = None
+    estimate: bool = False
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.kv_bytes + self.compute_bytes + self.metadata_bytes
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["total_bytes"] = self.total_bytes
+        return d
+
+
+def compute_buffer_bytes(cfg: ModelConfig, n_ubatch: int, n_ctx_seq: int) -> int:
+    """Bytes of Context.Buffers for these sizes (engine/context.py allocates exactly this)."""
+    from .quants import TILE_ROWS
+
+    U = n_ubatch
+    q_dim, kv_dim, v_dim = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim, cfg.n_head_kv * cfg.head_dim_v
+    floats = U * (3 * cfg.n_embd + q_dim + kv_dim + v_dim + cfg.n_head * cfg.head_dim_v + 2 * cfg.n_ff)
+    floats += TILE_ROWS * max(cfg.n_embd, cfg.n_ff, cfg.n_head * cfg.head_dim_v)
+    floats += DECODE_TOKENS * cfg.n_head * n_ctx_seq
+    return 4 * floats
+
+
+def _metadata_bytes(n_tensors: int) -> int:
+    return 512 * n_tensors  # descriptors: name, shape, dtype, view object (measured ~0.5 KB)
+
+
+def resident_bytes(path: str) -> int | None:
+    """Resident bytes of every mapping of `path` in this process (Linux smaps), else None."""
+    try:
+        real = os.path.realpath(path)
+        total, inside = 0, False
+        with open("/proc/self/smaps") as fh:
+            for line in fh:
+                if "-" in line.split(" ", 1)[0]:
+                    inside = line.rstrip().endswith(real)
+                elif inside and line.startswith("Rss:"):
+                    total += int(line.split()[1]) * 1024
+        return total
+    except OSError:
+        return None
+
+
+def memory_report(ctx) -> MemoryReport:
+    kv = ctx.kv
+    model = ctx.model
+    return MemoryReport(
+        weights_bytes=model.weights_bytes,
+        weights_resident_bytes=resident_bytes(model.path),
+        kv_bytes=kv.nbytes,
+        kv_used_bytes=kv.used_bytes(),
+        kv_per_seq_used=[kv.used_bytes(s) for s in range(kv.n_seq_max)],
+        compute_bytes=ctx.buf.nbytes,
+        metadata_bytes=_metadata_bytes(len(model.gguf.tensors)),
+        rss_bytes=psutil.Process().memory_info().rss,
+    )
+
+
+def estimate_memory(cfg: ModelConfig, weights_bytes: int, n_tensors: int, n_ctx: int = 4096,
+                    n_seq_max: int = 1, type_k: str = "f16", type_v: str = "f16",
+                    n_ubatch: int = 512, n_batch: int = 2048) -> MemoryReport:
+    """What Context(model, ContextParams(...)) will allocate, before loading anything."""
+    n_ctx = n_ctx or cfg.n_ctx_train
+    n_ctx_seq = max(1, n_ctx // max(1, n_seq_max))
+    n_ubatch = min(n_ubatch, n_batch)
+    return MemoryReport(
+        weights_bytes=weights_bytes,
+        weights_resident_bytes=None,
+        kv_bytes=kv_bytes(cfg, n_ctx_seq, n_seq_max, type_k, type_v),
+        kv_used_bytes=0,
+        kv_per_seq_used=[0] * n_seq_max,
+        compute_bytes=compute_buffer_bytes(cfg, n_ubatch, n_ctx_seq),
+        metadata_bytes=_metadata_bytes(n_tensors),
+        rss_bytes=None,
+        estimate=True,
+    )

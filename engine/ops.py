@@ -1,0 +1,197 @@
+"""Float kernels of the forward pass: RMSNorm, RoPE, gated activations, decode attention.
+
+All operate in place on preallocated buffers; none allocates inside a prange body.
+The KV cache may be stored as float16 bits (uint16), which numba reads through F16_LUT.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import prange
+
+from .jit import parallel_kernel
+
+# float16 bit pattern -> float32 (numba has no float16 scalar type on the CPU).
+F16_LUT = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
+
+
+@parallel_kernel
+def _rmsnorm(x, w, eps, out):  # x, out (T, E); w (E,)
+    T, E = x.shape
+    for t in prange(T):
+        ss = 0.0
+        for i in range(E):
+            ss += x[t, i] * x[t, i]
+        scale = 1.0 / math.sqrt(ss / E + eps)
+        for i in range(E):
+            out[t, i] = x[t, i] * scale * w[i]
+
+
+def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> None:
+    """out = x / rms(x) * w, row-wise; x and out may be the same buffer."""
+    _rmsnorm(x, w, np.float32(eps), out)
+
+
+@parallel_kernel
+def _rope(x, pos, n_rot, base, scale, neox):  # x (T, H, D) in place; pos (T,)
+    T, H, D = x.shape
+    half = n_rot // 2
+    for t in prange(T):
+        p = pos[t] / scale
+        for i in range(half):
+            theta = p * base ** (-2.0 * i / n_rot)
+            c = np.float32(math.cos(theta))
+            s = np.float32(math.sin(theta))
+            if neox:
+                i0, i1 = i, i + half
+            else:
+                i0, i1 = 2 * i, 2 * i + 1
+            for h in range(H):
+                a = x[t, h, i0]
+                b = x[t, h, i1]
+                x[t, h, i0] = a * c - b * s
+                x[t, h, i1] = a * s + b * c
+
+
+def rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, scale: float, neox: bool) -> None:
+    """Rotate the first n_rot dims of every head of x (T, H, D) in place by token positions."""
+    _rope(x, pos, n_rot, float(base), float(scale), neox)
+
+
+@parallel_kernel
+def _swiglu(g, u, out):  # (T, F)
+    T, F = g.shape
+    for t in prange(T):
+        for i in range(F):
+            v = g[t, i]
+            out[t, i] = v / (1.0 + math.exp(-v)) * u[t, i]
+
+
+@parallel_kernel
+def _geglu(g, u, out):  # tanh-approximated GELU, as ggml_gelu
+    T, F = g.shape
+    c = math.sqrt(2.0 / math.pi)
+    for t in prange(T):
+        for i in range(F):
+            v = g[t, i]
+            out[t, i] = 0.5 * v * (1.0 + math.tanh(c * (v + 0.044715 * v * v * v))) * u[t, i]
+
+
+def gated_act(act: str, g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
+    (_geglu if act == "gelu" else _swiglu)(g, u, out)
+
+
+@parallel_kernel
+def _attn_f32(q, k, v, seq, pos, window, scale, out, scores):
+    # q (T, H, D); k (S, C, G, D); v (S, C, G, Dv); out (T, H, Dv); scores (T*H, C) scratch
+    T, H, D = q.shape
+    G = k.shape[2]
+    Dv = v.shape[3]
+    rep = H // G
+    for th in prange(T * H):
+        t = th // H
+        h = th % H
+        g = h // rep
+        s = seq[t]
+        p = pos[t]
+        lo = 0
+        if window > 0 and p - window + 1 > 0:
+            lo = p - window + 1
+        mx = -1e30
+        for j in range(lo, p + 1):
+            acc = 0.0
+            for d in range(D):
+                acc += q[t, h, d] * k[s, j, g, d]
+            acc *= scale
+            scores[th, j] = acc
+            if acc > mx:
+                mx = acc
+        tot = 0.0
+        for j in range(lo, p + 1):
+            e = math.exp(scores[th, j] - mx)
+            scores[th, j] = e
+            tot += e
+        inv = 1.0 / tot
+        for d in range(Dv):
+            out[t, h, d] = 0.0
+        for j in range(lo, p + 1):
+            w = scores[th, j] * inv
+            for d in range(Dv):
+                out[t, h, d] += w * v[s, j, g, d]
+
+
+@parallel_kernel
+def _attn_f16(q, k, v, seq, pos, window, scale, out, scores, lut):
+    # Same as _attn_f32 with k, v holding float16 bits (uint16).
+    T, H, D = q.shape
+    G = k.shape[2]
+    Dv = v.shape[3]
+    rep = H // G
+    for th in prange(T * H):
+        t = th // H
+        h = th % H
+        g = h // rep
+        s = seq[t]
+        p = pos[t]
+        lo = 0
+        if window > 0 and p - window + 1 > 0:
+            lo = p - window + 1
+        mx = -1e30
+        for j in range(lo, p + 1):
+            acc = 0.0
+            for d in range(D):
+                acc += q[t, h, d] * lut[k[s, j, g, d]]
+            acc *= scale
+            scores[th, j] = acc
+            if acc > mx:
+                mx = acc
+        tot = 0.0
+        for j in range(lo, p + 1):
+            e = math.exp(scores[th, j] - mx)
+            scores[th, j] = e
+            tot += e
+        inv = 1.0 / tot
+        for d in range(Dv):
+            out[t, h, d] = 0.0
+        for j in range(lo, p + 1):
+            w = scores[th, j] * inv
+            for d in range(Dv):
+                out[t, h, d] += w * lut[v[s, j, g, d]]
+
+
+def attention_tokens(q, k, v, seq, pos, window, scale, out, scores) -> None:
+    """Per-token attention over the cache (decode path): each token attends to its own
+    sequence's positions [max(0, pos-window+1), pos]. k/v: float32 or float16 bits (uint16)."""
+    if k.dtype == np.uint16:
+        _attn_f16(q, k, v, seq, pos, window, np.float32(scale), out, scores, F16_LUT)
+    else:
+        _attn_f32(q, k, v, seq, pos, window, np.float32(scale), out, scores)
+
+
+def attention_chunk(q, kf, vf, pos, window, scale, out) -> None:
+    """Batch attention for one sequence's chunk with numpy BLAS (prefill path).
+
+    q (m, H, D) queries at positions pos (m,); kf (L, G, D) and vf (L, G, Dv) float32 keys and
+    values for positions 0..L-1 of that sequence; out (m, H, Dv).
+    """
+    m, H, D = q.shape
+    L, G, _ = kf.shape
+    rep = H // G
+    kpos = np.arange(L)
+    mask = kpos[None, :] > pos[:, None]  # (m, L) causal
+    if window > 0:
+        mask |= kpos[None, :] <= (pos[:, None] - window)
+    neg = np.where(mask, np.float32(-np.inf), np.float32(0.0))
+    for g in range(G):
+        qg = q[:, g * rep : (g + 1) * rep, :].transpose(1, 0, 2).reshape(rep * m, D)
+        s = qg @ kf[:, g, :].T  # (rep*m, L)
+        s *= scale
+        s = s.reshape(rep, m, L)
+        s += neg[None]
+        s -= s.max(axis=2, keepdims=True)
+        np.exp(s, out=s)
+        s /= s.sum(axis=2, keepdims=True)
+        og = s.reshape(rep * m, L) @ vf[:, g, :]  # (rep*m, Dv)
+        out[:, g * rep : (g + 1) * rep, :] = og.reshape(rep, m, -1).transpose(1, 0, 2)

@@ -1,0 +1,383 @@
+"""The one command-line parameter set shared by every entry point (llama.cpp common_params).
+
+Each entry point (serve, chat, generate, bench, perplexity, the GUI's defaults) builds its
+parser from the `add_*_args` functions below, so a flag has one name, one default and one
+check everywhere. Flags keep llama.cpp's names and defaults and appear under llama.cpp's
+--help groups: 'common params', 'sampling params', 'example-specific params'.
+`to_sampling_params(args)` and `to_context_params(args)` turn the parsed namespace into the
+engine's parameter objects.
+
+Usage errors exit with status 1 (llama.cpp's), not argparse's 2, when the parser is an
+`ArgumentParser` from this module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+from pathlib import Path
+
+from .errors import EngineError
+from .sampling import SamplingParams
+
+COMMON = "common params"
+SAMPLING = "sampling params"
+EXAMPLE = "example-specific params"
+
+CACHE_TYPES = ("f16", "f32")
+# Types llama.cpp accepts for -ctk/-ctv that this engine does not implement.
+_LLAMA_CACHE_TYPES = ("bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+
+_DEFAULTS = SamplingParams()
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with llama.cpp's exit status for usage errors (1 instead of 2)."""
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        self.exit(1, f"{self.prog}: error: {message}\n")
+
+
+def group(parser: argparse.ArgumentParser, title: str) -> argparse._ArgumentGroup:
+    """The parser's argument group called `title`, created on first use."""
+    for g in parser._action_groups:
+        if g.title == title:
+            return g
+    return parser.add_argument_group(title)
+
+
+# -- value types: each raises ArgumentTypeError with a message naming the rule -------------
+
+
+def _int_at_least(lo: int, what: str = ""):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got '{text}'") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"must be >= {lo}{what}, got {v}")
+        return v
+
+    parse.__name__ = "int"
+    return parse
+
+
+def _finite_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got '{text}'")
+    return v
+
+
+_finite_float.__name__ = "float"
+
+
+def _seed(text: str) -> int:
+    try:
+        return int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer seed, got '{text}'") from None
+
+
+def _cache_type(text: str) -> str:
+    t = text.lower()
+    if t in CACHE_TYPES:
+        return t
+    if t in _LLAMA_CACHE_TYPES:
+        raise argparse.ArgumentTypeError(
+            f"cache type '{text}' is not supported by this engine (supported: "
+            f"{', '.join(CACHE_TYPES)})"
+        )
+    raise argparse.ArgumentTypeError(
+        f"unknown cache type '{text}' (supported: {', '.join(CACHE_TYPES)})"
+    )
+
+
+def _parallel(text: str) -> int:
+    v = _int_at_least(-1)(text)
+    if v == 0:
+        raise argparse.ArgumentTypeError("must be >= 1 (or -1 for auto), got 0")
+    return v
+
+
+_LOGIT_BIAS = re.compile(r"^\s*(\d+)\s*([+-])\s*(\S.*)$")
+
+
+def parse_logit_bias(text: str) -> tuple[int, float]:
+    """'15043+1' -> (15043, 1.0); '15043-inf' -> (15043, -inf) (llama.cpp -l format)."""
+    m = _LOGIT_BIAS.match(text)
+    try:
+        if not m:
+            raise ValueError
+        bias = float(m.group(3))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid logit bias '{text}': expected TOKEN_ID(+/-)BIAS, e.g. 15043+1 or 15043-inf"
+        ) from None
+    return int(m.group(1)), (-bias if m.group(2) == "-" else bias)
+
+
+# -- argument sets -------------------------------------------------------------------------
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    """-m/--model and -t/--threads."""
+    g = group(parser, COMMON)
+    g.add_argument(
+        "-m", "--model", metavar="FNAME", default=None,
+        help="model path, or a starter model name (e.g. smollm2)",
+    )
+    g.add_argument(
+        "-t", "--threads", metavar="N", type=int, default=-1,
+        help="number of CPU threads to use during generation (default: -1 = all cores)",
+    )
+
+
+def add_context_args(parser: argparse.ArgumentParser) -> None:
+    """KV cache and batching: -c, -b, -ub, -np, -kvu, -ctk, -ctv, --keep, --context-shift."""
+    g = group(parser, COMMON)
+    g.add_argument(
+        "-c", "--ctx-size", metavar="N", type=_int_at_least(0), default=4096,
+        help="size of the prompt context (default: 4096, 0 = loaded from model)",
+    )
+    g.add_argument(
+        "-b", "--batch-size", metavar="N", type=_int_at_least(1), default=2048,
+        help="logical maximum batch size (default: 2048)",
+    )
+    g.add_argument(
+        "-ub", "--ubatch-size", metavar="N", type=_int_at_least(1), default=512,
+        help="physical maximum batch size (default: 512)",
+    )
+    g.add_argument(
+        "-np", "--parallel", metavar="N", type=_parallel, default=1,
+        help="number of parallel sequences to decode (default: 1, -1 = auto)",
+    )
+    g.add_argument(
+        "-kvu", "--kv-unified", action="store_true",
+        help="use a single unified KV buffer shared by all sequences",
+    )
+    g.add_argument(
+        "-ctk", "--cache-type-k", metavar="TYPE", type=_cache_type, default="f16",
+        help=f"KV cache data type for K; allowed values: {', '.join(CACHE_TYPES)} (default: f16)",
+    )
+    g.add_argument(
+        "-ctv", "--cache-type-v", metavar="TYPE", type=_cache_type, default="f16",
+        help=f"KV cache data type for V; allowed values: {', '.join(CACHE_TYPES)} (default: f16)",
+    )
+    g.add_argument(
+        "--keep", metavar="N", type=_int_at_least(-1), default=0,
+        help="number of tokens to keep from the initial prompt on a context shift "
+        "(default: 0, -1 = all)",
+    )
+    g.add_argument(
+        "--context-shift", dest="context_shift", action=argparse.BooleanOptionalAction,
+        default=False,
+        help="on infinite generation, shift the context instead of stopping (default: disabled)",
+    )
+
+
+def add_generation_args(parser: argparse.ArgumentParser, *, prompt: bool = True) -> None:
+    """-n/--n-predict, --verbose and (with prompt=True) -p/--prompt, -f/--file, -r."""
+    g = group(parser, COMMON)
+    g.add_argument(
+        "-n", "--n-predict", "--predict", dest="n_predict", metavar="N",
+        type=_int_at_least(-1), default=-1,
+        help="number of tokens to predict (default: -1, -1 = infinity)",
+    )
+    if prompt:
+        g.add_argument("-p", "--prompt", metavar="PROMPT", default=None,
+                       help="prompt to start generation with")
+        g.add_argument("-f", "--file", metavar="FNAME", default=None,
+                       help="a file containing the prompt")
+        g.add_argument(
+            "-r", "--reverse-prompt", dest="stop", metavar="PROMPT", action="append",
+            default=[], help="halt generation at PROMPT (may be given several times)",
+        )
+    g.add_argument("-v", "--verbose", "--log-verbose", dest="verbose", action="store_true",
+                   help="print timings and extra information")
+
+
+def add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    """Every SamplingParams field as a flag, llama.cpp names and defaults."""
+    g = group(parser, SAMPLING)
+    d = _DEFAULTS
+    g.add_argument("-s", "--seed", metavar="SEED", type=_seed, default=d.seed,
+                   help="RNG seed (default: -1, use random seed for -1)")
+    g.add_argument("--temp", metavar="N", type=_finite_float, default=d.temperature,
+                   help=f"temperature (default: {d.temperature}; <= 0 = greedy)")
+    g.add_argument("--top-k", metavar="N", type=int, default=d.top_k,
+                   help=f"top-k sampling (default: {d.top_k}, 0 = disabled)")
+    g.add_argument("--top-p", metavar="N", type=_finite_float, default=d.top_p,
+                   help=f"top-p sampling (default: {d.top_p}, 1.0 = disabled)")
+    g.add_argument("--min-p", metavar="N", type=_finite_float, default=d.min_p,
+                   help=f"min-p sampling (default: {d.min_p}, 0.0 = disabled)")
+    g.add_argument("--typical", metavar="N", type=_finite_float, default=d.typical_p,
+                   help=f"locally typical sampling, parameter p (default: {d.typical_p}, "
+                   "1.0 = disabled)")
+    g.add_argument("--repeat-last-n", metavar="N", type=_int_at_least(-1),
+                   default=d.repeat_last_n,
+                   help=f"last n tokens to consider for penalize (default: {d.repeat_last_n}, "
+                   "0 = disabled, -1 = ctx_size)")
+    g.add_argument("--repeat-penalty", metavar="N", type=_finite_float,
+                   default=d.repeat_penalty,
+                   help=f"penalize repeat sequence of tokens (default: {d.repeat_penalty}, "
+                   "1.0 = disabled)")
+    g.add_argument("--presence-penalty", metavar="N", type=_finite_float,
+                   default=d.presence_penalty,
+                   help=f"repeat alpha presence penalty (default: {d.presence_penalty}, "
+                   "0.0 = disabled)")
+    g.add_argument("--frequency-penalty", metavar="N", type=_finite_float,
+                   default=d.frequency_penalty,
+                   help=f"repeat alpha frequency penalty (default: {d.frequency_penalty}, "
+                   "0.0 = disabled)")
+    g.add_argument("--ignore-eos", action="store_true",
+                   help="ignore end of stream token and continue generating")
+    g.add_argument(
+        "-l", "--logit-bias", metavar="TOKEN_ID(+/-)BIAS", type=parse_logit_bias,
+        action="append", default=[],
+        help="modifies the likelihood of token appearing in the completion, i.e. "
+        "`--logit-bias 15043+1` to increase likelihood of token ' Hello', "
+        "or `--logit-bias 15043-1` to decrease it",
+    )
+
+
+def add_chat_args(parser: argparse.ArgumentParser) -> None:
+    """-sys/--system-prompt, --chat-template(-file), --jinja/--no-jinja."""
+    g = group(parser, EXAMPLE)
+    g.add_argument("-sys", "--system-prompt", metavar="PROMPT", default=None,
+                   help="system prompt to use with the model's chat template")
+    g.add_argument(
+        "--chat-template", metavar="JINJA_TEMPLATE", default=None,
+        help="set a custom jinja chat template or a built-in template name "
+        "(default: the template in the model's metadata)",
+    )
+    g.add_argument("--chat-template-file", metavar="JINJA_TEMPLATE_FILE", default=None,
+                   help="set a custom jinja chat template file")
+    g.add_argument("--jinja", dest="jinja", action=argparse.BooleanOptionalAction,
+                   default=True, help="use the jinja template engine for chat (default: enabled)")
+
+
+def add_common_args(parser: argparse.ArgumentParser, *, prompt: bool = True) -> None:
+    """Model, context, generation and sampling flags: what every generating command takes."""
+    add_model_args(parser)
+    add_context_args(parser)
+    add_generation_args(parser, prompt=prompt)
+    add_sampling_args(parser)
+
+
+def defaults(argv: list[str] | None = None) -> argparse.Namespace:
+    """Every shared flag's value when `argv` (default: nothing) is parsed, e.g. for the GUI's
+    initial settings: `to_sampling_params(defaults())`."""
+    parser = ArgumentParser(add_help=False)
+    add_common_args(parser)
+    add_chat_args(parser)
+    return parser.parse_args(argv or [])
+
+
+# -- namespace -> engine objects -----------------------------------------------------------
+
+
+def to_sampling_params(args: argparse.Namespace, **overrides) -> SamplingParams:
+    """SamplingParams from parsed flags (missing flags keep their defaults)."""
+    d = _DEFAULTS
+    get = lambda name, default: getattr(args, name, default)  # noqa: E731
+    kw = dict(
+        temperature=get("temp", d.temperature),
+        top_k=get("top_k", d.top_k),
+        top_p=get("top_p", d.top_p),
+        min_p=get("min_p", d.min_p),
+        typical_p=get("typical", d.typical_p),
+        repeat_penalty=get("repeat_penalty", d.repeat_penalty),
+        repeat_last_n=get("repeat_last_n", d.repeat_last_n),
+        presence_penalty=get("presence_penalty", d.presence_penalty),
+        frequency_penalty=get("frequency_penalty", d.frequency_penalty),
+        seed=get("seed", d.seed),
+        ignore_eos=get("ignore_eos", d.ignore_eos),
+        logit_bias=_merge_bias(get("logit_bias", [])),
+    )
+    kw.update(overrides)
+    return SamplingParams(**kw)
+
+
+def to_context_params(args: argparse.Namespace, **overrides):
+    """engine.context.ContextParams from parsed flags; -np -1 (auto) gives 4 sequences
+    sharing a unified cache, as llama.cpp's server does."""
+    from .context import ContextParams
+
+    n_parallel = getattr(args, "parallel", 1)
+    kw = dict(
+        n_ctx=getattr(args, "ctx_size", 4096),
+        n_batch=getattr(args, "batch_size", 2048),
+        n_ubatch=min(getattr(args, "ubatch_size", 512), getattr(args, "batch_size", 2048)),
+        n_seq_max=4 if n_parallel < 0 else n_parallel,
+        type_k=getattr(args, "cache_type_k", "f16"),
+        type_v=getattr(args, "cache_type_v", "f16"),
+        kv_unified=getattr(args, "kv_unified", False) or n_parallel < 0,
+    )
+    kw.update(overrides)
+    return ContextParams(**kw)
+
+
+def read_prompt(args: argparse.Namespace) -> str | None:
+    """The prompt from -p or -f (None when neither is given).
+
+    Raises:
+        EngineError: both were given, or the file cannot be read.
+    """
+    if args.prompt is not None and args.file is not None:
+        raise EngineError("use either -p/--prompt or -f/--file, not both")
+    if args.file is None:
+        return args.prompt
+    try:
+        return Path(args.file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise EngineError(f"cannot read prompt file '{args.file}': {e}") from None
+
+
+def chat_template_override(args: argparse.Namespace) -> str | None:
+    """--chat-template (text or name) or the contents of --chat-template-file, or None.
+
+    Raises:
+        EngineError: both flags were given, or the file cannot be read.
+    """
+    text, path = getattr(args, "chat_template", None), getattr(args, "chat_template_file", None)
+    if text is not None and path is not None:
+        raise EngineError("use either --chat-template or --chat-template-file, not both")
+    if path is None:
+        return text
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise EngineError(f"cannot read chat template file '{path}': {e}") from None
+
+
+def _merge_bias(pairs) -> dict[int, float]:
+    """Repeated -l flags for one token add up, like llama.cpp's logit_bias list."""
+    out: dict[int, float] = {}
+    for token, bias in pairs:
+        out[token] = out.get(token, 0.0) + bias
+    return out
+
+
+def resolve_model_path(args: argparse.Namespace) -> Path:
+    """The GGUF path for -m/--model: a file path or a starter model name.
+
+    Raises:
+        EngineError: no -m was given, or the name is unknown (model_store's error).
+    """
+    if not getattr(args, "model", None):
+        raise EngineError("no model given: use -m/--model FNAME (a .gguf path or a starter model name)")
+    try:
+        from .model_store import resolve_model_arg
+    except ModuleNotFoundError as e:
+        if e.name != f"{__package__}.model_store":
+            raise
+        return Path(args.model)
+    return resolve_model_arg(args.model)

@@ -1,0 +1,306 @@
+"""Hand-written LLVM vector IR for the per-row inner loops, exposed to numba as intrinsics.
+
+Why IR: numba gives LLVM scalar loops, and LLVM vectorises a 32-element block loop badly (it
+fully unrolls the block, then vectorises the *outer* block loop with gathers: ~4 GMAC/s). Here
+each quant type only describes how to turn one packed block into groups of 16-float vectors;
+the generic emitters below build, for any type:
+
+    row_dot(raw, r, x, xs, T)     -> T float32 dot products of packed row r with x[0..T)
+    row_dequant(raw, r, out, o)   -> out[o, :] = float32 weights of row r
+
+Every weight is written w = d_g * q + c_g, where q is a small integer (held as float),
+d_g one scale per group of G (16 or 32) weights and c_g an optional per-group offset. So
+    dot(w, x) = sum_g d_g * (q_g . x_g) + sum_g c_g * xsum_g
+with xsum_g the sum of x over group g (computed once per mat-vec, shared by all rows). The
+vector part accumulates in <16 x float> registers across the whole row (two accumulators,
+alternating groups), with a single horizontal sum at the end of the row.
+
+Only portable LLVM operations are used (no target intrinsics): vector zext/sitofp/fma and a
+`half` -> float extension, so the same code runs (slower) on AVX2-only machines.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+F32 = ir.FloatType()
+I8 = ir.IntType(8)
+I16 = ir.IntType(16)
+I32 = ir.IntType(32)
+I64 = ir.IntType(64)
+V16F = ir.VectorType(F32, 16)
+V16I8 = ir.VectorType(I8, 16)
+V16I16 = ir.VectorType(I16, 16)
+V16I32 = ir.VectorType(I32, 16)
+V16H = ir.VectorType(ir.HalfType(), 16)
+MAX_TOK = 8  # most tokens one row_dot call serves (registers: 2 accumulators per token)
+
+
+def _fast(ins):
+    ins.flags.append("fast")
+    return ins
+
+
+class Emit:
+    """IR-building helpers bound to one builder; offsets are byte offsets from `base` (i8*)."""
+
+    def __init__(self, builder: ir.IRBuilder):
+        self.b = builder
+
+    # --- loads -----------------------------------------------------------------------------
+    def ptr(self, base, off):
+        if isinstance(off, int):
+            off = ir.Constant(I64, off)
+        return self.b.gep(base, [off])
+
+    def load(self, base, off, ty, align=1):
+        p = self.b.bitcast(self.ptr(base, off), ty.as_pointer())
+        return self.b.load(p, align=align)
+
+    def f16(self, base, off):
+        """One little-endian IEEE half at base+off, as float."""
+        h = self.load(base, off, I16)
+        return self.b.fpext(self.b.bitcast(h, ir.HalfType()), F32)
+
+    def u8(self, base, off):
+        """One byte, zero-extended to i32."""
+        return self.b.zext(self.load(base, off, I8), I32)
+
+    def i8(self, base, off):
+        return self.b.sext(self.load(base, off, I8), I32)
+
+    def bytes16(self, base, off):
+        return self.load(base, off, V16I8)
+
+    # --- vector ops ------------------------------------------------------------------------
+    def splat(self, v, ty=V16F):
+        u = ir.Constant(ty, None)
+        u = self.b.insert_element(u, v, ir.Constant(I32, 0))
+        return self.b.shuffle_vector(u, u, ir.Constant(ir.VectorType(I32, ty.count), [0] * ty.count))
+
+    def vconst8(self, values):
+        return ir.Constant(V16I8, list(values) if hasattr(values, "__iter__") else [values] * 16)
+
+    def vconst32(self, values):
+        return ir.Constant(V16I32, list(values) if hasattr(values, "__iter__") else [values] * 16)
+
+    def nib_lo(self, q):
+        return self.b.and_(q, self.vconst8(15))
+
+    def nib_hi(self, q):
+        return self.b.lshr(q, self.vconst8(4))
+
+    def bits(self, q, shift, mask):
+        """(q >> shift) & mask on <16 x i8>."""
+        if shift:
+            q = self.b.lshr(q, self.vconst8(shift))
+        return self.b.and_(q, self.vconst8(mask))
+
+    def to_i32(self, q8):
+        return self.b.zext(q8, V16I32)
+
+    def u8f(self, q8):
+        """<16 x i8> unsigned -> <16 x float>."""
+        return self.b.uitofp(q8, V16F)
+
+    def s8f(self, q8):
+        return self.b.sitofp(q8, V16F)
+
+    def i32f(self, q32):
+        return self.b.sitofp(q32, V16F)
+
+    def bit_bytes(self, word32, value):
+        """Bit j of an i32 word -> byte j (j < 32) equal to `value` if set else 0; two <16 x i8>.
+
+        (bitcast to <32 x i1> + select: one masked byte move on AVX-512BW.)
+        """
+        v32 = ir.VectorType(I8, 32)
+        m = self.b.bitcast(word32, ir.VectorType(ir.IntType(1), 32))
+        sel = self.b.select(m, ir.Constant(v32, [value] * 32), ir.Constant(v32, [0] * 32))
+        lo = self.b.shuffle_vector(sel, sel, ir.Constant(ir.VectorType(I32, 16), list(range(16))))
+        hi = self.b.shuffle_vector(sel, sel, ir.Constant(ir.VectorType(I32, 16), list(range(16, 32))))
+        return lo, hi
+
+    def sub8(self, q, k):
+        """q - k on <16 x i8> (wrapping; used to centre unsigned codes, then read as signed)."""
+        return self.b.sub(q, self.vconst8(k))
+
+    def qh_bits(self, word32, first_bit):
+        """Bits first_bit..first_bit+15 of an i32 word, one per lane, as <16 x i32> 0/1."""
+        w = self.splat(word32, V16I32)
+        sh = self.b.lshr(w, self.vconst32(range(first_bit, first_bit + 16)))
+        return self.b.and_(sh, self.vconst32(1))
+
+    def fmul(self, a, b):
+        return _fast(self.b.fmul(a, b))
+
+    def fadd(self, a, b):
+        return _fast(self.b.fadd(a, b))
+
+    def fconst(self, v):
+        return ir.Constant(F32, float(v))
+
+    def hsum(self, v):
+        n = v.type.count
+        while n > 1:
+            h = n // 2
+            lo = self.b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, h), list(range(h))))
+            hi = self.b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, h), list(range(h, n))))
+            v = self.fadd(lo, hi)
+            n = h
+        return self.b.extract_element(v, ir.Constant(I32, 0))
+
+
+class Group:
+    """One group of weights inside a block: w[e0 + i] = d * q[i] + c for i < 16 * len(q).
+
+    q: list of <16 x float> (one or two); d, c: float values or None (meaning 1 and 0).
+    """
+
+    __slots__ = ("e0", "q", "d", "c")
+
+    def __init__(self, e0, q, d=None, c=None):
+        self.e0, self.q, self.d, self.c = e0, q, d, c
+
+
+class Layout:
+    """How one GGML type packs a block. Subclasses set the sizes and implement groups()."""
+
+    block_elems = 32   # weights per block
+    block_bytes = 0    # bytes per block
+    group = 32         # weights per xsum group (16 or 32); every group with an offset uses it
+    has_offset = True  # whether any group has c != 0 (then xs sums are needed)
+
+    def groups(self, em: Emit, p) -> list[Group]:
+        raise NotImplementedError
+
+
+def _arr(context, builder, ty, val):
+    return context.make_array(ty)(context, builder, val)
+
+
+def make_row_dot(layout: Layout, n_tok: int):
+    """Intrinsic row_dot(raw, r, x, xs, out, t0): out[t0 + t, r] = raw[r] . x[t0 + t] for t < n_tok.
+
+    raw: 2-D array (rows of packed blocks, any dtype, rows contiguous); x: (T, n_cols) f32 C;
+    xs: (T, n_groups) f32 C (group sums of x, unused if the layout has no offsets);
+    out: (T, n_rows) f32 C.
+    """
+    BE, BB, G = layout.block_elems, layout.block_bytes, layout.group
+
+    @intrinsic
+    def row_dot(typingctx, raw, r, x, xs, out, t0):
+        sig = types.void(raw, r, x, xs, out, t0)
+
+        def codegen(context, builder, signature, args):
+            rawv, rv, xv, xsv, outv, t0v = args
+            em = Emit(builder)
+            ra = _arr(context, builder, signature.args[0], rawv)
+            xa = _arr(context, builder, signature.args[2], xv)
+            sa = _arr(context, builder, signature.args[3], xsv)
+            oa = _arr(context, builder, signature.args[4], outv)
+            rstride = cgutils.unpack_tuple(builder, ra.strides)[0]
+            xshape = cgutils.unpack_tuple(builder, xa.shape)
+            n_cols = xshape[1]
+            n_grp = cgutils.unpack_tuple(builder, sa.shape)[1]
+            n_rows = cgutils.unpack_tuple(builder, oa.shape)[1]
+            base = builder.gep(builder.bitcast(ra.data, I8.as_pointer()), [builder.mul(rv, rstride)])
+            xp0 = builder.bitcast(xa.data, F32.as_pointer())
+            sp0 = builder.bitcast(sa.data, F32.as_pointer())
+            op0 = builder.bitcast(oa.data, F32.as_pointer())
+            xps, sps = [], []
+            for t in range(n_tok):
+                tt = builder.add(t0v, ir.Constant(I64, t))
+                xps.append(builder.gep(xp0, [builder.mul(tt, n_cols)]))
+                sps.append(builder.gep(sp0, [builder.mul(tt, n_grp)]))
+            zero = ir.Constant(V16F, [0.0] * 16)
+            accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(2)] for _ in range(n_tok)]
+            saccs = [[cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0)) for _ in range(2)]
+                     for _ in range(n_tok)]
+
+            def emit_block(blk, parity):
+                p = builder.gep(base, [builder.mul(blk, ir.Constant(I64, BB))])
+                e_base = builder.mul(blk, ir.Constant(I64, BE))
+                g_base = builder.udiv(e_base, ir.Constant(I64, G)) if G else None
+                for gi, g in enumerate(layout.groups(em, p)):
+                    k_acc = (gi & 1) ^ parity
+                    for t in range(n_tok):
+                        xb = builder.gep(xps[t], [builder.add(e_base, ir.Constant(I64, g.e0))])
+                        tsum = None
+                        for k, qv in enumerate(g.q):
+                            xp = builder.gep(xb, [ir.Constant(I64, 16 * k)])
+                            xv16 = builder.load(builder.bitcast(xp, V16F.as_pointer()), align=4)
+                            prod = em.fmul(qv, xv16)
+                            tsum = prod if tsum is None else em.fadd(tsum, prod)
+                        acc = accs[t][k_acc]
+                        if g.d is not None:
+                            tsum = em.fmul(em.splat(g.d), tsum)
+                        builder.store(em.fadd(builder.load(acc), tsum), acc)
+                        if g.c is not None:
+                            gidx = builder.add(g_base, ir.Constant(I64, g.e0 // G))
+                            xsv_ = builder.load(builder.gep(sps[t], [gidx]))
+                            sa_ = saccs[t][k_acc]
+                            builder.store(em.fadd(builder.load(sa_), em.fmul(g.c, xsv_)), sa_)
+
+            # Blocks in pairs, alternating accumulator sets (two independent FMA chains).
+            nb = builder.udiv(n_cols, ir.Constant(I64, BE))
+            with cgutils.for_range(builder, builder.udiv(nb, ir.Constant(I64, 2))) as loop:
+                blk = builder.mul(loop.index, ir.Constant(I64, 2))
+                emit_block(blk, 0)
+                emit_block(builder.add(blk, ir.Constant(I64, 1)), 1)
+            odd = builder.icmp_unsigned("!=", builder.urem(nb, ir.Constant(I64, 2)), ir.Constant(I64, 0))
+            with builder.if_then(odd, likely=False):
+                emit_block(builder.sub(nb, ir.Constant(I64, 1)), 0)
+            for t in range(n_tok):
+                v = em.fadd(builder.load(accs[t][0]), builder.load(accs[t][1]))
+                sc = em.fadd(builder.load(saccs[t][0]), builder.load(saccs[t][1]))
+                res = em.fadd(em.hsum(v), sc)
+                tt = builder.add(t0v, ir.Constant(I64, t))
+                builder.store(res, builder.gep(op0, [builder.add(builder.mul(tt, n_rows), rv)]))
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return row_dot
+
+
+def make_row_dequant(layout: Layout):
+    """Intrinsic row_dequant(raw, r, out, o): out[o, :] = weights of packed row r (f32)."""
+    BE, BB = layout.block_elems, layout.block_bytes
+
+    @intrinsic
+    def row_dequant(typingctx, raw, r, out, o):
+        sig = types.void(raw, r, out, o)
+
+        def codegen(context, builder, signature, args):
+            rawv, rv, outv, ov = args
+            em = Emit(builder)
+            ra = _arr(context, builder, signature.args[0], rawv)
+            oa = _arr(context, builder, signature.args[2], outv)
+            rstride = cgutils.unpack_tuple(builder, ra.strides)[0]
+            n_cols = cgutils.unpack_tuple(builder, oa.shape)[1]
+            base = builder.gep(builder.bitcast(ra.data, I8.as_pointer()), [builder.mul(rv, rstride)])
+            op = builder.gep(builder.bitcast(oa.data, F32.as_pointer()), [builder.mul(ov, n_cols)])
+            nb = builder.udiv(n_cols, ir.Constant(I64, BE))
+            with cgutils.for_range(builder, nb) as loop:
+                blk = loop.index
+                p = builder.gep(base, [builder.mul(blk, ir.Constant(I64, BB))])
+                ob = builder.gep(op, [builder.mul(blk, ir.Constant(I64, BE))])
+                for g in layout.groups(em, p):
+                    d = em.splat(g.d) if g.d is not None else None
+                    c = em.splat(g.c) if g.c is not None else None
+                    for k, qv in enumerate(g.q):
+                        v = qv
+                        if d is not None:
+                            v = em.fmul(d, v)
+                        if c is not None:
+                            v = em.fadd(v, c)
+                        dst = builder.bitcast(builder.gep(ob, [ir.Constant(I64, g.e0 + 16 * k)]), V16F.as_pointer())
+                        builder.store(v, dst, align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return row_dequant

@@ -1,0 +1,59 @@
+"""QTensor (a zero-copy view of one weight matrix's packed rows) and the QuantType table entry."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+
+@dataclass(frozen=True)
+class QTensor:
+    """One 2-D weight, rows packed in its GGML type, viewed (never copied) from the mmap.
+
+    `raw` is (n_rows, row_bytes) uint8 for block types; for F32/F16/BF16 it is the typed
+    (n_rows, n_cols) array itself. ggml's ne[0] is `n_cols` (the reduction dimension).
+    """
+
+    name: str
+    qtype: GGMLQuantizationType
+    n_rows: int
+    n_cols: int
+    raw: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.raw.nbytes)
+
+    @property
+    def block_size(self) -> int:
+        return GGML_QUANT_SIZES[self.qtype][0]
+
+    @property
+    def type_size(self) -> int:
+        return GGML_QUANT_SIZES[self.qtype][1]
+
+
+@dataclass(frozen=True)
+class QuantType:
+    """Table entry: how to compute with one GGML type.
+
+    dequant(raw_rows, out): raw_rows (m, row_bytes) -> out (m, n_cols) float32
+    matvec(raw, x, out):    raw (n_rows, row_bytes), x (n_cols,) f32 -> out (n_rows,) f32
+    matvec_multi(raw, x, out): x (T, n_cols) f32 -> out (T, n_rows) f32, weights read once
+    get_rows(raw, ids, out): out (len(ids), n_cols) f32 = rows ids dequantised
+    matvec_same_x(raws, x, outs): outs[i] = W_i @ x for 1..3 weights, one parallel launch
+    block_elems:            n_cols must be a multiple of this (32, 256, or 16 for dense)
+    """
+
+    qtype: GGMLQuantizationType
+    block_size: int
+    type_size: int
+    dequant: Callable[[np.ndarray, np.ndarray], None]
+    matvec: Callable[[np.ndarray, np.ndarray, np.ndarray], None]
+    matvec_multi: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None
+    get_rows: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None
+    matvec_same_x: Callable[[list, np.ndarray, list], None] | None = None
+    block_elems: int = 32

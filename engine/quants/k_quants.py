@@ -1,0 +1,624 @@
+"""K-quants: 256-weight super-blocks with per-sub-block scales (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K).
+
+Each layout splits a super-block into groups of 32 (Q4_K, Q5_K) or 16 (Q2_K, Q3_K, Q6_K)
+weights sharing one scale d_g and offset c_g, so w = d_g * q + c_g with q a small unsigned
+integer. e (0..255) is the weight index inside the super-block. The layouts follow
+ggml-common.h; gguf-py's numpy dequantisers are the executable spec the tests compare with.
+"""
+
+from __future__ import annotations
+
+from gguf import GGMLQuantizationType
+from llvmlite import ir
+from numba import prange
+
+from ..jit import parallel_kernel
+from ._ir import F32, I32, Group, Layout, make_row_dequant, make_row_dot
+from ._kern import check_shapes, group_sums, register
+
+
+def _c(v):
+    return ir.Constant(I32, v)
+
+
+def _k4_scale_min(em, p, off, j):
+    """6-bit scale and min of sub-block j (0..7), packed in the 12 bytes at p + off:
+
+    bytes 0..3 : low 6 bits = scale j=0..3, top 2 bits = bits 4..5 of scale j=4..7
+    bytes 4..7 : low 6 bits = min   j=0..3, top 2 bits = bits 4..5 of min   j=4..7
+    bytes 8..11: low nibble = bits 0..3 of scale j=4..7, high nibble = bits 0..3 of min j=4..7
+    """
+    b = em.b
+
+    def u(k):
+        return em.u8(p, off + k)
+
+    if j < 4:
+        sc = b.and_(u(j), _c(63))
+        mn = b.and_(u(j + 4), _c(63))
+    else:
+        sc = b.or_(b.and_(u(j + 4), _c(15)), b.shl(b.lshr(u(j - 4), _c(6)), _c(4)))
+        mn = b.or_(b.lshr(u(j + 4), _c(4)), b.shl(b.lshr(u(j), _c(6)), _c(4)))
+    return b.uitofp(sc, F32), b.uitofp(mn, F32)
+
+
+# Q2_K super-block (84 bytes):
+#   [0:16]   scales  byte g: low nibble = scale of group g (16 weights), high nibble = its min
+#   [16:80]  qs      2-bit weights: e = h*128 + s*32 + l (h < 2, s < 4, l < 32) is bits 2s..2s+1
+#                    of qs[h*32 + l]
+#   [80:82]  d       f16 super-scale for the scales
+#   [82:84]  dmin    f16 super-scale for the mins
+#   w = d * scale_g * q - dmin * min_g, g = e // 16
+class Q2KLayout(Layout):
+    block_elems, block_bytes, group = 256, 84, 16
+
+    def groups(self, em, p):
+        b = em.b
+        d, dmin = em.f16(p, 80), em.f16(p, 82)
+        out = []
+        for h in range(2):
+            for k in range(2):
+                q8 = em.bytes16(p, 16 + h * 32 + 16 * k)
+                for s in range(4):
+                    e0 = h * 128 + s * 32 + 16 * k
+                    g = e0 // 16
+                    sb = em.u8(p, g)
+                    sc = b.uitofp(b.and_(sb, _c(15)), F32)
+                    mn = b.uitofp(b.lshr(sb, _c(4)), F32)
+                    q = em.u8f(em.bits(q8, 2 * s, 3))
+                    out.append(Group(e0, [q], em.fmul(d, sc), em.fmul(em.fmul(dmin, mn), em.fconst(-1.0))))
+        return out
+
+
+# Q3_K super-block (110 bytes):
+#   [0:32]    hmask   high bit of e = h*128 + s*32 + l is bit (4h + s) of hmask[l]
+#   [32:96]   qs      low 2 bits of e are bits 2s..2s+1 of qs[h*32 + l]
+#   [96:108]  scales  16 6-bit signed scales (value - 32): low 4 bits of scale g are nibble
+#                     (g // 8) of byte g % 8, high 2 bits are bits 2*(g // 4).. of byte 8 + g % 4
+#   [108:110] d       f16 super-scale
+#   w = d * (scale_g - 32) * (q - 4) with q = low2 | high << 2 (so a clear high bit means -4);
+#   q - 4 is formed in bytes and read as signed, so no offset term
+class Q3KLayout(Layout):
+    block_elems, block_bytes, group, has_offset = 256, 110, 0, False
+
+    def groups(self, em, p):
+        b = em.b
+        d = em.f16(p, 108)
+        out = []
+        for k in range(2):
+            hm = em.bytes16(p, 16 * k)
+            for h in range(2):
+                q8 = em.bytes16(p, 32 + h * 32 + 16 * k)
+                for s in range(4):
+                    e0 = h * 128 + s * 32 + 16 * k
+                    g = e0 // 16
+                    lo = b.and_(b.lshr(em.u8(p, 96 + g % 8), _c(4 * (g // 8))), _c(15))
+                    hi = b.and_(b.lshr(em.u8(p, 104 + g % 4), _c(2 * (g // 4))), _c(3))
+                    sc = b.sitofp(b.sub(b.or_(lo, b.shl(hi, _c(4))), _c(32)), F32)
+                    hbit = b.shl(em.bits(hm, 4 * h + s, 1), em.vconst8(2))
+                    q = em.s8f(em.sub8(b.or_(em.bits(q8, 2 * s, 3), hbit), 4))
+                    out.append(Group(e0, [q], em.fmul(d, sc)))
+        return out
+
+
+# Q4_K super-block (144 bytes):
+#   [0:2]    d       f16 super-scale for the scales
+#   [2:4]    dmin    f16 super-scale for the mins
+#   [4:16]   scales  8 packed 6-bit (scale, min) pairs, see _k4_scale_min
+#   [16:144] qs      e = j*64 + n*32 + l (j < 4, n < 2, l < 32) is nibble n of qs[j*32 + l]
+#   w = d * scale_g * q - dmin * min_g, g = e // 32
+class Q4KLayout(Layout):
+    block_elems, block_bytes, group = 256, 144, 32
+
+    def groups(self, em, p):
+        d, dmin = em.f16(p, 0), em.f16(p, 2)
+        out = []
+        for j in range(4):
+            qa, qb = em.bytes16(p, 16 + 32 * j), em.bytes16(p, 32 + 32 * j)
+            for n in range(2):
+                g = 2 * j + n
+                sc, mn = _k4_scale_min(em, p, 4, g)
+                if n == 0:
+                    q = [em.u8f(em.nib_lo(qa)), em.u8f(em.nib_lo(qb))]
+                else:
+                    q = [em.u8f(em.nib_hi(qa)), em.u8f(em.nib_hi(qb))]
+                out.append(Group(32 * g, q, em.fmul(d, sc), em.fmul(em.fmul(dmin, mn), em.fconst(-1.0))))
+        return out
+
+
+# Q5_K super-block (176 bytes):
+#   [0:2]     d       f16 super-scale for the scales
+#   [2:4]     dmin    f16 super-scale for the mins
+#   [4:16]    scales  8 packed 6-bit (scale, min) pairs, see _k4_scale_min
+#   [16:48]   qh      5th bit (value 16) of e = g*32 + l is bit g of qh[l]
+#   [48:176]  qs      low 4 bits as in Q4_K: e = j*64 + n*32 + l is nibble n of qs[j*32 + l]
+#   w = d * scale_g * q - dmin * min_g, g = e // 32
+class Q5KLayout(Layout):
+    block_elems, block_bytes, group = 256, 176, 32
+
+    def groups(self, em, p):
+        b = em.b
+        d, dmin = em.f16(p, 0), em.f16(p, 2)
+        ha, hb = em.bytes16(p, 16), em.bytes16(p, 32)
+        out = []
+        for j in range(4):
+            qa, qb = em.bytes16(p, 48 + 32 * j), em.bytes16(p, 64 + 32 * j)
+            for n in range(2):
+                g = 2 * j + n
+                sc, mn = _k4_scale_min(em, p, 4, g)
+                sh = em.vconst8(4)
+                if n == 0:
+                    la, lb = em.nib_lo(qa), em.nib_lo(qb)
+                else:
+                    la, lb = em.nib_hi(qa), em.nib_hi(qb)
+                q = [em.u8f(b.or_(la, b.shl(em.bits(ha, g, 1), sh))),
+                     em.u8f(b.or_(lb, b.shl(em.bits(hb, g, 1), sh)))]
+                out.append(Group(32 * g, q, em.fmul(d, sc), em.fmul(em.fmul(dmin, mn), em.fconst(-1.0))))
+        return out
+
+
+# Q6_K super-block (210 bytes):
+#   [0:128]   ql      low 4 bits of e = h*128 + c*32 + l (h < 2, c < 4, l < 32) are nibble c // 2
+#                     of ql[h*64 + (c % 2)*32 + l]
+#   [128:192] qh      high 2 bits of e are bits 2c..2c+1 of qh[h*32 + l]
+#   [192:208] scales  16 signed bytes, one per group of 16
+#   [208:210] d       f16 super-scale
+#   w = d * scale_g * (q - 32), g = e // 16 (q - 32 formed in bytes, read as signed)
+class Q6KLayout(Layout):
+    block_elems, block_bytes, group, has_offset = 256, 210, 0, False
+
+    def groups(self, em, p):
+        b = em.b
+        d = em.f16(p, 208)
+        out = []
+        for h in range(2):
+            for k in range(2):
+                qh = em.bytes16(p, 128 + h * 32 + 16 * k)
+                for c in range(4):
+                    e0 = h * 128 + c * 32 + 16 * k
+                    g = e0 // 16
+                    ql = em.bytes16(p, h * 64 + (c % 2) * 32 + 16 * k)
+                    lo = em.nib_lo(ql) if c < 2 else em.nib_hi(ql)
+                    q = em.s8f(em.sub8(b.or_(lo, b.shl(em.bits(qh, 2 * c, 3), em.vconst8(4))), 32))
+                    out.append(Group(e0, [q], em.fmul(d, b.sitofp(em.i8(p, 192 + g), F32))))
+        return out
+
+
+_LAYOUT_q2_k = Q2KLayout()
+_dot1_q2_k = make_row_dot(_LAYOUT_q2_k, 1)
+_dot2_q2_k = make_row_dot(_LAYOUT_q2_k, 2)
+_dot4_q2_k = make_row_dot(_LAYOUT_q2_k, 4)
+_row_dequant_q2_k = make_row_dequant(_LAYOUT_q2_k)
+_G_q2_k = _LAYOUT_q2_k.group
+_BB_q2_k = _LAYOUT_q2_k.block_bytes
+_BE_q2_k = _LAYOUT_q2_k.block_elems
+
+
+@parallel_kernel
+def _matvec_multi_q2_k(raw, x, out):
+    """out (T, n_rows) = x (T, n_cols) @ W.T; prange over rows (disjoint writes)."""
+    check_shapes(raw.shape[0], raw.shape[1], x.shape[1], out.shape[1], x.shape[0], out.shape[0],
+                 _BB_q2_k, _BE_q2_k)
+    n_tok = x.shape[0]
+    xs = group_sums(x, _G_q2_k)
+    for r in prange(raw.shape[0]):
+        t0 = 0
+        while n_tok - t0 >= 4:
+            _dot4_q2_k(raw, r, x, xs, out, t0)
+            t0 += 4
+        rem = n_tok - t0
+        if rem >= 2:
+            _dot2_q2_k(raw, r, x, xs, out, t0)
+            t0 += 2
+        if rem & 1:
+            _dot1_q2_k(raw, r, x, xs, out, t0)
+
+
+@parallel_kernel
+def _matvec_q2_k(raw, x, out):
+    """out (n_rows,) = W @ x (n_cols,): the decode hot path."""
+    check_shapes(raw.shape[0], raw.shape[1], x.shape[0], out.shape[0], 1, 1, _BB_q2_k, _BE_q2_k)
+    x2 = x.reshape((1, x.shape[0]))
+    o2 = out.reshape((1, out.shape[0]))
+    xs = group_sums(x2, _G_q2_k)
+    for r in prange(raw.shape[0]):
+        _dot1_q2_k(raw, r, x2, xs, o2, 0)
+
+
+@parallel_kernel
+def _matvec3_q2_k(raw0, raw1, raw2, x, out0, out1, out2):
+    """out_i = W_i @ x for three weights of this type sharing x (e.g. Q, K, V), one launch."""
+    n0, n1, n2 = raw0.shape[0], raw1.shape[0], raw2.shape[0]
+    check_shapes(n0, raw0.shape[1], x.shape[0], out0.shape[0], 1, 1, _BB_q2_k, _BE_q2_k)
+    check_shapes(n1, raw1.shape[1], x.shape[0], out1.shape[0], 1, 1, _BB_q2_k, _BE_q2_k)
+    check_shapes(n2, raw2.shape[1], x.shape[0], out2.shape[0], 1, 1, _BB_q2_k, _BE_q2_k)
+    x2 = x.reshape((1, x.shape[0]))
+    o0 = out0.reshape((1, n0))
+    o1 = out1.reshape((1, n1))
+    o2 = out2.reshape((1, n2))
+    xs = group_sums(x2, _G_q2_k)
+    for r in prange(n0 + n1 + n2):
+        if r < n0:
+            _dot1_q2_k(raw0, r, x2, xs, o0, 0)
+        elif r < n0 + n1:
+            _dot1_q2_k(raw1, r - n0, x2, xs, o1, 0)
+        else:
+            _dot1_q2_k(raw2, r - n0 - n1, x2, xs, o2, 0)
+
+
+@parallel_kernel
+def _dequant_q2_k(raw, out):
+    check_shapes(raw.shape[0], raw.shape[1], out.shape[1], raw.shape[0], 1, 1, _BB_q2_k, _BE_q2_k)
+    if out.shape[0] != raw.shape[0]:
+        raise ValueError("out has the wrong number of rows")
+    for r in prange(raw.shape[0]):
+        _row_dequant_q2_k(raw, r, out, r)
+
+
+@parallel_kernel
+def _get_rows_q2_k(raw, ids, out):
+    check_shapes(raw.shape[0], raw.shape[1], out.shape[1], raw.shape[0], 1, 1, _BB_q2_k, _BE_q2_k)
+    if out.shape[0] != ids.shape[0]:
+        raise ValueError("out must have one row per id")
+    for i in range(ids.shape[0]):
+        if ids[i] < 0 or ids[i] >= raw.shape[0]:
+            raise ValueError("row id out of range")
+    for i in prange(ids.shape[0]):
+        _row_dequant_q2_k(raw, ids[i], out, i)
+
+Q2_K = register(
+    GGMLQuantizationType.Q2_K, _LAYOUT_q2_k, _matvec_q2_k, _matvec_multi_q2_k,
+    _matvec3_q2_k, _dequant_q2_k, _get_rows_q2_k,
+)
+
+
+_LAYOUT_q3_k = Q3KLayout()
+_dot1_q3_k = make_row_dot(_LAYOUT_q3_k, 1)
+_dot2_q3_k = make_row_dot(_LAYOUT_q3_k, 2)
+_dot4_q3_k = make_row_dot(_LAYOUT_q3_k, 4)
+_row_dequant_q3_k = make_row_dequant(_LAYOUT_q3_k)
+_G_q3_k = _LAYOUT_q3_k.group
+_BB_q3_k = _LAYOUT_q3_k.block_bytes
+_BE_q3_k = _LAYOUT_q3_k.block_elems
+
+
+@parallel_kernel
+def _matvec_multi_q3_k(raw, x, out):
+    """out (T, n_rows) = x (T, n_cols) @ W.T; prange over rows (disjoint writes)."""
+    check_shapes(raw.shape[0], raw.shape[1], x.shape[1], out.shape[1], x.shape[0], out.shape[0],
+                 _BB_q3_k, _BE_q3_k)
+    n_tok = x.shape[0]
+    xs = group_sums(x, _G_q3_k)
+    for r in prange(raw.shape[0]):
+        t0 = 0
+        while n_tok - t0 >= 4:
+            _dot4_q3_k(raw, r, x, xs, out, t0)
+            t0 += 4
+        rem = n_tok - t0
+        if rem >= 2:
+            _dot2_q3_k(raw, r, x, xs, out, t0)
+            t0 += 2
+        if rem & 1:
+            _dot1_q3_k(raw, r, x, xs, out, t0)
+
+
+@parallel_kernel
+def _matvec_q3_k(raw, x, out):
+    """out (n_rows,) = W @ x (n_cols,): the decode hot path."""
+    check_shapes(raw.shape[0], raw.shape[1], x.shape[0], out.shape[0], 1, 1, _BB_q3_k, _BE_q3_k)
+    x2 = x.reshape((1, x.shape[0]))
+    o2 = out.reshape((1, out.shape[0]))
+    xs = group_sums(x2, _G_q3_k)
+    for r in prange(raw.shape[0]):
+        _dot1_q3_k(raw, r, x2, xs, o2, 0)
+
+
+@parallel_kernel
+def _matvec3_q3_k(raw0, raw1, raw2, x, out0, out1, out2):
+    """out_i = W_i @ x for three weights of this type sharing x (e.g. Q, K, V), one launch."""
+    n0, n1, n2 = raw0.shape[0], raw1.shape[0], raw2.shape[0]
+    check_shapes(n0, raw0.shape[1], x.shape[0], out0.shape[0], 1, 1, _BB_q3_k, _BE_q3_k)
+    check_shapes(n1, raw1.shape[1], x.shape[0], out1.shape[0], 1, 1, _BB_q3_k, _BE_q3_k)
+    check_shapes(n2, raw2.shape[1], x.shape[0], out2.shape[0], 1, 1, _BB_q3_k, _BE_q3_k)
+    x2 = x.reshape((1, x.shape[0]))
+    o0 = out0.reshape((1, n0))
+    o1 = out1.reshape((1, n1))
+    o2 = out2.reshape((1, n2))
+    xs = group_sums(x2, _G_q3_k)
+    for r in prange(n0 + n1 + n2):
+        if r < n0:
+            _dot1_q3_k(raw0, r, x2, xs, o0, 0)
+        elif r < n0 + n1:
+            _dot1_q3_k(raw1, r - n0, x2, xs, o1, 0)
+        else:
+            _dot1_q3_k(raw2, r - n0 - n1, x2, xs, o2, 0)
+
+
+@parallel_kernel
+def _dequant_q3_k(raw, out):
+    check_shapes(raw.shape[0], raw.shape[1], out.shape[1], raw.shape[0], 1, 1, _BB_q3_k, _BE_q3_k)
+    if out.shape[0] != raw.shape[0]:
+        raise ValueError("out has the wrong number of rows")
+    for r in prange(raw.shape[0]):
+        _row_dequant_q3_k(raw, r, out, r)
+
+
+@parallel_kernel
+def _get_rows_q3_k(raw, ids, out):
+    check_shapes(raw.shape[0], raw.shape[1], out.shape[1], raw.shape[0], 1, 1, _BB_q3_k, _BE_q3_k)
+    if out.shape[0] != ids.shape[0]:
+        raise ValueError("out must have one row per id")
+    for i in range(ids.shape[0]):
+        if ids[i] < 0 or ids[i] >= raw.shape[0]:
+            raise ValueError("row id out of range")
+    for i in prange(ids.shape[0]):
+        _row_dequant_q3_k(raw, ids[i], out, i)
+
+Q3_K = register(
+    GGMLQuantizationType.Q3_K, _LAYOUT_q3_k, _matvec_q3_k, _matvec_multi_q3_k,
+    _matvec3_q3_k, _dequant_q3_k, _get_rows_q3_k,
+)
+
+
+_LAYOUT_q4_k = Q4KLayout()
+_dot1_q4_k = make_row_dot(_LAYOUT_q4_k, 1)
+_dot2_q4_k = make_row_dot(_LAYOUT_q4_k, 2)
+_dot4_q4_k = make_row_dot(_LAYOUT_q4_k, 4)
+_row_dequant_q4_k = make_row_dequant(_LAYOUT_q4_k)
+_G_q4_k = _LAYOUT_q4_k.group
+_BB_q4_k = _LAYOUT_q4_k.block_bytes
+_BE_q4_k = _LAYOUT_q4_k.block_elems
+
+
+@parallel_kernel
+def _matvec_multi_q4_k(raw, x, out):
+    """out (T, n_rows) = x (T, n_cols) @ W.T; prange over rows (disjoint writes)."""
+    check_shapes(raw.shape[0], raw.shape[1], x.shape[1], out.shape[1], x.shape[0], out.shape[0],
+                 _BB_q4_k, _BE_q4_k)
+    n_tok = x.shape[0]
+    xs = group_sums(x, _G_q4_k)
+    for r in prange(raw.shape[0]):
+        t0 = 0
+        while n_tok - t0 >= 4:
+            _dot4_q4_k(raw, r, x, xs, out, t0)
+            t0 += 4
+        rem = n_tok - t0
+        if rem >= 2:
+            _dot2_q4_k(raw, r, x, xs, out, t0)
+            t0 += 2
+        if rem & 1:
+            _dot1_q4_k(raw, r, x, xs, out, t0)
+
+
+@parallel_kernel
+def _matvec_q4_k(raw, x, out):
+    """out (n_rows,) = W @ x (n_cols,): the decode hot path."""
+    check_shapes(raw.shape[0], raw.shape[1], x.shape[0], out.shape[0], 1, 1, _BB_q4_k, _BE_q4_k)
+    x2 = x.reshape((1, x.shape[0]))
+    o2 = out.reshape((1, out.shape[0]))
+    xs = group_sums(x2, _G_q4_k)
+    for r in prange(raw.shape[0]):
+        _dot1_q4_k(raw, r, x2, xs, o2, 0)
+
+
+@parallel_kernel
+def _matvec3_q4_k(raw0, raw1, raw2, x, out0, out1, out2):
+    """out_i = W_i @ x for three weights of this type sharing x (e.g. Q, K, V), one launch."""
+    n0, n1, n2 = raw0.shape[0], raw1.shape[0], raw2.shape[0]
+    check_shapes(n0, raw0.shape[1], x.shape[0], out0.shape[0], 1, 1, _BB_q4_k, _BE_q4_k)
+    check_shapes(n1, raw1.shape[1], x.shape[0], out1.shape[0], 1, 1, _BB_q4_k, _BE_q4_k)
+    check_shapes(n2, raw2.shape[1], x.shape[0], out2.shape[0], 1, 1, _BB_q4_k, _BE_q4_k)
+    x2 = x.reshape((1, x.shape[0]))
+    o0 = out0.reshape((1, n0))
+    o1 = out1.reshape((1, n1))
+    o2 = out2.reshape((1, n2))
+    xs = group_sums(x2, _G_q4_k)
+    for r in prange(n0 + n1 + n2):
+        if r < n0:
+            _dot1_q4_k(raw0, r, x2, xs, o0, 0)
+        elif r < n0 + n1:
+            _dot1_q4_k(raw1, r - n0, x2, xs, o1, 0)
+        else:
+            _dot1_q4_k(raw2, r - n0 - n1, x2, xs, o2, 0)
+
+
+@parallel_kernel
+def _dequant_q4_k(raw, out):
+    check_shapes(raw.shape[0], raw.shape[1], out.shape[1], raw.shape[0], 1, 1, _BB_q4_k, _BE_q4_k)
+    if out.shape[0] != raw.shape[0]:
+        raise ValueError("out has the wrong number of rows")
+    for r in prange(raw.shape[0]):
+        _row_dequant_q4_k(raw, r, out, r)
+
+
+@parallel_kernel
+def _get_rows_q4_k(raw, ids, out):
+    check_shapes(raw.shape[0], raw.shape[1], out.shape[1], raw.shape[0], 1, 1, _BB_q4_k, _BE_q4_k)
+    if out.shape[0] != ids.shape[0]:
+        raise ValueError("out must have one row per id")
+    for i in range(ids.shape[0]):
+        if ids[i] < 0 or ids[i] >= raw.shape[0]:
+            raise ValueError("row id out of range")
+    for i in prange(ids.shape[0]):
+        _row_dequant_q4_k(raw, ids[i], out, i)
+
+Q4_K = register(
+    GGMLQuantizationType.Q4_K, _LAYOUT_q4_k, _matvec_q4_k, _matvec_multi_q4_k,
+    _matvec3_q4_k, _dequant_q4_k, _get_rows_q4_k,
+)
+
+
+_LAYOUT_q5_k = Q5KLayout()
+_dot1_q5_k = make_row_dot(_LAYOUT_q5_k, 1)
+_dot2_q5_k = make_row_dot(_LAYOUT_q5_k, 2)
+_dot4_q5_k = make_row_dot(_LAYOUT_q5_k, 4)
+_row_dequant_q5_k = make_row_dequant(_LAYOUT_q5_k)
+_G_q5_k = _LAYOUT_q5_k.group
+_BB_q5_k = _LAYOUT_q5_k.block_bytes
+_BE_q5_k = _LAYOUT_q5_k.block_elems
+
+
+@parallel_kernel
+def _matvec_multi_q5_k(raw, x, out):
+    """out (T, n_rows) = x (T, n_cols) @ W.T; prange over rows (disjoint writes)."""
+    check_shapes(raw.shape[0], raw.shape[1], x.shape[1], out.shape[1], x.shape[0], out.shape[0],
+                 _BB_q5_k, _BE_q5_k)
+    n_tok = x.shape[0]
+    xs = group_sums(x, _G_q5_k)
+    for r in prange(raw.shape[0]):
+        t0 = 0
+        while n_tok - t0 >= 4:
+            _dot4_q5_k(raw, r, x, xs, out, t0)
+            t0 += 4
+        rem = n_tok - t0
+        if rem >= 2:
+            _dot2_q5_k(raw, r, x, xs, out, t0)
+            t0 += 2
+        if rem & 1:
+            _dot1_q5_k(raw, r, x, xs, out, t0)
+
+
+@parallel_kernel
+def _matvec_q5_k(raw, x, out):
+    """out (n_rows,) = W @ x (n_cols,): the decode hot path."""
+    check_shapes(raw.shape[0], raw.shape[1], x.shape[0], out.shape[0], 1, 1, _BB_q5_k, _BE_q5_k)
+    x2 = x.reshape((1, x.shape[0]))
+    o2 = out.reshape((1, out.shape[0]))
+    xs = group_sums(x2, _G_q5_k)
+    for r in prange(raw.shape[0]):
+        _dot1_q5_k(raw, r, x2, xs, o2, 0)
+
+
+@parallel_kernel
+def _matvec3_q5_k(raw0, raw1, raw2, x, out0, out1, out2):
+    """out_i = W_i @ x for three weights of this type sharing x (e.g. Q, K, V), one launch."""
+    n0, n1, n2 = raw0.shape[0], raw1.shape[0], raw2.shape[0]
+    check_shapes(n0, raw0.shape[1], x.shape[0], out0.shape[0], 1, 1, _BB_q5_k, _BE_q5_k)
+    check_shapes(n1, raw1.shape[1], x.shape[0], out1.shape[0], 1, 1, _BB_q5_k, _BE_q5_k)
+    check_shapes(n2, raw2.shape[1], x.shape[0], out2.shape[0], 1, 1, _BB_q5_k, _BE_q5_k)
+    x2 = x.reshape((1, x.shape[0]))
+    o0 = out0.reshape((1, n0))
+    o1 = out1.reshape((1, n1))
+    o2 = out2.reshape((1, n2))
+    xs = group_sums(x2, _G_q5_k)
+    for r in prange(n0 + n1 + n2):
+        if r < n0:
+            _dot1_q5_k(raw0, r, x2, xs, o0, 0)
+        elif r < n0 + n1:
+            _dot1_q5_k(raw1, r - n0, x2, xs, o1, 0)
+        else:
+            _dot1_q5_k(raw2, r - n0 - n1, x2, xs, o2, 0)
+
+
+@parallel_kernel
+def _dequant_q5_k(raw, out):
+    check_shapes(raw.shape[0], raw.shape[1], out.shape[1], raw.shape[0], 1, 1, _BB_q5_k, _BE_q5_k)
+    if out.shape[0] != raw.shape[0]:
+        raise ValueError("out has the wrong number of rows")
+    for r in prange(raw.shape[0]):
+        _row_dequant_q5_k(raw, r, out, r)
+
+
+@parallel_kernel
+def _get_rows_q5_k(raw, ids, out):
+    check_shapes(raw.shape[0], raw.shape[1], out.shape[1], raw.shape[0], 1, 1, _BB_q5_k, _BE_q5_k)
+    if out.shape[0] != ids.shape[0]:
+        raise ValueError("out must have one row per id")
+    for i in range(ids.shape[0]):
+        if ids[i] < 0 or ids[i] >= raw.shape[0]:
+            raise ValueError("row id out of range")
+    for i in prange(ids.shape[0]):
+        _row_dequant_q5_k(raw, ids[i], out, i)
+
+Q5_K = register(
+    GGMLQuantizationType.Q5_K, _LAYOUT_q5_k, _matvec_q5_k, _matvec_multi_q5_k,
+    _matvec3_q5_k, _dequant_q5_k, _get_rows_q5_k,
+)
+
+
+_LAYOUT_q6_k = Q6KLayout()
+_dot1_q6_k = make_row_dot(_LAYOUT_q6_k, 1)
+_dot2_q6_k = make_row_dot(_LAYOUT_q6_k, 2)
+_dot4_q6_k = make_row_dot(_LAYOUT_q6_k, 4)
+_row_dequant_q6_k = make_row_dequant(_LAYOUT_q6_k)
+_G_q6_k = _LAYOUT_q6_k.group
+_BB_q6_k = _LAYOUT_q6_k.block_bytes
+_BE_q6_k = _LAYOUT_q6_k.block_elems
+
+
+@parallel_kernel
+def _matvec_multi_q6_k(raw, x, out):
+    """out (T, n_rows) = x (T, n_cols) @ W.T; prange over rows (disjoint writes)."""
+    check_shapes(raw.shape[0], raw.shape[1], x.shape[1], out.shape[1], x.shape[0], out.shape[0],
+                 _BB_q6_k, _BE_q6_k)
+    n_tok = x.shape[0]
+    xs = group_sums(x, _G_q6_k)
+    for r in prange(raw.shape[0]):
+        t0 = 0
+        while n_tok - t0 >= 4:
+            _dot4_q6_k(raw, r, x, xs, out, t0)
+            t0 += 4
+        rem = n_tok - t0
+        if rem >= 2:
+            _dot2_q6_k(raw, r, x, xs, out, t0)
+            t0 += 2
+        if rem & 1:
+            _dot1_q6_k(raw, r, x, xs, out, t0)
+
+
+@parallel_kernel
+def _matvec_q6_k(raw, x, out):
+    """out (n_rows,) = W @ x (n_cols,): the decode hot path."""
+    check_shapes(raw.shape[0], raw.shape[1], x.shape[0], out.shape[0], 1, 1, _BB_q6_k, _BE_q6_k)
+    x2 = x.reshape((1, x.shape[0]))
+    o2 = out.reshape((1, out.shape[0]))
+    xs = group_sums(x2, _G_q6_k)
+    for r in prange(raw.shape[0]):
+        _dot1_q6_k(raw, r, x2, xs, o2, 0)
+
+
+@parallel_kernel
+def _matvec3_q6_k(raw0, raw1, raw2, x, out0, out1, out2):
+    """out_i = W_i @ x for three weights of this type sharing x (e.g. Q, K, V), one launch."""
+    n0, n1, n2 = raw0.shape[0], raw1.shape[0], raw2.shape[0]
+    check_shapes(n0, raw0.shape[1], x.shape[0], out0.shape[0], 1, 1, _BB_q6_k, _BE_q6_k)
+    check_shapes(n1, raw1.shape[1], x.shape[0], out1.shape[0], 1, 1, _BB_q6_k, _BE_q6_k)
+    check_shapes(n2, raw2.shape[1], x.shape[0], out2.shape[0], 1, 1, _BB_q6_k, _BE_q6_k)
+    x2 = x.reshape((1, x.shape[0]))
+    o0 = out0.reshape((1, n0))
+    o1 = out1.reshape((1, n1))
+    o2 = out2.reshape((1, n2))
+    xs = group_sums(x2, _G_q6_k)
+    for r in prange(n0 + n1 + n2):
+        if r < n0:
+            _dot1_q6_k(raw0, r, x2, xs, o0, 0)
+        elif r < n0 + n1:
+            _dot1_q6_k(raw1, r - n0, x2, xs, o1, 0)
+        else:
+            _dot1_q6_k(raw2, r - n0 - n1, x2, xs, o2, 0)
+
+
+@parallel_kernel
+def _dequant_q6_k(raw, out):
+    check_shapes(raw.shape[0], raw.shape[1], out.shape[1], raw.shape[0], 1, 1, _BB_q6_k, _BE_q6_k)
+    if out.shape[0] != raw.shape[0]:
+        raise ValueError("out has the wrong number of rows")
+    for r in prange(raw.shape[0]):
+        _row_dequant_q6_k(raw, r, out, r)
+
+
+@parallel_kernel
+def _get_rows_q6_k(raw, ids, out):
+    check_shapes(raw.shape[0], raw.shape[1], out.shape[1], raw.shape[0], 1, 1, _BB_q6_k, _BE_q6_k)
+    if out.shape[0] != ids.shape[0]:
+        raise ValueError("out must have one row per id")
+    for i in range(ids.shape[0]):
+        if ids[i] < 0 or ids[i] >= raw.shape[0]:
+            raise ValueError("row id out of range")
+    for i in prange(ids.shape[0]):
+        _row_dequant_q6_k(raw, ids[i], out, i)
+
+Q6_K = register(
+    GGMLQuantizationType.Q6_K, _LAYOUT_q6_k, _matvec_q6_k, _matvec_multi_q6_k,
+    _matvec3_q6_k, _dequant_q6_k, _get_rows_q6_k,
+)

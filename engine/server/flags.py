@@ -1,0 +1,216 @@
+"""llama-server's command line: the server-only flags, the accepted-but-ignored ones, and
+the LLAMA_ARG_* environment variables.
+
+Shared flags (-m, -c, -b, -np, sampling...) come from engine/params.py. This module adds
+the rest so that any llama-server command line parses: flags ggstation implements are
+ordinary options; flags for features it does not have (GPU offload, LoRA, speculative
+decoding, NUMA...) are recorded in `args.ignored` and logged; download flags (-hf...) are
+recorded in `args.refused` and make `serve` exit with a clear error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+SERVER = "server-specific params"
+
+# (option strings, nargs) of flags accepted and ignored. nargs: 0 flag, 1 value, "?" optional
+# value, 2 two values.
+IGNORED = [
+    ("-tb --threads-batch", 1), ("-C --cpu-mask", 1), ("-Cr --cpu-range", 1), ("--cpu-strict", 1),
+    ("--prio", 1), ("--poll", 1), ("-Cb --cpu-mask-batch", 1), ("-Crb --cpu-range-batch", 1),
+    ("--cpu-strict-batch", 1), ("--prio-batch", 1), ("--poll-batch", 1), ("--swa-full", 0),
+    ("-fa --flash-attn", "?"), ("--perf --no-perf", 0), ("-e --escape --no-escape", 0),
+    ("--rope-scaling", 1), ("--rope-scale", 1), ("--rope-freq-base", 1), ("--rope-freq-scale", 1),
+    ("--yarn-orig-ctx", 1), ("--yarn-ext-factor", 1), ("--yarn-attn-factor", 1),
+    ("--yarn-beta-slow", 1), ("--yarn-beta-fast", 1),
+    ("-kvo --kv-offload -nkvo --no-kv-offload", 0), ("--repack -nr --no-repack", 0), ("--no-host", 0),
+    ("-dt --defrag-thold", 1), ("--rpc", 1), ("--mlock", 0), ("--mmap --no-mmap", 0),
+    ("-dio --direct-io -ndio --no-direct-io", 0), ("-lm --load-mode", 1), ("-lzm --lazy-mode", 1),
+    ("--numa", 1), ("-dev --device", 1), ("-ot --override-tensor", 1), ("-cmoe --cpu-moe", 0),
+    ("-ncmoe --n-cpu-moe", 1), ("--moe-cache-mib", 1), ("-ncffn --n-cpu-ffn", 1),
+    ("-ngl --gpu-layers --n-gpu-layers", 1), ("-sm --split-mode", 1), ("-ts --tensor-split", 1),
+    ("-mg --main-gpu", 1), ("-fit --fit", "?"), ("-fitt --fit-target", 1), ("-fitc --fit-ctx", 1),
+    ("--check-tensors", 0), ("--override-kv", 1), ("--op-offload --no-op-offload", 0),
+    ("--lora", 1), ("--lora-scaled", 1), ("--control-vector", 1), ("--control-vector-scaled", 1),
+    ("--control-vector-layer-range", 2), ("--log-disable", 0), ("--log-file", 1),
+    ("--log-jsonl --no-log-jsonl", 0), ("--log-colors", "?"), ("--offline", 0),
+    ("-lv --verbosity --log-verbosity", 1), ("--log-prefix --no-log-prefix", 0),
+    ("--log-timestamps --no-log-timestamps", 0),
+    ("-ctkd --cache-type-k-draft --spec-draft-type-k", 1),
+    ("-ctvd --cache-type-v-draft --spec-draft-type-v", 1),
+    ("--samplers", 1), ("--sampling-seq --sampler-seq", 1), ("--top-nsigma --top-n-sigma", 1),
+    ("--xtc-probability", 1), ("--xtc-threshold", 1), ("--dry-multiplier", 1), ("--dry-base", 1),
+    ("--dry-allowed-length", 1), ("--dry-penalty-last-n", 1), ("--dry-sequence-breaker", 1),
+    ("--adaptive-target", 1), ("--adaptive-decay", 1),
+    ("--dynatemp-range", 1), ("--dynatemp-exp", 1), ("--mirostat", 1), ("--mirostat-lr", 1),
+    ("--mirostat-ent", 1), ("--grammar", 1), ("--grammar-file", 1), ("-j --json-schema", 1),
+    ("-jf --json-schema-file", 1), ("-bs --backend-sampling", 0),
+    ("-lcs --lookup-cache-static", 1), ("-lcd --lookup-cache-dynamic", 1),
+    ("--kv-unified-per-slot", 1), ("-ctxcp --ctx-checkpoints --swa-checkpoints", 1),
+    ("-cms --checkpoint-min-step", 1), ("-cram --cache-ram", 1),
+    ("--cache-idle-slots --no-cache-idle-slots", 0), ("-r --reverse-prompt", 1), ("-sp --special", 0),
+    ("--warmup --no-warmup", 0), ("--spm-infill", 0),
+    ("-cb --cont-batching -nocb --no-cont-batching", 0), ("-mm --mmproj", 1),
+    ("--mmproj-auto --no-mmproj --no-mmproj-auto", 0), ("--mmproj-offload --no-mmproj-offload", 0),
+    ("-mmdev --mmproj-device", 1), ("--image-min-tokens", 1), ("--image-max-tokens", 1),
+    ("--tags", 1), ("--reuse-port", 0), ("--path", 1), ("--cors-methods", 1), ("--cors-headers", 1),
+    ("--cors-credentials --no-cors-credentials", 0),
+    ("--ui-config --webui-config", 1), ("--ui-config-file --webui-config-file", 1),
+    ("--ui --webui --no-ui --no-webui", 0), ("--rerank --reranking", 0),
+    ("--ssl-key-file", 1), ("--ssl-cert-file", 1), ("--sse-ping-interval", 1),
+    ("--threads-http", 1), ("-to --timeout", 1), ("--cache-reuse", 1), ("--slot-save-path", 1),
+    ("--media-path", 1), ("--models-dir", 1), ("--models-preset", 1), ("--models-max", 1),
+    ("--models-autoload --no-models-autoload", 0), ("--reasoning-format", 1),
+    ("-rea --reasoning", "?"), ("--reasoning-effort", 1), ("--reasoning-budget", 1),
+    ("--reasoning-budget-message", 1), ("--reasoning-preserve --no-reasoning-preserve", 0),
+    ("--skip-chat-parsing --no-skip-chat-parsing", 0),
+    ("--prefill-assistant --no-prefill-assistant", 0), ("--lora-init-without-apply", 0),
+    ("--sleep-idle-seconds", 1), ("--log-prompts-dir", 1),
+    ("-md --model-draft --spec-draft-model", 1), ("-td --threads-draft", 1),
+    ("-tbd --threads-batch-draft", 1), ("--draft --draft-n --draft-max", 1),
+    ("--draft-min --draft-n-min", 1), ("--draft-p-min", 1), ("-cd --ctx-size-draft", 1),
+    ("-devd --device-draft", 1), ("-ngld --gpu-layers-draft --n-gpu-layers-draft", 1),
+    ("--spec-replace", 2), ("--spec-type", 1), ("-mv --model-vocoder", 1), ("--tts-use-guide-tokens", 0),
+]
+
+# Flags that would download something: refused with a clear message.
+REFUSED = [
+    ("-hf -hfr --hf-repo", "LLAMA_ARG_HF_REPO"), ("-hff --hf-file", "LLAMA_ARG_HF_FILE"),
+    ("-hft --hf-token", None), ("-mu --model-url", "LLAMA_ARG_MODEL_URL"),
+    ("-dr --docker-repo", "LLAMA_ARG_DOCKER_REPO"), ("-hfd -hfrd --hf-repo-draft", None),
+    ("-mmu --mmproj-url", "LLAMA_ARG_MMPROJ_URL"),
+]
+
+# environment variable -> option string, for every flag ggstation implements
+ENV = {
+    "LLAMA_ARG_MODEL": "--model", "LLAMA_ARG_THREADS": "--threads", "LLAMA_ARG_CTX_SIZE": "--ctx-size",
+    "LLAMA_ARG_N_PREDICT": "--n-predict", "LLAMA_ARG_BATCH": "--batch-size",
+    "LLAMA_ARG_UBATCH": "--ubatch-size", "LLAMA_ARG_N_PARALLEL": "--parallel",
+    "LLAMA_ARG_KV_UNIFIED": "--kv-unified", "LLAMA_ARG_CACHE_TYPE_K": "--cache-type-k",
+    "LLAMA_ARG_CACHE_TYPE_V": "--cache-type-v", "LLAMA_ARG_CONTEXT_SHIFT": "--context-shift",
+    "LLAMA_ARG_TEMPERATURE": "--temp", "LLAMA_ARG_TOP_K": "--top-k", "LLAMA_ARG_TOP_P": "--top-p",
+    "LLAMA_ARG_MIN_P": "--min-p", "LLAMA_ARG_REPEAT_PENALTY": "--repeat-penalty",
+    "LLAMA_ARG_PRESENCE_PENALTY": "--presence-penalty",
+    "LLAMA_ARG_FREQUENCY_PENALTY": "--frequency-penalty",
+    "LLAMA_ARG_CHAT_TEMPLATE": "--chat-template", "LLAMA_ARG_CHAT_TEMPLATE_FILE": "--chat-template-file",
+    "LLAMA_ARG_JINJA": "--jinja", "LLAMA_ARG_HOST": "--host", "LLAMA_ARG_PORT": "--port",
+    "LLAMA_API_KEY": "--api-key", "LLAMA_ARG_API_KEY_FILE": "--api-key-file", "LLAMA_ARG_ALIAS": "--alias",
+    "LLAMA_ARG_ENDPOINT_METRICS": "--metrics", "LLAMA_ARG_ENDPOINT_SLOTS": "--slots",
+    "LLAMA_ARG_ENDPOINT_PROPS": "--props", "LLAMA_ARG_EMBEDDINGS": "--embeddings",
+    "LLAMA_ARG_POOLING": "--pooling", "LLAMA_ARG_CACHE_PROMPT": "--cache-prompt",
+    "LLAMA_ARG_CORS_ORIGINS": "--cors-origins", "LLAMA_ARG_API_PREFIX": "--api-prefix",
+    "LLAMA_ARG_CHAT_TEMPLATE_KWARGS": "--chat-template-kwargs",
+}
+
+# environment variables of ignored flags (reported as ignored when set)
+IGNORED_ENV = (
+    "LLAMA_ARG_N_GPU_LAYERS", "LLAMA_ARG_FLASH_ATTN", "LLAMA_ARG_SPLIT_MODE", "LLAMA_ARG_TENSOR_SPLIT",
+    "LLAMA_ARG_MAIN_GPU", "LLAMA_ARG_DEVICE", "LLAMA_ARG_NUMA", "LLAMA_ARG_CONT_BATCHING",
+    "LLAMA_ARG_MMPROJ", "LLAMA_ARG_ROPE_SCALING_TYPE", "LLAMA_ARG_ROPE_SCALE", "LLAMA_ARG_ROPE_FREQ_BASE",
+    "LLAMA_ARG_ROPE_FREQ_SCALE", "LLAMA_ARG_KV_OFFLOAD", "LLAMA_ARG_DEFRAG_THOLD", "LLAMA_ARG_TIMEOUT",
+    "LLAMA_ARG_THREADS_HTTP", "LLAMA_ARG_SWA_FULL", "LLAMA_ARG_CACHE_REUSE", "LLAMA_ARG_NO_MMAP",
+    "LLAMA_ARG_MLOCK", "LLAMA_ARG_SSL_KEY_FILE", "LLAMA_ARG_SSL_CERT_FILE", "LLAMA_ARG_WEBUI",
+    "LLAMA_ARG_REUSE_PORT", "LLAMA_ARG_STATIC_PATH", "LLAMA_ARG_THINK", "LLAMA_ARG_RERANKING",
+)
+
+_TRUE = {"1", "true", "on", "enabled", "yes"}
+_FALSE = {"0", "false", "off", "disabled", "no"}
+
+
+class IgnoredFlag(argparse.Action):
+    """Accept a llama-server flag ggstation has no use for; remember it for a warning."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        ignored = list(getattr(namespace, "ignored", None) or [])
+        ignored.append(option_string)
+        namespace.ignored = ignored
+
+
+class RefusedFlag(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        refused = list(getattr(namespace, "refused", None) or [])
+        refused.append(option_string)
+        namespace.refused = refused
+
+
+def _has(parser: argparse.ArgumentParser, option: str) -> bool:
+    return option in parser._option_string_actions
+
+
+def add_server_args(parser: argparse.ArgumentParser) -> None:
+    """The flags llama-server adds on top of engine/params.py's shared ones."""
+    g = parser.add_argument_group(SERVER)
+    g.add_argument("--host", default="127.0.0.1",
+                   help="IP address to listen on (default: 127.0.0.1; 0.0.0.0 = every interface)")
+    g.add_argument("--port", type=int, default=8080, help="port to listen on (default: 8080; 0 = any free port)")
+    g.add_argument("--api-key", dest="api_key", action="append", default=[], metavar="KEY",
+                   help="API key clients must send; repeatable or comma-separated (default: none)")
+    g.add_argument("--api-key-file", metavar="FNAME", default=None,
+                   help="file with API keys, one per line; lines starting with # are comments")
+    g.add_argument("-a", "--alias", default=None, help="model name used by the API (default: the file name)")
+    g.add_argument("--metrics", action="store_true", help="enable the Prometheus /metrics endpoint")
+    g.add_argument("--slots", dest="slots", action=argparse.BooleanOptionalAction, default=True,
+                   help="expose the /slots monitoring endpoint (default: enabled)")
+    g.add_argument("--props", action="store_true", help="allow changing global properties via POST /props")
+    g.add_argument("--embedding", "--embeddings", dest="embedding", action="store_true",
+                   help="enable the embedding endpoints")
+    g.add_argument("--pooling", choices=("none", "mean", "cls", "last", "rank"), default=None,
+                   help="pooling type for embeddings (default: the model's, else mean)")
+    g.add_argument("--embd-normalize", type=int, default=2,
+                   help="embedding normalisation: -1 none, 0 max-abs int16, 1 taxicab, 2 euclidean (default), >2 p-norm")
+    g.add_argument("--cache-prompt", dest="cache_prompt", action=argparse.BooleanOptionalAction, default=True,
+                   help="reuse the KV cache of a previous request's common prefix (default: enabled)")
+    g.add_argument("-sps", "--slot-prompt-similarity", type=float, default=0.1,
+                   help="how much a prompt must match a slot's cache to reuse that slot (default: 0.10)")
+    g.add_argument("--cors-origins", default=None, metavar="ORIGINS",
+                   help="comma-separated allowed CORS origins ('*' for any; default: CORS off)")
+    g.add_argument("--api-prefix", default="", metavar="PREFIX", help="path prefix the server serves from")
+    g.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
+                   help="extra variables for the chat template, a JSON object")
+    g.add_argument("--max-body-mib", type=float, default=8.0,
+                   help="ggstation: largest accepted request body in MiB (default: 8)")
+    g.add_argument("--ready-json", action="store_true", help=argparse.SUPPRESS)
+    for opts, nargs in IGNORED:
+        names = [o for o in opts.split() if not _has(parser, o)]
+        if names:
+            g.add_argument(*names, action=IgnoredFlag, nargs=nargs, default=argparse.SUPPRESS,
+                           help=argparse.SUPPRESS)
+    for opts, _ in REFUSED:
+        names = [o for o in opts.split() if not _has(parser, o)]
+        if names:
+            g.add_argument(*names, action=RefusedFlag, nargs=1, default=argparse.SUPPRESS,
+                           help=argparse.SUPPRESS)
+
+
+def env_argv(parser: argparse.ArgumentParser, argv: list[str], environ=os.environ) -> list[str]:
+    """Options to put BEFORE argv for every LLAMA_ARG_* variable whose flag argv lacks."""
+    given = {a.split("=", 1)[0] for a in argv if a.startswith("-")}
+    out: list[str] = []
+    for env, option in ENV.items():
+        value = environ.get(env)
+        if value is None or option not in parser._option_string_actions:
+            continue
+        action = parser._option_string_actions[option]
+        if given & set(action.option_strings):
+            continue
+        if action.nargs == 0:  # store_true / BooleanOptionalAction
+            v = value.strip().lower()
+            if v in _TRUE:
+                out.append(option)
+            elif v in _FALSE and isinstance(action, argparse.BooleanOptionalAction):
+                out.append("--no-" + option[2:])
+        elif isinstance(action, argparse._AppendAction):
+            for part in value.split(","):
+                out += [option, part]
+        else:
+            out += [option, value]
+    for env, _ in ((e, None) for _, e in REFUSED if e):
+        if environ.get(env):
+            out += ["--hf-repo", environ[env]] if "--hf-repo" in parser._option_string_actions else []
+    return out
+
+
+def ignored_env(environ=os.environ) -> list[str]:
+    return [e for e in IGNORED_ENV if environ.get(e)]

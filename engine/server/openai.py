@@ -1,0 +1,309 @@
+"""Response bodies and SSE chunks, in OpenAI's and llama-server's shapes.
+
+A formatter turns the GenerationSteps of one request into either one JSON response or a
+stream of chunks. Three of them:
+
+    ChatFormatter        POST /v1/chat/completions   chat.completion(.chunk), [DONE]
+    TextFormatter        POST /v1/completions        text_completion, [DONE]
+    NativeFormatter      POST /completion            llama.cpp {content, stop, timings...}
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+DONE = b"data: [DONE]\n\n"
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+def sse_error(body: dict) -> bytes:
+    return sse(body)
+
+
+def timings(step, n_decoded: int) -> dict:
+    """llama-server's `timings` object from the last step of a request."""
+    n_prompt_done = max(step.n_prompt - step.n_cached, 0)
+    t_p, t_g = float(step.t_prompt_ms), float(step.t_gen_ms)
+    n_gen_intervals = max(n_decoded - 1, 0)
+    return {
+        "cache_n": step.n_cached,
+        "prompt_n": n_prompt_done,
+        "prompt_ms": t_p,
+        "prompt_per_token_ms": t_p / n_prompt_done if n_prompt_done else 0.0,
+        "prompt_per_second": 1e3 * n_prompt_done / t_p if t_p > 0 else 0.0,
+        "predicted_n": n_decoded,
+        "predicted_ms": t_g,
+        "predicted_per_token_ms": t_g / n_gen_intervals if n_gen_intervals else 0.0,
+        "predicted_per_second": 1e3 * n_gen_intervals / t_g if t_g > 0 else 0.0,
+    }
+
+
+def usage(step, n_decoded: int) -> dict:
+    return {
+        "completion_tokens": n_decoded,
+        "prompt_tokens": step.n_prompt,
+        "total_tokens": step.n_prompt + n_decoded,
+        "prompt_tokens_details": {"cached_tokens": step.n_cached},
+    }
+
+
+def piece(tokenizer, token: int) -> tuple[str, list[int]]:
+    """A token's text (UTF-8, invalid bytes replaced) and its raw bytes."""
+    try:
+        raw = tokenizer.token_to_piece(int(token))
+    except Exception:
+        raw = b""
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8")
+    return raw.decode("utf-8", "replace"), list(raw)
+
+
+@dataclass
+class Accumulator:
+    """Everything collected over a request's steps."""
+
+    text: list = field(default_factory=list)
+    tokens: list = field(default_factory=list)
+    steps: list = field(default_factory=list)  # kept only when log-probabilities are wanted
+    last: Any = None
+
+    def add(self, step, keep_step: bool) -> None:
+        self.text.append(step.text_delta)
+        self.tokens.append(int(step.token))
+        if keep_step:
+            self.steps.append(step)
+        self.last = step
+
+    @property
+    def content(self) -> str:
+        return "".join(self.text)
+
+    @property
+    def finish_reason(self) -> str:
+        return (self.last.finish_reason if self.last is not None else None) or "stop"
+
+
+class Formatter:
+    """Base: subclasses define the shapes. `send_done` adds `data: [DONE]` to streams."""
+
+    send_done = True
+
+    def __init__(self, state, model_name: str, tokenizer, *, n_probs: int = 0, include_usage: bool = False,
+                 return_tokens: bool = False):
+        self.state = state
+        self.model = model_name
+        self.tok = tokenizer
+        self.n_probs = n_probs
+        self.include_usage = include_usage
+        self.return_tokens = return_tokens
+        self.created = int(time.time())
+        self.id = self.id_prefix + uuid.uuid4().hex[:24]
+        self.acc = Accumulator()
+        self.id_slot = -1
+
+    id_prefix = "cmpl-"
+
+    def add(self, step) -> None:
+        self.acc.add(step, keep_step=self.n_probs > 0)
+
+    # hooks
+    def chunk(self, step) -> list[dict]:
+        raise NotImplementedError
+
+    def final_chunks(self) -> list[dict]:
+        raise NotImplementedError
+
+    def response(self) -> dict:
+        raise NotImplementedError
+
+    def empty_step(self, n_prompt: int):
+        """A stand-in last step for requests that produced no token (n_predict 0, shutdown)."""
+        from types import SimpleNamespace
+
+        return SimpleNamespace(token=-1, text_delta="", finish_reason="length", n_prompt=n_prompt,
+                               n_cached=0, t_prompt_ms=0.0, t_gen_ms=0.0, n_generated=0, stop_word=None)
+
+    # shared helpers
+    def _n(self) -> int:
+        return len(self.acc.tokens)
+
+    def _timings(self) -> dict:
+        return timings(self.acc.last, self._n()) if self.acc.last is not None else {}
+
+    def _usage(self) -> dict:
+        return usage(self.acc.last, self._n())
+
+    def _top(self, step) -> list[tuple[int, str, list[int], float]]:
+        return [(int(t), *piece(self.tok, t), float(lp)) for t, lp in (step.top_logprobs or ())][: self.n_probs]
+
+
+class ChatFormatter(Formatter):
+    id_prefix = "chatcmpl-"
+
+    def __init__(self, *a, logprobs: bool = False, **kw):
+        super().__init__(*a, **kw)
+        self.logprobs = logprobs
+        self._sent_role = False
+
+    def _obj(self, choices: list, **extra) -> dict:
+        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                "model": self.model, "system_fingerprint": "ggstation", "choices": choices, **extra}
+
+    def _logprob_entries(self, steps) -> list[dict]:
+        out = []
+        for s in steps:
+            text, raw = piece(self.tok, s.token)
+            out.append({
+                "id": int(s.token), "token": text, "logprob": float(s.logprob), "bytes": raw,
+                "top_logprobs": [{"id": t, "token": tt, "logprob": lp, "bytes": b}
+                                 for t, tt, b, lp in self._top(s)],
+            })
+        return out
+
+    def chunk(self, step) -> list[dict]:
+        out = []
+        if not self._sent_role:
+            self._sent_role = True
+            out.append(self._obj([{"index": 0, "delta": {"role": "assistant", "content": None},
+                                   "logprobs": None, "finish_reason": None}]))
+        if step.text_delta or (self.logprobs and not step.finish_reason):
+            choice = {"index": 0, "delta": {"content": step.text_delta}, "finish_reason": None,
+                      "logprobs": {"content": self._logprob_entries([step])} if self.logprobs else None}
+            out.append(self._obj([choice]))
+        return out
+
+    def final_chunks(self) -> list[dict]:
+        out = []
+        if not self._sent_role:
+            self._sent_role = True
+            out.append(self._obj([{"index": 0, "delta": {"role": "assistant", "content": None},
+                                   "logprobs": None, "finish_reason": None}]))
+        out.append(self._obj([{"index": 0, "delta": {}, "logprobs": None,
+                               "finish_reason": self.acc.finish_reason}], timings=self._timings()))
+        if self.include_usage:
+            out.append(self._obj([], usage=self._usage()))
+        return out
+
+    def response(self) -> dict:
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": self.acc.content},
+            "logprobs": {"content": self._logprob_entries(self.acc.steps)} if self.logprobs else None,
+            "finish_reason": self.acc.finish_reason,
+        }
+        return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
+                "system_fingerprint": "ggstation", "choices": [choice], "usage": self._usage(),
+                "timings": self._timings()}
+
+
+class TextFormatter(Formatter):
+    """OpenAI legacy completions; `logprobs` in the legacy shape."""
+
+    def _logprobs(self, steps) -> dict | None:
+        if not self.n_probs and not steps:
+            return None
+        tokens, lps, tops, offsets, off = [], [], [], [], 0
+        for s in steps:
+            text, _ = piece(self.tok, s.token)
+            tokens.append(text)
+            lps.append(float(s.logprob))
+            tops.append({tt: lp for _, tt, _, lp in self._top(s)})
+            offsets.append(off)
+            off += len(s.text_delta)
+        return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+    def _obj(self, text: str, finish, logprobs=None, **extra) -> dict:
+        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
+                "system_fingerprint": "ggstation",
+                "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}], **extra}
+
+    def chunk(self, step) -> list[dict]:
+        if not step.text_delta:
+            return []
+        lp = self._logprobs([step]) if self.n_probs else None
+        return [self._obj(step.text_delta, None, lp)]
+
+    def final_chunks(self) -> list[dict]:
+        out = [self._obj("", self.acc.finish_reason, None, timings=self._timings())]
+        if self.include_usage:
+            last = out[-1]
+            last["usage"] = self._usage()
+        return out
+
+    def response(self) -> dict:
+        lp = self._logprobs(self.acc.steps) if self.n_probs else None
+        return self._obj(self.acc.content, self.acc.finish_reason, lp, usage=self._usage(),
+                         timings=self._timings())
+
+
+class NativeFormatter(Formatter):
+    """llama.cpp's /completion: `content`, `stop`, `stop_type`, `tokens_cached`, `timings`."""
+
+    send_done = False
+
+    def __init__(self, *a, generation_settings: dict | None = None, prompt_text: str = "", **kw):
+        super().__init__(*a, **kw)
+        self.generation_settings = generation_settings or {}
+        self.prompt_text = prompt_text
+
+    def _probs(self, steps) -> list[dict]:
+        out = []
+        for s in steps:
+            text, raw = piece(self.tok, s.token)
+            out.append({"id": int(s.token), "token": text, "logprob": float(s.logprob), "bytes": raw,
+                        "top_logprobs": [{"id": t, "token": tt, "logprob": lp, "bytes": b}
+                                         for t, tt, b, lp in self._top(s)]})
+        return out
+
+    def _stop_type(self) -> str:
+        last = self.acc.last
+        if last is None or last.finish_reason is None:
+            return "none"
+        if last.finish_reason == "length":
+            return "limit"
+        return "word" if getattr(last, "stop_word", None) else "eos"
+
+    def chunk(self, step) -> list[dict]:
+        obj = {"index": 0, "content": step.text_delta, "tokens": [int(step.token)], "stop": False,
+               "id_slot": self.id_slot, "tokens_predicted": self._n(), "tokens_evaluated": step.n_prompt}
+        if self.n_probs:
+            obj["completion_probabilities"] = self._probs([step])
+        return [obj]
+
+    def final_chunks(self) -> list[dict]:
+        body = self._final_body(stream=True)
+        return [body]
+
+    def _final_body(self, stream: bool) -> dict:
+        last = self.acc.last
+        body = {
+            "index": 0,
+            "content": "" if stream else self.acc.content,
+            "tokens": (self.acc.tokens if self.return_tokens and not stream else []),
+            "id_slot": self.id_slot,
+            "stop": True,
+            "model": self.model,
+            "tokens_predicted": self._n(),
+            "tokens_evaluated": last.n_prompt if last is not None else 0,
+            "generation_settings": self.generation_settings,
+            "prompt": self.prompt_text,
+            "has_new_line": "\n" in self.acc.content,
+            "truncated": False,
+            "stop_type": self._stop_type(),
+            "stopping_word": (getattr(last, "stop_word", None) or "") if last is not None else "",
+            "tokens_cached": (last.n_prompt + self._n() - 1) if last is not None else 0,
+            "timings": self._timings(),
+        }
+        if self.n_probs and not stream:
+            body["completion_probabilities"] = self._probs(self.acc.steps)
+        return body
+
+    def response(self) -> dict:
+        return self._final_body(stream=False)

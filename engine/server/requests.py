@@ -1,0 +1,226 @@
+"""From validated HTTP bodies to scheduler requests: prompts, sampling params, limits.
+
+Nothing here touches the network: route handlers call these, so the rules (which field
+wins, how a mixed prompt is tokenized, what a logit bias list means) are testable alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+from ..errors import TemplateError
+from ..scheduler import GenerationRequest
+from .errors import APIError, invalid
+from .schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+
+# request field -> SamplingParams field
+_SAMPLING_FIELDS = {
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "typical_p": "typical_p",
+    "repeat_penalty": "repeat_penalty",
+    "repeat_last_n": "repeat_last_n",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "seed": "seed",
+    "n_probs": "n_probs",
+    "min_keep": "min_keep",
+    "ignore_eos": "ignore_eos",
+}
+
+
+def default_sampling(state):
+    from ..sampling import SamplingParams
+
+    return state.options.default_sampling or SamplingParams()
+
+
+def sampling_params(state, body: SamplingFields, n_probs: int | None = None):
+    """The server's default SamplingParams with the request's fields applied."""
+    base = default_sampling(state)
+    names = {f.name for f in dataclasses.fields(base)}
+    kw = {}
+    for src, dst in _SAMPLING_FIELDS.items():
+        v = getattr(body, src, None)
+        if v is not None and dst in names:
+            kw[dst] = v
+    if n_probs is not None:
+        kw["n_probs"] = n_probs
+    if body.logit_bias is not None and "logit_bias" in names:
+        kw["logit_bias"] = logit_bias(state, body.logit_bias)
+    return dataclasses.replace(base, **kw)
+
+
+def logit_bias(state, raw) -> dict[int, float]:
+    """OpenAI {"id": bias} or llama.cpp [[id_or_text, bias_or_false], ...] -> {id: bias}."""
+    pairs = raw.items() if isinstance(raw, dict) else raw
+    n_vocab = _n_vocab(state)
+    out: dict[int, float] = {}
+    for key, bias in pairs:
+        if bias is False:
+            bias = -math.inf
+        elif isinstance(bias, bool) or not isinstance(bias, (int, float)):
+            raise invalid(f"logit_bias values must be numbers or false, got {bias!r}")
+        if isinstance(key, str) and not key.lstrip("-").isdigit():
+            ids = state.tokenizer.encode(key, add_special=False, parse_special=False)
+        else:
+            ids = [int(key)]
+        for t in ids:
+            if n_vocab and not 0 <= t < n_vocab:
+                raise invalid(f"logit_bias token id {t} is out of range (vocabulary has {n_vocab} tokens)")
+            out[t] = out.get(t, 0.0) + float(bias)
+    return out
+
+
+def stop_list(stop) -> list[str]:
+    if stop is None:
+        return []
+    return [stop] if isinstance(stop, str) else [s for s in stop if s]
+
+
+def n_predict(state, *candidates) -> int:
+    """The first given limit among the request's fields, capped by the server's -n."""
+    n = next((c for c in candidates if c is not None), -1)
+    cap = state.options.n_predict
+    if cap is not None and cap >= 0:
+        n = cap if n < 0 else min(n, cap)
+    return n
+
+
+def _n_vocab(state) -> int:
+    cfg = getattr(state.model, "cfg", None)
+    return int(getattr(cfg, "n_vocab", 0) or getattr(state.tokenizer, "n_vocab", 0) or 0)
+
+
+def check_tokens(state, ids: list[int]) -> list[int]:
+    n_vocab = _n_vocab(state)
+    for t in ids:
+        if not isinstance(t, int) or isinstance(t, bool) or (n_vocab and not 0 <= t < n_vocab):
+            raise invalid(f"token id {t!r} is out of range (vocabulary has {n_vocab} tokens)")
+    return ids
+
+
+# -- prompts --------------------------------------------------------------------------------
+
+
+def tokenize_prompt(state, prompt) -> list[int]:
+    """llama.cpp tokenize_mixed: a string, or a list mixing token ids and strings."""
+    tok = state.tokenizer
+    if isinstance(prompt, str):
+        return tok.encode(prompt, add_special=True, parse_special=True)
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        return tokenize_prompt(state, prompt[0])
+    if isinstance(prompt, list) and all(isinstance(p, (int, str)) and not isinstance(p, bool) for p in prompt):
+        if all(isinstance(p, str) for p in prompt) and len(prompt) > 1:
+            raise invalid("several prompts in one request are not supported; send one request per prompt")
+        ids: list[int] = []
+        for i, p in enumerate(prompt):
+            if isinstance(p, int):
+                ids.append(p)
+            else:
+                ids.extend(tok.encode(p, add_special=(i == 0), parse_special=True))
+        return check_tokens(state, ids)
+    raise invalid("'prompt' must be a string, a list of token ids, or a list mixing both")
+
+
+def render_chat(state, body) -> str:
+    """Apply the chat template; a template that rejects the messages is a 400."""
+    if state.chat_template is None:
+        raise invalid("this model has no chat template; start the server with --chat-template")
+    messages = [m.model_dump(exclude_none=True) for m in body.messages]
+    for i, m in enumerate(messages):
+        c = m.get("content")
+        if isinstance(c, list):
+            for part in c:
+                if part.get("type") not in (None, "text"):
+                    raise invalid(f"messages[{i}]: content part of type {part.get('type')!r} is not "
+                                  "supported (text only: this server has no multimodal support)")
+    kwargs = dict(state.options.chat_template_kwargs or {})
+    kwargs.update(getattr(body, "chat_template_kwargs", None) or {})
+    add_gen = body.add_generation_prompt if body.add_generation_prompt is not None else True
+    try:
+        return state.chat_template.render(messages, add_generation_prompt=add_gen,
+                                          tools=getattr(body, "tools", None), **kwargs)
+    except TypeError:
+        try:
+            return state.chat_template.render(messages, add_generation_prompt=add_gen,
+                                              tools=getattr(body, "tools", None))
+        except TemplateError as e:
+            raise invalid(f"the chat template rejected the messages: {e}") from None
+    except TemplateError as e:
+        raise invalid(f"the chat template rejected the messages: {e}") from None
+
+
+def chat_request(state, body: ChatCompletionRequest) -> tuple[GenerationRequest, str]:
+    if body.response_format and body.response_format.get("type") not in (None, "text"):
+        raise invalid("response_format other than 'text' (JSON schema / grammar) is not supported yet")
+    if body.grammar or body.json_schema:
+        raise invalid("grammar and json_schema constraints are not supported yet")
+    prompt_text = render_chat(state, body)
+    ids = state.tokenizer.encode(prompt_text, add_special=True, parse_special=True)
+    n_probs = (body.top_logprobs or 0) if body.logprobs else (body.n_probs or 0)
+    req = GenerationRequest(
+        prompt=ids,
+        params=sampling_params(state, body, n_probs=n_probs),
+        n_predict=n_predict(state, body.max_completion_tokens, body.max_tokens, body.n_predict),
+        stop=stop_list(body.stop),
+        cache_prompt=state.options.cache_prompt if body.cache_prompt is None else body.cache_prompt,
+        n_probs=n_probs,
+        id_slot=-1 if body.id_slot is None else body.id_slot,
+    )
+    return req, prompt_text
+
+
+def completion_request(state, body: CompletionRequest, native: bool) -> GenerationRequest:
+    if body.echo:
+        raise invalid("'echo' is not supported")
+    if body.grammar or body.json_schema:
+        raise invalid("grammar and json_schema constraints are not supported yet")
+    ids = tokenize_prompt(state, body.prompt)
+    if native:
+        n_probs = body.n_probs or 0
+        limit = n_predict(state, body.n_predict, body.max_tokens)
+    else:
+        n_probs = body.logprobs if body.logprobs is not None else (body.n_probs or 0)
+        limit = n_predict(state, body.max_tokens, body.n_predict)
+    return GenerationRequest(
+        prompt=ids,
+        params=sampling_params(state, body, n_probs=n_probs),
+        n_predict=limit,
+        stop=stop_list(body.stop),
+        cache_prompt=state.options.cache_prompt if body.cache_prompt is None else body.cache_prompt,
+        n_probs=n_probs,
+        id_slot=-1 if body.id_slot is None else body.id_slot,
+    )
+
+
+def generation_settings(state, req: GenerationRequest | None = None, stream: bool = False) -> dict:
+    """llama-server's `generation_settings` / slot `params` object."""
+    params = req.params if req is not None and req.params is not None else default_sampling(state)
+    d = {}
+    for k, v in dataclasses.asdict(params).items():
+        if isinstance(v, dict):  # logit_bias: llama.cpp lists [token, bias], false = banned
+            v = [[int(t), b if math.isfinite(b) else False] for t, b in v.items()]
+        elif isinstance(v, float) and not math.isfinite(v):
+            v = None
+        d[k] = v
+    d.update({
+        "n_ctx": state.n_ctx_seq,
+        "n_predict": req.n_predict if req is not None else state.options.n_predict,
+        "stop": list(req.stop) if req is not None else [],
+        "stream": stream,
+        "cache_prompt": req.cache_prompt if req is not None else state.options.cache_prompt,
+        "model": state.model_alias,
+    })
+    return d
+
+
+def dumps_safe(obj) -> str:
+    return json.dumps(obj, ensure_ascii=False, allow_nan=False)
+
+
+__all__ = ["APIError", "chat_request", "completion_request", "generation_settings", "tokenize_prompt"]

@@ -1,0 +1,291 @@
+"""numba versions of the SPM and BPE merge loops, for long stretches of text without cut points.
+
+Same algorithms as spm.SPMTokenizer._merge and bpe.BPETokenizer._merge (llama.cpp's), on bytes:
+symbols are byte spans of the text; a pair is looked up by hashing its bytes in an
+open-addressing table built from the vocabulary (or from the BPE merges). The Python versions
+serve ordinary words; these take over when one piece is thousands of characters long (a run of
+one character, minified code, base64), where a Python heap loop would take minutes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..jit import kernel
+
+_FNV_OFFSET = np.uint64(0xCBF29CE484222325)
+_FNV_PRIME = np.uint64(0x100000001B3)
+
+
+class ByteTable:
+    """An immutable set of byte strings -> their index, as numpy arrays usable from numba."""
+
+    def __init__(self, keys: list[bytes]):
+        lengths = np.fromiter((len(k) for k in keys), dtype=np.int64, count=len(keys))
+        self.offsets = np.zeros(len(keys) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=self.offsets[1:])
+        self.data = np.frombuffer(b"".join(keys), dtype=np.uint8).copy() if keys else np.zeros(0, np.uint8)
+        size = 1
+        while size < 2 * max(len(keys), 1):
+            size *= 2
+        self.slots = np.full(size, -1, dtype=np.int32)
+        _build(self.data, self.offsets, self.slots)
+
+
+@kernel
+def _hash_span(a, s, e, h):
+    for i in range(s, e):
+        h = (h ^ np.uint64(a[i])) * _FNV_PRIME
+    return h
+
+
+@kernel
+def _build(data, offsets, slots):
+    mask = slots.shape[0] - 1
+    for k in range(offsets.shape[0] - 1):
+        h = _hash_span(data, offsets[k], offsets[k + 1], _FNV_OFFSET)
+        j = np.int64(h & np.uint64(mask))
+        while True:
+            cur = slots[j]
+            if cur < 0:
+                slots[j] = k
+                break
+            if _same(data, offsets[cur], offsets[cur + 1], data, offsets[k], offsets[k + 1]):
+                break  # duplicate: the first one wins
+            j = (j + 1) & mask
+
+
+@kernel
+def _same(a, s, e, b, t, u):
+    if e - s != u - t:
+        return False
+    for i in range(e - s):
+        if a[s + i] != b[t + i]:
+            return False
+    return True
+
+
+@kernel
+def _find(text, s, e, data, offsets, slots):
+    """Index of text[s:e] in the table, or -1."""
+    mask = slots.shape[0] - 1
+    h = _hash_span(text, s, e, _FNV_OFFSET)
+    j = np.int64(h & np.uint64(mask))
+    while True:
+        k = slots[j]
+        if k < 0:
+            return -1
+        if _same(data, offsets[k], offsets[k + 1], text, s, e):
+            return k
+        j = (j + 1) & mask
+
+
+@kernel
+def _find_pair(text, s, m, e, data, offsets, slots):
+    """Index of text[s:m] + b" " + text[m:e] in the table (the BPE merge "left right"), or -1."""
+    mask = slots.shape[0] - 1
+    h = _hash_span(text, s, m, _FNV_OFFSET)
+    h = (h ^ np.uint64(32)) * _FNV_PRIME
+    h = _hash_span(text, m, e, h)
+    j = np.int64(h & np.uint64(mask))
+    n = e - s + 1
+    while True:
+        k = slots[j]
+        if k < 0:
+            return -1
+        ks = offsets[k]
+        if offsets[k + 1] - ks == n and data[ks + m - s] == 32:
+            ok = True
+            for i in range(m - s):
+                if data[ks + i] != text[s + i]:
+                    ok = False
+                    break
+            if ok:
+                for i in range(e - m):
+                    if data[ks + m - s + 1 + i] != text[m + i]:
+                        ok = False
+                        break
+            if ok:
+                return k
+        j = (j + 1) & mask
+
+
+@kernel
+def _utf8_split(text, start, length):
+    """llama.cpp's unicode_len_utf8 split: returns the number of symbols."""
+    n = text.shape[0]
+    count = 0
+    i = 0
+    while i < n:
+        hi = text[i] >> 4
+        step = 4 if hi == 0xF else 3 if hi == 0xE else 2 if hi >= 0xC else 1
+        if i + step > n:
+            step = n - i
+        start[count] = i
+        length[count] = step
+        count += 1
+        i += step
+    return count
+
+
+# A binary heap over parallel arrays. key: larger-is-better float (SPM score, or -rank for BPE);
+# ties go to the smaller left index, as llama.cpp's comparators do.
+@kernel
+def _better(hk, hl, a, b):
+    return hk[a] > hk[b] or (hk[a] == hk[b] and hl[a] < hl[b])
+
+
+@kernel
+def _swap(hk, hl, hr, hs, a, b):
+    hk[a], hk[b] = hk[b], hk[a]
+    hl[a], hl[b] = hl[b], hl[a]
+    hr[a], hr[b] = hr[b], hr[a]
+    hs[a], hs[b] = hs[b], hs[a]
+
+
+@kernel
+def _push(hk, hl, hr, hs, n, key, left, right, size):
+    hk[n] = key
+    hl[n] = left
+    hr[n] = right
+    hs[n] = size
+    i = n
+    while i > 0:
+        p = (i - 1) >> 1
+        if _better(hk, hl, i, p):
+            _swap(hk, hl, hr, hs, i, p)
+            i = p
+        else:
+            break
+    return n + 1
+
+
+@kernel
+def _pop(hk, hl, hr, hs, n):
+    """Moves the best entry to index n-1 and restores the heap on [0, n-1); returns n-1."""
+    n -= 1
+    _swap(hk, hl, hr, hs, 0, n)
+    i = 0
+    while True:
+        a = 2 * i + 1
+        if a >= n:
+            break
+        b = a + 1
+        c = b if b < n and _better(hk, hl, b, a) else a
+        if _better(hk, hl, c, i):
+            _swap(hk, hl, hr, hs, c, i)
+            i = c
+        else:
+            break
+    return n
+
+
+@kernel
+def _merge(text, is_bpe, vocab_data, vocab_off, vocab_slots, pair_data, pair_off, pair_slots, scores):
+    """Shared merge loop. SPM: pair key = vocab id of the concatenation, priority = its score.
+    BPE: pair key = merge rank of "left right", priority = -rank. Returns symbol (start, length)."""
+    n_bytes = text.shape[0]
+    start = np.empty(n_bytes, np.int64)
+    length = np.empty(n_bytes, np.int64)
+    n = _utf8_split(text, start, length)
+    nxt = np.empty(n, np.int64)
+    prv = np.empty(n, np.int64)
+    for i in range(n):
+        nxt[i] = i + 1
+        prv[i] = i - 1
+    if n > 0:
+        nxt[n - 1] = -1
+    cap = 3 * n + 3
+    hk = np.empty(cap, np.float64)
+    hl = np.empty(cap, np.int64)
+    hr = np.empty(cap, np.int64)
+    hs = np.empty(cap, np.int64)
+    h = 0
+    for i in range(n - 1):
+        s = start[i]
+        e = start[i + 1] + length[i + 1]
+        if is_bpe:
+            k = _find_pair(text, s, start[i + 1], e, pair_data, pair_off, pair_slots)
+            if k >= 0:
+                h = _push(hk, hl, hr, hs, h, -float(k), i, i + 1, e - s)
+        else:
+            k = _find(text, s, e, vocab_data, vocab_off, vocab_slots)
+            if k >= 0:
+                h = _push(hk, hl, hr, hs, h, float(scores[k]), i, i + 1, e - s)
+    while h > 0:
+        h = _pop(hk, hl, hr, hs, h)
+        left = hl[h]
+        right = hr[h]
+        if length[left] == 0 or length[right] == 0 or length[left] + length[right] != hs[h]:
+            continue
+        length[left] += length[right]
+        length[right] = 0
+        nr = nxt[right]
+        nxt[left] = nr
+        if nr >= 0:
+            prv[nr] = left
+        for side in range(2):
+            a = prv[left] if side == 0 else left
+            b = left if side == 0 else nr
+            if a < 0 or b < 0:
+                continue
+            s = start[a]
+            e = start[b] + length[b]
+            if is_bpe:
+                k = _find_pair(text, s, start[b], e, pair_data, pair_off, pair_slots)
+                if k >= 0:
+                    h = _push(hk, hl, hr, hs, h, -float(k), a, b, e - s)
+            else:
+                k = _find(text, s, e, vocab_data, vocab_off, vocab_slots)
+                if k >= 0:
+                    h = _push(hk, hl, hr, hs, h, float(scores[k]), a, b, e - s)
+    out_s = np.empty(n, np.int64)
+    out_n = np.empty(n, np.int64)
+    m = 0
+    i = 0 if n > 0 else -1
+    while i != -1:
+        out_s[m] = start[i]
+        out_n[m] = length[i]
+        m += 1
+        i = nxt[i]
+    return out_s[:m], out_n[:m]
+
+
+@kernel
+def _ids(text, sym_s, sym_n, vocab_data, vocab_off, vocab_slots, byte_ids, is_bpe):
+    """Token ids of the final symbols: the token itself, else one token per byte (SPM: <0xXX>;
+    BPE: the byte alone if it is a token, as llama.cpp does)."""
+    out = np.empty(text.shape[0] + 1, np.int64)
+    m = 0
+    for j in range(sym_s.shape[0]):
+        s = sym_s[j]
+        e = s + sym_n[j]
+        k = _find(text, s, e, vocab_data, vocab_off, vocab_slots)
+        if k >= 0:
+            out[m] = k
+            m += 1
+            continue
+        for i in range(s, e):
+            if is_bpe:
+                t = _find(text, i, i + 1, vocab_data, vocab_off, vocab_slots)
+            else:
+                t = byte_ids[text[i]]
+            if t >= 0:
+                out[m] = t
+                m += 1
+    return out[:m]
+
+
+def merge_spm(data: bytes, vocab: ByteTable, scores: np.ndarray, byte_ids: np.ndarray) -> list[int]:
+    text = np.frombuffer(data, dtype=np.uint8)
+    s, n = _merge(text, False, vocab.data, vocab.offsets, vocab.slots, vocab.data, vocab.offsets,
+                  vocab.slots, scores)
+    return _ids(text, s, n, vocab.data, vocab.offsets, vocab.slots, byte_ids, False).tolist()
+
+
+def merge_bpe(data: bytes, vocab: ByteTable, merges: ByteTable) -> list[int]:
+    text = np.frombuffer(data, dtype=np.uint8)
+    dummy = np.zeros(1, np.float32)
+    s, n = _merge(text, True, vocab.data, vocab.offsets, vocab.slots, merges.data, merges.offsets,
+                  merges.slots, dummy)
+    return _ids(text, s, n, vocab.data, vocab.offsets, vocab.slots, np.zeros(256, np.int64), True).tolist()

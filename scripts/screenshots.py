@@ -1,0 +1,115 @@
+"""Offscreen screenshots of the main window for the README: docs/screenshots/*.png.
+
+    QT_QPA_PLATFORM=offscreen python scripts/screenshots.py [-m MODEL.gguf] [--fake]
+
+With a model (default: the cached SmolLM2 starter) the real engine runs; --fake uses the test
+FakeEngine so the script works before/without the engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from PySide6.QtCore import QEventLoop, QTimer  # noqa: E402
+from PySide6.QtWidgets import QApplication  # noqa: E402
+
+from app.bridge import LoadParams, SamplingSettings, ServerSettings, free_port  # noqa: E402
+from app.main import build_context  # noqa: E402
+from app.main_window import TAB_CHAT, TAB_MEMORY, TAB_MODELS, TAB_SERVER, MainWindow  # noqa: E402
+from app.theme import apply_theme  # noqa: E402
+
+OUT = ROOT / "docs" / "screenshots"
+QUESTIONS = ("What is a KV cache? One short paragraph.", "Show a Python function that adds two numbers.")
+
+
+def wait_until(cond, timeout: float = 120.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        loop = QEventLoop()
+        QTimer.singleShot(20, loop.quit)
+        loop.exec()
+        if cond():
+            return True
+    return False
+
+
+def make_engine(args, tmp: Path):
+    if args.fake:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from gui.fake_engine import FakeEngine
+
+        path = tmp / "tiny-llama-Q4_1.gguf"
+        path.write_bytes(b"GGUF" + bytes(4096))
+        (tmp / "broken.gguf").write_bytes(b"NOPE")
+        return FakeEngine(delay=0.003), str(path)
+    from app.bridge import EngineAdapter
+
+    engine = EngineAdapter()
+    model = args.model or next((s.cached_path for s in engine.starter_models() if s.cached_path), None)
+    if not model:
+        sys.exit("no model: pass -m MODEL.gguf or --fake")
+    return engine, model
+
+
+def shoot(window, tab: int, name: str) -> None:
+    window.tabs.setCurrentIndex(tab)
+    wait_until(lambda: False, 0.3)
+    window.grab().save(str(OUT / f"{name}.png"))
+    print("saved", OUT / f"{name}.png")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("-m", "--model")
+    parser.add_argument("--fake", action="store_true")
+    args = parser.parse_args()
+    OUT.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="ggstation-shots-"))
+    app = QApplication([sys.argv[0]])
+    engine, model = make_engine(args, tmp)
+    ctx = build_context(str(tmp), engine)
+    ctx.settings.sampling = SamplingSettings(temperature=0.0, seed=0, max_tokens=96)
+    apply_theme(app, "light")
+    window = MainWindow(ctx)
+    window.resize(1360, 860)
+    window.show()
+    window.picker.add_paths([model] + ([str(tmp / "broken.gguf")] if args.fake else []))
+    wait_until(lambda: window.picker.files.rowCount() >= 1)
+    window.picker.select_path(model)
+    window.picker.load_panel.set_params(LoadParams(n_ctx=2048, n_seq_max=2))
+    wait_until(lambda: False, 1.0)
+    shoot(window, TAB_MODELS, "models")
+    window.picker.load_panel.start_load()
+    if not wait_until(lambda: ctx.session is not None, 300):
+        sys.exit("model did not load: " + window.picker.load_panel.error.text())
+    for q in QUESTIONS:
+        window.chat.send(q)
+        wait_until(lambda: not window.chat.busy(), 300)
+    shoot(window, TAB_CHAT, "chat")
+    ctx.start_server(ServerSettings("127.0.0.1", free_port()))
+    wait_until(lambda: ctx.server is not None, 30)
+    if ctx.server is not None:
+        urllib.request.urlopen(ctx.server.url + "/v1/models", timeout=10).read()
+        wait_until(lambda: False, 0.5)
+    shoot(window, TAB_SERVER, "server")
+    wait_until(lambda: False, 2.0)
+    shoot(window, TAB_MEMORY, "memory")
+    apply_theme(app, "dark")
+    shoot(window, TAB_CHAT, "chat-dark")
+    shoot(window, TAB_MEMORY, "memory-dark")
+    window.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""FakeEngine: the EngineAdapter interface with canned numbers, for fast widget tests (Dangerzone `Dummy`)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from app.bridge import (
+    LlmFileInfo, LoadCancelled, LoadParams, MemoryFigures, ReplyStep, SamplingSettings,
+    ServerSettings, StarterModel, TensorRow, backend_info, process_rss,
+)
+
+REPLY = "Hello! Here is some **bold** text and code:\n\n```python\nprint('hi')\n```\n\nDone."
+N_LAYER = 4
+
+
+def spin(seconds: float) -> None:
+    """Burn CPU in Python bytecode (holds the GIL like a compute-bound engine would)."""
+    end = time.perf_counter() + seconds
+    x = 0
+    while time.perf_counter() < end:
+        x += sum(i * i for i in range(200))
+
+
+class FakeStream:
+    def __init__(self, text: str, n_prompt: int, delay: float, busy: bool = False):
+        self._words = text.split(" ")
+        self._n_prompt, self._delay, self._busy = n_prompt, delay, busy
+        self._cancel = threading.Event()
+        self.n_generated = 0
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    def __iter__(self):
+        t0 = time.perf_counter()
+        for i, w in enumerate(self._words):
+            if self._busy:
+                spin(self._delay)
+            if self._cancel.wait(0 if self._busy else self._delay):
+                yield self._step("", "cancelled", t0)
+                return
+            self.n_generated = i + 1
+            yield self._step(w if i == 0 else " " + w, None, t0)
+        yield self._step("", "stop", t0)
+
+    def _step(self, delta, reason, t0):
+        return ReplyStep(delta, reason, self._n_prompt, self.n_generated, 0, 5.0,
+                         (time.perf_counter() - t0) * 1000.0)
+
+
+class FakeSession:
+    def __init__(self, path: str, params: LoadParams, reply: str, delay: float, busy: bool = False):
+        self.path, self.params, self.reply, self.delay, self.busy = path, params, reply, delay, busy
+        self.name = Path(path).stem
+        self.arch, self.n_params, self.n_ctx = "llama", 1_234_567, params.n_ctx
+        self.n_threads = params.n_threads or 2
+        self.sha256 = "0" * 64
+        self.template_source = "{{ fake }}"
+        self.last_messages: list[dict] = []
+        self.streams: list[FakeStream] = []
+        self._used = 0
+
+    def layers(self) -> list[TensorRow]:
+        rows = [TensorRow(-1, "token_embd.weight", "Q8_0", (64, 300), 20400)]
+        for i in range(N_LAYER):
+            for t in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_up", "ffn_down"):
+                rows.append(TensorRow(i, f"blk.{i}.{t}.weight", "Q4_1", (64, 64), 2560))
+        return rows
+
+    def memory(self) -> MemoryFigures:
+        kv = self.params.n_ctx * N_LAYER * 2 * 64 * 2 * self.params.n_seq_max
+        used = self._used * N_LAYER * 2 * 64 * 2
+        per_seq = tuple([used] + [0] * (self.params.n_seq_max - 1))
+        return MemoryFigures(90_000, 60_000, kv, used, per_seq, 300_000, 4_000, process_rss(),
+                             90_000 + kv + 304_000)
+
+    def count_tokens(self, messages: list[dict]) -> int:
+        return sum(len(m["content"].split()) + 4 for m in messages) + 1
+
+    def generate(self, messages: list[dict], sampling: SamplingSettings) -> FakeStream:
+        self.last_messages = list(messages)
+        n_prompt = self.count_tokens(messages)
+        self._used = n_prompt + len(self.reply.split())
+        s = FakeStream(self.reply, n_prompt, self.delay, self.busy)
+        self.streams.append(s)
+        return s
+
+    def start_server(self, settings: ServerSettings, on_log) -> "FakeServer":
+        return FakeServer(settings, on_log)
+
+    def close(self) -> None:
+        pass
+
+
+class FakeServer:
+    def __init__(self, settings: ServerSettings, on_log):
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                body = b'{"object": "list", "data": [{"id": "fake"}]}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                on_log(f"GET {self.path} 200")
+
+            def log_message(self, *a):
+                pass
+
+        try:
+            self._httpd = ThreadingHTTPServer((settings.host, settings.port), Handler)
+        except OSError as e:
+            raise OSError(f"port {settings.port} is already in use ({e.strerror})") from None
+        self.port = self._httpd.server_address[1]
+        self.url = f"http://{settings.host}:{self.port}"
+        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+class FakeEngine:
+    def __init__(self, reply: str = REPLY, delay: float = 0.01, load_time: float = 0.05,
+                 busy: bool = False):
+        self.reply, self.delay, self.load_time, self.busy = reply, delay, load_time, busy
+        self.sessions: list[FakeSession] = []
+
+    def inspect(self, path: str) -> LlmFileInfo:
+        p = Path(path)
+        if p.read_bytes()[:4] != b"GGUF":
+            return LlmFileInfo(str(p), p.stem, file_size=p.stat().st_size,
+                               error="not a GGUF file (bad magic)")
+        return LlmFileInfo(str(p), p.stem, "llama", 1_234_567, {"Q4_1": 60_000, "F32": 30_000},
+                           p.stat().st_size, 2048, True, "gpt2")
+
+    def estimate(self, path: str, params: LoadParams) -> MemoryFigures:
+        kv = params.n_ctx * N_LAYER * 2 * 64 * 2 * params.n_seq_max
+        return MemoryFigures(90_000, 0, kv, 0, (), 300_000, 4_000, 0, 90_000 + kv + 304_000)
+
+    def load(self, path: str, params: LoadParams, progress, cancel) -> FakeSession:
+        for i in range(5):
+            if cancel.is_set():
+                raise LoadCancelled("Loading cancelled")
+            progress(i / 5, f"Loading layer {i}")
+            spin(self.load_time / 5) if self.busy else time.sleep(self.load_time / 5)
+        if Path(path).read_bytes()[:4] != b"GGUF":
+            raise ValueError(f"{path}: not a GGUF file")
+        s = FakeSession(path, params, self.reply, self.delay, self.busy)
+        self.sessions.append(s)
+        return s
+
+    def starter_models(self) -> list[StarterModel]:
+        return [StarterModel("smollm2-135m", "SmolLM2 135M Instruct, Q4_1", 90_000_000, None)]
+
+    def pull(self, name: str, progress, cancel) -> str:
+        for i in range(5):
+            if cancel.is_set():
+                raise LoadCancelled("Download cancelled")
+            progress("download", i, 4)
+            time.sleep(0.01)
+        return "/nonexistent/" + name + ".gguf"
+
+    def models_dir(self) -> str:
+        return "/nonexistent"
+
+    def backends(self, n_threads: int = 0):
+        return backend_info(n_threads)

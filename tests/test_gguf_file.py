@@ -1,0 +1,226 @@
+"""GGUFFile: valid files read like gguf.GGUFReader reads them; hostile files raise GGUFError."""
+
+from __future__ import annotations
+
+import os
+import random
+import struct
+import time
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
+from gguf.quants import dequantize
+
+import hostile_gguf
+from engine.errors import GGUFError
+from engine.gguf_file import GGUFFile
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return hostile_gguf.write_corpus(tmp_path_factory.mktemp("hostile"))
+
+
+@pytest.fixture()
+def base_path(tmp_path):
+    return hostile_gguf.valid_gguf(tmp_path / "base.gguf")
+
+
+ALL_CASES = [*hostile_gguf.CASES, *hostile_gguf.BUILT_CASES]
+
+
+@pytest.mark.parametrize("case", ALL_CASES)
+def test_gguf_file_hostile_case_raises_specific_error(corpus, case):
+    path, expected = corpus[case]
+    with pytest.raises(GGUFError) as exc:
+        GGUFFile(path)
+    msg = str(exc.value)
+    assert msg.startswith(f"{path}: "), msg
+    assert expected in msg
+
+
+def test_gguf_file_missing_path_and_directory(tmp_path):
+    with pytest.raises(GGUFError, match="no such file"):
+        GGUFFile(tmp_path / "nope.gguf")
+    with pytest.raises(GGUFError, match="is a directory"):
+        GGUFFile(tmp_path)
+
+
+def test_gguf_file_reads_base_like_gguf_reader(base_path):
+    f = GGUFFile(base_path)
+    reader = GGUFReader(base_path)
+    expected_meta = {k: v.contents() for k, v in reader.fields.items() if not k.startswith("GGUF.")}
+    assert dict(f.metadata) == expected_meta
+    assert list(f.metadata) == list(expected_meta)
+    assert f.version == 3 and f.alignment == 32 and f.file_size == os.path.getsize(base_path)
+    for t in reader.tensors:
+        info = f.tensors[t.name]
+        assert info.qtype == t.tensor_type
+        assert info.shape == tuple(int(x) for x in t.shape)
+        assert (info.offset, info.nbytes) == (t.data_offset, t.n_bytes)
+        assert info.data.dtype == t.data.dtype and info.data.shape == t.data.shape
+        assert np.array_equal(info.data, t.data)
+    assert f.tensor_data_bytes == 512 + 136 + 32
+
+
+def test_gguf_file_tensors_are_zero_copy_views(base_path):
+    f = GGUFFile(base_path)
+    a = f.tensors["tensor_a"].data
+    assert isinstance(a.base, np.ndarray) or isinstance(a, np.memmap)
+    assert not a.flags.writeable
+    expected = np.random.default_rng(0).standard_normal((4, 32)).astype(np.float32)
+    np.testing.assert_array_equal(a, expected)
+
+
+def test_gguf_file_typed_getters(base_path):
+    f = GGUFFile(base_path)
+    assert f.arch == "llama"
+    assert f.get_str("general.name") == "hostile-base"
+    assert f.get_int("llama.block_count") == 1
+    assert f.get_float("test.key_a") == 1.0
+    assert f.get_bool("test.key_b") is True
+    assert f.get_array("tokenizer.ggml.tokens") == ["a", "b", "c"]
+    assert f.get_array("tokenizer.ggml.scores") == [0.0, 1.0, 2.0]
+    assert f.has("test.key_a") and not f.has("nope")
+    assert f.get("nope", 7) == 7 and f.get_int("nope", None) is None
+    with pytest.raises(GGUFError, match=f"{base_path}: missing required metadata key 'llama.nope'"):
+        f.get_int("llama.nope")
+    with pytest.raises(GGUFError, match="should be a string"):
+        f.get_str("llama.block_count")
+    with pytest.raises(GGUFError, match="should be an integer"):
+        f.get_int("general.name")
+    with pytest.raises(GGUFError, match="should be an array"):
+        f.get_array("general.name")
+
+
+def test_gguf_file_qtensor_and_vector(base_path):
+    f = GGUFFile(base_path)
+    w = f.qtensor("tensor_b", (64, 2))
+    assert (w.n_rows, w.n_cols, w.qtype) == (2, 64, GGMLQuantizationType.Q8_0)
+    assert w.raw.shape == (2, 68) and w.raw.dtype == np.uint8
+    np.testing.assert_array_equal(f.vector("tensor_c", 8), np.arange(8, dtype=np.float32))
+    np.testing.assert_allclose(f.vector("tensor_b"), dequantize(w.raw, w.qtype).reshape(-1))
+    with pytest.raises(GGUFError, match="has shape \\[64, 2\\], expected \\[64, 3\\]"):
+        f.qtensor("tensor_b", (64, 3))
+    with pytest.raises(GGUFError, match="missing tensor 'nope'"):
+        f.qtensor("nope")
+
+
+def test_gguf_file_custom_alignment(tmp_path):
+    path = hostile_gguf.valid_gguf(tmp_path / "a64.gguf", alignment=64)
+    f = GGUFFile(path)
+    assert f.alignment == 64 and f.data_offset % 64 == 0
+    assert all((t.offset - f.data_offset) % 64 == 0 for t in f.tensors.values())
+    np.testing.assert_array_equal(f.vector("tensor_c"), np.arange(8, dtype=np.float32))
+
+
+def test_gguf_file_version_2_accepted(base_path):
+    data = bytearray(base_path.read_bytes())
+    struct.pack_into("<I", data, 4, 2)
+    base_path.write_bytes(bytes(data))
+    assert GGUFFile(base_path).version == 2
+
+
+def test_gguf_file_bad_utf8_in_string_array_raises_on_access(base_path):
+    data = base_path.read_bytes()
+    item0 = hostile_gguf.key_offset(data, "tokenizer.ggml.tokens") + 16  # item type, count
+    data = data[: item0 + 8] + b"\xff" + data[item0 + 9 :]
+    base_path.write_bytes(data)
+    f = GGUFFile(base_path)  # arrays are decoded lazily
+    with pytest.raises(GGUFError, match="item 0 of metadata key 'tokenizer.ggml.tokens' is not valid UTF-8"):
+        f.get_array("tokenizer.ggml.tokens")
+
+
+def test_gguf_file_metadata_after_close_is_clear_error(base_path):
+    f = GGUFFile(base_path)
+    assert f.get_str("general.name") == "hostile-base"  # scalars stay readable
+    f.close()
+    with pytest.raises(GGUFError, match="file is closed"):
+        f.get_array("tokenizer.ggml.tokens")
+
+
+def _open_and_touch(path) -> None:
+    f = GGUFFile(path)
+    for key in f.metadata:
+        f.metadata[key]
+    for info in f.tensors.values():
+        np.asarray(info.data).view(np.uint8).sum()
+
+
+def test_gguf_file_fuzz_flips_and_truncations_only_raise_gguf_error(base_path, tmp_path):
+    """Random corruption of the header must give GGUFError or a file that reads, nothing else."""
+    rng = random.Random(1234)
+    base = base_path.read_bytes()
+    header_end = GGUFFile(base_path).data_offset
+    target = tmp_path / "fuzz.gguf"
+    outcomes = {"ok": 0, "error": 0}
+    t0 = time.perf_counter()
+    for i in range(400):
+        data = bytearray(base)
+        kind = rng.choice(["flip", "flip", "byte", "u64", "truncate"])
+        if kind == "truncate":
+            data = data[: rng.randrange(len(data))]
+        else:
+            for _ in range(rng.randint(1, 4)):
+                at = rng.randrange(header_end)
+                if kind == "flip":
+                    data[at] ^= 1 << rng.randrange(8)
+                elif kind == "byte":
+                    data[at] = rng.randrange(256)
+                elif at + 8 <= len(data):
+                    struct.pack_into("<Q", data, at, rng.choice([0, 1, 2**31, 2**32 - 1, 2**63, 2**64 - 1]))
+        target.write_bytes(bytes(data))
+        try:
+            _open_and_touch(target)
+            outcomes["ok"] += 1
+        except GGUFError as e:
+            assert str(e).startswith(str(target)), e
+            outcomes["error"] += 1
+    assert outcomes["error"] > 100 and outcomes["ok"] > 10, outcomes
+    assert time.perf_counter() - t0 < 30
+
+
+def test_gguf_file_large_string_array_opens_fast(tmp_path):
+    """Big vocabularies are located at open time and decoded only on access."""
+    from gguf import GGUFWriter
+
+    path = tmp_path / "vocab.gguf"
+    w = GGUFWriter(str(path), "llama")
+    tokens = [f"tok{i}" for i in range(300_000)]
+    w.add_array("tokenizer.ggml.tokens", tokens)
+    w.add_key_value("tokenizer.ggml.token_type", [1] * 300_000, GGUFValueType.ARRAY, GGUFValueType.INT32)
+    w.add_tensor("t", np.zeros(32, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    t0 = time.perf_counter()
+    f = GGUFFile(path)
+    assert time.perf_counter() - t0 < 1.0
+    assert f.get_array("tokenizer.ggml.tokens") == tokens
+    assert f.get_array("tokenizer.ggml.token_type")[:3] == [1, 1, 1]
+
+
+@pytest.mark.model
+def test_gguf_file_gemma3_opens_fast(gemma3_path):
+    t0 = time.perf_counter()
+    f = GGUFFile(gemma3_path)
+    elapsed = time.perf_counter() - t0
+    assert elapsed < 1.0, f"opening took {elapsed:.2f} s"
+    assert f.arch == "gemma3" and len(f.get_array("tokenizer.ggml.tokens")) == 262144
+    assert f.tensor_data_bytes <= f.file_size
+
+
+@pytest.mark.model
+def test_gguf_file_smollm2_matches_gguf_reader(smollm2_path):
+    f = GGUFFile(smollm2_path)
+    reader = GGUFReader(smollm2_path)
+    for key, field in reader.fields.items():
+        if not key.startswith("GGUF."):
+            assert f.metadata[key] == field.contents(), key
+    assert len(f.tensors) == len(reader.tensors)
+    for t in reader.tensors:
+        info = f.tensors[t.name]
+        assert (info.qtype, info.offset, info.nbytes) == (t.tensor_type, t.data_offset, t.n_bytes)
+        assert info.data.shape == t.data.shape and info.data.dtype == t.data.dtype

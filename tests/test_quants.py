@@ -1,0 +1,175 @@
+"""Fast kernels in engine.quants against the gguf-py oracle (engine.quants.reference)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
+from gguf.quants import quantize as gguf_quantize
+
+from engine import quants
+from engine.errors import UnsupportedQuantError
+from engine.quants import QTensor
+from engine.quants.reference import dequant_ref
+
+LEGACY = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
+KQUANTS = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
+DENSE = [T.F32, T.F16, T.BF16]
+ALL = DENSE + LEGACY + KQUANTS
+
+# Byte offsets of the f16 super-scales (d, dmin) inside each K-quant block.
+_KQ_F16 = {T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
+MODELS = Path(os.environ.get("GGSTATION_MODELS", Path.home() / ".local/share/ggstation/models"))
+GEMMA = MODELS / "gemma-3-270m-q4_k_m.gguf"
+
+
+def make_tensor(qtype: T, n_rows: int, n_cols: int, seed: int = 0) -> QTensor:
+    rng = np.random.default_rng(seed)
+    if qtype in DENSE:
+        data = rng.standard_normal((n_rows, n_cols)).astype(np.float32)
+        if qtype == T.F32:
+            raw = data
+        elif qtype == T.F16:
+            raw = data.astype(np.float16)
+        else:
+            raw = (data.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(n_rows, -1)
+    elif qtype in LEGACY:
+        data = rng.standard_normal((n_rows, n_cols)).astype(np.float32)
+        raw = gguf_quantize(data, qtype)
+    else:
+        block, size = GGML_QUANT_SIZES[qtype]
+        nb = n_cols // block
+        raw = rng.integers(0, 256, (n_rows, nb, size), dtype=np.uint8)
+        for off in _KQ_F16[qtype]:
+            scale = rng.uniform(0.001, 0.05, (n_rows, nb)).astype(np.float16)
+            raw[:, :, off : off + 2] = scale.view(np.uint8).reshape(n_rows, nb, 2)
+        raw = raw.reshape(n_rows, nb * size)
+    raw = np.ascontiguousarray(raw)
+    raw.flags.writeable = False  # the mmap views the model gives us are read-only
+    return QTensor("test.weight", qtype, n_rows, n_cols, raw)
+
+
+def nerr(y, ref):
+    return float(np.linalg.norm(y - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def _cols(qtype):
+    return 512 if qtype in KQUANTS else 320
+
+
+@pytest.mark.parametrize("qtype", ALL, ids=lambda t: t.name)
+def test_dequant_exact(qtype):
+    w = make_tensor(qtype, 37, _cols(qtype))
+    ref = dequant_ref(w.raw, qtype)
+    out = np.empty((w.n_rows, w.n_cols), np.float32)
+    quants.dequant_rows(w, 0, w.n_rows, out)
+    np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-30)
+    part = np.empty((5, w.n_cols), np.float32)
+    quants.dequant_rows(w, 30, 35, part)
+    np.testing.assert_allclose(part, ref[30:35], rtol=1e-6, atol=1e-30)
+
+
+@pytest.mark.parametrize("qtype", ALL, ids=lambda t: t.name)
+def test_get_rows(qtype):
+    w = make_tensor(qtype, 21, _cols(qtype), seed=1)
+    ref = dequant_ref(w.raw, qtype)
+    ids = np.array([3, 0, 20, 3], np.int32)
+    out = np.empty((4, w.n_cols), np.float32)
+    quants.get_rows(w, ids, out)
+    np.testing.assert_allclose(out, ref[ids], rtol=1e-6, atol=1e-30)
+
+
+@pytest.mark.parametrize("qtype", ALL, ids=lambda t: t.name)
+def test_matvec(qtype):
+    w = make_tensor(qtype, 67, _cols(qtype), seed=2)
+    x = np.random.default_rng(3).standard_normal(w.n_cols).astype(np.float32)
+    ref = dequant_ref(w.raw, qtype).astype(np.float64) @ x
+    out = np.empty(w.n_rows, np.float32)
+    quants.matvec(w, x, out)
+    assert nerr(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize("n_tok", [1, 3, 6, 37])
+@pytest.mark.parametrize("qtype", ALL, ids=lambda t: t.name)
+def test_matmul(qtype, n_tok):
+    w = make_tensor(qtype, 45, _cols(qtype), seed=4)
+    x = np.random.default_rng(5).standard_normal((n_tok, w.n_cols)).astype(np.float32)
+    ref = x.astype(np.float64) @ dequant_ref(w.raw, qtype).astype(np.float64).T
+    out = np.full((n_tok, w.n_rows), np.nan, np.float32)
+    quants.matmul(w, x, out, np.empty(quants.TILE_ROWS * w.n_cols, np.float32))
+    assert nerr(out, ref) < 1e-5
+
+
+def test_matvec_multi_matches_single():
+    w = make_tensor(T.Q4_K, 33, 512, seed=6)
+    x = np.random.default_rng(7).standard_normal((7, 512)).astype(np.float32)
+    out = np.empty((7, 33), np.float32)
+    quants.matvec_multi(w, x, out)
+    for t in range(7):
+        one = np.empty(33, np.float32)
+        quants.matvec(w, x[t], one)
+        np.testing.assert_allclose(out[t], one, rtol=1e-5, atol=1e-5)
+
+
+def test_check_supported():
+    for qt in ALL:
+        quants.check_supported("ok.weight", qt)
+    with pytest.raises(UnsupportedQuantError, match=r"blk\.3\.ffn_up\.weight.*IQ2_XXS"):
+        quants.check_supported("blk.3.ffn_up.weight", T.IQ2_XXS)
+
+
+def test_bad_inputs_raise():
+    w = make_tensor(T.Q4_1, 8, 64)
+    qt = quants.QUANT_TYPES[T.Q4_1]
+    out = np.empty(8, np.float32)
+    with pytest.raises(TypeError, match="float32"):
+        quants.matvec(w, np.zeros(64, np.float64), out)
+    with pytest.raises(ValueError, match="shape"):
+        quants.matvec(w, np.zeros(32, np.float32), out)
+    with pytest.raises(ValueError, match="contiguous"):
+        quants.matvec(w, np.zeros(128, np.float32)[::2], out)
+    with pytest.raises(ValueError, match="contiguous"):
+        qt.matvec(np.zeros((8, 80), np.uint8)[:, ::2], np.zeros(64, np.float32), out)
+    with pytest.raises(ValueError, match="out"):
+        quants.matvec(w, np.zeros(64, np.float32), np.empty(7, np.float32))
+    with pytest.raises(ValueError, match="out"):
+        quants.dequant_rows(w, 0, 8, np.empty((8, 64), np.float32)[:, ::1].T.copy().T)
+    with pytest.raises(ValueError, match="out of range"):
+        quants.get_rows(w, np.array([8]), np.empty((1, 64), np.float32))
+
+
+@pytest.mark.model
+@pytest.mark.skipif(not GEMMA.exists(), reason="gemma starter model not downloaded")
+@pytest.mark.parametrize("name", ["blk.0.attn_output.weight", "blk.0.ffn_down.weight",
+                                  "blk.0.ffn_up.weight", "blk.0.attn_v.weight"])
+def test_real_gemma_tensors(name):
+    from engine.gguf_file import GGUFFile
+
+    f = GGUFFile(GEMMA)
+    w = f.qtensor(name)
+    rows = slice(0, 96)
+    sub = QTensor(w.name, w.qtype, 96, w.n_cols, w.raw[rows])
+    ref = dequant_ref(sub.raw, w.qtype)
+    out = np.empty((96, w.n_cols), np.float32)
+    quants.dequant_rows(sub, 0, 96, out)
+    np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-30)
+    x = np.random.default_rng(8).standard_normal((3, w.n_cols)).astype(np.float32)
+    y = np.empty((3, 96), np.float32)
+    quants.matmul(sub, x, y)
+    assert nerr(y, x.astype(np.float64) @ ref.astype(np.float64).T) < 1e-5
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_1, T.Q5_0, T.Q8_0, T.Q4_K, T.F16], ids=lambda t: t.name)
+def test_matvec_many(qtype):
+    cols = _cols(qtype)
+    ws = [make_tensor(qtype, n, cols, seed=10 + n) for n in (40, 16, 24, 8)]
+    ws.append(make_tensor(T.Q8_0 if qtype != T.Q8_0 else T.Q4_0, 12, cols, seed=9))  # mixed types
+    x = np.random.default_rng(11).standard_normal(cols).astype(np.float32)
+    outs = [np.full(w.n_rows, np.nan, np.float32) for w in ws]
+    quants.matvec_many(ws, x, outs)
+    for w, o in zip(ws, outs):
+        ref = dequant_ref(w.raw, w.qtype).astype(np.float64) @ x
+        assert nerr(o, ref) < 1e-5

@@ -1,0 +1,227 @@
+"""Sampler chain: each step on hand-made logits, then the chain and its seeded draw."""
+
+import math
+
+import numpy as np
+import pytest
+
+from engine.sampling import (
+    SamplingParams,
+    apply_logit_bias,
+    apply_min_p,
+    apply_penalties,
+    apply_temperature,
+    apply_top_k,
+    apply_top_p,
+    apply_typical,
+    log_softmax,
+    make_sampler,
+    resolve_seed,
+    sample_dist,
+    top_k_ids,
+    top_logprobs,
+)
+
+NEG_INF = -np.inf
+
+
+def logits_of(probs):
+    with np.errstate(divide="ignore"):
+        return np.log(np.asarray(probs, dtype=np.float32))
+
+
+def probs_of(logits):
+    e = np.exp(logits.astype(np.float64) - np.max(logits))
+    return e / e.sum()
+
+
+def kept(logits):
+    return np.flatnonzero(np.isfinite(logits)).tolist()
+
+
+def test_defaults_match_llama_cpp():
+    p = SamplingParams()
+    assert (p.temperature, p.top_k, p.top_p, p.min_p, p.typical_p) == (0.8, 40, 0.95, 0.05, 1.0)
+    assert (p.repeat_penalty, p.repeat_last_n, p.presence_penalty, p.frequency_penalty) == (
+        1.0, 64, 0.0, 0.0)
+    assert p.seed == -1 and p.n_probs == 0 and p.logit_bias == {} and not p.ignore_eos
+
+
+def test_top_p_keeps_smallest_set_reaching_p():
+    x = logits_of([0.9, 0.0, 0.0, 0.1])
+    np.testing.assert_allclose(probs_of(apply_top_p(x, 0.3)), [1, 0, 0, 0])
+    out = apply_top_p(x, 0.95)
+    np.testing.assert_allclose(probs_of(out), [0.9, 0, 0, 0.1], rtol=1e-6)
+    x = logits_of([0.0, 0.5, 0.4, 0.1])
+    assert kept(apply_top_p(x, 0.4)) == [1]
+    assert kept(apply_top_p(x, 0.9)) == [1, 2]  # cumulative >= p (0.5 + 0.4 reaches 0.9)
+    assert kept(apply_top_p(x, 0.91)) == [1, 2, 3]
+
+
+def test_top_p_disabled_and_min_keep():
+    x = logits_of([0.9, 0.05, 0.05])
+    assert apply_top_p(x, 1.0) is x
+    assert kept(apply_top_p(x, 0.1, min_keep=2)) == [0, 1]
+
+
+def test_top_k_keeps_k_largest_ties_to_lower_id():
+    x = np.array([1, 3, 3, 2, 0], dtype=np.float32)
+    assert kept(apply_top_k(x, 2)) == [1, 2]
+    assert kept(apply_top_k(x, 1)) == [1]
+    assert kept(apply_top_k(x, 3)) == [1, 2, 3]
+    assert apply_top_k(x, 0) is x and apply_top_k(x, 10) is x
+    # removed tokens are -inf, kept ones unchanged
+    np.testing.assert_array_equal(apply_top_k(x, 2), [NEG_INF, 3, 3, NEG_INF, NEG_INF])
+
+
+def test_min_p_keeps_tokens_within_factor_of_top():
+    x = logits_of([0.5, 0.3, 0.1, 0.1 - 1e-4, 0.0001])
+    # 0.2 * 0.5 = 0.1: keeps 0.5, 0.3 and exactly 0.1
+    assert kept(apply_min_p(x, 0.2)) == [0, 1, 2]
+    assert apply_min_p(x, 0.0) is x
+    assert kept(apply_min_p(x, 0.99, min_keep=2)) == [0, 1]
+
+
+def test_typical_keeps_tokens_near_entropy():
+    x = logits_of([0.97, 0.01, 0.01, 0.01])
+    # entropy ~0.168; surprise of 0.97 is 0.03 (closest) -> its mass 0.97 > 0.5
+    assert kept(apply_typical(x, 0.5)) == [0]
+    x = logits_of([0.4, 0.3, 0.2, 0.1])
+    out = apply_typical(x, 0.5)
+    assert 0 < len(kept(out)) < 4
+    assert apply_typical(x, 1.0) is x
+
+
+def test_temperature_scales_and_greedy_keeps_argmax():
+    x = np.array([1.0, 2.0, 4.0], dtype=np.float32)
+    np.testing.assert_allclose(apply_temperature(x, 2.0), [0.5, 1.0, 2.0])
+    np.testing.assert_array_equal(apply_temperature(x, 0.0), [NEG_INF, NEG_INF, 4.0])
+    np.testing.assert_array_equal(apply_temperature(x, -5.0), [NEG_INF, NEG_INF, 4.0])
+
+
+def test_penalties_follow_llama_cpp_rule():
+    x = np.array([2.0, -2.0, 1.0, 0.5], dtype=np.float32)
+    out = apply_penalties(x, [0, 1, 0], repeat_last_n=64, repeat_penalty=2.0)
+    np.testing.assert_allclose(out, [1.0, -4.0, 1.0, 0.5])  # positive divided, negative multiplied
+    out = apply_penalties(x, [0, 1, 0], 64, 1.0, frequency_penalty=0.5, presence_penalty=0.25)
+    np.testing.assert_allclose(out, [2.0 - 1.0 - 0.25, -2.0 - 0.5 - 0.25, 1.0, 0.5])
+
+
+def test_penalties_window_and_disabled():
+    x = np.array([2.0, 2.0, 2.0], dtype=np.float32)
+    out = apply_penalties(x, [0, 1, 2], repeat_last_n=1, repeat_penalty=2.0)
+    np.testing.assert_allclose(out, [2.0, 2.0, 1.0])  # only the last token counts
+    assert apply_penalties(x, [0, 1], repeat_last_n=0, repeat_penalty=2.0) is x
+    assert apply_penalties(x, [0, 1], 64) is x
+    out = apply_penalties(x, [0, 1, 2], repeat_last_n=-1, repeat_penalty=2.0)
+    np.testing.assert_allclose(out, [1.0, 1.0, 1.0])
+
+
+def test_logit_bias_adds_and_bans():
+    x = np.zeros(4, dtype=np.float32)
+    out = apply_logit_bias(x, {1: 2.5, 3: -np.inf, 99: 1.0})
+    np.testing.assert_array_equal(out, [0, 2.5, 0, NEG_INF])
+    assert x[1] == 0  # pure: input unchanged
+
+
+def test_sample_dist_is_seeded_and_respects_mask():
+    x = np.array([0.0, NEG_INF, 0.0, 0.0], dtype=np.float32)
+    rng = np.random.Generator(np.random.PCG64(1))
+    draws = [sample_dist(x, rng) for _ in range(300)]
+    assert set(draws) == {0, 2, 3}
+    rng2 = np.random.Generator(np.random.PCG64(1))
+    assert draws == [sample_dist(x, rng2) for _ in range(300)]
+
+
+def test_sampler_greedy_ignores_seed():
+    x = np.array([0.1, 3.0, 2.9, -1.0], dtype=np.float32)
+    for seed in (1, 2, -1):
+        s = make_sampler(SamplingParams(temperature=0.0, seed=seed))
+        assert s.sample(x) == 1
+
+
+def test_sampler_greedy_applies_bias_and_penalties():
+    x = np.array([0.1, 3.0, 2.9, -1.0], dtype=np.float32)
+    assert make_sampler(SamplingParams(temperature=0, logit_bias={1: -np.inf})).sample(x) == 2
+    s = make_sampler(SamplingParams(temperature=0, repeat_penalty=1.1))
+    assert s.sample(x, history=[1]) == 2
+
+
+def test_sampler_same_seed_same_tokens():
+    rng = np.random.default_rng(0)
+    rows = rng.normal(size=(50, 100)).astype(np.float32)
+    p = SamplingParams(temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, seed=42)
+    a = make_sampler(p)
+    b = make_sampler(p)
+    ta = [a.sample(r) for r in rows]
+    assert ta == [b.sample(r) for r in rows]
+    c = make_sampler(SamplingParams(temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, seed=43))
+    assert ta != [c.sample(r) for r in rows]
+    assert len(set(ta)) > 10
+
+
+def test_sampler_draws_in_proportion():
+    x = logits_of([0.7, 0.2, 0.1])
+    s = make_sampler(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=7))
+    draws = np.bincount([s.sample(x) for _ in range(4000)], minlength=3) / 4000
+    np.testing.assert_allclose(draws, [0.7, 0.2, 0.1], atol=0.03)
+
+
+def test_sampler_ignore_eos_bans_eog_ids():
+    x = np.array([5.0, 1.0, 0.0], dtype=np.float32)
+    s = make_sampler(SamplingParams(temperature=0, ignore_eos=True), eog_ids=[0])
+    assert s.sample(x) == 1
+
+
+def test_resolve_seed():
+    assert resolve_seed(42) == 42
+    assert resolve_seed(0) == 0
+    assert resolve_seed(-2) == 0xFFFFFFFE
+    seeds = {resolve_seed(-1) for _ in range(5)}
+    assert len(seeds) > 1 and all(0 <= s < 0xFFFFFFFF for s in seeds)
+    assert make_sampler(SamplingParams(seed=123)).seed == 123
+
+
+def test_log_softmax_and_top_logprobs():
+    x = np.array([1.0, 3.0, 2.0, 3.0], dtype=np.float32)
+    lp = log_softmax(x)
+    assert math.isclose(np.exp(lp).sum(), 1.0, rel_tol=1e-6)
+    top = top_logprobs(x, 3)
+    assert [t for t, _ in top] == [1, 3, 2]
+    assert top[0][1] == pytest.approx(float(lp[1]))
+    assert top_logprobs(x, 0) == ()
+    assert len(top_logprobs(x, 10)) == 4
+
+
+def test_top_k_ids_on_a_large_vocabulary_is_exact():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=70000).astype(np.float32)
+    x[rng.integers(0, 70000, 500)] = -np.inf
+    for k in (1, 40, 1000):
+        want = np.sort(np.argsort(-x, kind="stable")[:k])
+        np.testing.assert_array_equal(top_k_ids(x, k), want)
+    x = np.zeros(70000, np.float32)  # all tied: the lowest ids win
+    np.testing.assert_array_equal(top_k_ids(x, 5), np.arange(5))
+
+
+def test_top_p_head_shortcut_matches_full_sort():
+    rng = np.random.default_rng(4)
+    x = (rng.normal(size=50000) * 0.5).astype(np.float32)
+    x[:20] += 15.0  # a peaked distribution: the head holds almost all the mass
+    for p in (0.5, 0.9, 0.999):
+        out = apply_top_p(x, p)
+        order = np.argsort(-x, kind="stable")
+        cum = np.cumsum(np.exp(log_softmax(x))[order])
+        n = int(np.argmax(cum >= p)) + 1
+        assert kept(out) == sorted(order[:n].tolist())
+
+
+def test_sampler_chain_equals_steps_on_full_vector():
+    rng = np.random.default_rng(5)
+    x = (rng.normal(size=5000) * 3).astype(np.float32)
+    p = SamplingParams(temperature=0.7, top_k=50, top_p=0.8, min_p=0.1, seed=1)
+    ids, c = make_sampler(p).filter(x)
+    full = apply_temperature(apply_min_p(apply_top_p(apply_top_k(x, 50), 0.8), 0.1), 0.7)
+    got = np.full_like(x, -np.inf)
+    got[ids] = c
+    np.testing.assert_allclose(got, full)
