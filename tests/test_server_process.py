@@ -1,6 +1,6 @@
-"""A real `ggstation serve` process on a loopback port with the SmolLM2 starter model:
-start-up (/health 503 then 200), the openai SDK, raw HTTP errors, 16 concurrent clients on
-4 slots, the same seeded text as `ggstation generate`, and a clean exit on SIGINT."""
+"""A real `ggstation serve` process on a loopback port with a tiny generated model: start-up
+(/health 503 then 200), the openai SDK, raw HTTP errors, 16 concurrent clients on 4 slots,
+flag handling and a clean exit on SIGINT. (test_server_smollm2.py: the same on SmolLM2.)"""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import time
 import httpx
 import pytest
 
-pytestmark = pytest.mark.model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -65,9 +64,21 @@ class ServeProcess:
         return self.proc.returncode
 
 
+
+
 @pytest.fixture(scope="module")
-def server(smollm2_path):
-    p = ServeProcess(smollm2_path, "-np", "4", "-c", "4096", "--metrics", "-ngl", "99", "--alias", "smol")
+def tiny_path(tmp_path_factory):
+    from ggufgen import write_tiny_model
+
+    path = tmp_path_factory.mktemp("tiny") / "tiny-llama.gguf"
+    write_tiny_model(path, arch="llama")
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(tiny_path):
+    p = ServeProcess(tiny_path, "-np", "4", "-c", "1024", "--metrics", "-ngl", "99", "--alias", "tiny",
+                     "--api-key", "sekret")
     try:
         p.wait_ready()
         yield p
@@ -75,51 +86,44 @@ def server(smollm2_path):
         p.stop()
 
 
-def test_serve_health_503_then_200(server):
+AUTH = {"Authorization": "Bearer sekret"}
+
+
+def test_serve_tiny_health_503_then_200(server):
     status, t = server.first_status
-    # 503 "Loading model" answered while the model loads (the process needs ~0.5 s to import)
-    assert status in (503, 200)
-    if status == 503:
-        assert t < 3.0
+    assert status == 503, "the first answer came after the model had loaded"
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
 
 
-def test_serve_openai_sdk(server):
+def test_serve_tiny_openai_sdk(server):
     import openai
 
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
-    r = client.completions.create(model="smol", prompt="The capital of France is", max_tokens=8, temperature=0)
-    assert r.choices[0].text.strip() and r.usage.completion_tokens <= 8
-    assert [m.id for m in client.models.list()] == ["smol"]
-    has_template = httpx.post(server.url + "/apply-template",
-                              json={"messages": [{"role": "user", "content": "hi"}]}).status_code == 200
-    if not has_template:
-        pytest.skip("chat templates not available yet")
-    chat = client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "Say hi"}],
-                                          max_tokens=8, temperature=0)
-    assert chat.choices[0].message.content and chat.choices[0].finish_reason in ("stop", "length")
-    stream = client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "Say hi"}],
-                                            max_tokens=8, temperature=0, stream=True)
-    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-    assert text == chat.choices[0].message.content
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="sekret", max_retries=0)
+    r = client.completions.create(model="whatever", prompt="the", max_tokens=6, temperature=0)
+    assert r.usage.completion_tokens <= 6 and r.choices[0].finish_reason in ("stop", "length")
+    stream = client.completions.create(model="x", prompt="the", max_tokens=6, temperature=0, stream=True)
+    assert "".join(c.choices[0].text for c in stream) == r.choices[0].text
+    assert [m.id for m in client.models.list()] == ["tiny"]
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.url + "/v1", api_key="bad", max_retries=0).models.list()
 
 
-def test_serve_raw_http_errors(server):
-    r = httpx.post(server.url + "/v1/chat/completions", content=b"{oops")
+def test_serve_tiny_raw_http_errors(server):
+    r = httpx.post(server.url + "/v1/chat/completions", content=b"{oops", headers=AUTH)
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
-    r = httpx.post(server.url + "/completion", json={"prompt": "hi " * 1200, "n_predict": 1})
+    r = httpx.post(server.url + "/completion", json={"prompt": "a " * 1500, "n_predict": 1}, headers=AUTH)
     assert r.status_code == 400 and r.json()["error"]["type"] == "exceed_context_size_error"
-    assert httpx.get(server.url + "/nope").status_code == 404
-    assert httpx.post(server.url + "/v1/embeddings", json={"input": "x"}).status_code == 501
+    assert httpx.get(server.url + "/nope", headers=AUTH).status_code == 404
+    assert httpx.get(server.url + "/v1/models").status_code == 401
 
 
-def test_serve_16_concurrent_clients(server):
+def test_serve_tiny_16_concurrent_clients(server):
     results, errors = {}, []
 
     def worker(i):
         try:
-            body = {"prompt": f"Count: {i},", "n_predict": 4, "temperature": 0, "stream": i % 2 == 0}
-            r = httpx.post(server.url + "/completion", json=body, timeout=120)
+            body = {"prompt": f"the {i}", "n_predict": 6, "temperature": 0, "stream": i % 2 == 0}
+            r = httpx.post(server.url + "/completion", json=body, headers=AUTH, timeout=120)
             assert r.status_code == 200, r.text
             results[i] = r.text
         except Exception as e:  # noqa: BLE001
@@ -127,36 +131,23 @@ def test_serve_16_concurrent_clients(server):
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(16)]
     [t.start() for t in threads]
-    [t.join(180) for t in threads]
+    [t.join(120) for t in threads]
     assert not errors and len(results) == 16
-    metrics = httpx.get(server.url + "/metrics").text
-    busy = float(next(ln.split()[-1] for ln in metrics.splitlines()
-                      if ln.startswith("llamacpp:n_busy_slots_per_decode")))
-    assert busy > 1.0  # decodes were shared by several slots
 
 
-def test_serve_same_text_as_generate(server, smollm2_path):
-    prompt, n = "Once upon a time", 12
-    body = {"prompt": prompt, "n_predict": n, "temperature": 0.7, "seed": 42, "cache_prompt": False}
-    served = httpx.post(server.url + "/completion", json=body, timeout=120).json()["content"]
-    out = subprocess.run([sys.executable, "-m", "engine", "generate", "-m", str(smollm2_path), "-p", prompt,
-                          "-n", str(n), "--temp", "0.7", "-s", "42"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=180)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.rstrip("\n") == served
-
-
-def test_serve_sigint_exits_cleanly(smollm2_path):
-    p = ServeProcess(smollm2_path, "-np", "2", "-c", "1024")
+def test_serve_tiny_sigint_ends_streams_and_exits_0(tiny_path):
+    p = ServeProcess(tiny_path, "-np", "2", "-c", "4096")
     p.wait_ready()
-    got = []
+    got, ended = [], []
 
     def stream():
-        with httpx.stream("POST", p.url + "/completion", json={"prompt": "Tell me a story", "n_predict": 500,
-                                                                 "stream": True}, timeout=60) as r:
+        with httpx.stream("POST", p.url + "/completion", json={"prompt": "the", "n_predict": 100000,
+                                                                 "ignore_eos": True, "stream": True},
+                          timeout=60) as r:
             for line in r.iter_lines():
                 if line.startswith("data: "):
                     got.append(json.loads(line[6:]))
+        ended.append(True)
 
     t = threading.Thread(target=stream)
     t.start()
@@ -166,4 +157,10 @@ def test_serve_sigint_exits_cleanly(smollm2_path):
     code = p.stop()
     assert code == 0 and time.monotonic() - t0 < 5
     t.join(5)
-    assert got and not t.is_alive()  # the stream ended instead of hanging
+    assert ended and got[-1]["stop"] is True  # the stream was ended cleanly, with a final chunk
+
+
+def test_serve_hf_flag_is_a_clear_error():
+    out = subprocess.run([sys.executable, "-m", "engine", "serve", "-hf", "ggml-org/some-model"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "downloading models is not supported" in out.stderr

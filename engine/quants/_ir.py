@@ -244,15 +244,20 @@ def make_row_dot(layout: Layout, n_tok: int):
                             sa_ = saccs[t][k_acc]
                             builder.store(em.fadd(builder.load(sa_), em.fmul(g.c, xsv_)), sa_)
 
-            # Blocks in pairs, alternating accumulator sets (two independent FMA chains).
             nb = builder.udiv(n_cols, ir.Constant(I64, BE))
-            with cgutils.for_range(builder, builder.udiv(nb, ir.Constant(I64, 2))) as loop:
-                blk = builder.mul(loop.index, ir.Constant(I64, 2))
-                emit_block(blk, 0)
-                emit_block(builder.add(blk, ir.Constant(I64, 1)), 1)
-            odd = builder.icmp_unsigned("!=", builder.urem(nb, ir.Constant(I64, 2)), ir.Constant(I64, 0))
-            with builder.if_then(odd, likely=False):
-                emit_block(builder.sub(nb, ir.Constant(I64, 1)), 0)
+            if BE > 32:
+                # Super-blocks already alternate the two accumulators between their groups.
+                with cgutils.for_range(builder, nb) as loop:
+                    emit_block(loop.index, 0)
+            else:
+                # Blocks in pairs, alternating accumulator sets (two independent FMA chains).
+                with cgutils.for_range(builder, builder.udiv(nb, ir.Constant(I64, 2))) as loop:
+                    blk = builder.mul(loop.index, ir.Constant(I64, 2))
+                    emit_block(blk, 0)
+                    emit_block(builder.add(blk, ir.Constant(I64, 1)), 1)
+                odd = builder.icmp_unsigned("!=", builder.urem(nb, ir.Constant(I64, 2)), ir.Constant(I64, 0))
+                with builder.if_then(odd, likely=False):
+                    emit_block(builder.sub(nb, ir.Constant(I64, 1)), 0)
             for t in range(n_tok):
                 v = em.fadd(builder.load(accs[t][0]), builder.load(accs[t][1]))
                 sc = em.fadd(builder.load(saccs[t][0]), builder.load(saccs[t][1]))

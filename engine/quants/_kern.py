@@ -68,8 +68,8 @@ def _raw_rows(raw: np.ndarray) -> np.ndarray:
     return raw
 
 
-def register(qtype: GGMLQuantizationType, layout: Layout, matvec_k, matvec_multi_k, matvec3_k,
-             dequant_k, get_rows_k) -> QuantType:
+def register(qtype: GGMLQuantizationType, layout: Layout, matvec_multi_k, matvec3_k,
+             dequant_k) -> QuantType:
     """Wrap one type's private kernels with the public checks; returns its QUANT_TYPES entry.
 
     The wrappers only check dtype and contiguity (cheap Python attribute reads: the decode
@@ -80,7 +80,10 @@ def register(qtype: GGMLQuantizationType, layout: Layout, matvec_k, matvec_multi
     def matvec(raw: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
         if x.ndim != 1 or out.ndim != 1:
             raise ValueError("matvec takes 1-D x and out (matvec_multi takes (n_tok, n) arrays)")
-        matvec_k(_raw_rows(raw), _f32c(x, "x"), _f32c(out, "out"))
+        r = _raw_rows(raw)
+        o = _f32c(out, "out")
+        e, eo = r[:0], o[:0]  # two empty weights: the fused kernel serves the single mat-vec
+        matvec3_k(r, e, e, _f32c(x, "x"), o, eo, eo)
 
     def matvec_multi(raw: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
         """out (T, n_rows) = x (T, n_cols) @ W.T, reading each weight row once for all T tokens."""
@@ -110,11 +113,16 @@ def register(qtype: GGMLQuantizationType, layout: Layout, matvec_k, matvec_multi
             dequant_k(_raw_rows(raw), _f32c(out, "out"))
 
     def get_rows(raw: np.ndarray, ids: np.ndarray, out: np.ndarray) -> None:
-        ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
+        ids = np.asarray(ids).reshape(-1)
         if out.ndim != 2:
             raise ValueError("get_rows out must be 2-D (len(ids), n_cols)")
         if ids.shape[0]:
-            get_rows_k(_raw_rows(raw), ids, _f32c(out, "out"))
+            if int(ids.min()) < 0 or int(ids.max()) >= raw.shape[0]:
+                raise ValueError("row id out of range")
+            # Gather the packed rows (a few hundred bytes each), then one dequant launch.
+            rows = np.take(raw, ids, axis=0)
+            rows.flags.writeable = False  # same numba type as the read-only mmap rows
+            dequant_k(_raw_rows(rows), _f32c(out, "out"))
 
     return QuantType(
         qtype=qtype, block_size=block_size, type_size=type_size, dequant=dequant, matvec=matvec,

@@ -71,17 +71,6 @@ def _matvec_multi_f32(raw, x, out):
 
 
 @parallel_kernel
-def _matvec_f32(raw, x, out):
-    """out (n_rows,) = W @ x (n_cols,): the decode hot path."""
-    check_shapes(raw.shape[0], raw.shape[1], x.shape[0], out.shape[0], 1, 1, _BB_f32, _BE_f32)
-    x2 = x.reshape((1, x.shape[0]))
-    o2 = out.reshape((1, out.shape[0]))
-    xs = group_sums(x2, _G_f32)
-    for r in prange(raw.shape[0]):
-        _dot1_f32(raw, r, x2, xs, o2, 0)
-
-
-@parallel_kernel
 def _matvec3_f32(raw0, raw1, raw2, x, out0, out1, out2):
     """out_i = W_i @ x for three weights of this type sharing x (e.g. Q, K, V), one launch."""
     n0, n1, n2 = raw0.shape[0], raw1.shape[0], raw2.shape[0]
@@ -111,20 +100,8 @@ def _dequant_f32(raw, out):
         _row_dequant_f32(raw, r, out, r)
 
 
-@parallel_kernel
-def _get_rows_f32(raw, ids, out):
-    check_shapes(raw.shape[0], raw.shape[1], out.shape[1], raw.shape[0], 1, 1, _BB_f32, _BE_f32)
-    if out.shape[0] != ids.shape[0]:
-        raise ValueError("out must have one row per id")
-    for i in range(ids.shape[0]):
-        if ids[i] < 0 or ids[i] >= raw.shape[0]:
-            raise ValueError("row id out of range")
-    for i in prange(ids.shape[0]):
-        _row_dequant_f32(raw, ids[i], out, i)
-
 F32 = register(
-    GGMLQuantizationType.F32, _LAYOUT_f32, _matvec_f32, _matvec_multi_f32,
-    _matvec3_f32, _dequant_f32, _get_rows_f32,
+    GGMLQuantizationType.F32, _LAYOUT_f32, _matvec_multi_f32, _matvec3_f32, _dequant_f32
 )
 
 
@@ -159,17 +136,6 @@ def _matvec_multi_f16(raw, x, out):
 
 
 @parallel_kernel
-def _matvec_f16(raw, x, out):
-    """out (n_rows,) = W @ x (n_cols,): the decode hot path."""
-    check_shapes(raw.shape[0], raw.shape[1], x.shape[0], out.shape[0], 1, 1, _BB_f16, _BE_f16)
-    x2 = x.reshape((1, x.shape[0]))
-    o2 = out.reshape((1, out.shape[0]))
-    xs = group_sums(x2, _G_f16)
-    for r in prange(raw.shape[0]):
-        _dot1_f16(raw, r, x2, xs, o2, 0)
-
-
-@parallel_kernel
 def _matvec3_f16(raw0, raw1, raw2, x, out0, out1, out2):
     """out_i = W_i @ x for three weights of this type sharing x (e.g. Q, K, V), one launch."""
     n0, n1, n2 = raw0.shape[0], raw1.shape[0], raw2.shape[0]
@@ -199,20 +165,8 @@ def _dequant_f16(raw, out):
         _row_dequant_f16(raw, r, out, r)
 
 
-@parallel_kernel
-def _get_rows_f16(raw, ids, out):
-    check_shapes(raw.shape[0], raw.shape[1], out.shape[1], raw.shape[0], 1, 1, _BB_f16, _BE_f16)
-    if out.shape[0] != ids.shape[0]:
-        raise ValueError("out must have one row per id")
-    for i in range(ids.shape[0]):
-        if ids[i] < 0 or ids[i] >= raw.shape[0]:
-            raise ValueError("row id out of range")
-    for i in prange(ids.shape[0]):
-        _row_dequant_f16(raw, ids[i], out, i)
-
 F16 = register(
-    GGMLQuantizationType.F16, _LAYOUT_f16, _matvec_f16, _matvec_multi_f16,
-    _matvec3_f16, _dequant_f16, _get_rows_f16,
+    GGMLQuantizationType.F16, _LAYOUT_f16, _matvec_multi_f16, _matvec3_f16, _dequant_f16
 )
 
 
@@ -247,17 +201,6 @@ def _matvec_multi_bf16(raw, x, out):
 
 
 @parallel_kernel
-def _matvec_bf16(raw, x, out):
-    """out (n_rows,) = W @ x (n_cols,): the decode hot path."""
-    check_shapes(raw.shape[0], raw.shape[1], x.shape[0], out.shape[0], 1, 1, _BB_bf16, _BE_bf16)
-    x2 = x.reshape((1, x.shape[0]))
-    o2 = out.reshape((1, out.shape[0]))
-    xs = group_sums(x2, _G_bf16)
-    for r in prange(raw.shape[0]):
-        _dot1_bf16(raw, r, x2, xs, o2, 0)
-
-
-@parallel_kernel
 def _matvec3_bf16(raw0, raw1, raw2, x, out0, out1, out2):
     """out_i = W_i @ x for three weights of this type sharing x (e.g. Q, K, V), one launch."""
     n0, n1, n2 = raw0.shape[0], raw1.shape[0], raw2.shape[0]
@@ -287,18 +230,6 @@ def _dequant_bf16(raw, out):
         _row_dequant_bf16(raw, r, out, r)
 
 
-@parallel_kernel
-def _get_rows_bf16(raw, ids, out):
-    check_shapes(raw.shape[0], raw.shape[1], out.shape[1], raw.shape[0], 1, 1, _BB_bf16, _BE_bf16)
-    if out.shape[0] != ids.shape[0]:
-        raise ValueError("out must have one row per id")
-    for i in range(ids.shape[0]):
-        if ids[i] < 0 or ids[i] >= raw.shape[0]:
-            raise ValueError("row id out of range")
-    for i in prange(ids.shape[0]):
-        _row_dequant_bf16(raw, ids[i], out, i)
-
 BF16 = register(
-    GGMLQuantizationType.BF16, _LAYOUT_bf16, _matvec_bf16, _matvec_multi_bf16,
-    _matvec3_bf16, _dequant_bf16, _get_rows_bf16,
+    GGMLQuantizationType.BF16, _LAYOUT_bf16, _matvec_multi_bf16, _matvec3_bf16, _dequant_bf16
 )

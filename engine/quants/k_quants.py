@@ -215,17 +215,6 @@ def _matvec_multi_q2_k(raw, x, out):
 
 
 @parallel_kernel
-def _matvec_q2_k(raw, x, out):
-    """out (n_rows,) = W @ x (n_cols,): the decode hot path."""
-    check_shapes(raw.shape[0], raw.shape[1], x.shape[0], out.shape[0], 1, 1, _BB_q2_k, _BE_q2_k)
-    x2 = x.reshape((1, x.shape[0]))
-    o2 = out.reshape((1, out.shape[0]))
-    xs = group_sums(x2, _G_q2_k)
-    for r in prange(raw.shape[0]):
-        _dot1_q2_k(raw, r, x2, xs, o2, 0)
-
-
-@parallel_kernel
 def _matvec3_q2_k(raw0, raw1, raw2, x, out0, out1, out2):
     """out_i = W_i @ x for three weights of this type sharing x (e.g. Q, K, V), one launch."""
     n0, n1, n2 = raw0.shape[0], raw1.shape[0], raw2.shape[0]
@@ -255,20 +244,8 @@ def _dequant_q2_k(raw, out):
         _row_dequant_q2_k(raw, r, out, r)
 
 
-@parallel_kernel
-def _get_rows_q2_k(raw, ids, out):
-    check_shapes(raw.shape[0], raw.shape[1], out.shape[1], raw.shape[0], 1, 1, _BB_q2_k, _BE_q2_k)
-    if out.shape[0] != ids.shape[0]:
-        raise ValueError("out must have one row per id")
-    for i in range(ids.shape[0]):
-        if ids[i] < 0 or ids[i] >= raw.shape[0]:
-            raise ValueError("row id out of range")
-    for i in prange(ids.shape[0]):
-        _row_dequant_q2_k(raw, ids[i], out, i)
-
 Q2_K = register(
-    GGMLQuantizationType.Q2_K, _LAYOUT_q2_k, _matvec_q2_k, _matvec_multi_q2_k,
-    _matvec3_q2_k, _dequant_q2_k, _get_rows_q2_k,
+    GGMLQuantizationType.Q2_K, _LAYOUT_q2_k, _matvec_multi_q2_k, _matvec3_q2_k, _dequant_q2_k
 )
 
 
@@ -303,17 +280,6 @@ def _matvec_multi_q3_k(raw, x, out):
 
 
 @parallel_kernel
-def _matvec_q3_k(raw, x, out):
-    """out (n_rows,) = W @ x (n_cols,): the decode hot path."""
-    check_shapes(raw.shape[0], raw.shape[1], x.shape[0], out.shape[0], 1, 1, _BB_q3_k, _BE_q3_k)
-    x2 = x.reshape((1, x.shape[0]))
-    o2 = out.reshape((1, out.shape[0]))
-    xs = group_sums(x2, _G_q3_k)
-    for r in prange(raw.shape[0]):
-        _dot1_q3_k(raw, r, x2, xs, o2, 0)
-
-
-@parallel_kernel
 def _matvec3_q3_k(raw0, raw1, raw2, x, out0, out1, out2):
     """out_i = W_i @ x for three weights of this type sharing x (e.g. Q, K, V), one launch."""
     n0, n1, n2 = raw0.shape[0], raw1.shape[0], raw2.shape[0]
@@ -343,20 +309,8 @@ def _dequant_q3_k(raw, out):
         _row_dequant_q3_k(raw, r, out, r)
 
 
-@parallel_kernel
-def _get_rows_q3_k(raw, ids, out):
-    check_shapes(raw.shape[0], raw.shape[1], out.shape[1], raw.shape[0], 1, 1, _BB_q3_k, _BE_q3_k)
-    if out.shape[0] != ids.shape[0]:
-        raise ValueError("out must have one row per id")
-    for i in range(ids.shape[0]):
-        if ids[i] < 0 or ids[i] >= raw.shape[0]:
-            raise ValueError("row id out of range")
-    for i in prange(ids.shape[0]):
-        _row_dequant_q3_k(raw, ids[i], out, i)
-
 Q3_K = register(
-    GGMLQuantizationType.Q3_K, _LAYOUT_q3_k, _matvec_q3_k, _matvec_multi_q3_k,
-    _matvec3_q3_k, _dequant_q3_k, _get_rows_q3_k,
+    GGMLQuantizationType.Q3_K, _LAYOUT_q3_k, _matvec_multi_q3_k, _matvec3_q3_k, _dequant_q3_k
 )
 
 
@@ -391,17 +345,6 @@ def _matvec_multi_q4_k(raw, x, out):
 
 
 @parallel_kernel
-def _matvec_q4_k(raw, x, out):
-    """out (n_rows,) = W @ x (n_cols,): the decode hot path."""
-    check_shapes(raw.shape[0], raw.shape[1], x.shape[0], out.shape[0], 1, 1, _BB_q4_k, _BE_q4_k)
-    x2 = x.reshape((1, x.shape[0]))
-    o2 = out.reshape((1, out.shape[0]))
-    xs = group_sums(x2, _G_q4_k)
-    for r in prange(raw.shape[0]):
-        _dot1_q4_k(raw, r, x2, xs, o2, 0)
-
-
-@parallel_kernel
 def _matvec3_q4_k(raw0, raw1, raw2, x, out0, out1, out2):
     """out_i = W_i @ x for three weights of this type sharing x (e.g. Q, K, V), one launch."""
     n0, n1, n2 = raw0.shape[0], raw1.shape[0], raw2.shape[0]
@@ -431,20 +374,8 @@ def _dequant_q4_k(raw, out):
         _row_dequant_q4_k(raw, r, out, r)
 
 
-@parallel_kernel
-def _get_rows_q4_k(raw, ids, out):
-    check_shapes(raw.shape[0], raw.shape[1], out.shape[1], raw.shape[0], 1, 1, _BB_q4_k, _BE_q4_k)
-    if out.shape[0] != ids.shape[0]:
-        raise ValueError("out must have one row per id")
-    for i in range(ids.shape[0]):
-        if ids[i] < 0 or ids[i] >= raw.shape[0]:
-            raise ValueError("row id out of range")
-    for i in prange(ids.shape[0]):
-        _row_dequant_q4_k(raw, ids[i], out, i)
-
 Q4_K = register(
-    GGMLQuantizationType.Q4_K, _LAYOUT_q4_k, _matvec_q4_k, _matvec_multi_q4_k,
-    _matvec3_q4_k, _dequant_q4_k, _get_rows_q4_k,
+    GGMLQuantizationType.Q4_K, _LAYOUT_q4_k, _matvec_multi_q4_k, _matvec3_q4_k, _dequant_q4_k
 )
 
 
@@ -479,17 +410,6 @@ def _matvec_multi_q5_k(raw, x, out):
 
 
 @parallel_kernel
-def _matvec_q5_k(raw, x, out):
-    """out (n_rows,) = W @ x (n_cols,): the decode hot path."""
-    check_shapes(raw.shape[0], raw.shape[1], x.shape[0], out.shape[0], 1, 1, _BB_q5_k, _BE_q5_k)
-    x2 = x.reshape((1, x.shape[0]))
-    o2 = out.reshape((1, out.shape[0]))
-    xs = group_sums(x2, _G_q5_k)
-    for r in prange(raw.shape[0]):
-        _dot1_q5_k(raw, r, x2, xs, o2, 0)
-
-
-@parallel_kernel
 def _matvec3_q5_k(raw0, raw1, raw2, x, out0, out1, out2):
     """out_i = W_i @ x for three weights of this type sharing x (e.g. Q, K, V), one launch."""
     n0, n1, n2 = raw0.shape[0], raw1.shape[0], raw2.shape[0]
@@ -519,20 +439,8 @@ def _dequant_q5_k(raw, out):
         _row_dequant_q5_k(raw, r, out, r)
 
 
-@parallel_kernel
-def _get_rows_q5_k(raw, ids, out):
-    check_shapes(raw.shape[0], raw.shape[1], out.shape[1], raw.shape[0], 1, 1, _BB_q5_k, _BE_q5_k)
-    if out.shape[0] != ids.shape[0]:
-        raise ValueError("out must have one row per id")
-    for i in range(ids.shape[0]):
-        if ids[i] < 0 or ids[i] >= raw.shape[0]:
-            raise ValueError("row id out of range")
-    for i in prange(ids.shape[0]):
-        _row_dequant_q5_k(raw, ids[i], out, i)
-
 Q5_K = register(
-    GGMLQuantizationType.Q5_K, _LAYOUT_q5_k, _matvec_q5_k, _matvec_multi_q5_k,
-    _matvec3_q5_k, _dequant_q5_k, _get_rows_q5_k,
+    GGMLQuantizationType.Q5_K, _LAYOUT_q5_k, _matvec_multi_q5_k, _matvec3_q5_k, _dequant_q5_k
 )
 
 
@@ -567,17 +475,6 @@ def _matvec_multi_q6_k(raw, x, out):
 
 
 @parallel_kernel
-def _matvec_q6_k(raw, x, out):
-    """out (n_rows,) = W @ x (n_cols,): the decode hot path."""
-    check_shapes(raw.shape[0], raw.shape[1], x.shape[0], out.shape[0], 1, 1, _BB_q6_k, _BE_q6_k)
-    x2 = x.reshape((1, x.shape[0]))
-    o2 = out.reshape((1, out.shape[0]))
-    xs = group_sums(x2, _G_q6_k)
-    for r in prange(raw.shape[0]):
-        _dot1_q6_k(raw, r, x2, xs, o2, 0)
-
-
-@parallel_kernel
 def _matvec3_q6_k(raw0, raw1, raw2, x, out0, out1, out2):
     """out_i = W_i @ x for three weights of this type sharing x (e.g. Q, K, V), one launch."""
     n0, n1, n2 = raw0.shape[0], raw1.shape[0], raw2.shape[0]
@@ -607,18 +504,6 @@ def _dequant_q6_k(raw, out):
         _row_dequant_q6_k(raw, r, out, r)
 
 
-@parallel_kernel
-def _get_rows_q6_k(raw, ids, out):
-    check_shapes(raw.shape[0], raw.shape[1], out.shape[1], raw.shape[0], 1, 1, _BB_q6_k, _BE_q6_k)
-    if out.shape[0] != ids.shape[0]:
-        raise ValueError("out must have one row per id")
-    for i in range(ids.shape[0]):
-        if ids[i] < 0 or ids[i] >= raw.shape[0]:
-            raise ValueError("row id out of range")
-    for i in prange(ids.shape[0]):
-        _row_dequant_q6_k(raw, ids[i], out, i)
-
 Q6_K = register(
-    GGMLQuantizationType.Q6_K, _LAYOUT_q6_k, _matvec_q6_k, _matvec_multi_q6_k,
-    _matvec3_q6_k, _dequant_q6_k, _get_rows_q6_k,
+    GGMLQuantizationType.Q6_K, _LAYOUT_q6_k, _matvec_multi_q6_k, _matvec3_q6_k, _dequant_q6_k
 )

@@ -58,17 +58,6 @@ def _matvec_multi_q5_0(raw, x, out):
 
 
 @parallel_kernel
-def _matvec_q5_0(raw, x, out):
-    """out (n_rows,) = W @ x (n_cols,): the decode hot path."""
-    check_shapes(raw.shape[0], raw.shape[1], x.shape[0], out.shape[0], 1, 1, _BB_q5_0, _BE_q5_0)
-    x2 = x.reshape((1, x.shape[0]))
-    o2 = out.reshape((1, out.shape[0]))
-    xs = group_sums(x2, _G_q5_0)
-    for r in prange(raw.shape[0]):
-        _dot1_q5_0(raw, r, x2, xs, o2, 0)
-
-
-@parallel_kernel
 def _matvec3_q5_0(raw0, raw1, raw2, x, out0, out1, out2):
     """out_i = W_i @ x for three weights of this type sharing x (e.g. Q, K, V), one launch."""
     n0, n1, n2 = raw0.shape[0], raw1.shape[0], raw2.shape[0]
@@ -98,18 +87,6 @@ def _dequant_q5_0(raw, out):
         _row_dequant_q5_0(raw, r, out, r)
 
 
-@parallel_kernel
-def _get_rows_q5_0(raw, ids, out):
-    check_shapes(raw.shape[0], raw.shape[1], out.shape[1], raw.shape[0], 1, 1, _BB_q5_0, _BE_q5_0)
-    if out.shape[0] != ids.shape[0]:
-        raise ValueError("out must have one row per id")
-    for i in range(ids.shape[0]):
-        if ids[i] < 0 or ids[i] >= raw.shape[0]:
-            raise ValueError("row id out of range")
-    for i in prange(ids.shape[0]):
-        _row_dequant_q5_0(raw, ids[i], out, i)
-
 Q5_0 = register(
-    GGMLQuantizationType.Q5_0, _LAYOUT_q5_0, _matvec_q5_0, _matvec_multi_q5_0,
-    _matvec3_q5_0, _dequant_q5_0, _get_rows_q5_0,
+    GGMLQuantizationType.Q5_0, _LAYOUT_q5_0, _matvec_multi_q5_0, _matvec3_q5_0, _dequant_q5_0
 )

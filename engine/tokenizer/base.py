@@ -223,7 +223,7 @@ class Tokenizer:
         special_ids = [i for i, a in enumerate(self.attrs) if a & _SPECIAL_ATTRS]
         special_ids.sort(key=lambda i: -len(self.tokens[i].encode("utf-8", "surrogatepass")))
         self.special_ids: tuple[int, ...] = tuple(special_ids)
-        self._special_trie: dict | None = None
+        self._special_groups: tuple | None = None
         self._piece_cache: list[bytes | None] = [None] * n
 
     # --- vocabulary set-up --------------------------------------------------------------------
@@ -340,38 +340,49 @@ class Tokenizer:
         raise NotImplementedError
 
     def _special_candidates(self, text: str, parse_special: bool) -> set[int]:
-        """Special tokens that occur somewhere in `text` (any position, overlaps included)."""
-        if self._special_trie is None:
-            trie: dict = {}
+        """Special tokens that occur somewhere in `text` (any position, overlaps included).
+
+        Tokens are grouped by their first two characters; a group is only looked at when its
+        head occurs. Small groups are checked with `in` (C speed, whatever the input), large
+        ones (e.g. Gemma's 6000 <unusedN>) by walking a trie from each occurrence of the head.
+        """
+        if self._special_groups is None:
+            groups: dict[str, list[int]] = {}
             for i in self.special_ids:
-                node = trie
-                for ch in self.tokens[i]:
-                    node = node.setdefault(ch, {})
-                node.setdefault(None, []).append(i)
-            # where a special token may start: any of their first two characters (lookahead, overlapping)
-            heads = sorted({self.tokens[i][:2] for i in self.special_ids}, key=len, reverse=True)
-            self._special_heads = regex.compile(
-                "(?=" + "|".join(regex.escape(h, special_only=False) for h in heads) + ")") if heads else None
-            self._special_trie = trie
-        trie, heads = self._special_trie, self._special_heads
+                groups.setdefault(self.tokens[i][:2], []).append(i)
+            tries = {}
+            for head, ids in groups.items():
+                if len(ids) > 32:
+                    trie: dict = {}
+                    for i in ids:
+                        node = trie
+                        for ch in self.tokens[i]:
+                            node = node.setdefault(ch, {})
+                        node.setdefault(None, []).append(i)
+                    tries[head] = trie
+            self._special_groups = (groups, tries)
+        groups, tries = self._special_groups
         found: set[int] = set()
-        if heads is None:
-            return found
         n = len(text)
-        for m in heads.finditer(text):
-            k = m.start()
-            node = trie[text[k]]
-            k += 1
-            while True:
-                ids = node.get(None)
-                if ids:
-                    found.update(ids)
-                if k >= n:
-                    break
-                node = node.get(text[k])
-                if node is None:
-                    break
-                k += 1
+        for head, ids in groups.items():
+            if head not in text:
+                continue
+            if head not in tries:
+                found.update(i for i in ids if self.tokens[i] in text)
+                continue
+            trie = tries[head]
+            pos = text.find(head)
+            while pos >= 0:
+                node, k = trie, pos
+                while node is not None:
+                    hit = node.get(None)
+                    if hit:
+                        found.update(hit)
+                    if k >= n:
+                        break
+                    node = node.get(text[k])
+                    k += 1
+                pos = text.find(head, pos + 1)
         if not parse_special:
             found = {i for i in found if not self.attrs[i] & _HIDDEN_ATTRS}
         return found
@@ -380,43 +391,54 @@ class Tokenizer:
         """tokenizer_st_partition: [(start, end) text spans and int token ids] in order.
 
         Special tokens are applied longest first over all remaining text, each splitting every
-        fragment at its leftmost occurrences, exactly as llama.cpp does.
+        text fragment at its leftmost occurrences, exactly as llama.cpp does.
         """
         fragments: list = [(0, len(text))]
         if not self.special_ids:
             return fragments
         candidates = self._special_candidates(text, parse_special)
-        if not candidates:
-            return fragments
+        text_idx = [0]  # positions of the text fragments in `fragments`
         for sid in (i for i in self.special_ids if i in candidates):
             tok = self.tokens[sid]
-            attr = self.attrs[sid]
+            n_tok = len(tok)
+            hits = [i for i in text_idx if fragments[i][1] - fragments[i][0] >= n_tok
+                    and text.find(tok, fragments[i][0], fragments[i][1]) >= 0]
+            if not hits:
+                continue
             new: list = []
-            for frag in fragments:
-                if isinstance(frag, int):
-                    new.append(frag)
-                    continue
-                start, end = frag
-                while True:
-                    match = text.find(tok, start, end)
-                    if match < 0:
-                        new.append((start, end))
-                        break
-                    left_end = match
-                    if attr & TokenAttr.LSTRIP:
-                        while left_end > start and text[left_end - 1] in _C_SPACE:
-                            left_end -= 1
-                    if left_end > start:
-                        new.append((start, left_end))
-                    new.append(sid)
-                    start = match + len(tok)
-                    if attr & TokenAttr.RSTRIP:
-                        while start < end and text[start] in _C_SPACE:
-                            start += 1
-                    if start >= end:
-                        break
+            prev = 0
+            for i in hits:
+                new.extend(fragments[prev:i])
+                self._split_fragment(text, fragments[i], sid, new)
+                prev = i + 1
+            new.extend(fragments[prev:])
             fragments = new
+            text_idx = [i for i, f in enumerate(fragments) if not isinstance(f, int)]
         return fragments
+
+    def _split_fragment(self, text: str, frag: tuple[int, int], sid: int, out: list) -> None:
+        """One fragment of llama.cpp's partition loop: split at each leftmost occurrence."""
+        tok = self.tokens[sid]
+        attr = self.attrs[sid]
+        start, end = frag
+        while True:
+            match = text.find(tok, start, end)
+            if match < 0:
+                out.append((start, end))
+                return
+            left_end = match
+            if attr & TokenAttr.LSTRIP:
+                while left_end > start and text[left_end - 1] in _C_SPACE:
+                    left_end -= 1
+            if left_end > start:
+                out.append((start, left_end))
+            out.append(sid)
+            start = match + len(tok)
+            if attr & TokenAttr.RSTRIP:
+                while start < end and text[start] in _C_SPACE:
+                    start += 1
+            if start >= end:
+                return
 
     # --- decode -------------------------------------------------------------------------------
     def _piece(self, token_id: int) -> bytes:

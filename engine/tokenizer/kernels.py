@@ -40,11 +40,20 @@ def _hash_span(a, s, e, h):
 
 
 @kernel
+def _slot(h, mask):
+    """Mix the FNV hash (its low bits alone are weak) and reduce it to a slot index."""
+    h ^= h >> np.uint64(33)
+    h *= np.uint64(0xFF51AFD7ED558CCD)
+    h ^= h >> np.uint64(33)
+    return np.int64(h & np.uint64(mask))
+
+
+@kernel
 def _build(data, offsets, slots):
     mask = slots.shape[0] - 1
     for k in range(offsets.shape[0] - 1):
         h = _hash_span(data, offsets[k], offsets[k + 1], _FNV_OFFSET)
-        j = np.int64(h & np.uint64(mask))
+        j = _slot(h, mask)
         while True:
             cur = slots[j]
             if cur < 0:
@@ -70,7 +79,7 @@ def _find(text, s, e, data, offsets, slots):
     """Index of text[s:e] in the table, or -1."""
     mask = slots.shape[0] - 1
     h = _hash_span(text, s, e, _FNV_OFFSET)
-    j = np.int64(h & np.uint64(mask))
+    j = _slot(h, mask)
     while True:
         k = slots[j]
         if k < 0:
@@ -87,7 +96,7 @@ def _find_pair(text, s, m, e, data, offsets, slots):
     h = _hash_span(text, s, m, _FNV_OFFSET)
     h = (h ^ np.uint64(32)) * _FNV_PRIME
     h = _hash_span(text, m, e, h)
-    j = np.int64(h & np.uint64(mask))
+    j = _slot(h, mask)
     n = e - s + 1
     while True:
         k = slots[j]
@@ -128,62 +137,66 @@ def _utf8_split(text, start, length):
     return count
 
 
-# A binary heap over parallel arrays. key: larger-is-better float (SPM score, or -rank for BPE);
-# ties go to the smaller left index, as llama.cpp's comparators do.
+# A binary min-heap of uint64 keys (priority << 32 | left index: llama.cpp's order, ties to the
+# leftmost pair) with an entry index alongside; entries hold (right, size) and are append-only.
 @kernel
-def _better(hk, hl, a, b):
-    return hk[a] > hk[b] or (hk[a] == hk[b] and hl[a] < hl[b])
-
-
-@kernel
-def _swap(hk, hl, hr, hs, a, b):
-    hk[a], hk[b] = hk[b], hk[a]
-    hl[a], hl[b] = hl[b], hl[a]
-    hr[a], hr[b] = hr[b], hr[a]
-    hs[a], hs[b] = hs[b], hs[a]
-
-
-@kernel
-def _push(hk, hl, hr, hs, n, key, left, right, size):
-    hk[n] = key
-    hl[n] = left
-    hr[n] = right
-    hs[n] = size
+def _push(hk, he, n, key, entry):
     i = n
     while i > 0:
         p = (i - 1) >> 1
-        if _better(hk, hl, i, p):
-            _swap(hk, hl, hr, hs, i, p)
+        if key < hk[p]:
+            hk[i] = hk[p]
+            he[i] = he[p]
             i = p
         else:
             break
+    hk[i] = key
+    he[i] = entry
     return n + 1
 
 
 @kernel
-def _pop(hk, hl, hr, hs, n):
-    """Moves the best entry to index n-1 and restores the heap on [0, n-1); returns n-1."""
+def _pop(hk, he, n):
+    """Removes the smallest key; returns (its entry, left index, new size)."""
+    entry = he[0]
+    left = np.int64(hk[0] & np.uint64(0xFFFFFFFF))
     n -= 1
-    _swap(hk, hl, hr, hs, 0, n)
+    key = hk[n]
+    e = he[n]
     i = 0
     while True:
-        a = 2 * i + 1
-        if a >= n:
+        c = 2 * i + 1
+        if c >= n:
             break
-        b = a + 1
-        c = b if b < n and _better(hk, hl, b, a) else a
-        if _better(hk, hl, c, i):
-            _swap(hk, hl, hr, hs, c, i)
+        if c + 1 < n and hk[c + 1] < hk[c]:
+            c += 1
+        if hk[c] < key:
+            hk[i] = hk[c]
+            he[i] = he[c]
             i = c
         else:
             break
-    return n
+    if n > 0:
+        hk[i] = key
+        he[i] = e
+    return entry, left, n
 
 
 @kernel
-def _merge(text, is_bpe, vocab_data, vocab_off, vocab_slots, pair_data, pair_off, pair_slots, scores):
-    """Shared merge loop. SPM: pair key = vocab id of the concatenation, priority = its score.
-    BPE: pair key = merge rank of "left right", priority = -rank. Returns symbol (start, length)."""
+def _pair(text, start, length, a, b, is_bpe, vocab_data, vocab_off, vocab_slots, pair_data, pair_off,
+          pair_slots):
+    """Priority index of merging symbols a and b (SPM: vocab id; BPE: merge rank), or -1."""
+    s = start[a]
+    e = start[b] + length[b]
+    if is_bpe:
+        return _find_pair(text, s, start[b], e, pair_data, pair_off, pair_slots)
+    return _find(text, s, e, vocab_data, vocab_off, vocab_slots)
+
+
+@kernel
+def _merge(text, is_bpe, vocab_data, vocab_off, vocab_slots, pair_data, pair_off, pair_slots, prio):
+    """Shared merge loop. `prio[k]` orders pair k (smaller first): SPM, the score, descending;
+    BPE, the merge rank. Returns the final symbols as (start, length) arrays."""
     n_bytes = text.shape[0]
     start = np.empty(n_bytes, np.int64)
     length = np.empty(n_bytes, np.int64)
@@ -196,27 +209,24 @@ def _merge(text, is_bpe, vocab_data, vocab_off, vocab_slots, pair_data, pair_off
     if n > 0:
         nxt[n - 1] = -1
     cap = 3 * n + 3
-    hk = np.empty(cap, np.float64)
-    hl = np.empty(cap, np.int64)
-    hr = np.empty(cap, np.int64)
-    hs = np.empty(cap, np.int64)
+    hk = np.empty(cap, np.uint64)
+    he = np.empty(cap, np.int64)
+    er = np.empty(cap, np.int64)
+    es = np.empty(cap, np.int64)
     h = 0
+    m = 0
     for i in range(n - 1):
-        s = start[i]
-        e = start[i + 1] + length[i + 1]
-        if is_bpe:
-            k = _find_pair(text, s, start[i + 1], e, pair_data, pair_off, pair_slots)
-            if k >= 0:
-                h = _push(hk, hl, hr, hs, h, -float(k), i, i + 1, e - s)
-        else:
-            k = _find(text, s, e, vocab_data, vocab_off, vocab_slots)
-            if k >= 0:
-                h = _push(hk, hl, hr, hs, h, float(scores[k]), i, i + 1, e - s)
+        k = _pair(text, start, length, i, i + 1, is_bpe, vocab_data, vocab_off, vocab_slots, pair_data,
+                  pair_off, pair_slots)
+        if k >= 0:
+            er[m] = i + 1
+            es[m] = length[i] + length[i + 1]
+            h = _push(hk, he, h, (prio[k] << np.uint64(32)) | np.uint64(i), m)
+            m += 1
     while h > 0:
-        h = _pop(hk, hl, hr, hs, h)
-        left = hl[h]
-        right = hr[h]
-        if length[left] == 0 or length[right] == 0 or length[left] + length[right] != hs[h]:
+        entry, left, h = _pop(hk, he, h)
+        right = er[entry]
+        if length[left] == 0 or length[right] == 0 or length[left] + length[right] != es[entry]:
             continue
         length[left] += length[right]
         length[right] = 0
@@ -224,31 +234,33 @@ def _merge(text, is_bpe, vocab_data, vocab_off, vocab_slots, pair_data, pair_off
         nxt[left] = nr
         if nr >= 0:
             prv[nr] = left
-        for side in range(2):
-            a = prv[left] if side == 0 else left
-            b = left if side == 0 else nr
-            if a < 0 or b < 0:
-                continue
-            s = start[a]
-            e = start[b] + length[b]
-            if is_bpe:
-                k = _find_pair(text, s, start[b], e, pair_data, pair_off, pair_slots)
-                if k >= 0:
-                    h = _push(hk, hl, hr, hs, h, -float(k), a, b, e - s)
-            else:
-                k = _find(text, s, e, vocab_data, vocab_off, vocab_slots)
-                if k >= 0:
-                    h = _push(hk, hl, hr, hs, h, float(scores[k]), a, b, e - s)
+        pl = prv[left]
+        if pl >= 0:
+            k = _pair(text, start, length, pl, left, is_bpe, vocab_data, vocab_off, vocab_slots, pair_data,
+                      pair_off, pair_slots)
+            if k >= 0:
+                er[m] = left
+                es[m] = length[pl] + length[left]
+                h = _push(hk, he, h, (prio[k] << np.uint64(32)) | np.uint64(pl), m)
+                m += 1
+        if nr >= 0:
+            k = _pair(text, start, length, left, nr, is_bpe, vocab_data, vocab_off, vocab_slots, pair_data,
+                      pair_off, pair_slots)
+            if k >= 0:
+                er[m] = nr
+                es[m] = length[left] + length[nr]
+                h = _push(hk, he, h, (prio[k] << np.uint64(32)) | np.uint64(left), m)
+                m += 1
     out_s = np.empty(n, np.int64)
     out_n = np.empty(n, np.int64)
-    m = 0
+    c = 0
     i = 0 if n > 0 else -1
     while i != -1:
-        out_s[m] = start[i]
-        out_n[m] = length[i]
-        m += 1
+        out_s[c] = start[i]
+        out_n[c] = length[i]
+        c += 1
         i = nxt[i]
-    return out_s[:m], out_n[:m]
+    return out_s[:c], out_n[:c]
 
 
 @kernel
@@ -276,16 +288,24 @@ def _ids(text, sym_s, sym_n, vocab_data, vocab_off, vocab_slots, byte_ids, is_bp
     return out[:m]
 
 
-def merge_spm(data: bytes, vocab: ByteTable, scores: np.ndarray, byte_ids: np.ndarray) -> list[int]:
+def score_priority(scores) -> np.ndarray:
+    """uint32 keys (as uint64) that sort float32 scores from highest to lowest."""
+    bits = (0.0 - np.asarray(scores, dtype=np.float32)).astype(np.float32).view(np.uint32).astype(np.uint64)
+    neg = (bits & np.uint64(0x80000000)) != 0
+    return np.where(neg, ~bits & np.uint64(0xFFFFFFFF), bits | np.uint64(0x80000000))
+
+
+def merge_spm(data: bytes, vocab: ByteTable, prio: np.ndarray, byte_ids: np.ndarray) -> list[int]:
+    """SPM merge of `data` (spaces already '▁'); `prio` from score_priority(scores)."""
     text = np.frombuffer(data, dtype=np.uint8)
     s, n = _merge(text, False, vocab.data, vocab.offsets, vocab.slots, vocab.data, vocab.offsets,
-                  vocab.slots, scores)
+                  vocab.slots, prio)
     return _ids(text, s, n, vocab.data, vocab.offsets, vocab.slots, byte_ids, False).tolist()
 
 
 def merge_bpe(data: bytes, vocab: ByteTable, merges: ByteTable) -> list[int]:
     text = np.frombuffer(data, dtype=np.uint8)
-    dummy = np.zeros(1, np.float32)
+    prio = np.arange(len(merges.offsets) - 1, dtype=np.uint64)
     s, n = _merge(text, True, vocab.data, vocab.offsets, vocab.slots, merges.data, merges.offsets,
-                  merges.slots, dummy)
+                  merges.slots, prio)
     return _ids(text, s, n, vocab.data, vocab.offsets, vocab.slots, np.zeros(256, np.int64), True).tolist()

@@ -96,7 +96,7 @@ class SPMTokenizer(Tokenizer):
         if self._kernel_tables is None:
             vocab = kernels.ByteTable([t.encode("utf-8", "surrogatepass") for t in self.tokens])
             byte_ids = np.array([-1 if t is None else t for t in self._byte_ids], dtype=np.int64)
-            self._kernel_tables = (vocab, np.asarray(self.scores, dtype=np.float32), byte_ids)
+            self._kernel_tables = (vocab, kernels.score_priority(self.scores), byte_ids)
         return kernels.merge_spm(data, *self._kernel_tables)
 
     def _merge(self, sym: list, vocab: dict, out: list[int]) -> None:

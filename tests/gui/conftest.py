@@ -11,7 +11,6 @@ import pytest  # noqa: E402
 
 from .fake_engine import FakeEngine  # noqa: E402
 
-pytestmark = pytest.mark.gui
 
 
 @pytest.fixture

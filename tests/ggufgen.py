@@ -1,0 +1,152 @@
+"""Tiny random GGUF models for fast tests: every supported architecture, a real tokenizer.
+
+`write_tiny_model(path, arch=...)` writes a 2-layer model (dim 64, vocab ~300) with a gpt2
+byte-level BPE vocabulary (llama, qwen2, qwen3) or a SentencePiece-style one (gemma3), and a
+chat template, using gguf.GGUFWriter as a real converter would.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFWriter
+from gguf.quants import quantize
+
+CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content']"
+    " + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def _bpe_vocab():
+    b2u = _bytes_to_unicode()
+    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    types = [3, 3, 3]  # control
+    tokens += [b2u[b] for b in range(256)]
+    types += [1] * 256
+    merges = []
+    for a, b in [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("Ġ", "a"), ("e", "r"), ("o", "n"),
+                 ("Ġ", "s"), ("e", "n"), ("l", "l"), ("Ġ", "w"), ("o", "r")]:
+        merges.append(f"{a} {b}")
+        tokens.append(a + b)
+        types.append(1)
+    return tokens, types, merges
+
+
+def _spm_vocab():
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+    types = [3, 3, 3, 2, 3, 3]
+    scores = [0.0] * len(tokens)
+    tokens += [f"<0x{b:02X}>" for b in range(256)]
+    types += [6] * 256
+    scores += [0.0] * 256
+    pieces = ["▁", "▁t", "▁the", "he", "in", "▁a", "er", "on", "▁s", "en", "ll", "▁w", "or", "e", "t", "a", "o", "n", "s", "h", "l", "r", "w", "i"]
+    for i, p in enumerate(pieces):
+        tokens.append(p)
+        types.append(1)
+        scores.append(-float(i) - (0 if len(p) > 1 else 100))
+    return tokens, types, scores
+
+
+def write_tiny_model(path, arch: str = "llama", n_layer: int = 2, n_embd: int = 64, n_head: int = 4,
+                     n_head_kv: int = 2, n_ff: int = 128, head_dim: int | None = None,
+                     qtype: GGMLQuantizationType = GGMLQuantizationType.Q8_0, seed: int = 0,
+                     n_ctx_train: int = 256, chat_template: str | None = CHATML) -> Path:
+    """Write a random tiny model of `arch` to `path`; returns the path."""
+    path = Path(path)
+    rng = np.random.default_rng(seed)
+    head_dim = head_dim or n_embd // n_head
+    spm = arch == "gemma3"
+    tokens, types, extra = _spm_vocab() if spm else _bpe_vocab()
+    n_vocab = len(tokens)
+    w = GGUFWriter(str(path), arch)
+    w.add_name(f"tiny-{arch}")
+    w.add_block_count(n_layer)
+    w.add_context_length(n_ctx_train)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_layer_norm_rms_eps(1e-6 if spm else 1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_vocab_size(n_vocab)
+    if head_dim != n_embd // n_head or spm:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    if spm:
+        w.add_sliding_window(8)
+        w.add_tokenizer_model("llama")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(tokens)
+        w.add_token_scores(extra)
+        w.add_token_types(types)
+        w.add_bos_token_id(2)
+        w.add_eos_token_id(1)
+        w.add_unk_token_id(3)
+        w.add_pad_token_id(0)
+        w.add_add_bos_token(True)
+        w.add_add_space_prefix(False)
+    else:
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("smollm" if arch == "llama" else "qwen2")
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        w.add_token_merges(extra)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_pad_token_id(0)
+        w.add_add_bos_token(False)
+    if chat_template:
+        w.add_chat_template(chat_template)
+
+    def mat(name, rows, cols, scale=0.08):
+        data = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
+        if qtype == GGMLQuantizationType.F32:
+            w.add_tensor(name, data)
+        else:
+            w.add_tensor(name, quantize(data, qtype), raw_dtype=qtype)
+
+    def vec(name, n, base=1.0):
+        w.add_tensor(name, (base + 0.05 * rng.standard_normal(n)).astype(np.float32))
+
+    q_dim, kv_dim = n_head * head_dim, n_head_kv * head_dim
+    mat("token_embd.weight", n_vocab, n_embd, 0.5)
+    vec("output_norm.weight", n_embd)
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        vec(p + "attn_norm.weight", n_embd)
+        mat(p + "attn_q.weight", q_dim, n_embd)
+        mat(p + "attn_k.weight", kv_dim, n_embd)
+        mat(p + "attn_v.weight", kv_dim, n_embd)
+        mat(p + "attn_output.weight", n_embd, q_dim)
+        vec(p + "ffn_norm.weight", n_embd)
+        mat(p + "ffn_gate.weight", n_ff, n_embd)
+        mat(p + "ffn_up.weight", n_ff, n_embd)
+        mat(p + "ffn_down.weight", n_embd, n_ff)
+        if arch == "qwen2":
+            for t, n in (("attn_q", q_dim), ("attn_k", kv_dim), ("attn_v", kv_dim)):
+                vec(p + t + ".bias", n, 0.0)
+        if arch in ("qwen3", "gemma3"):
+            vec(p + "attn_q_norm.weight", head_dim)
+            vec(p + "attn_k_norm.weight", head_dim)
+        if arch == "gemma3":
+            vec(p + "post_attention_norm.weight", n_embd)
+            vec(p + "post_ffw_norm.weight", n_embd)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

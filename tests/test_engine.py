@@ -1,0 +1,196 @@
+"""The forward pass against an independent numpy oracle, batch/KV semantics, memory, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.batch import Batch
+from engine.context import Context, ContextParams
+from engine.errors import ContextOverflowError, EngineError, UnsupportedArchError
+from engine.memory import estimate_memory
+from engine.model import load_model
+from engine.quants.reference import dequant_ref
+
+
+def _w(t):
+    return dequant_ref(t.raw, t.qtype).astype(np.float64)
+
+
+def _rms(x, w, eps):
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+
+def _rope(x, pos, n_rot, base, neox):  # x (T, H, D)
+    x = x.copy()
+    half = n_rot // 2
+    freqs = base ** (-np.arange(half) * 2.0 / n_rot)
+    ang = pos[:, None] * freqs[None]  # (T, half)
+    c, s = np.cos(ang)[:, None], np.sin(ang)[:, None]
+    i0 = np.arange(half) if neox else np.arange(half) * 2
+    i1 = i0 + half if neox else i0 + 1
+    a, b = x[:, :, i0].copy(), x[:, :, i1].copy()
+    x[:, :, i0], x[:, :, i1] = a * c - b * s, a * s + b * c
+    return x
+
+
+def oracle_logits(model, tokens):
+    """Plain float64 numpy forward of one sequence from position 0 (all logits)."""
+    cfg, W = model.cfg, model.weights
+    T = len(tokens)
+    pos = np.arange(T, dtype=np.float64)
+    x = _w(W.token_embd)[tokens] * cfg.embed_scale
+    H, G, D = cfg.n_head, cfg.n_head_kv, cfg.head_dim
+    for il, lw in enumerate(W.layers):
+        h = _rms(x, lw.attn_norm, cfg.norm_eps)
+        q, k, v = h @ _w(lw.attn_q).T, h @ _w(lw.attn_k).T, h @ _w(lw.attn_v).T
+        if lw.attn_q_bias is not None:
+            q, k, v = q + lw.attn_q_bias, k + lw.attn_k_bias, v + lw.attn_v_bias
+        q, k, v = q.reshape(T, H, D), k.reshape(T, G, D), v.reshape(T, G, -1)
+        if lw.attn_q_norm is not None:
+            q, k = _rms(q, lw.attn_q_norm, cfg.norm_eps), _rms(k, lw.attn_k_norm, cfg.norm_eps)
+        base = cfg.layer_rope_base(il)
+        q, k = _rope(q, pos, cfg.rope_dim, base, cfg.rope_neox), _rope(k, pos, cfg.rope_dim, base, cfg.rope_neox)
+        win = cfg.layer_window(il)
+        out = np.zeros((T, H, v.shape[-1]))
+        for t in range(T):
+            lo = max(0, t - win + 1) if win else 0
+            for hh in range(H):
+                g = hh // (H // G)
+                s = k[lo : t + 1, g] @ q[t, hh] * cfg.kq_scale
+                p = np.exp(s - s.max())
+                out[t, hh] = (p / p.sum()) @ v[lo : t + 1, g]
+        o = out.reshape(T, -1) @ _w(lw.attn_output).T
+        if lw.post_attention_norm is not None:
+            o = _rms(o, lw.post_attention_norm, cfg.norm_eps)
+        x = x + o
+        h = _rms(x, lw.ffn_norm, cfg.norm_eps)
+        g, u = h @ _w(lw.ffn_gate).T, h @ _w(lw.ffn_up).T
+        if cfg.act == "gelu":
+            a = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g**3)))
+        else:
+            a = g / (1 + np.exp(-g))
+        d = (a * u) @ _w(lw.ffn_down).T
+        if lw.post_ffw_norm is not None:
+            d = _rms(d, lw.post_ffw_norm, cfg.norm_eps)
+        x = x + d
+    return _rms(x, W.output_norm, cfg.norm_eps) @ _w(W.output).T
+
+
+def _close(a, b, tol=2e-3):
+    err = np.abs(a - b).max() / np.abs(b).max()
+    assert err < tol, f"max relative error {err:.2e}"
+
+
+TOKENS = [5, 17, 42, 9, 100, 3, 77, 250, 31, 8, 64, 200, 12, 7, 150, 99, 23, 45, 61, 2, 11, 19]
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_arch_path):
+    return load_model(tiny_arch_path)
+
+
+def test_prefill_matches_oracle(tiny):
+    ctx = Context(tiny, ContextParams(n_ctx=64, type_k="f32", type_v="f32"))
+    logits = ctx.decode(Batch.for_sequence(TOKENS, 0, logits_all=True))
+    _close(logits, oracle_logits(tiny, TOKENS))
+
+
+def test_decode_token_by_token_matches_prefill(tiny):
+    ctx = Context(tiny, ContextParams(n_ctx=64))
+    full = ctx.decode(Batch.for_sequence(TOKENS, 0, logits_all=True))
+    ctx.kv.clear()
+    steps = np.stack([ctx.decode(Batch.for_sequence([t], i))[0] for i, t in enumerate(TOKENS)])
+    _close(steps, full, 5e-3)
+
+
+def test_small_ubatches_match_one_pass(tiny):
+    one = Context(tiny, ContextParams(n_ctx=64)).decode(Batch.for_sequence(TOKENS, 0, logits_all=True))
+    ctx = Context(tiny, ContextParams(n_ctx=64, n_ubatch=5))
+    _close(ctx.decode(Batch.for_sequence(TOKENS, 0, logits_all=True)), one, 5e-3)
+
+
+def test_mixed_batch_matches_separate_sequences(tiny):
+    ctx = Context(tiny, ContextParams(n_ctx=128, n_seq_max=2))
+    ctx.decode(Batch.for_sequence(TOKENS[:10], 0, seq_id=0))
+    # one batch: a decode token of seq 0 and a 20-token prompt chunk of seq 1
+    mixed = Batch.concat([Batch.for_sequence([TOKENS[10]], 10, seq_id=0), Batch.for_sequence(TOKENS[:20], 0, seq_id=1)])
+    out = ctx.decode(mixed)
+    ref = Context(tiny, ContextParams(n_ctx=64)).decode(Batch.for_sequence(TOKENS[:20], 0, logits_all=True))
+    _close(out[0], ref[10], 5e-3)
+    _close(out[1], ref[19], 5e-3)
+
+
+def test_seq_cp_reuses_prefix(tiny):
+    ctx = Context(tiny, ContextParams(n_ctx=128, n_seq_max=2))
+    ref = ctx.decode(Batch.for_sequence(TOKENS, 0, logits_all=True))
+    ctx.kv.seq_cp(0, 1, 0, 12)
+    assert ctx.kv.seq_len(1) == 12
+    out = ctx.decode(Batch.for_sequence(TOKENS[12:], 12, seq_id=1, logits_all=True))
+    _close(out, ref[12:], 5e-3)
+
+
+def test_seq_rm_then_redecode(tiny):
+    ctx = Context(tiny, ContextParams(n_ctx=64))
+    ref = ctx.decode(Batch.for_sequence(TOKENS, 0, logits_all=True))
+    ctx.kv.seq_rm(0, 15)
+    assert ctx.kv.seq_len(0) == 15
+    _close(ctx.decode(Batch.for_sequence(TOKENS[15:], 15, logits_all=True)), ref[15:], 5e-3)
+
+
+def test_context_shift_rerotates_keys(tiny):
+    """After dropping positions 4..9, layer-0 keys of the moved tokens equal keys computed
+    fresh at their new positions (deeper layers legitimately remember the dropped tokens)."""
+    p = ContextParams(n_ctx=64, type_k="f32", type_v="f32")
+    ctx = Context(tiny, p)
+    ctx.decode(Batch.for_sequence(TOKENS[:16], 0))
+    v_before = ctx.kv.v[1][0, 10:16].copy()
+    ctx.kv.seq_shift_discard(0, 4, 6)  # keep 0..3, drop 4..9, move 10..15 to 4..9
+    assert ctx.kv.seq_len(0) == 10
+    fresh = Context(tiny, p)
+    fresh.decode(Batch.for_sequence(TOKENS[:4] + TOKENS[10:16], 0))
+    np.testing.assert_allclose(ctx.kv.k[0][0, :10], fresh.kv.k[0][0, :10], rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(ctx.kv.v[1][0, 4:10], v_before)
+    ctx.decode(Batch.for_sequence([TOKENS[16]], 10))  # and decoding continues at position 10
+    assert ctx.kv.seq_len(0) == 11
+
+
+def test_memory_report_matches_estimate(tiny):
+    p = ContextParams(n_ctx=96, n_seq_max=3, n_ubatch=32)
+    ctx = Context(tiny, p)
+    ctx.decode(Batch.for_sequence(TOKENS[:7], 0, seq_id=1))
+    rep = ctx.memory_report()
+    est = estimate_memory(tiny.cfg, tiny.weights_bytes, len(tiny.gguf.tensors), n_ctx=96, n_seq_max=3, n_ubatch=32)
+    assert rep.kv_bytes == est.kv_bytes == ctx.kv.nbytes > 0
+    assert rep.compute_bytes == est.compute_bytes == ctx.buf.nbytes
+    assert rep.kv_per_seq_used[1] == 7 * ctx.kv.bytes_per_pos and rep.kv_per_seq_used[0] == 0
+    assert rep.weights_bytes == tiny.gguf.tensor_data_bytes
+    f32 = estimate_memory(tiny.cfg, 0, 0, n_ctx=96, n_seq_max=3, type_k="f32", type_v="f32")
+    assert f32.kv_bytes == 2 * est.kv_bytes
+
+
+def test_bad_batches_are_clear_errors(tiny):
+    ctx = Context(tiny, ContextParams(n_ctx=32, n_seq_max=2))
+    with pytest.raises(EngineError, match="token id"):
+        ctx.decode(Batch.for_sequence([tiny.cfg.n_vocab], 0))
+    with pytest.raises(EngineError, match="positions must continue"):
+        ctx.decode(Batch.for_sequence([1, 2], 3))
+    with pytest.raises(EngineError, match="sequence id"):
+        ctx.decode(Batch.for_sequence([1], 0, seq_id=2))
+    with pytest.raises(ContextOverflowError, match="exceed"):
+        ctx.decode(Batch.for_sequence(list(range(5, 25)), 0))
+    with pytest.raises(EngineError, match="empty"):
+        ctx.decode(Batch.concat([]))
+    with pytest.raises(EngineError, match="cache type"):
+        Context(tiny, ContextParams(n_ctx=32, type_k="q4_0"))
+
+
+def test_unknown_architecture_is_clear_error(tmp_path):
+    from ggufgen import write_tiny_model
+
+    path = write_tiny_model(tmp_path / "x.gguf", arch="llama")
+    data = path.read_bytes().replace(b"llama", b"zzzzz")
+    bad = tmp_path / "bad-arch.gguf"
+    bad.write_bytes(data)
+    with pytest.raises(UnsupportedArchError, match="zzzzz"):
+        load_model(bad)

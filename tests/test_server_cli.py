@@ -1,0 +1,61 @@
+"""`ggstation serve` flags: llama-server names, defaults, LLAMA_ARG_* variables, ignored and
+refused flags (parsing only; test_server_process.py runs the command)."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.cli import build_parser
+
+
+def parse(argv, monkeypatch=None, env=None):
+    if monkeypatch is not None:
+        for k, v in (env or {}).items():
+            monkeypatch.setenv(k, v)
+    return build_parser().parse_args(["serve", *argv])
+
+
+def test_serve_cli_llama_server_defaults():
+    a = parse(["-m", "x.gguf"])
+    assert (a.host, a.port, a.parallel, a.slots, a.cache_prompt) == ("127.0.0.1", 8080, -1, True, True)
+    assert a.api_key == [] and a.metrics is False and a.embedding is False and a.ignored == []
+
+
+def test_serve_cli_accepts_unimplemented_flags_as_ignored():
+    argv = ["-m", "x.gguf", "-ngl", "99", "-fa", "on", "--mlock", "--no-mmap", "--lora", "a.gguf",
+            "-ts", "3,1", "-cb", "--numa", "distribute", "--control-vector-layer-range", "1", "4",
+            "--flash-attn", "-sm", "row", "--jinja", "--threads-http", "4", "--no-webui", "-ctxcp", "8"]
+    a = parse(argv)
+    assert {"-ngl", "-fa", "--mlock", "--no-mmap", "--lora", "-ts", "-cb", "--numa",
+            "--control-vector-layer-range", "--flash-attn", "-sm", "--no-webui"} <= set(a.ignored)
+
+
+def test_serve_cli_downloads_are_refused():
+    assert parse(["-hf", "org/model"]).refused == ["-hf"]
+    assert parse(["--model-url", "http://x"]).refused == ["--model-url"]
+
+
+def test_serve_cli_env_vars_are_defaults(monkeypatch):
+    env = {"LLAMA_ARG_PORT": "9999", "LLAMA_ARG_N_PARALLEL": "2", "LLAMA_ARG_ENDPOINT_METRICS": "1",
+           "LLAMA_API_KEY": "a,b", "LLAMA_ARG_ENDPOINT_SLOTS": "false", "LLAMA_ARG_CTX_SIZE": "2048",
+           "LLAMA_ARG_MODEL": "m.gguf"}
+    a = parse([], monkeypatch, env)
+    assert (a.port, a.parallel, a.metrics, a.slots, a.ctx_size, a.model) == (9999, 2, True, False, 2048, "m.gguf")
+    assert a.api_key == ["a", "b"]
+    assert parse(["--port", "1234"]).port == 1234  # the command line wins
+
+
+def test_serve_cli_bad_env_var_reported_at_run(monkeypatch):
+    a = parse([], monkeypatch, {"LLAMA_ARG_PORT": "not-a-port"})
+    assert a.env_error and "invalid LLAMA_ARG_" in a.env_error
+
+
+def test_serve_cli_run_rejects_bad_input(monkeypatch):
+    from engine.errors import EngineError
+
+    a = parse(["-hf", "x/y"])
+    with pytest.raises(EngineError, match="not supported"):
+        a.run(a)
+    a = parse([])
+    with pytest.raises(EngineError, match="no model given"):
+        a.run(a)
