@@ -50,9 +50,14 @@ class LlmFileInfo:
     has_chat_template: bool = False
     tokenizer: str = ""
     error: str | None = None
+    quant: str = ""  # the quantised type most tensors use (what the file name says)
+    title: str = ""  # general.name from the metadata
+    template_name: str = ""  # the chat template family the engine detected (or its fallback)
 
     @property
     def main_quant(self) -> str:
+        if self.quant:
+            return self.quant
         return max(self.quant_mix, key=self.quant_mix.get) if self.quant_mix else "?"
 
 
@@ -267,30 +272,9 @@ class _StepStream:
         self._handle.cancel()
 
 
-class _FallbackTemplate:
-    """Used only while engine.tokenizer.chat_template is missing: the GGUF's own Jinja template,
-    else ChatML. The engine's ChatTemplate replaces this as soon as it is importable."""
-
-    def __init__(self, gguf: Any):
-        self.source = gguf.metadata.get("tokenizer.chat_template", "") or ""
-
-    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        if self.source:
-            import jinja2
-
-            env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
-            return env.from_string(self.source).render(
-                messages=messages, add_generation_prompt=add_generation_prompt,
-                bos_token="", eos_token="")
-        text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
-        return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
-
-
 def _chat_template(gguf: Any) -> Any:
-    try:
-        from engine.tokenizer.chat_template import ChatTemplate
-    except ImportError:
-        return _FallbackTemplate(gguf)
+    from engine.tokenizer.chat_template import ChatTemplate
+
     return ChatTemplate.from_gguf(gguf, override=None)
 
 
@@ -309,6 +293,7 @@ class LlmSession:
         self.sha256 = sha256
         self._template = _chat_template(llm.gguf)
         self.template_source = getattr(self._template, "source", "") or ""
+        self.template_name = getattr(self._template, "name", "") or ""
 
     def layers(self) -> list[TensorRow]:
         rows = [
@@ -341,7 +326,8 @@ class LlmSession:
             min_p=sampling.min_p, repeat_penalty=sampling.repeat_penalty, seed=sampling.seed,
         )
         request = GenerationRequest(prompt=self._tokens(messages), params=sp,
-                                    n_predict=sampling.max_tokens)
+                                    n_predict=sampling.max_tokens,
+                                    stop=tuple(getattr(self._template, "stop_strings", ()) or ()))
         return _StepStream(self.scheduler.submit(request))
 
     def start_server(self, settings: ServerSettings, on_log: Callable[[str], None]) -> ServerHandle:
@@ -364,49 +350,31 @@ class EngineAdapter:
     """Calls the engine's public API. Every method may block: call it from a worker thread."""
 
     def __init__(self) -> None:
-        self._configs: dict[str, tuple[Any, int, int]] = {}  # path -> (cfg, weights_bytes, n_tensors)
+        self._infos: dict[str, Any] = {}  # path -> engine.model_info.ModelInfo (header only)
 
-    def _read(self, path: str) -> tuple[Any, Any]:
-        from engine.gguf_file import GGUFFile
-        from engine.models import get_arch
+    def _model_info(self, path: str) -> Any:
+        from engine.model_info import inspect_model
 
-        f = GGUFFile(path)
-        cfg = get_arch(f.arch).config_from_gguf(f)
-        self._configs[path] = (cfg, f.tensor_data_bytes, len(f.tensors))
-        return f, cfg
+        info = self._infos[path] = inspect_model(path)
+        return info
 
     def inspect(self, path: str) -> LlmFileInfo:
-        f = None
-        try:
-            f, cfg = self._read(path)
-            mix: dict[str, int] = {}
-            for t in f.tensors.values():
-                mix[_qname(t.qtype)] = mix.get(_qname(t.qtype), 0) + int(t.nbytes)
-            n_params = sum(int(math.prod(t.shape)) for t in f.tensors.values())
-            return LlmFileInfo(
-                path=str(path), name=str(f.metadata.get("general.name") or Path(path).stem),
-                arch=cfg.arch, n_params=n_params, quant_mix=mix, file_size=_size(path),
-                n_ctx_train=int(cfg.n_ctx_train),
-                has_chat_template=bool(f.metadata.get("tokenizer.chat_template")),
-                tokenizer=str(f.metadata.get("tokenizer.ggml.model", "")),
-            )
-        except Exception as e:  # an unusable file is listed with its reason, never hidden
-            return LlmFileInfo(path=str(path), name=Path(path).stem, error=str(e), file_size=_size(path))
-        finally:
-            if f is not None:
-                f.close()
+        info = self._model_info(path)
+        name = Path(path).stem
+        if info.error:
+            return LlmFileInfo(path=str(path), name=name, file_size=int(info.file_size), error=info.error)
+        return LlmFileInfo(
+            path=str(path), name=name, title=info.name, arch=info.arch, n_params=int(info.n_params),
+            quant_mix=dict(info.quant_bytes), quant=_main_quant(info.quant_counts),
+            file_size=int(info.file_size), n_ctx_train=int(info.n_ctx_train),
+            has_chat_template=bool(info.has_chat_template),
+            template_name=str(info.chat_template_name or ""), tokenizer=str(info.tokenizer),
+        )
 
     def estimate(self, path: str, params: LoadParams) -> MemoryFigures:
-        from engine.memory import estimate_memory
-
-        if path not in self._configs:
-            f, _cfg = self._read(path)
-            f.close()
-        cfg, weights_bytes, n_tensors = self._configs[path]
-        report = estimate_memory(cfg, weights_bytes, n_tensors, n_ctx=params.n_ctx,
-                                 n_seq_max=params.n_seq_max, type_k=params.type_k,
-                                 type_v=params.type_k, n_ubatch=params.n_ubatch,
-                                 n_batch=params.n_batch)
+        info = self._infos.get(path) or self._model_info(path)
+        report = info.estimate(n_ctx=params.n_ctx, n_seq_max=params.n_seq_max, type_k=params.type_k,
+                               type_v=params.type_k, n_ubatch=params.n_ubatch, n_batch=params.n_batch)
         return MemoryFigures.from_report(report)
 
     def load(self, path: str, params: LoadParams, progress: ProgressFn,
@@ -465,6 +433,20 @@ class EngineAdapter:
 
     def backends(self, n_threads: int = 0) -> BackendInfo:
         return backend_info(n_threads)
+
+
+_FLOAT_TYPES = {"F32", "F16", "BF16", "F64"}
+
+
+def _main_quant(counts: dict[str, int]) -> str:
+    """The quantised types most tensors use ("Q5_0 / Q4_K"): embeddings are often kept at higher
+    precision and norms are F32, so neither total bytes nor all tensors name the quantisation."""
+    quantised = {k: v for k, v in counts.items() if k not in _FLOAT_TYPES} or counts
+    if not quantised:
+        return "?"
+    top = max(quantised.values())
+    ranked = sorted((k for k, v in quantised.items() if v >= 0.2 * top), key=lambda k: -quantised[k])
+    return " / ".join(ranked)
 
 
 def _size(path: str) -> int:

@@ -54,5 +54,6 @@ def replay_record(stats: dict) -> str:
     sampling = ", ".join(f"{k}={v}" for k, v in r.get("sampling", {}).items())
     return (
         f"model: {r.get('model')}\nsha256: {r.get('model_sha256')}\n"
-        f"template sha256: {r.get('template_sha256')}\nn_ctx: {r.get('n_ctx')}\n{sampling}"
+        f"template: {r.get('template', '')} (sha256 {r.get('template_sha256')})\n"
+        f"n_ctx: {r.get('n_ctx')}\n{sampling}"
     )

@@ -160,6 +160,7 @@ class MainWindow(QMainWindow):
 
     def on_ctx_server_started(self, handle) -> None:
         self._show_server(handle.url)
+        self.server_panel.set_running(handle.url, handle.port)
         self.server_panel.append_log(f"listening on {handle.url}")
 
     def on_ctx_server_failed(self, message: str) -> None:

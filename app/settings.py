@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field, fields
 from PySide6.QtCore import QSettings
 
 from .bridge import LoadParams, SamplingSettings, ServerSettings
+from .resources import resource_path
 
 BUILTIN_PRESETS: dict[str, SamplingSettings] = {
     "Balanced": SamplingSettings(),
@@ -41,20 +42,40 @@ class AppSettings:
 _NESTED = {"load": LoadParams, "sampling": SamplingSettings, "server": ServerSettings}
 
 
-def load_settings(qs: QSettings) -> AppSettings:
+def _apply(s: AppSettings, name: str, value) -> None:
+    if name in _NESTED:
+        cls = _NESTED[name]
+        known = {k: v for k, v in value.items() if k in cls.__dataclass_fields__}
+        value = cls(**{**asdict(getattr(s, name)), **known})
+    setattr(s, name, value)
+
+
+def default_settings() -> AppSettings:
+    """AppSettings with resources/default_settings.json applied (packagers may edit that file)."""
     s = AppSettings()
+    path = resource_path("default_settings.json")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    except ValueError:
+        data = {}
+    for f in fields(AppSettings):
+        if f.name in data:
+            try:
+                _apply(s, f.name, data[f.name])
+            except (TypeError, ValueError, AttributeError):
+                continue
+    return s
+
+
+def load_settings(qs: QSettings) -> AppSettings:
+    s = default_settings()
     for f in fields(AppSettings):
         raw = qs.value(f.name)
         if raw is None:
             continue
         try:
-            value = json.loads(raw)
-            if f.name in _NESTED:
-                cls = _NESTED[f.name]
-                known = {k: v for k, v in value.items() if k in cls.__dataclass_fields__}
-                value = cls(**known)
-            setattr(s, f.name, value)
-        except (TypeError, ValueError):
+            _apply(s, f.name, json.loads(raw))
+        except (TypeError, ValueError, AttributeError):
             continue  # a corrupt or outdated key keeps its default
     return s
 

@@ -152,7 +152,13 @@ class PullWorker(TaskWorker):
 
 
 class GenerationWorker(TaskWorker):
-    """Fits the conversation into the context, streams one reply, and reports its stats."""
+    """Fits the conversation into the context, streams one reply, and reports its stats.
+
+    Text and counts are sent to the GUI at most every EMIT_INTERVAL_MS (plus once at the end):
+    fewer queued events and relayouts leave the GIL to the engine thread.
+    """
+
+    EMIT_INTERVAL_MS = 40.0
 
     token_received = Signal(str)
     step_received = Signal(object)  # ReplyStep (counts and timings while streaming)
@@ -183,18 +189,28 @@ class GenerationWorker(TaskWorker):
         self._stream = stream = self._session.generate(messages, s)
         if self._cancel.is_set():
             stream.cancel()
+        pending, emitted_at = [], 0.0
         for step in stream:
             if step.text_delta:
                 ttft = ttft if ttft is not None else now_ms() - t0
-                self.token_received.emit(step.text_delta)
-            self.step_received.emit(step)
+                pending.append(step.text_delta)
+            if step.finish_reason or now_ms() - emitted_at >= self.EMIT_INTERVAL_MS:
+                self._flush(pending, step)
+                pending, emitted_at = [], now_ms()
             if step.finish_reason:
                 break
+        if pending:
+            self._flush(pending, step)
         if step is None:
             if not self._cancel.is_set():
                 raise AppError("The engine returned no tokens")
             step = ReplyStep("", "stopped", 0, 0)
         self.replied.emit(self._stats(step, ttft, s, dropped))
+
+    def _flush(self, pending: list[str], step: Any) -> None:
+        if pending:
+            self.token_received.emit("".join(pending))
+        self.step_received.emit(step)
 
     def _stats(self, step: Any, ttft: float | None, s: SamplingSettings, dropped: int) -> dict:
         tmpl = getattr(self._session, "template_source", "") or ""
@@ -206,6 +222,7 @@ class GenerationWorker(TaskWorker):
             "finish_reason": finish, "dropped_messages": dropped,
             "replay": {
                 "model": Path(self._session.path).name, "model_sha256": self._session.sha256,
+                "template": getattr(self._session, "template_name", ""),
                 "template_sha256": hashlib.sha256(tmpl.encode()).hexdigest()[:16],
                 "sampling": s.as_dict(), "n_ctx": self._session.n_ctx,
             },
@@ -217,7 +234,7 @@ class MemoryPoller(TaskWorker):
 
     polled = Signal(object)  # MemoryFigures
 
-    def __init__(self, session: Any, interval_s: float = 0.5):
+    def __init__(self, session: Any, interval_s: float = 1.0):
         super().__init__()
         self._session, self._interval = session, interval_s
 

@@ -11,14 +11,13 @@ import math
 import numpy as np
 from numba import prange
 
-from .jit import parallel_kernel
+from .jit import kernel, parallel_kernel
 
 # float16 bit pattern -> float32 (numba has no float16 scalar type on the CPU).
 F16_LUT = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
 
 
-@parallel_kernel
-def _rmsnorm(x, w, eps, out):  # x, out (T, E); w (E,)
+def _rmsnorm_py(x, w, eps, out):  # x, out (T, E); w (E,)
     T, E = x.shape
     for t in prange(T):
         ss = 0.0
@@ -31,11 +30,10 @@ def _rmsnorm(x, w, eps, out):  # x, out (T, E); w (E,)
 
 def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> None:
     """out = x / rms(x) * w, row-wise; x and out may be the same buffer."""
-    _rmsnorm(x, w, np.float32(eps), out)
+    (_rmsnorm_p if x.shape[0] >= PARALLEL_MIN_ROWS else _rmsnorm_s)(x, w, np.float32(eps), out)
 
 
-@parallel_kernel
-def _rope(x, pos, n_rot, base, scale, neox):  # x (T, H, D) in place; pos (T,)
+def _rope_py(x, pos, n_rot, base, scale, neox):  # x (T, H, D) in place; pos (T,)
     T, H, D = x.shape
     half = n_rot // 2
     for t in prange(T):
@@ -57,11 +55,11 @@ def _rope(x, pos, n_rot, base, scale, neox):  # x (T, H, D) in place; pos (T,)
 
 def rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, scale: float, neox: bool) -> None:
     """Rotate the first n_rot dims of every head of x (T, H, D) in place by token positions."""
-    _rope(x, pos, n_rot, float(base), float(scale), neox)
+    fn = _rope_p if x.shape[0] >= PARALLEL_MIN_ROWS else _rope_s
+    fn(x, pos, n_rot, float(base), float(scale), neox)
 
 
-@parallel_kernel
-def _swiglu(g, u, out):  # (T, F)
+def _swiglu_py(g, u, out):  # (T, F)
     T, F = g.shape
     for t in prange(T):
         for i in range(F):
@@ -69,8 +67,7 @@ def _swiglu(g, u, out):  # (T, F)
             out[t, i] = v / (1.0 + math.exp(-v)) * u[t, i]
 
 
-@parallel_kernel
-def _geglu(g, u, out):  # tanh-approximated GELU, as ggml_gelu
+def _geglu_py(g, u, out):  # tanh-approximated GELU, as ggml_gelu
     T, F = g.shape
     c = math.sqrt(2.0 / math.pi)
     for t in prange(T):
@@ -79,8 +76,21 @@ def _geglu(g, u, out):  # tanh-approximated GELU, as ggml_gelu
             out[t, i] = 0.5 * v * (1.0 + math.tanh(c * (v + 0.044715 * v * v * v))) * u[t, i]
 
 
+_rmsnorm_s, _rmsnorm_p = kernel(_rmsnorm_py), parallel_kernel(_rmsnorm_py)
+_rope_s, _rope_p = kernel(_rope_py), parallel_kernel(_rope_py)
+_swiglu_s, _swiglu_p = kernel(_swiglu_py), parallel_kernel(_swiglu_py)
+_geglu_s, _geglu_p = kernel(_geglu_py), parallel_kernel(_geglu_py)
+
+# Below this many rows a parallel region costs more than it saves (thread wake-up).
+PARALLEL_MIN_ROWS = 8
+
+
 def gated_act(act: str, g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
-    (_geglu if act == "gelu" else _swiglu)(g, u, out)
+    big = g.shape[0] >= PARALLEL_MIN_ROWS
+    if act == "gelu":
+        (_geglu_p if big else _geglu_s)(g, u, out)
+    else:
+        (_swiglu_p if big else _swiglu_s)(g, u, out)
 
 
 @parallel_kernel

@@ -40,10 +40,6 @@ class SchedulerStoppedError(EngineError):
     """The scheduler is shutting down and accepts no new requests."""
 
 
-class RequestCancelledError(EngineError):
-    """Raised to a consumer that keeps reading a cancelled request."""
-
-
 class SlotState(enum.Enum):
     IDLE = "idle"
     PROMPT = "prompt"

@@ -65,10 +65,12 @@ def main():
         f = GGUFFile(path)
         total_t, total_macs, per_type = 0.0, 0, {}
         names = [n for n, ti in f.tensors.items() if len(ti.shape) == 2]
-        for tn in names:
-            w = f.qtensor(tn)
-            x = np.random.default_rng(0).standard_normal(w.n_cols).astype(np.float32)
-            out = np.empty(w.n_rows, np.float32)
+        ws = {tn: f.qtensor(tn) for tn in names}
+        xs = {w.n_cols: np.random.default_rng(0).standard_normal(w.n_cols).astype(np.float32)
+              for w in ws.values()}
+        outs = {tn: np.empty(w.n_rows, np.float32) for tn, w in ws.items()}
+        for tn, w in ws.items():
+            x, out = xs[w.n_cols], outs[tn]
             t = best(lambda: quants.matvec(w, x, out), reps=5, min_time=0.02)
             total_t += t
             total_macs += w.n_rows * w.n_cols
@@ -76,10 +78,35 @@ def main():
             a[0] += t
             a[1] += w.n_rows * w.n_cols
         print(f"\n{name}: decode-step weight time {total_t * 1e3:.2f} ms for {total_macs / 1e6:.0f} M MACs "
-              f"({total_macs / total_t / 1e9:.1f} GMAC/s, {len(names)} mat-vecs)")
+              f"({total_macs / total_t / 1e9:.1f} GMAC/s, {len(names)} separate mat-vecs, best of each)")
         for k, (t, m) in sorted(per_type.items()):
             print(f"   {k:6} {t * 1e3:7.2f} ms  {m / 1e6:7.1f} M MACs  {m / t / 1e9:6.1f} GMAC/s")
 
+        # The whole step back to back, as the model runs it: Q/K/V and gate/up fused per layer.
+        layers = sorted({int(tn.split(".")[1]) for tn in names if tn.startswith("blk.")})
+        head = ws.get("output.weight", ws["token_embd.weight"])
+        calls = []
+        for i in layers:
+            p = f"blk.{i}."
+            qkv = [p + s for s in ("attn_q.weight", "attn_k.weight", "attn_v.weight")]
+            gu = [p + s for s in ("ffn_gate.weight", "ffn_up.weight")]
+            calls.append(("many", qkv))
+            calls.append(("one", p + "attn_output.weight"))
+            calls.append(("many", gu))
+            calls.append(("one", p + "ffn_down.weight"))
+
+        def step():
+            for kind, arg in calls:
+                if kind == "many":
+                    w0 = ws[arg[0]]
+                    quants.matvec_many([ws[a] for a in arg], xs[w0.n_cols], [outs[a] for a in arg])
+                else:
+                    quants.matvec(ws[arg], xs[ws[arg].n_cols], outs[arg])
+            quants.matvec(head, xs[head.n_cols], outs["token_embd.weight"] if head is ws["token_embd.weight"] else outs["output.weight"])
+
+        ts = [best(step, reps=3, min_time=0.05) for _ in range(3)]
+        print(f"   whole step back to back (fused QKV, gate/up; {len(calls) + 1} calls): "
+              f"{min(ts) * 1e3:.2f} ms")
 
 if __name__ == "__main__":
     main()

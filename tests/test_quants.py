@@ -173,3 +173,31 @@ def test_matvec_many(qtype):
     for w, o in zip(ws, outs):
         ref = dequant_ref(w.raw, w.qtype).astype(np.float64) @ x
         assert nerr(o, ref) < 1e-5
+
+
+@pytest.mark.parametrize("n_tok", [1, 2, 9])
+def test_matmul_many_and_warmup(n_tok):
+    ws = [make_tensor(T.Q4_1, 24, 64, seed=20), make_tensor(T.Q4_1, 8, 64, seed=21),
+          make_tensor(T.Q8_0, 16, 64, seed=22)]
+    for w in ws:
+        quants.warmup(w)
+    x = np.random.default_rng(23).standard_normal((n_tok, 64)).astype(np.float32)
+    outs = [np.full((n_tok, w.n_rows), np.nan, np.float32) for w in ws]
+    quants.matmul_many(ws, x, outs, np.empty(quants.TILE_ROWS * 64, np.float32))
+    for w, o in zip(ws, outs):
+        assert nerr(o, x.astype(np.float64) @ dequant_ref(w.raw, w.qtype).astype(np.float64).T) < 1e-5
+
+
+@pytest.mark.parametrize("qtype", DENSE + LEGACY, ids=lambda t: t.name)
+def test_odd_block_count(qtype):
+    """Rows with an odd number of blocks exercise the tail after the paired-block loop."""
+    cols = 48 if qtype in DENSE else 96
+    w = make_tensor(qtype, 5, cols, seed=30)
+    x = np.random.default_rng(31).standard_normal((2, cols)).astype(np.float32)
+    ref = x.astype(np.float64) @ dequant_ref(w.raw, qtype).astype(np.float64).T
+    out = np.empty((2, 5), np.float32)
+    quants.matmul(w, x, out)
+    assert nerr(out, ref) < 1e-5
+    one = np.empty(5, np.float32)
+    quants.matvec(w, x[1], one)
+    assert nerr(one, ref[1]) < 1e-5

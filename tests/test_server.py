@@ -131,6 +131,8 @@ def test_server_chat_stop_and_logprobs(client):
     entries = choice["logprobs"]["content"]
     assert entries[0]["token"] == "a" and len(entries[0]["top_logprobs"]) == 3
     assert entries[0]["logprob"] <= 0
+    plain = client.post("/v1/chat/completions", json=chat(max_tokens=2, logprobs=True)).json()
+    assert [e["token"] for e in plain["choices"][0]["logprobs"]["content"]] == ["a", "b"]
 
 
 def test_server_v1_completions(client):
@@ -306,17 +308,41 @@ def test_server_16_concurrent_clients(server):
 def test_server_client_disconnect_frees_slot():
     sched = make_fake_scheduler(n_slots=1, n_ctx=8192, delay_s=0.002)  # ~16 s if not cancelled
     handle = start_server(sched, port=0, chat_template=FakeChatTemplate())
+    import traceback
+    why = []
+    orig = sched._release
+    def spy(slot, final, clear_cache=False):
+        frames = [f.name for f in traceback.extract_stack(limit=6)]
+        why.append(f"{final!r} cancelled={slot.handle.cancelled if slot.handle else None} {frames}")
+        return orig(slot, final, clear_cache)
+    sched._release = spy
     try:
         with httpx.Client(base_url=handle.url, timeout=10) as c:
             with c.stream("POST", "/completion", json={"prompt": "abc", "n_predict": -1, "stream": True}) as r:
                 for line in r.iter_lines():
                     if line.startswith("data: "):
                         break
-                assert sched.n_busy() == 1
+                assert sched.n_busy() == 1, " | ".join(why)
         deadline = time.monotonic() + 3
         while sched.n_busy() and time.monotonic() < deadline:
             time.sleep(0.01)
         assert sched.n_busy() == 0, sched.slots_info()
+        assert sched.metrics.n_tokens_predicted_total < 2000
+    finally:
+        handle.stop()
+        sched.stop()
+
+
+def test_server_non_streaming_client_gone_frees_slot():
+    sched = make_fake_scheduler(n_slots=1, n_ctx=8192, delay_s=0.002)
+    handle = start_server(sched, port=0, chat_template=FakeChatTemplate())
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(handle.url + "/completion", json={"prompt": "abc", "n_predict": -1}, timeout=0.3)
+        deadline = time.monotonic() + 3
+        while sched.n_busy() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sched.n_busy() == 0
         assert sched.metrics.n_tokens_predicted_total < 2000
     finally:
         handle.stop()

@@ -56,6 +56,6 @@ def test_serve_cli_run_rejects_bad_input(monkeypatch):
     a = parse(["-hf", "x/y"])
     with pytest.raises(EngineError, match="not supported"):
         a.run(a)
-    a = parse([])
+    a = parse(["--models-dir", "/nonexistent-dir"])
     with pytest.raises(EngineError, match="no model given"):
         a.run(a)

@@ -53,8 +53,8 @@ class LlmFileTableModel(QAbstractTableModel):
         return (
             info.name, info.arch, human_count(info.n_params), info.main_quant,
             human_bytes(info.file_size), f"{info.n_ctx_train:,}",
-            "yes" if info.has_chat_template else "no (fallback)",
-            f"✗ {info.error.splitlines()[0]}" if info.error else "ready",
+            _template_text(info),
+            _short(f"✗ {info.error.splitlines()[0]}") if info.error else "ready",
         )[col]
 
     @staticmethod
@@ -62,7 +62,8 @@ class LlmFileTableModel(QAbstractTableModel):
         total = sum(info.quant_mix.values()) or 1
         mix = ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in
                         sorted(info.quant_mix.items(), key=lambda kv: -kv[1]))
-        return f"{info.path}\n{mix}"
+        title = f"{info.title}\n" if info.title else ""
+        return f"{title}{info.path}\n{mix}"
 
     def add_or_update(self, info: LlmFileInfo) -> int:
         for row, old in enumerate(self._rows):
@@ -81,3 +82,13 @@ class LlmFileTableModel(QAbstractTableModel):
 
     def row_of(self, path: str) -> int:
         return next((i for i, r in enumerate(self._rows) if r.path == path), -1)
+
+
+def _short(text: str, limit: int = 48) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _template_text(info: LlmFileInfo) -> str:
+    if info.has_chat_template:
+        return f"yes ({info.template_name})" if info.template_name and info.template_name != "gguf" else "yes"
+    return f"fallback ({info.template_name})" if info.template_name else "none"

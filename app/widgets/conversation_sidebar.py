@@ -21,7 +21,6 @@ class ConversationSidebar(QWidget):
         super().__init__(parent)
         self.conversations = conversations
         self._current_id = 0
-        conversations.modelReset.connect(lambda: self.select(self._current_id))
         layout = QVBoxLayout(self)
         layout.setContentsMargins(10, 12, 6, 10)
         layout.setSpacing(8)
@@ -33,6 +32,8 @@ class ConversationSidebar(QWidget):
         layout.addWidget(self.new_button)
         layout.addWidget(self.search)
         layout.addWidget(self._build_list(), 1)
+        # after setModel(): the view's own reset handler clears the current row first
+        conversations.modelReset.connect(lambda: self.select(self._current_id))
 
     def _build_list(self) -> QListView:
         self.list = QListView()

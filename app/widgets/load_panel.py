@@ -56,9 +56,9 @@ class LoadPanel(QWidget):
         self.n_threads = QSpinBox(minimum=0, maximum=256, specialValueText="auto")
         self.type_k = QComboBox()
         self.type_k.addItems(KV_TYPES)
-        for w in (self.n_ctx, self.n_seq_max, self.n_threads):
-            w.valueChanged.connect(self._estimate_timer.start)
-        self.type_k.currentTextChanged.connect(self._estimate_timer.start)
+        for w in (self.n_ctx, self.n_seq_max, self.n_threads):  # not .start directly: start(int msec)
+            w.valueChanged.connect(self._schedule_estimate)
+        self.type_k.currentTextChanged.connect(self._schedule_estimate)
         form.addRow("Context size", self.n_ctx)
         form.addRow("Slots", self.n_seq_max)
         form.addRow("Threads", self.n_threads)
@@ -128,7 +128,7 @@ class LoadPanel(QWidget):
                 f"{human_bytes(info.file_size)} · trained on {info.n_ctx_train:,} tokens · "
                 f"chat template: {'yes' if info.has_chat_template else 'none (fallback used)'}")
         self._update_buttons()
-        self._estimate_timer.start()
+        self._schedule_estimate()
 
     def _update_buttons(self) -> None:
         loading = self._load_worker is not None
@@ -138,6 +138,9 @@ class LoadPanel(QWidget):
         self.unload_button.setEnabled(self.ctx.session is not None and not loading)
 
     # estimate -------------------------------------------------------------------------------
+    def _schedule_estimate(self, *_args) -> None:
+        self._estimate_timer.start()
+
     def _estimate(self) -> None:
         if self.info is None or self.info.error:
             return

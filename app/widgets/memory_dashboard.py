@@ -103,7 +103,7 @@ class MemoryDashboard(QWidget):
         col = QVBoxLayout(side)
         col.setContentsMargins(0, 0, 0, 0)
         slots = QGroupBox("KV cache per slot")
-        QVBoxLayout(slots).addWidget(_table(self.slot_model, stretch=0, max_rows=6))
+        QVBoxLayout(slots).addWidget(_table(self.slot_model, stretch=1, max_rows=6))
         backends = QGroupBox("Backends")
         self.backends = BackendsPanel()
         QVBoxLayout(backends).addWidget(self.backends)
@@ -121,7 +121,8 @@ class MemoryDashboard(QWidget):
 
     def set_figures(self, fig: MemoryFigures) -> None:
         self.figures = fig
-        mapped_only = max(fig.weights_bytes - fig.weights_resident_bytes, 0)
+        resident = min(fig.weights_resident_bytes, fig.weights_bytes)  # smaps counts the header too
+        mapped_only = fig.weights_bytes - resident
         self._set_figure("Weights", fig.weights_bytes, f"{human_bytes(fig.weights_resident_bytes)} resident")
         self._set_figure("KV cache", fig.kv_bytes, f"{human_bytes(fig.kv_used_bytes)} in use")
         self._set_figure("Compute buffer", fig.compute_bytes, "allocated once")
@@ -129,7 +130,7 @@ class MemoryDashboard(QWidget):
         self._set_figure("Process RSS", fig.rss_bytes, "whole process")
         self._set_figure("Engine total", fig.total_bytes, "weights + KV + compute")
         self.bar.set_segments([
-            Segment("Weights resident", fig.weights_resident_bytes, COLOURS["weights"]),
+            Segment("Weights resident", resident, COLOURS["weights"]),
             Segment("Weights mapped, not resident", mapped_only, COLOURS["weights"], hatched=True),
             Segment("KV in use", fig.kv_used_bytes, COLOURS["kv"]),
             Segment("KV free", max(fig.kv_bytes - fig.kv_used_bytes, 0), COLOURS["kv_free"]),
@@ -142,7 +143,7 @@ class MemoryDashboard(QWidget):
         self.timeline.add("KV in use", fig.kv_used_bytes)
 
     def add_step(self, step: ReplyStep) -> None:
-        if step.t_gen_ms > 0 and step.n_generated > 1:
+        if step.t_gen_ms > 0 and step.n_generated >= 4:  # the first tokens' rate is noise
             self.timeline.add("tokens/s", step.n_generated * 1000.0 / step.t_gen_ms)
 
     def _set_figure(self, name: str, value: int, detail: str) -> None:

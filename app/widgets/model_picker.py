@@ -12,7 +12,7 @@ from PySide6.QtWidgets import (
 )
 
 from ..context import AppContext
-from ..item_models.llm_file_table_model import COLUMNS, INFO_ROLE, SORT_ROLE, LlmFileTableModel
+from ..item_models.llm_file_table_model import INFO_ROLE, SORT_ROLE, LlmFileTableModel
 from ..workers import InspectWorker
 from .load_panel import LoadPanel
 from .starter_panel import StarterPanel
@@ -51,7 +51,8 @@ class ModelPicker(QWidget):
         col.addWidget(self._build_table(), 1)
         starters = QGroupBox("Starter models")
         self.starter_panel = StarterPanel(self.ctx)
-        self.starter_panel.pulled.connect(lambda p: self.add_paths([p]))
+        self.starter_panel.found.connect(lambda p: self.add_paths([p]))
+        self.starter_panel.pulled.connect(self.open_path)
         QVBoxLayout(starters).addWidget(self.starter_panel)
         col.addWidget(starters)
         return box
@@ -85,7 +86,8 @@ class ModelPicker(QWidget):
         self.table.verticalHeader().setDefaultSectionSize(self.fontMetrics().height() + 10)
         header = self.table.horizontalHeader()
         header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        header.setSectionResizeMode(len(COLUMNS) - 1, QHeaderView.ResizeMode.Stretch)
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        header.setMinimumSectionSize(48)
         self.table.setTextElideMode(Qt.TextElideMode.ElideRight)
         self.table.setWordWrap(False)
         self.table.selectionModel().currentRowChanged.connect(self._on_current_changed)

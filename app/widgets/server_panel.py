@@ -49,12 +49,15 @@ class ServerPanel(QWidget):
     def _build_settings(self, s: ServerSettings) -> QWidget:
         box = QGroupBox("Embedded server (shares the loaded model)")
         form = QFormLayout(box)
+        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.FieldsStayAtSizeHint)
         self.host = QComboBox(editable=True)
+        self.host.setMinimumWidth(self.fontMetrics().horizontalAdvance("255.255.255.255") + 48)
         self.host.addItems(machine_addresses())
         self.host.setCurrentText(s.host)
         self.host.setToolTip("127.0.0.1 = this machine only; 0.0.0.0 = every network interface")
         self.port = QSpinBox(minimum=1, maximum=65535, value=s.port)
         self.api_key = QLineEdit(s.api_key, placeholderText="optional", echoMode=QLineEdit.EchoMode.Password)
+        self.api_key.setMinimumWidth(self.host.minimumWidth())
         self.cors = QCheckBox("Allow browser pages from other origins (CORS)", checked=s.cors)
         self.toggle_button = QPushButton("Start server", objectName="primary", clicked=self._on_toggle)
         self.error = QLabel("", wordWrap=True, objectName="error")
@@ -95,8 +98,10 @@ class ServerPanel(QWidget):
         return ServerSettings(self.host.currentText().strip(), self.port.value(),
                               self.api_key.text(), self.cors.isChecked())
 
-    def set_running(self, url: str | None) -> None:
+    def set_running(self, url: str | None, port: int = 0) -> None:
         self.url = url or ""
+        if port:
+            self.port.setValue(port)  # the port really used (0 or a clash may have changed it)
         running = bool(url)
         self.toggle_button.setText("Stop server" if running else "Start server")
         for w in (self.host, self.port, self.api_key, self.cors):

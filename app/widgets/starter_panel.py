@@ -14,7 +14,8 @@ from ..workers import CallWorker, PullWorker
 
 
 class StarterPanel(QWidget):
-    pulled = Signal(str)  # path of the downloaded (or already cached) file
+    pulled = Signal(str)  # path the user asked for (downloaded now or already cached)
+    found = Signal(str)  # path of a starter already in the cache, reported at start-up
 
     def __init__(self, ctx: AppContext, parent=None):
         super().__init__(parent)
@@ -27,6 +28,7 @@ class StarterPanel(QWidget):
         self.list.setModel(self.starters)
         self.list.setMaximumHeight(self.fontMetrics().height() * 5 + 12)
         self.list.doubleClicked.connect(lambda _i: self.pull_selected())
+        self.list.selectionModel().currentChanged.connect(lambda *_: self._update_button())
         layout.addWidget(self.list)
         layout.addLayout(self._build_controls())
         self.refresh()
@@ -55,9 +57,15 @@ class StarterPanel(QWidget):
         self.starters.set_starters(rows)
         if rows and not self.list.currentIndex().isValid():
             self.list.setCurrentIndex(self.starters.index(0))
+        self._update_button()
         for s in rows:
             if s.cached_path:
-                self.pulled.emit(s.cached_path)
+                self.found.emit(s.cached_path)
+
+    def _update_button(self) -> None:
+        idx = self.list.currentIndex()
+        cached = idx.isValid() and self.starters.starter(idx.row()).cached_path
+        self.pull_button.setText("Select in list" if cached else "Download")
 
     def pull_selected(self) -> None:
         idx = self.list.currentIndex()

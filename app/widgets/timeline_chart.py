@@ -13,7 +13,8 @@ from PySide6.QtWidgets import QSizePolicy, QWidget
 from ..format import human_bytes
 
 WINDOW_S = 120.0
-LEFT, RIGHT, TOP, BOTTOM = 64, 56, 26, 22
+LEFT, RIGHT, TOP, BOTTOM = 78, 56, 26, 22
+GAP_S = 3.0  # a pause longer than this breaks the line (no slope drawn across idle time)
 
 
 @dataclass
@@ -87,11 +88,15 @@ class TimelineChart(QWidget):
         pts = [(t, v) for t, v in s.points if t >= t0 - 1]
         if not pts:
             return
-        path = QPainterPath()
-        for i, (t, v) in enumerate(pts):
+        path, prev_t = QPainterPath(), None
+        for t, v in pts:
             x = plot.left() + plot.width() * max(t - t0, 0) / WINDOW_S
             y = plot.bottom() - plot.height() * min(v / y_max, 1.0)
-            path.moveTo(x, y) if i == 0 else path.lineTo(x, y)
+            if prev_t is None or t - prev_t > GAP_S:
+                path.moveTo(x, y)
+            else:
+                path.lineTo(x, y)
+            prev_t = t
         pen = QPen(s.colour, 2)
         if s.right_axis:
             pen.setStyle(Qt.PenStyle.DashLine)

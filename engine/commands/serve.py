@@ -68,6 +68,8 @@ def _apply_env_defaults(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     _setup_logging(args)
     _check_flags(args)  # 1. flags parsed by cli.py; reject what cannot work
+    if not args.model:
+        return run_router(args)
     _clamp_batch(args)  # 2.
     n_slots = 4 if args.parallel < 0 else args.parallel  # 3. auto parallelism
     n_threads = _init_backend(args)  # 4.-5.
@@ -77,6 +79,10 @@ def run(args: argparse.Namespace) -> int:
     state = ServerState(options)  # 6. server context (the scheduler joins it once loaded)
     handle = listen(state, args.host, args.port)  # 7.-9. HTTP set up, routes, listening
     _announce(args, "listening", handle)
+    if args.ready_json:  # a router's child: heartbeats out, "exit" in
+        from ..router import start_child_monitor
+
+        start_child_monitor(lambda: os.kill(os.getpid(), signal.SIGTERM))
     print(f"main: server is listening on {handle.url} - loading the model", file=sys.stderr)
     try:
         scheduler = _load(args, state, n_threads, n_slots)  # 10.
@@ -112,9 +118,6 @@ def _check_flags(args) -> None:
             f"{args.refused[0]}: downloading models is not supported by ggstation serve; "
             "download the .gguf yourself and pass it with -m FILE (or `ggstation models pull NAME`)"
         )
-    if not args.model:
-        raise EngineError("no model given: use -m/--model FNAME (router mode without a model is not "
-                          "available yet)")
     if not 0 <= args.port <= 65535:
         raise EngineError(f"invalid --port {args.port}: must be 0..65535")
     if args.pooling == "rank":
@@ -221,11 +224,67 @@ def _announce(args, event: str, handle) -> None:
         print(json.dumps({"event": event, "port": handle.port, "url": handle.url}), flush=True)
 
 
+# -- router mode -------------------------------------------------------------------------
+
+
+def _child_args(args) -> list[str]:
+    """The flags every child server gets from the router's command line."""
+    out = ["-c", str(args.ctx_size), "-b", str(args.batch_size), "-ub", str(args.ubatch_size),
+           "-np", str(args.parallel), "-t", str(args.threads), "-n", str(args.n_predict),
+           "--temp", str(args.temp), "--top-k", str(args.top_k), "--top-p", str(args.top_p),
+           "--min-p", str(args.min_p), "-s", str(args.seed), "--repeat-penalty", str(args.repeat_penalty),
+           "--repeat-last-n", str(args.repeat_last_n), "--embd-normalize", str(args.embd_normalize),
+           "-sps", str(args.slot_prompt_similarity)]
+    flags_on = [("--embedding", args.embedding), ("--metrics", args.metrics), ("--no-slots", not args.slots),
+                ("--no-cache-prompt", not args.cache_prompt), ("--kv-unified", args.kv_unified)]
+    out += [f for f, on in flags_on if on]
+    for opt, value in (("--pooling", args.pooling), ("--chat-template", args.chat_template),
+                       ("--chat-template-file", args.chat_template_file),
+                       ("--chat-template-kwargs", args.chat_template_kwargs)):
+        if value is not None:
+            out += [opt, value]
+    return out
+
+
+def run_router(args) -> int:
+    """No -m: serve every model of --models-dir through one child server per model."""
+    from pathlib import Path
+
+    from ..model_store import models_dir
+    from ..router import Router, discover_models
+    from ..server import ServerState, listen
+    from ..server.proxy import create_router_app
+
+    directory = Path(args.models_dir) if args.models_dir else models_dir()
+    models = discover_models(directory)
+    if not models:
+        raise EngineError(f"no model given (-m) and no .gguf files in {directory}; use -m FILE or "
+                          "--models-dir DIR")
+    router = Router(models, _child_args(args), models_max=args.models_max,
+                    autoload=args.models_autoload).start()
+    state = ServerState(_server_options(args))
+    handle = listen(state, args.host, args.port, app=create_router_app(router, state))
+    _announce(args, "ready", handle)
+    print(f"main: router listening on {handle.url}; {len(models)} models in {directory}: "
+          f"{', '.join(models)}", file=sys.stderr)
+    done = threading.Event()
+    stopper = _Stopper(None, on_first=done.set)
+    signal.signal(signal.SIGINT, stopper)
+    signal.signal(signal.SIGTERM, stopper)
+    while not done.wait(0.2):
+        pass
+    router.stop()
+    handle.stop(2.0)
+    print("main: router stopped", file=sys.stderr)
+    return 0
+
+
 class _Stopper:
     """SIGINT/SIGTERM: first one stops the scheduler (streams end cleanly), second exits."""
 
-    def __init__(self, scheduler):
+    def __init__(self, scheduler, on_first=None):
         self.scheduler = scheduler
+        self.on_first = on_first
         self.count = 0
         self.deadline = float("inf")
 
@@ -237,8 +296,11 @@ class _Stopper:
             return
         print(f"main: received {signal.Signals(signum).name}, shutting down", file=sys.stderr)
         self.deadline = time.monotonic() + 4.0
-        # never block here: this runs on the scheduler's own (main) thread
-        threading.Thread(target=self.scheduler.stop, kwargs={"join_s": 0}, daemon=True).start()
+        if self.on_first is not None:
+            self.on_first()
+        if self.scheduler is not None:
+            # never block here: this runs on the scheduler's own (main) thread
+            threading.Thread(target=self.scheduler.stop, kwargs={"join_s": 0}, daemon=True).start()
 
 
 def _install_signals(scheduler) -> _Stopper:

@@ -1,9 +1,12 @@
 """Shared pieces of the per-type kernels: x group sums and the checked public wrappers.
 
 Each type module (q4_0.py ... k_quants.py, dense.py) describes its bit layout as an
-`_ir.Layout`, builds its three private kernels from the same template (mat-vec for 1..T tokens,
-dequantise rows, gather rows) and calls `register()` here, which wraps them with the dtype,
-shape and contiguity checks and returns the `QuantType` table entry.
+`_ir.Layout`, builds its three private kernels from the same template (mat-vec for 1..T tokens
+reading each weight row once, a fused mat-vec of 1..3 weights sharing x, dequantise rows) and
+calls `register()` here, which wraps them with the public checks (dtype and contiguity in
+Python, shapes inside the kernels) and returns the `QuantType` table entry. The template is
+identical per type and deliberately not a factory: numba caches functions by source location,
+so each type needs its own module-level kernels.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from ._kern import check_shapes, group_sums, register
 
 # F32 row: 4 bytes per weight, little-endian IEEE single.
 class F32Layout(Layout):
-    block_elems, block_bytes, group, has_offset = 16, 64, 0, False
+    block_elems, block_bytes, group = 16, 64, 0
 
     def groups(self, em, p):
         return [Group(0, [em.load(p, 0, V16F)])]
@@ -24,7 +24,7 @@ class F32Layout(Layout):
 
 # F16 row: 2 bytes per weight, IEEE half.
 class F16Layout(Layout):
-    block_elems, block_bytes, group, has_offset = 16, 32, 0, False
+    block_elems, block_bytes, group = 16, 32, 0
 
     def groups(self, em, p):
         return [Group(0, [em.b.fpext(em.load(p, 0, V16H), V16F)])]
@@ -32,7 +32,7 @@ class F16Layout(Layout):
 
 # BF16 row: 2 bytes per weight, the high half of an IEEE single (value = bits << 16).
 class BF16Layout(Layout):
-    block_elems, block_bytes, group, has_offset = 16, 32, 0, False
+    block_elems, block_bytes, group = 16, 32, 0
 
     def groups(self, em, p):
         b = em.b

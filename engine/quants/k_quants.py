@@ -21,6 +21,12 @@ def _c(v):
     return ir.Constant(I32, v)
 
 
+def _idx(lanes):
+    """Constant lane-index vector for shufflevector."""
+    lanes = list(lanes)
+    return ir.Constant(ir.VectorType(I32, len(lanes)), lanes)
+
+
 def _k4_scale_min(em, p, off, j):
     """6-bit scale and min of sub-block j (0..7), packed in the 12 bytes at p + off:
 
@@ -54,21 +60,21 @@ class Q2KLayout(Layout):
 
     def groups(self, em, p):
         b = em.b
-        d, dmin = em.f16(p, 80), em.f16(p, 82)
+        # All 16 group scales and mins at once, one lane per group.
+        sb = em.bytes16(p, 0)
+        dsc = em.fmul(em.splat(em.f16(p, 80)), em.u8f(em.nib_lo(sb)))
+        dmn = em.fmul(em.splat(em.f16(p, 82)), em.u8f(em.nib_hi(sb)))
+        dmn = em.fmul(dmn, em.splat(em.fconst(-1.0)))
         out = []
         for h in range(2):
             for k in range(2):
                 q8 = em.bytes16(p, 16 + h * 32 + 16 * k)
                 for s in range(4):
                     e0 = h * 128 + s * 32 + 16 * k
-                    g = e0 // 16
-                    sb = em.u8(p, g)
-                    sc = b.uitofp(b.and_(sb, _c(15)), F32)
-                    mn = b.uitofp(b.lshr(sb, _c(4)), F32)
+                    g = _c(e0 // 16)
                     q = em.u8f(em.bits(q8, 2 * s, 3))
-                    out.append(Group(e0, [q], em.fmul(d, sc), em.fmul(em.fmul(dmin, mn), em.fconst(-1.0))))
+                    out.append(Group(e0, [q], b.extract_element(dsc, g), b.extract_element(dmn, g)))
         return out
-
 
 # Q3_K super-block (110 bytes):
 #   [0:32]    hmask   high bit of e = h*128 + s*32 + l is bit (4h + s) of hmask[l]
@@ -79,11 +85,19 @@ class Q2KLayout(Layout):
 #   w = d * (scale_g - 32) * (q - 4) with q = low2 | high << 2 (so a clear high bit means -4);
 #   q - 4 is formed in bytes and read as signed, so no offset term
 class Q3KLayout(Layout):
-    block_elems, block_bytes, group, has_offset = 256, 110, 0, False
+    block_elems, block_bytes, group = 256, 110, 0
 
     def groups(self, em, p):
         b = em.b
-        d = em.f16(p, 108)
+        # All 16 scales at once, lane g = scale of group g.
+        v8 = em.load(p, 96, ir.VectorType(ir.IntType(8), 8))
+        lo4 = b.shuffle_vector(b.and_(v8, ir.Constant(v8.type, [15] * 8)),
+                               b.lshr(v8, ir.Constant(v8.type, [4] * 8)), _idx(range(16)))
+        v4 = em.load(p, 104, ir.VectorType(ir.IntType(8), 4))
+        hi2 = b.shuffle_vector(v4, v4, _idx([0, 1, 2, 3] * 4))
+        hi2 = b.and_(b.lshr(hi2, em.vconst8([2 * (g // 4) for g in range(16)])), em.vconst8(3))
+        sc = em.sub8(b.or_(lo4, b.shl(hi2, em.vconst8(4))), 32)
+        dsc = em.fmul(em.splat(em.f16(p, 108)), em.s8f(sc))
         out = []
         for k in range(2):
             hm = em.bytes16(p, 16 * k)
@@ -91,15 +105,10 @@ class Q3KLayout(Layout):
                 q8 = em.bytes16(p, 32 + h * 32 + 16 * k)
                 for s in range(4):
                     e0 = h * 128 + s * 32 + 16 * k
-                    g = e0 // 16
-                    lo = b.and_(b.lshr(em.u8(p, 96 + g % 8), _c(4 * (g // 8))), _c(15))
-                    hi = b.and_(b.lshr(em.u8(p, 104 + g % 4), _c(2 * (g // 4))), _c(3))
-                    sc = b.sitofp(b.sub(b.or_(lo, b.shl(hi, _c(4))), _c(32)), F32)
                     hbit = b.shl(em.bits(hm, 4 * h + s, 1), em.vconst8(2))
                     q = em.s8f(em.sub8(b.or_(em.bits(q8, 2 * s, 3), hbit), 4))
-                    out.append(Group(e0, [q], em.fmul(d, sc)))
+                    out.append(Group(e0, [q], b.extract_element(dsc, _c(e0 // 16))))
         return out
-
 
 # Q4_K super-block (144 bytes):
 #   [0:2]    d       f16 super-scale for the scales
@@ -165,11 +174,12 @@ class Q5KLayout(Layout):
 #   [208:210] d       f16 super-scale
 #   w = d * scale_g * (q - 32), g = e // 16 (q - 32 formed in bytes, read as signed)
 class Q6KLayout(Layout):
-    block_elems, block_bytes, group, has_offset = 256, 210, 0, False
+    block_elems, block_bytes, group = 256, 210, 0
 
     def groups(self, em, p):
         b = em.b
-        d = em.f16(p, 208)
+        # All 16 group scales at once: d * (float)scales[0:16], one lane per group.
+        dsc = em.fmul(em.splat(em.f16(p, 208)), em.s8f(em.bytes16(p, 192)))
         out = []
         for h in range(2):
             for k in range(2):
@@ -180,9 +190,8 @@ class Q6KLayout(Layout):
                     ql = em.bytes16(p, h * 64 + (c % 2) * 32 + 16 * k)
                     lo = em.nib_lo(ql) if c < 2 else em.nib_hi(ql)
                     q = em.s8f(em.sub8(b.or_(lo, b.shl(em.bits(qh, 2 * c, 3), em.vconst8(4))), 32))
-                    out.append(Group(e0, [q], em.fmul(d, b.sitofp(em.i8(p, 192 + g), F32))))
+                    out.append(Group(e0, [q], b.extract_element(dsc, _c(g))))
         return out
-
 
 _LAYOUT_q2_k = Q2KLayout()
 _dot1_q2_k = make_row_dot(_LAYOUT_q2_k, 1)

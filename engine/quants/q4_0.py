@@ -13,8 +13,9 @@ from ._kern import check_shapes, group_sums, register
 # Block layout (18 bytes):
 #   [0:2]   d   f16 scale
 #   [2:18]  qs  16 bytes; weight j (j < 16) = low nibble of qs[j], weight j + 16 = high nibble
+# q - 8 is formed in bytes and read as signed, so there is no offset term.
 class Q40Layout(Layout):
-    block_elems, block_bytes, group, has_offset = 32, 18, 0, False
+    block_elems, block_bytes, group = 32, 18, 0
 
     def groups(self, em, p):
         d = em.f16(p, 0)

@@ -15,8 +15,9 @@ from ._kern import check_shapes, group_sums, register
 #   [2:6]   qh  u32 little-endian; bit j is the 5th bit (value 16) of weight j
 #   [6:22]  qs  16 bytes; low 4 bits of weight j (j < 16) = low nibble of qs[j],
 #               of weight j + 16 = high nibble of qs[j]
+# q - 16 is formed in bytes and read as signed, so there is no offset term.
 class Q50Layout(Layout):
-    block_elems, block_bytes, group, has_offset = 32, 22, 0, False
+    block_elems, block_bytes, group = 32, 22, 0
 
     def groups(self, em, p):
         d = em.f16(p, 0)

@@ -14,7 +14,7 @@ from ._kern import check_shapes, group_sums, register
 #   [0:2]   d   f16 scale
 #   [2:34]  qs  32 signed bytes, weight j = qs[j]
 class Q80Layout(Layout):
-    block_elems, block_bytes, group, has_offset = 32, 34, 0, False
+    block_elems, block_bytes, group = 32, 34, 0
 
     def groups(self, em, p):
         d = em.f16(p, 0)

@@ -61,8 +61,7 @@ IGNORED = [
     ("--ui --webui --no-ui --no-webui", 0), ("--rerank --reranking", 0),
     ("--ssl-key-file", 1), ("--ssl-cert-file", 1), ("--sse-ping-interval", 1),
     ("--threads-http", 1), ("-to --timeout", 1), ("--cache-reuse", 1), ("--slot-save-path", 1),
-    ("--media-path", 1), ("--models-dir", 1), ("--models-preset", 1), ("--models-max", 1),
-    ("--models-autoload --no-models-autoload", 0), ("--reasoning-format", 1),
+    ("--media-path", 1), ("--models-preset", 1), ("--reasoning-format", 1),
     ("-rea --reasoning", "?"), ("--reasoning-effort", 1), ("--reasoning-budget", 1),
     ("--reasoning-budget-message", 1), ("--reasoning-preserve --no-reasoning-preserve", 0),
     ("--skip-chat-parsing --no-skip-chat-parsing", 0),
@@ -101,7 +100,8 @@ ENV = {
     "LLAMA_ARG_ENDPOINT_PROPS": "--props", "LLAMA_ARG_EMBEDDINGS": "--embeddings",
     "LLAMA_ARG_POOLING": "--pooling", "LLAMA_ARG_CACHE_PROMPT": "--cache-prompt",
     "LLAMA_ARG_CORS_ORIGINS": "--cors-origins", "LLAMA_ARG_API_PREFIX": "--api-prefix",
-    "LLAMA_ARG_CHAT_TEMPLATE_KWARGS": "--chat-template-kwargs",
+    "LLAMA_ARG_CHAT_TEMPLATE_KWARGS": "--chat-template-kwargs", "LLAMA_ARG_MODELS_DIR": "--models-dir",
+    "LLAMA_ARG_MODELS_MAX": "--models-max", "LLAMA_ARG_MODELS_AUTOLOAD": "--models-autoload",
 }
 
 # environment variables of ignored flags (reported as ignored when set)
@@ -171,6 +171,12 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                    help="extra variables for the chat template, a JSON object")
     g.add_argument("--max-body-mib", type=float, default=8.0,
                    help="ggstation: largest accepted request body in MiB (default: 8)")
+    g.add_argument("--models-dir", default=None, metavar="PATH",
+                   help="router mode (no -m): directory of .gguf models to serve (default: the model cache)")
+    g.add_argument("--models-max", type=int, default=4, metavar="N",
+                   help="router mode: most models loaded at once (default: 4, 0 = unlimited)")
+    g.add_argument("--models-autoload", dest="models_autoload", action=argparse.BooleanOptionalAction,
+                   default=True, help="router mode: load a model on its first request (default: enabled)")
     g.add_argument("--ready-json", action="store_true", help=argparse.SUPPRESS)
     for opts, nargs in IGNORED:
         names = [o for o in opts.split() if not _has(parser, o)]

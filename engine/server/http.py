@@ -218,12 +218,12 @@ class ServerHandle:
             self._thread.join(1.0)
 
 
-def listen(state: ServerState, host: str = "127.0.0.1", port: int = 8080, *,
+def listen(state: ServerState, host: str = "127.0.0.1", port: int = 8080, *, app=None,
            timeout_graceful_s: float = 3.0, log_level: str = "warning") -> ServerHandle:
-    """Bind host:port and serve `state` on a background thread; returns once listening."""
+    """Bind host:port and serve `state` (or `app`) on a background thread; returns once listening."""
     sock = bind_socket(host, port)
     port = sock.getsockname()[1]
-    config = uvicorn.Config(create_app(state), lifespan="off", log_level=log_level, access_log=False,
+    config = uvicorn.Config(app if app is not None else create_app(state), lifespan="off", log_level=log_level, access_log=False,
                             timeout_graceful_shutdown=timeout_graceful_s, timeout_keep_alive=30,
                             http="h11", loop="asyncio")
     server = uvicorn.Server(config)

@@ -111,7 +111,7 @@ class Formatter:
     id_prefix = "cmpl-"
 
     def add(self, step) -> None:
-        self.acc.add(step, keep_step=self.n_probs > 0)
+        self.acc.add(step, keep_step=self.n_probs > 0 or getattr(self, "logprobs", False))
 
     # hooks
     def chunk(self, step) -> list[dict]:
@@ -233,8 +233,7 @@ class TextFormatter(Formatter):
     def final_chunks(self) -> list[dict]:
         out = [self._obj("", self.acc.finish_reason, None, timings=self._timings())]
         if self.include_usage:
-            last = out[-1]
-            last["usage"] = self._usage()
+            out.append({**self._obj("", None), "choices": [], "usage": self._usage()})
         return out
 
     def response(self) -> dict:

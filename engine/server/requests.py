@@ -145,12 +145,6 @@ def render_chat(state, body) -> str:
     try:
         return state.chat_template.render(messages, add_generation_prompt=add_gen,
                                           tools=getattr(body, "tools", None), **kwargs)
-    except TypeError:
-        try:
-            return state.chat_template.render(messages, add_generation_prompt=add_gen,
-                                              tools=getattr(body, "tools", None))
-        except TemplateError as e:
-            raise invalid(f"the chat template rejected the messages: {e}") from None
     except TemplateError as e:
         raise invalid(f"the chat template rejected the messages: {e}") from None
 
@@ -167,7 +161,7 @@ def chat_request(state, body: ChatCompletionRequest) -> tuple[GenerationRequest,
         prompt=ids,
         params=sampling_params(state, body, n_probs=n_probs),
         n_predict=n_predict(state, body.max_completion_tokens, body.max_tokens, body.n_predict),
-        stop=stop_list(body.stop),
+        stop=stop_list(body.stop) + list(getattr(state.chat_template, "stop_strings", ()) or ()),
         cache_prompt=state.options.cache_prompt if body.cache_prompt is None else body.cache_prompt,
         n_probs=n_probs,
         id_slot=-1 if body.id_slot is None else body.id_slot,

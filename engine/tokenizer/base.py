@@ -13,7 +13,6 @@ give the ids llama.cpp gives for those bytes. Other lone surrogates count as U+F
 from __future__ import annotations
 
 import codecs
-import enum
 import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -28,8 +27,9 @@ log = logging.getLogger(__name__)
 K = Keys.Tokenizer
 
 
-class TokenAttr(enum.IntFlag):
-    """llama_token_attr: what a token is, as bit flags."""
+class TokenAttr:
+    """llama_token_attr: what a token is, as bit flags (plain ints: enum.IntFlag is too slow for
+    262k-token vocabularies)."""
 
     UNDEFINED = 0
     UNKNOWN = 1 << 0
@@ -215,7 +215,7 @@ class Tokenizer:
         if self.add_eos and self.eos_id is None:
             self.add_eos = False
 
-        self.attrs: list[TokenAttr] = attrs
+        self.attrs: list[int] = attrs
         self._find_special_by_text()
         self._set_model_specific_attrs(str(_meta_get(meta, "general.name") or ""))
 
@@ -297,7 +297,7 @@ class Tokenizer:
     def is_control(self, token_id: int) -> bool:
         return 0 <= token_id < len(self.attrs) and bool(self.attrs[token_id] & TokenAttr.CONTROL)
 
-    def token_attr(self, token_id: int) -> TokenAttr:
+    def token_attr(self, token_id: int) -> int:
         return self.attrs[token_id]
 
     def token_text(self, token_id: int) -> str:

@@ -7,7 +7,7 @@ from PySide6.QtCore import QSettings
 
 from app.bridge import AppError, MemoryFigures, fit_to_context, layer_of, plain_error
 from app.format import human_bytes, reply_summary
-from app.settings import AppSettings, load_settings, save_settings
+from app.settings import AppSettings, default_settings, load_settings, save_settings
 
 
 def _count(messages):
@@ -70,4 +70,9 @@ def test_settings_ignore_corrupt_values(tmp_path):
     qs.setValue("load", "{not json")
     qs.setValue("sampling", '{"temperature": 0.1, "unknown_field": 3}')
     s = load_settings(qs)
-    assert s.load == AppSettings().load and s.sampling.temperature == 0.1
+    assert s.load == default_settings().load and s.sampling.temperature == 0.1
+
+
+def test_default_settings_come_from_resources():
+    s = default_settings()
+    assert s.load.n_ctx == 4096 and s.server.host == "127.0.0.1" and s.preset == "Balanced"

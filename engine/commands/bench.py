@@ -1,0 +1,87 @@
+"""`ggstation bench`: llama-bench's pp/tg tests, markdown or json output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from .. import params
+from ..errors import EngineError
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got '{text}'") from None
+    if any(v < 0 for v in vals):
+        raise argparse.ArgumentTypeError("values must be >= 0")
+    return vals
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("bench", help="prompt/generation throughput (llama-bench)",
+                              description="Measure prompt processing (ppN) and generation (tgN) tokens/s.")
+    g = params.group(p, params.COMMON)
+    g.add_argument("-m", "--model", metavar="FNAME", required=True, help="model path or starter model name")
+    g.add_argument("-p", "--n-prompt", metavar="N", type=_int_list, default=[512], help="prompt tokens (default: 512)")
+    g.add_argument("-n", "--n-gen", metavar="N", type=_int_list, default=[128], help="generated tokens (default: 128)")
+    g.add_argument("-b", "--batch-size", metavar="N", type=int, default=2048, help="batch size (default: 2048)")
+    g.add_argument("-ub", "--ubatch-size", metavar="N", type=int, default=512, help="ubatch size (default: 512)")
+    g.add_argument("-t", "--threads", metavar="N", type=_int_list, default=[os.cpu_count() or 1],
+                   help=f"threads (default: {os.cpu_count()})")
+    g.add_argument("-r", "--repetitions", metavar="N", type=int, default=5, help="repetitions (default: 5)")
+    g.add_argument("-ctk", "--cache-type-k", default="f16", help="KV cache type for K (default: f16)")
+    g.add_argument("-ctv", "--cache-type-v", default="f16", help="KV cache type for V (default: f16)")
+    g.add_argument("-o", "--output", choices=["md", "json", "jsonl"], default="md", help="output format (default: md)")
+    p.set_defaults(run=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..bench import bench
+    from ..context import Context, ContextParams
+    from ..jit import set_num_threads
+    from ..model import load_model
+
+    if args.repetitions < 1:
+        raise EngineError("-r must be at least 1")
+    model = load_model(params.resolve_model_path(args))
+    tests = [(n, 0) for n in args.n_prompt if n] + [(0, n) for n in args.n_gen if n]
+    n_ctx = max([p + g for p, g in tests] + [16])
+    ctx = Context(model, ContextParams(n_ctx=n_ctx, n_batch=args.batch_size, n_ubatch=args.ubatch_size,
+                                       type_k=args.cache_type_k, type_v=args.cache_type_v))
+    size_mib = model.weights_bytes / 2**20
+    desc = f"{model.cfg.arch} {model.gguf.get('general.size_label', '') or ''} {_ftype(model)}".replace("  ", " ")
+    results = []
+    if args.output == "md":
+        print("| model | size | params | backend | threads | test | t/s |")
+        print("| --- | ---: | ---: | --- | ---: | ---: | ---: |")
+    for n_threads in args.threads:
+        n_threads = set_num_threads(n_threads)
+        for n_prompt, n_gen in tests:
+            r = bench(ctx, n_prompt, n_gen, args.repetitions, n_threads)
+            row = dict(model_filename=model.path, model_type=desc, model_size=model.weights_bytes,
+                       model_n_params=model.n_params, backends="CPU (numba)", **r.as_dict())
+            results.append(row)
+            if args.output == "md":
+                print(f"| {desc} | {size_mib:.2f} MiB | {model.n_params / 1e6:.2f} M | CPU (numba) | "
+                      f"{n_threads} | {r.test} | {r.avg_ts:.2f} ± {r.stddev_ts:.2f} |", flush=True)
+            elif args.output == "jsonl":
+                print(json.dumps(row), flush=True)
+    if args.output == "json":
+        json.dump(results, sys.stdout, indent=2)
+        print()
+    return 0
+
+
+def _ftype(model) -> str:
+    from collections import Counter
+
+    c = Counter()
+    for t in model.gguf.tensors.values():
+        if len(t.shape) > 1:
+            c[t.qtype.name] += t.nbytes
+    return c.most_common(1)[0][0] if c else ""

@@ -1,0 +1,77 @@
+"""`ggstation info`: what a GGUF holds and what loading it would allocate."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from .. import params
+from ..errors import EngineError
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("info", help="model facts and memory estimate",
+                              description="Show a model's architecture, size, types, tokenizer and memory estimate.")
+    g = params.group(p, params.COMMON)
+    g.add_argument("-m", "--model", metavar="FNAME", required=True, help="model path or starter model name")
+    g.add_argument("-c", "--ctx-size", metavar="N", type=int, default=4096, help="context size (default: 4096, 0 = model's)")
+    g.add_argument("-np", "--parallel", metavar="N", type=int, default=1, help="parallel sequences (default: 1)")
+    g.add_argument("-ub", "--ubatch-size", metavar="N", type=int, default=512, help="ubatch size (default: 512)")
+    g.add_argument("-ctk", "--cache-type-k", default="f16", help="KV cache type for K (default: f16)")
+    g.add_argument("-ctv", "--cache-type-v", default="f16", help="KV cache type for V (default: f16)")
+    g.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(run=run)
+    return p
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..model_info import inspect_model
+
+    if args.ctx_size < 0:
+        raise EngineError(f"invalid context size {args.ctx_size}")
+    info = inspect_model(params.resolve_model_path(args))
+    if info.error:
+        raise EngineError(info.error)
+    n_seq = 4 if args.parallel < 0 else max(1, args.parallel)
+    est = info.estimate(n_ctx=args.ctx_size, n_seq_max=n_seq, type_k=args.cache_type_k,
+                        type_v=args.cache_type_v, n_ubatch=args.ubatch_size)
+    n_ctx = args.ctx_size or info.n_ctx_train
+    if args.json:
+        d = {k: v for k, v in vars(info).items() if k != "cfg"}
+        d["memory_estimate"] = est.as_dict()
+        d["n_ctx"] = n_ctx
+        print(json.dumps(d, indent=2))
+        return 0
+    quant = ", ".join(f"{k} ({info.quant_counts[k]} tensors, {_mib(v)})"
+                      for k, v in sorted(info.quant_bytes.items(), key=lambda kv: -kv[1]))
+    if info.has_chat_template:
+        tmpl = "from the GGUF"
+    else:
+        name = info.chat_template_name
+        tmpl = f"none in the file; built-in '{name}' is used" if name else "none"
+    rows = [
+        ("file", info.path),
+        ("name", info.name),
+        ("architecture", info.arch),
+        ("parameters", f"{info.n_params / 1e6:.2f} M"),
+        ("file size", _mib(info.file_size)),
+        ("quant types", quant),
+        ("layers / embd / vocab", f"{info.n_layer} / {info.n_embd} / {info.n_vocab}"),
+        ("context (train)", str(info.n_ctx_train)),
+        ("tokenizer", f"{info.tokenizer} (pre '{info.tokenizer_pre}')" if info.tokenizer_pre else info.tokenizer),
+        ("chat template", tmpl),
+        ("memory estimate", f"n_ctx {n_ctx}, {n_seq} sequence(s), cache {args.cache_type_k}/{args.cache_type_v}"),
+        ("  weights (mapped)", _mib(est.weights_bytes)),
+        ("  KV cache", _mib(est.kv_bytes)),
+        ("  compute buffer", _mib(est.compute_bytes)),
+        ("  metadata", _mib(est.metadata_bytes)),
+        ("  total", _mib(est.total_bytes)),
+    ]
+    w = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{w}}  {v}")
+    return 0

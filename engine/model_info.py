@@ -1,0 +1,96 @@
+"""ModelInfo: what a GGUF holds, read from its header alone (no weights touched).
+
+Used by `ggstation info`, the GUI's model picker and the memory estimate before loading.
+Files that cannot be used are reported with the reason in `error`, not raised.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+
+from .errors import EngineError
+from .gguf_file import GGUFFile
+from .memory import MemoryReport, estimate_memory
+from .models import get_arch
+
+
+@dataclass
+class ModelInfo:
+    path: str
+    file_size: int
+    name: str = ""
+    arch: str = ""
+    n_params: int = 0
+    quant_bytes: dict[str, int] = field(default_factory=dict)  # type name -> tensor bytes
+    quant_counts: dict[str, int] = field(default_factory=dict)
+    n_ctx_train: int = 0
+    n_layer: int = 0
+    n_embd: int = 0
+    n_vocab: int = 0
+    tokenizer: str = ""
+    tokenizer_pre: str = ""
+    has_chat_template: bool = False
+    chat_template_name: str = ""
+    weights_bytes: int = 0
+    n_tensors: int = 0
+    error: str | None = None
+    cfg: object = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def estimate(self, **kw) -> MemoryReport:
+        """Memory estimate for ContextParams-like keyword arguments (n_ctx, n_seq_max, ...)."""
+        if self.cfg is None:
+            raise EngineError(f"{self.path}: cannot estimate memory: {self.error}")
+        return estimate_memory(self.cfg, self.weights_bytes, self.n_tensors, **kw)
+
+
+def inspect_model(path: str | os.PathLike) -> ModelInfo:
+    path = os.fspath(path)
+    size = os.path.getsize(path) if os.path.isfile(path) else 0
+    info = ModelInfo(path=path, file_size=size, name=os.path.basename(path))
+    try:
+        with GGUFFile(path) as f:
+            _fill(info, f)
+    except EngineError as e:
+        info.error = str(e)
+    except OSError as e:
+        info.error = f"{path}: {e.strerror or e}"
+    return info
+
+
+def _fill(info: ModelInfo, f: GGUFFile) -> None:
+    info.name = f.get_str("general.name", "") or info.name
+    info.arch = f.get_str("general.architecture", "") or ""
+    info.n_tensors = len(f.tensors)
+    info.weights_bytes = f.tensor_data_bytes
+    qb, qc, n = Counter(), Counter(), 0
+    for t in f.tensors.values():
+        k = 1
+        for d in t.shape:
+            k *= int(d)
+        n += k
+        name = getattr(t.qtype, "name", str(t.qtype))
+        qb[name] += t.nbytes
+        qc[name] += 1
+    info.n_params, info.quant_bytes, info.quant_counts = n, dict(qb), dict(qc)
+    info.tokenizer = f.get_str("tokenizer.ggml.model", "") or ""
+    info.tokenizer_pre = f.get_str("tokenizer.ggml.pre", "") or ""
+    info.has_chat_template = bool(f.get("tokenizer.chat_template"))
+    try:
+        from .tokenizer.chat_template import ChatTemplate
+
+        info.chat_template_name = ChatTemplate.from_gguf(f).name
+    except Exception:  # the template is reported, never fatal for inspection
+        info.chat_template_name = "gguf" if info.has_chat_template else ""
+    cfg = get_arch(info.arch).config_from_gguf(f)
+    info.cfg = cfg
+    info.n_ctx_train, info.n_layer, info.n_embd, info.n_vocab = cfg.n_ctx_train, cfg.n_layer, cfg.n_embd, cfg.n_vocab
+    from .quants import check_supported
+
+    for t in f.tensors.values():
+        check_supported(t.name, t.qtype)
