@@ -431,6 +431,12 @@ class EngineAdapter:
 
         return str(model_store.models_dir())
 
+    def resolve_model(self, arg: str) -> str:
+        """A `-m` value: an existing path, or the name of a downloaded starter model."""
+        from engine import model_store
+
+        return str(model_store.resolve_model_arg(arg))
+
     def backends(self, n_threads: int = 0) -> BackendInfo:
         return backend_info(n_threads)
 

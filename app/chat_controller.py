@@ -28,7 +28,7 @@ class ChatController(QObject):
         self.ctx = ctx
         self.chat_model = ChatListModel(self)
         self.conversations = ConversationListModel(self)
-        self.conversations.title_edited.connect(ctx.store.rename)
+        self.conversations.title_edited.connect(self._on_title_edited)
         self.conversation_id = 0
         self._worker: GenerationWorker | None = None
         self._reply_id, self._saved_at = 0, 0.0
@@ -55,6 +55,11 @@ class ChatController(QObject):
         self.conversation_opened.emit(conversation_id, self.ctx.store.title(conversation_id))
         last = next((m.stats for m in reversed(messages) if m.stats), {})
         self.context_changed.emit(last.get("n_prompt", 0) + last.get("n_generated", 0), self.n_ctx())
+
+    def _on_title_edited(self, conversation_id: int, title: str) -> None:
+        self.ctx.store.rename(conversation_id, title)
+        if conversation_id == self.conversation_id:
+            self.conversation_opened.emit(conversation_id, title)
 
     def delete_conversation(self, conversation_id: int) -> None:
         self.ctx.store.delete(conversation_id)

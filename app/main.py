@@ -36,7 +36,17 @@ def run(args: argparse.Namespace) -> int:
     app.setOrganizationName(APP_NAME)
     app.setApplicationName(APP_NAME)
     app.setDesktopFileName(APP_NAME)
-    ctx = build_context(args.data_dir or (tempfile.mkdtemp(prefix="ggstation-selftest-") if args.self_test else None))
+    from .bridge import EngineAdapter
+
+    engine = EngineAdapter()
+    if args.model:
+        try:
+            args.model = engine.resolve_model(args.model)
+        except Exception as e:  # unknown name or missing file: say so before any window opens
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+    data_dir = args.data_dir or (tempfile.mkdtemp(prefix="ggstation-selftest-") if args.self_test else None)
+    ctx = build_context(data_dir, engine)
     from .main_window import MainWindow
     from .theme import apply_theme, follow_system
 

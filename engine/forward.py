@@ -13,7 +13,7 @@ from . import ops
 from .batch import Batch
 from .errors import ContextOverflowError, EngineError
 from .memory import DECODE_TOKENS
-from .quants import get_rows, matmul
+from .quants import get_rows, matmul, matmul_many
 
 
 
@@ -88,9 +88,7 @@ def _attention(ctx, il, lw, ub, groups, h, out) -> None:
     T = len(ub)
     H, G, D, Dv = cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v
     q, k, v = b.q[:T], b.k[:T], b.v[:T]
-    matmul(lw.attn_q, h, q, b.tile)
-    matmul(lw.attn_k, h, k, b.tile)
-    matmul(lw.attn_v, h, v, b.tile)
+    matmul_many([lw.attn_q, lw.attn_k, lw.attn_v], h, [q, k, v], b.tile)
     if lw.attn_q_bias is not None:
         q += lw.attn_q_bias
         k += lw.attn_k_bias
@@ -130,7 +128,6 @@ def _ffn(ctx, lw, h, out) -> None:
     b = ctx.buf
     T = h.shape[0]
     g, u = b.gate[:T], b.up[:T]
-    matmul(lw.ffn_gate, h, g, b.tile)
-    matmul(lw.ffn_up, h, u, b.tile)
+    matmul_many([lw.ffn_gate, lw.ffn_up], h, [g, u], b.tile)
     ops.gated_act(ctx.cfg.act, g, u, g)
     matmul(lw.ffn_down, g, out, b.tile)

@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from . import ops
-from .quants import QTensor, matvec
+from .quants import warmup as warmup_quant
 
 log = logging.getLogger("ggstation.engine")
 
@@ -21,13 +21,14 @@ def warmup(model) -> float:
         if t.qtype in seen:
             continue
         seen.add(t.qtype)
-        row = QTensor(t.name, t.qtype, 1, t.n_cols, t.raw[:1])
-        matvec(row, np.zeros(t.n_cols, np.float32), np.zeros(1, np.float32))
-    x = np.ones((1, 2, 4), np.float32)
-    ops.rope(x, np.zeros(1, np.int32), 4, 10000.0, 1.0, True)
-    ops.rmsnorm(x[0], np.ones(4, np.float32), 1e-5, x[0])
-    g = np.ones((1, 4), np.float32)
-    ops.gated_act(model.cfg.act, g, g, g)
+        warmup_quant(t)
+    for rows in (1, ops.PARALLEL_MIN_ROWS):  # serial and parallel variants
+        x = np.ones((rows, 2, 4), np.float32)
+        ops.rope(x, np.zeros(rows, np.int32), 4, 10000.0, 1.0, True)
+        x2 = np.ones((rows, 4), np.float32)
+        ops.rmsnorm(x2, np.ones(4, np.float32), 1e-5, x2)
+        g = np.ones((rows, 4), np.float32)
+        ops.gated_act(model.cfg.act, g, g, g)
     dt = time.perf_counter() - t0
     if dt > 2.0:
         log.warning("compiled numba kernels in %.1f s (cached for the next start)", dt)

@@ -50,7 +50,6 @@ def make_engine(args, tmp: Path):
 
         path = tmp / "tiny-llama-Q4_1.gguf"
         path.write_bytes(b"GGUF" + bytes(4096))
-        (tmp / "broken.gguf").write_bytes(b"NOPE")
         return FakeEngine(delay=0.003), str(path)
     from app.bridge import EngineAdapter
 
@@ -83,7 +82,9 @@ def main() -> int:
     window = MainWindow(ctx)
     window.resize(1360, 860)
     window.show()
-    window.picker.add_paths([model] + ([str(tmp / "broken.gguf")] if args.fake else []))
+    broken = tmp / "downloaded-page-not-a-model.gguf"  # shows how unusable files are listed
+    broken.write_bytes(b"<html>404</html>" + bytes(64))
+    window.picker.add_paths([model, str(broken)])
     wait_until(lambda: window.picker.files.rowCount() >= 1)
     window.picker.select_path(model)
     window.picker.load_panel.set_params(LoadParams(n_ctx=2048, n_seq_max=2))

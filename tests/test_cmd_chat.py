@@ -5,6 +5,7 @@ import os
 import signal
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -185,28 +186,36 @@ def test_generate_without_prompt_is_an_error(capsys):
     assert "-p/--prompt" in capsys.readouterr().err
 
 
-# -- a real session in a pseudo-terminal ----------------------------------------------------
+# -- a session in a pseudo-terminal ---------------------------------------------------------
+
+# prompt_toolkit draws "> " as ">" plus a cursor move (or a space on simple terminals)
+PROMPT = r">(?:\x08|\x1b\[\d*C| )"
 
 
-@pytest.mark.model
-def test_chat_pty_interrupt_returns_to_prompt(smollm2_path):
+def test_chat_pty_interrupt_returns_to_prompt(tmp_path):
     pexpect = pytest.importorskip("pexpect")
+    from ggufgen import write_tiny_model
+
+    model = write_tiny_model(tmp_path / "tiny.gguf")
     env = dict(os.environ, PROMPT_TOOLKIT_NO_CPR="1", TERM="xterm")
     child = pexpect.spawn(
         sys.executable,
-        ["-m", "engine", "chat", "-m", str(smollm2_path), "-c", "1024", "--ignore-eos",
-         "--temp", "0", "--context-shift"],
-        env=env, encoding="utf-8", timeout=120, dimensions=(40, 200),
+        # the bias makes the reply "aaaa..." (token 100 is the byte 'a' in the tiny BPE vocab);
+        # with --ignore-eos and --context-shift it never ends by itself
+        ["-m", "engine", "chat", "-m", str(model), "-c", "256", "--ignore-eos",
+         "--context-shift", "--verbose", "-l", "100+100"],
+        cwd=str(Path(__file__).resolve().parents[1]), env=env, encoding="utf-8",
+        timeout=120, dimensions=(40, 200),
     )
     try:
-        for message in ("Write a very long story about a dragon.", "Now tell me about cats."):
-            child.expect_exact("> ")
+        child.expect(PROMPT)
+        for message in ("tell me a long story", "and another one"):
             child.sendline(message)
-            child.expect(r"\w{3,}")  # the reply streams ...
-            child.kill(signal.SIGINT)  # ... until Ctrl+C stops it
-            child.expect_exact("> ")
-            child.sendline("")  # the prompt answers: an empty line just asks again
-        child.expect_exact("> ")
+            child.expect_exact(message)
+            child.expect_exact("aaaaaaaa")  # the reply streams ...
+            child.kill(signal.SIGINT)  # ... then Ctrl+C stops it
+            child.expect(r"generation: +\d+ tokens")  # --verbose timings: the reply ended
+            child.expect(PROMPT)  # and the prompt is back
         child.sendeof()  # Ctrl+D at an empty prompt exits
         child.expect(pexpect.EOF)
     finally:

@@ -350,3 +350,41 @@ def test_generate_command_prints_only_the_text(smollm2_path, smollm2_ctx, capsys
     first = capsys.readouterr().out
     assert main([*argv, "-s", "5"]) == 0
     assert capsys.readouterr().out == first
+
+
+# -- the generate command on a tiny random model --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_model_path(tmp_path_factory):
+    from ggufgen import write_tiny_model
+
+    return write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny.gguf")
+
+
+def test_generate_command_output_is_the_library_output(tiny_model_path, capsys, keep_sigint):
+    from engine.cli import main
+    from engine.context import Context, ContextParams
+    from engine.model import load_model
+
+    argv = ["generate", "-m", str(tiny_model_path), "-p", "the cat", "-n", "12", "-c", "128"]
+    assert main([*argv, "--temp", "0"]) == 0
+    out, err = capsys.readouterr()
+    ctx = Context(load_model(tiny_model_path), ContextParams(n_ctx=128))
+    ids = ctx.model.tokenizer.encode("the cat", add_special=True, parse_special=True)
+    assert out == "".join(s.text_delta for s in generate(ctx, ids, GREEDY, n_predict=12))
+    assert "prompt eval:" in err and "generation:" in err
+
+    seeded = [*argv, "-s", "11", "--temp", "1.5", "--top-k", "0", "--min-p", "0"]
+    assert main(seeded) == 0
+    first = capsys.readouterr().out
+    assert main(seeded) == 0
+    assert capsys.readouterr().out == first
+
+
+def test_generate_command_prompt_too_long_exits_1(tiny_model_path, capsys, keep_sigint):
+    from engine.cli import main
+
+    assert main(["generate", "-m", str(tiny_model_path), "-p", "the cat " * 20, "-c", "16"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: the prompt has") and "16" in err

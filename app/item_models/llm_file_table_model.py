@@ -8,7 +8,7 @@ from PySide6.QtGui import QColor
 from ..bridge import LlmFileInfo
 from ..format import human_bytes, human_count
 
-COLUMNS = ("Name", "Architecture", "Parameters", "Quantisation", "Size", "Train ctx", "Template", "Status")
+COLUMNS = ("Name", "Arch", "Params", "Quant", "Size", "Train ctx", "Template", "Status")
 INFO_ROLE = Qt.ItemDataRole.UserRole + 1
 SORT_ROLE = Qt.ItemDataRole.UserRole + 2
 

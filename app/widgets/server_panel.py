@@ -56,6 +56,7 @@ class ServerPanel(QWidget):
         self.host.setCurrentText(s.host)
         self.host.setToolTip("127.0.0.1 = this machine only; 0.0.0.0 = every network interface")
         self.port = QSpinBox(minimum=1, maximum=65535, value=s.port)
+        self.port.setMinimumWidth(self.fontMetrics().horizontalAdvance("655350") + 40)
         self.api_key = QLineEdit(s.api_key, placeholderText="optional", echoMode=QLineEdit.EchoMode.Password)
         self.api_key.setMinimumWidth(self.host.minimumWidth())
         self.cors = QCheckBox("Allow browser pages from other origins (CORS)", checked=s.cors)

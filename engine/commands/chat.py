@@ -118,11 +118,12 @@ class ChatSession:
 
     def _reply(self, on_delta, cancel) -> GenerationStep | None:
         tokens = self.prompt_tokens()
+        stop = getattr(self.template, "stop_strings", ())  # the turn's end marker as text
         sampling = dataclasses.replace(self.sampling, seed=int(self._seeds.integers(0, 2**32 - 1)))
         parts: list[str] = []
         last = None
         for last in generate(
-            self.ctx, tokens, sampling, n_predict=self.n_predict,
+            self.ctx, tokens, sampling, n_predict=self.n_predict, stop=stop,
             n_keep=n_keep_for(self.keep, tokens, self.tokenizer),
             context_shift=self.context_shift, cancel=cancel, cached=self.cached,
         ):

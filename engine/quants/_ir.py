@@ -52,11 +52,48 @@ def _fast(ins):
     return ins
 
 
+def _has_f16c(context) -> bool:
+    """Whether the code being generated may use the F16C half<->float instructions."""
+    try:
+        return "+f16c" in str(context.codegen()._tm_features)
+    except Exception:  # pragma: no cover - other numba codegens
+        return False
+
+
 class Emit:
     """IR-building helpers bound to one builder; offsets are byte offsets from `base` (i8*)."""
 
-    def __init__(self, builder: ir.IRBuilder):
+    def __init__(self, builder: ir.IRBuilder, f16c: bool = False):
         self.b = builder
+        self.f16c = f16c
+
+    def half_to_float(self, h):
+        """IEEE half bits (i16 or <16 x i16>) -> float / <16 x float>.
+
+        With F16C this is one vcvtph2ps. Without it LLVM would call __extendhfsf2, which numba
+        cannot link (the process aborts), so convert with integer arithmetic instead.
+        """
+        b = self.b
+        vec = isinstance(h.type, ir.VectorType)
+        fty = V16F if vec else F32
+        if self.f16c:
+            hty = V16H if vec else ir.HalfType()
+            return b.fpext(b.bitcast(h, hty), fty)
+        ity = V16I32 if vec else I32
+
+        def c(v):
+            return ir.Constant(ity, [v] * 16 if vec else v)
+
+        w = b.zext(h, ity)
+        sign = b.shl(b.and_(w, c(0x8000)), c(16))
+        em = b.and_(w, c(0x7FFF))
+        # Normal and subnormal halves: shift into a float's bits, rescale by 2^112.
+        f = b.fmul(b.bitcast(b.shl(em, c(13)), fty),
+                   ir.Constant(fty, [2.0 ** 112] * 16 if vec else 2.0 ** 112))
+        bits = b.bitcast(f, ity)
+        infnan = b.icmp_unsigned(">=", em, c(0x7C00))
+        bits = b.select(infnan, b.or_(b.shl(em, c(13)), c(0x7F800000)), bits)
+        return b.bitcast(b.or_(bits, sign), fty)
 
     # --- loads -----------------------------------------------------------------------------
     def ptr(self, base, off):
@@ -70,8 +107,7 @@ class Emit:
 
     def f16(self, base, off):
         """One little-endian IEEE half at base+off, as float."""
-        h = self.load(base, off, I16)
-        return self.b.fpext(self.b.bitcast(h, ir.HalfType()), F32)
+        return self.half_to_float(self.load(base, off, I16))
 
     def u8(self, base, off):
         """One byte, zero-extended to i32."""
@@ -213,7 +249,7 @@ def make_row_dot(layout: Layout, n_tok: int):
 
         def codegen(context, builder, signature, args):
             rawv, rv, xv, xsv, outv, t0v = args
-            em = Emit(builder)
+            em = Emit(builder, _has_f16c(context))
             ra = _arr(context, builder, signature.args[0], rawv)
             xa = _arr(context, builder, signature.args[2], xv)
             sa = _arr(context, builder, signature.args[3], xsv)
@@ -299,7 +335,7 @@ def make_row_dequant(layout: Layout):
 
         def codegen(context, builder, signature, args):
             rawv, rv, outv, ov = args
-            em = Emit(builder)
+            em = Emit(builder, _has_f16c(context))
             ra = _arr(context, builder, signature.args[0], rawv)
             oa = _arr(context, builder, signature.args[2], outv)
             rstride = cgutils.unpack_tuple(builder, ra.strides)[0]

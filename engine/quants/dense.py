@@ -10,7 +10,7 @@ from gguf import GGMLQuantizationType
 from numba import prange
 
 from ..jit import parallel_kernel
-from ._ir import V16F, V16H, V16I16, V16I32, Group, Layout, make_row_dequant, make_row_dot
+from ._ir import V16F, V16I16, V16I32, Group, Layout, make_row_dequant, make_row_dot
 from ._kern import check_shapes, group_sums, register
 
 
@@ -27,7 +27,7 @@ class F16Layout(Layout):
     block_elems, block_bytes, group = 16, 32, 0
 
     def groups(self, em, p):
-        return [Group(0, [em.b.fpext(em.load(p, 0, V16H), V16F)])]
+        return [Group(0, [em.half_to_float(em.load(p, 0, V16I16))])]
 
 
 # BF16 row: 2 bytes per weight, the high half of an IEEE single (value = bits << 16).

@@ -17,7 +17,6 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import regex
 from gguf import Keys
 
 from ..errors import TokenizerError
@@ -324,17 +323,27 @@ class Tokenizer:
         out: list[int] = []
         if add_special and self.add_bos:
             out.append(self.bos_id)
+        items: list = []
         after_special = True
         for frag in fragments:
             if isinstance(frag, int):
-                out.append(frag)
+                items.append(frag)
                 after_special = True
             else:
-                self._encode_fragment(text[frag[0]:frag[1]], after_special, out)
+                items.append((text[frag[0]:frag[1]], after_special))
                 after_special = False
+        self._encode_items(items, out)
         if add_special and self.add_eos:
             out.append(self.eos_id)
         return out
+
+    def _encode_items(self, items: list, out: list[int]) -> None:
+        """Token ids (ints) and (text, after_special) fragments, in order."""
+        for item in items:
+            if isinstance(item, int):
+                out.append(item)
+            else:
+                self._encode_fragment(item[0], item[1], out)
 
     def _encode_fragment(self, text: str, after_special: bool, out: list[int]) -> None:
         raise NotImplementedError

@@ -364,13 +364,19 @@ class ChatTemplate:
 
     @classmethod
     def from_gguf(cls, gguf_file: Any, override: str | None = None) -> ChatTemplate:
-        """The template for a model: `override` (a built-in name, a template file, or template
-        text) if given, else `tokenizer.chat_template`, else a built-in chosen by architecture and
-        vocabulary (e.g. 'gemma' for Gemma 3, which ships none).
+        """The template for a model (a GGUFFile, a path, or a metadata mapping).
+
+        `override` (a built-in name, a template file, or template text) if given, else
+        `tokenizer.chat_template`, else a built-in chosen by architecture and vocabulary
+        (e.g. 'gemma' for Gemma 3, which ships none).
 
         Raises:
             TemplateError: an override that is none of the above.
         """
+        if isinstance(gguf_file, (str, os.PathLike)):
+            from ..gguf_file import GGUFFile
+
+            gguf_file = GGUFFile(gguf_file)
         meta = gguf_file if isinstance(gguf_file, Mapping) else getattr(gguf_file, "metadata", None)
         get = meta.get if meta is not None else gguf_file.get
         tokens = get("tokenizer.ggml.tokens") or []

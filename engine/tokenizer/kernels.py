@@ -120,20 +120,21 @@ def _find_pair(text, s, m, e, data, offsets, slots):
 
 
 @kernel
-def _utf8_split(text, start, length):
-    """llama.cpp's unicode_len_utf8 split: returns the number of symbols."""
-    n = text.shape[0]
+def _utf8_split_segments(text, seg_starts, start, length):
+    """llama.cpp's unicode_len_utf8 split of each segment: returns the number of symbols."""
     count = 0
-    i = 0
-    while i < n:
-        hi = text[i] >> 4
-        step = 4 if hi == 0xF else 3 if hi == 0xE else 2 if hi >= 0xC else 1
-        if i + step > n:
-            step = n - i
-        start[count] = i
-        length[count] = step
-        count += 1
-        i += step
+    for g in range(seg_starts.shape[0]):
+        i = seg_starts[g]
+        n = seg_starts[g + 1] if g + 1 < seg_starts.shape[0] else text.shape[0]
+        while i < n:
+            hi = text[i] >> 4
+            step = 4 if hi == 0xF else 3 if hi == 0xE else 2 if hi >= 0xC else 1
+            if i + step > n:
+                step = n - i
+            start[count] = i
+            length[count] = step
+            count += 1
+            i += step
     return count
 
 
@@ -194,18 +195,31 @@ def _pair(text, start, length, a, b, is_bpe, vocab_data, vocab_off, vocab_slots,
 
 
 @kernel
-def _merge(text, is_bpe, vocab_data, vocab_off, vocab_slots, pair_data, pair_off, pair_slots, prio):
-    """Shared merge loop. `prio[k]` orders pair k (smaller first): SPM, the score, descending;
-    BPE, the merge rank. Returns the final symbols as (start, length) arrays."""
+def _merge(text, seg_starts, is_bpe, vocab_data, vocab_off, vocab_slots, pair_data, pair_off, pair_slots, prio):
+    """Shared merge loop over independent segments of `text` (byte offsets `seg_starts`, the
+    first 0): no pair crosses a segment start. `prio[k]` orders pair k (smaller first): SPM, the
+    score, descending; BPE, the merge rank. Returns the final symbols as (start, length) arrays
+    and, per segment, the end of its symbols in them."""
     n_bytes = text.shape[0]
     start = np.empty(n_bytes, np.int64)
     length = np.empty(n_bytes, np.int64)
-    n = _utf8_split(text, start, length)
+    n = _utf8_split_segments(text, seg_starts, start, length)
     nxt = np.empty(n, np.int64)
     prv = np.empty(n, np.int64)
+    seg = 0
+    n_seg = seg_starts.shape[0]
+    first = np.zeros(n, np.bool_)
     for i in range(n):
         nxt[i] = i + 1
         prv[i] = i - 1
+        while seg < n_seg and seg_starts[seg] <= start[i]:
+            if seg_starts[seg] == start[i]:
+                first[i] = True
+            seg += 1
+        if first[i]:
+            prv[i] = -1
+            if i > 0:
+                nxt[i - 1] = -1
     if n > 0:
         nxt[n - 1] = -1
     cap = 3 * n + 3
@@ -216,6 +230,8 @@ def _merge(text, is_bpe, vocab_data, vocab_off, vocab_slots, pair_data, pair_off
     h = 0
     m = 0
     for i in range(n - 1):
+        if nxt[i] < 0:
+            continue
         k = _pair(text, start, length, i, i + 1, is_bpe, vocab_data, vocab_off, vocab_slots, pair_data,
                   pair_off, pair_slots)
         if k >= 0:
@@ -253,14 +269,23 @@ def _merge(text, is_bpe, vocab_data, vocab_off, vocab_slots, pair_data, pair_off
                 m += 1
     out_s = np.empty(n, np.int64)
     out_n = np.empty(n, np.int64)
+    seg_end = np.zeros(n_seg, np.int64)
     c = 0
-    i = 0 if n > 0 else -1
-    while i != -1:
-        out_s[c] = start[i]
-        out_n[c] = length[i]
-        c += 1
-        i = nxt[i]
-    return out_s[:c], out_n[:c]
+    seg = -1
+    for j in range(n):
+        if not first[j]:
+            continue
+        seg += 1
+        i = j
+        while i != -1:
+            out_s[c] = start[i]
+            out_n[c] = length[i]
+            c += 1
+            i = nxt[i]
+        seg_end[seg] = c
+    for k in range(max(seg, 0) + 1, n_seg):  # empty segments (none in practice)
+        seg_end[k] = c
+    return out_s[:c], out_n[:c], seg_end
 
 
 @kernel
@@ -268,6 +293,7 @@ def _ids(text, sym_s, sym_n, vocab_data, vocab_off, vocab_slots, byte_ids, is_bp
     """Token ids of the final symbols: the token itself, else one token per byte (SPM: <0xXX>;
     BPE: the byte alone if it is a token, as llama.cpp does)."""
     out = np.empty(text.shape[0] + 1, np.int64)
+    ends = np.empty(sym_s.shape[0], np.int64)
     m = 0
     for j in range(sym_s.shape[0]):
         s = sym_s[j]
@@ -276,6 +302,7 @@ def _ids(text, sym_s, sym_n, vocab_data, vocab_off, vocab_slots, byte_ids, is_bp
         if k >= 0:
             out[m] = k
             m += 1
+            ends[j] = m
             continue
         for i in range(s, e):
             if is_bpe:
@@ -285,7 +312,8 @@ def _ids(text, sym_s, sym_n, vocab_data, vocab_off, vocab_slots, byte_ids, is_bp
             if t >= 0:
                 out[m] = t
                 m += 1
-    return out[:m]
+        ends[j] = m
+    return out[:m], ends
 
 
 def score_priority(scores) -> np.ndarray:
@@ -297,15 +325,37 @@ def score_priority(scores) -> np.ndarray:
 
 def merge_spm(data: bytes, vocab: ByteTable, prio: np.ndarray, byte_ids: np.ndarray) -> list[int]:
     """SPM merge of `data` (spaces already '▁'); `prio` from score_priority(scores)."""
-    text = np.frombuffer(data, dtype=np.uint8)
-    s, n = _merge(text, False, vocab.data, vocab.offsets, vocab.slots, vocab.data, vocab.offsets,
-                  vocab.slots, prio)
-    return _ids(text, s, n, vocab.data, vocab.offsets, vocab.slots, byte_ids, False).tolist()
+    return merge_spm_many([data], vocab, prio, byte_ids)[0]
+
+
+def merge_spm_many(pieces: list[bytes], vocab: ByteTable, prio: np.ndarray, byte_ids: np.ndarray) -> list[list[int]]:
+    """Several independent SPM merges in one call (each piece as if merged alone)."""
+    return _merge_many(pieces, False, vocab, vocab, prio, byte_ids)
 
 
 def merge_bpe(data: bytes, vocab: ByteTable, merges: ByteTable) -> list[int]:
-    text = np.frombuffer(data, dtype=np.uint8)
     prio = np.arange(len(merges.offsets) - 1, dtype=np.uint64)
-    s, n = _merge(text, True, vocab.data, vocab.offsets, vocab.slots, merges.data, merges.offsets,
-                  merges.slots, prio)
-    return _ids(text, s, n, vocab.data, vocab.offsets, vocab.slots, np.zeros(256, np.int64), True).tolist()
+    return _merge_many([data], True, vocab, merges, prio, np.zeros(256, np.int64))[0]
+
+
+def _merge_many(pieces, is_bpe, vocab, pairs, prio, byte_ids) -> list[list[int]]:
+    if not all(pieces):  # segments must not be empty
+        full = [p for p in pieces if p]
+        done = iter(_merge_many(full, is_bpe, vocab, pairs, prio, byte_ids) if full else [])
+        return [next(done) if p else [] for p in pieces]
+    lengths = np.fromiter((len(p) for p in pieces), dtype=np.int64, count=len(pieces))
+    seg_starts = np.zeros(len(pieces), np.int64)
+    np.cumsum(lengths[:-1], out=seg_starts[1:])
+    text = np.frombuffer(b"".join(pieces), dtype=np.uint8)
+    s, n, seg_end = _merge(text, seg_starts, is_bpe, vocab.data, vocab.offsets, vocab.slots, pairs.data,
+                           pairs.offsets, pairs.slots, prio)
+    ids, ends = _ids(text, s, n, vocab.data, vocab.offsets, vocab.slots, byte_ids, is_bpe)
+    ids = ids.tolist()
+    out = []
+    sym0 = 0
+    for sym1 in seg_end.tolist():
+        a = ends[sym0 - 1] if sym0 > 0 else 0
+        b = ends[sym1 - 1] if sym1 > 0 else 0
+        out.append(ids[a:b])
+        sym0 = sym1
+    return out

@@ -23,6 +23,7 @@ from .base import TokenAttr, Tokenizer, to_bytes
 
 SPACE = "\u2581"  # ▁
 LONG_PIECE = 256  # characters; longer pieces go to the numba merge
+BATCH_CHARS = 1_000_000  # new (uncached) characters in one encode above which numba merges them all
 
 
 def _utf8_units(data: bytes) -> list[bytes]:
@@ -64,40 +65,78 @@ class SPMTokenizer(Tokenizer):
         return tid if tid is not None else self.unk_id
 
     # --- encode -------------------------------------------------------------------------------
+    def _encode_items(self, items: list, out: list[int]) -> None:
+        # Split every valid fragment at the safe cut points first, so that all words not yet in
+        # the cache can be merged in one numba call when there are many of them.
+        cache = self._cache
+        if len(cache) > self._CACHE_LIMIT:
+            cache.clear()
+        plan: list = []
+        new: set[str] = set()
+        for item in items:
+            if isinstance(item, int):
+                plan.append(item)
+                continue
+            text, after_special = item
+            if self.add_space_prefix and after_special:
+                text = " " + text
+            text = text.replace(" ", SPACE)
+            if text.isascii() or _is_valid(text):
+                pieces = self._cuts.split(text)
+                new.update(p for p in pieces if p not in cache)
+                plan.append(pieces)
+            else:
+                plan.append(to_bytes(text))
+        merged = self._merge_new(new)
+        for step in plan:
+            if isinstance(step, int):
+                out.append(step)
+            elif isinstance(step, list):
+                for p in step:
+                    ids = cache.get(p)
+                    out.extend(ids if ids is not None else merged[p])
+            elif len(step) > LONG_PIECE:  # invalid UTF-8: llama.cpp's byte units
+                out.extend(self._merge_many([step])[0])
+            else:
+                if self._bytes_vocab is None:
+                    self._bytes_vocab = {t.encode("utf-8", "surrogatepass"): i for i, t in enumerate(self.tokens)}
+                self._merge(_utf8_units(step), self._bytes_vocab, out)
+
+    def _merge_new(self, new: set[str]) -> dict[str, list[int]]:
+        """Merge the words not in the cache (numba for many or long ones), caching short ones."""
+        if sum(map(len, new)) > BATCH_CHARS:
+            words = list(new)
+            merged = dict(zip(words, self._merge_many([w.encode("utf-8") for w in words])))
+        else:
+            merged = {}
+            for w in new:
+                if len(w) > LONG_PIECE:
+                    merged[w] = self._merge_many([w.encode("utf-8")])[0]
+                else:
+                    ids: list[int] = []
+                    self._merge(list(w), self.token_to_id, ids)
+                    merged[w] = ids
+        for w, ids in merged.items():
+            if len(w) <= LONG_PIECE:
+                self._cache[w] = tuple(ids)
+        return merged
+
     def _encode_fragment(self, text: str, after_special: bool, out: list[int]) -> None:
-        if self.add_space_prefix and after_special:
-            text = " " + text
-        text = text.replace(" ", SPACE)
-        if text.isascii() or _is_valid(text):
-            cache = self._cache
-            if len(cache) > self._CACHE_LIMIT:
-                cache.clear()
-            for piece in self._cuts.split(text):
-                if len(piece) > LONG_PIECE:
-                    out.extend(self._merge_long(piece.encode("utf-8")))
-                    continue
-                ids = cache.get(piece)
-                if ids is None:
-                    ids = []
-                    self._merge(list(piece), self.token_to_id, ids)
-                    ids = cache[piece] = tuple(ids)
-                out.extend(ids)
-        elif len(text) > LONG_PIECE:
-            out.extend(self._merge_long(to_bytes(text)))
-        else:  # invalid UTF-8 input: work on llama.cpp's byte units
-            if self._bytes_vocab is None:
-                self._bytes_vocab = {t.encode("utf-8", "surrogatepass"): i for i, t in enumerate(self.tokens)}
-            self._merge(_utf8_units(to_bytes(text)), self._bytes_vocab, out)
+        self._encode_items([(text, after_special)], out)
 
     def _merge_long(self, data: bytes) -> list[int]:
-        """The same merge in numba (kernels.py), for pieces too long for the Python loop."""
+        return self._merge_many([data])[0]
+
+    def _merge_many(self, pieces: list[bytes]) -> list[list[int]]:
+        """The same merge in numba (kernels.py), each piece on its own: for pieces too long for
+        the Python loop, or for many new words at once."""
         from . import kernels
 
         if self._kernel_tables is None:
             vocab = kernels.ByteTable([t.encode("utf-8", "surrogatepass") for t in self.tokens])
             byte_ids = np.array([-1 if t is None else t for t in self._byte_ids], dtype=np.int64)
             self._kernel_tables = (vocab, kernels.score_priority(self.scores), byte_ids)
-        return kernels.merge_spm(data, *self._kernel_tables)
+        return kernels.merge_spm_many(pieces, *self._kernel_tables)
 
     def _merge(self, sym: list, vocab: dict, out: list[int]) -> None:
         n = len(sym)

@@ -167,5 +167,8 @@ class FakeEngine:
     def models_dir(self) -> str:
         return "/nonexistent"
 
+    def resolve_model(self, arg: str) -> str:
+        return arg
+
     def backends(self, n_threads: int = 0):
         return backend_info(n_threads)

@@ -106,14 +106,8 @@ def test_send_without_model_explains(window, qtbot):
 def test_delegate_copy_action_copies_message(loaded_window, qtbot):
     w = loaded_window
     send(w, qtbot, "copy me")
-    view = w.chat_pane.view
-    option = QStyleOptionViewItem()
-    view.initViewItemOption(option) if hasattr(view, "initViewItemOption") else None
-    index = w.chat.chat_model.index(0)
-    option.rect = view.visualRect(index)
-    option.font, option.palette = view.font(), view.palette()
-    option.fontMetrics = view.fontMetrics()
-    rect = w.chat_pane.delegate.action_rects(option, index)["Copy"]
+    view, index = w.chat_pane.view, w.chat.chat_model.index(0)
+    rect = w.chat_pane.delegate.action_rects(_option_for(view, index), index)["Copy"]
     qtbot.mouseClick(view.viewport(), Qt.MouseButton.LeftButton, pos=rect.center())
     assert QGuiApplication.clipboard().text() == "copy me"
 
@@ -141,3 +135,34 @@ def test_context_overflow_drops_oldest_turns(make_window, qtbot, gguf_path):
     stats = w.chat.chat_model.message(w.chat.chat_model.rowCount() - 1).stats
     assert stats["dropped_messages"] > 0
     assert w.ctx.engine.sessions[-1].count_tokens(w.ctx.engine.sessions[-1].last_messages) + 40 <= 256
+
+
+def _option_for(view, index):
+    option = QStyleOptionViewItem()
+    option.rect = view.visualRect(index)
+    option.font, option.palette, option.fontMetrics = view.font(), view.palette(), view.fontMetrics()
+    return option
+
+
+def test_code_block_copy_button_copies_code(loaded_window, qtbot):
+    w = loaded_window
+    send(w, qtbot, "show code")
+    view, index = w.chat_pane.view, w.chat.chat_model.index(1)
+    layout = w.chat_pane.delegate._layout(_option_for(view, index), index)
+    (code, rect), = layout.code_copies
+    assert code == "print('hi')"
+    qtbot.mouseClick(view.viewport(), Qt.MouseButton.LeftButton, pos=rect.center())
+    assert QGuiApplication.clipboard().text() == "print('hi')"
+
+
+def test_rename_and_export(loaded_window, qtbot, tmp_path, monkeypatch):
+    w = loaded_window
+    send(w, qtbot, "export me")
+    cid = w.chat.conversation_id
+    w.chat.conversations.setData(w.chat.conversations.index(0), "Renamed")
+    assert w.ctx.store.title(cid) == "Renamed" and w.chat_pane.title_label.text() == "Renamed"
+    for fmt in ("md", "json"):
+        target = tmp_path / f"out.{fmt}"
+        monkeypatch.setattr("app.main_window.QFileDialog.getSaveFileName", lambda *a, **k: (str(target), ""))
+        w.on_sidebar_export_requested(cid, fmt)
+        assert "export me" in target.read_text()
