@@ -361,8 +361,9 @@ class EngineAdapter:
     def inspect(self, path: str) -> LlmFileInfo:
         info = self._model_info(path)
         name = Path(path).stem
-        if info.error:
-            return LlmFileInfo(path=str(path), name=name, file_size=int(info.file_size), error=info.error)
+        if info.error:  # the path is in the row already: keep the reason only
+            reason = info.error.removeprefix(f"{path}: ")
+            return LlmFileInfo(path=str(path), name=name, file_size=int(info.file_size), error=reason)
         return LlmFileInfo(
             path=str(path), name=name, title=info.name, arch=info.arch, n_params=int(info.n_params),
             quant_mix=dict(info.quant_bytes), quant=_main_quant(info.quant_counts),

@@ -39,6 +39,8 @@ class LlmFileTableModel(QAbstractTableModel):
             return (info.name, info.arch, info.n_params, info.main_quant, info.file_size,
                     info.n_ctx_train, int(info.has_chat_template), info.error or "")[col]
         if role == Qt.ItemDataRole.ToolTipRole:
+            if col == 6 and info.template_name:
+                return f"chat template: {info.template_name}"
             return info.error or self._quant_tooltip(info) or info.path
         if role == Qt.ItemDataRole.ForegroundRole and info.error and col == 7:
             return QColor("#d9534f")
@@ -89,6 +91,7 @@ def _short(text: str, limit: int = 48) -> str:
 
 
 def _template_text(info: LlmFileInfo) -> str:
+    """'yes' (the GGUF's own), 'built-in' (a fallback the engine picked for the arch) or 'none'."""
     if info.has_chat_template:
-        return f"yes ({info.template_name})" if info.template_name and info.template_name != "gguf" else "yes"
-    return f"fallback ({info.template_name})" if info.template_name else "none"
+        return "yes"
+    return "built-in" if info.template_name else "none"

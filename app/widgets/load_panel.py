@@ -126,7 +126,7 @@ class LoadPanel(QWidget):
             self.details.setText(
                 f"{info.arch} · {human_count(info.n_params)} parameters · {info.main_quant} · "
                 f"{human_bytes(info.file_size)} · trained on {info.n_ctx_train:,} tokens · "
-                f"chat template: {'yes' if info.has_chat_template else 'none (fallback used)'}")
+                f"chat template: {_template_words(info)}")
         self._update_buttons()
         self._schedule_estimate()
 
@@ -192,3 +192,9 @@ class LoadPanel(QWidget):
         self._load_worker = None
         self.progress.hide()
         self._update_buttons()
+
+
+def _template_words(info: LlmFileInfo) -> str:
+    if info.has_chat_template:
+        return "from the file"
+    return f"none in the file; built-in '{info.template_name}' used" if info.template_name else "none"

@@ -88,7 +88,7 @@ class ModelPicker(QWidget):
         header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.Interactive)
         header.setStretchLastSection(True)
-        self.table.setColumnWidth(0, self.fontMetrics().horizontalAdvance("M" * 16))
+        self.table.setColumnWidth(0, self.fontMetrics().horizontalAdvance("M" * 14))
         self.table.setTextElideMode(Qt.TextElideMode.ElideRight)
         self.table.setWordWrap(False)
         self.table.selectionModel().currentRowChanged.connect(self._on_current_changed)

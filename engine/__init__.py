@@ -1,0 +1,43 @@
+"""ggstation's engine: GGUF models on a numba CPU engine. Imports no Qt.
+
+Public API (imported lazily so that `import engine` stays cheap):
+    load_model(path, n_threads=None, progress=None) -> Model
+    Context(model, ContextParams(...)); ctx.decode(Batch) -> logits; ctx.memory_report()
+    Batch.for_sequence(tokens, pos0, seq_id), Batch.concat([...])
+    inspect_model(path) -> ModelInfo;  estimate_memory(cfg, ...) -> MemoryReport
+    SamplingParams, generate(...), GenerationStep
+    EngineError and its subclasses (engine.errors)
+"""
+
+import os as _os
+
+# Threading policy, set before numpy/numba start their pools: numba's OpenMP workers and
+# OpenBLAS's workers share the same few cores; spinning workers of one pool starve the other
+# (measured: a 2-thread decode step went from ~15 ms to seconds on a busy 2-core machine).
+_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+_EXPORTS = {
+    "load_model": "engine.model",
+    "Model": "engine.model",
+    "Context": "engine.context",
+    "ContextParams": "engine.context",
+    "Batch": "engine.batch",
+    "inspect_model": "engine.model_info",
+    "ModelInfo": "engine.model_info",
+    "estimate_memory": "engine.memory",
+    "MemoryReport": "engine.memory",
+    "SamplingParams": "engine.sampling",
+    "generate": "engine.generate",
+    "GenerationStep": "engine.generate",
+    "EngineError": "engine.errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'engine' has no attribute {name!r}")
