@@ -370,8 +370,7 @@ class Scheduler:
         for slot in self.slots:
             if slot.handle is not None:
                 slot.handle.cancel()
-        for handle in list(self._pending):
-            handle.cancel()
+        self._drain_pending(SchedulerStoppedError("server is shutting down"))
         self._wake()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(join_s)

@@ -221,8 +221,11 @@ def test_scheduler_many_threads_share_model():
 def test_scheduler_stop_refuses_new_and_ends_streams():
     s = make_fake_scheduler(n_slots=1, n_ctx=4096, delay_s=0.002)
     h = s.submit(req("abc", -1))
+    waiting = s.submit(req("xyz", 3))
     next(iter(h))
     s.stop(join_s=2)
     list(h)  # ends
+    with pytest.raises(SchedulerStoppedError):
+        waiting.result()
     with pytest.raises(SchedulerStoppedError):
         s.submit(req("abc", 1))

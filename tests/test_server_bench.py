@@ -1,10 +1,11 @@
 """Benchmark: aggregate generation speed of 4 concurrent streaming clients on -np 4 against
-one client alone (issue: at least 2x). Slow and machine-dependent: run it on a quiet machine
-with `pytest -m slow tests/test_server_bench.py -s`."""
+one client alone (issue: at least 2x). Slow and machine-dependent, so it only runs when asked:
+`GGSTATION_BENCH=1 pytest tests/test_server_bench.py -s` on a quiet machine."""
 
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 
@@ -13,7 +14,8 @@ import pytest
 
 from test_server_process import ServeProcess
 
-pytestmark = [pytest.mark.model, pytest.mark.slow]
+pytestmark = [pytest.mark.model, pytest.mark.slow,
+              pytest.mark.skipif(not os.environ.get("GGSTATION_BENCH"), reason="set GGSTATION_BENCH=1")]
 
 N_PREDICT = 32
 
@@ -50,6 +52,6 @@ def test_serve_4_clients_vs_1(smollm2_path):
         one = aggregate_tps(p.url, 1)
         four = aggregate_tps(p.url, 4)
         print(f"\n1 client: {one:.2f} tok/s; 4 clients: {four:.2f} tok/s aggregate ({four / one:.2f}x)")
-        assert four > 1.5 * one
+        assert four >= 2.0 * one, "aggregate speed of 4 clients should be at least twice one client's"
     finally:
         p.stop()

@@ -72,6 +72,8 @@ IGNORED = [
     ("--draft-min --draft-n-min", 1), ("--draft-p-min", 1), ("-cd --ctx-size-draft", 1),
     ("-devd --device-draft", 1), ("-ngld --gpu-layers-draft --n-gpu-layers-draft", 1),
     ("--spec-replace", 2), ("--spec-type", 1), ("-mv --model-vocoder", 1), ("--tts-use-guide-tokens", 0),
+    ("--spec-draft-n-max", 1), ("--spec-draft-n-min", 1), ("--spec-default", 0), ("-cl --cache-list", 0),
+    ("--completion-bash", 0),
 ]
 
 # Flags that would download something: refused with a clear message.
@@ -81,6 +83,12 @@ REFUSED = [
     ("-dr --docker-repo", "LLAMA_ARG_DOCKER_REPO"), ("-hfd -hfrd --hf-repo-draft", None),
     ("-mmu --mmproj-url", "LLAMA_ARG_MMPROJ_URL"),
 ]
+# llama-server presets that download a model (no value)
+REFUSED_PRESETS = (
+    "--embd-gemma-default --fim-qwen-1.5b-default --fim-qwen-3b-default --fim-qwen-7b-default "
+    "--fim-qwen-7b-spec --fim-qwen-14b-spec --fim-qwen-30b-default --gpt-oss-20b-default "
+    "--gpt-oss-120b-default --vision-gemma-4b-default --vision-gemma-12b-default"
+)
 
 # environment variable -> option string, for every flag ggstation implements
 ENV = {
@@ -135,6 +143,12 @@ class RefusedFlag(argparse.Action):
         namespace.refused = refused
 
 
+class ListDevices(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        print("Available devices:\n  CPU: numba CPU backend")
+        parser.exit(0)
+
+
 def _has(parser: argparse.ArgumentParser, option: str) -> bool:
     return option in parser._option_string_actions
 
@@ -183,11 +197,13 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         if names:
             g.add_argument(*names, action=IgnoredFlag, nargs=nargs, default=argparse.SUPPRESS,
                            help=argparse.SUPPRESS)
-    for opts, _ in REFUSED:
+    for opts, nargs in [(o, 1) for o, _ in REFUSED] + [(REFUSED_PRESETS, 0)]:
         names = [o for o in opts.split() if not _has(parser, o)]
         if names:
-            g.add_argument(*names, action=RefusedFlag, nargs=1, default=argparse.SUPPRESS,
+            g.add_argument(*names, action=RefusedFlag, nargs=nargs, default=argparse.SUPPRESS,
                            help=argparse.SUPPRESS)
+    g.add_argument("--version", action="version", version="ggstation serve (llama-server compatible)")
+    g.add_argument("--list-devices", action=ListDevices, nargs=0, help="print the compute devices and exit")
 
 
 def env_argv(parser: argparse.ArgumentParser, argv: list[str], environ=os.environ) -> list[str]:

@@ -310,6 +310,8 @@ async def _generate(request: Request, req, fmt, stream: bool):
     except asyncio.CancelledError:
         handle.cancel()
         raise
+    except SchedulerStoppedError as e:
+        raise APIError(503, str(e)) from None
     except EngineError as e:
         raise APIError(500, f"generation failed: {e}") from None
     return JSONResponse(fmt.response())
