@@ -7,13 +7,14 @@ for a few tokens (decode), dequantised tiles + BLAS for many (prefill).
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 
-from . import ops
+from . import ops, parallel
 from .batch import Batch
 from .errors import ContextOverflowError, EngineError
 from .memory import DECODE_TOKENS
-from .quants import get_rows, matmul, matmul_many
+from .quants import MATVEC_MAX_TOKENS, get_rows, matmul, matmul_many
 
 
 
@@ -42,6 +43,21 @@ def validate_batch(ctx, batch: Batch) -> None:
 
 
 def forward_ubatch(ctx, ub: Batch, out: np.ndarray, embeddings: bool) -> None:
+    if len(ub) <= MATVEC_MAX_TOKENS:
+        _forward(ctx, ub, out, embeddings)
+        return
+    # Batch path: BLAS owns the cores. numba's own workers would only fight OpenBLAS's
+    # spinning threads for them (measured: pp512 swung 104-274 tok/s), so numba runs
+    # single-threaded on the calling thread until the ubatch is done.
+    n_threads = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        _forward(ctx, ub, out, embeddings)
+    finally:
+        numba.set_num_threads(n_threads)
+
+
+def _forward(ctx, ub: Batch, out: np.ndarray, embeddings: bool) -> None:
     cfg, w, b, kv = ctx.cfg, ctx.model.weights, ctx.buf, ctx.kv
     T = len(ub)
     x, h = b.x[:T], b.h[:T]
@@ -108,8 +124,15 @@ def _attention(ctx, il, lw, ub, groups, h, out) -> None:
         if len(idx) > DECODE_TOKENS:
             L = int(ub.pos[idx[-1]]) + 1
             kf, vf = kv.read_f32(il, s, L)
+            qs, ps = q3[idx], ub.pos[idx]
             res = np.empty((len(idx), H, Dv), np.float32)
-            ops.attention_chunk(q3[idx], kf, vf, ub.pos[idx], window, cfg.kq_scale, res)
+            parts = parallel.split(len(idx), parallel.pool_size())
+
+            def rows(p, _w, qs=qs, ps=ps, res=res, kf=kf, vf=vf, parts=parts):
+                a, e = parts[p]
+                ops.attention_chunk(qs[a:e], kf, vf, ps[a:e], window, cfg.kq_scale, res[a:e])
+
+            parallel.run_parts(rows, len(parts))
             attn[idx] = res
     if small:
         tok = np.concatenate(small)

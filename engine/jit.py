@@ -25,10 +25,18 @@ parallel_kernel = numba.njit(parallel=True, **_OPTS)
 
 
 def set_num_threads(n_threads: int) -> int:
-    """Set the numba thread pool size (clamped to what numba was started with); returns it."""
+    """Set the compute thread count (clamped to what numba was started with); returns it.
+
+    numba's pool runs the decode kernels; engine.parallel's pool of as many Python threads runs
+    the batch path with single-threaded BLAS (OpenBLAS's own threads are limited to one).
+    """
     n_max = numba.config.NUMBA_NUM_THREADS
     n = max(1, min(int(n_threads) if n_threads and n_threads > 0 else n_max, n_max))
     numba.set_num_threads(n)
+    from . import parallel
+
+    parallel.limit_blas_threads()
+    parallel.set_pool_size(n)
     return n
 
 

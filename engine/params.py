@@ -261,7 +261,9 @@ def add_chat_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--chat-template-file", metavar="JINJA_TEMPLATE_FILE", default=None,
                    help="set a custom jinja chat template file")
     g.add_argument("--jinja", dest="jinja", action=argparse.BooleanOptionalAction,
-                   default=True, help="use the jinja template engine for chat (default: enabled)")
+                   default=True,
+                   help="use the jinja template engine for chat (default: enabled; templates are "
+                   "always rendered with jinja, --no-jinja is accepted for compatibility)")
 
 
 def add_common_args(parser: argparse.ArgumentParser, *, prompt: bool = True) -> None:

@@ -18,7 +18,6 @@ those of the raw logits (a plain log-softmax), as llama.cpp's server reports the
 from __future__ import annotations
 
 import secrets
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -94,12 +93,11 @@ def apply_penalties(
         return logits
     if repeat_penalty == 1.0 and frequency_penalty == 0.0 and presence_penalty == 0.0:
         return logits
-    window = history if repeat_last_n < 0 else history[-repeat_last_n:]
-    counts = Counter(int(t) for t in window)
-    ids = np.fromiter((t for t in counts if 0 <= t < logits.shape[0]), dtype=np.int64)
+    window = np.asarray(history if repeat_last_n < 0 else history[-repeat_last_n:], np.int64)
+    ids, n = np.unique(window[(window >= 0) & (window < logits.shape[0])], return_counts=True)
     if ids.size == 0:
         return logits
-    n = np.array([counts[int(t)] for t in ids], dtype=np.float32)
+    n = n.astype(np.float32)
     out = logits.copy()
     x = out[ids]
     x = np.where(x <= 0, x * np.float32(repeat_penalty), x / np.float32(repeat_penalty))

@@ -221,3 +221,45 @@ def test_chat_pty_interrupt_returns_to_prompt(tmp_path):
     finally:
         child.close(force=True)
     assert child.exitstatus == 0
+
+
+def test_chat_pty_commands(tmp_path):
+    pexpect = pytest.importorskip("pexpect")
+    from ggufgen import write_tiny_model
+
+    model = write_tiny_model(tmp_path / "tiny.gguf")
+    saved = tmp_path / "conv.json"
+    env = dict(os.environ, PROMPT_TOOLKIT_NO_CPR="1", TERM="xterm")
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "engine", "chat", "-m", str(model), "-c", "256", "-n", "5", "-sys", "sys!",
+         "-l", "100+100"],
+        cwd=str(Path(__file__).resolve().parents[1]), env=env, encoding="utf-8",
+        timeout=60, dimensions=(40, 200),
+    )
+    steps = [
+        ("hello", "aaaaa"),
+        ("/regen", "aaaaa"),
+        (f"/save {saved}", r"\(saved 3 messages"),
+        ("/clear", r"\(new conversation\)"),
+        (f"/load {saved}", r"\(loaded 3 messages"),
+        ("/load /no/such/file.json", r"error: cannot read"),
+        ("/bogus", r"unknown command /bogus"),
+    ]
+    try:
+        for line, reply in steps:
+            child.expect(PROMPT)
+            child.sendline(line)
+            child.expect(reply)
+        child.expect(PROMPT)
+        child.send("abc")
+        child.sendintr()  # Ctrl+C on a non-empty line clears it ...
+        child.sendline("/bogus")
+        child.expect("unknown command /bogus")  # (not a message "abc/bogus")
+        child.expect(PROMPT)
+        child.sendintr()  # ... and on the empty line exits
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+    assert [m["role"] for m in load_messages(str(saved))] == ["system", "user", "assistant"]

@@ -109,12 +109,9 @@ class ChatSession:
 
     def prompt_tokens(self) -> list[int]:
         """The rendered conversation, tokenized, ready for the assistant's turn."""
+        # The template drops a BOS it wrote itself when the tokenizer adds one (llama.cpp).
         text = self.template.render(self.messages, add_generation_prompt=True)
-        tokens = self.tokenizer.encode(text, add_special=True, parse_special=True)
-        bos = self.tokenizer.bos_id
-        if len(tokens) >= 2 and tokens[0] == tokens[1] == bos:
-            tokens = tokens[1:]  # the template wrote BOS itself (llama.cpp drops the duplicate)
-        return tokens
+        return self.tokenizer.encode(text, add_special=True, parse_special=True)
 
     def _reply(self, on_delta, cancel) -> GenerationStep | None:
         tokens = self.prompt_tokens()

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType
 
+from .. import parallel
 from ..errors import UnsupportedQuantError
 
 
@@ -158,22 +159,39 @@ def tile_rows(n_cols: int, n_tok: int = 512) -> int:
 
 
 def matmul(w: QTensor, x: np.ndarray, out: np.ndarray, scratch: np.ndarray | None = None) -> None:
-    """out (n_tok, n_rows) = x (n_tok, n_cols) @ W.T; scratch holds >= TILE_ROWS*n_cols floats."""
+    """out (n_tok, n_rows) = x (n_tok, n_cols) @ W.T; scratch holds >= TILE_ROWS*n_cols floats.
+
+    Few tokens: quantised mat-vec reading each weight row once. Many: tiles of rows are
+    dequantised into the scratch and multiplied with single-threaded BLAS, the tiles spread
+    over engine.parallel's workers (each worker owns one slice of the scratch).
+    """
     n_tok = x.shape[0]
     if n_tok <= MATVEC_MAX_TOKENS:
         matvec_multi(w, x, out)
         return
     if w.qtype == GGMLQuantizationType.F32:
-        np.matmul(x, w.raw.T, out=out)
+        parallel.run_parts(lambda p, _: _gemm_f32(w, x, out, p), parallel.pool_size())
         return
+    n_workers = parallel.pool_size()
     tile = tile_rows(w.n_cols, n_tok)
     if scratch is None:
-        scratch = np.empty(tile * w.n_cols, np.float32)
-    for r0 in range(0, w.n_rows, tile):
-        r1 = min(r0 + tile, w.n_rows)
-        wt = scratch[: (r1 - r0) * w.n_cols].reshape(r1 - r0, w.n_cols)
+        scratch = np.empty(n_workers * tile * w.n_cols, np.float32)
+    tile = max(1, min(tile, scratch.size // (n_workers * w.n_cols)))
+    size = tile * w.n_cols
+    n_tiles = -(-w.n_rows // tile)
+
+    def part(i: int, worker: int) -> None:
+        r0, r1 = i * tile, min((i + 1) * tile, w.n_rows)
+        wt = scratch[worker * size : worker * size + (r1 - r0) * w.n_cols].reshape(r1 - r0, w.n_cols)
         dequant_rows(w, r0, r1, wt)
         np.matmul(x, wt.T, out=out[:, r0:r1])
+
+    parallel.run_parts(part, n_tiles)
+
+
+def _gemm_f32(w: QTensor, x: np.ndarray, out: np.ndarray, p: int) -> None:
+    r0, r1 = parallel.split(w.n_rows, parallel.pool_size())[p]
+    np.matmul(x, w.raw[r0:r1].T, out=out[:, r0:r1])
 
 
 def matmul_many(ws: list[QTensor], x: np.ndarray, outs: list[np.ndarray],
