@@ -11,13 +11,14 @@ import math
 import numpy as np
 from numba import prange
 
+from . import parallel
 from .jit import kernel, parallel_kernel
 
 # float16 bit pattern -> float32 (numba has no float16 scalar type on the CPU).
 F16_LUT = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
 
 
-def _rmsnorm_py(x, w, eps, out):  # x, out (T, E); w (E,)
+def _rmsnorm_rows(x, w, eps, out):  # x, out (T, E); w (E,)
     T, E = x.shape
     for t in prange(T):
         ss = 0.0
@@ -30,10 +31,10 @@ def _rmsnorm_py(x, w, eps, out):  # x, out (T, E); w (E,)
 
 def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> None:
     """out = x / rms(x) * w, row-wise; x and out may be the same buffer."""
-    (_rmsnorm_p if x.shape[0] >= PARALLEL_MIN_ROWS else _rmsnorm_s)(x, w, np.float32(eps), out)
+    _rows(lambda x_, out_: _rmsnorm(x_, w, np.float32(eps), out_), x.shape[0], x, out)
 
 
-def _rope_py(x, pos, n_rot, base, scale, neox):  # x (T, H, D) in place; pos (T,)
+def _rope_rows(x, pos, n_rot, base, scale, neox):  # x (T, H, D) in place; pos (T,)
     T, H, D = x.shape
     half = n_rot // 2
     for t in prange(T):
@@ -55,11 +56,10 @@ def _rope_py(x, pos, n_rot, base, scale, neox):  # x (T, H, D) in place; pos (T,
 
 def rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, scale: float, neox: bool) -> None:
     """Rotate the first n_rot dims of every head of x (T, H, D) in place by token positions."""
-    fn = _rope_p if x.shape[0] >= PARALLEL_MIN_ROWS else _rope_s
-    fn(x, pos, n_rot, float(base), float(scale), neox)
+    _rows(lambda x_, p_: _rope(x_, p_, n_rot, float(base), float(scale), neox), x.shape[0], x, pos)
 
 
-def _swiglu_py(g, u, out):  # (T, F)
+def _swiglu_rows(g, u, out):  # (T, F)
     T, F = g.shape
     for t in prange(T):
         for i in range(F):
@@ -67,30 +67,44 @@ def _swiglu_py(g, u, out):  # (T, F)
             out[t, i] = v / (1.0 + math.exp(-v)) * u[t, i]
 
 
-def _geglu_py(g, u, out):  # tanh-approximated GELU, as ggml_gelu
+def _geglu_rows(g, u, out):  # tanh-approximated GELU, as ggml_gelu
     T, F = g.shape
     c = math.sqrt(2.0 / math.pi)
     for t in prange(T):
         for i in range(F):
             v = g[t, i]
-            out[t, i] = 0.5 * v * (1.0 + math.tanh(c * (v + 0.044715 * v * v * v))) * u[t, i]
+            # 0.5*v*(1+tanh(z)) == v*sigmoid(2z); exp is much cheaper than tanh here
+            z = c * (v + 0.044715 * v * v * v)
+            out[t, i] = v / (1.0 + math.exp(-2.0 * z)) * u[t, i]
 
 
-_rmsnorm_s, _rmsnorm_p = kernel(_rmsnorm_py), parallel_kernel(_rmsnorm_py)
-_rope_s, _rope_p = kernel(_rope_py), parallel_kernel(_rope_py)
-_swiglu_s, _swiglu_p = kernel(_swiglu_py), parallel_kernel(_swiglu_py)
-_geglu_s, _geglu_p = kernel(_geglu_py), parallel_kernel(_geglu_py)
+_rmsnorm = kernel(_rmsnorm_rows)
+_rope = kernel(_rope_rows)
+_swiglu = kernel(_swiglu_rows)
+_geglu = kernel(_geglu_rows)
 
-# Below this many rows a parallel region costs more than it saves (thread wake-up).
+# From this many rows on, rows are split over engine.parallel's workers (a thread wake-up
+# costs more than it saves below it).
 PARALLEL_MIN_ROWS = 8
 
 
+def _rows(fn, n_rows: int, *rows) -> None:
+    """fn(*rows) for a row-wise serial kernel, rows split over the workers when there are many
+    (every argument is an array of n_rows rows)."""
+    if n_rows < PARALLEL_MIN_ROWS or parallel.pool_size() == 1:
+        fn(*rows)
+        return
+    parts = parallel.split(n_rows, parallel.pool_size())
+
+    def run(p, _w):
+        a, e = parts[p]
+        fn(*(x[a:e] for x in rows))
+
+    parallel.run_parts(run, len(parts))
+
+
 def gated_act(act: str, g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
-    big = g.shape[0] >= PARALLEL_MIN_ROWS
-    if act == "gelu":
-        (_geglu_p if big else _geglu_s)(g, u, out)
-    else:
-        (_swiglu_p if big else _swiglu_s)(g, u, out)
+    _rows(_geglu if act == "gelu" else _swiglu, g.shape[0], g, u, out)
 
 
 @parallel_kernel
