@@ -6,7 +6,6 @@ Each subcommand lives in engine/commands/<name>.py and exposes `add_parser(subpa
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
 
@@ -25,8 +24,10 @@ def _load(name: str):
         raise
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def build_parser():
+    from .params import ArgumentParser  # usage errors exit 1, as llama.cpp's tools do
+
+    parser = ArgumentParser(
         prog="ggstation",
         description="Desktop inference workstation for GGUF models (numba CPU engine).",
     )
