@@ -1,4 +1,4 @@
-"""Frozen entry point: the same `ggstation` command line (GUI by default, subcommands too)."""
+"""PyInstaller entry point: the `ggstation` command line (the desktop app when given no command)."""
 
 import sys
 
