@@ -14,8 +14,23 @@ from .quants import warmup as warmup_quant
 log = logging.getLogger("ggstation.engine")
 
 
-def warmup(model) -> float:
+def cache_is_cold() -> bool:
+    """True when numba has cached no engine kernel yet (a first start will compile)."""
+    import os
+    from pathlib import Path
+
+    root = os.environ.get("NUMBA_CACHE_DIR") or Path(__file__).resolve().parent
+    return not any(Path(root).rglob("*.nbi"))
+
+
+def warmup(model, report=None) -> float:
+    """Load or compile every kernel the model uses; `report(message)` hears about compiling."""
     t0 = time.perf_counter()
+    if cache_is_cold():
+        msg = "first start: compiling numba kernels (a minute or two; cached for later starts)"
+        log.warning(msg)
+        if report:
+            report(msg)
     seen = set()
     for t in _all_weights(model.weights):
         if t.qtype in seen:
@@ -31,7 +46,7 @@ def warmup(model) -> float:
         ops.gated_act(model.cfg.act, g, g, g)
     dt = time.perf_counter() - t0
     if dt > 2.0:
-        log.warning("compiled numba kernels in %.1f s (cached for the next start)", dt)
+        log.warning("kernels ready in %.1f s (compiled ones are cached for the next start)", dt)
     return dt
 
 

@@ -2,7 +2,7 @@
 
 Layout per layer: (n_seq_max, n_ctx_seq, n_head_kv, head_dim), slot index = token position,
 so a sequence's cache is always the contiguous positions 0..seq_len-1. f16 caches hold float16
-bit patterns in uint16 arrays (numba reads them through ops.F16_LUT). Nothing grows later.
+bit patterns in uint16 arrays (numba converts them in blocks, ops._f16_block). Nothing grows later.
 """
 
 from __future__ import annotations

@@ -80,9 +80,9 @@ def load_model(path: str | os.PathLike, n_threads: int | None = None,
     report(0.5, "binding tensors")
     weights = load_weights(f, cfg)
     model = Model(f, cfg, weights)
-    report(0.8, "warming kernels (the first start compiles them; later starts load them from cache)")
+    report(0.8, "loading kernels")
     from .kernels_warmup import warmup
 
-    warmup(model)
+    warmup(model, lambda msg: report(0.8, msg))
     report(1.0, f"loaded in {time.perf_counter() - t0:.2f} s")
     return model

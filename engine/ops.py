@@ -1,21 +1,21 @@
 """Float kernels of the forward pass: RMSNorm, RoPE, gated activations, decode attention.
 
 All operate in place on preallocated buffers; none allocates inside a prange body.
-The KV cache may be stored as float16 bits (uint16), which numba reads through F16_LUT.
+The KV cache may be stored as float16 bits (uint16); numba converts blocks of them
+(`_f16_block`) since it has no float16 scalar type.
 """
 
 from __future__ import annotations
 
 import math
 
+import numba
 import numpy as np
 from numba import prange
 
 from . import parallel
 from .jit import kernel, parallel_kernel
 
-# float16 bit pattern -> float32 (numba has no float16 scalar type on the CPU).
-F16_LUT = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
 
 
 def _rmsnorm_rows(x, w, eps, out):  # x, out (T, E); w (E,)
@@ -107,8 +107,7 @@ def gated_act(act: str, g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
     _rows(_geglu if act == "gelu" else _swiglu, g.shape[0], g, u, out)
 
 
-@parallel_kernel
-def _attn_f32(q, k, v, seq, pos, window, scale, out, scores):
+def _attn_f32_body(q, k, v, seq, pos, window, scale, out, scores):
     # q (T, H, D); k (S, C, G, D); v (S, C, G, Dv); out (T, H, Dv); scores (T*H, C) scratch
     T, H, D = q.shape
     G = k.shape[2]
@@ -146,14 +145,38 @@ def _attn_f32(q, k, v, seq, pos, window, scale, out, scores):
                 out[t, h, d] += w * v[s, j, g, d]
 
 
-@parallel_kernel
-def _attn_f16(q, k, v, seq, pos, window, scale, out, scores, lut):
-    # Same as _attn_f32 with k, v holding float16 bits (uint16).
+# Keys/values are converted 64 positions at a time into a per-thread float32 block.
+KV_BLOCK = 64
+_TWO112 = np.float32(2.0**112)
+
+
+@kernel
+def _f16_block(src, s, j0, n, g, bits, vals):
+    """float16 bits src[s, j0:j0+n, g, :] -> vals[:n] float32 (bits aliases vals' memory).
+
+    Branch-free so that LLVM vectorises it: move exponent+mantissa into float32 position and
+    rescale by 2^112 (exact for normals and subnormals); apply the sign last.
+    """
+    D = src.shape[3]
+    for jj in range(n):
+        for d in range(D):
+            bits[jj, d] = np.uint32(src[s, j0 + jj, g, d] & 0x7FFF) << 13
+    for jj in range(n):
+        for d in range(D):
+            sign = np.float32(1.0) - np.float32(2.0) * np.float32(src[s, j0 + jj, g, d] >> 15)
+            vals[jj, d] = vals[jj, d] * _TWO112 * sign
+
+
+def _attn_f16_body(q, k, v, seq, pos, window, scale, out, scores, kbits, kvals):
+    # As _attn_f32 with k, v holding float16 bits (uint16); kbits/kvals: per-thread
+    # (n_threads, KV_BLOCK, D) scratch, two views of one buffer.
     T, H, D = q.shape
     G = k.shape[2]
     Dv = v.shape[3]
     rep = H // G
     for th in prange(T * H):
+        tid = numba.get_thread_id()
+        bits, vals = kbits[tid], kvals[tid]
         t = th // H
         h = th % H
         g = h // rep
@@ -162,36 +185,64 @@ def _attn_f16(q, k, v, seq, pos, window, scale, out, scores, lut):
         lo = 0
         if window > 0 and p - window + 1 > 0:
             lo = p - window + 1
-        mx = -1e30
+        mx = np.float32(-1e30)
+        for j0 in range(lo, p + 1, KV_BLOCK):
+            n = min(KV_BLOCK, p + 1 - j0)
+            _f16_block(k, s, j0, n, g, bits, vals)
+            for jj in range(n):
+                acc = np.float32(0.0)
+                for d in range(D):
+                    acc += q[t, h, d] * vals[jj, d]
+                acc *= scale
+                scores[th, j0 + jj] = acc
+                if acc > mx:
+                    mx = acc
+        tot = np.float32(0.0)
         for j in range(lo, p + 1):
-            acc = 0.0
-            for d in range(D):
-                acc += q[t, h, d] * lut[k[s, j, g, d]]
-            acc *= scale
-            scores[th, j] = acc
-            if acc > mx:
-                mx = acc
-        tot = 0.0
-        for j in range(lo, p + 1):
-            e = math.exp(scores[th, j] - mx)
+            e = np.float32(math.exp(scores[th, j] - mx))
             scores[th, j] = e
             tot += e
-        inv = 1.0 / tot
+        inv = np.float32(1.0) / tot
         for d in range(Dv):
             out[t, h, d] = 0.0
-        for j in range(lo, p + 1):
-            w = scores[th, j] * inv
-            for d in range(Dv):
-                out[t, h, d] += w * lut[v[s, j, g, d]]
+        for j0 in range(lo, p + 1, KV_BLOCK):
+            n = min(KV_BLOCK, p + 1 - j0)
+            _f16_block(v, s, j0, n, g, bits, vals)
+            for jj in range(n):
+                w = scores[th, j0 + jj] * inv
+                for d in range(Dv):
+                    out[t, h, d] += w * vals[jj, d]
+
+
+_attn_f32_s, _attn_f32_p = kernel(_attn_f32_body), parallel_kernel(_attn_f32_body)
+_attn_f16_s, _attn_f16_p = kernel(_attn_f16_body), parallel_kernel(_attn_f16_body)
+# Below this many multiply-adds a parallel region's thread wake-up costs more than it saves.
+ATTN_PARALLEL_MIN_WORK = 1 << 20
+
+_scratch: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _block_scratch(d: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-thread (KV_BLOCK, d) conversion blocks, as uint32 and float32 views of one buffer
+    (allocated once per head size; 16 KiB a thread for d = 64)."""
+    if d not in _scratch:
+        buf = np.zeros((numba.config.NUMBA_NUM_THREADS, KV_BLOCK, d), np.float32)
+        _scratch[d] = (buf.view(np.uint32), buf)
+    return _scratch[d]
 
 
 def attention_tokens(q, k, v, seq, pos, window, scale, out, scores) -> None:
     """Per-token attention over the cache (decode path): each token attends to its own
     sequence's positions [max(0, pos-window+1), pos]. k/v: float32 or float16 bits (uint16)."""
+    work = q.shape[0] * q.shape[1] * (int(pos.max()) + 1) * (k.shape[3] + v.shape[3])
+    big = work >= ATTN_PARALLEL_MIN_WORK
     if k.dtype == np.uint16:
-        _attn_f16(q, k, v, seq, pos, window, np.float32(scale), out, scores, F16_LUT)
+        kbits, kvals = _block_scratch(max(k.shape[3], v.shape[3]))
+        fn = _attn_f16_p if big else _attn_f16_s
+        fn(q, k, v, seq, pos, window, np.float32(scale), out, scores, kbits, kvals)
     else:
-        _attn_f32(q, k, v, seq, pos, window, np.float32(scale), out, scores)
+        fn = _attn_f32_p if big else _attn_f32_s
+        fn(q, k, v, seq, pos, window, np.float32(scale), out, scores)
 
 
 def attention_chunk(q, kf, vf, pos, window, scale, out) -> None:
