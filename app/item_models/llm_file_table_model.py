@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import QAbstractTableModel, QModelIndex, Qt
+from PySide6.QtCore import QModelIndex, Qt
 from PySide6.QtGui import QColor
 
 from ..bridge import LlmFileInfo
+from .table_base import ColumnTableModel
 from ..format import human_bytes, human_count
 
 COLUMNS = ("Name", "Arch", "Params", "Quant", "Size", "Train ctx", "Template", "Status")
@@ -13,21 +14,15 @@ INFO_ROLE = Qt.ItemDataRole.UserRole + 1
 SORT_ROLE = Qt.ItemDataRole.UserRole + 2
 
 
-class LlmFileTableModel(QAbstractTableModel):
+class LlmFileTableModel(ColumnTableModel):
+    COLUMNS = COLUMNS
+
     def __init__(self, parent=None):
         super().__init__(parent)
         self._rows: list[LlmFileInfo] = []
 
-    def rowCount(self, parent=QModelIndex()) -> int:  # noqa: N802
-        return 0 if parent.isValid() else len(self._rows)
-
-    def columnCount(self, parent=QModelIndex()) -> int:  # noqa: N802
-        return 0 if parent.isValid() else len(COLUMNS)
-
-    def headerData(self, section, orientation, role=Qt.ItemDataRole.DisplayRole):  # noqa: N802
-        if role == Qt.ItemDataRole.DisplayRole and orientation == Qt.Orientation.Horizontal:
-            return COLUMNS[section] if 0 <= section < len(COLUMNS) else None
-        return None
+    def _n_rows(self) -> int:
+        return len(self._rows)
 
     def data(self, index, role=Qt.ItemDataRole.DisplayRole):
         if not index.isValid() or not 0 <= index.row() < len(self._rows):

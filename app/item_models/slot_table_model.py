@@ -2,30 +2,25 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import QAbstractTableModel, QModelIndex, Qt
+from PySide6.QtCore import Qt
 
 from ..bridge import MemoryFigures
+from .table_base import ColumnTableModel
 from ..format import human_bytes
 
 COLUMNS = ("Slot", "KV in use", "Share of slot")
 
 
-class SlotTableModel(QAbstractTableModel):
+class SlotTableModel(ColumnTableModel):
+    COLUMNS = COLUMNS
+
     def __init__(self, parent=None):
         super().__init__(parent)
         self._used: tuple[int, ...] = ()
         self._per_slot_bytes = 0
 
-    def rowCount(self, parent=QModelIndex()) -> int:  # noqa: N802
-        return 0 if parent.isValid() else len(self._used)
-
-    def columnCount(self, parent=QModelIndex()) -> int:  # noqa: N802
-        return 0 if parent.isValid() else len(COLUMNS)
-
-    def headerData(self, section, orientation, role=Qt.ItemDataRole.DisplayRole):  # noqa: N802
-        if role == Qt.ItemDataRole.DisplayRole and orientation == Qt.Orientation.Horizontal:
-            return COLUMNS[section] if 0 <= section < len(COLUMNS) else None
-        return None
+    def _n_rows(self) -> int:
+        return len(self._used)
 
     def data(self, index, role=Qt.ItemDataRole.DisplayRole):
         if not index.isValid() or not 0 <= index.row() < len(self._used):
