@@ -305,7 +305,10 @@ def test_generate_greedy_matches_llama_cpp(request, name):
     from engine.model import load_model
 
     ctx = Context(load_model(request.getfixturevalue(f"{name}_path")), ContextParams(n_ctx=256))
-    ref = json.loads((REFERENCE / f"greedy-{name}.json").read_text(encoding="utf-8"))
+    path = REFERENCE / f"greedy-{name}.json"
+    if not path.exists():
+        pytest.skip(f"{path} not found (shared/ is cloned beside the repository)")
+    ref = json.loads(path.read_text(encoding="utf-8"))
     tok = ctx.model.tokenizer
     for case in ref["results"]:
         prompt = tok.encode(case["prompt"], add_special=True, parse_special=True)
