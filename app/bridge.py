@@ -366,7 +366,7 @@ class EngineAdapter:
             return LlmFileInfo(path=str(path), name=name, file_size=int(info.file_size), error=reason)
         return LlmFileInfo(
             path=str(path), name=name, title=info.name, arch=info.arch, n_params=int(info.n_params),
-            quant_mix=dict(info.quant_bytes), quant=_main_quant(info.quant_counts),
+            quant_mix=dict(info.quant_bytes), quant=info.file_type or _main_quant(info.quant_counts),
             file_size=int(info.file_size), n_ctx_train=int(info.n_ctx_train),
             has_chat_template=bool(info.has_chat_template),
             template_name=str(info.chat_template_name or ""), tokenizer=str(info.tokenizer),

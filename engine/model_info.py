@@ -29,6 +29,7 @@ class ModelInfo:
     n_layer: int = 0
     n_embd: int = 0
     n_vocab: int = 0
+    file_type: str = ""  # general.file_type by llama.cpp's name, e.g. "Q4_K_M"
     tokenizer: str = ""
     tokenizer_pre: str = ""
     has_chat_template: bool = False
@@ -63,6 +64,17 @@ def inspect_model(path: str | os.PathLike) -> ModelInfo:
     return info
 
 
+def file_type_name(value) -> str:
+    """general.file_type as llama.cpp names it ("Q4_K_M"); "" when absent or unknown."""
+    from gguf import LlamaFileType
+
+    try:
+        name = LlamaFileType(int(value)).name
+    except (TypeError, ValueError):
+        return ""
+    return name.removeprefix("MOSTLY_") if name.startswith("MOSTLY_") or name in ("ALL_F32",) else name
+
+
 def _fill(info: ModelInfo, f: GGUFFile) -> None:
     info.name = f.get_str("general.name", "") or info.name
     info.arch = f.get_str("general.architecture", "") or ""
@@ -78,6 +90,7 @@ def _fill(info: ModelInfo, f: GGUFFile) -> None:
         qb[name] += t.nbytes
         qc[name] += 1
     info.n_params, info.quant_bytes, info.quant_counts = n, dict(qb), dict(qc)
+    info.file_type = file_type_name(f.get("general.file_type"))
     info.tokenizer = f.get_str("tokenizer.ggml.model", "") or ""
     info.tokenizer_pre = f.get_str("tokenizer.ggml.pre", "") or ""
     info.has_chat_template = bool(f.get("tokenizer.chat_template"))

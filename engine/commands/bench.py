@@ -78,10 +78,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _ftype(model) -> str:
-    from collections import Counter
+    from ..model_info import file_type_name
 
-    c = Counter()
-    for t in model.gguf.tensors.values():
-        if len(t.shape) > 1:
-            c[t.qtype.name] += t.nbytes
-    return c.most_common(1)[0][0] if c else ""
+    return file_type_name(model.gguf.get("general.file_type"))

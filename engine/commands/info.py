@@ -59,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         ("architecture", info.arch),
         ("parameters", f"{info.n_params / 1e6:.2f} M"),
         ("file size", _mib(info.file_size)),
+        ("file type", info.file_type or "unknown"),
         ("quant types", quant),
         ("layers / embd / vocab", f"{info.n_layer} / {info.n_embd} / {info.n_vocab}"),
         ("context (train)", str(info.n_ctx_train)),
