@@ -273,6 +273,10 @@ class Scheduler:
             GenerationStep. Tests inject fakes; the default is engine.generate.SequenceGenerator.
         slot_prompt_similarity: a free slot whose cached prefix covers at least this share
             of the prompt is preferred (llama.cpp -sps); otherwise the least recently used.
+        context_shift: when a generating slot fills its context, drop half of the tokens
+            after the first `n_keep` and go on (llama.cpp --context-shift); otherwise the
+            generation ends with finish reason "length".
+        n_keep: tokens kept at the start on a context shift (-1: the whole prompt).
     """
 
     def __init__(
@@ -286,7 +290,11 @@ class Scheduler:
         generator_factory: Callable | None = None,
         slot_prompt_similarity: float = 0.1,
         clock: Callable[[], float] = time.perf_counter,
+        context_shift: bool = False,
+        n_keep: int = 0,
     ):
+        self.context_shift = context_shift
+        self.n_keep = n_keep
         self.ctx = ctx
         self.model = model
         self.tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
@@ -530,7 +538,10 @@ class Scheduler:
             slot.generator = None
             return
         room = self.n_ctx_seq - len(req.prompt)
-        n_predict = room if req.n_predict < 0 else min(req.n_predict, room)
+        if self.context_shift:  # the context never runs out: only the request's own limit
+            n_predict = req.n_predict
+        else:
+            n_predict = room if req.n_predict < 0 else min(req.n_predict, room)
         slot.generator = self._make_generator(req, n_predict, n_keep)
         slot.state = SlotState.PROMPT
 
@@ -541,6 +552,8 @@ class Scheduler:
         budget = self.n_batch
         for slot in self.slots:
             if slot.state is SlotState.GENERATING and budget > 0:
+                if len(slot.cache_tokens) >= self.n_ctx_seq:
+                    self._shift_context(slot)
                 entries.append((slot, [slot.next_token], len(slot.cache_tokens), True))
                 budget -= 1
         for slot in self.slots:
@@ -550,6 +563,17 @@ class Scheduler:
                 entries.append((slot, chunk, slot.i_prompt, last))
                 budget -= len(chunk)
         return entries
+
+    def _shift_context(self, slot: _Slot) -> None:
+        """Drop half of what follows the kept prefix (llama.cpp's n_discard) and re-rope."""
+        n_past = len(slot.cache_tokens)
+        n_keep = len(slot.prompt) if self.n_keep < 0 else self.n_keep
+        add_bos = getattr(self.tokenizer, "add_bos", False)
+        n_keep = min(n_keep + int(bool(add_bos) and self.n_keep >= 0), n_past - 2)
+        n_discard = (n_past - n_keep) // 2
+        self.ctx.kv.seq_shift_discard(slot.id, n_keep, n_discard)
+        slot.cache_tokens = slot.cache_tokens[:n_keep] + slot.cache_tokens[n_keep + n_discard :]
+        log.info("slot %d: context shift, kept %d, discarded %d", slot.id, n_keep, n_discard)
 
     def _make_batch(self, entries):
         from .batch import Batch

@@ -229,3 +229,26 @@ def test_scheduler_stop_refuses_new_and_ends_streams():
         waiting.result()
     with pytest.raises(SchedulerStoppedError):
         s.submit(req("abc", 1))
+
+
+def test_context_shift_lets_generation_run_past_the_context(tiny_llama_path):
+    """With context_shift a slot that fills its context drops half of it and goes on; without
+    it the generation ends with 'length' at the context size."""
+    from engine.context import Context, ContextParams
+    from engine.model import load_model
+    from engine.sampling import SamplingParams
+    from engine.scheduler import GenerationRequest, Scheduler
+
+    model = load_model(tiny_llama_path)
+    greedy = SamplingParams(temperature=0.0, ignore_eos=True)
+    prompt = model.tokenizer.encode("the world", add_special=True)
+    for shift, want in ((False, 32 - len(prompt)), (True, 80)):
+        ctx = Context(model, ContextParams(n_ctx=32, n_seq_max=1))
+        sched = Scheduler(ctx, model.tokenizer, model=model, context_shift=shift).start()
+        try:
+            steps = list(sched.submit(GenerationRequest(prompt, greedy, n_predict=80)))
+        finally:
+            sched.stop()
+        assert steps[-1].finish_reason == "length"
+        assert steps[-1].n_generated == want
+        assert ctx.kv.seq_len(0) <= 32

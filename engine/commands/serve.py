@@ -195,7 +195,9 @@ def _load(args, state, n_threads: int, n_slots: int):
     model = load_model(path, n_threads=n_threads)
     ctx = Context(model, params.to_context_params(args, n_seq_max=n_slots))
     scheduler = Scheduler(ctx, model.tokenizer, model=model, n_slots=n_slots,
-                          slot_prompt_similarity=args.slot_prompt_similarity)
+                          slot_prompt_similarity=args.slot_prompt_similarity,
+                          context_shift=bool(getattr(args, "context_shift", False)),
+                          n_keep=getattr(args, "keep", 0))
     state.set_ready(scheduler, _chat_template(args, model))
     log.info("model %s loaded in %.2f s", path, time.perf_counter() - t0)
     return scheduler
