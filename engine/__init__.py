@@ -16,6 +16,14 @@ import os as _os
 # (measured: a 2-thread decode step went from ~15 ms to seconds on a busy 2-core machine).
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+# A frozen (PyInstaller) bundle has no writable __pycache__ beside the sources, where numba's
+# cache lives by default (numba/numba#4908): give it a per-user directory. numba reads this
+# when it is first imported, so it must be set here, before any engine module imports numba.
+if getattr(__import__("sys"), "frozen", False):
+    _os.environ.setdefault(
+        "NUMBA_CACHE_DIR", _os.path.join(_os.path.expanduser("~"), ".cache", "ggstation", "numba")
+    )
+
 _EXPORTS = {
     "load_model": "engine.model",
     "Model": "engine.model",

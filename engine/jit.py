@@ -6,17 +6,10 @@ Every kernel in the engine is decorated with `kernel` or `parallel_kernel` so th
 
 from __future__ import annotations
 
-import os
-import sys
 
 import numba
 
-_FROZEN = getattr(sys, "frozen", False)
-if _FROZEN and "NUMBA_CACHE_DIR" not in os.environ:
-    # A frozen bundle has no writable __pycache__ beside the sources (numba/numba#4908).
-    os.environ["NUMBA_CACHE_DIR"] = os.path.join(
-        os.path.expanduser("~"), ".cache", "ggstation", "numba"
-    )
+# NUMBA_CACHE_DIR for frozen bundles is set in engine/__init__.py, before numba is imported.
 
 _OPTS = dict(cache=True, fastmath=True, nogil=True, error_model="numpy")
 
