@@ -6,7 +6,6 @@ Every kernel in the engine is decorated with `kernel` or `parallel_kernel` so th
 
 from __future__ import annotations
 
-
 import numba
 
 # NUMBA_CACHE_DIR for frozen bundles is set in engine/__init__.py, before numba is imported.
