@@ -14,7 +14,7 @@ from . import forward
 from .batch import Batch
 from .errors import EngineError
 from .kv_cache import KVCache
-from .memory import MemoryReport, compute_buffer_bytes, memory_report
+from .memory import MemoryReport, compute_buffer_bytes, ctx_per_seq, memory_report
 from .model import Model
 
 
@@ -74,8 +74,7 @@ class Context:
         self.n_ubatch = min(params.n_ubatch, params.n_batch)
         self.n_batch = params.n_batch
         self.n_seq_max = params.n_seq_max
-        # Each sequence owns an equal share of the positions (unified pools are not paged yet).
-        self.n_ctx_seq = max(1, n_ctx // params.n_seq_max)
+        self.n_ctx_seq = ctx_per_seq(n_ctx, params.n_seq_max, params.kv_unified)
         self.params = params
         self.kv = KVCache(cfg, self.n_ctx_seq, params.n_seq_max, params.type_k, params.type_v)
         tile_cols = max(cfg.n_embd, cfg.n_ff, cfg.n_head * cfg.head_dim_v)

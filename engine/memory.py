@@ -89,12 +89,19 @@ def memory_report(ctx) -> MemoryReport:
     )
 
 
+def ctx_per_seq(n_ctx: int, n_seq_max: int, kv_unified: bool) -> int:
+    """Positions each sequence may use. A unified cache lets any one sequence reach n_ctx, as
+    llama.cpp's does; ours is not a shared paged pool yet, so it reserves n_ctx for every
+    sequence (n_seq_max times the memory). A split cache gives each n_ctx / n_seq_max."""
+    return max(1, n_ctx if kv_unified else n_ctx // max(1, n_seq_max))
+
+
 def estimate_memory(cfg: ModelConfig, weights_bytes: int, n_tensors: int, n_ctx: int = 4096,
                     n_seq_max: int = 1, type_k: str = "f16", type_v: str = "f16",
-                    n_ubatch: int = 512, n_batch: int = 2048) -> MemoryReport:
+                    n_ubatch: int = 512, n_batch: int = 2048, kv_unified: bool = False) -> MemoryReport:
     """What Context(model, ContextParams(...)) will allocate, before loading anything."""
     n_ctx = n_ctx or cfg.n_ctx_train
-    n_ctx_seq = max(1, n_ctx // max(1, n_seq_max))
+    n_ctx_seq = ctx_per_seq(n_ctx, n_seq_max, kv_unified)
     n_ubatch = min(n_ubatch, n_batch)
     return MemoryReport(
         weights_bytes=weights_bytes,

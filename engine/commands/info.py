@@ -17,6 +17,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("-c", "--ctx-size", metavar="N", type=int, default=4096, help="context size (default: 4096, 0 = model's)")
     g.add_argument("-np", "--parallel", metavar="N", type=int, default=1, help="parallel sequences (default: 1)")
     g.add_argument("-ub", "--ubatch-size", metavar="N", type=int, default=512, help="ubatch size (default: 512)")
+    g.add_argument("-kvu", "--kv-unified", action="store_true", help="every sequence may use the whole context")
     g.add_argument("-ctk", "--cache-type-k", default="f16", help="KV cache type for K (default: f16)")
     g.add_argument("-ctv", "--cache-type-v", default="f16", help="KV cache type for V (default: f16)")
     g.add_argument("--json", action="store_true", help="print JSON")
@@ -38,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
         raise EngineError(info.error)
     n_seq = 4 if args.parallel < 0 else max(1, args.parallel)
     est = info.estimate(n_ctx=args.ctx_size, n_seq_max=n_seq, type_k=args.cache_type_k,
-                        type_v=args.cache_type_v, n_ubatch=args.ubatch_size)
+                        type_v=args.cache_type_v, n_ubatch=args.ubatch_size,
+                        kv_unified=args.parallel < 0 or args.kv_unified)
     n_ctx = args.ctx_size or info.n_ctx_train
     if args.json:
         d = {k: v for k, v in vars(info).items() if k != "cfg"}
@@ -65,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
         ("context (train)", str(info.n_ctx_train)),
         ("tokenizer", f"{info.tokenizer} (pre '{info.tokenizer_pre}')" if info.tokenizer_pre else info.tokenizer),
         ("chat template", tmpl),
-        ("memory estimate", f"n_ctx {n_ctx}, {n_seq} sequence(s), cache {args.cache_type_k}/{args.cache_type_v}"),
+        ("memory estimate", f"n_ctx {n_ctx}, {n_seq} sequence(s){' (unified)' if args.parallel < 0 or args.kv_unified else ''}, "
+                            f"cache {args.cache_type_k}/{args.cache_type_v}"),
         ("  weights (mapped)", _mib(est.weights_bytes)),
         ("  KV cache", _mib(est.kv_bytes)),
         ("  compute buffer", _mib(est.compute_bytes)),
