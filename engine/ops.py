@@ -168,50 +168,57 @@ def _f16_block(src, s, j0, n, g, bits, vals):
 
 
 def _attn_f16_body(q, k, v, seq, pos, window, scale, out, scores, kbits, kvals):
-    # As _attn_f32 with k, v holding float16 bits (uint16); kbits/kvals: per-thread
-    # (n_threads, KV_BLOCK, D) scratch, two views of one buffer.
+    # As _attn_f32 with k, v holding float16 bits (uint16). One iteration per (token, KV head):
+    # each block of keys/values is converted once and used by all heads sharing that KV head.
+    # kbits/kvals: per-thread (n_threads, KV_BLOCK, D) scratch, two views of one buffer.
     T, H, D = q.shape
     G = k.shape[2]
     Dv = v.shape[3]
     rep = H // G
-    for th in prange(T * H):
+    for tg in prange(T * G):
         tid = numba.get_thread_id()
         bits, vals = kbits[tid], kvals[tid]
-        t = th // H
-        h = th % H
-        g = h // rep
+        t = tg // G
+        g = tg % G
         s = seq[t]
         p = pos[t]
         lo = 0
         if window > 0 and p - window + 1 > 0:
             lo = p - window + 1
-        mx = np.float32(-1e30)
+        h0 = g * rep
+        row0 = t * H + h0  # scores rows of this group's heads
         for j0 in range(lo, p + 1, KV_BLOCK):
             n = min(KV_BLOCK, p + 1 - j0)
             _f16_block(k, s, j0, n, g, bits, vals)
-            for jj in range(n):
-                acc = np.float32(0.0)
-                for d in range(D):
-                    acc += q[t, h, d] * vals[jj, d]
-                acc *= scale
-                scores[th, j0 + jj] = acc
-                if acc > mx:
-                    mx = acc
-        tot = np.float32(0.0)
-        for j in range(lo, p + 1):
-            e = np.float32(math.exp(scores[th, j] - mx))
-            scores[th, j] = e
-            tot += e
-        inv = np.float32(1.0) / tot
-        for d in range(Dv):
-            out[t, h, d] = 0.0
+            for r in range(rep):
+                for jj in range(n):
+                    acc = np.float32(0.0)
+                    for d in range(D):
+                        acc += q[t, h0 + r, d] * vals[jj, d]
+                    scores[row0 + r, j0 + jj] = acc * scale
+        for r in range(rep):
+            mx = np.float32(-1e30)
+            for j in range(lo, p + 1):
+                if scores[row0 + r, j] > mx:
+                    mx = scores[row0 + r, j]
+            tot = np.float32(0.0)
+            for j in range(lo, p + 1):
+                e = np.float32(math.exp(scores[row0 + r, j] - mx))
+                scores[row0 + r, j] = e
+                tot += e
+            inv = np.float32(1.0) / tot
+            for j in range(lo, p + 1):
+                scores[row0 + r, j] *= inv
+            for d in range(Dv):
+                out[t, h0 + r, d] = 0.0
         for j0 in range(lo, p + 1, KV_BLOCK):
             n = min(KV_BLOCK, p + 1 - j0)
             _f16_block(v, s, j0, n, g, bits, vals)
-            for jj in range(n):
-                w = scores[th, j0 + jj] * inv
-                for d in range(Dv):
-                    out[t, h, d] += w * vals[jj, d]
+            for r in range(rep):
+                for jj in range(n):
+                    w = scores[row0 + r, j0 + jj]
+                    for d in range(Dv):
+                        out[t, h0 + r, d] += w * vals[jj, d]
 
 
 _attn_f32_s, _attn_f32_p = kernel(_attn_f32_body), parallel_kernel(_attn_f32_body)
