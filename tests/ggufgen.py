@@ -150,3 +150,29 @@ def write_tiny_model(path, arch: str = "llama", n_layer: int = 2, n_embd: int = 
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def dequantize_to_f32(src, dst) -> Path:
+    """Copy a GGUF with every tensor dequantised to F32 (same metadata): a model on which
+    llama.cpp does no activation quantisation, so engines can be compared exactly."""
+    import gguf
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    r = GGUFReader(str(src))
+    w = GGUFWriter(str(dst), r.fields["general.architecture"].contents())
+    for key, field in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        vtype = field.types[0]
+        sub = field.types[1] if vtype == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(key, field.contents(), vtype, sub_type=sub)
+    for t in r.tensors:
+        shape = [int(x) for x in reversed(t.shape)]
+        data = np.asarray(t.data) if t.tensor_type == GGMLQuantizationType.F32 else dequantize(t.data, t.tensor_type)
+        w.add_tensor(t.name, np.ascontiguousarray(data, dtype=np.float32).reshape(shape))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(dst)
