@@ -18,16 +18,18 @@ from engine.batch import Batch
 from engine.context import Context, ContextParams
 from engine.model import load_model
 
-DATA = Path(__file__).parent / "data" / "llama_cpp_f32_smollm2.json"
+DATA = Path(__file__).parent / "data"
 
 
 @pytest.mark.model
 @pytest.mark.slow
-def test_f32_logprobs_equal_llama_cpp(smollm2_path, tmp_path):
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_f32_logprobs_equal_llama_cpp(request, name, tmp_path):
     from ggufgen import dequantize_to_f32
 
-    model = load_model(dequantize_to_f32(smollm2_path, tmp_path / "smollm2-f32.gguf"))
-    ref = json.loads(DATA.read_text())
+    src = request.getfixturevalue(f"{name}_path")
+    model = load_model(dequantize_to_f32(src, tmp_path / f"{name}-f32.gguf"))
+    ref = json.loads((DATA / f"llama_cpp_f32_{name}.json").read_text())
     ctx = Context(model, ContextParams(n_ctx=256))
     errs, flips = [], 0
     for r in ref["results"]:

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.model
 # llama-cpp-python 0.3.36: llama.cpp itself with flash attention off has mean/max error
 # 0.098/0.87 and 1 greedy flip above a 0.1 margin (SmolLM2), 0.139/1.26 and 4 flips (Gemma);
 # we have 0.094/0.95 with 4 flips and 0.121/1.00 with 1. On an all-F32 model, where no
-# rounding happens, we equal llama.cpp to 0.0013 (tests/test_llama_cpp_f32.py).
+# rounding happens, we equal llama.cpp to 0.0013 / 0.0018 (tests/test_llama_cpp_f32.py).
 LOGPROB_TOL = 1.5
 LOGPROB_MEAN_TOL = 0.3
 
