@@ -117,22 +117,32 @@ def test_serve_tiny_raw_http_errors(server):
     assert httpx.get(server.url + "/v1/models").status_code == 401
 
 
-def test_serve_tiny_16_concurrent_clients(server):
+def run_clients(url: str, make_body, n: int = 16, headers=None, timeout: float = 120) -> dict:
+    """POST /completion from n concurrent threads (body = make_body(i)); every one must get
+    200. Returns {i: response text}."""
     results, errors = {}, []
 
     def worker(i):
         try:
-            body = {"prompt": f"the {i}", "n_predict": 6, "temperature": 0, "stream": i % 2 == 0}
-            r = httpx.post(server.url + "/completion", json=body, headers=AUTH, timeout=120)
+            r = httpx.post(url + "/completion", json=make_body(i), headers=headers, timeout=timeout)
             assert r.status_code == 200, r.text
             results[i] = r.text
         except Exception as e:  # noqa: BLE001
             errors.append(repr(e))
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(16)]
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
     [t.start() for t in threads]
-    [t.join(120) for t in threads]
-    assert not errors and len(results) == 16
+    [t.join(timeout) for t in threads]
+    assert not errors and len(results) == n, errors
+    return results
+
+
+def test_serve_tiny_16_concurrent_clients(server):
+    run_clients(
+        server.url,
+        lambda i: {"prompt": f"the {i}", "n_predict": 6, "temperature": 0, "stream": i % 2 == 0},
+        headers=AUTH,
+    )
 
 
 def test_serve_tiny_sigint_ends_streams_and_exits_0(tiny_path):

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 
 import httpx
 import pytest
 
-from test_server_process import ROOT, ServeProcess
+from test_server_process import ROOT, ServeProcess, run_clients
 
 pytestmark = pytest.mark.model
 
@@ -65,21 +64,11 @@ def test_serve_raw_http_errors(server):
 
 
 def test_serve_16_concurrent_clients(server):
-    results, errors = {}, []
-
-    def worker(i):
-        try:
-            body = {"prompt": f"Count: {i},", "n_predict": 4, "temperature": 0, "stream": i % 2 == 0}
-            r = httpx.post(server.url + "/completion", json=body, timeout=120)
-            assert r.status_code == 200, r.text
-            results[i] = r.text
-        except Exception as e:  # noqa: BLE001
-            errors.append(repr(e))
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(16)]
-    [t.start() for t in threads]
-    [t.join(180) for t in threads]
-    assert not errors and len(results) == 16
+    run_clients(
+        server.url,
+        lambda i: {"prompt": f"Count: {i},", "n_predict": 4, "temperature": 0, "stream": i % 2 == 0},
+        timeout=180,
+    )
     metrics = httpx.get(server.url + "/metrics").text
     busy = float(next(ln.split()[-1] for ln in metrics.splitlines()
                       if ln.startswith("llamacpp:n_busy_slots_per_decode")))
