@@ -11,10 +11,12 @@ Public API (imported lazily so that `import engine` stays cheap):
 
 import os as _os
 
-# Threading policy, set before numpy/numba start their pools: numba's OpenMP workers and
-# OpenBLAS's workers share the same few cores; spinning workers of one pool starve the other
-# (measured: a 2-thread decode step went from ~15 ms to seconds on a busy 2-core machine).
-_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Threading policy, set before numba starts its OpenMP team: workers spin briefly between the
+# ~150 parallel regions of a decode step instead of sleeping (a futex wake-up each halved decode
+# speed), but never long enough to starve the batch path's BLAS threads (an unbounded spin did).
+# All parallel kernels run on one thread (engine/compute_thread.py), so one team exists.
+_os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
+_os.environ.setdefault("GOMP_SPINCOUNT", "20000")
 
 # A frozen (PyInstaller) bundle has no writable __pycache__ beside the sources, where numba's
 # cache lives by default (numba/numba#4908): give it a per-user directory. numba reads this

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import forward
+from . import compute_thread, forward
 from .batch import Batch
 from .errors import EngineError
 from .kv_cache import KVCache
@@ -84,6 +84,9 @@ class Context:
     def decode(self, batch: Batch, embeddings: bool = False) -> np.ndarray:
         """Run the batch; return float32 (n_outputs, n_vocab) logits (or (n_outputs, n_embd)
         final hidden states with embeddings=True) for entries whose logits flag is set."""
+        return compute_thread.run(self._decode, batch, embeddings)
+
+    def _decode(self, batch: Batch, embeddings: bool) -> np.ndarray:
         forward.validate_batch(self, batch)
         if len(batch) > self.n_batch:
             raise EngineError(f"batch of {len(batch)} tokens exceeds n_batch = {self.n_batch}")

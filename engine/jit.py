@@ -25,8 +25,9 @@ def set_num_threads(n_threads: int) -> int:
     n_max = numba.config.NUMBA_NUM_THREADS
     n = max(1, min(int(n_threads) if n_threads and n_threads > 0 else n_max, n_max))
     numba.set_num_threads(n)
-    from . import parallel
+    from . import compute_thread, parallel
 
+    compute_thread.set_threads(n)
     parallel.limit_blas_threads()
     parallel.set_pool_size(n)
     return n

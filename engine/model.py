@@ -83,6 +83,8 @@ def load_model(path: str | os.PathLike, n_threads: int | None = None,
     report(0.8, "loading kernels")
     from .kernels_warmup import warmup
 
-    warmup(model, lambda msg: report(0.8, msg))
+    from . import compute_thread
+
+    compute_thread.run(warmup, model, lambda msg: report(0.8, msg))
     report(1.0, f"loaded in {time.perf_counter() - t0:.2f} s")
     return model

@@ -7,6 +7,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import numpy as np
+
 from app.bridge import (
     LlmFileInfo, LoadCancelled, LoadParams, MemoryFigures, ReplyStep, SamplingSettings,
     ServerSettings, StarterModel, TensorRow, backend_info, process_rss,
@@ -16,12 +18,16 @@ REPLY = "Hello! Here is some **bold** text and code:\n\n```python\nprint('hi')\n
 N_LAYER = 4
 
 
+_WORK = np.linspace(0.0, 1.0, 1 << 16)
+
+
 def spin(seconds: float) -> None:
-    """Burn CPU in Python bytecode (holds the GIL like a compute-bound engine would)."""
+    """Burn CPU the way the engine does: in native code (numpy here, numba and BLAS there) that
+    releases the GIL, with short Python steps between calls. (Pure-bytecode spinning would
+    measure CPython's GIL hand-off, which the real engine does not hold during compute.)"""
     end = time.perf_counter() + seconds
-    x = 0
     while time.perf_counter() < end:
-        x += sum(i * i for i in range(200))
+        np.sin(_WORK, out=np.empty_like(_WORK))
 
 
 class FakeStream:
