@@ -194,6 +194,20 @@ def _pair(text, start, length, a, b, is_bpe, vocab_data, vocab_off, vocab_slots,
     return _find(text, s, e, vocab_data, vocab_off, vocab_slots)
 
 
+
+@kernel
+def _offer(text, start, length, a, b, is_bpe, vocab_data, vocab_off, vocab_slots, pair_data,
+           pair_off, pair_slots, prio, er, es, hk, he, h, m):
+    """Queue the merge of adjacent symbols a, b when the vocabulary has it; returns (h, m)."""
+    k = _pair(text, start, length, a, b, is_bpe, vocab_data, vocab_off, vocab_slots, pair_data,
+              pair_off, pair_slots)
+    if k >= 0:
+        er[m] = b
+        es[m] = length[a] + length[b]
+        h = _push(hk, he, h, (prio[k] << np.uint64(32)) | np.uint64(a), m)
+        m += 1
+    return h, m
+
 @kernel
 def _merge(text, seg_starts, is_bpe, vocab_data, vocab_off, vocab_slots, pair_data, pair_off, pair_slots, prio):
     """Shared merge loop over independent segments of `text` (byte offsets `seg_starts`, the
@@ -232,13 +246,8 @@ def _merge(text, seg_starts, is_bpe, vocab_data, vocab_off, vocab_slots, pair_da
     for i in range(n - 1):
         if nxt[i] < 0:
             continue
-        k = _pair(text, start, length, i, i + 1, is_bpe, vocab_data, vocab_off, vocab_slots, pair_data,
-                  pair_off, pair_slots)
-        if k >= 0:
-            er[m] = i + 1
-            es[m] = length[i] + length[i + 1]
-            h = _push(hk, he, h, (prio[k] << np.uint64(32)) | np.uint64(i), m)
-            m += 1
+        h, m = _offer(text, start, length, i, i + 1, is_bpe, vocab_data, vocab_off, vocab_slots,
+                      pair_data, pair_off, pair_slots, prio, er, es, hk, he, h, m)
     while h > 0:
         entry, left, h = _pop(hk, he, h)
         right = er[entry]
@@ -252,21 +261,11 @@ def _merge(text, seg_starts, is_bpe, vocab_data, vocab_off, vocab_slots, pair_da
             prv[nr] = left
         pl = prv[left]
         if pl >= 0:
-            k = _pair(text, start, length, pl, left, is_bpe, vocab_data, vocab_off, vocab_slots, pair_data,
-                      pair_off, pair_slots)
-            if k >= 0:
-                er[m] = left
-                es[m] = length[pl] + length[left]
-                h = _push(hk, he, h, (prio[k] << np.uint64(32)) | np.uint64(pl), m)
-                m += 1
+            h, m = _offer(text, start, length, pl, left, is_bpe, vocab_data, vocab_off, vocab_slots,
+                          pair_data, pair_off, pair_slots, prio, er, es, hk, he, h, m)
         if nr >= 0:
-            k = _pair(text, start, length, left, nr, is_bpe, vocab_data, vocab_off, vocab_slots, pair_data,
-                      pair_off, pair_slots)
-            if k >= 0:
-                er[m] = nr
-                es[m] = length[left] + length[nr]
-                h = _push(hk, he, h, (prio[k] << np.uint64(32)) | np.uint64(left), m)
-                m += 1
+            h, m = _offer(text, start, length, left, nr, is_bpe, vocab_data, vocab_off, vocab_slots,
+                          pair_data, pair_off, pair_slots, prio, er, es, hk, he, h, m)
     out_s = np.empty(n, np.int64)
     out_n = np.empty(n, np.int64)
     seg_end = np.zeros(n_seg, np.int64)
