@@ -8,7 +8,6 @@ which implements the same methods.
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import platform
 import re

@@ -41,10 +41,6 @@ class ModelConfig:
     name: str = ""
 
     @property
-    def n_gqa(self) -> int:
-        return self.n_head // self.n_head_kv
-
-    @property
     def kq_scale(self) -> float:
         return self.attn_scale or self.head_dim**-0.5
 

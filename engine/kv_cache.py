@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .config import ModelConfig
-from .errors import ContextOverflowError, EngineError
+from .errors import EngineError
 
 CACHE_TYPES = {"f16": np.uint16, "f32": np.float32}
 
@@ -59,27 +59,11 @@ class KVCache:
         self._check_seq(seq)
         return int(self._len[seq])
 
-    def seq_pos_max(self, seq: int) -> int:
-        return self.seq_len(seq) - 1
-
     def _check_seq(self, seq: int) -> None:
         if not 0 <= seq < self.n_seq_max:
             raise EngineError(f"sequence id {seq} out of range [0, {self.n_seq_max})")
 
     # writes from the forward pass ----------------------------------------------------------
-    def reserve(self, seq: int, p0: int, n: int) -> None:
-        """Check that positions p0..p0+n-1 continue sequence `seq` and fit its context."""
-        self._check_seq(seq)
-        if p0 != self._len[seq]:
-            raise EngineError(
-                f"sequence {seq}: batch positions start at {p0} but the cache holds {self._len[seq]} "
-                f"positions (positions must continue the sequence)"
-            )
-        if p0 + n > self.n_ctx_seq:
-            raise ContextOverflowError(
-                f"sequence {seq}: {p0 + n} positions exceed the context of {self.n_ctx_seq}"
-            )
-
     def commit(self, seq: int, n_pos: int) -> None:
         self._len[seq] = n_pos
 

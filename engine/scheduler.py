@@ -627,7 +627,7 @@ class Scheduler:
         ok = []
         for entry in entries:
             try:
-                out = self._decode([entry])
+                self._decode([entry])
             except Exception as e:
                 self._rollback([entry])
                 self._fail(entry[0], e if isinstance(e, EngineError) else EngineError(f"decode failed: {e}"))

@@ -14,7 +14,7 @@ from PySide6.QtGui import (
     QAbstractTextDocumentLayout, QColor, QFont, QFontDatabase, QPainter, QPalette, QTextCharFormat,
     QTextCursor, QTextDocument, QTextFormat,
 )
-from PySide6.QtWidgets import QStyle, QStyledItemDelegate, QToolTip
+from PySide6.QtWidgets import QStyledItemDelegate, QToolTip
 
 from ..format import replay_record, reply_summary
 from ..item_models.chat_list_model import ERROR_ROLE, ROLE_ROLE, STATS_ROLE, STREAMING_ROLE

@@ -43,10 +43,6 @@ class ModelWeights:
     output: QTensor  # token_embd itself when the embeddings are tied
     layers: list[LayerWeights]
 
-    @property
-    def tied_output(self) -> bool:
-        return self.output is self.token_embd
-
 
 def load_weights(f: GGUFFile, cfg: ModelConfig) -> ModelWeights:
     """Bind every tensor the config needs as a zero-copy view, checking shapes."""

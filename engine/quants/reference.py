@@ -15,7 +15,3 @@ def dequant_ref(raw: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
         raw = np.ascontiguousarray(raw).view(np.uint16)
         return (raw.astype(np.uint32) << 16).view(np.float32)
     return np.asarray(_gguf_dequantize(np.ascontiguousarray(raw), qtype), dtype=np.float32)
-
-
-def matvec_ref(raw: np.ndarray, qtype: GGMLQuantizationType, x: np.ndarray) -> np.ndarray:
-    return (dequant_ref(raw, qtype).astype(np.float64) @ x.astype(np.float64)).astype(np.float32)
