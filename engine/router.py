@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import EngineError
+from .errors import EngineError, RouterError, UnknownModelError
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +46,6 @@ class ModelStatus(enum.Enum):
     LOADING = "loading"
     LOADED = "loaded"
     FAILED = "failed"
-
-
-class RouterError(EngineError):
-    """A model is unknown, failed to load, or did not become ready in time."""
-
-
-class UnknownModelError(RouterError):
-    pass
 
 
 @dataclass

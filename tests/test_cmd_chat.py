@@ -25,6 +25,7 @@ class CharTokenizer:
     n_vocab = 128
     bos_id = None
     add_bos = False
+    eog_ids = frozenset({EOG})
 
     def encode(self, text, add_special=True, parse_special=False):
         return [ord(c) % 128 for c in text]
@@ -37,13 +38,22 @@ class CharTokenizer:
 
 
 class Template:
-    def render(self, messages, add_generation_prompt=True):
+    source = ""
+    stop_strings = ()
+
+    def render(self, messages, add_generation_prompt=True, **extra):
         text = "".join(f"{m['role']}:{m['content']}|" for m in messages)
         return text + ("assistant>" if add_generation_prompt else "")
 
 
 class KV:
     def __init__(self):
+        self.tokens = []
+
+    def seq_len(self, seq):
+        return len(self.tokens)
+
+    def seq_clear(self, seq):
         self.tokens = []
 
     def seq_rm(self, seq, p0, p1=-1):
@@ -58,14 +68,16 @@ class ChatContext:
 
     NEXT = {ord(">"): ord("h"), ord("h"): ord("i"), ord("i"): EOG}
 
+    n_seq_max = 1
+    n_vocab = 128
+
     def __init__(self, n_ctx=256):
         self.n_ctx_seq = n_ctx
         self.n_batch = 64
         self.kv = KV()
-        self.model = type("M", (), {"tokenizer": CharTokenizer()})()
         self.n_decoded = 0
 
-    def decode(self, batch):
+    def decode(self, batch, embeddings=False):
         self.kv.tokens.extend(int(t) for t in batch.tokens)
         self.n_decoded += len(batch)
         rows = []
@@ -78,7 +90,7 @@ class ChatContext:
 
 
 def session(**kw):
-    return ChatSession(ChatContext(**kw.pop("ctx", {})), Template(), GREEDY, **kw)
+    return ChatSession(ChatContext(**kw.pop("ctx", {})), CharTokenizer(), Template(), GREEDY, **kw)
 
 
 def test_chat_session_reply_and_history():
@@ -96,10 +108,10 @@ def test_chat_session_reply_and_history():
 def test_chat_session_second_turn_reuses_the_cache():
     chat = session()
     chat.respond("hello", lambda s: None)
-    n_first = chat.ctx.n_decoded
+    n_first = chat.scheduler.ctx.n_decoded
     last = chat.respond("again", lambda s: None)
     assert last.n_cached > 0
-    assert chat.ctx.n_decoded - n_first < len(chat.prompt_tokens())
+    assert chat.scheduler.ctx.n_decoded - n_first < len(chat.prompt_tokens())
 
 
 def test_chat_session_regenerate_replaces_the_reply():

@@ -6,14 +6,15 @@ sequence and every stop condition can be placed exactly.
 
 import json
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from engine.errors import ContextOverflowError, EngineError
-from engine.generate import GenerationStep, SequenceGenerator, generate
+from engine.errors import ContextOverflowError, EngineError, InvalidRequestError
+from engine.generate import generate
 from engine.sampling import SamplingParams
+from engine.scheduler import GenerationRequest, Scheduler
+from engine.sequence import GenerationStep, SequenceGenerator
 
 GREEDY = SamplingParams(temperature=0.0)
 EOG = 9
@@ -26,6 +27,7 @@ class FakeTokenizer:
     n_vocab = 10
     bos_id = None
     add_bos = False
+    eog_ids = frozenset({EOG})
 
     def is_eog(self, token):
         return token == EOG
@@ -118,9 +120,9 @@ def test_max_tokens_releases_held_text():
     assert steps[-1].finish_reason == "length"
 
 
-def test_ctx_full_ends_with_length():
-    gen = SequenceGenerator(FakeTokenizer(), GREEDY, detokenizer=FakeDetokenizer())
-    step = gen.accept(one_hot(0), ctx_full=True)
+def test_finished_generator_refuses_more_logits():
+    gen = SequenceGenerator(FakeTokenizer(), GREEDY, 1, detokenizer=FakeDetokenizer())
+    step = gen.accept(one_hot(0))
     assert step.finish_reason == "length" and step.text_delta == "a"
     with pytest.raises(EngineError):
         gen.accept(one_hot(1))
@@ -153,12 +155,18 @@ def test_penalties_see_the_prompt():
     assert gen.accept(x).token == 4
 
 
-# -- generate() over a fake context -------------------------------------------------------
+# -- generate() and the one-slot scheduler over a fake context --------------------------------
 
 
 class FakeKV:
     def __init__(self):
         self.tokens = []  # token at each position of sequence 0
+
+    def seq_len(self, seq):
+        return len(self.tokens)
+
+    def seq_clear(self, seq):
+        self.tokens = []
 
     def seq_rm(self, seq, p0, p1=-1):
         assert p1 == -1
@@ -167,26 +175,21 @@ class FakeKV:
     def seq_shift_discard(self, seq, p0, n):
         del self.tokens[p0 : p0 + n]
 
-    def seq_len(self, seq):
-        return len(self.tokens)
-
-
-class FakeModel:
-    tokenizer = FakeTokenizer()
-
 
 class FakeContext:
     """Next token = (last + 1) % 9, so generation counts and never emits EOG (9)."""
+
+    n_seq_max = 1
+    n_vocab = 10
 
     def __init__(self, n_ctx=32, n_batch=4):
         self.n_ctx_seq = n_ctx
         self.n_batch = n_batch
         self.kv = FakeKV()
-        self.model = FakeModel()
         self.decoded = []  # number of tokens per decode call
 
-    def decode(self, batch):
-        assert len(batch) <= self.n_batch
+    def decode(self, batch, embeddings=False):
+        assert len(batch) <= self.n_batch and not embeddings
         assert list(batch.pos) == list(range(len(self.kv.tokens), len(self.kv.tokens) + len(batch)))
         assert len(self.kv.tokens) + len(batch) <= self.n_ctx_seq
         self.kv.tokens.extend(int(t) for t in batch.tokens)
@@ -195,9 +198,12 @@ class FakeContext:
         return np.array(rows, np.float32).reshape(len(rows), 10)
 
 
+TOK = FakeTokenizer()
+
+
 def test_generate_prompt_in_batches_then_tokens():
     ctx = FakeContext(n_batch=4)
-    steps = list(generate(ctx, [0, 1, 2, 3, 4, 5], GREEDY, n_predict=3))
+    steps = list(generate(ctx, TOK, [0, 1, 2, 3, 4, 5], GREEDY, n_predict=3))
     assert [s.token for s in steps] == [6, 7, 8]
     assert ctx.decoded == [4, 2, 1, 1]  # the last token is sampled but never decoded
     assert steps[-1].finish_reason == "length"
@@ -205,50 +211,52 @@ def test_generate_prompt_in_batches_then_tokens():
 
 def test_generate_prompt_too_long_is_an_error():
     ctx = FakeContext(n_ctx=8)
-    with pytest.raises(ContextOverflowError, match="8"):
-        list(generate(ctx, list(range(8)), GREEDY))
-    with pytest.raises(EngineError):
-        list(generate(ctx, [], GREEDY))
+    with pytest.raises(ContextOverflowError, match="8") as e:
+        list(generate(ctx, TOK, list(range(8)), GREEDY))
+    assert (e.value.n_prompt, e.value.n_ctx) == (8, 8)
+    with pytest.raises(InvalidRequestError):
+        list(generate(ctx, TOK, [], GREEDY))
 
 
 def test_generate_stops_with_length_at_end_of_context():
+    """llama-server's rule: without context shift a reply ends when prompt + reply fill the
+    context; the last token is sampled but never decoded."""
     ctx = FakeContext(n_ctx=8)
-    steps = list(generate(ctx, [0, 1, 2], GREEDY))
-    assert len(steps) == 6  # positions 3..7 are decoded, the 6th token has no room
+    steps = list(generate(ctx, TOK, [0, 1, 2], GREEDY))
+    assert len(steps) == 5
     assert steps[-1].finish_reason == "length"
-    assert len(ctx.kv.tokens) == 8
+    assert len(ctx.kv.tokens) == 7
 
 
-def test_generate_context_shift_keeps_going():
+def test_context_shift_keeps_n_keep_and_goes_on():
     ctx = FakeContext(n_ctx=8)
-    cached = []
-    steps = list(generate(ctx, [0, 1, 2], GREEDY, n_predict=20, n_keep=1,
-                          context_shift=True, cached=cached))
+    sched = Scheduler(ctx, TOK, n_slots=1, context_shift=True, n_keep=1)
+    steps = list(sched.stream(GenerationRequest([0, 1, 2], GREEDY, n_predict=20)))
     assert len(steps) == 20 and steps[-1].finish_reason == "length"
     assert [s.token for s in steps[:6]] == [3, 4, 5, 6, 7, 8]
     assert ctx.kv.tokens[0] == 0  # n_keep positions survive every shift
-    assert cached == ctx.kv.tokens
+    assert sched.slots[0].cache_tokens == ctx.kv.tokens
 
 
-def test_generate_reuses_cached_prefix():
+def test_one_slot_scheduler_reuses_the_cached_prefix_across_turns():
     ctx = FakeContext(n_ctx=32, n_batch=8)
-    cached = []
-    first = list(generate(ctx, [0, 1, 2], GREEDY, n_predict=2, cached=cached))
-    assert cached == ctx.kv.tokens == [0, 1, 2, 3]
+    sched = Scheduler(ctx, TOK, n_slots=1)
+    first = list(sched.stream(GenerationRequest([0, 1, 2], GREEDY, n_predict=2)))
+    assert sched.slots[0].cache_tokens == ctx.kv.tokens == [0, 1, 2, 3]
     ctx.decoded.clear()
-    steps = list(generate(ctx, [0, 1, 2, 3, 4, 5], GREEDY, n_predict=1, cached=cached))
+    steps = list(sched.stream(GenerationRequest([0, 1, 2, 3, 4, 5], GREEDY, n_predict=1)))
     assert ctx.decoded == [2] and steps[0].n_cached == 4
     assert first[-1].n_cached == 0
     # a fully cached prompt still re-evaluates its last token to get logits
     ctx.decoded.clear()
-    list(generate(ctx, [0, 1, 2, 3, 4, 5], GREEDY, n_predict=1, cached=cached))
+    list(sched.stream(GenerationRequest([0, 1, 2, 3, 4, 5], GREEDY, n_predict=1)))
     assert ctx.decoded == [1]
 
 
-def test_generate_without_cache_list_clears_the_sequence():
+def test_generate_starts_from_a_clear_sequence():
     ctx = FakeContext()
     ctx.kv.tokens = [7, 7, 7]
-    list(generate(ctx, [0, 1], GREEDY, n_predict=1))
+    list(generate(ctx, TOK, [0, 1], GREEDY, n_predict=1))
     assert ctx.kv.tokens == [0, 1]
 
 
@@ -256,24 +264,40 @@ def test_generate_cancel_stops_before_next_decode():
     ctx = FakeContext()
     cancel = threading.Event()
     steps = []
-    for s in generate(ctx, [0], GREEDY, cancel=cancel):
+    for s in generate(ctx, TOK, [0], GREEDY, cancel=cancel):
         steps.append(s)
         if len(steps) == 3:
             cancel.set()
     assert len(steps) == 3 and steps[-1].finish_reason is None
+    assert ctx.decoded == [1, 1, 1]  # nothing was decoded after the cancel
+
+
+def test_stream_abandoned_early_frees_the_slot():
+    ctx = FakeContext()
+    sched = Scheduler(ctx, TOK, n_slots=1)
+    stream = sched.stream(GenerationRequest([0], GREEDY))
+    next(stream)
+    stream.close()
+    assert not sched.slots[0].busy and sched.n_pending() == 0
 
 
 def test_generate_n_predict_zero_yields_nothing():
-    assert list(generate(FakeContext(), [0, 1], GREEDY, n_predict=0)) == []
+    assert list(generate(FakeContext(), TOK, [0, 1], GREEDY, n_predict=0)) == []
+
+
+def test_generate_timings_are_measured_once():
+    ctx = FakeContext()
+    steps = list(generate(ctx, TOK, [0, 1, 2], GREEDY, n_predict=4))
+    assert steps[0].t_prompt_ms > 0 and all(s.t_prompt_ms == steps[0].t_prompt_ms for s in steps)
+    assert steps[0].t_gen_ms == 0 and steps[-1].t_gen_ms >= steps[1].t_gen_ms > 0
 
 
 # -- real model: llama.cpp's greedy text, seeded reproducibility ----------------------------
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
-# The README asks for agreement wherever llama.cpp's top-2 margin exceeds 0.1. llama.cpp rounds
-# every activation to 8 bits before its quantised matmuls, so two builds of llama.cpp itself
-# part at margins up to ~0.3 on these prompts (tests/test_reference_models.py). A real
-# forward-pass bug diverges far beyond that.
+# tests/data/README.md asks for agreement wherever llama.cpp's top-2 margin exceeds 0.1.
+# llama.cpp rounds every activation to 8 bits before its quantised matmuls, so two builds
+# of llama.cpp itself part at margins up to ~0.3 on these prompts
+# (tests/test_reference_models.py). A real forward-pass bug diverges far beyond that.
 NEAR_TIE = 0.3
 
 
@@ -291,33 +315,36 @@ def _margin(step):
     return top[0]["logprob"] - top[1]["logprob"]
 
 
-_GEMMA_GAP = pytest.mark.xfail(
-    reason="gemma3 'import numpy as np' step 10: ours 'image' over llama.cpp's 'patches' at a "
-    "0.53 margin; llama.cpp itself with flash attention off flips 4 steps of this file at "
-    "margins up to 0.32 (8-bit activation rounding, see tests/test_reference_models.py)",
-    strict=False,
-)
+# Divergences past NEAR_TIE that are rounding, not a bug: (model, prompt) -> (step, our token).
+# gemma3 'import numpy as np' step 10: llama.cpp has 'patches' -0.74, 'image' -1.27; teacher-
+# forced we have 'patches' -1.01, 'image' -0.96, each within 0.3 of llama.cpp (Gemma's top-10
+# log-probabilities differ by up to 1.0 from ours and 1.26 from llama.cpp's own flash-attention-
+# off build, tests/test_reference_models.py; on F32 weights we match to 0.002). Strict: a
+# different divergence fails, and so does matching llama.cpp here (then delete the entry).
+KNOWN_DIVERGENCES = {("gemma3", "import numpy as np\n"): (10, 3304)}
 
 
 @pytest.mark.model
-@pytest.mark.parametrize("name", ["smollm2", pytest.param("gemma3", marks=_GEMMA_GAP)])
-def test_generate_greedy_matches_llama_cpp(request, name):
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_generate_greedy_matches_llama_cpp(request, name, reference_dir):
     from engine.context import Context, ContextParams
     from engine.model import load_model
 
     ctx = Context(load_model(request.getfixturevalue(f"{name}_path")), ContextParams(n_ctx=256))
-    path = REFERENCE / f"greedy-{name}.json"
-    if not path.exists():
-        pytest.skip(f"{path} not found (shared/ is cloned beside the repository)")
-    ref = json.loads(path.read_text(encoding="utf-8"))
+    ref = json.loads((reference_dir / f"greedy-{name}.json").read_text(encoding="utf-8"))
     tok = ctx.model.tokenizer
     for case in ref["results"]:
         prompt = tok.encode(case["prompt"], add_special=True, parse_special=True)
         assert prompt == case["prompt_ids"]
         want = case["generated_ids"]
-        steps = list(generate(ctx, prompt, GREEDY, n_predict=len(want)))
+        steps = list(generate(ctx, tok, prompt, GREEDY, n_predict=len(want)))
         got = [s.token for s in steps]
         n = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), len(got))
+        known = KNOWN_DIVERGENCES.get((name, case["prompt"]))
+        if known and n >= known[0]:
+            found = (n, got[n]) if n < min(len(got), len(want)) else f"none in {n} tokens"
+            assert found == known, f"{case['prompt']!r}: known divergence {known} is now {found}"
+            continue
         if n < len(want):  # allowed only at a near-tie of llama.cpp's own logits
             assert n < len(got), f"{case['prompt']!r}: stopped after {n} tokens"
             margin = _margin(case["steps"][n])
@@ -337,7 +364,7 @@ def test_generate_seeded_sampling_is_reproducible(smollm2_ctx):
 
     def run(seed):
         params = SamplingParams(temperature=1.0, seed=seed)
-        return [s.token for s in generate(smollm2_ctx, prompt, params, n_predict=12)]
+        return [s.token for s in generate(smollm2_ctx, tok, prompt, params, n_predict=12)]
 
     first = run(1234)
     assert run(1234) == first
@@ -363,7 +390,7 @@ def test_generate_command_prints_only_the_text(smollm2_path, smollm2_ctx, capsys
     out, err = capsys.readouterr()
     tok = smollm2_ctx.model.tokenizer
     ids = tok.encode(prompt, add_special=True, parse_special=True)
-    want = "".join(s.text_delta for s in generate(smollm2_ctx, ids, GREEDY, n_predict=8))
+    want = "".join(s.text_delta for s in generate(smollm2_ctx, tok, ids, GREEDY, n_predict=8))
     assert out == want
     assert "tokens/s" in err
 
@@ -393,7 +420,7 @@ def test_generate_command_output_is_the_library_output(tiny_model_path, capsys, 
     out, err = capsys.readouterr()
     ctx = Context(load_model(tiny_model_path), ContextParams(n_ctx=128))
     ids = ctx.model.tokenizer.encode("the cat", add_special=True, parse_special=True)
-    assert out == "".join(s.text_delta for s in generate(ctx, ids, GREEDY, n_predict=12))
+    assert out == "".join(s.text_delta for s in generate(ctx, ctx.model.tokenizer, ids, GREEDY, n_predict=12))
     assert "prompt eval:" in err and "generation:" in err
 
     seeded = [*argv, "-s", "11", "--temp", "1.5", "--top-k", "0", "--min-p", "0"]

@@ -23,9 +23,12 @@ import numpy as np
 
 from .. import params
 from ..errors import EngineError
-from ..generate import GenerationStep, generate
 from ..sampling import SamplingParams, resolve_seed
-from .generate import InterruptFlag, load_for_generation, n_keep_for, timings_text
+from ..scheduler import GenerationRequest, Scheduler
+from ..sequence import GenerationStep
+from ..seams import ChatTokenizer, DecodeContext, PromptTemplate
+from ..tokenizer.chat_template import ChatTemplate, chat_prompt_tokens
+from .generate import InterruptFlag, load_for_generation, timings_text
 
 HELP = (
     "commands: /exit, /clear (new conversation), /regen, /save FILE, /load FILE\n"
@@ -46,26 +49,28 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 class ChatSession:
-    """A conversation held in one KV-cache sequence.
+    """A conversation held in the one slot of a scheduler stepped on this thread.
 
-    Each turn re-renders the whole conversation with the chat template; the tokens already
-    in the cache (`self.cached`) are reused up to the first difference, so a turn only
-    evaluates what is new. Each reply gets its own seed drawn from a generator seeded with
-    params.seed, so a session is reproducible and /regen still gives a new reply.
+    Each turn re-renders the whole conversation with the chat template; the slot reuses the
+    tokens already in its cache up to the first difference, so a turn only evaluates what is
+    new. The first reply is sampled with params.seed itself (as `ggstation serve` would for
+    the same prompt); later replies and /regen draw their seeds from a generator seeded with
+    it, so a session is reproducible and /regen still gives a new reply.
     """
 
-    def __init__(self, ctx, template, sampling: SamplingParams, *, system_prompt: str | None = None,
-                 n_predict: int = -1, keep: int = 0, context_shift: bool = False):
-        self.ctx = ctx
+    def __init__(self, ctx: DecodeContext, tokenizer: ChatTokenizer, template: PromptTemplate,
+                 sampling: SamplingParams, *, system_prompt: str | None = None, n_predict: int = -1,
+                 keep: int = 0, context_shift: bool = False):
         self.template = template
-        self.tokenizer = ctx.model.tokenizer
+        self.tokenizer = tokenizer
         self.sampling = sampling
         self.system_prompt = system_prompt
         self.n_predict = n_predict
-        self.keep = keep
-        self.context_shift = context_shift
-        self.cached: list[int] = []  # tokens in the KV cache for sequence 0
-        self._seeds = np.random.default_rng(resolve_seed(sampling.seed))
+        self.scheduler = Scheduler(ctx, self.tokenizer, n_slots=1, context_shift=context_shift,
+                                   n_keep=keep)
+        seed = resolve_seed(sampling.seed)
+        self._seeds = np.random.default_rng(seed)
+        self._next_seed = seed
         self.messages: list[dict] = []
         self.clear()
 
@@ -109,21 +114,16 @@ class ChatSession:
 
     def prompt_tokens(self) -> list[int]:
         """The rendered conversation, tokenized, ready for the assistant's turn."""
-        # The template drops a BOS it wrote itself when the tokenizer adds one (llama.cpp).
-        text = self.template.render(self.messages, add_generation_prompt=True)
-        return self.tokenizer.encode(text, add_special=True, parse_special=True)
+        return chat_prompt_tokens(self.template, self.tokenizer, self.messages)
 
-    def _reply(self, on_delta, cancel) -> GenerationStep | None:
-        tokens = self.prompt_tokens()
-        stop = getattr(self.template, "stop_strings", ())  # the turn's end marker as text
-        sampling = dataclasses.replace(self.sampling, seed=int(self._seeds.integers(0, 2**32 - 1)))
+    def _reply(self, on_delta: Callable[[str], None],
+               cancel: threading.Event | None) -> GenerationStep | None:
+        seed, self._next_seed = self._next_seed, int(self._seeds.integers(0, 2**32 - 1))
+        request = GenerationRequest(self.prompt_tokens(), dataclasses.replace(self.sampling, seed=seed),
+                                    self.n_predict, self.template.stop_strings)
         parts: list[str] = []
         last = None
-        for last in generate(
-            self.ctx, tokens, sampling, n_predict=self.n_predict, stop=stop,
-            n_keep=n_keep_for(self.keep, tokens, self.tokenizer),
-            context_shift=self.context_shift, cancel=cancel, cached=self.cached,
-        ):
+        for last in self.scheduler.stream(request, cancel):
             if last.text_delta:
                 parts.append(last.text_delta)
                 on_delta(last.text_delta)
@@ -152,11 +152,9 @@ def load_messages(path: str) -> list[dict]:
 def run(args: argparse.Namespace) -> int:
     template_override = params.chat_template_override(args)
     model, ctx = load_for_generation(args)
-    from ..tokenizer.chat_template import ChatTemplate
-
     template = ChatTemplate.from_gguf(model.gguf, override=template_override)
     chat = ChatSession(
-        ctx, template, params.to_sampling_params(args), system_prompt=args.system_prompt,
+        ctx, model.tokenizer, template, params.to_sampling_params(args), system_prompt=args.system_prompt,
         n_predict=args.n_predict, keep=args.keep, context_shift=args.context_shift,
     )
     flag = InterruptFlag().install()

@@ -42,9 +42,8 @@ def run(args: argparse.Namespace) -> int:
     out = sys.stdout
     last = None
     for last in generate(
-        ctx, tokens, params.to_sampling_params(args),
-        n_predict=args.n_predict, stop=args.stop, n_keep=n_keep_for(args.keep, tokens, model.tokenizer),
-        context_shift=args.context_shift, cancel=flag.event,
+        ctx, model.tokenizer, tokens, params.to_sampling_params(args), n_predict=args.n_predict,
+        stop=args.stop, n_keep=args.keep, context_shift=args.context_shift, cancel=flag.event,
     ):
         if last.text_delta:
             out.write(last.text_delta)
@@ -70,7 +69,7 @@ def load_for_generation(args: argparse.Namespace):
     path = params.resolve_model_path(args)
     model = load_model(path, n_threads=n_threads)
     ctx = Context(model, params.to_context_params(args))
-    if getattr(args, "verbose", False):
+    if args.verbose:
         cfg = model.cfg
         print(
             f"loaded {path} ({cfg.arch}, {cfg.n_layer} layers, n_vocab {cfg.n_vocab}); "
@@ -87,13 +86,6 @@ def ensure_not_empty(tokens: list[int], tokenizer) -> list[int]:
     if tokenizer.add_bos and tokenizer.bos_id is not None:
         return [tokenizer.bos_id]
     raise EngineError("the prompt is empty")
-
-
-def n_keep_for(keep: int, tokens: list[int], tokenizer) -> int:
-    """llama-cli's --keep: -1 or too large keeps the whole prompt; otherwise BOS is kept too."""
-    if keep < 0 or keep > len(tokens):
-        return len(tokens)
-    return keep + int(bool(tokenizer.add_bos))
 
 
 def timings_text(step) -> str:

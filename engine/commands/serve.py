@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _setup_logging(args) -> None:
-    level = logging.INFO if getattr(args, "verbose", False) else logging.WARNING
+    level = logging.INFO if args.verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 
 
@@ -196,8 +196,7 @@ def _load(args, state, n_threads: int, n_slots: int):
     ctx = Context(model, params.to_context_params(args, n_seq_max=n_slots))
     scheduler = Scheduler(ctx, model.tokenizer, model=model, n_slots=n_slots,
                           slot_prompt_similarity=args.slot_prompt_similarity,
-                          context_shift=bool(getattr(args, "context_shift", False)),
-                          n_keep=getattr(args, "keep", 0))
+                          context_shift=args.context_shift, n_keep=args.keep)
     state.set_ready(scheduler, _chat_template(args, model))
     log.info("model %s loaded in %.2f s", path, time.perf_counter() - t0)
     return scheduler

@@ -40,8 +40,8 @@ def start_server(
     """Serve an already-loaded model over HTTP on a background thread.
 
     Args:
-        scheduler: an engine.scheduler.Scheduler whose loop is running (scheduler.start()),
-            or any object with a `.scheduler` attribute holding one (e.g. the GUI's engine).
+        scheduler: an engine.scheduler.Scheduler whose loop is running (scheduler.start())
+            and which carries its model.
         host, port: where to listen (port 0 picks a free port; see handle.port).
         api_keys: keys clients must send (Bearer or X-Api-Key); empty = no auth.
         cors: allowed origins, or True for "*"; empty/False = CORS off.
@@ -58,7 +58,6 @@ def start_server(
     from .http import listen
     from .state import ServerOptions, ServerState
 
-    sched = getattr(scheduler, "scheduler", None) or scheduler
     opts = options or ServerOptions()
     keys = tuple(k for k in api_keys if k)
     if keys:
@@ -70,7 +69,7 @@ def start_server(
     if request_log is not None:
         opts.request_log = request_log
     state = ServerState(opts)
-    state.set_ready(sched, chat_template)
+    state.set_ready(scheduler, chat_template)
     return listen(state, host, port)
 
 

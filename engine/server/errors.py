@@ -6,9 +6,14 @@ also the OpenAI names where OpenAI has one.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from starlette.responses import JSONResponse
+
+from ..errors import ContextOverflowError, EngineError, InvalidRequestError, SchedulerStoppedError
+
+log = logging.getLogger(__name__)
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -68,6 +73,24 @@ def exceed_context(n_prompt: int, n_ctx: int) -> APIError:
         n_prompt_tokens=n_prompt,
         n_ctx=n_ctx,
     )
+
+
+def api_error(e: BaseException) -> APIError:
+    """The HTTP error for an exception, by class: the caller's fault is a 400, a shutdown a
+    503, an engine failure a 500 with the engine's message. Anything else is a bug in our
+    own code: a 500 and a log line with the traceback, never a 400."""
+    if isinstance(e, APIError):
+        return e
+    if isinstance(e, ContextOverflowError):
+        return exceed_context(e.n_prompt, e.n_ctx)
+    if isinstance(e, InvalidRequestError):
+        return invalid(str(e))
+    if isinstance(e, SchedulerStoppedError):
+        return APIError(503, str(e) or "server is shutting down")
+    if isinstance(e, EngineError):
+        return APIError(500, str(e))
+    log.error("internal error: %s: %s", type(e).__name__, e, exc_info=e)
+    return APIError(500, f"internal server error: {type(e).__name__}: {e}")
 
 
 def error_response(status: int, message: str, type: str | None = None) -> JSONResponse:

@@ -20,17 +20,13 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 
-from ..errors import EngineError
+from ..errors import EngineError, PortInUseError
 from .errors import APIError, error_response, format_validation_errors, loading
 from .state import ServerState
 
 log = logging.getLogger(__name__)
 
 PUBLIC_PATHS = ("/health", "/v1/health")
-
-
-class PortInUseError(EngineError):
-    """The requested port is taken; the message suggests a free one."""
 
 
 def create_app(state: ServerState) -> FastAPI:

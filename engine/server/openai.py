@@ -14,7 +14,13 @@ import json
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from ..sequence import GenerationStep
+
+if TYPE_CHECKING:
+    from ..seams import ServerTokenizer
+    from .state import ServerState
 
 DONE = b"data: [DONE]\n\n"
 
@@ -95,12 +101,13 @@ class Formatter:
 
     send_done = True
 
-    def __init__(self, state, model_name: str, tokenizer, *, n_probs: int = 0, include_usage: bool = False,
-                 return_tokens: bool = False):
+    def __init__(self, state: ServerState, model_name: str, tokenizer: ServerTokenizer, *, n_probs: int = 0,
+                 include_usage: bool = False, return_tokens: bool = False, logprobs: bool = False):
         self.state = state
         self.model = model_name
         self.tok = tokenizer
         self.n_probs = n_probs
+        self.logprobs = logprobs  # OpenAI chat: per-token log-probabilities wanted
         self.include_usage = include_usage
         self.return_tokens = return_tokens
         self.created = int(time.time())
@@ -111,7 +118,7 @@ class Formatter:
     id_prefix = "cmpl-"
 
     def add(self, step) -> None:
-        self.acc.add(step, keep_step=self.n_probs > 0 or getattr(self, "logprobs", False))
+        self.acc.add(step, keep_step=self.n_probs > 0 or self.logprobs)
 
     # hooks
     def chunk(self, step) -> list[dict]:
@@ -123,12 +130,10 @@ class Formatter:
     def response(self) -> dict:
         raise NotImplementedError
 
-    def empty_step(self, n_prompt: int):
+    def empty_step(self, n_prompt: int) -> GenerationStep:
         """A stand-in last step for requests that produced no token (n_predict 0, shutdown)."""
-        from types import SimpleNamespace
-
-        return SimpleNamespace(token=-1, text_delta="", finish_reason="length", n_prompt=n_prompt,
-                               n_cached=0, t_prompt_ms=0.0, t_gen_ms=0.0, n_generated=0, stop_word=None)
+        return GenerationStep(token=-1, text_delta="", logprob=0.0, top_logprobs=(), finish_reason="length",
+                              n_prompt=n_prompt, n_generated=0, n_cached=0, t_prompt_ms=0.0, t_gen_ms=0.0)
 
     # shared helpers
     def _n(self) -> int:
@@ -147,9 +152,8 @@ class Formatter:
 class ChatFormatter(Formatter):
     id_prefix = "chatcmpl-"
 
-    def __init__(self, *a, logprobs: bool = False, **kw):
+    def __init__(self, *a: Any, **kw: Any):
         super().__init__(*a, **kw)
-        self.logprobs = logprobs
         self._sent_role = False
 
     def _obj(self, choices: list, **extra) -> dict:
@@ -267,7 +271,7 @@ class NativeFormatter(Formatter):
             return "none"
         if last.finish_reason == "length":
             return "limit"
-        return "word" if getattr(last, "stop_word", None) else "eos"
+        return "word" if last.stop_word else "eos"
 
     def chunk(self, step) -> list[dict]:
         obj = {"index": 0, "content": step.text_delta, "tokens": [int(step.token)], "stop": False,
@@ -296,7 +300,7 @@ class NativeFormatter(Formatter):
             "has_new_line": "\n" in self.acc.content,
             "truncated": False,
             "stop_type": self._stop_type(),
-            "stopping_word": (getattr(last, "stop_word", None) or "") if last is not None else "",
+            "stopping_word": (last.stop_word or "") if last is not None else "",
             "tokens_cached": (last.n_prompt + self._n() - 1) if last is not None else 0,
             "timings": self._timings(),
         }

@@ -12,7 +12,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import StreamingResponse
 
-from ..router import Router, RouterError, UnknownModelError
+from ..errors import RouterError, UnknownModelError
+from ..router import Router
 from .errors import APIError, error_response, invalid
 from .http import GateMiddleware
 from .routes import read_body

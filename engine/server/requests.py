@@ -10,10 +10,18 @@ import dataclasses
 import json
 import math
 
+from typing import TYPE_CHECKING
+
 from ..errors import TemplateError
+from ..sampling import SamplingParams
 from ..scheduler import GenerationRequest
+from ..tokenizer.chat_template import encode_chat_prompt
 from .errors import APIError, invalid
-from .schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from .schemas import ApplyTemplateRequest, ChatCompletionRequest, CompletionRequest, SamplingFields
+
+if TYPE_CHECKING:
+    from ..seams import PromptTemplate
+    from .state import ServerState
 
 # request field -> SamplingParams field
 _SAMPLING_FIELDS = {
@@ -33,32 +41,21 @@ _SAMPLING_FIELDS = {
 }
 
 
-def default_sampling(state):
-    from ..sampling import SamplingParams
-
-    return state.options.default_sampling or SamplingParams()
-
-
-def sampling_params(state, body: SamplingFields, n_probs: int | None = None):
+def sampling_params(state: ServerState, body: SamplingFields, n_probs: int | None = None) -> SamplingParams:
     """The server's default SamplingParams with the request's fields applied."""
-    base = default_sampling(state)
-    names = {f.name for f in dataclasses.fields(base)}
-    kw = {}
-    for src, dst in _SAMPLING_FIELDS.items():
-        v = getattr(body, src, None)
-        if v is not None and dst in names:
-            kw[dst] = v
+    given = body.model_dump(include=set(_SAMPLING_FIELDS), exclude_none=True)
+    kw = {_SAMPLING_FIELDS[k]: v for k, v in given.items()}
     if n_probs is not None:
         kw["n_probs"] = n_probs
-    if body.logit_bias is not None and "logit_bias" in names:
+    if body.logit_bias is not None:
         kw["logit_bias"] = logit_bias(state, body.logit_bias)
-    return dataclasses.replace(base, **kw)
+    return dataclasses.replace(state.options.default_sampling, **kw)
 
 
 def logit_bias(state, raw) -> dict[int, float]:
     """OpenAI {"id": bias} or llama.cpp [[id_or_text, bias_or_false], ...] -> {id: bias}."""
     pairs = raw.items() if isinstance(raw, dict) else raw
-    n_vocab = _n_vocab(state)
+    n_vocab = state.n_vocab
     out: dict[int, float] = {}
     for key, bias in pairs:
         if bias is False:
@@ -91,13 +88,8 @@ def n_predict(state, *candidates) -> int:
     return n
 
 
-def _n_vocab(state) -> int:
-    cfg = getattr(state.model, "cfg", None)
-    return int(getattr(cfg, "n_vocab", 0) or getattr(state.tokenizer, "n_vocab", 0) or 0)
-
-
 def check_tokens(state, ids: list[int]) -> list[int]:
-    n_vocab = _n_vocab(state)
+    n_vocab = state.n_vocab
     for t in ids:
         if not isinstance(t, int) or isinstance(t, bool) or (n_vocab and not 0 <= t < n_vocab):
             raise invalid(f"token id {t!r} is out of range (vocabulary has {n_vocab} tokens)")
@@ -127,10 +119,15 @@ def tokenize_prompt(state, prompt) -> list[int]:
     raise invalid("'prompt' must be a string, a list of token ids, or a list mixing both")
 
 
-def render_chat(state, body) -> str:
-    """Apply the chat template; a template that rejects the messages is a 400."""
+def chat_template(state: ServerState) -> PromptTemplate:
     if state.chat_template is None:
         raise invalid("this model has no chat template; start the server with --chat-template")
+    return state.chat_template
+
+
+def render_chat(state: ServerState, body: ChatCompletionRequest | ApplyTemplateRequest) -> str:
+    """Apply the chat template; a template that rejects the messages is a 400."""
+    template = chat_template(state)
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
     for i, m in enumerate(messages):
         c = m.get("content")
@@ -140,11 +137,11 @@ def render_chat(state, body) -> str:
                     raise invalid(f"messages[{i}]: content part of type {part.get('type')!r} is not "
                                   "supported (text only: this server has no multimodal support)")
     kwargs = dict(state.options.chat_template_kwargs or {})
-    kwargs.update(getattr(body, "chat_template_kwargs", None) or {})
+    kwargs.update(body.chat_template_kwargs or {})
     add_gen = body.add_generation_prompt if body.add_generation_prompt is not None else True
     try:
-        return state.chat_template.render(messages, add_generation_prompt=add_gen,
-                                          tools=getattr(body, "tools", None), **kwargs)
+        return template.render(messages, add_generation_prompt=add_gen,
+                                          tools=body.tools, **kwargs)
     except TemplateError as e:
         raise invalid(f"the chat template rejected the messages: {e}") from None
 
@@ -154,16 +151,16 @@ def chat_request(state, body: ChatCompletionRequest) -> tuple[GenerationRequest,
         raise invalid("response_format other than 'text' (JSON schema / grammar) is not supported yet")
     if body.grammar or body.json_schema:
         raise invalid("grammar and json_schema constraints are not supported yet")
+    template = chat_template(state)
     prompt_text = render_chat(state, body)
-    ids = state.tokenizer.encode(prompt_text, add_special=True, parse_special=True)
+    ids = encode_chat_prompt(state.tokenizer, prompt_text)
     n_probs = (body.top_logprobs or 0) if body.logprobs else (body.n_probs or 0)
     req = GenerationRequest(
         prompt=ids,
         params=sampling_params(state, body, n_probs=n_probs),
         n_predict=n_predict(state, body.max_completion_tokens, body.max_tokens, body.n_predict),
-        stop=stop_list(body.stop) + list(getattr(state.chat_template, "stop_strings", ()) or ()),
+        stop=stop_list(body.stop) + list(template.stop_strings),
         cache_prompt=state.options.cache_prompt if body.cache_prompt is None else body.cache_prompt,
-        n_probs=n_probs,
         id_slot=-1 if body.id_slot is None else body.id_slot,
     )
     return req, prompt_text
@@ -187,14 +184,13 @@ def completion_request(state, body: CompletionRequest, native: bool) -> Generati
         n_predict=limit,
         stop=stop_list(body.stop),
         cache_prompt=state.options.cache_prompt if body.cache_prompt is None else body.cache_prompt,
-        n_probs=n_probs,
         id_slot=-1 if body.id_slot is None else body.id_slot,
     )
 
 
 def generation_settings(state, req: GenerationRequest | None = None, stream: bool = False) -> dict:
     """llama-server's `generation_settings` / slot `params` object."""
-    params = req.params if req is not None and req.params is not None else default_sampling(state)
+    params = req.params if req is not None else state.options.default_sampling
     d = {}
     for k, v in dataclasses.asdict(params).items():
         if isinstance(v, dict):  # logit_bias: llama.cpp lists [token, bias], false = banned

@@ -18,10 +18,10 @@ from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from ..errors import ContextOverflowError, EngineError
-from ..scheduler import EmbeddingRequest, SchedulerStoppedError
+from ..scheduler import EmbeddingRequest
+from ..seams import ServerTokenizer
 from . import requests as rq
-from .errors import APIError, exceed_context, format_validation_errors, invalid, not_supported
+from .errors import APIError, api_error, format_validation_errors, invalid, not_supported
 from .openai import DONE, ChatFormatter, NativeFormatter, TextFormatter, sse
 from .schemas import (
     ApplyTemplateRequest,
@@ -121,9 +121,9 @@ async def props(request: Request):
         "model_alias": s.model_alias,
         "model_path": s.model_path,
         "modalities": {"vision": False, "audio": False},
-        "chat_template": getattr(template, "source", None) or "",
-        "bos_token": _token_text(tok, getattr(tok, "bos_id", None)),
-        "eos_token": _token_text(tok, getattr(tok, "eos_id", None)),
+        "chat_template": template.source if template is not None else "",
+        "bos_token": _token_text(tok, tok.bos_id),
+        "eos_token": _token_text(tok, tok.eos_id),
         "build_info": "ggstation",
         "embeddings": s.options.embeddings,
     }
@@ -191,13 +191,10 @@ def _prometheus(s) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _token_text(tok, token) -> str:
-    if tok is None or token is None or token < 0:
+def _token_text(tok: ServerTokenizer, token: int | None) -> str:
+    if token is None or not 0 <= token < tok.n_vocab:
         return ""
-    try:
-        return tok.token_to_piece(token).decode("utf-8", "replace")
-    except Exception:
-        return ""
+    return tok.token_to_piece(token).decode("utf-8", "replace")
 
 
 # -- tokenizer and template ----------------------------------------------------------------
@@ -246,7 +243,7 @@ async def chat_completions(request: Request):
     body = await parse_body(request, ChatCompletionRequest)
     req, _ = await run_in_threadpool(rq.chat_request, s, body)
     include_usage = bool((body.stream_options or {}).get("include_usage"))
-    fmt = ChatFormatter(s, body.model or s.model_alias, s.tokenizer, n_probs=req.n_probs,
+    fmt = ChatFormatter(s, body.model or s.model_alias, s.tokenizer, n_probs=req.params.n_probs,
                         include_usage=include_usage, logprobs=bool(body.logprobs))
     return await _generate(request, req, fmt, body.stream)
 
@@ -257,7 +254,7 @@ async def completions(request: Request):
     body = await parse_body(request, CompletionRequest)
     req = await run_in_threadpool(rq.completion_request, s, body, False)
     include_usage = bool((body.stream_options or {}).get("include_usage"))
-    fmt = TextFormatter(s, body.model or s.model_alias, s.tokenizer, n_probs=req.n_probs,
+    fmt = TextFormatter(s, body.model or s.model_alias, s.tokenizer, n_probs=req.params.n_probs,
                         include_usage=include_usage)
     return await _generate(request, req, fmt, body.stream)
 
@@ -269,7 +266,7 @@ async def completion(request: Request):
     body = await parse_body(request, CompletionRequest)
     req = await run_in_threadpool(rq.completion_request, s, body, True)
     prompt_text = body.prompt if isinstance(body.prompt, str) else ""
-    fmt = NativeFormatter(s, body.model or s.model_alias, s.tokenizer, n_probs=req.n_probs,
+    fmt = NativeFormatter(s, body.model or s.model_alias, s.tokenizer, n_probs=req.params.n_probs,
                           return_tokens=bool(body.return_tokens),
                           generation_settings=rq.generation_settings(s, req, body.stream),
                           prompt_text=prompt_text)
@@ -279,19 +276,8 @@ async def completion(request: Request):
 def _submit(s, req):
     try:
         return s.scheduler.submit(req)
-    except ContextOverflowError as e:
-        raise exceed_context(getattr(e, "n_prompt_tokens", len(req.prompt)), getattr(e, "n_ctx", s.n_ctx_seq)) from None
-    except SchedulerStoppedError as e:
-        raise APIError(503, str(e)) from None
-    except ValueError as e:
-        raise invalid(str(e)) from None
-
-
-def _error_body(e: Exception) -> dict:
-    if isinstance(e, APIError):
-        return e.body()
-    status = 400 if isinstance(e, (ValueError, ContextOverflowError)) else 500
-    return APIError(status, str(e) or type(e).__name__).body()
+    except Exception as e:
+        raise api_error(e) from None
 
 
 async def _generate(request: Request, req, fmt, stream: bool):
@@ -310,10 +296,8 @@ async def _generate(request: Request, req, fmt, stream: bool):
     except asyncio.CancelledError:
         handle.cancel()
         raise
-    except SchedulerStoppedError as e:
-        raise APIError(503, str(e)) from None
-    except EngineError as e:
-        raise APIError(500, f"generation failed: {e}") from None
+    except Exception as e:
+        raise api_error(e) from None
     return JSONResponse(fmt.response())
 
 
@@ -353,8 +337,8 @@ async def _stream(handle, fmt):
             yield sse(obj)
         if fmt.send_done:
             yield DONE
-    except EngineError as e:
-        yield sse(_error_body(e))
+    except Exception as e:  # headers are sent: the error goes in the stream
+        yield sse(api_error(e).body())
     finally:
         if not handle.done:
             handle.cancel()
@@ -423,8 +407,8 @@ async def _embed(request: Request, oai: bool):
             if not got:
                 raise APIError(503, "server is shutting down")
             results.append(got[0])
-    except EngineError as e:
-        raise APIError(500, f"embedding failed: {e}") from None
+    except Exception as e:
+        raise api_error(e) from None
     finally:
         for h in handles:
             if not h.done:

@@ -13,7 +13,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
+
+from ..errors import EngineError, TemplateError
+from ..sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from ..scheduler import Scheduler
+    from ..seams import PromptTemplate, ServedModel, ServerTokenizer
 
 DEFAULT_BODY_LIMIT = 8 * 1024 * 1024
 
@@ -40,34 +47,36 @@ class ServerOptions:
     cache_prompt: bool = True
     n_predict: int = -1  # server-wide cap (-n)
     max_body_bytes: int = DEFAULT_BODY_LIMIT
-    default_sampling: Any = None  # engine.sampling.SamplingParams from the flags
+    default_sampling: SamplingParams = field(default_factory=SamplingParams)  # from the flags
     chat_template_kwargs: dict = field(default_factory=dict)
     request_log: Callable[[dict], None] | None = None  # called after each request (GUI log)
     api_prefix: str = ""
 
 
 class ServerState:
-    """Everything a route handler needs, shared by all requests."""
+    """Everything a route handler needs, shared by all requests.
+
+    Routes that use the model only run once the state is READY (the HTTP middleware answers
+    503 before that), so `scheduler`, `model` and `tokenizer` are only read then.
+    """
 
     def __init__(self, options: ServerOptions | None = None):
         self.options = options or ServerOptions()
         self.status = ServerStatus.LOADING
         self.error: str | None = None
-        self.scheduler = None
-        self.model = None
-        self.tokenizer = None
-        self.chat_template = None
+        self._scheduler: Scheduler | None = None
+        self.chat_template: PromptTemplate | None = None
         self.t_start = time.time()
         self.created = int(self.t_start)
         self._ready = threading.Event()
 
     # -- lifecycle -----------------------------------------------------------------
-    def set_ready(self, scheduler, chat_template=None) -> None:
-        """Attach a running scheduler; the model and tokenizer come from it."""
-        self.scheduler = scheduler
-        self.model = scheduler.model
-        self.tokenizer = scheduler.tokenizer
-        self.chat_template = chat_template if chat_template is not None else self._load_template(None)
+    def set_ready(self, scheduler: Scheduler, chat_template: PromptTemplate | None = None) -> None:
+        """Attach a running scheduler whose `model` is set; the tokenizer comes from it."""
+        if scheduler.model is None:
+            raise EngineError("the server needs a scheduler that carries its model")
+        self._scheduler = scheduler
+        self.chat_template = chat_template if chat_template is not None else self._model_template()
         self.status = ServerStatus.READY
         self._ready.set()
 
@@ -83,20 +92,34 @@ class ServerState:
     def is_ready(self) -> bool:
         return self.status is ServerStatus.READY
 
-    def _load_template(self, override: str | None):
-        from ..errors import TemplateError
+    @property
+    def scheduler(self) -> Scheduler:
+        if self._scheduler is None:
+            raise EngineError("the model is not loaded yet")
+        return self._scheduler
 
+    @property
+    def model(self) -> ServedModel:
+        model = self.scheduler.model
+        assert model is not None  # checked by set_ready
+        return model
+
+    @property
+    def tokenizer(self) -> ServerTokenizer:
+        return self.model.tokenizer
+
+    def _model_template(self) -> PromptTemplate | None:
+        """The GGUF's own template (or the built-in for its family); None when unusable."""
+    
         try:
-            from ..tokenizer.chat_template import ChatTemplate
-
-            return ChatTemplate.from_gguf(getattr(self.model, "gguf", None), override=override)
-        except (TemplateError, ImportError, AttributeError, TypeError, ValueError):
+            return ChatTemplate.from_gguf(self.model.gguf)
+        except TemplateError:
             return None
 
     # -- model facts for /props and /v1/models ----------------------------------------
     @property
     def model_path(self) -> str:
-        return str(getattr(self.model, "path", "") or "")
+        return str(self.model.path) if self._scheduler is not None else ""
 
     @property
     def model_alias(self) -> str:
@@ -106,34 +129,33 @@ class ServerState:
 
     @property
     def n_ctx_seq(self) -> int:
-        return self.scheduler.n_ctx_seq if self.scheduler else 0
+        return self._scheduler.n_ctx_seq if self._scheduler is not None else 0
 
     @property
     def n_slots(self) -> int:
-        return self.scheduler.n_slots if self.scheduler else 0
+        return self._scheduler.n_slots if self._scheduler is not None else 0
+
+    @property
+    def n_vocab(self) -> int:
+        return self.model.cfg.n_vocab
 
     def model_meta(self) -> dict:
-        cfg = getattr(self.model, "cfg", None)
-        meta = {
-            "vocab_type": getattr(self.tokenizer, "vocab_type", None) or getattr(self.tokenizer, "model_type", None),
-            "n_vocab": getattr(cfg, "n_vocab", None),
-            "n_ctx_train": getattr(cfg, "n_ctx_train", None),
-            "n_embd": getattr(cfg, "n_embd", None),
-            "n_params": getattr(self.model, "n_params", None),
+        cfg = self.model.cfg
+        return {
+            "vocab_type": self.tokenizer.vocab_type,
+            "n_vocab": cfg.n_vocab,
+            "n_ctx_train": cfg.n_ctx_train,
+            "n_embd": cfg.n_embd,
+            "n_params": self.model.n_params,
             "size": _file_size(self.model_path),
         }
-        return meta
 
     def pooling(self) -> str:
+        """--pooling, else the model's `{arch}.pooling_type`, else mean (llama.cpp's names)."""
         if self.options.pooling:
             return self.options.pooling
-        gguf = getattr(self.model, "gguf", None)
-        arch = getattr(getattr(self.model, "cfg", None), "arch", "")
-        try:
-            code = gguf.get_int(f"{arch}.pooling_type", -1) if gguf is not None else -1
-        except Exception:
-            code = -1
-        return {0: "none", 1: "mean", 2: "cls", 3: "last"}.get(code, "mean")
+        code = self.model.gguf.get(f"{self.model.cfg.arch}.pooling_type", -1)
+        return {0: "none", 1: "mean", 2: "cls", 3: "last"}.get(code if isinstance(code, int) else -1, "mean")
 
 
 def _file_size(path: str) -> int | None:

@@ -289,6 +289,11 @@ class Tokenizer:
     def n_vocab(self) -> int:
         return len(self.tokens)
 
+    @property
+    def vocab_type(self) -> int:
+        """llama.cpp's llama_vocab_type: 1 SPM (`kind` 'llama'), 2 BPE ('gpt2')."""
+        return {"llama": 1, "gpt2": 2}.get(self.kind, 0)
+
     def is_eog(self, token_id: int) -> bool:
         """End of generation: EOS, EOT, EOM and the tokens llama.cpp recognises by their text."""
         return token_id in self.eog_ids

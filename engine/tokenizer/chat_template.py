@@ -15,7 +15,7 @@ import json
 import os
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import jinja2
 import jinja2.ext
@@ -23,6 +23,9 @@ import jinja2.sandbox
 from jinja2 import nodes
 
 from ..errors import TemplateError
+
+if TYPE_CHECKING:
+    from ..seams import PromptTemplate
 
 _C_SPACE = " \t\n\v\f\r"
 
@@ -443,6 +446,23 @@ class ChatTemplate:
         if self.add_eos and self.eos_token and text.endswith(self.eos_token):
             text = text[: -len(self.eos_token)]
         return text
+
+
+class PromptEncoder(Protocol):
+    def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
+
+
+def encode_chat_prompt(tokenizer: PromptEncoder, text: str) -> list[int]:
+    """Rendered chat text -> prompt tokens, as llama.cpp tokenizes a chat prompt (special
+    tokens added where the model adds them, special-token text parsed)."""
+    return tokenizer.encode(text, add_special=True, parse_special=True)
+
+
+def chat_prompt_tokens(template: PromptTemplate, tokenizer: PromptEncoder, messages: list[dict],
+                       **extra: Any) -> list[int]:
+    """The prompt for the assistant's next turn: every front end (server, CLI, desktop app)
+    builds its chat prompt here, so the same conversation gives the same tokens."""
+    return encode_chat_prompt(tokenizer, template.render(messages, add_generation_prompt=True, **extra))
 
 
 def _special_kw(get, tokens: list[str]) -> dict:
