@@ -22,15 +22,13 @@ sys.path.insert(0, str(ROOT))
 from engine import model_store  # noqa: E402
 from engine.gguf_file import GGUFFile  # noqa: E402
 from engine.tokenizer import load_tokenizer  # noqa: E402
+from tests.conftest import REFERENCE_DIR  # noqa: E402
 
 SIZE = 1 << 20
 
 
 def english_text(size: int = SIZE) -> str:
-    parts = []
-    gpl = ROOT.parent / "shared" / "reference" / "gpl-3.txt"
-    if gpl.exists():
-        parts.append(gpl.read_text(encoding="utf-8"))
+    parts = [(REFERENCE_DIR / "gpl-3.txt").read_text(encoding="utf-8")]
     total = sum(map(len, parts))
     for path in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):
         if total >= size:

@@ -1,8 +1,20 @@
 """Shared fixtures. Real starter models are fetched once into the model cache (see engine/model_store.py)."""
 
+from pathlib import Path
+
 import pytest
 
 from engine import model_store
+
+# llama.cpp's own output on the starter models, copied byte for byte (tests/data/README.md).
+REFERENCE_DIR = Path(__file__).resolve().parent / "data"
+
+
+# --- reference data ---------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def reference_dir() -> Path:
+    """tests/data: llama.cpp's token ids, greedy log-probabilities, chat prompts, GPL-3 text."""
+    return REFERENCE_DIR
 
 
 # --- starter models (tests marked @pytest.mark.model) -----------------------------------------

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -16,7 +15,6 @@ from engine.tokenizer.chat_template import (
     fallback_template_name,
 )
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
 CHATML_GGUF = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
                "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 CONVO = [{"role": "system", "content": " Be brief. "}, {"role": "user", "content": "Hi"},
@@ -32,10 +30,8 @@ def meta(**kw):
 
 
 @pytest.mark.model
-def test_smollm2_template_matches_llama_cpp(smollm2_path):
-    path = REFERENCE / "tmpl-smollm2.json"
-    if not path.exists():
-        pytest.skip(f"{path} not found")
+def test_smollm2_template_matches_llama_cpp(smollm2_path, reference_dir):
+    path = reference_dir / "tmpl-smollm2.json"
     tmpl = ChatTemplate.from_gguf(GGUFFile(smollm2_path))
     assert (tmpl.name, tmpl.family, tmpl.stop_strings) == ("gguf", "chatml", ("<|im_end|>",))
     for row in json.loads(path.read_text(encoding="utf-8"))["results"]:

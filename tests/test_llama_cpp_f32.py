@@ -9,7 +9,6 @@ so our log-probabilities must equal llama.cpp's (tests/data: produced by llama-c
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,18 +17,16 @@ from engine.batch import Batch
 from engine.context import Context, ContextParams
 from engine.model import load_model
 
-DATA = Path(__file__).parent / "data"
-
 
 @pytest.mark.model
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])
-def test_f32_logprobs_equal_llama_cpp(request, name, tmp_path):
+def test_f32_logprobs_equal_llama_cpp(request, name, tmp_path, reference_dir):
     from ggufgen import dequantize_to_f32
 
     src = request.getfixturevalue(f"{name}_path")
     model = load_model(dequantize_to_f32(src, tmp_path / f"{name}-f32.gguf"))
-    ref = json.loads((DATA / f"llama_cpp_f32_{name}.json").read_text())
+    ref = json.loads((reference_dir / f"llama_cpp_f32_{name}.json").read_text(encoding="utf-8"))
     ctx = Context(model, ContextParams(n_ctx=256))
     errs, flips = [], 0
     for r in ref["results"]:

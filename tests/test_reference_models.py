@@ -1,10 +1,9 @@
-"""The starter models against llama.cpp's own vectors (../shared/reference): greedy tokens,
+"""The starter models against llama.cpp's own vectors (tests/data): greedy tokens,
 top-10 log-probabilities and perplexity. Marked `model` (they fetch the starter models)."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +13,6 @@ from engine.context import Context, ContextParams
 from engine.model import load_model
 from engine.perplexity import perplexity
 
-REF = Path(__file__).resolve().parents[2] / "shared" / "reference"
 pytestmark = pytest.mark.model
 
 # llama.cpp rounds activations to 8 bits before every quantised matmul, so any last-bit
@@ -28,17 +26,11 @@ LOGPROB_TOL = 1.5
 LOGPROB_MEAN_TOL = 0.3
 
 
-def _load_ref(name):
-    path = REF / name
-    if not path.exists():
-        pytest.skip(f"reference file {path} not found")
-    return json.loads(path.read_text())
-
-
 @pytest.fixture(scope="module", params=["smollm2", "gemma3"])
-def model_and_ref(request):
+def model_and_ref(request, reference_dir):
     path = request.getfixturevalue("smollm2_path" if request.param == "smollm2" else "gemma3_path")
-    return load_model(path), _load_ref(f"greedy-{request.param}.json")
+    ref = json.loads((reference_dir / f"greedy-{request.param}.json").read_text(encoding="utf-8"))
+    return load_model(path), ref
 
 
 def _log_softmax(x):
@@ -89,10 +81,10 @@ PPL = {("smollm2", 128): 24.2139, ("smollm2", 512): 18.3914, ("gemma3", 128): 18
 
 @pytest.mark.slow
 @pytest.mark.parametrize("n_ctx", [128, 512])
-def test_perplexity_within_one_percent(model_and_ref, n_ctx):
+def test_perplexity_within_one_percent(model_and_ref, n_ctx, reference_dir):
     model, ref = model_and_ref
     name = "smollm2" if model.cfg.arch == "llama" else "gemma3"
-    text = (REF / "gpl-3.txt").read_text(encoding="utf-8")
+    text = (reference_dir / "gpl-3.txt").read_text(encoding="utf-8")
     tok = model.tokenizer
     tokens = tok.encode(text, add_special=True, parse_special=False)
     ctx = Context(model, ContextParams(n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx))

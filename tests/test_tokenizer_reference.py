@@ -1,25 +1,20 @@
-"""The tokenizers against llama.cpp's own output on the two starter models (shared/reference)."""
+"""The tokenizers against llama.cpp's own output on the two starter models (tests/data)."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from engine.gguf_file import GGUFFile
 from engine.tokenizer import StreamingDetokenizer, load_tokenizer
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
 COMBOS = [(False, False), (False, True), (True, False), (True, True)]
 
 pytestmark = pytest.mark.model
 
 
-def _rows(name: str) -> list[dict]:
-    path = REFERENCE / name
-    if not path.exists():
-        pytest.skip(f"{path} not found (shared/ is cloned beside the repository)")
+def _rows(path) -> list[dict]:
     return json.loads(path.read_text(encoding="utf-8"))["results"]
 
 
@@ -34,9 +29,9 @@ def gemma3(gemma3_path):
 
 
 @pytest.fixture(params=["smollm2", "gemma3"])
-def case(request):
+def case(request, reference_dir):
     tok = request.getfixturevalue(request.param)
-    return tok, _rows(f"tok-{request.param}.json")
+    return tok, _rows(reference_dir / f"tok-{request.param}.json")
 
 
 def _piece_bytes(p) -> bytes:
@@ -103,10 +98,7 @@ def test_real_vocabularies_survive_bad_input(name, request):
 
 
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])
-def test_greedy_reference_prompts_tokenize_like_llama_cpp(name, request):
+def test_greedy_reference_prompts_tokenize_like_llama_cpp(name, request, reference_dir):
     tok = request.getfixturevalue(name)
-    path = REFERENCE / f"greedy-{name}.json"
-    if not path.exists():
-        pytest.skip(f"{path} not found")
-    for case in json.loads(path.read_text(encoding="utf-8"))["results"]:
+    for case in _rows(reference_dir / f"greedy-{name}.json"):
         assert tok.encode(case["prompt"], add_special=True, parse_special=True) == case["prompt_ids"]
