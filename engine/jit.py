@@ -1,10 +1,15 @@
 """The one place numba options live: decorator presets, cache location and thread count.
 
-Every kernel in the engine is decorated with `kernel` or `parallel_kernel` so that packaging
+Every kernel in the engine is decorated with `kernel` or `parallel_kernel` (generated quant
+kernels: with `generated_kernel`, which knows when their cache can be trusted) so that packaging
 (PyInstaller, where numba's default cache locator fails) can change cache behaviour here.
 """
 
 from __future__ import annotations
+
+import hashlib
+import warnings
+from pathlib import Path
 
 import numba
 
@@ -35,3 +40,56 @@ def set_num_threads(n_threads: int) -> int:
 
 def get_num_threads() -> int:
     return numba.get_num_threads()
+
+
+# --- generated kernel modules ------------------------------------------------------------------
+# numba re-uses a cached kernel while the *decorated function's own file* is unchanged (its stamp
+# is a hash of that file's bytes). The quant kernels are generated modules
+# (engine/quants/generated/, written by engine/quants/codegen.py) whose machine code also comes
+# from other files: the LLVM IR emitters in _ir.py and the per-type Layout that drives them,
+# and the helper kernels in _kern.py that numba links in (a caller's cache entry keeps the
+# callee's code it was built with, numba/numba#6845). So each generated module embeds a digest
+# of those sources. Regenerating after an edit changes the digest, hence the generated file, and
+# numba's own stamp check recompiles: nothing is ever deleted from the cache. Edited but not
+# regenerated, the embedded digest no longer matches: generated_kernel() then warns and compiles
+# that module's kernels uncached, so stale machine code is never run.
+
+
+def source_digest(paths) -> str:
+    """Digest (16 hex digits) of the text of `paths`, in order, line endings normalised (a
+    checkout with CRLF line endings gives the same digest)."""
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(hashlib.sha256(Path(p).read_bytes().replace(b"\r\n", b"\n")).digest())
+    return h.hexdigest()[:16]
+
+
+def generated_kernel(module_file: str, sources, digest: str, parallel: bool = True):
+    """The decorator for the kernels of a generated module: `parallel_kernel` (or `kernel`)
+    when `digest` matches the current `sources`, an uncached variant (with a warning) when not.
+
+    Args:
+        module_file: the generated module's __file__ (for the message).
+        sources: the modules whose code is compiled into its kernels besides its own.
+        digest: source_digest() of their files when the module was generated.
+    Returns:
+        A numba.njit decorator with the engine's options.
+    """
+    try:
+        current = source_digest(m.__file__ for m in sources)
+    except (OSError, TypeError):  # no sources beside the code (frozen bundle): nothing can drift
+        current = digest
+    if current == digest:
+        return parallel_kernel if parallel else kernel
+    global _stale_warned
+    if not _stale_warned:  # once: after an edit to _ir.py every generated module is stale
+        _stale_warned = True
+        warnings.warn(
+            f"{module_file} is older than {', '.join(m.__name__ for m in sources)}: generated "
+            "kernels older than their sources compile without numba's cache until you run "
+            "`python -m engine.quants.codegen`", RuntimeWarning, stacklevel=2,
+        )
+    return numba.njit(parallel=parallel, **{**_OPTS, "cache": False})
+
+
+_stale_warned = False

@@ -7,7 +7,6 @@ mat-vec'd once, output head included). Timings are the best of several runs.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -16,10 +15,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine import jit, quants  # noqa: E402
+from engine import jit, model_store, quants  # noqa: E402
 from tests.test_quants import ALL, make_tensor  # noqa: E402
-
-MODELS = Path(os.environ.get("GGSTATION_MODELS", Path.home() / ".local/share/ggstation/models"))
 
 
 def best(fn, reps=30, min_time=0.2):
@@ -52,16 +49,16 @@ def main():
     print(f"threads: {n}")
     print(f"{'type':6} {'shape':>12} {'matvec GMAC/s':>14} {'x4 GMAC/s':>10} {'dequant Gw/s':>13}")
     for qt in ALL:
-        cols = 2048 if qt.name.endswith("_K") else 2048
-        w = make_tensor(qt, 2048, cols)
+        w = make_tensor(qt, 2048, 2048)
         a, b, c = bench_type(w)
         print(f"{qt.name:6} {'2048x2048':>12} {a:14.1f} {b:10.1f} {c:13.2f}")
     from engine.gguf_file import GGUFFile
 
-    for name in ("SmolLM2-135M-Instruct.Q4_1.gguf", "gemma-3-270m-q4_k_m.gguf"):
-        path = MODELS / name
-        if not path.exists():
+    for model in model_store.STARTER_MODELS:
+        path = model_store.cached_path(model)  # in the model cache ($GGSTATION_MODELS_DIR)
+        if path is None:
             continue
+        name = path.name
         f = GGUFFile(path)
         total_t, total_macs, per_type = 0.0, 0, {}
         names = [n for n, ti in f.tensors.items() if len(ti.shape) == 2]

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
@@ -22,8 +19,6 @@ ALL = DENSE + LEGACY + KQUANTS
 
 # Byte offsets of the f16 super-scales (d, dmin) inside each K-quant block.
 _KQ_F16 = {T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
-MODELS = Path(os.environ.get("GGSTATION_MODELS", Path.home() / ".local/share/ggstation/models"))
-GEMMA = MODELS / "gemma-3-270m-q4_k_m.gguf"
 
 
 def make_tensor(qtype: T, n_rows: int, n_cols: int, seed: int = 0) -> QTensor:
@@ -142,13 +137,13 @@ def test_bad_inputs_raise():
 
 
 @pytest.mark.model
-@pytest.mark.skipif(not GEMMA.exists(), reason="gemma starter model not downloaded")
 @pytest.mark.parametrize("name", ["blk.0.attn_output.weight", "blk.0.ffn_down.weight",
                                   "blk.0.ffn_up.weight", "blk.0.attn_v.weight"])
-def test_real_gemma_tensors(name):
+def test_real_gemma_tensors(name, gemma3_path):
+    """Real K-quant tensors (Q4_K, Q6_K, Q5_0, Q8_0) of the gemma starter model."""
     from engine.gguf_file import GGUFFile
 
-    f = GGUFFile(GEMMA)
+    f = GGUFFile(gemma3_path)
     w = f.qtensor(name)
     rows = slice(0, 96)
     sub = QTensor(w.name, w.qtype, 96, w.n_cols, w.raw[rows])

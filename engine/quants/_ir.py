@@ -25,8 +25,10 @@ activation path (vpdpbusd, llama.cpp-style) ~23-25 but 1-2 % normalised error; i
 activations (vpdpwssd) ~17-18 at ~3e-5 error. Decode is close to memory-bound on 2 threads, so
 the exact float path was kept.
 
-Caching: numba keys a cached kernel on its own module's file stamp, not on this file;
-engine/quants/__init__.py drops the package's cache files when _ir.py or _kern.py change.
+Caching: numba keys a cached kernel on its own module's source, not on this file, so the
+generated kernel modules (engine/quants/generated/) embed a digest of this file, _kern.py and
+their layout module; after editing any of them run `python -m engine.quants.codegen` (until
+then those kernels compile uncached, with a warning: engine/jit.py, generated_kernel).
 """
 
 from __future__ import annotations

@@ -4,17 +4,14 @@ Each layout splits a super-block into groups of 32 (Q4_K, Q5_K) or 16 (Q2_K, Q3_
 weights sharing one scale d_g and offset c_g, so w = d_g * q + c_g with q a small unsigned
 integer. e (0..255) is the weight index inside the super-block. The layouts follow
 ggml-common.h; gguf-py's numpy dequantisers are the executable spec the tests compare with.
+The layouts only: the kernels are generated into generated/q2_k.py ... q6_k.py by codegen.py.
 """
 
 from __future__ import annotations
 
-from gguf import GGMLQuantizationType
 from llvmlite import ir
-from numba import prange
 
-from ..jit import parallel_kernel
-from ._ir import F32, I32, Group, Layout, make_row_dequant, make_row_dot
-from ._kern import check_shapes, group_sums, register
+from ._ir import F32, I32, Group, Layout
 
 
 def _c(v):
@@ -55,7 +52,7 @@ def _k4_scale_min(em, p, off, j):
 #   [80:82]  d       f16 super-scale for the scales
 #   [82:84]  dmin    f16 super-scale for the mins
 #   w = d * scale_g * q - dmin * min_g, g = e // 16
-class Q2KLayout(Layout):
+class Q2_KLayout(Layout):
     block_elems, block_bytes, group = 256, 84, 16
 
     def groups(self, em, p):
@@ -76,6 +73,7 @@ class Q2KLayout(Layout):
                     out.append(Group(e0, [q], b.extract_element(dsc, g), b.extract_element(dmn, g)))
         return out
 
+
 # Q3_K super-block (110 bytes):
 #   [0:32]    hmask   high bit of e = h*128 + s*32 + l is bit (4h + s) of hmask[l]
 #   [32:96]   qs      low 2 bits of e are bits 2s..2s+1 of qs[h*32 + l]
@@ -84,7 +82,7 @@ class Q2KLayout(Layout):
 #   [108:110] d       f16 super-scale
 #   w = d * (scale_g - 32) * (q - 4) with q = low2 | high << 2 (so a clear high bit means -4);
 #   q - 4 is formed in bytes and read as signed, so no offset term
-class Q3KLayout(Layout):
+class Q3_KLayout(Layout):
     block_elems, block_bytes, group = 256, 110, 0
 
     def groups(self, em, p):
@@ -110,13 +108,14 @@ class Q3KLayout(Layout):
                     out.append(Group(e0, [q], b.extract_element(dsc, _c(e0 // 16))))
         return out
 
+
 # Q4_K super-block (144 bytes):
 #   [0:2]    d       f16 super-scale for the scales
 #   [2:4]    dmin    f16 super-scale for the mins
 #   [4:16]   scales  8 packed 6-bit (scale, min) pairs, see _k4_scale_min
 #   [16:144] qs      e = j*64 + n*32 + l (j < 4, n < 2, l < 32) is nibble n of qs[j*32 + l]
 #   w = d * scale_g * q - dmin * min_g, g = e // 32
-class Q4KLayout(Layout):
+class Q4_KLayout(Layout):
     block_elems, block_bytes, group = 256, 144, 32
 
     def groups(self, em, p):
@@ -142,7 +141,7 @@ class Q4KLayout(Layout):
 #   [16:48]   qh      5th bit (value 16) of e = g*32 + l is bit g of qh[l]
 #   [48:176]  qs      low 4 bits as in Q4_K: e = j*64 + n*32 + l is nibble n of qs[j*32 + l]
 #   w = d * scale_g * q - dmin * min_g, g = e // 32
-class Q5KLayout(Layout):
+class Q5_KLayout(Layout):
     block_elems, block_bytes, group = 256, 176, 32
 
     def groups(self, em, p):
@@ -173,7 +172,7 @@ class Q5KLayout(Layout):
 #   [192:208] scales  16 signed bytes, one per group of 16
 #   [208:210] d       f16 super-scale
 #   w = d * scale_g * (q - 32), g = e // 16 (q - 32 formed in bytes, read as signed)
-class Q6KLayout(Layout):
+class Q6_KLayout(Layout):
     block_elems, block_bytes, group = 256, 210, 0
 
     def groups(self, em, p):
@@ -192,327 +191,3 @@ class Q6KLayout(Layout):
                     q = em.s8f(em.sub8(b.or_(lo, b.shl(em.bits(qh, 2 * c, 3), em.vconst8(4))), 32))
                     out.append(Group(e0, [q], b.extract_element(dsc, _c(g))))
         return out
-
-_LAYOUT_q2_k = Q2KLayout()
-_dot1_q2_k = make_row_dot(_LAYOUT_q2_k, 1)
-_dot2_q2_k = make_row_dot(_LAYOUT_q2_k, 2)
-_dot4_q2_k = make_row_dot(_LAYOUT_q2_k, 4)
-_row_dequant_q2_k = make_row_dequant(_LAYOUT_q2_k)
-_G_q2_k = _LAYOUT_q2_k.group
-_BB_q2_k = _LAYOUT_q2_k.block_bytes
-_BE_q2_k = _LAYOUT_q2_k.block_elems
-
-
-@parallel_kernel
-def _matvec_multi_q2_k(raw, x, out):
-    """out (T, n_rows) = x (T, n_cols) @ W.T; prange over rows (disjoint writes)."""
-    check_shapes(raw.shape[0], raw.shape[1], x.shape[1], out.shape[1], x.shape[0], out.shape[0],
-                 _BB_q2_k, _BE_q2_k)
-    n_tok = x.shape[0]
-    xs = group_sums(x, _G_q2_k)
-    for r in prange(raw.shape[0]):
-        t0 = 0
-        while n_tok - t0 >= 4:
-            _dot4_q2_k(raw, r, x, xs, out, t0)
-            t0 += 4
-        rem = n_tok - t0
-        if rem >= 2:
-            _dot2_q2_k(raw, r, x, xs, out, t0)
-            t0 += 2
-        if rem & 1:
-            _dot1_q2_k(raw, r, x, xs, out, t0)
-
-
-@parallel_kernel
-def _matvec3_q2_k(raw0, raw1, raw2, x, out0, out1, out2):
-    """out_i = W_i @ x for three weights of this type sharing x (e.g. Q, K, V), one launch."""
-    n0, n1, n2 = raw0.shape[0], raw1.shape[0], raw2.shape[0]
-    check_shapes(n0, raw0.shape[1], x.shape[0], out0.shape[0], 1, 1, _BB_q2_k, _BE_q2_k)
-    check_shapes(n1, raw1.shape[1], x.shape[0], out1.shape[0], 1, 1, _BB_q2_k, _BE_q2_k)
-    check_shapes(n2, raw2.shape[1], x.shape[0], out2.shape[0], 1, 1, _BB_q2_k, _BE_q2_k)
-    x2 = x.reshape((1, x.shape[0]))
-    o0 = out0.reshape((1, n0))
-    o1 = out1.reshape((1, n1))
-    o2 = out2.reshape((1, n2))
-    xs = group_sums(x2, _G_q2_k)
-    for r in prange(n0 + n1 + n2):
-        if r < n0:
-            _dot1_q2_k(raw0, r, x2, xs, o0, 0)
-        elif r < n0 + n1:
-            _dot1_q2_k(raw1, r - n0, x2, xs, o1, 0)
-        else:
-            _dot1_q2_k(raw2, r - n0 - n1, x2, xs, o2, 0)
-
-
-@parallel_kernel
-def _dequant_q2_k(raw, out):
-    check_shapes(raw.shape[0], raw.shape[1], out.shape[1], raw.shape[0], 1, 1, _BB_q2_k, _BE_q2_k)
-    if out.shape[0] != raw.shape[0]:
-        raise ValueError("out has the wrong number of rows")
-    for r in prange(raw.shape[0]):
-        _row_dequant_q2_k(raw, r, out, r)
-
-
-Q2_K = register(
-    GGMLQuantizationType.Q2_K, _LAYOUT_q2_k, _matvec_multi_q2_k, _matvec3_q2_k, _dequant_q2_k
-)
-
-
-_LAYOUT_q3_k = Q3KLayout()
-_dot1_q3_k = make_row_dot(_LAYOUT_q3_k, 1)
-_dot2_q3_k = make_row_dot(_LAYOUT_q3_k, 2)
-_dot4_q3_k = make_row_dot(_LAYOUT_q3_k, 4)
-_row_dequant_q3_k = make_row_dequant(_LAYOUT_q3_k)
-_G_q3_k = _LAYOUT_q3_k.group
-_BB_q3_k = _LAYOUT_q3_k.block_bytes
-_BE_q3_k = _LAYOUT_q3_k.block_elems
-
-
-@parallel_kernel
-def _matvec_multi_q3_k(raw, x, out):
-    """out (T, n_rows) = x (T, n_cols) @ W.T; prange over rows (disjoint writes)."""
-    check_shapes(raw.shape[0], raw.shape[1], x.shape[1], out.shape[1], x.shape[0], out.shape[0],
-                 _BB_q3_k, _BE_q3_k)
-    n_tok = x.shape[0]
-    xs = group_sums(x, _G_q3_k)
-    for r in prange(raw.shape[0]):
-        t0 = 0
-        while n_tok - t0 >= 4:
-            _dot4_q3_k(raw, r, x, xs, out, t0)
-            t0 += 4
-        rem = n_tok - t0
-        if rem >= 2:
-            _dot2_q3_k(raw, r, x, xs, out, t0)
-            t0 += 2
-        if rem & 1:
-            _dot1_q3_k(raw, r, x, xs, out, t0)
-
-
-@parallel_kernel
-def _matvec3_q3_k(raw0, raw1, raw2, x, out0, out1, out2):
-    """out_i = W_i @ x for three weights of this type sharing x (e.g. Q, K, V), one launch."""
-    n0, n1, n2 = raw0.shape[0], raw1.shape[0], raw2.shape[0]
-    check_shapes(n0, raw0.shape[1], x.shape[0], out0.shape[0], 1, 1, _BB_q3_k, _BE_q3_k)
-    check_shapes(n1, raw1.shape[1], x.shape[0], out1.shape[0], 1, 1, _BB_q3_k, _BE_q3_k)
-    check_shapes(n2, raw2.shape[1], x.shape[0], out2.shape[0], 1, 1, _BB_q3_k, _BE_q3_k)
-    x2 = x.reshape((1, x.shape[0]))
-    o0 = out0.reshape((1, n0))
-    o1 = out1.reshape((1, n1))
-    o2 = out2.reshape((1, n2))
-    xs = group_sums(x2, _G_q3_k)
-    for r in prange(n0 + n1 + n2):
-        if r < n0:
-            _dot1_q3_k(raw0, r, x2, xs, o0, 0)
-        elif r < n0 + n1:
-            _dot1_q3_k(raw1, r - n0, x2, xs, o1, 0)
-        else:
-            _dot1_q3_k(raw2, r - n0 - n1, x2, xs, o2, 0)
-
-
-@parallel_kernel
-def _dequant_q3_k(raw, out):
-    check_shapes(raw.shape[0], raw.shape[1], out.shape[1], raw.shape[0], 1, 1, _BB_q3_k, _BE_q3_k)
-    if out.shape[0] != raw.shape[0]:
-        raise ValueError("out has the wrong number of rows")
-    for r in prange(raw.shape[0]):
-        _row_dequant_q3_k(raw, r, out, r)
-
-
-Q3_K = register(
-    GGMLQuantizationType.Q3_K, _LAYOUT_q3_k, _matvec_multi_q3_k, _matvec3_q3_k, _dequant_q3_k
-)
-
-
-_LAYOUT_q4_k = Q4KLayout()
-_dot1_q4_k = make_row_dot(_LAYOUT_q4_k, 1)
-_dot2_q4_k = make_row_dot(_LAYOUT_q4_k, 2)
-_dot4_q4_k = make_row_dot(_LAYOUT_q4_k, 4)
-_row_dequant_q4_k = make_row_dequant(_LAYOUT_q4_k)
-_G_q4_k = _LAYOUT_q4_k.group
-_BB_q4_k = _LAYOUT_q4_k.block_bytes
-_BE_q4_k = _LAYOUT_q4_k.block_elems
-
-
-@parallel_kernel
-def _matvec_multi_q4_k(raw, x, out):
-    """out (T, n_rows) = x (T, n_cols) @ W.T; prange over rows (disjoint writes)."""
-    check_shapes(raw.shape[0], raw.shape[1], x.shape[1], out.shape[1], x.shape[0], out.shape[0],
-                 _BB_q4_k, _BE_q4_k)
-    n_tok = x.shape[0]
-    xs = group_sums(x, _G_q4_k)
-    for r in prange(raw.shape[0]):
-        t0 = 0
-        while n_tok - t0 >= 4:
-            _dot4_q4_k(raw, r, x, xs, out, t0)
-            t0 += 4
-        rem = n_tok - t0
-        if rem >= 2:
-            _dot2_q4_k(raw, r, x, xs, out, t0)
-            t0 += 2
-        if rem & 1:
-            _dot1_q4_k(raw, r, x, xs, out, t0)
-
-
-@parallel_kernel
-def _matvec3_q4_k(raw0, raw1, raw2, x, out0, out1, out2):
-    """out_i = W_i @ x for three weights of this type sharing x (e.g. Q, K, V), one launch."""
-    n0, n1, n2 = raw0.shape[0], raw1.shape[0], raw2.shape[0]
-    check_shapes(n0, raw0.shape[1], x.shape[0], out0.shape[0], 1, 1, _BB_q4_k, _BE_q4_k)
-    check_shapes(n1, raw1.shape[1], x.shape[0], out1.shape[0], 1, 1, _BB_q4_k, _BE_q4_k)
-    check_shapes(n2, raw2.shape[1], x.shape[0], out2.shape[0], 1, 1, _BB_q4_k, _BE_q4_k)
-    x2 = x.reshape((1, x.shape[0]))
-    o0 = out0.reshape((1, n0))
-    o1 = out1.reshape((1, n1))
-    o2 = out2.reshape((1, n2))
-    xs = group_sums(x2, _G_q4_k)
-    for r in prange(n0 + n1 + n2):
-        if r < n0:
-            _dot1_q4_k(raw0, r, x2, xs, o0, 0)
-        elif r < n0 + n1:
-            _dot1_q4_k(raw1, r - n0, x2, xs, o1, 0)
-        else:
-            _dot1_q4_k(raw2, r - n0 - n1, x2, xs, o2, 0)
-
-
-@parallel_kernel
-def _dequant_q4_k(raw, out):
-    check_shapes(raw.shape[0], raw.shape[1], out.shape[1], raw.shape[0], 1, 1, _BB_q4_k, _BE_q4_k)
-    if out.shape[0] != raw.shape[0]:
-        raise ValueError("out has the wrong number of rows")
-    for r in prange(raw.shape[0]):
-        _row_dequant_q4_k(raw, r, out, r)
-
-
-Q4_K = register(
-    GGMLQuantizationType.Q4_K, _LAYOUT_q4_k, _matvec_multi_q4_k, _matvec3_q4_k, _dequant_q4_k
-)
-
-
-_LAYOUT_q5_k = Q5KLayout()
-_dot1_q5_k = make_row_dot(_LAYOUT_q5_k, 1)
-_dot2_q5_k = make_row_dot(_LAYOUT_q5_k, 2)
-_dot4_q5_k = make_row_dot(_LAYOUT_q5_k, 4)
-_row_dequant_q5_k = make_row_dequant(_LAYOUT_q5_k)
-_G_q5_k = _LAYOUT_q5_k.group
-_BB_q5_k = _LAYOUT_q5_k.block_bytes
-_BE_q5_k = _LAYOUT_q5_k.block_elems
-
-
-@parallel_kernel
-def _matvec_multi_q5_k(raw, x, out):
-    """out (T, n_rows) = x (T, n_cols) @ W.T; prange over rows (disjoint writes)."""
-    check_shapes(raw.shape[0], raw.shape[1], x.shape[1], out.shape[1], x.shape[0], out.shape[0],
-                 _BB_q5_k, _BE_q5_k)
-    n_tok = x.shape[0]
-    xs = group_sums(x, _G_q5_k)
-    for r in prange(raw.shape[0]):
-        t0 = 0
-        while n_tok - t0 >= 4:
-            _dot4_q5_k(raw, r, x, xs, out, t0)
-            t0 += 4
-        rem = n_tok - t0
-        if rem >= 2:
-            _dot2_q5_k(raw, r, x, xs, out, t0)
-            t0 += 2
-        if rem & 1:
-            _dot1_q5_k(raw, r, x, xs, out, t0)
-
-
-@parallel_kernel
-def _matvec3_q5_k(raw0, raw1, raw2, x, out0, out1, out2):
-    """out_i = W_i @ x for three weights of this type sharing x (e.g. Q, K, V), one launch."""
-    n0, n1, n2 = raw0.shape[0], raw1.shape[0], raw2.shape[0]
-    check_shapes(n0, raw0.shape[1], x.shape[0], out0.shape[0], 1, 1, _BB_q5_k, _BE_q5_k)
-    check_shapes(n1, raw1.shape[1], x.shape[0], out1.shape[0], 1, 1, _BB_q5_k, _BE_q5_k)
-    check_shapes(n2, raw2.shape[1], x.shape[0], out2.shape[0], 1, 1, _BB_q5_k, _BE_q5_k)
-    x2 = x.reshape((1, x.shape[0]))
-    o0 = out0.reshape((1, n0))
-    o1 = out1.reshape((1, n1))
-    o2 = out2.reshape((1, n2))
-    xs = group_sums(x2, _G_q5_k)
-    for r in prange(n0 + n1 + n2):
-        if r < n0:
-            _dot1_q5_k(raw0, r, x2, xs, o0, 0)
-        elif r < n0 + n1:
-            _dot1_q5_k(raw1, r - n0, x2, xs, o1, 0)
-        else:
-            _dot1_q5_k(raw2, r - n0 - n1, x2, xs, o2, 0)
-
-
-@parallel_kernel
-def _dequant_q5_k(raw, out):
-    check_shapes(raw.shape[0], raw.shape[1], out.shape[1], raw.shape[0], 1, 1, _BB_q5_k, _BE_q5_k)
-    if out.shape[0] != raw.shape[0]:
-        raise ValueError("out has the wrong number of rows")
-    for r in prange(raw.shape[0]):
-        _row_dequant_q5_k(raw, r, out, r)
-
-
-Q5_K = register(
-    GGMLQuantizationType.Q5_K, _LAYOUT_q5_k, _matvec_multi_q5_k, _matvec3_q5_k, _dequant_q5_k
-)
-
-
-_LAYOUT_q6_k = Q6KLayout()
-_dot1_q6_k = make_row_dot(_LAYOUT_q6_k, 1)
-_dot2_q6_k = make_row_dot(_LAYOUT_q6_k, 2)
-_dot4_q6_k = make_row_dot(_LAYOUT_q6_k, 4)
-_row_dequant_q6_k = make_row_dequant(_LAYOUT_q6_k)
-_G_q6_k = _LAYOUT_q6_k.group
-_BB_q6_k = _LAYOUT_q6_k.block_bytes
-_BE_q6_k = _LAYOUT_q6_k.block_elems
-
-
-@parallel_kernel
-def _matvec_multi_q6_k(raw, x, out):
-    """out (T, n_rows) = x (T, n_cols) @ W.T; prange over rows (disjoint writes)."""
-    check_shapes(raw.shape[0], raw.shape[1], x.shape[1], out.shape[1], x.shape[0], out.shape[0],
-                 _BB_q6_k, _BE_q6_k)
-    n_tok = x.shape[0]
-    xs = group_sums(x, _G_q6_k)
-    for r in prange(raw.shape[0]):
-        t0 = 0
-        while n_tok - t0 >= 4:
-            _dot4_q6_k(raw, r, x, xs, out, t0)
-            t0 += 4
-        rem = n_tok - t0
-        if rem >= 2:
-            _dot2_q6_k(raw, r, x, xs, out, t0)
-            t0 += 2
-        if rem & 1:
-            _dot1_q6_k(raw, r, x, xs, out, t0)
-
-
-@parallel_kernel
-def _matvec3_q6_k(raw0, raw1, raw2, x, out0, out1, out2):
-    """out_i = W_i @ x for three weights of this type sharing x (e.g. Q, K, V), one launch."""
-    n0, n1, n2 = raw0.shape[0], raw1.shape[0], raw2.shape[0]
-    check_shapes(n0, raw0.shape[1], x.shape[0], out0.shape[0], 1, 1, _BB_q6_k, _BE_q6_k)
-    check_shapes(n1, raw1.shape[1], x.shape[0], out1.shape[0], 1, 1, _BB_q6_k, _BE_q6_k)
-    check_shapes(n2, raw2.shape[1], x.shape[0], out2.shape[0], 1, 1, _BB_q6_k, _BE_q6_k)
-    x2 = x.reshape((1, x.shape[0]))
-    o0 = out0.reshape((1, n0))
-    o1 = out1.reshape((1, n1))
-    o2 = out2.reshape((1, n2))
-    xs = group_sums(x2, _G_q6_k)
-    for r in prange(n0 + n1 + n2):
-        if r < n0:
-            _dot1_q6_k(raw0, r, x2, xs, o0, 0)
-        elif r < n0 + n1:
-            _dot1_q6_k(raw1, r - n0, x2, xs, o1, 0)
-        else:
-            _dot1_q6_k(raw2, r - n0 - n1, x2, xs, o2, 0)
-
-
-@parallel_kernel
-def _dequant_q6_k(raw, out):
-    check_shapes(raw.shape[0], raw.shape[1], out.shape[1], raw.shape[0], 1, 1, _BB_q6_k, _BE_q6_k)
-    if out.shape[0] != raw.shape[0]:
-        raise ValueError("out has the wrong number of rows")
-    for r in prange(raw.shape[0]):
-        _row_dequant_q6_k(raw, r, out, r)
-
-
-Q6_K = register(
-    GGMLQuantizationType.Q6_K, _LAYOUT_q6_k, _matvec_multi_q6_k, _matvec3_q6_k, _dequant_q6_k
-)
