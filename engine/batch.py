@@ -20,9 +20,9 @@ class Batch:
 
     def __post_init__(self):
         n = len(self.tokens)
-        for name in ("pos", "seq_id", "logits"):
-            if len(getattr(self, name)) != n:
-                raise ValueError(f"batch field '{name}' has {len(getattr(self, name))} entries, expected {n}")
+        for name, field in (("pos", self.pos), ("seq_id", self.seq_id), ("logits", self.logits)):
+            if len(field) != n:
+                raise ValueError(f"batch field '{name}' has {len(field)} entries, expected {n}")
 
     def __len__(self) -> int:
         return len(self.tokens)

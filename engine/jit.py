@@ -18,6 +18,7 @@ import numba
 _OPTS = dict(cache=True, fastmath=True, nogil=True, error_model="numpy")
 
 kernel = numba.njit(**_OPTS)
+_n_threads = 0  # set by set_num_threads (0: numba's default, every core)
 parallel_kernel = numba.njit(parallel=True, **_OPTS)
 
 
@@ -29,13 +30,24 @@ def set_num_threads(n_threads: int) -> int:
     """
     n_max = numba.config.NUMBA_NUM_THREADS
     n = max(1, min(int(n_threads) if n_threads and n_threads > 0 else n_max, n_max))
+    global _n_threads
+    _n_threads = n
     numba.set_num_threads(n)
-    from . import compute_thread, parallel
+    from . import parallel
 
-    compute_thread.set_threads(n)
     parallel.limit_blas_threads()
     parallel.set_pool_size(n)
     return n
+
+
+def use_num_threads() -> None:
+    """Apply the configured thread count on the calling thread.
+
+    numba's thread count is per calling thread, and whichever thread calls Context.decode
+    launches the kernels itself (the scheduler's thread, the CLI's main thread).
+    """
+    if _n_threads:
+        numba.set_num_threads(_n_threads)
 
 
 def get_num_threads() -> int:

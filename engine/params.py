@@ -18,9 +18,13 @@ import math
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import EngineError
 from .sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from .context import ContextParams
 
 COMMON = "common params"
 SAMPLING = "sampling params"
@@ -286,45 +290,42 @@ def defaults(argv: list[str] | None = None) -> argparse.Namespace:
 # -- namespace -> engine objects -----------------------------------------------------------
 
 
-def to_sampling_params(args: argparse.Namespace, **overrides) -> SamplingParams:
-    """SamplingParams from parsed flags (missing flags keep their defaults)."""
-    d = _DEFAULTS
-    get = lambda name, default: getattr(args, name, default)  # noqa: E731
-    kw = dict(
-        temperature=get("temp", d.temperature),
-        top_k=get("top_k", d.top_k),
-        top_p=get("top_p", d.top_p),
-        min_p=get("min_p", d.min_p),
-        typical_p=get("typical", d.typical_p),
-        repeat_penalty=get("repeat_penalty", d.repeat_penalty),
-        repeat_last_n=get("repeat_last_n", d.repeat_last_n),
-        presence_penalty=get("presence_penalty", d.presence_penalty),
-        frequency_penalty=get("frequency_penalty", d.frequency_penalty),
-        seed=get("seed", d.seed),
-        ignore_eos=get("ignore_eos", d.ignore_eos),
-        logit_bias=_merge_bias(get("logit_bias", [])),
+def to_sampling_params(args: argparse.Namespace, **overrides: object) -> SamplingParams:
+    """SamplingParams from flags parsed by a parser that has the sampling group."""
+    kw: dict[str, object] = dict(
+        temperature=args.temp,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        typical_p=args.typical,
+        repeat_penalty=args.repeat_penalty,
+        repeat_last_n=args.repeat_last_n,
+        presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty,
+        seed=args.seed,
+        ignore_eos=args.ignore_eos,
+        logit_bias=_merge_bias(args.logit_bias),
     )
     kw.update(overrides)
-    return SamplingParams(**kw)
+    return SamplingParams(**kw)  # type: ignore[arg-type]
 
 
-def to_context_params(args: argparse.Namespace, **overrides):
-    """engine.context.ContextParams from parsed flags; -np -1 (auto) gives 4 sequences
-    sharing a unified cache, as llama.cpp's server does."""
+def to_context_params(args: argparse.Namespace, **overrides: object) -> ContextParams:
+    """ContextParams from flags parsed by a parser that has the context group; -np -1 (auto)
+    gives 4 sequences sharing a unified cache, as llama.cpp's server does."""
     from .context import ContextParams
 
-    n_parallel = getattr(args, "parallel", 1)
-    kw = dict(
-        n_ctx=getattr(args, "ctx_size", 4096),
-        n_batch=getattr(args, "batch_size", 2048),
-        n_ubatch=min(getattr(args, "ubatch_size", 512), getattr(args, "batch_size", 2048)),
-        n_seq_max=4 if n_parallel < 0 else n_parallel,
-        type_k=getattr(args, "cache_type_k", "f16"),
-        type_v=getattr(args, "cache_type_v", "f16"),
-        kv_unified=getattr(args, "kv_unified", False) or n_parallel < 0,
+    kw: dict[str, object] = dict(
+        n_ctx=args.ctx_size,
+        n_batch=args.batch_size,
+        n_ubatch=min(args.ubatch_size, args.batch_size),
+        n_seq_max=4 if args.parallel < 0 else args.parallel,
+        type_k=args.cache_type_k,
+        type_v=args.cache_type_v,
+        kv_unified=args.kv_unified or args.parallel < 0,
     )
     kw.update(overrides)
-    return ContextParams(**kw)
+    return ContextParams(**kw)  # type: ignore[arg-type]
 
 
 def read_prompt(args: argparse.Namespace) -> str | None:
@@ -349,7 +350,7 @@ def chat_template_override(args: argparse.Namespace) -> str | None:
     Raises:
         EngineError: both flags were given, or the file cannot be read.
     """
-    text, path = getattr(args, "chat_template", None), getattr(args, "chat_template_file", None)
+    text, path = args.chat_template, args.chat_template_file
     if text is not None and path is not None:
         raise EngineError("use either --chat-template or --chat-template-file, not both")
     if path is None:
@@ -374,7 +375,7 @@ def resolve_model_path(args: argparse.Namespace) -> Path:
     Raises:
         EngineError: no -m was given, or the name is unknown (model_store's error).
     """
-    if not getattr(args, "model", None):
+    if not args.model:
         raise EngineError("no model given: use -m/--model FNAME (a .gguf path or a starter model name)")
     try:
         from .model_store import resolve_model_arg

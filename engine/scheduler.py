@@ -375,13 +375,10 @@ class Scheduler:
             slot.generator = None
             return
         slot.n_keep = self.n_keep if req.n_keep is None else req.n_keep
-        room = self.n_ctx_seq - len(req.prompt)
-        if self.context_shift:  # the context never runs out: only the request's own limit
-            n_predict = req.n_predict
-        else:
-            n_predict = room if req.n_predict < 0 else min(req.n_predict, room)
-        slot.generator = SequenceGenerator(self.tokenizer, req.params, n_predict, req.stop,
-                                           prompt_tokens=req.prompt, n_cached=n_reuse)
+        # llama-server: without a context shift a reply ends when prompt + reply fill the slot
+        n_room = -1 if self.context_shift else self.n_ctx_seq - len(req.prompt)
+        slot.generator = SequenceGenerator(self.tokenizer, req.params, req.n_predict, req.stop,
+                                           n_room=n_room, prompt_tokens=req.prompt, n_cached=n_reuse)
         slot.state = SlotState.PROMPT
 
     # ------------------------------------------------------------------ generation
@@ -414,6 +411,8 @@ class Scheduler:
         n_discard = max(0, min(n_left // 2, n_left - 1))
         self.ctx.kv.seq_shift_discard(slot.id, n_keep, n_discard)
         del slot.cache_tokens[n_keep : n_keep + n_discard]
+        assert slot.generator is not None
+        slot.generator.truncated = True
         log.info("slot %d: context shift, n_keep = %d, n_left = %d, n_discard = %d",
                  slot.id, n_keep, n_left, n_discard)
 

@@ -39,6 +39,8 @@ class GenerationStep:
         t_prompt_ms: time from the start of prompt processing to the first token's logits.
         t_gen_ms: time from the first sampled token to this one.
         stop_word: the stop string that ended generation, if one did.
+        truncated: the context ran out: a context shift dropped tokens, or the reply was cut
+            at the end of the context (llama-server's `truncated`).
     """
 
     token: int
@@ -52,6 +54,7 @@ class GenerationStep:
     t_prompt_ms: float
     t_gen_ms: float
     stop_word: str | None = None
+    truncated: bool = False
 
 
 class Detokenizer(Protocol):
@@ -68,6 +71,8 @@ class SequenceGenerator:
         tokenizer: the model's tokenizer (is_eog, and what the streaming detokenizer needs).
         params: sampling parameters; the sampler and its seeded RNG are built here.
         n_predict: maximum tokens to generate; -1 means no limit.
+        n_room: tokens the context has room for; reaching it ends the reply like n_predict
+            but marks it truncated (-1: unlimited, the caller shifts the context).
         stop: stop strings; the text stops before the first occurrence of any of them.
         prompt_tokens: the prompt (the penalties look at it; its length is reported).
         n_cached: prompt tokens reused from the KV cache (reported only).
@@ -86,6 +91,7 @@ class SequenceGenerator:
         n_predict: int = -1,
         stop: Sequence[str] = (),
         *,
+        n_room: int = -1,
         prompt_tokens: Sequence[int] = (),
         n_cached: int = 0,
         detokenizer: Detokenizer | None = None,
@@ -93,6 +99,8 @@ class SequenceGenerator:
         self.tokenizer = tokenizer
         self.params = params
         self.n_predict = n_predict
+        self.n_room = n_room
+        self.truncated = False  # also set by the scheduler when it shifts the context
         self.stop = tuple(s for s in stop if s)
         self.n_prompt = len(prompt_tokens)
         self.n_cached = n_cached
@@ -147,6 +155,7 @@ class SequenceGenerator:
             t_prompt_ms=self._t_prompt_ms,
             t_gen_ms=(now - self._t_first) * 1e3,
             stop_word=stop_word,
+            truncated=self.truncated,
         )
 
     def _advance(self, token: int) -> tuple[str, str | None]:
@@ -161,8 +170,10 @@ class SequenceGenerator:
             self.finish_reason = "stop"
             text, self._pending = self._pending[:pos], ""
             return text, word
-        if 0 <= self.n_predict <= len(self.tokens):
+        n = len(self.tokens)
+        if 0 <= self.n_predict <= n or 0 <= self.n_room <= n:
             self.finish_reason = "length"
+            self.truncated |= 0 <= self.n_room <= n and not 0 <= self.n_predict <= n
             return self._release_all(), None
         n_hold = _partial_stop_len(self._pending, self.stop)
         cut = len(self._pending) - n_hold

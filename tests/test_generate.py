@@ -224,8 +224,11 @@ def test_generate_stops_with_length_at_end_of_context():
     ctx = FakeContext(n_ctx=8)
     steps = list(generate(ctx, TOK, [0, 1, 2], GREEDY))
     assert len(steps) == 5
-    assert steps[-1].finish_reason == "length"
+    assert steps[-1].finish_reason == "length" and steps[-1].truncated
+    assert not any(s.truncated for s in steps[:-1])
     assert len(ctx.kv.tokens) == 7
+    limited = list(generate(FakeContext(n_ctx=8), TOK, [0, 1, 2], GREEDY, n_predict=5))
+    assert limited[-1].finish_reason == "length" and not limited[-1].truncated
 
 
 def test_context_shift_keeps_n_keep_and_goes_on():
@@ -236,6 +239,7 @@ def test_context_shift_keeps_n_keep_and_goes_on():
     assert [s.token for s in steps[:6]] == [3, 4, 5, 6, 7, 8]
     assert ctx.kv.tokens[0] == 0  # n_keep positions survive every shift
     assert sched.slots[0].cache_tokens == ctx.kv.tokens
+    assert not steps[0].truncated and steps[-1].truncated
 
 
 def test_one_slot_scheduler_reuses_the_cached_prefix_across_turns():

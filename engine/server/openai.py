@@ -298,7 +298,7 @@ class NativeFormatter(Formatter):
             "generation_settings": self.generation_settings,
             "prompt": self.prompt_text,
             "has_new_line": "\n" in self.acc.content,
-            "truncated": False,
+            "truncated": last.truncated if last is not None else False,
             "stop_type": self._stop_type(),
             "stopping_word": (last.stop_word or "") if last is not None else "",
             "tokens_cached": (last.n_prompt + self._n() - 1) if last is not None else 0,

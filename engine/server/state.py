@@ -110,7 +110,8 @@ class ServerState:
 
     def _model_template(self) -> PromptTemplate | None:
         """The GGUF's own template (or the built-in for its family); None when unusable."""
-    
+        from ..tokenizer.chat_template import ChatTemplate
+
         try:
             return ChatTemplate.from_gguf(self.model.gguf)
         except TemplateError:
