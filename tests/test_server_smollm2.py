@@ -41,10 +41,6 @@ def test_serve_openai_sdk(server):
     r = client.completions.create(model="smol", prompt="The capital of France is", max_tokens=8, temperature=0)
     assert r.choices[0].text.strip() and r.usage.completion_tokens <= 8
     assert [m.id for m in client.models.list()] == ["smol"]
-    has_template = httpx.post(server.url + "/apply-template",
-                              json={"messages": [{"role": "user", "content": "hi"}]}).status_code == 200
-    if not has_template:
-        pytest.skip("chat templates not available yet")
     chat = client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "Say hi"}],
                                           max_tokens=8, temperature=0)
     assert chat.choices[0].message.content and chat.choices[0].finish_reason in ("stop", "length")
