@@ -48,3 +48,20 @@ def tiny_arch_path(request, tiny_model_dir):
     from ggufgen import write_tiny_model
 
     return write_tiny_model(tiny_model_dir / f"tiny-{request.param}.gguf", arch=request.param)
+
+
+# --- wall-clock guards (tests marked @pytest.mark.perf, deselected by default) ----------------
+@pytest.fixture
+def perf_figure(request):
+    """perf_figure(name, value, unit, at_most=..., at_least=...): check a measured figure against
+    its loose bound and attach it to the test report (tests/bench_latency.py prints them)."""
+
+    def check(name: str, value: float, unit: str, *, at_most=None, at_least=None) -> None:
+        bound = f"<= {at_most}" if at_most is not None else f">= {at_least}"
+        request.node.user_properties.append(("perf", (name, float(value), unit, bound)))
+        if at_most is not None:
+            assert value <= at_most, f"{name}: {value:.3g} {unit}, over the loose bound {at_most} {unit}"
+        if at_least is not None:
+            assert value >= at_least, f"{name}: {value:.3g} {unit}, under the bound {at_least} {unit}"
+
+    return check

@@ -178,38 +178,63 @@ def test_gguf_file_fuzz_flips_and_truncations_only_raise_gguf_error(base_path, t
             assert str(e).startswith(str(target)), e
             outcomes["error"] += 1
     assert outcomes["error"] > 100 and outcomes["ok"] > 10, outcomes
-    assert time.perf_counter() - t0 < 30
+    assert time.perf_counter() - t0 < 30  # a hang guard, not a speed check: 400 opens take ~0.1 s
 
 
-def test_gguf_file_large_string_array_opens_fast(tmp_path):
-    """Big vocabularies are located at open time and decoded only on access."""
+VOCAB_TOKENS = [f"tok{i}" for i in range(300_000)]
+# Opening reads the header and locates big arrays without decoding them. Measured on the
+# 2-core development machine with other test runs beside it: 0.07-0.09 s for the 300k-token
+# file, 0.06-0.08 s for Gemma 3 (262k tokens). The bound is >10x that; what it guards
+# against, parsing every array element at open as gguf.GGUFReader does, takes 11 s on Gemma 3.
+OPEN_LIMIT_S = 1.0
+
+
+@pytest.fixture(scope="module")
+def vocab_path(tmp_path_factory):
+    """A GGUF with a 300k-entry string array and a 300k-entry int array."""
     from gguf import GGUFWriter
 
-    path = tmp_path / "vocab.gguf"
+    path = tmp_path_factory.mktemp("vocab") / "vocab.gguf"
     w = GGUFWriter(str(path), "llama")
-    tokens = [f"tok{i}" for i in range(300_000)]
-    w.add_array("tokenizer.ggml.tokens", tokens)
+    w.add_array("tokenizer.ggml.tokens", VOCAB_TOKENS)
     w.add_key_value("tokenizer.ggml.token_type", [1] * 300_000, GGUFValueType.ARRAY, GGUFValueType.INT32)
     w.add_tensor("t", np.zeros(32, np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return path
+
+
+def _timed_open(path) -> tuple[GGUFFile, float]:
     t0 = time.perf_counter()
     f = GGUFFile(path)
-    assert time.perf_counter() - t0 < 1.0
-    assert f.get_array("tokenizer.ggml.tokens") == tokens
+    return f, time.perf_counter() - t0
+
+
+def test_gguf_file_large_string_array_reads_back(vocab_path):
+    f = GGUFFile(vocab_path)
+    assert f.get_array("tokenizer.ggml.tokens") == VOCAB_TOKENS
     assert f.get_array("tokenizer.ggml.token_type")[:3] == [1, 1, 1]
 
 
+@pytest.mark.perf
+def test_gguf_file_large_string_array_opens_fast(vocab_path, perf_figure):
+    """Big vocabularies are located at open time and decoded only on access."""
+    perf_figure("GGUF open, 300k-token vocabulary", _timed_open(vocab_path)[1], "s", at_most=OPEN_LIMIT_S)
+
+
 @pytest.mark.model
-def test_gguf_file_gemma3_opens_fast(gemma3_path):
-    t0 = time.perf_counter()
+def test_gguf_file_gemma3_metadata(gemma3_path):
     f = GGUFFile(gemma3_path)
-    elapsed = time.perf_counter() - t0
-    assert elapsed < 1.0, f"opening took {elapsed:.2f} s"
     assert f.arch == "gemma3" and len(f.get_array("tokenizer.ggml.tokens")) == 262144
     assert f.tensor_data_bytes <= f.file_size
+
+
+@pytest.mark.model
+@pytest.mark.perf
+def test_gguf_file_gemma3_opens_fast(gemma3_path, perf_figure):
+    perf_figure("GGUF open, Gemma 3 270M", _timed_open(gemma3_path)[1], "s", at_most=OPEN_LIMIT_S)
 
 
 @pytest.mark.model

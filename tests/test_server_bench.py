@@ -1,11 +1,10 @@
 """Benchmark: aggregate generation speed of 4 concurrent streaming clients on -np 4 against
-one client alone (issue: at least 2x). Slow and machine-dependent, so it only runs when asked:
-`GGSTATION_BENCH=1 pytest tests/test_server_bench.py -s` on a quiet machine."""
+one client alone (issue: at least 2x). Slow and machine-dependent, so it is marked perf and
+runs only when asked: `pytest -m perf tests/test_server_bench.py` on a quiet machine."""
 
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 
@@ -14,8 +13,7 @@ import pytest
 
 from test_server_process import ServeProcess
 
-pytestmark = [pytest.mark.model, pytest.mark.slow,
-              pytest.mark.skipif(not os.environ.get("GGSTATION_BENCH"), reason="set GGSTATION_BENCH=1")]
+pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.perf]
 
 N_PREDICT = 32
 
@@ -44,7 +42,7 @@ def aggregate_tps(url: str, n_clients: int) -> float:
     return sum(counts) / (time.perf_counter() - t0)
 
 
-def test_serve_4_clients_vs_1(smollm2_path):
+def test_serve_4_clients_vs_1(smollm2_path, perf_figure):
     p = ServeProcess(smollm2_path, "-np", "4", "-c", "2048")
     try:
         p.wait_ready()
@@ -52,6 +50,6 @@ def test_serve_4_clients_vs_1(smollm2_path):
         one = aggregate_tps(p.url, 1)
         four = aggregate_tps(p.url, 4)
         print(f"\n1 client: {one:.2f} tok/s; 4 clients: {four:.2f} tok/s aggregate ({four / one:.2f}x)")
-        assert four >= 2.0 * one, "aggregate speed of 4 clients should be at least twice one client's"
+        perf_figure("serve SmolLM2: 4 clients' aggregate speed / 1 client's", four / one, "x", at_least=2.0)
     finally:
         p.stop()

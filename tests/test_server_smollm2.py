@@ -14,6 +14,12 @@ from test_server_process import ROOT, ServeProcess, run_clients
 
 pytestmark = pytest.mark.model
 
+# Seconds from spawning `ggstation serve` to its first /health answer (503 while the model
+# loads): Python, numpy, numba and the HTTP stack import first. Measured 1.0-2.1 s on the
+# 2-core development machine with other test runs beside it (load average 2-3); loose
+# because imports slow down with the machine. Marked perf, deselected by default.
+FIRST_ANSWER_LIMIT_S = 5.0
+
 
 @pytest.fixture(scope="module")
 def server(smollm2_path):
@@ -26,12 +32,15 @@ def server(smollm2_path):
 
 
 def test_serve_health_503_then_200(server):
-    status, t = server.first_status
-    # 503 "Loading model" answered while the model loads (the process needs ~0.5 s to import)
-    assert status in (503, 200)
-    if status == 503:
-        assert t < 3.0
+    status, _ = server.first_status
+    assert status in (503, 200)  # 503 "Loading model" if it answered while the model loaded
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+
+
+@pytest.mark.perf
+def test_serve_first_health_answer_is_fast(server, perf_figure):
+    _, t = server.first_status
+    perf_figure("serve SmolLM2: spawn to first /health answer", t, "s", at_most=FIRST_ANSWER_LIMIT_S)
 
 
 def test_serve_openai_sdk(server):

@@ -1,15 +1,24 @@
-"""The GUI thread stays responsive while the engine works: event-loop latency p95 < 50 ms."""
+"""The GUI thread stays responsive while the engine works: event-loop latency p95.
+
+A wall-clock guard, marked `perf` (deselected by default): run `pytest -m perf`, or
+`python tests/bench_latency.py` for the figures."""
 
 from __future__ import annotations
 
 import time
 
+import pytest
 from PySide6.QtCore import QTimer
 
 from .conftest import load
 from .fake_engine import FakeEngine
 
 TICK_MS = 10
+# p95 lateness of a 10 ms timer tick; the GUI's target is under 50 ms. Measured 6.8-7.8 ms
+# with the fake engine on the 2-core development machine with other test runs beside it
+# (load average 3). The bound is 7x that: a busy machine delays every timer of every
+# process, while the regression it is for (engine work on the GUI thread) costs whole
+# decode steps per tick.
 P95_LIMIT_MS = 50.0
 
 
@@ -35,7 +44,8 @@ class LatencyProbe:
         return s[int(0.95 * (len(s) - 1))]
 
 
-def test_event_loop_latency_while_loading_and_generating(make_window, qtbot, gguf_path):
+@pytest.mark.perf
+def test_event_loop_latency_while_loading_and_generating(make_window, qtbot, gguf_path, perf_figure):
     w = make_window(FakeEngine(reply=" ".join(["tok"] * 150), delay=0.01, load_time=0.6, busy=True))
     probe = LatencyProbe()
     probe.start()
@@ -45,4 +55,4 @@ def test_event_loop_latency_while_loading_and_generating(make_window, qtbot, ggu
         w.chat_pane.submit()
     probe.timer.stop()
     assert len(probe.samples) > 50
-    assert probe.p95() < P95_LIMIT_MS, f"p95 {probe.p95():.1f} ms over {len(probe.samples)} ticks"
+    perf_figure("GUI event-loop p95 (fake engine)", probe.p95(), "ms", at_most=P95_LIMIT_MS)

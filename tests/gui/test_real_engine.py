@@ -31,16 +31,12 @@ def real_window(make_window, qtbot, smollm2_path):
 
 def test_real_engine_end_to_end(real_window, qtbot):
     w = real_window
-    probe = LatencyProbe()
-    probe.start()
     with qtbot.waitSignal(w.ctx.llm_loaded, timeout=300_000):
         w.picker.load_panel.start_load()
     send(w, qtbot, "Say hello in five words.", timeout=300_000)
-    probe.timer.stop()
     reply = w.chat.chat_model.message(1)
     assert reply.content.strip() and reply.stats["n_generated"] > 0
     assert reply.stats["replay"]["model_sha256"] == w.ctx.session.sha256 and len(w.ctx.session.sha256) == 64
-    assert probe.p95() < P95_LIMIT_MS, f"p95 {probe.p95():.1f} ms over {len(probe.samples)} ticks"
 
     # dashboard numbers are the engine's report
     report = w.ctx.session.memory()
@@ -57,6 +53,18 @@ def test_real_engine_end_to_end(real_window, qtbot):
     qtbot.waitUntil(lambda: "/v1/models" in w.server_panel.log.toPlainText(), timeout=5000)
     with qtbot.waitSignal(w.ctx.server_stopped, timeout=30000):
         w.server_toggle.click()
+
+
+@pytest.mark.perf
+def test_real_engine_event_loop_latency(real_window, qtbot, perf_figure):
+    w = real_window
+    probe = LatencyProbe()
+    probe.start()
+    with qtbot.waitSignal(w.ctx.llm_loaded, timeout=300_000):
+        w.picker.load_panel.start_load()
+    send(w, qtbot, "Say hello in five words.", timeout=300_000)
+    probe.timer.stop()
+    perf_figure("GUI event-loop p95 (SmolLM2)", probe.p95(), "ms", at_most=P95_LIMIT_MS)
 
 
 def test_real_engine_estimate_matches_allocation(real_window, qtbot):
