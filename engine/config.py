@@ -1,14 +1,42 @@
 """ModelConfig: the frozen hyper-parameters of a model, read once from GGUF metadata.
 
-Architecture modules (engine/models/*.py) fill it through `base_config()` plus their own
-overrides; everything downstream receives `cfg: ModelConfig` and never reads "{arch}.*" keys.
+It holds what code outside an architecture's block needs: sizes (KV cache, buffers, memory
+estimate, info display) and the attention parameters the shared pieces take (RoPE, sliding
+windows, query scale). Architecture-only parameters live in the architecture's own subclass
+(engine/models/<arch>.py), filled through `base_config(f, cls, ...)`; nothing else reads
+"{arch}.*" keys.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .gguf_file import GGUFFile
+
+
+@dataclass(frozen=True, eq=False)
+class Rope:
+    """How one layer rotates queries and keys (ggml_rope_ext's parameters, precomputed)."""
+
+    inv_freq: np.ndarray  # (n_rot/2,) float64: angle per position of rotated pair i
+    neox: bool  # NEOX (pairs i, i+n_rot/2) vs NORM (pairs 2i, 2i+1)
+    attn_factor: float = 1.0  # multiplies cos and sin (LongRoPE)
+
+    @classmethod
+    def make(cls, n_rot: int, base: float, neox: bool, scale: float = 1.0, factors=(),
+             attn_factor: float = 1.0) -> Rope:
+        """Pair i turns by pos * base^(-2i/n_rot) / (scale * factors[i]): `scale` is linear
+        position scaling, `factors` per-pair frequency divisors (LongRoPE, Llama 3)."""
+        inv = float(base) ** (-np.arange(n_rot // 2, dtype=np.float64) * 2.0 / n_rot) / float(scale)
+        if len(factors):
+            inv /= np.asarray(factors, np.float64)
+        return cls(inv, neox, float(attn_factor))
+
+    @property
+    def n_rot(self) -> int:
+        return 2 * len(self.inv_freq)
 
 
 @dataclass(frozen=True)
@@ -29,15 +57,15 @@ class ModelConfig:
     rope_neox: bool  # NEOX (halves) vs NORM (adjacent pairs) rotation
     rope_scale: float = 1.0  # linear position scaling (positions divided by this)
     rope_base_swa: float = 0.0  # 0 = same as rope_base
+    rope_scale_swa: float = 0.0  # sliding-window layers; 0 = same as rope_scale
+    rope_attn_factor: float = 1.0  # rope.scaling.attn_factor: multiplies cos/sin
     sliding_window: int = 0  # 0 = every layer is global
     swa_layers: tuple[bool, ...] = field(default_factory=tuple)
     attn_scale: float = 0.0  # 0 = 1/sqrt(head_dim)
-    embed_scale: float = 1.0  # multiply token embeddings (gemma: sqrt(n_embd))
-    act: str = "silu"  # gated FFN activation: silu | gelu
-    qkv_bias: bool = False
-    qk_norm: bool = False
-    post_norms: bool = False  # post-attention and post-FFN norms (gemma3)
-    final_logit_softcap: float = 0.0
+    # Per-token activations of an architecture, as (name, width), added to or replacing the
+    # shared ones of memory.buffer_shapes (e.g. a fused QKV output; width 0: one it does not
+    # use). Buffers allocates them and the memory estimate counts them.
+    extra_acts: tuple[tuple[str, int], ...] = ()
     name: str = ""
 
     @property
@@ -47,19 +75,24 @@ class ModelConfig:
     def is_swa(self, il: int) -> bool:
         return bool(self.sliding_window) and bool(self.swa_layers) and self.swa_layers[il]
 
-    def layer_rope_base(self, il: int) -> float:
-        return self.rope_base_swa if self.is_swa(il) and self.rope_base_swa else self.rope_base
-
-    def layer_rope_scale(self, il: int) -> float:
-        # Sliding-window layers keep unscaled positions (llama.cpp freq_scale_swa = 1).
-        return 1.0 if self.is_swa(il) else self.rope_scale
-
     def layer_window(self, il: int) -> int:
         return self.sliding_window if self.is_swa(il) else 0
 
+    def layer_rope(self, il: int, n_ctx_seq: int) -> Rope:
+        """Layer il's rotation in a context of n_ctx_seq positions per sequence."""
+        swa = self.is_swa(il)
+        base = self.rope_base_swa if swa and self.rope_base_swa else self.rope_base
+        scale = self.rope_scale_swa if swa and self.rope_scale_swa else self.rope_scale
+        return Rope.make(self.rope_dim, base, self.rope_neox, scale, self.rope_factors(n_ctx_seq),
+                         self.rope_attn_factor)
 
-def base_config(f: GGUFFile, **overrides) -> ModelConfig:
-    """Read the keys every decoder-only architecture shares; `overrides` wins."""
+    def rope_factors(self, n_ctx_seq: int) -> tuple[float, ...]:
+        """Per-pair frequency divisors (none by default; LongRoPE picks by context size)."""
+        return ()
+
+
+def base_config(f: GGUFFile, cls: type[ModelConfig] = ModelConfig, **overrides) -> ModelConfig:
+    """Read the keys every decoder-only architecture shares into `cls`; `overrides` wins."""
     arch = f.arch
     k = lambda s: f"{arch}.{s}"
     n_embd = f.get_int(k("embedding_length"))
@@ -93,12 +126,24 @@ def base_config(f: GGUFFile, **overrides) -> ModelConfig:
         rope_dim=f.get_int(k("rope.dimension_count"), head_dim),
         rope_neox=True,
         rope_scale=rope_scale,
+        rope_attn_factor=f.get_float(k("rope.scaling.attn_factor"), 1.0) or 1.0,
         name=f.get_str("general.name", "") or "",
     )
     values.update(overrides)
-    cfg = ModelConfig(**values)
+    cfg = cls(**values)
     _check(f, cfg)
     return cfg
+
+
+def swa_layers(f: GGUFFile, default_period: int) -> tuple[bool, ...]:
+    """Which layers use the sliding window: attention.sliding_window_pattern as a per-layer
+    array, or a period p (layer il slides unless il % p == p - 1; llama.cpp set_swa_pattern)."""
+    n_layer = f.get_int(f"{f.arch}.block_count")
+    pattern = f.get(f"{f.arch}.attention.sliding_window_pattern")
+    if isinstance(pattern, list) and len(pattern) == n_layer:
+        return tuple(bool(x) for x in pattern)
+    period = int(pattern) if isinstance(pattern, int) and pattern > 0 else default_period
+    return tuple(il % period < period - 1 for il in range(n_layer))
 
 
 def _check(f: GGUFFile, cfg: ModelConfig) -> None:

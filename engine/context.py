@@ -10,11 +10,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import compute_thread, forward
+from . import forward
+from .jit import use_num_threads
 from .batch import Batch
 from .errors import EngineError
 from .kv_cache import KVCache
-from .memory import MemoryReport, compute_buffer_bytes, ctx_per_seq, memory_report
+from .memory import MemoryReport, buffer_shapes, compute_buffer_bytes, ctx_per_seq, memory_report
 from .model import Model
 
 
@@ -30,27 +31,16 @@ class ContextParams:
 
 
 class Buffers:
-    """Activations for one ubatch of n_ubatch tokens, allocated once."""
+    """Activations for one ubatch of n_ubatch tokens, allocated once: the arrays named by
+    memory.buffer_shapes (x, h, o, q, k, v, attn, gate, up, tile, scores and any the
+    architecture adds), as float32 attributes."""
 
     def __init__(self, cfg, n_ubatch: int, n_ctx_seq: int, tile_cols: int):
         from .quants import TILE_ROWS
 
-        U, E, F = n_ubatch, cfg.n_embd, cfg.n_ff
-        q_dim, kv_dim = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
-        v_dim = cfg.n_head_kv * cfg.head_dim_v
-        f32 = np.float32
-        self.x = np.zeros((U, E), f32)  # residual stream
-        self.h = np.zeros((U, E), f32)  # normed input of a block
-        self.o = np.zeros((U, E), f32)  # block output
-        self.q = np.zeros((U, q_dim), f32)
-        self.k = np.zeros((U, kv_dim), f32)
-        self.v = np.zeros((U, v_dim), f32)
-        self.attn = np.zeros((U, cfg.n_head * cfg.head_dim_v), f32)
-        self.gate = np.zeros((U, F), f32)
-        self.up = np.zeros((U, F), f32)
-        self.tile = np.zeros(TILE_ROWS * tile_cols, f32)  # dequantised weight tile for BLAS
-        # Attention scores for the per-token kernel: (DECODE_TOKENS * n_head, n_ctx_seq)
-        self.scores = np.zeros((forward.DECODE_TOKENS * cfg.n_head, n_ctx_seq), f32)
+        for name, shape in buffer_shapes(cfg, n_ubatch, n_ctx_seq).items():
+            setattr(self, name, np.zeros(shape, np.float32))
+        assert self.tile.size == TILE_ROWS * tile_cols
 
     @property
     def nbytes(self) -> int:
@@ -81,12 +71,14 @@ class Context:
         self.buf = Buffers(cfg, self.n_ubatch, self.n_ctx_seq, tile_cols)
         assert self.buf.nbytes == compute_buffer_bytes(cfg, self.n_ubatch, self.n_ctx_seq)
 
+    @property
+    def n_vocab(self) -> int:
+        return self.cfg.n_vocab
+
     def decode(self, batch: Batch, embeddings: bool = False) -> np.ndarray:
         """Run the batch; return float32 (n_outputs, n_vocab) logits (or (n_outputs, n_embd)
         final hidden states with embeddings=True) for entries whose logits flag is set."""
-        return compute_thread.run(self._decode, batch, embeddings)
-
-    def _decode(self, batch: Batch, embeddings: bool) -> np.ndarray:
+        use_num_threads()
         forward.validate_batch(self, batch)
         if len(batch) > self.n_batch:
             raise EngineError(f"batch of {len(batch)} tokens exceeds n_batch = {self.n_batch}")

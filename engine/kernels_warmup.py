@@ -9,6 +9,7 @@ import time
 import numpy as np
 
 from . import ops
+from .models.base import qtensors
 from .quants import warmup as warmup_quant
 
 log = logging.getLogger("ggstation.engine")
@@ -37,13 +38,15 @@ def warmup(model, report=None) -> float:
             continue
         seen.add(t.qtype)
         warmup_quant(t)
+    inv_freq = np.ones(2)
     for rows in (1, ops.PARALLEL_MIN_ROWS):  # serial and parallel variants
         x = np.ones((rows, 2, 4), np.float32)
-        ops.rope(x, np.zeros(rows, np.int32), 4, 10000.0, 1.0, True)
+        ops.rope(x, np.zeros(rows, np.int32), inv_freq, True)
         x2 = np.ones((rows, 4), np.float32)
         ops.rmsnorm(x2, np.ones(4, np.float32), 1e-5, x2)
-        g = np.ones((rows, 4), np.float32)
-        ops.gated_act(model.cfg.act, g, g, g)
+        for act in ("silu", "gelu"):
+            ops.gated_act(act, x2, x2, x2)
+        ops.swiglu_fused(np.ones((rows, 8), np.float32), x2)
     dt = time.perf_counter() - t0
     if dt > 2.0:
         log.warning("kernels ready in %.1f s (compiled ones are cached for the next start)", dt)
@@ -54,4 +57,4 @@ def _all_weights(w):
     yield w.token_embd
     yield w.output
     for lw in w.layers:
-        yield from (lw.attn_q, lw.attn_k, lw.attn_v, lw.attn_output, lw.ffn_gate, lw.ffn_up, lw.ffn_down)
+        yield from qtensors(lw)

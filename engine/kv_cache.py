@@ -41,6 +41,11 @@ class KVCache:
         self.k = [np.zeros((n_seq_max, n_ctx_seq, G, cfg.head_dim), dk) for _ in range(cfg.n_layer)]
         self.v = [np.zeros((n_seq_max, n_ctx_seq, G, cfg.head_dim_v), dv) for _ in range(cfg.n_layer)]
         self._len = np.zeros(n_seq_max, np.int64)
+        # How each layer's keys are rotated and how far back its queries see: fixed for the
+        # life of the cache (LongRoPE's factors depend on n_ctx_seq), shared by the forward
+        # pass and the context shift.
+        self.rope = [cfg.layer_rope(il, n_ctx_seq) for il in range(cfg.n_layer)]
+        self.window = [cfg.layer_window(il) for il in range(cfg.n_layer)]
 
     # bookkeeping ---------------------------------------------------------------------------
     @property
@@ -135,15 +140,15 @@ class KVCache:
             return
         n_discard = min(n_discard, n - p0)
         src0, cnt = p0 + n_discard, n - p0 - n_discard
-        cfg = self.cfg
-        for il in range(cfg.n_layer):
+        for il in range(self.cfg.n_layer):
             k, v = self.k[il], self.v[il]
             if cnt:
                 kk = k[seq, src0 : src0 + cnt]
                 kf = kk.view(np.float16).astype(np.float32) if k.dtype == np.uint16 else kk.copy()
-                # Rotating by -delta undoes delta positions of RoPE (rotations compose).
+                # Rotating by -delta undoes delta positions of RoPE (rotations compose); a pure
+                # rotation, without the attention factor the keys already carry.
                 delta = np.full(cnt, -n_discard, np.int32)
-                rope(kf, delta, cfg.rope_dim, cfg.layer_rope_base(il), cfg.layer_rope_scale(il), cfg.rope_neox)
+                rope(kf, delta, self.rope[il].inv_freq, self.rope[il].neox)
                 k[seq, p0 : p0 + cnt] = kf.astype(np.float16).view(np.uint16) if k.dtype == np.uint16 else kf
                 v[seq, p0 : p0 + cnt] = v[seq, src0 : src0 + cnt].copy()
         self._len[seq] = n - n_discard

@@ -7,6 +7,7 @@ and compute buffers are the nbytes of the arrays the context allocated.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import asdict, dataclass, field
 
@@ -16,7 +17,7 @@ from .config import ModelConfig
 from .kv_cache import kv_bytes
 
 # Sequences with at most this many tokens in a ubatch use the per-token attention kernel
-# (forward.py); longer chunks use BLAS. Also sizes that kernel's score scratch.
+# (models/layers.py attention); longer chunks use BLAS. Also sizes that kernel's score scratch.
 DECODE_TOKENS = 16
 
 
@@ -42,16 +43,32 @@ class MemoryReport:
         return d
 
 
-def compute_buffer_bytes(cfg: ModelConfig, n_ubatch: int, n_ctx_seq: int) -> int:
-    """Bytes of Context.Buffers for these sizes (engine/context.py allocates exactly this)."""
+def buffer_shapes(cfg: ModelConfig, n_ubatch: int, n_ctx_seq: int) -> dict[str, tuple[int, ...]]:
+    """The float32 arrays of context.Buffers by name: the one formula for the real allocation
+    and the estimate before loading."""
     from .quants import TILE_ROWS
 
-    U = n_ubatch
-    q_dim, kv_dim, v_dim = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim, cfg.n_head_kv * cfg.head_dim_v
-    floats = U * (3 * cfg.n_embd + q_dim + kv_dim + v_dim + cfg.n_head * cfg.head_dim_v + 2 * cfg.n_ff)
-    floats += TILE_ROWS * max(cfg.n_embd, cfg.n_ff, cfg.n_head * cfg.head_dim_v)
-    floats += DECODE_TOKENS * cfg.n_head * n_ctx_seq
-    return 4 * floats
+    U, E, F = n_ubatch, cfg.n_embd, cfg.n_ff
+    q_dim, kv_dim = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
+    v_dim, attn_dim = cfg.n_head_kv * cfg.head_dim_v, cfg.n_head * cfg.head_dim_v
+    shapes = dict(
+        x=(U, E),  # residual stream
+        h=(U, E),  # normed input of a block
+        o=(U, E),  # block output
+        q=(U, q_dim), k=(U, kv_dim), v=(U, v_dim),
+        attn=(U, attn_dim),  # attention output, before the output projection
+        gate=(U, F), up=(U, F),
+        tile=(TILE_ROWS * max(E, F, attn_dim),),  # dequantised weight tile for BLAS
+        # scores of the per-token attention kernel
+        scores=(DECODE_TOKENS * cfg.n_head, n_ctx_seq),
+    )
+    shapes.update((name, (U, width)) for name, width in cfg.extra_acts)
+    return shapes
+
+
+def compute_buffer_bytes(cfg: ModelConfig, n_ubatch: int, n_ctx_seq: int) -> int:
+    """Bytes of context.Buffers for these sizes (engine/context.py allocates exactly this)."""
+    return 4 * sum(math.prod(s) for s in buffer_shapes(cfg, n_ubatch, n_ctx_seq).values())
 
 
 def _metadata_bytes(n_tensors: int) -> int:

@@ -12,15 +12,16 @@ from typing import Callable
 from .config import ModelConfig
 from .gguf_file import GGUFFile
 from .jit import set_num_threads
-from .models import get_arch
+from .models import Architecture, get_arch
 from .models.base import ModelWeights, load_weights
 
 ProgressFn = Callable[[float, str], None]
 
 
 class Model:
-    def __init__(self, gguf: GGUFFile, cfg: ModelConfig, weights: ModelWeights):
+    def __init__(self, gguf: GGUFFile, arch: Architecture, cfg: ModelConfig, weights: ModelWeights):
         self.gguf = gguf
+        self.arch = arch  # its config reader, layer loader and block (engine/models)
         self.cfg = cfg
         self.weights = weights
         self.path = gguf.path
@@ -78,13 +79,11 @@ def load_model(path: str | os.PathLike, n_threads: int | None = None,
     arch = get_arch(f.arch)
     cfg = arch.config_from_gguf(f)
     report(0.5, "binding tensors")
-    weights = load_weights(f, cfg)
-    model = Model(f, cfg, weights)
+    weights = load_weights(f, cfg, arch.load_layer)
+    model = Model(f, arch, cfg, weights)
     report(0.8, "loading kernels")
     from .kernels_warmup import warmup
 
-    from . import compute_thread
-
-    compute_thread.run(warmup, model, lambda msg: report(0.8, msg))
+    warmup(model, lambda msg: report(0.8, msg))
     report(1.0, f"loaded in {time.perf_counter() - t0:.2f} s")
     return model

@@ -34,15 +34,14 @@ def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> None:
     _rows(lambda x_, out_: _rmsnorm(x_, w, np.float32(eps), out_), x.shape[0], x, out)
 
 
-def _rope_rows(x, pos, n_rot, base, scale, neox):  # x (T, H, D) in place; pos (T,)
-    T, H, D = x.shape
-    half = n_rot // 2
+def _rope_rows(x, pos, inv_freq, neox, mscale):  # x (T, H, D) in place; pos (T,)
+    T, H = x.shape[0], x.shape[1]
+    half = inv_freq.shape[0]
     for t in prange(T):
-        p = pos[t] / scale
         for i in range(half):
-            theta = p * base ** (-2.0 * i / n_rot)
-            c = np.float32(math.cos(theta))
-            s = np.float32(math.sin(theta))
+            theta = pos[t] * inv_freq[i]
+            c = np.float32(math.cos(theta) * mscale)
+            s = np.float32(math.sin(theta) * mscale)
             if neox:
                 i0, i1 = i, i + half
             else:
@@ -54,9 +53,12 @@ def _rope_rows(x, pos, n_rot, base, scale, neox):  # x (T, H, D) in place; pos (
                 x[t, h, i1] = a * s + b * c
 
 
-def rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, scale: float, neox: bool) -> None:
-    """Rotate the first n_rot dims of every head of x (T, H, D) in place by token positions."""
-    _rows(lambda x_, p_: _rope(x_, p_, n_rot, float(base), float(scale), neox), x.shape[0], x, pos)
+def rope(x: np.ndarray, pos: np.ndarray, inv_freq: np.ndarray, neox: bool,
+         mscale: float = 1.0) -> None:
+    """Rotate the first 2*len(inv_freq) dims of every head of x (T, H, D) in place by token
+    positions (angle pos * inv_freq[i] for pair i, see config.Rope); cos and sin are
+    multiplied by mscale (LongRoPE's attention factor)."""
+    _rows(lambda x_, p_: _rope(x_, p_, inv_freq, neox, float(mscale)), x.shape[0], x, pos)
 
 
 def _swiglu_rows(g, u, out):  # (T, F)
@@ -78,10 +80,19 @@ def _geglu_rows(g, u, out):  # tanh-approximated GELU, as ggml_gelu
             out[t, i] = v / (1.0 + math.exp(-2.0 * z)) * u[t, i]
 
 
+def _swiglu_fused_rows(gu, out):  # gu (T, 2F): gate | up halves of one fused projection
+    T, F = out.shape
+    for t in prange(T):
+        for i in range(F):
+            v = gu[t, i]
+            out[t, i] = v / (1.0 + math.exp(-v)) * gu[t, F + i]
+
+
 _rmsnorm = kernel(_rmsnorm_rows)
 _rope = kernel(_rope_rows)
 _swiglu = kernel(_swiglu_rows)
 _geglu = kernel(_geglu_rows)
+_swiglu_fused = kernel(_swiglu_fused_rows)
 
 # From this many rows on, rows are split over engine.parallel's workers (a thread wake-up
 # costs more than it saves below it).
@@ -104,11 +115,18 @@ def _rows(fn, n_rows: int, *rows) -> None:
 
 
 def gated_act(act: str, g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
+    """out = act(g) * u with act "silu" or "gelu" (tanh approximation); out may alias g."""
     _rows(_geglu if act == "gelu" else _swiglu, g.shape[0], g, u, out)
 
 
-def _attn_f32_body(q, k, v, seq, pos, window, scale, out, scores):
+def swiglu_fused(gu: np.ndarray, out: np.ndarray) -> None:
+    """out (T, F) = silu(gu[:, :F]) * gu[:, F:] for a fused gate|up projection (T, 2F)."""
+    _rows(_swiglu_fused, gu.shape[0], gu, out)
+
+
+def _attn_f32_body(q, k, v, seq, pos, window, scale, softcap, out, scores):
     # q (T, H, D); k (S, C, G, D); v (S, C, G, Dv); out (T, H, Dv); scores (T*H, C) scratch
+    # softcap > 0: scores -> softcap * tanh(scores / softcap) before the softmax (gemma2)
     T, H, D = q.shape
     G = k.shape[2]
     Dv = v.shape[3]
@@ -128,6 +146,8 @@ def _attn_f32_body(q, k, v, seq, pos, window, scale, out, scores):
             for d in range(D):
                 acc += q[t, h, d] * k[s, j, g, d]
             acc *= scale
+            if softcap > 0.0:
+                acc = softcap * math.tanh(acc / softcap)
             scores[th, j] = acc
             if acc > mx:
                 mx = acc
@@ -167,7 +187,7 @@ def _f16_block(src, s, j0, n, g, bits, vals):
             vals[jj, d] = vals[jj, d] * _TWO112 * sign
 
 
-def _attn_f16_body(q, k, v, seq, pos, window, scale, out, scores, kbits, kvals):
+def _attn_f16_body(q, k, v, seq, pos, window, scale, softcap, out, scores, kbits, kvals):
     # As _attn_f32 with k, v holding float16 bits (uint16). One iteration per (token, KV head):
     # each block of keys/values is converted once and used by all heads sharing that KV head.
     # kbits/kvals: per-thread (n_threads, KV_BLOCK, D) scratch, two views of one buffer.
@@ -197,6 +217,9 @@ def _attn_f16_body(q, k, v, seq, pos, window, scale, out, scores, kbits, kvals):
                         acc += q[t, h0 + r, d] * vals[jj, d]
                     scores[row0 + r, j0 + jj] = acc * scale
         for r in range(rep):
+            if softcap > 0.0:
+                for j in range(lo, p + 1):
+                    scores[row0 + r, j] = softcap * math.tanh(scores[row0 + r, j] / softcap)
             mx = np.float32(-1e30)
             for j in range(lo, p + 1):
                 if scores[row0 + r, j] > mx:
@@ -238,25 +261,27 @@ def _block_scratch(d: int) -> tuple[np.ndarray, np.ndarray]:
     return _scratch[d]
 
 
-def attention_tokens(q, k, v, seq, pos, window, scale, out, scores) -> None:
+def attention_tokens(q, k, v, seq, pos, window, scale, softcap, out, scores) -> None:
     """Per-token attention over the cache (decode path): each token attends to its own
-    sequence's positions [max(0, pos-window+1), pos]. k/v: float32 or float16 bits (uint16)."""
+    sequence's positions [max(0, pos-window+1), pos]. k/v: float32 or float16 bits (uint16).
+    Scores are q.k * scale, then softcap * tanh(score / softcap) when softcap > 0."""
     work = q.shape[0] * q.shape[1] * (int(pos.max()) + 1) * (k.shape[3] + v.shape[3])
     big = work >= ATTN_PARALLEL_MIN_WORK
     if k.dtype == np.uint16:
         kbits, kvals = _block_scratch(max(k.shape[3], v.shape[3]))
         fn = _attn_f16_p if big else _attn_f16_s
-        fn(q, k, v, seq, pos, window, np.float32(scale), out, scores, kbits, kvals)
+        fn(q, k, v, seq, pos, window, np.float32(scale), np.float32(softcap), out, scores,
+           kbits, kvals)
     else:
         fn = _attn_f32_p if big else _attn_f32_s
-        fn(q, k, v, seq, pos, window, np.float32(scale), out, scores)
+        fn(q, k, v, seq, pos, window, np.float32(scale), np.float32(softcap), out, scores)
 
 
-def attention_chunk(q, kf, vf, pos, window, scale, out) -> None:
+def attention_chunk(q, kf, vf, pos, window, scale, softcap, out) -> None:
     """Batch attention for one sequence's chunk with numpy BLAS (prefill path).
 
     q (m, H, D) queries at positions pos (m,); kf (L, G, D) and vf (L, G, Dv) float32 keys and
-    values for positions 0..L-1 of that sequence; out (m, H, Dv).
+    values for positions 0..L-1 of that sequence; out (m, H, Dv). softcap as attention_tokens.
     """
     m, H, D = q.shape
     L, G, _ = kf.shape
@@ -270,6 +295,10 @@ def attention_chunk(q, kf, vf, pos, window, scale, out) -> None:
         qg = q[:, g * rep : (g + 1) * rep, :].transpose(1, 0, 2).reshape(rep * m, D)
         s = qg @ kf[:, g, :].T  # (rep*m, L)
         s *= scale
+        if softcap > 0:
+            s /= softcap
+            np.tanh(s, out=s)
+            s *= softcap
         s = s.reshape(rep, m, L)
         s += neg[None]
         s -= s.max(axis=2, keepdims=True)

@@ -43,7 +43,7 @@ def tiny_llama_path(tiny_model_dir):
     return write_tiny_model(tiny_model_dir / "tiny-llama.gguf", arch="llama")
 
 
-@pytest.fixture(scope="session", params=["llama", "qwen2", "qwen3", "gemma3"])
+@pytest.fixture(scope="session", params=["llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"])
 def tiny_arch_path(request, tiny_model_dir):
     from ggufgen import write_tiny_model
 

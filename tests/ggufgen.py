@@ -1,12 +1,14 @@
 """Tiny random GGUF models for fast tests: every supported architecture, a real tokenizer.
 
 `write_tiny_model(path, arch=...)` writes a 2-layer model (dim 64, vocab ~300) with a gpt2
-byte-level BPE vocabulary (llama, qwen2, qwen3) or a SentencePiece-style one (gemma3), and a
-chat template, using gguf.GGUFWriter as a real converter would.
+byte-level BPE vocabulary (llama, qwen2, qwen3) or a SentencePiece-style one (gemma2, gemma3,
+phi3), and a chat template, with the metadata keys and tensors llama.cpp's converter writes
+for that architecture (gguf.GGUFWriter).
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -61,6 +63,13 @@ def _spm_vocab():
     return tokens, types, scores
 
 
+SPM_ARCHS = ("gemma2", "gemma3", "phi3")  # SentencePiece vocabulary; the others gpt2 BPE
+
+# phi3: LongRoPE as Phi-3.5/Phi-4-mini: 3/4 of each head rotated, an original context of 32
+# (tests use contexts on both sides of it) and the attention factor the converter writes.
+PHI3_ORIG_CTX, PHI3_ROTARY = 32, 0.75
+
+
 def write_tiny_model(path, arch: str = "llama", n_layer: int = 2, n_embd: int = 64, n_head: int = 4,
                      n_head_kv: int = 2, n_ff: int = 128, head_dim: int | None = None,
                      qtype: GGMLQuantizationType = GGMLQuantizationType.Q8_0, seed: int = 0,
@@ -69,9 +78,7 @@ def write_tiny_model(path, arch: str = "llama", n_layer: int = 2, n_embd: int = 
     path = Path(path)
     rng = np.random.default_rng(seed)
     head_dim = head_dim or n_embd // n_head
-    spm = arch == "gemma3"
-    tokens, types, extra = _spm_vocab() if spm else _bpe_vocab()
-    n_vocab = len(tokens)
+    spm = arch in SPM_ARCHS
     w = GGUFWriter(str(path), arch)
     w.add_name(f"tiny-{arch}")
     w.add_block_count(n_layer)
@@ -82,12 +89,83 @@ def write_tiny_model(path, arch: str = "llama", n_layer: int = 2, n_embd: int = 
     w.add_head_count_kv(n_head_kv)
     w.add_layer_norm_rms_eps(1e-6 if spm else 1e-5)
     w.add_rope_freq_base(10000.0)
-    w.add_vocab_size(n_vocab)
-    if head_dim != n_embd // n_head or spm:
+    if head_dim != n_embd // n_head or arch.startswith("gemma"):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
-    if spm:
+    n_vocab = _add_vocab(w, spm, arch)
+    w.add_vocab_size(n_vocab)
+    if chat_template:
+        w.add_chat_template(chat_template)
+
+    def mat(name, rows, cols, scale=0.08):
+        data = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
+        if qtype == GGMLQuantizationType.F32:
+            w.add_tensor(name, data)
+        else:
+            w.add_tensor(name, quantize(data, qtype), raw_dtype=qtype)
+
+    def vec(name, n, base=1.0, spread=0.05):
+        w.add_tensor(name, (base + spread * rng.standard_normal(n)).astype(np.float32))
+
+    q_dim, kv_dim = n_head * head_dim, n_head_kv * head_dim
+    mat("token_embd.weight", n_vocab, n_embd, 0.5)
+    vec("output_norm.weight", n_embd)
+    if arch == "gemma2":
+        w.add_sliding_window(8)  # pattern: llama.cpp's default 2 (layer 0 slides)
+        # caps low enough to bend this tiny model's scores (|s| < 1) and logits (|l| ~ 30);
+        # Gemma 2 uses 50 and 30
+        w.add_attn_logit_softcapping(0.5)
+        w.add_final_logit_softcapping(20.0)
+    if arch == "gemma3":
         w.add_sliding_window(8)
+    if arch == "phi3":
+        n_rot = int(PHI3_ROTARY * n_embd) // n_head
+        w.add_rope_dimension_count(n_rot)
+        w.add_rope_scaling_orig_ctx_len(PHI3_ORIG_CTX)
+        w.add_sliding_window(0)  # as Phi-4-mini's converter writes it
+        scale = n_ctx_train / PHI3_ORIG_CTX
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(PHI3_ORIG_CTX)))
+        # per-pair frequency divisors: long ones stretch the slow pairs most, short ones ~1
+        ramp = np.linspace(0.0, 1.0, n_rot // 2)
+        w.add_tensor("rope_factors_long.weight", (1.0 + 20.0 * ramp**2).astype(np.float32))
+        w.add_tensor("rope_factors_short.weight", (1.0 + 0.5 * ramp).astype(np.float32))
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        vec(p + "attn_norm.weight", n_embd)
+        if arch == "phi3":
+            mat(p + "attn_qkv.weight", q_dim + 2 * kv_dim, n_embd)
+        else:
+            mat(p + "attn_q.weight", q_dim, n_embd)
+            mat(p + "attn_k.weight", kv_dim, n_embd)
+            mat(p + "attn_v.weight", kv_dim, n_embd)
+        mat(p + "attn_output.weight", n_embd, q_dim)
+        vec(p + "ffn_norm.weight", n_embd)
+        if arch == "phi3":
+            mat(p + "ffn_up.weight", 2 * n_ff, n_embd)  # gate | up
+        else:
+            mat(p + "ffn_gate.weight", n_ff, n_embd)
+            mat(p + "ffn_up.weight", n_ff, n_embd)
+        mat(p + "ffn_down.weight", n_embd, n_ff)
+        if arch == "qwen2":
+            for t, n in (("attn_q", q_dim), ("attn_k", kv_dim), ("attn_v", kv_dim)):
+                vec(p + t + ".bias", n, 0.0)
+        if arch in ("qwen3", "gemma3"):
+            vec(p + "attn_q_norm.weight", head_dim)
+            vec(p + "attn_k_norm.weight", head_dim)
+        if arch in ("gemma2", "gemma3"):
+            vec(p + "post_attention_norm.weight", n_embd)
+            vec(p + "post_ffw_norm.weight", n_embd)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _add_vocab(w: GGUFWriter, spm: bool, arch: str) -> int:
+    """The tokenizer keys: a SentencePiece-style or gpt2 BPE vocabulary; returns its size."""
+    tokens, types, extra = _spm_vocab() if spm else _bpe_vocab()
+    if spm:
         w.add_tokenizer_model("llama")
         w.add_tokenizer_pre("default")
         w.add_token_list(tokens)
@@ -109,47 +187,7 @@ def write_tiny_model(path, arch: str = "llama", n_layer: int = 2, n_embd: int = 
         w.add_eos_token_id(2)
         w.add_pad_token_id(0)
         w.add_add_bos_token(False)
-    if chat_template:
-        w.add_chat_template(chat_template)
-
-    def mat(name, rows, cols, scale=0.08):
-        data = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
-        if qtype == GGMLQuantizationType.F32:
-            w.add_tensor(name, data)
-        else:
-            w.add_tensor(name, quantize(data, qtype), raw_dtype=qtype)
-
-    def vec(name, n, base=1.0):
-        w.add_tensor(name, (base + 0.05 * rng.standard_normal(n)).astype(np.float32))
-
-    q_dim, kv_dim = n_head * head_dim, n_head_kv * head_dim
-    mat("token_embd.weight", n_vocab, n_embd, 0.5)
-    vec("output_norm.weight", n_embd)
-    for il in range(n_layer):
-        p = f"blk.{il}."
-        vec(p + "attn_norm.weight", n_embd)
-        mat(p + "attn_q.weight", q_dim, n_embd)
-        mat(p + "attn_k.weight", kv_dim, n_embd)
-        mat(p + "attn_v.weight", kv_dim, n_embd)
-        mat(p + "attn_output.weight", n_embd, q_dim)
-        vec(p + "ffn_norm.weight", n_embd)
-        mat(p + "ffn_gate.weight", n_ff, n_embd)
-        mat(p + "ffn_up.weight", n_ff, n_embd)
-        mat(p + "ffn_down.weight", n_embd, n_ff)
-        if arch == "qwen2":
-            for t, n in (("attn_q", q_dim), ("attn_k", kv_dim), ("attn_v", kv_dim)):
-                vec(p + t + ".bias", n, 0.0)
-        if arch in ("qwen3", "gemma3"):
-            vec(p + "attn_q_norm.weight", head_dim)
-            vec(p + "attn_k_norm.weight", head_dim)
-        if arch == "gemma3":
-            vec(p + "post_attention_norm.weight", n_embd)
-            vec(p + "post_ffw_norm.weight", n_embd)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return len(tokens)
 
 
 def dequantize_to_f32(src, dst) -> Path:

@@ -1,80 +1,19 @@
-"""The forward pass against an independent numpy oracle, batch/KV semantics, memory, errors."""
+"""The forward pass of every architecture against its float64 oracle (tests/oracles, which
+read the GGUF with gguf-py only), batch/KV semantics, memory, errors."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from oracles import oracle_logits
 
 from engine.batch import Batch
 from engine.context import Context, ContextParams
 from engine.errors import ContextOverflowError, EngineError, UnsupportedArchError
 from engine.memory import estimate_memory
 from engine.model import load_model
-from engine.quants.reference import dequant_ref
 
-
-def _w(t):
-    return dequant_ref(t.raw, t.qtype).astype(np.float64)
-
-
-def _rms(x, w, eps):
-    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
-
-
-def _rope(x, pos, n_rot, base, neox):  # x (T, H, D)
-    x = x.copy()
-    half = n_rot // 2
-    freqs = base ** (-np.arange(half) * 2.0 / n_rot)
-    ang = pos[:, None] * freqs[None]  # (T, half)
-    c, s = np.cos(ang)[:, None], np.sin(ang)[:, None]
-    i0 = np.arange(half) if neox else np.arange(half) * 2
-    i1 = i0 + half if neox else i0 + 1
-    a, b = x[:, :, i0].copy(), x[:, :, i1].copy()
-    x[:, :, i0], x[:, :, i1] = a * c - b * s, a * s + b * c
-    return x
-
-
-def oracle_logits(model, tokens):
-    """Plain float64 numpy forward of one sequence from position 0 (all logits)."""
-    cfg, W = model.cfg, model.weights
-    T = len(tokens)
-    pos = np.arange(T, dtype=np.float64)
-    x = _w(W.token_embd)[tokens] * cfg.embed_scale
-    H, G, D = cfg.n_head, cfg.n_head_kv, cfg.head_dim
-    for il, lw in enumerate(W.layers):
-        h = _rms(x, lw.attn_norm, cfg.norm_eps)
-        q, k, v = h @ _w(lw.attn_q).T, h @ _w(lw.attn_k).T, h @ _w(lw.attn_v).T
-        if lw.attn_q_bias is not None:
-            q, k, v = q + lw.attn_q_bias, k + lw.attn_k_bias, v + lw.attn_v_bias
-        q, k, v = q.reshape(T, H, D), k.reshape(T, G, D), v.reshape(T, G, -1)
-        if lw.attn_q_norm is not None:
-            q, k = _rms(q, lw.attn_q_norm, cfg.norm_eps), _rms(k, lw.attn_k_norm, cfg.norm_eps)
-        base = cfg.layer_rope_base(il)
-        q, k = _rope(q, pos, cfg.rope_dim, base, cfg.rope_neox), _rope(k, pos, cfg.rope_dim, base, cfg.rope_neox)
-        win = cfg.layer_window(il)
-        out = np.zeros((T, H, v.shape[-1]))
-        for t in range(T):
-            lo = max(0, t - win + 1) if win else 0
-            for hh in range(H):
-                g = hh // (H // G)
-                s = k[lo : t + 1, g] @ q[t, hh] * cfg.kq_scale
-                p = np.exp(s - s.max())
-                out[t, hh] = (p / p.sum()) @ v[lo : t + 1, g]
-        o = out.reshape(T, -1) @ _w(lw.attn_output).T
-        if lw.post_attention_norm is not None:
-            o = _rms(o, lw.post_attention_norm, cfg.norm_eps)
-        x = x + o
-        h = _rms(x, lw.ffn_norm, cfg.norm_eps)
-        g, u = h @ _w(lw.ffn_gate).T, h @ _w(lw.ffn_up).T
-        if cfg.act == "gelu":
-            a = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g**3)))
-        else:
-            a = g / (1 + np.exp(-g))
-        d = (a * u) @ _w(lw.ffn_down).T
-        if lw.post_ffw_norm is not None:
-            d = _rms(d, lw.post_ffw_norm, cfg.norm_eps)
-        x = x + d
-    return _rms(x, W.output_norm, cfg.norm_eps) @ _w(W.output).T
+F32 = dict(type_k="f32", type_v="f32")
 
 
 def _close(a, b, tol=2e-3):
@@ -91,9 +30,30 @@ def tiny(tiny_arch_path):
 
 
 def test_prefill_matches_oracle(tiny):
-    ctx = Context(tiny, ContextParams(n_ctx=64, type_k="f32", type_v="f32"))
+    ctx = Context(tiny, ContextParams(n_ctx=64, **F32))
     logits = ctx.decode(Batch.for_sequence(TOKENS, 0, logits_all=True))
-    _close(logits, oracle_logits(tiny, TOKENS))
+    _close(logits, oracle_logits(tiny.path, TOKENS, ctx.n_ctx_seq))
+
+
+def test_decode_token_by_token_matches_oracle(tiny):
+    ctx = Context(tiny, ContextParams(n_ctx=64, **F32))
+    steps = np.stack([ctx.decode(Batch.for_sequence([t], i))[0] for i, t in enumerate(TOKENS)])
+    _close(steps, oracle_logits(tiny.path, TOKENS, ctx.n_ctx_seq))
+
+
+def test_two_sequences_in_one_batch_match_oracle(tiny):
+    """A 22-token prompt (batch attention) and a 9-token one (per-token kernel) in one batch,
+    then one decode token of each in the next."""
+    a, b = TOKENS, TOKENS[5:14][::-1]
+    ctx = Context(tiny, ContextParams(n_ctx=128, n_seq_max=2, **F32))
+    out = ctx.decode(Batch.concat([Batch.for_sequence(a, 0, seq_id=0, logits_all=True),
+                                   Batch.for_sequence(b, 0, seq_id=1, logits_all=True)]))
+    _close(out[: len(a)], oracle_logits(tiny.path, a, ctx.n_ctx_seq))
+    _close(out[len(a) :], oracle_logits(tiny.path, b, ctx.n_ctx_seq))
+    nxt = ctx.decode(Batch.concat([Batch.for_sequence([60], len(a), seq_id=0),
+                                   Batch.for_sequence([70], len(b), seq_id=1)]))
+    _close(nxt[0], oracle_logits(tiny.path, a + [60], ctx.n_ctx_seq)[-1])
+    _close(nxt[1], oracle_logits(tiny.path, b + [70], ctx.n_ctx_seq)[-1])
 
 
 def test_decode_token_by_token_matches_prefill(tiny):
@@ -203,3 +163,34 @@ def test_unified_cache_lets_each_sequence_use_the_whole_context(tiny):
     unified.decode(Batch.for_sequence(list(range(3, 43)), 0, seq_id=3))  # 40 > 16 positions
     est = estimate_memory(tiny.cfg, 0, 0, n_ctx=64, n_seq_max=4, kv_unified=True)
     assert est.kv_bytes == unified.kv.nbytes == 4 * split.kv.nbytes
+
+
+@pytest.fixture(scope="module")
+def tiny_phi3(tiny_model_dir):
+    from ggufgen import write_tiny_model
+
+    return load_model(write_tiny_model(tiny_model_dir / "phi3-longrope.gguf", arch="phi3"))
+
+
+@pytest.mark.parametrize("n_ctx", [32, 64])
+def test_phi3_rope_factors_follow_context_size(tiny_phi3, n_ctx):
+    """LongRoPE: the short factors while a sequence's context stays within the original 32
+    positions, the long ones beyond it (the other regime's oracle must not match)."""
+    from ggufgen import PHI3_ORIG_CTX
+
+    ctx = Context(tiny_phi3, ContextParams(n_ctx=n_ctx, **F32))
+    assert (ctx.n_ctx_seq > PHI3_ORIG_CTX) == (n_ctx == 64)
+    logits = ctx.decode(Batch.for_sequence(TOKENS, 0, logits_all=True))
+    _close(logits, oracle_logits(tiny_phi3.path, TOKENS, n_ctx))
+    other = oracle_logits(tiny_phi3.path, TOKENS, 96 - n_ctx)
+    assert np.abs(logits - other).max() / np.abs(other).max() > 5e-3
+
+
+def test_supported_architectures_are_listed_in_the_error(tmp_path):
+    from ggufgen import write_tiny_model
+
+    path = write_tiny_model(tmp_path / "x.gguf", arch="phi3")
+    bad = tmp_path / "phi4mm.gguf"
+    bad.write_bytes(path.read_bytes().replace(b"phi3", b"phiz"))
+    with pytest.raises(UnsupportedArchError, match="'phiz'.*gemma2.*gemma3.*llama.*phi3.*qwen2.*qwen3"):
+        load_model(bad)

@@ -1,39 +1,21 @@
-"""Shared building blocks of decoder-only transformers: the weight set every architecture loads.
+"""Binding an architecture's tensors: the model-level weights every architecture has, and
+`bind_layer`, which fills an architecture's per-layer dataclass from the GGUF by field name.
 
-Weight attributes carry GGUF tensor names. Architectures differ only in their ModelConfig
-flags (engine/config.py), which decide the optional tensors loaded here and the optional
-steps taken by the shared forward pass (engine/forward.py).
+A layer dataclass's attributes are GGUF tensor names: field `attn_q` of layer 3 is
+`blk.3.attn_q.weight`, field `attn_q_bias` is `blk.3.attn_q.bias`. Every field is required;
+its expected shape comes from `layer_shapes(cfg)` unless the architecture overrides it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
 from ..config import ModelConfig
+from ..errors import MissingTensorError
 from ..gguf_file import GGUFFile
 from ..quants import QTensor
-
-
-@dataclass
-class LayerWeights:
-    attn_norm: np.ndarray
-    attn_q: QTensor
-    attn_k: QTensor
-    attn_v: QTensor
-    attn_output: QTensor
-    ffn_norm: np.ndarray
-    ffn_gate: QTensor
-    ffn_up: QTensor
-    ffn_down: QTensor
-    attn_q_bias: np.ndarray | None = None
-    attn_k_bias: np.ndarray | None = None
-    attn_v_bias: np.ndarray | None = None
-    attn_q_norm: np.ndarray | None = None
-    attn_k_norm: np.ndarray | None = None
-    post_attention_norm: np.ndarray | None = None
-    post_ffw_norm: np.ndarray | None = None
 
 
 @dataclass
@@ -41,38 +23,46 @@ class ModelWeights:
     token_embd: QTensor
     output_norm: np.ndarray
     output: QTensor  # token_embd itself when the embeddings are tied
-    layers: list[LayerWeights]
+    layers: list  # one dataclass of the architecture per layer
 
 
-def load_weights(f: GGUFFile, cfg: ModelConfig) -> ModelWeights:
-    """Bind every tensor the config needs as a zero-copy view, checking shapes."""
+def load_weights(f: GGUFFile, cfg: ModelConfig, load_layer) -> ModelWeights:
+    """Bind every tensor as a zero-copy view, checking shapes; `load_layer(f, cfg, il)` binds
+    one layer's tensors."""
     E, V = cfg.n_embd, cfg.n_vocab
-    q_dim, kv_dim, v_dim = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim, cfg.n_head_kv * cfg.head_dim_v
     token_embd = f.qtensor("token_embd.weight", (E, V))
     output = f.qtensor("output.weight", (E, V)) if "output.weight" in f.tensors else token_embd
-    layers = []
-    for il in range(cfg.n_layer):
-        p = f"blk.{il}."
-        lw = LayerWeights(
-            attn_norm=f.vector(p + "attn_norm.weight", E),
-            attn_q=f.qtensor(p + "attn_q.weight", (E, q_dim)),
-            attn_k=f.qtensor(p + "attn_k.weight", (E, kv_dim)),
-            attn_v=f.qtensor(p + "attn_v.weight", (E, v_dim)),
-            attn_output=f.qtensor(p + "attn_output.weight", (cfg.n_head * cfg.head_dim_v, E)),
-            ffn_norm=f.vector(p + "ffn_norm.weight", E),
-            ffn_gate=f.qtensor(p + "ffn_gate.weight", (E, cfg.n_ff)),
-            ffn_up=f.qtensor(p + "ffn_up.weight", (E, cfg.n_ff)),
-            ffn_down=f.qtensor(p + "ffn_down.weight", (cfg.n_ff, E)),
-        )
-        if cfg.qkv_bias:
-            lw.attn_q_bias = f.vector(p + "attn_q.bias", q_dim)
-            lw.attn_k_bias = f.vector(p + "attn_k.bias", kv_dim)
-            lw.attn_v_bias = f.vector(p + "attn_v.bias", v_dim)
-        if cfg.qk_norm:
-            lw.attn_q_norm = f.vector(p + "attn_q_norm.weight", cfg.head_dim)
-            lw.attn_k_norm = f.vector(p + "attn_k_norm.weight", cfg.head_dim)
-        if cfg.post_norms:
-            lw.post_attention_norm = f.vector(p + "post_attention_norm.weight", E)
-            lw.post_ffw_norm = f.vector(p + "post_ffw_norm.weight", E)
-        layers.append(lw)
+    layers = [load_layer(f, cfg, il) for il in range(cfg.n_layer)]
     return ModelWeights(token_embd, f.vector("output_norm.weight", E), output, layers)
+
+
+def layer_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Expected shape of each usual layer tensor, in ggml order: (n_cols, n_rows) for
+    matrices, (n,) for vectors (norm weights, biases)."""
+    E, F, D = cfg.n_embd, cfg.n_ff, cfg.head_dim
+    q, kv, v = cfg.n_head * D, cfg.n_head_kv * D, cfg.n_head_kv * cfg.head_dim_v
+    return dict(
+        attn_norm=(E,), attn_q=(E, q), attn_k=(E, kv), attn_v=(E, v), attn_qkv=(E, q + kv + v),
+        attn_q_bias=(q,), attn_k_bias=(kv,), attn_v_bias=(v,), attn_q_norm=(D,), attn_k_norm=(D,),
+        attn_output=(cfg.n_head * cfg.head_dim_v, E), post_attention_norm=(E,),
+        ffn_norm=(E,), ffn_gate=(E, F), ffn_up=(E, F), ffn_down=(F, E), post_ffw_norm=(E,),
+    )
+
+
+def bind_layer(f: GGUFFile, cfg: ModelConfig, il: int, cls, **shapes):
+    """An instance of the layer dataclass `cls` for layer il: each field bound to its tensor
+    (a QTensor for matrices, a float32 vector otherwise); `shapes` overrides expected shapes."""
+    expected = layer_shapes(cfg) | shapes
+    values = {}
+    for fld in fields(cls):
+        base, kind = (fld.name[:-5], "bias") if fld.name.endswith("_bias") else (fld.name, "weight")
+        name, shape = f"blk.{il}.{base}.{kind}", expected[fld.name]
+        if name not in f.tensors:
+            raise MissingTensorError(f"{f.path}: missing tensor '{name}' (architecture {cfg.arch})")
+        values[fld.name] = f.vector(name, shape[0]) if len(shape) == 1 else f.qtensor(name, shape)
+    return cls(**values)
+
+
+def qtensors(lw) -> list[QTensor]:
+    """The matrices of one layer dataclass (for kernel warm-up)."""
+    return [v for v in vars(lw).values() if isinstance(v, QTensor)]

@@ -4,40 +4,83 @@ GELU-gated FFN, sliding-window layers (5 of every 6) with their own RoPE base.
 The GGUF converter already adds Gemma's +1 to every norm weight, so plain RMSNorm applies.
 """
 
-import math
+from __future__ import annotations
 
-from ..config import ModelConfig, base_config
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..config import ModelConfig, base_config, swa_layers
 from ..gguf_file import GGUFFile
+from ..quants import QTensor
+from . import layers as L
+from .base import bind_layer
 
 SWA_PATTERN = 6  # llama.cpp: every 6th layer is global, the others slide
 ROPE_BASE_SWA = 10000.0  # llama.cpp's default when the GGUF has no rope.freq_base_swa
 
 
-def config_from_gguf(f: GGUFFile) -> ModelConfig:
+@dataclass(frozen=True)
+class Gemma3Config(ModelConfig):
+    final_logit_softcap: float = 0.0
+
+
+def config_from_gguf(f: GGUFFile) -> Gemma3Config:
     arch = f.arch
     n_layer = f.get_int(f"{arch}.block_count")
-    window = f.get_int(f"{arch}.attention.sliding_window", 0) or 0
-    pattern = f.get(f"{arch}.attention.sliding_window_pattern")
-    if isinstance(pattern, list) and len(pattern) == n_layer:
-        swa = tuple(bool(x) for x in pattern)
-    else:
-        period = int(pattern) if isinstance(pattern, int) and pattern > 0 else SWA_PATTERN
-        swa = tuple((il + 1) % period != 0 for il in range(n_layer))
     n_embd = f.get_int(f"{arch}.embedding_length")
     n_head = f.get_int(f"{arch}.attention.head_count")
     head_dim = f.get_int(f"{arch}.attention.key_length", n_embd // max(n_head, 1))
-    # 27B scales queries by 1/sqrt(n_embd/n_head); the others by 1/sqrt(head_dim).
-    attn_scale = 1.0 / math.sqrt(n_embd / n_head if n_layer == 62 else head_dim)
+    window = f.get_int(f"{arch}.attention.sliding_window", 0) or 0
     return base_config(
         f,
+        Gemma3Config,
         rope_neox=True,
         rope_base_swa=f.get_float(f"{arch}.rope.freq_base_swa", ROPE_BASE_SWA),
+        rope_scale_swa=1.0,  # sliding layers keep unscaled positions
         sliding_window=window,
-        swa_layers=swa if window else (),
-        attn_scale=attn_scale,
-        embed_scale=math.sqrt(n_embd),
-        act="gelu",
-        qk_norm=True,
-        post_norms=True,
+        swa_layers=swa_layers(f, SWA_PATTERN) if window else (),
+        # 27B scales queries by 1/sqrt(n_embd/n_head); the others by 1/sqrt(head_dim).
+        attn_scale=1.0 / math.sqrt(n_embd / n_head if n_layer == 62 else head_dim),
         final_logit_softcap=f.get_float(f"{arch}.final_logit_softcapping", 0.0) or 0.0,
     )
+
+
+@dataclass
+class Layer:
+    attn_norm: np.ndarray
+    attn_q: QTensor
+    attn_k: QTensor
+    attn_v: QTensor
+    attn_q_norm: np.ndarray
+    attn_k_norm: np.ndarray
+    attn_output: QTensor
+    post_attention_norm: np.ndarray
+    ffn_norm: np.ndarray
+    ffn_gate: QTensor
+    ffn_up: QTensor
+    ffn_down: QTensor
+    post_ffw_norm: np.ndarray
+
+
+def load_layer(f: GGUFFile, cfg: ModelConfig, il: int) -> Layer:
+    return bind_layer(f, cfg, il, Layer)
+
+
+def embed(s: L.UbatchState, w) -> None:
+    L.embed(s, w, math.sqrt(s.cfg.n_embd))
+
+
+def head(s: L.UbatchState, w, out: np.ndarray, embeddings: bool) -> None:
+    L.head(s, w, out, embeddings, s.cfg.final_logit_softcap)
+
+
+def block(s: L.UbatchState, il: int, lw: Layer) -> None:
+    q, k, v = L.qkv(s, L.norm(s, s.x, lw.attn_norm), lw.attn_q, lw.attn_k, lw.attn_v)
+    L.norm_heads(s, q, lw.attn_q_norm)
+    L.norm_heads(s, k, lw.attn_k_norm)
+    o = L.attention(s, il, q, k, v, lw.attn_output)
+    s.x += L.norm(s, o, lw.post_attention_norm, o)
+    o = L.ffn(s, L.norm(s, s.x, lw.ffn_norm), lw.ffn_gate, lw.ffn_up, lw.ffn_down, "gelu")
+    s.x += L.norm(s, o, lw.post_ffw_norm, o)

@@ -1,8 +1,45 @@
 """qwen2: llama with biases on Q/K/V and NEOX rope (rotate halves)."""
 
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
 from ..config import ModelConfig, base_config
 from ..gguf_file import GGUFFile
+from ..quants import QTensor
+from . import layers as L
+from .base import bind_layer
 
 
 def config_from_gguf(f: GGUFFile) -> ModelConfig:
-    return base_config(f, rope_neox=True, qkv_bias=True)
+    return base_config(f, rope_neox=True)
+
+
+@dataclass
+class Layer:
+    attn_norm: np.ndarray
+    attn_q: QTensor
+    attn_k: QTensor
+    attn_v: QTensor
+    attn_q_bias: np.ndarray
+    attn_k_bias: np.ndarray
+    attn_v_bias: np.ndarray
+    attn_output: QTensor
+    ffn_norm: np.ndarray
+    ffn_gate: QTensor
+    ffn_up: QTensor
+    ffn_down: QTensor
+
+
+def load_layer(f: GGUFFile, cfg: ModelConfig, il: int) -> Layer:
+    return bind_layer(f, cfg, il, Layer)
+
+
+def block(s: L.UbatchState, il: int, lw: Layer) -> None:
+    h = L.norm(s, s.x, lw.attn_norm)
+    q, k, v = L.qkv(s, h, lw.attn_q, lw.attn_k, lw.attn_v,
+                    lw.attn_q_bias, lw.attn_k_bias, lw.attn_v_bias)
+    s.x += L.attention(s, il, q, k, v, lw.attn_output)
+    s.x += L.ffn(s, L.norm(s, s.x, lw.ffn_norm), lw.ffn_gate, lw.ffn_up, lw.ffn_down, "silu")

@@ -1,0 +1,85 @@
+"""gemma2: sqrt(n_embd) embedding scale, attention-logit and final-logit soft-capping,
+post-attention and post-FFN norms, GELU-gated FFN, sliding-window layers alternating with
+global ones (layer 0 slides). No Q/K norm.
+
+The GGUF converter already adds Gemma's +1 to every norm weight, so plain RMSNorm applies.
+Defaults when keys are absent are llama.cpp's (src/models/gemma2.cpp).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..config import ModelConfig, base_config, swa_layers
+from ..gguf_file import GGUFFile
+from ..quants import QTensor
+from . import layers as L
+from .base import bind_layer
+
+SWA_PATTERN = 2  # every 2nd layer is global
+SLIDING_WINDOW = 4096
+ATTN_SOFTCAP, FINAL_SOFTCAP = 50.0, 30.0
+
+
+@dataclass(frozen=True)
+class Gemma2Config(ModelConfig):
+    attn_logit_softcap: float = ATTN_SOFTCAP
+    final_logit_softcap: float = FINAL_SOFTCAP
+
+
+def config_from_gguf(f: GGUFFile) -> Gemma2Config:
+    k = lambda s: f"{f.arch}.{s}"
+    n_embd, n_head = f.get_int(k("embedding_length")), f.get_int(k("attention.head_count"))
+    head_dim = f.get_int(k("attention.key_length"), n_embd // max(n_head, 1))
+    n_layer = f.get_int(k("block_count"))
+    rope_base = f.get_float(k("rope.freq_base"), 10000.0)
+    return base_config(
+        f,
+        Gemma2Config,
+        rope_neox=True,
+        rope_base_swa=f.get_float(k("rope.freq_base_swa"), rope_base),
+        sliding_window=f.get_int(k("attention.sliding_window"), SLIDING_WINDOW) or SLIDING_WINDOW,
+        swa_layers=swa_layers(f, SWA_PATTERN),
+        # 27B (46 layers) scales queries by 1/sqrt(n_embd/n_head), the others 1/sqrt(head_dim)
+        attn_scale=1.0 / math.sqrt(n_embd / n_head if n_layer == 46 else head_dim),
+        attn_logit_softcap=f.get_float(k("attn_logit_softcapping"), ATTN_SOFTCAP),
+        final_logit_softcap=f.get_float(k("final_logit_softcapping"), FINAL_SOFTCAP),
+    )
+
+
+@dataclass
+class Layer:
+    attn_norm: np.ndarray
+    attn_q: QTensor
+    attn_k: QTensor
+    attn_v: QTensor
+    attn_output: QTensor
+    post_attention_norm: np.ndarray
+    ffn_norm: np.ndarray
+    ffn_gate: QTensor
+    ffn_up: QTensor
+    ffn_down: QTensor
+    post_ffw_norm: np.ndarray
+
+
+def load_layer(f: GGUFFile, cfg: ModelConfig, il: int) -> Layer:
+    return bind_layer(f, cfg, il, Layer)
+
+
+def embed(s: L.UbatchState, w) -> None:
+    L.embed(s, w, math.sqrt(s.cfg.n_embd))
+
+
+def head(s: L.UbatchState, w, out: np.ndarray, embeddings: bool) -> None:
+    L.head(s, w, out, embeddings, s.cfg.final_logit_softcap)
+
+
+def block(s: L.UbatchState, il: int, lw: Layer) -> None:
+    q, k, v = L.qkv(s, L.norm(s, s.x, lw.attn_norm), lw.attn_q, lw.attn_k, lw.attn_v)
+    o = L.attention(s, il, q, k, v, lw.attn_output, softcap=s.cfg.attn_logit_softcap)
+    s.x += L.norm(s, o, lw.post_attention_norm, o)
+    o = L.ffn(s, L.norm(s, s.x, lw.ffn_norm), lw.ffn_gate, lw.ffn_up, lw.ffn_down, "gelu")
+    s.x += L.norm(s, o, lw.post_ffw_norm, o)
