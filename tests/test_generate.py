@@ -439,4 +439,5 @@ def test_generate_command_prompt_too_long_exits_1(tiny_model_path, capsys, keep_
 
     assert main(["generate", "-m", str(tiny_model_path), "-p", "the cat " * 20, "-c", "16"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("error: the prompt has") and "16" in err
+    assert err.startswith("error: the request exceeds the available context size")
+    assert "the context of a sequence holds 16" in err and "-c/--ctx-size" in err
