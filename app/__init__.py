@@ -1,4 +1,5 @@
-"""ggstation desktop app (PySide6). Talks to engine/ only through app/bridge.py and app/workers.py."""
+"""ggstation desktop app (PySide6). Talks to engine/ only through app/engine_adapter.py
+(behind the Protocols in app/engine_api.py) and app/workers.py."""
 
 import os
 

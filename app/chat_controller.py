@@ -6,8 +6,9 @@ import time
 
 from PySide6.QtCore import QObject, Signal
 
-from .bridge import ReplyStep
 from .context import AppContext
+from .dto import ReplyStep
+from .engine_api import SessionApi
 from .item_models.chat_list_model import ChatListModel
 from .item_models.conversation_list_model import ConversationListModel
 from .storage import Message
@@ -69,7 +70,7 @@ class ChatController(QObject):
 
     def n_ctx(self) -> int:
         s = self.ctx.session
-        return getattr(s, "n_ctx_seq", s.n_ctx) if s is not None else 0
+        return s.n_ctx_seq if s is not None else 0
 
     # chat -----------------------------------------------------------------------------------
     def busy(self) -> bool:
@@ -79,8 +80,8 @@ class ChatController(QObject):
         text = text.strip()
         if not text or self.busy():
             return
-        if self.ctx.session is None:
-            self.failed.emit("Load a model first (Ctrl+O or the Models tab).")
+        session = self._loaded_session()
+        if session is None:
             return
         if not self.conversation_id:
             title = " ".join(text.split()[:8])[:60] or "New chat"
@@ -90,7 +91,7 @@ class ChatController(QObject):
         self.ctx.store.add_message(self.conversation_id, message)  # committed before anything else
         self.chat_model.append(message)
         self.refresh_conversations()
-        self._start_reply()
+        self._start_reply(session)
 
     def stop(self) -> None:
         if self._worker is not None:
@@ -100,15 +101,26 @@ class ChatController(QObject):
         rows = self.chat_model.rowCount()
         if self.busy() or rows == 0 or self.chat_model.message(rows - 1).role != "assistant":
             return
+        session = self._loaded_session()
+        if session is None:  # checked before truncating, so nothing is lost
+            return
         self._truncate(rows - 1)
-        self._start_reply()
+        self._start_reply(session)
 
     def edit(self, row: int, text: str) -> None:
         """Replace user message `row` with `text`, dropping everything after it, and resend."""
         if self.busy() or self.chat_model.message(row).role != "user":
             return
+        if self._loaded_session() is None:  # checked before truncating, so nothing is lost
+            return
         self._truncate(row)
         self.send(text)
+
+    def _loaded_session(self) -> SessionApi | None:
+        """The loaded LLM, or None after telling the user to load one."""
+        if self.ctx.session is None:
+            self.failed.emit("Load a model first (Ctrl+O or the Models tab).")
+        return self.ctx.session
 
     def _truncate(self, row: int) -> None:
         self.ctx.store.delete_from(self.conversation_id, self.chat_model.message(row).id)
@@ -119,13 +131,13 @@ class ChatController(QObject):
         head = [{"role": "system", "content": system}] if system else []
         return head + [{"role": m.role, "content": m.content} for m in self.chat_model.messages()]
 
-    def _start_reply(self) -> None:
+    def _start_reply(self, session: SessionApi) -> None:
         history = self._history()
         reply = Message("assistant", "")
         self._reply_id = self.ctx.store.add_message(self.conversation_id, reply)
         self._saved_at = time.monotonic()
         self.chat_model.append(reply, streaming=True)
-        worker = GenerationWorker(self.ctx.session, history, self.ctx.settings.sampling)
+        worker = GenerationWorker(session, history, self.ctx.settings.sampling)
         worker.token_received.connect(self._on_token)
         worker.step_received.connect(self._on_step)
         worker.replied.connect(self._on_replied)

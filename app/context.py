@@ -1,33 +1,37 @@
-"""AppContext: the one object handed to widgets: settings, engine adapter, store, loaded LLM, server."""
+"""AppContext: the one object handed to widgets: settings, engine, store, loaded LLM, server.
+
+Typed against the Protocols in app/engine_api.py, so the real adapter and the test fake are
+interchangeable here.
+"""
 
 from __future__ import annotations
 
-from typing import Any
-
 from PySide6.QtCore import QObject, QSettings, Signal
 
-from .bridge import LoadParams, MemoryFigures, ServerSettings, free_port, port_in_use
+from .dto import LoadParams, MemoryFigures, ServerSettings
+from .engine_api import EngineApi, ServerHandle, SessionApi
+from .machine import free_port, port_in_use
 from .settings import load_settings, save_settings
 from .storage import ConversationStore
 from .workers import CallWorker, MemoryPoller, ModelLoadWorker, WorkerPool
 
 
 class AppContext(QObject):
-    llm_loaded = Signal(object)  # LlmSession
+    llm_loaded = Signal(object)  # SessionApi
     llm_unloaded = Signal()
     memory_polled = Signal(object)  # MemoryFigures
-    server_started = Signal(object)  # server handle (.url, .port)
+    server_started = Signal(object)  # ServerHandle
     server_stopped = Signal()
     server_failed = Signal(str)
     request_logged = Signal(str)  # emitted from server threads; receivers get it queued
 
-    def __init__(self, engine: Any, store: ConversationStore, qsettings: QSettings):
+    def __init__(self, engine: EngineApi, store: ConversationStore, qsettings: QSettings):
         super().__init__()
         self.engine, self.store, self.qsettings = engine, store, qsettings
         self.settings = load_settings(qsettings)
         self.pool = WorkerPool(self)
-        self.session: Any = None
-        self.server: Any = None
+        self.session: SessionApi | None = None
+        self.server: ServerHandle | None = None
         self.last_memory = MemoryFigures()
         self._poller: MemoryPoller | None = None
 
@@ -40,7 +44,7 @@ class AppContext(QObject):
         worker.loaded.connect(self._set_session)
         return self.pool.start(worker)
 
-    def _set_session(self, session: Any) -> None:
+    def _set_session(self, session: SessionApi) -> None:
         self.unload()
         self.session = session
         self._poller = self.pool.start(MemoryPoller(session))
@@ -79,7 +83,7 @@ class AppContext(QObject):
         worker.failed.connect(self.server_failed)
         self.pool.start(worker)
 
-    def _on_server_started(self, handle: Any) -> None:
+    def _on_server_started(self, handle: ServerHandle) -> None:
         self.server = handle
         self.server_started.emit(handle)
 

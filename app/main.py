@@ -8,6 +8,11 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .context import AppContext
+    from .engine_api import EngineApi
 
 APP_NAME = "ggstation"
 
@@ -36,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     app.setOrganizationName(APP_NAME)
     app.setApplicationName(APP_NAME)
     app.setDesktopFileName(APP_NAME)
-    from .bridge import EngineAdapter
+    from .engine_adapter import EngineAdapter
 
     engine = EngineAdapter()
     if args.model:
@@ -66,11 +71,11 @@ def run(args: argparse.Namespace) -> int:
     return app.exec()
 
 
-def build_context(data_dir: str | None = None, engine=None):
+def build_context(data_dir: str | None = None, engine: EngineApi | None = None) -> AppContext:
     from PySide6.QtCore import QSettings, QStandardPaths
 
-    from .bridge import EngineAdapter
     from .context import AppContext
+    from .engine_adapter import EngineAdapter
     from .storage import ConversationStore
 
     if data_dir:

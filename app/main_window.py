@@ -10,6 +10,7 @@ from PySide6.QtWidgets import QFileDialog, QLabel, QMainWindow, QSplitter, QTabW
 
 from .chat_controller import ChatController
 from .context import AppContext
+from .engine_api import ServerHandle, SessionApi
 from .gl_info import opengl_info
 from .resources import icon
 from .widgets.chat_pane import ChatPane
@@ -140,7 +141,7 @@ class MainWindow(QMainWindow):
         self.sidebar.search.setFocus()
         self.sidebar.search.selectAll()
 
-    def on_ctx_llm_loaded(self, session) -> None:
+    def on_ctx_llm_loaded(self, session: SessionApi) -> None:
         self.status.clearMessage()
         self.llm_label.setText(f"{session.name}  ")
         self.status.set_llm(session)
@@ -158,7 +159,7 @@ class MainWindow(QMainWindow):
         self.chat_pane.view.placeholder = "Load a model, then type a message below."
         self.chat_pane.set_context(0, 0)
 
-    def on_ctx_server_started(self, handle) -> None:
+    def on_ctx_server_started(self, handle: ServerHandle) -> None:
         self._show_server(handle.url)
         self.server_panel.set_running(handle.url, handle.port)
         self.server_panel.append_log(f"listening on {handle.url}")

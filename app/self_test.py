@@ -10,7 +10,9 @@ import urllib.request
 from PySide6.QtCore import QObject, QTimer
 from PySide6.QtWidgets import QApplication
 
-from .bridge import LoadParams, SamplingSettings, ServerSettings, free_port
+from .dto import LoadParams, SamplingSettings, ServerSettings
+from .engine_api import ServerHandle, SessionApi
+from .machine import free_port
 from .workers import CallWorker
 
 TIMEOUT_S = 600
@@ -28,7 +30,7 @@ class SelfTest(QObject):
         super().__init__(window)
         self.window, self.ctx, self.model_path = window, window.ctx, model_path
         self.exit_code = 1
-        self.t0 = time.perf_counter()
+        self.t0 = self._t_lap = time.perf_counter()
         self.facts: dict[str, str] = {}
 
     def start(self) -> None:
@@ -44,7 +46,7 @@ class SelfTest(QObject):
 
     def _lap(self) -> float:
         now = time.perf_counter()
-        lap, self._t_lap = now - getattr(self, "_t_lap", self.t0), now
+        lap, self._t_lap = now - self._t_lap, now
         return lap
 
     def _default_model(self) -> str | None:
@@ -54,7 +56,7 @@ class SelfTest(QObject):
             return None
         return next((s.cached_path for s in starters if s.cached_path), None)
 
-    def _on_loaded(self, session) -> None:
+    def _on_loaded(self, session: SessionApi) -> None:
         self.facts["load"] = f"{self._lap():.1f}s"
         self.ctx.settings.sampling = SamplingSettings(temperature=0.0, seed=0, max_tokens=16)
         chat = self.window.chat
@@ -75,7 +77,7 @@ class SelfTest(QObject):
         self.ctx.server_failed.connect(lambda msg: self.fail(f"server: {msg}"))
         self.ctx.start_server(ServerSettings("127.0.0.1", free_port()))
 
-    def _on_server_started(self, handle) -> None:
+    def _on_server_started(self, handle: ServerHandle) -> None:
         worker = CallWorker(_http_get, handle.url + "/v1/models", "")
         worker.result.connect(self._on_http)
         worker.failed.connect(lambda msg: self.fail(f"http: {msg}"))

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from PySide6.QtCore import QSettings
 
-from .bridge import LoadParams, SamplingSettings, ServerSettings
+from .dto import LoadParams, SamplingSettings, ServerSettings
 from .resources import resource_path
 
 BUILTIN_PRESETS: dict[str, SamplingSettings] = {
@@ -42,12 +42,14 @@ class AppSettings:
 _NESTED = {"load": LoadParams, "sampling": SamplingSettings, "server": ServerSettings}
 
 
-def _apply(s: AppSettings, name: str, value) -> None:
+def _apply(s: AppSettings, name: str, value) -> AppSettings:
+    """`s` with field `name` set from JSON data; a nested dataclass keeps the keys `value` lacks."""
     if name in _NESTED:
         cls = _NESTED[name]
-        known = {k: v for k, v in value.items() if k in cls.__dataclass_fields__}
-        value = cls(**{**asdict(getattr(s, name)), **known})
-    setattr(s, name, value)
+        names = {f.name for f in fields(cls)}
+        known = {k: v for k, v in value.items() if k in names}
+        value = cls(**{**asdict(s)[name], **known})
+    return replace(s, **{name: value})
 
 
 def default_settings() -> AppSettings:
@@ -61,7 +63,7 @@ def default_settings() -> AppSettings:
     for f in fields(AppSettings):
         if f.name in data:
             try:
-                _apply(s, f.name, data[f.name])
+                s = _apply(s, f.name, data[f.name])
             except (TypeError, ValueError, AttributeError):
                 continue
     return s
@@ -74,14 +76,13 @@ def load_settings(qs: QSettings) -> AppSettings:
         if raw is None:
             continue
         try:
-            _apply(s, f.name, json.loads(raw))
+            s = _apply(s, f.name, json.loads(raw))
         except (TypeError, ValueError, AttributeError):
             continue  # a corrupt or outdated key keeps its default
     return s
 
 
 def save_settings(qs: QSettings, s: AppSettings) -> None:
-    for f in fields(AppSettings):
-        value = getattr(s, f.name)
-        qs.setValue(f.name, json.dumps(asdict(value) if f.name in _NESTED else value))
+    for name, value in asdict(s).items():  # nested settings become dicts, as _apply reads them
+        qs.setValue(name, json.dumps(value))
     qs.sync()

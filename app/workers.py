@@ -11,14 +11,15 @@ import random
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from .bridge import (
-    AppError, LoadCancelled, LoadParams, ReplyStep, SamplingSettings, fit_to_context, now_ms,
-    plain_error,
-)
+from .context_policy import fit_to_context
+from .dto import LoadParams, ReplyStep, SamplingSettings
+from .engine_api import EngineApi, ReplyStream, SessionApi
+from .errors import AppError, LoadCancelled, plain_error
+from .machine import now_ms
 
 
 class TaskWorker(QObject):
@@ -49,6 +50,9 @@ class TaskWorker(QObject):
         raise NotImplementedError
 
 
+_Worker = TypeVar("_Worker", bound=TaskWorker)
+
+
 class WorkerPool(QObject):
     """Starts each worker on its own QThread and keeps both alive until the thread ends."""
 
@@ -56,7 +60,7 @@ class WorkerPool(QObject):
         super().__init__(parent)
         self._running: dict[QThread, TaskWorker] = {}
 
-    def start(self, worker: TaskWorker) -> TaskWorker:
+    def start(self, worker: _Worker) -> _Worker:
         thread = QThread()
         worker.moveToThread(thread)
         thread.started.connect(worker.run)
@@ -106,7 +110,7 @@ class InspectWorker(TaskWorker):
 
     file_inspected = Signal(object)  # LlmFileInfo
 
-    def __init__(self, engine: Any, paths: list[str]):
+    def __init__(self, engine: EngineApi, paths: list[str]):
         super().__init__()
         self._engine, self._paths = engine, paths
 
@@ -124,7 +128,7 @@ class ModelLoadWorker(TaskWorker):
     progressed = Signal(float, str)
     loaded = Signal(object)  # LlmSession
 
-    def __init__(self, engine: Any, path: str, params: LoadParams):
+    def __init__(self, engine: EngineApi, path: str, params: LoadParams):
         super().__init__()
         self._engine, self._path, self._params = engine, path, params
 
@@ -140,7 +144,7 @@ class PullWorker(TaskWorker):
     progressed = Signal(str, int, int)  # phase, done, total
     pulled = Signal(str)
 
-    def __init__(self, engine: Any, name: str):
+    def __init__(self, engine: EngineApi, name: str):
         super().__init__()
         self._engine, self._name = engine, name
 
@@ -164,10 +168,10 @@ class GenerationWorker(TaskWorker):
     step_received = Signal(object)  # ReplyStep (counts and timings while streaming)
     replied = Signal(dict)  # stats + replay record
 
-    def __init__(self, session: Any, messages: list[dict], sampling: SamplingSettings):
+    def __init__(self, session: SessionApi, messages: list[dict], sampling: SamplingSettings):
         super().__init__()
         self._session, self._messages, self._sampling = session, messages, sampling
-        self._stream: Any = None
+        self._stream: ReplyStream | None = None
 
     def cancel(self) -> None:
         """Thread-safe; reaches the engine at once, even while the prompt is being read."""
@@ -180,9 +184,8 @@ class GenerationWorker(TaskWorker):
         s = self._sampling
         if s.seed < 0:
             s = SamplingSettings(**{**s.as_dict(), "seed": random.randrange(1 << 31)})
-        n_ctx = getattr(self._session, "n_ctx_seq", self._session.n_ctx)
         messages, dropped, max_tokens = fit_to_context(
-            self._session.count_tokens, self._messages, n_ctx, s.max_tokens
+            self._session.count_tokens, self._messages, self._session.n_ctx_seq, s.max_tokens
         )
         s = SamplingSettings(**{**s.as_dict(), "max_tokens": max_tokens})
         t0, ttft, step = now_ms(), None, None
@@ -199,7 +202,7 @@ class GenerationWorker(TaskWorker):
                 pending, emitted_at = [], now_ms()
             if step.finish_reason:
                 break
-        if pending:
+        if pending and step is not None:  # text is pending only after a step
             self._flush(pending, step)
         if step is None:
             if not self._cancel.is_set():
@@ -207,13 +210,13 @@ class GenerationWorker(TaskWorker):
             step = ReplyStep("", "stopped", 0, 0)
         self.replied.emit(self._stats(step, ttft, s, dropped))
 
-    def _flush(self, pending: list[str], step: Any) -> None:
+    def _flush(self, pending: list[str], step: ReplyStep) -> None:
         if pending:
             self.token_received.emit("".join(pending))
         self.step_received.emit(step)
 
-    def _stats(self, step: Any, ttft: float | None, s: SamplingSettings, dropped: int) -> dict:
-        tmpl = getattr(self._session, "template_source", "") or ""
+    def _stats(self, step: ReplyStep, ttft: float | None, s: SamplingSettings, dropped: int) -> dict:
+        tmpl = self._session.template_source
         finish = "stopped" if self._cancel.is_set() else step.finish_reason
         return {
             "n_prompt": step.n_prompt, "n_generated": step.n_generated, "n_cached": step.n_cached,
@@ -222,7 +225,7 @@ class GenerationWorker(TaskWorker):
             "finish_reason": finish, "dropped_messages": dropped,
             "replay": {
                 "model": Path(self._session.path).name, "model_sha256": self._session.sha256,
-                "template": getattr(self._session, "template_name", ""),
+                "template": self._session.template_name,
                 "template_sha256": hashlib.sha256(tmpl.encode()).hexdigest()[:16],
                 "sampling": s.as_dict(), "n_ctx": self._session.n_ctx,
             },
@@ -234,7 +237,7 @@ class MemoryPoller(TaskWorker):
 
     polled = Signal(object)  # MemoryFigures
 
-    def __init__(self, session: Any, interval_s: float = 1.0):
+    def __init__(self, session: SessionApi, interval_s: float = 1.0):
         super().__init__()
         self._session, self._interval = session, interval_s
 

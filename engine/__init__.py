@@ -40,6 +40,16 @@ _EXPORTS = {
     "generate": "engine.generate",
     "GenerationStep": "engine.generate",
     "EngineError": "engine.errors",
+    "Scheduler": "engine.scheduler",
+    "GenerationRequest": "engine.tasks",
+    "RequestHandle": "engine.tasks",
+    "ChatTemplate": "engine.tokenizer.chat_template",
+    "start_server": "engine.server",
+    "STARTER_MODELS": "engine.model_store",
+    "cached_path": "engine.model_store",
+    "pull": "engine.model_store",
+    "models_dir": "engine.model_store",
+    "resolve_model_arg": "engine.model_store",
 }
 
 __all__ = sorted(_EXPORTS)

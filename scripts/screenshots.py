@@ -23,7 +23,8 @@ sys.path.insert(0, str(ROOT))
 from PySide6.QtCore import QEventLoop, QTimer  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
-from app.bridge import LoadParams, SamplingSettings, ServerSettings, free_port  # noqa: E402
+from app.dto import LoadParams, SamplingSettings, ServerSettings  # noqa: E402
+from app.machine import free_port  # noqa: E402
 from app.main import build_context  # noqa: E402
 from app.main_window import TAB_CHAT, TAB_MEMORY, TAB_MODELS, TAB_SERVER, MainWindow  # noqa: E402
 from app.theme import apply_theme  # noqa: E402
@@ -51,7 +52,7 @@ def make_engine(args, tmp: Path):
         path = tmp / "tiny-llama-Q4_1.gguf"
         path.write_bytes(b"GGUF" + bytes(4096))
         return FakeEngine(delay=0.003), str(path)
-    from app.bridge import EngineAdapter
+    from app.engine_adapter import EngineAdapter
 
     engine = EngineAdapter()
     model = args.model or next((s.cached_path for s in engine.starter_models() if s.cached_path), None)

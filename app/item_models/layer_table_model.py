@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt
 
-from ..bridge import TensorRow
+from ..dto import TensorRow
 from .table_base import ColumnTableModel
 from ..format import human_bytes
 

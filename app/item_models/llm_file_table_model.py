@@ -5,7 +5,7 @@ from __future__ import annotations
 from PySide6.QtCore import QModelIndex, Qt
 from PySide6.QtGui import QColor
 
-from ..bridge import LlmFileInfo
+from ..dto import LlmFileInfo
 from .table_base import ColumnTableModel
 from ..format import human_bytes, human_count
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import QAbstractListModel, QModelIndex, Qt
 
-from ..bridge import StarterModel
+from ..dto import StarterModel
 from ..format import human_bytes
 
 STARTER_ROLE = Qt.ItemDataRole.UserRole + 1

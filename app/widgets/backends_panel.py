@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QFormLayout, QLabel, QWidget
 
-from ..bridge import BackendInfo
+from ..dto import BackendInfo
 
 
 class BackendsPanel(QWidget):

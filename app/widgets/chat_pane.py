@@ -9,7 +9,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ..bridge import CONTEXT_POLICY
+from ..context_policy import CONTEXT_POLICY
 from ..item_models.chat_list_model import ChatListModel
 from .chat_delegate import ChatDelegate
 from .context_gauge import WARN_AT, ContextGauge

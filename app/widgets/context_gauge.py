@@ -6,7 +6,7 @@ from PySide6.QtCore import QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QPainter, QPalette
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
-from ..bridge import CONTEXT_POLICY
+from ..context_policy import CONTEXT_POLICY
 from ..theme import mix
 
 WARN_AT, FULL_AT = 0.75, 0.9

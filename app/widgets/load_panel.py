@@ -8,9 +8,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ..bridge import LlmFileInfo, LoadParams, MemoryFigures, available_ram
 from ..context import AppContext
+from ..dto import LlmFileInfo, LoadParams, MemoryFigures
 from ..format import human_bytes, human_count
+from ..machine import available_ram
 from ..workers import CallWorker, ModelLoadWorker
 from .memory_dashboard import COLOURS
 from .stacked_bar import Segment, StackedBar

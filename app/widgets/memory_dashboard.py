@@ -10,7 +10,7 @@ from PySide6.QtWidgets import (
     QVBoxLayout, QWidget,
 )
 
-from ..bridge import MemoryFigures, ReplyStep
+from ..dto import MemoryFigures, ReplyStep
 from ..format import human_bytes
 from ..item_models.layer_table_model import SORT_ROLE, LayerTableModel
 from ..item_models.slot_table_model import SlotTableModel

@@ -8,7 +8,7 @@ from PySide6.QtWidgets import (
     QPushButton, QSpinBox, QVBoxLayout, QWidget,
 )
 
-from ..bridge import SamplingSettings
+from ..dto import SamplingSettings
 from ..settings import BUILTIN_PRESETS
 
 _FIELDS = {  # name: (label, kind, min, max, step, decimals, tooltip)
@@ -77,8 +77,9 @@ class SamplingPanel(QWidget):
 
     def set_values(self, s: SamplingSettings, system_prompt: str | None = None, preset: str = "") -> None:
         self._loading = True
+        values = s.as_dict()
         for name, box in self.inputs.items():
-            box.setValue(getattr(s, name))
+            box.setValue(values[name])
         if system_prompt is not None:
             self.system_prompt.setPlainText(system_prompt)
         if preset:
@@ -86,8 +87,7 @@ class SamplingPanel(QWidget):
         self._loading = False
 
     def values(self) -> SamplingSettings:
-        return SamplingSettings(**{n: type(getattr(SamplingSettings(), n))(b.value())
-                                   for n, b in self.inputs.items()})
+        return SamplingSettings(**{n: _FIELDS[n][1](b.value()) for n, b in self.inputs.items()})
 
     def apply_preset(self, name: str) -> None:
         if name in self._presets:

@@ -13,7 +13,7 @@ from PySide6.QtWidgets import (
     QPushButton, QSpinBox, QToolButton, QVBoxLayout, QWidget,
 )
 
-from ..bridge import ServerSettings
+from ..dto import ServerSettings
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health")
 

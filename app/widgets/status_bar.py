@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QLabel, QStatusBar
 
+from ..engine_api import SessionApi
 from ..format import human_bytes
 
 
@@ -19,7 +20,7 @@ class AppStatusBar(QStatusBar):
         for w in (self.threads_label, self.context_label, self.memory_label, self.server_label):
             self.addPermanentWidget(w)
 
-    def set_llm(self, session) -> None:
+    def set_llm(self, session: SessionApi | None) -> None:
         if session is None:
             self.llm_label.setText("No model loaded")
             self.threads_label.setText("")

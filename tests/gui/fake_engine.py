@@ -1,18 +1,29 @@
-"""FakeEngine: the EngineAdapter interface with canned numbers, for fast widget tests (Dangerzone `Dummy`)."""
+"""FakeEngine: the engine Protocols of app/engine_api.py with canned numbers, for fast widget
+tests (Dangerzone `Dummy`).
+
+Each fake subclasses its Protocol, so mypy checks every override; test_engine_api.py checks that
+the fakes and the real adapter define the same members with the same signatures.
+"""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
 
-from app.bridge import (
-    LlmFileInfo, LoadCancelled, LoadParams, MemoryFigures, ReplyStep, SamplingSettings,
-    ServerSettings, StarterModel, TensorRow, backend_info, process_rss,
+from app.dto import (
+    BackendInfo, LlmFileInfo, LoadParams, MemoryFigures, ReplyStep, SamplingSettings,
+    ServerSettings, StarterModel, TensorRow,
 )
+from app.engine_api import (
+    EngineApi, LogFn, ProgressFn, PullProgressFn, ReplyStream, ServerHandle, SessionApi,
+)
+from app.errors import LoadCancelled
+from app.machine import backend_info, process_rss
 
 REPLY = "Hello! Here is some **bold** text and code:\n\n```python\nprint('hi')\n```\n\nDone."
 N_LAYER = 4
@@ -30,7 +41,7 @@ def spin(seconds: float) -> None:
         np.sin(_WORK, out=np.empty_like(_WORK))
 
 
-class FakeStream:
+class FakeStream(ReplyStream):
     def __init__(self, text: str, n_prompt: int, delay: float, busy: bool = False):
         self._words = text.split(" ")
         self._n_prompt, self._delay, self._busy = n_prompt, delay, busy
@@ -40,7 +51,7 @@ class FakeStream:
     def cancel(self) -> None:
         self._cancel.set()
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[ReplyStep]:
         t0 = time.perf_counter()
         for i, w in enumerate(self._words):
             if self._busy:
@@ -52,19 +63,31 @@ class FakeStream:
             yield self._step(w if i == 0 else " " + w, None, t0)
         yield self._step("", "stop", t0)
 
-    def _step(self, delta, reason, t0):
+    def _step(self, delta: str, reason: str | None, t0: float) -> ReplyStep:
         return ReplyStep(delta, reason, self._n_prompt, self.n_generated, 0, 5.0,
                          (time.perf_counter() - t0) * 1000.0)
 
 
-class FakeSession:
+class FakeSession(SessionApi):
+    path: str
+    name: str
+    arch: str
+    n_params: int
+    n_ctx: int
+    n_ctx_seq: int
+    n_threads: int
+    sha256: str
+    template_source: str
+    template_name: str
+
     def __init__(self, path: str, params: LoadParams, reply: str, delay: float, busy: bool = False):
         self.path, self.params, self.reply, self.delay, self.busy = path, params, reply, delay, busy
         self.name = Path(path).stem
-        self.arch, self.n_params, self.n_ctx = "llama", 1_234_567, params.n_ctx
+        self.arch, self.n_params = "llama", 1_234_567
+        self.n_ctx = self.n_ctx_seq = params.n_ctx  # one unified cache, as the chat pane sees it
         self.n_threads = params.n_threads or 2
         self.sha256 = "0" * 64
-        self.template_source = "{{ fake }}"
+        self.template_source, self.template_name = "{{ fake }}", "fake"
         self.last_messages: list[dict] = []
         self.streams: list[FakeStream] = []
         self._used = 0
@@ -94,15 +117,18 @@ class FakeSession:
         self.streams.append(s)
         return s
 
-    def start_server(self, settings: ServerSettings, on_log) -> "FakeServer":
+    def start_server(self, settings: ServerSettings, on_log: LogFn) -> FakeServer:
         return FakeServer(settings, on_log)
 
     def close(self) -> None:
         pass
 
 
-class FakeServer:
-    def __init__(self, settings: ServerSettings, on_log):
+class FakeServer(ServerHandle):
+    url: str
+    port: int
+
+    def __init__(self, settings: ServerSettings, on_log: LogFn):
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):  # noqa: N802
                 body = b'{"object": "list", "data": [{"id": "fake"}]}'
@@ -129,7 +155,7 @@ class FakeServer:
         self._httpd.server_close()
 
 
-class FakeEngine:
+class FakeEngine(EngineApi):
     def __init__(self, reply: str = REPLY, delay: float = 0.01, load_time: float = 0.05,
                  busy: bool = False):
         self.reply, self.delay, self.load_time, self.busy = reply, delay, load_time, busy
@@ -147,7 +173,8 @@ class FakeEngine:
         kv = params.n_ctx * N_LAYER * 2 * 64 * 2 * params.n_seq_max
         return MemoryFigures(90_000, 0, kv, 0, (), 300_000, 4_000, 0, 90_000 + kv + 304_000)
 
-    def load(self, path: str, params: LoadParams, progress, cancel) -> FakeSession:
+    def load(self, path: str, params: LoadParams, progress: ProgressFn,
+             cancel: threading.Event) -> FakeSession:
         for i in range(5):
             if cancel.is_set():
                 raise LoadCancelled("Loading cancelled")
@@ -162,7 +189,7 @@ class FakeEngine:
     def starter_models(self) -> list[StarterModel]:
         return [StarterModel("smollm2-135m", "SmolLM2 135M Instruct, Q4_1", 90_000_000, None)]
 
-    def pull(self, name: str, progress, cancel) -> str:
+    def pull(self, name: str, progress: PullProgressFn, cancel: threading.Event) -> str:
         for i in range(5):
             if cancel.is_set():
                 raise LoadCancelled("Download cancelled")
@@ -176,5 +203,5 @@ class FakeEngine:
     def resolve_model(self, arg: str) -> str:
         return arg
 
-    def backends(self, n_threads: int = 0):
+    def backends(self, n_threads: int = 0) -> BackendInfo:
         return backend_info(n_threads)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.bridge import LlmFileInfo, MemoryFigures, StarterModel, TensorRow
+from app.dto import LlmFileInfo, MemoryFigures, StarterModel, TensorRow
 from app.item_models.chat_list_model import STREAMING_ROLE, ChatListModel
 from app.item_models.conversation_list_model import ConversationListModel
 from app.item_models.layer_table_model import LayerTableModel

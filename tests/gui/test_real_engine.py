@@ -10,7 +10,9 @@ import urllib.request
 
 import pytest
 
-from app.bridge import EngineAdapter, LoadParams, SamplingSettings, free_port
+from app.dto import LoadParams, SamplingSettings
+from app.engine_adapter import EngineAdapter
+from app.machine import free_port
 
 from .conftest import send
 from .test_latency import P95_LIMIT_MS, LatencyProbe

@@ -6,7 +6,8 @@ import json
 import socket
 import urllib.request
 
-from app.bridge import MemoryFigures, free_port
+from app.dto import MemoryFigures
+from app.machine import free_port
 from app.format import human_bytes
 
 from .conftest import send

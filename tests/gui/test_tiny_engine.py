@@ -8,7 +8,9 @@ import urllib.request
 import pytest
 from PySide6.QtCore import Qt
 
-from app.bridge import EngineAdapter, LoadParams, SamplingSettings, free_port
+from app.dto import LoadParams, SamplingSettings
+from app.engine_adapter import EngineAdapter
+from app.machine import free_port
 
 from .conftest import send
 

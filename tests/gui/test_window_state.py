@@ -8,7 +8,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QApplication
 
-from app.bridge import SamplingSettings
+from app.dto import SamplingSettings
 from app.qt_compat import affected
 from app.theme import apply_theme, is_dark
 

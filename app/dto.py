@@ -1,0 +1,137 @@
+"""The plain values that cross between the engine seam and the widgets.
+
+Frozen dataclasses only: no Qt, no engine import at run time. The real adapter
+(app/engine_adapter.py) and the test fake both build these, so widgets and item models never
+see an engine object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine import MemoryReport
+
+
+@dataclass(frozen=True)
+class LlmFileInfo:
+    """One GGUF file on disk, read cheaply (no weights). `error` says why it cannot be used."""
+
+    path: str
+    name: str
+    arch: str = "?"
+    n_params: int = 0
+    quant_mix: dict[str, int] = field(default_factory=dict)  # qtype name -> bytes
+    file_size: int = 0
+    n_ctx_train: int = 0
+    has_chat_template: bool = False
+    tokenizer: str = ""
+    error: str | None = None
+    quant: str = ""  # the quantised type most tensors use (what the file name says)
+    title: str = ""  # general.name from the metadata
+    template_name: str = ""  # the chat template family the engine detected (or its fallback)
+
+    @property
+    def main_quant(self) -> str:
+        if self.quant:
+            return self.quant
+        return max(self.quant_mix, key=self.quant_mix.__getitem__) if self.quant_mix else "?"
+
+
+@dataclass(frozen=True)
+class LoadParams:
+    n_ctx: int = 4096
+    n_seq_max: int = 2  # slots: one for the chat pane, the rest for the server
+    n_threads: int = 0  # 0 = engine default (all cores)
+    type_k: str = "f16"
+    n_batch: int = 512
+    n_ubatch: int = 512
+
+
+@dataclass(frozen=True)
+class MemoryFigures:
+    weights_bytes: int = 0
+    weights_resident_bytes: int = 0
+    kv_bytes: int = 0
+    kv_used_bytes: int = 0
+    kv_per_seq_used: tuple[int, ...] = ()
+    compute_bytes: int = 0
+    metadata_bytes: int = 0
+    rss_bytes: int = 0
+    total_bytes: int = 0
+
+    @classmethod
+    def from_report(cls, report: MemoryReport) -> MemoryFigures:
+        """The engine's report with its "not known" Nones shown as 0."""
+        return cls(
+            weights_bytes=int(report.weights_bytes),
+            weights_resident_bytes=int(report.weights_resident_bytes or 0),
+            kv_bytes=int(report.kv_bytes),
+            kv_used_bytes=int(report.kv_used_bytes),
+            kv_per_seq_used=tuple(int(x) for x in report.kv_per_seq_used),
+            compute_bytes=int(report.compute_bytes),
+            metadata_bytes=int(report.metadata_bytes),
+            rss_bytes=int(report.rss_bytes or 0),
+            total_bytes=int(report.total_bytes),
+        )
+
+
+@dataclass(frozen=True)
+class TensorRow:
+    layer: int  # -1 for tensors outside the blocks (token_embd, output_norm, output)
+    name: str
+    qtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    temperature: float = 0.7
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.1
+    seed: int = -1  # -1 = pick a fresh seed per reply (and record it)
+    max_tokens: int = 512
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ReplyStep:
+    text_delta: str
+    finish_reason: str | None
+    n_prompt: int
+    n_generated: int
+    n_cached: int = 0
+    t_prompt_ms: float = 0.0
+    t_gen_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    api_key: str = ""
+    cors: bool = False
+
+
+@dataclass(frozen=True)
+class StarterModel:
+    name: str
+    description: str = ""
+    size_bytes: int = 0
+    cached_path: str | None = None
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    cpu_model: str
+    n_cores: int
+    n_logical: int
+    n_threads: int
+    cpu_target: str
+    simd: tuple[str, ...]

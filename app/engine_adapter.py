@@ -1,0 +1,240 @@
+"""The real engine behind the app's Protocols (app/engine_api.py), built on `engine`'s public API.
+
+Qt-free and synchronous; app/workers.py runs these calls on QThreads and turns their callbacks
+into signals. Engine modules are imported inside the methods that need them, so importing the
+app does not pay for numba until the first file is inspected or loaded.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import psutil
+
+from .dto import (
+    BackendInfo, LlmFileInfo, LoadParams, MemoryFigures, ReplyStep, SamplingSettings,
+    ServerSettings, StarterModel, TensorRow,
+)
+from .engine_api import (
+    EngineApi, LogFn, ProgressFn, PullProgressFn, ReplyStream, ServerHandle, SessionApi,
+)
+from .errors import LoadCancelled
+from .machine import backend_info, file_sha256
+
+if TYPE_CHECKING:
+    from engine import ChatTemplate, Context, Model, ModelInfo, RequestHandle, Scheduler
+
+_LAYER_RE = re.compile(r"^blk\.(\d+)\.")
+_FLOAT_TYPES = {"F32", "F16", "BF16", "F64"}
+
+
+def layer_of(tensor_name: str) -> int:
+    """The block index in a GGUF tensor name (`blk.12.attn_q.weight` -> 12), -1 outside blocks."""
+    m = _LAYER_RE.match(tensor_name)
+    return int(m.group(1)) if m else -1
+
+
+def _main_quant(counts: dict[str, int]) -> str:
+    """The quantised types most tensors use ("Q5_0 / Q4_K"): embeddings are often kept at higher
+    precision and norms are F32, so neither total bytes nor all tensors name the quantisation."""
+    quantised = {k: v for k, v in counts.items() if k not in _FLOAT_TYPES} or counts
+    if not quantised:
+        return "?"
+    top = max(quantised.values())
+    ranked = sorted((k for k, v in quantised.items() if v >= 0.2 * top), key=lambda k: -quantised[k])
+    return " / ".join(ranked)
+
+
+class _StepStream(ReplyStream):
+    """Wraps a scheduler RequestHandle: yields ReplyStep, forwards cancel()."""
+
+    def __init__(self, handle: RequestHandle):
+        self._handle = handle
+
+    def __iter__(self) -> Iterator[ReplyStep]:
+        for s in self._handle:
+            yield ReplyStep(
+                text_delta=s.text_delta, finish_reason=s.finish_reason,
+                n_prompt=s.n_prompt, n_generated=s.n_generated, n_cached=s.n_cached,
+                t_prompt_ms=s.t_prompt_ms, t_gen_ms=s.t_gen_ms,
+            )
+
+    def cancel(self) -> None:
+        self._handle.cancel()
+
+
+class LlmSession(SessionApi):
+    """A loaded LLM: its context and scheduler thread, shared by the chat pane and the server."""
+
+    path: str
+    name: str
+    arch: str
+    n_params: int
+    n_ctx: int
+    n_ctx_seq: int
+    n_threads: int
+    sha256: str
+    template_source: str
+    template_name: str
+
+    def __init__(self, llm: Model, ctx: Context, scheduler: Scheduler, params: LoadParams,
+                 sha256: str):
+        from engine import ChatTemplate
+
+        self.llm, self.ctx, self.scheduler, self.params = llm, ctx, scheduler, params
+        self.path = str(llm.path)
+        self.name = Path(self.path).stem
+        self.arch = llm.cfg.arch
+        self.n_params = int(llm.n_params)
+        self.n_ctx = int(ctx.n_ctx)
+        self.n_ctx_seq = int(ctx.n_ctx_seq)
+        self.n_threads = params.n_threads or (psutil.cpu_count() or 1)
+        self.sha256 = sha256
+        self._template: ChatTemplate = ChatTemplate.from_gguf(llm.gguf, override=None)
+        self.template_source = self._template.source
+        self.template_name = self._template.name
+
+    def layers(self) -> list[TensorRow]:
+        rows = [
+            TensorRow(layer_of(t.name), t.name, t.qtype.name, tuple(int(d) for d in t.shape),
+                      int(t.nbytes))
+            for t in self.llm.gguf.tensors.values()
+        ]
+        return sorted(rows, key=lambda r: (r.layer if r.layer >= 0 else 1 << 30, r.name))
+
+    def memory(self) -> MemoryFigures:
+        return MemoryFigures.from_report(self.ctx.memory_report())
+
+    def _tokens(self, messages: list[dict]) -> list[int]:
+        tok = self.llm.tokenizer
+        text = self._template.render(messages, add_generation_prompt=True)
+        tokens = tok.encode(text, add_special=True, parse_special=True)
+        if len(tokens) >= 2 and tokens[0] == tokens[1] == tok.bos_id:
+            tokens = tokens[1:]  # the template wrote BOS itself
+        return tokens
+
+    def count_tokens(self, messages: list[dict]) -> int:
+        return len(self._tokens(messages))
+
+    def generate(self, messages: list[dict], sampling: SamplingSettings) -> ReplyStream:
+        from engine import GenerationRequest, SamplingParams
+
+        sp = SamplingParams(
+            temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+            min_p=sampling.min_p, repeat_penalty=sampling.repeat_penalty, seed=sampling.seed,
+        )
+        request = GenerationRequest(prompt=self._tokens(messages), params=sp,
+                                    n_predict=sampling.max_tokens,
+                                    stop=self._template.stop_strings)
+        return _StepStream(self.scheduler.submit(request))
+
+    def start_server(self, settings: ServerSettings, on_log: LogFn) -> ServerHandle:
+        from engine import start_server
+
+        def log_request(entry: dict) -> None:
+            on_log(f"{entry.get('method', '?')} {entry.get('path', '?')} {entry.get('status', '?')} "
+                   f"{entry.get('duration_ms', 0):.0f} ms")
+
+        return start_server(self.scheduler, host=settings.host, port=settings.port,
+                            api_keys=[settings.api_key] if settings.api_key else (),
+                            cors=settings.cors, request_log=log_request)
+
+    def close(self) -> None:
+        self.scheduler.stop()
+        self.llm.close()
+
+
+class EngineAdapter(EngineApi):
+    """Calls the engine's public API. Every method may block: call it from a worker thread."""
+
+    def __init__(self) -> None:
+        self._infos: dict[str, ModelInfo] = {}  # path -> header-only info, reused by estimate()
+
+    def _model_info(self, path: str) -> ModelInfo:
+        from engine import inspect_model
+
+        info = self._infos[path] = inspect_model(path)
+        return info
+
+    def inspect(self, path: str) -> LlmFileInfo:
+        info = self._model_info(path)
+        name = Path(path).stem
+        if info.error:  # the path is in the row already: keep the reason only
+            reason = info.error.removeprefix(f"{path}: ")
+            return LlmFileInfo(path=str(path), name=name, file_size=int(info.file_size), error=reason)
+        return LlmFileInfo(
+            path=str(path), name=name, title=info.name, arch=info.arch, n_params=int(info.n_params),
+            quant_mix=dict(info.quant_bytes), quant=info.file_type or _main_quant(info.quant_counts),
+            file_size=int(info.file_size), n_ctx_train=int(info.n_ctx_train),
+            has_chat_template=bool(info.has_chat_template),
+            template_name=info.chat_template_name, tokenizer=info.tokenizer,
+        )
+
+    def estimate(self, path: str, params: LoadParams) -> MemoryFigures:
+        info = self._infos.get(path) or self._model_info(path)
+        report = info.estimate(n_ctx=params.n_ctx, n_seq_max=params.n_seq_max, type_k=params.type_k,
+                               type_v=params.type_k, n_ubatch=params.n_ubatch, n_batch=params.n_batch)
+        return MemoryFigures.from_report(report)
+
+    def load(self, path: str, params: LoadParams, progress: ProgressFn,
+             cancel: threading.Event) -> SessionApi:
+        from engine import Context, ContextParams, Scheduler, load_model
+
+        def stage(start: float, span: float) -> ProgressFn:
+            def report(fraction: float, message: str) -> None:
+                if cancel.is_set():  # raised inside load_model: it unwinds and nothing is kept
+                    raise LoadCancelled("Loading cancelled")
+                progress(start + span * fraction, message)
+            return report
+
+        report = stage(0.0, 0.8)
+        llm = load_model(path, n_threads=params.n_threads or None, progress=report)
+        try:
+            report(1.0, "allocating the KV cache and compute buffers")
+            ctx = Context(llm, ContextParams(
+                n_ctx=params.n_ctx, n_batch=params.n_batch, n_ubatch=params.n_ubatch,
+                n_seq_max=params.n_seq_max, type_k=params.type_k, type_v=params.type_k,
+            ))
+            sha = file_sha256(path, stage(0.8, 0.2))
+        except BaseException:
+            llm.close()
+            raise
+        scheduler = Scheduler(ctx, llm.tokenizer, model=llm).start()
+        return LlmSession(llm, ctx, scheduler, params, sha)
+
+    def starter_models(self) -> list[StarterModel]:
+        from engine import STARTER_MODELS, cached_path
+
+        out = []
+        for spec in STARTER_MODELS.values():
+            cached = cached_path(spec.name)
+            out.append(StarterModel(spec.name, spec.description, int(spec.size),
+                                    str(cached) if cached else None))
+        return out
+
+    def pull(self, name: str, progress: PullProgressFn, cancel: threading.Event) -> str:
+        from engine import pull
+
+        try:
+            return str(pull(name, progress=progress, cancel=cancel))
+        except Exception:
+            if cancel.is_set():
+                raise LoadCancelled("Download cancelled") from None
+            raise
+
+    def models_dir(self) -> str:
+        from engine import models_dir
+
+        return str(models_dir())
+
+    def resolve_model(self, arg: str) -> str:
+        from engine import resolve_model_arg
+
+        return str(resolve_model_arg(arg))
+
+    def backends(self, n_threads: int = 0) -> BackendInfo:
+        return backend_info(n_threads)

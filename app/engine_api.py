@@ -1,0 +1,95 @@
+"""What the app needs of an engine, as Protocols: the seam between app/ and engine/.
+
+`EngineAdapter` (app/engine_adapter.py) implements these over the engine's public API and
+`tests/gui/fake_engine.py` implements them with canned numbers. Both subclass the Protocols
+explicitly, so mypy checks every override, and tests/gui/test_engine_api.py checks that they
+define every member with the Protocol's signature. Widgets, workers and AppContext are typed
+against these names only, never against either implementation.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Protocol
+
+from .dto import (
+    BackendInfo, LlmFileInfo, LoadParams, MemoryFigures, ReplyStep, SamplingSettings,
+    ServerSettings, StarterModel, TensorRow,
+)
+
+ProgressFn = Callable[[float, str], None]  # (fraction 0..1, what is happening)
+PullProgressFn = Callable[[str, int, int], None]  # (phase, done, total)
+LogFn = Callable[[str], None]  # one line per HTTP request; called from server threads
+
+
+class ReplyStream(Protocol):
+    """One reply being generated: iterate it from a worker thread; cancel() from any thread."""
+
+    def __iter__(self) -> Iterator[ReplyStep]: ...
+
+    def cancel(self) -> None: ...
+
+
+class ServerHandle(Protocol):
+    """A running HTTP server that shares the loaded LLM."""
+
+    url: str
+    port: int
+
+    def stop(self) -> None: ...
+
+
+class SessionApi(Protocol):
+    """A loaded LLM, shared by the chat pane and the server. Methods may block: call them from
+    a worker thread (memory() and count_tokens() are cheap enough for the GUI thread)."""
+
+    path: str
+    name: str  # the file's stem, as the window title shows it
+    arch: str
+    n_params: int
+    n_ctx: int  # the whole KV cache, all slots together
+    n_ctx_seq: int  # what one conversation can use
+    n_threads: int
+    sha256: str  # of the GGUF, for the replay record
+    template_source: str  # the chat template text in use
+    template_name: str  # 'gguf' for the model's own template, else the built-in's name
+
+    def layers(self) -> list[TensorRow]: ...
+
+    def memory(self) -> MemoryFigures: ...
+
+    def count_tokens(self, messages: list[dict]) -> int: ...
+
+    def generate(self, messages: list[dict], sampling: SamplingSettings) -> ReplyStream: ...
+
+    def start_server(self, settings: ServerSettings, on_log: LogFn) -> ServerHandle: ...
+
+    def close(self) -> None: ...
+
+
+class EngineApi(Protocol):
+    """Everything the app asks of an engine before and while loading. Every method may block."""
+
+    def inspect(self, path: str) -> LlmFileInfo: ...
+
+    def estimate(self, path: str, params: LoadParams) -> MemoryFigures: ...
+
+    def load(self, path: str, params: LoadParams, progress: ProgressFn,
+             cancel: threading.Event) -> SessionApi:
+        """Raises LoadCancelled once `cancel` is set; nothing stays loaded then."""
+        ...
+
+    def starter_models(self) -> list[StarterModel]: ...
+
+    def pull(self, name: str, progress: PullProgressFn, cancel: threading.Event) -> str:
+        """Downloads a starter model; returns its path. Raises LoadCancelled once cancelled."""
+        ...
+
+    def models_dir(self) -> str: ...
+
+    def resolve_model(self, arg: str) -> str:
+        """A `-m` value: an existing path, or the name of a downloaded starter model."""
+        ...
+
+    def backends(self, n_threads: int = 0) -> BackendInfo: ...
