@@ -14,8 +14,9 @@ import os as _os
 # Threading policy, set before numba starts its OpenMP team: workers spin briefly between the
 # ~150 parallel regions of a decode step instead of sleeping (a futex wake-up each halved decode
 # speed), but never long enough to starve the batch path's BLAS threads (an unbounded spin did).
-# Kernels are launched by the thread that owns a context (the scheduler's), so one team
-# works at a time.
+# Kernels are launched by the thread that owns a context (the scheduler's); any other thread
+# that runs parallel kernels must end afterwards (jit.on_passing_thread), so one OpenMP team
+# lives at a time: two live teams throttle each other's spin-waits.
 _os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
 _os.environ.setdefault("GOMP_SPINCOUNT", "20000")
 

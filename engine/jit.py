@@ -8,8 +8,10 @@ kernels: with `generated_kernel`, which knows when their cache can be trusted) s
 from __future__ import annotations
 
 import hashlib
+import threading
 import warnings
 from pathlib import Path
+from typing import Any, Callable, TypeVar
 
 import numba
 
@@ -19,6 +21,7 @@ _OPTS = dict(cache=True, fastmath=True, nogil=True, error_model="numpy")
 
 kernel = numba.njit(**_OPTS)
 _n_threads = 0  # set by set_num_threads (0: numba's default, every core)
+T = TypeVar("T")
 parallel_kernel = numba.njit(parallel=True, **_OPTS)
 
 
@@ -38,6 +41,34 @@ def set_num_threads(n_threads: int) -> int:
     parallel.limit_blas_threads()
     parallel.set_pool_size(n)
     return n
+
+
+def on_passing_thread(fn: Callable[..., T], *args: Any) -> T:
+    """fn(*args) on a thread that exits when fn returns; fn's exception is re-raised here.
+
+    For parallel kernels run outside the thread that owns a context (the warm-up at load).
+    libgomp keeps an OpenMP team per thread that ever launched a parallel region, for that
+    thread's lifetime; while two teams exist it throttles every team's spin-wait (more
+    managed threads than cores), so each of a decode step's ~150 regions pays a futex wake-up:
+    SmolLM2 decode fell from 92 to 64 tokens/s when the loading thread stayed alive. A team
+    ends with its thread.
+    """
+    box: list[tuple[bool, Any]] = []
+
+    def target() -> None:
+        use_num_threads()
+        try:
+            box.append((True, fn(*args)))
+        except BaseException as e:  # re-raised in the caller's thread
+            box.append((False, e))
+
+    t = threading.Thread(target=target, name="ggstation-warmup")
+    t.start()
+    t.join()
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
 
 
 def use_num_threads() -> None:

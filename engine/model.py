@@ -11,7 +11,7 @@ from typing import Callable
 
 from .config import ModelConfig
 from .gguf_file import GGUFFile
-from .jit import set_num_threads
+from .jit import on_passing_thread, set_num_threads
 from .models import Architecture, get_arch
 from .models.base import ModelWeights, load_weights
 
@@ -84,6 +84,6 @@ def load_model(path: str | os.PathLike, n_threads: int | None = None,
     report(0.8, "loading kernels")
     from .kernels_warmup import warmup
 
-    warmup(model, lambda msg: report(0.8, msg))
+    on_passing_thread(warmup, model, lambda msg: report(0.8, msg))
     report(1.0, f"loaded in {time.perf_counter() - t0:.2f} s")
     return model
