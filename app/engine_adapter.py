@@ -110,12 +110,10 @@ class LlmSession(SessionApi):
         return MemoryFigures.from_report(self.ctx.memory_report())
 
     def _tokens(self, messages: list[dict]) -> list[int]:
-        tok = self.llm.tokenizer
-        text = self._template.render(messages, add_generation_prompt=True)
-        tokens = tok.encode(text, add_special=True, parse_special=True)
-        if len(tokens) >= 2 and tokens[0] == tokens[1] == tok.bos_id:
-            tokens = tokens[1:]  # the template wrote BOS itself
-        return tokens
+        """The same prompt `ggstation chat` and the server's chat endpoint build."""
+        from engine import chat_prompt_tokens
+
+        return chat_prompt_tokens(self._template, self.llm.tokenizer, messages)
 
     def count_tokens(self, messages: list[dict]) -> int:
         return len(self._tokens(messages))

@@ -5,11 +5,14 @@ Public API (imported lazily so that `import engine` stays cheap):
     Context(model, ContextParams(...)); ctx.decode(Batch) -> logits; ctx.memory_report()
     Batch.for_sequence(tokens, pos0, seq_id), Batch.concat([...])
     inspect_model(path) -> ModelInfo;  estimate_memory(cfg, ...) -> MemoryReport
-    SamplingParams, generate(...), GenerationStep
+    Scheduler(ctx, tokenizer).start(); scheduler.submit(GenerationRequest(...)) -> RequestHandle
+    generate(ctx, tokenizer, prompt_tokens, SamplingParams(...)) -> GenerationStep, ...
+    ChatTemplate, chat_prompt_tokens; start_server(scheduler); the starter-model store
     EngineError and its subclasses (engine.errors)
 """
 
 import os as _os
+from typing import TYPE_CHECKING
 
 # Threading policy, set before numba starts its OpenMP team: workers spin briefly between the
 # ~150 parallel regions of a decode step instead of sleeping (a futex wake-up each halved decode
@@ -40,12 +43,13 @@ _EXPORTS = {
     "MemoryReport": "engine.memory",
     "SamplingParams": "engine.sampling",
     "generate": "engine.generate",
-    "GenerationStep": "engine.generate",
+    "GenerationStep": "engine.sequence",
     "EngineError": "engine.errors",
     "Scheduler": "engine.scheduler",
     "GenerationRequest": "engine.tasks",
     "RequestHandle": "engine.tasks",
     "ChatTemplate": "engine.tokenizer.chat_template",
+    "chat_prompt_tokens": "engine.tokenizer.chat_template",
     "start_server": "engine.server",
     "STARTER_MODELS": "engine.model_store",
     "cached_path": "engine.model_store",
@@ -55,6 +59,22 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:  # what the lazy table resolves to, for type checkers
+    from .batch import Batch
+    from .context import Context, ContextParams
+    from .errors import EngineError
+    from .generate import generate
+    from .memory import MemoryReport, estimate_memory
+    from .model import Model, load_model
+    from .model_info import ModelInfo, inspect_model
+    from .model_store import STARTER_MODELS, cached_path, models_dir, pull, resolve_model_arg
+    from .sampling import SamplingParams
+    from .scheduler import Scheduler
+    from .sequence import GenerationStep
+    from .server import start_server
+    from .tasks import GenerationRequest, RequestHandle
+    from .tokenizer.chat_template import ChatTemplate, chat_prompt_tokens
 
 
 def __getattr__(name):

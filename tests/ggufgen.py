@@ -73,8 +73,10 @@ PHI3_ORIG_CTX, PHI3_ROTARY = 32, 0.75
 def write_tiny_model(path, arch: str = "llama", n_layer: int = 2, n_embd: int = 64, n_head: int = 4,
                      n_head_kv: int = 2, n_ff: int = 128, head_dim: int | None = None,
                      qtype: GGMLQuantizationType = GGMLQuantizationType.Q8_0, seed: int = 0,
-                     n_ctx_train: int = 256, chat_template: str | None = CHATML) -> Path:
-    """Write a random tiny model of `arch` to `path`; returns the path."""
+                     n_ctx_train: int = 256, chat_template: str | None = CHATML,
+                     rope_freqs: bool = False) -> Path:
+    """Write a random tiny model of `arch` to `path`; returns the path. rope_freqs (llama): a
+    Llama 3.1-style `rope_freqs.weight` of per-pair frequency divisors."""
     path = Path(path)
     rng = np.random.default_rng(seed)
     head_dim = head_dim or n_embd // n_head
@@ -129,6 +131,8 @@ def write_tiny_model(path, arch: str = "llama", n_layer: int = 2, n_embd: int = 
         ramp = np.linspace(0.0, 1.0, n_rot // 2)
         w.add_tensor("rope_factors_long.weight", (1.0 + 20.0 * ramp**2).astype(np.float32))
         w.add_tensor("rope_factors_short.weight", (1.0 + 0.5 * ramp).astype(np.float32))
+    if rope_freqs:  # divisors 1 (fastest pair) .. 8, steeper than Llama 3.1's so 22 positions show it
+        w.add_tensor("rope_freqs.weight", np.linspace(1.0, 8.0, head_dim // 2).astype(np.float32))
     for il in range(n_layer):
         p = f"blk.{il}."
         vec(p + "attn_norm.weight", n_embd)

@@ -186,6 +186,20 @@ def test_phi3_rope_factors_follow_context_size(tiny_phi3, n_ctx):
     assert np.abs(logits - other).max() / np.abs(other).max() > 5e-3
 
 
+def test_llama3_rope_freqs_divide_the_frequencies(tiny_model_dir):
+    """Llama 3.1+ files carry rope_freqs.weight; without it the slow pairs turn 8x too fast."""
+    from ggufgen import write_tiny_model
+
+    path = write_tiny_model(tiny_model_dir / "llama-rope-freqs.gguf", arch="llama", rope_freqs=True)
+    model = load_model(path)
+    ctx = Context(model, ContextParams(n_ctx=64, **F32))
+    logits = ctx.decode(Batch.for_sequence(TOKENS, 0, logits_all=True))
+    _close(logits, oracle_logits(path, TOKENS, 64))
+    plain_path = write_tiny_model(tiny_model_dir / "llama-plain.gguf", arch="llama")  # same weights
+    plain = oracle_logits(plain_path, TOKENS, 64)
+    assert np.abs(logits - plain).max() / np.abs(plain).max() > 5e-3
+
+
 def test_supported_architectures_are_listed_in_the_error(tmp_path):
     from ggufgen import write_tiny_model
 

@@ -63,6 +63,12 @@ def bind_layer(f: GGUFFile, cfg: ModelConfig, il: int, cls, **shapes):
     return cls(**values)
 
 
+def rope_factors(f: GGUFFile, cfg: ModelConfig, name: str) -> tuple[float, ...]:
+    """A model-level tensor of per-pair RoPE frequency divisors (rope_dim / 2 values), or ()
+    when the file has none: rope_freqs (Llama 3.1+), rope_factors_long/short (LongRoPE)."""
+    return tuple(f.vector(name, cfg.rope_dim // 2).tolist()) if name in f.tensors else ()
+
+
 def qtensors(lw) -> list[QTensor]:
     """The matrices of one layer dataclass (for kernel warm-up)."""
     return [v for v in vars(lw).values() if isinstance(v, QTensor)]

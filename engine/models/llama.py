@@ -1,11 +1,13 @@
 """llama: Llama 1/2/3, SmolLM2, TinyLlama, Mistral. RMSNorm, SwiGLU, RoPE on adjacent pairs.
 
 The GGUF converter permutes Q/K rows so that llama.cpp's NORM rope (pairs 2i, 2i+1) applies.
+Llama 3.1+ files carry `rope_freqs.weight`: per-pair frequency divisors (its "llama3" RoPE
+scaling), applied to every layer as llama.cpp does.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -13,11 +15,20 @@ from ..config import ModelConfig, base_config
 from ..gguf_file import GGUFFile
 from ..quants import QTensor
 from . import layers as L
-from .base import bind_layer
+from .base import bind_layer, rope_factors
 
 
-def config_from_gguf(f: GGUFFile) -> ModelConfig:
-    return base_config(f, rope_neox=False)
+@dataclass(frozen=True)
+class LlamaConfig(ModelConfig):
+    rope_freqs: tuple[float, ...] = ()  # rope_freqs.weight (Llama 3.1+)
+
+    def rope_factors(self, n_ctx_seq: int) -> tuple[float, ...]:
+        return self.rope_freqs
+
+
+def config_from_gguf(f: GGUFFile) -> LlamaConfig:
+    cfg = base_config(f, LlamaConfig, rope_neox=False)
+    return replace(cfg, rope_freqs=rope_factors(f, cfg, "rope_freqs.weight"))
 
 
 @dataclass

@@ -19,7 +19,7 @@ from ..config import ModelConfig, base_config
 from ..gguf_file import GGUFFile
 from ..quants import QTensor
 from . import layers as L
-from .base import bind_layer
+from .base import bind_layer, rope_factors
 
 
 @dataclass(frozen=True)
@@ -44,14 +44,11 @@ def config_from_gguf(f: GGUFFile) -> Phi3Config:
         n_ctx_orig=f.get_int(k("rope.scaling.original_context_length"), n_ctx_train) or n_ctx_train,
     )
 
-    def factors(name: str) -> tuple[float, ...]:  # (rope_dim / 2,) divisors, if the file has them
-        return tuple(f.vector(name, cfg.rope_dim // 2).tolist()) if name in f.tensors else ()
-
     qkv_dim = cfg.n_head * cfg.head_dim + cfg.n_head_kv * (cfg.head_dim + cfg.head_dim_v)
     return replace(
         cfg,
-        rope_factors_long=factors("rope_factors_long.weight"),
-        rope_factors_short=factors("rope_factors_short.weight"),
+        rope_factors_long=rope_factors(f, cfg, "rope_factors_long.weight"),
+        rope_factors_short=rope_factors(f, cfg, "rope_factors_short.weight"),
         # the fused projections' outputs; SwiGLU writes into "gate" and needs no "up"
         extra_acts=(("qkv", qkv_dim), ("gate_up", 2 * cfg.n_ff), ("up", 0)),
     )
