@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any, overload
 
 import numpy as np
 
@@ -79,7 +80,7 @@ class SchedulerMetrics:
 class _Slot:
     id: int
     state: SlotState = SlotState.IDLE
-    handle: RequestHandle | None = None
+    handle: RequestHandle[Any] | None = None
     cache_tokens: list[int] = field(default_factory=list)  # token ids whose KV sits in seq `id`
     prompt: list[int] = field(default_factory=list)
     i_prompt: int = 0  # next prompt index to feed
@@ -154,7 +155,7 @@ class Scheduler:
         self.n_keep = n_keep
         self.slots = [_Slot(i) for i in range(self.n_slots)]
         self.metrics = SchedulerMetrics()
-        self._pending: collections.deque[RequestHandle] = collections.deque()
+        self._pending: collections.deque[RequestHandle[Any]] = collections.deque()
         self._lock = threading.Lock()
         self._wakeup = threading.Event()
         self._stopping = threading.Event()
@@ -162,7 +163,12 @@ class Scheduler:
         self._ids = itertools.count(1)
 
     # ------------------------------------------------------------------ public API
-    def submit(self, request: Request) -> RequestHandle:
+    @overload
+    def submit(self, request: GenerationRequest) -> RequestHandle[GenerationStep]: ...
+    @overload
+    def submit(self, request: EmbeddingRequest) -> RequestHandle[EmbeddingResult]: ...
+
+    def submit(self, request: Request) -> RequestHandle[Any]:
         """Queue a request; returns its handle at once.
 
         Raises:
@@ -171,7 +177,7 @@ class Scheduler:
             SchedulerStoppedError: the scheduler is shutting down.
         """
         self._validate(request)
-        handle = RequestHandle(next(self._ids), request, self._wakeup.set)
+        handle: RequestHandle[Any] = RequestHandle(next(self._ids), request, self._wakeup.set)
         with self._lock:
             if self._stopping.is_set():
                 raise SchedulerStoppedError("server is shutting down")
@@ -195,9 +201,7 @@ class Scheduler:
                 if cancel is not None and cancel.is_set():
                     handle.cancel()
                 self._step_guarded()
-                for item in handle.drain():
-                    assert isinstance(item, GenerationStep)
-                    yield item
+                yield from handle.drain()
         finally:
             if not handle.done:  # the consumer stopped early: free the slot now
                 handle.cancel()
@@ -313,7 +317,7 @@ class Scheduler:
                 self._release(slot)
         with self._lock:
             if any(h.cancelled for h in self._pending):
-                keep: collections.deque[RequestHandle] = collections.deque()
+                keep: collections.deque[RequestHandle[Any]] = collections.deque()
                 for h in self._pending:
                     (h.finish() if h.cancelled else keep.append(h))
                 self._pending = keep
@@ -333,7 +337,7 @@ class Scheduler:
                 handle.finish(e)
                 self._reset_slot(slot, clear_cache=True)
 
-    def _pick_pending(self, free: list[_Slot]) -> RequestHandle | None:
+    def _pick_pending(self, free: list[_Slot]) -> RequestHandle[Any] | None:
         """The oldest pending request that can start now (pinned ones wait for their slot)."""
         free_ids = {s.id for s in free}
         for i, h in enumerate(self._pending):
@@ -353,7 +357,7 @@ class Scheduler:
         # no reusable prefix: least recently used, preferring an empty cache
         return min(free, key=lambda s: (len(s.cache_tokens) > 0, s.t_last_used))
 
-    def _assign(self, slot: _Slot, handle: RequestHandle) -> None:
+    def _assign(self, slot: _Slot, handle: RequestHandle[Any]) -> None:
         req = handle.request
         n_reuse = 0
         if isinstance(req, GenerationRequest) and req.cache_prompt:
@@ -427,9 +431,9 @@ class Scheduler:
         t0 = time.perf_counter()
         try:
             logits = self._decode(entries)
-        except Exception as e:
+        except Exception as err:
             self._rollback(entries)
-            recovered = self._recover(entries, e)
+            recovered = self._recover(entries, err)
             if recovered is None:
                 return
             entries, logits = recovered

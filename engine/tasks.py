@@ -13,7 +13,7 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Generic, TypeVar, Union
 
 import numpy as np
 
@@ -63,6 +63,7 @@ class EmbeddingResult:
 
 Request = Union[GenerationRequest, EmbeddingRequest]
 Item = Union[GenerationStep, EmbeddingResult]
+ItemT = TypeVar("ItemT", GenerationStep, EmbeddingResult)
 
 
 class _End:
@@ -72,8 +73,9 @@ class _End:
 END = _End()
 
 
-class RequestHandle:
-    """The consumer's side of one submitted request.
+class RequestHandle(Generic[ItemT]):
+    """The consumer's side of one submitted request: GenerationSteps for a
+    GenerationRequest, one EmbeddingResult for an EmbeddingRequest.
 
     `cancel()` frees the slot at the scheduler's next step; the stream then ends.
     """
@@ -84,13 +86,13 @@ class RequestHandle:
         self.slot_id = -1
         self.done = False
         self._wake = wake
-        self._queue: queue.SimpleQueue[Item | BaseException | _End] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[ItemT | BaseException | _End] = queue.SimpleQueue()
         self._cancelled = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._event: asyncio.Event | None = None
 
     # -- producer side (the scheduler's thread) --
-    def put(self, item: Item | BaseException | _End) -> None:
+    def put(self, item: ItemT | BaseException | _End) -> None:
         self._queue.put(item)
         loop, event = self._loop, self._event
         if loop is not None and event is not None:
@@ -116,7 +118,7 @@ class RequestHandle:
             self._cancelled.set()
             self._wake()
 
-    def _unpack(self, item: Item | BaseException | _End) -> Item | None:
+    def _unpack(self, item: ItemT | BaseException | _End) -> ItemT | None:
         if isinstance(item, _End):
             self.done = True
             return None
@@ -125,13 +127,13 @@ class RequestHandle:
             raise item
         return item
 
-    def __iter__(self) -> Iterator[Item]:
+    def __iter__(self) -> Iterator[ItemT]:
         while not self.done:
             item = self._unpack(self._queue.get())
             if item is not None:
                 yield item
 
-    def drain(self) -> Iterator[Item]:
+    def drain(self) -> Iterator[ItemT]:
         """What is ready now, without blocking (for a scheduler stepped inline)."""
         while not self.done:
             try:
@@ -142,7 +144,7 @@ class RequestHandle:
             if item is not None:
                 yield item
 
-    async def astream(self) -> AsyncIterator[Item]:
+    async def astream(self) -> AsyncIterator[ItemT]:
         """Async iterator over the items; never blocks the event loop."""
         self._loop = asyncio.get_running_loop()
         self._event = asyncio.Event()
@@ -157,6 +159,6 @@ class RequestHandle:
             if item is not None:
                 yield item
 
-    def result(self) -> list[Item]:
+    def result(self) -> list[ItemT]:
         """Block until the request ends; all its steps (or the single EmbeddingResult)."""
         return list(self)
