@@ -16,11 +16,24 @@ from typing import TYPE_CHECKING
 import psutil
 
 from .dto import (
-    BackendInfo, LlmFileInfo, LoadParams, MemoryFigures, ReplyStep, SamplingSettings,
-    ServerSettings, StarterModel, TensorRow,
+    BackendInfo,
+    LlmFileInfo,
+    LoadParams,
+    MemoryFigures,
+    ReplyStep,
+    SamplingSettings,
+    ServerSettings,
+    StarterModel,
+    TensorRow,
 )
 from .engine_api import (
-    EngineApi, LogFn, ProgressFn, PullProgressFn, ReplyStream, ServerHandle, SessionApi,
+    EngineApi,
+    LogFn,
+    ProgressFn,
+    PullProgressFn,
+    ReplyStream,
+    ServerHandle,
+    SessionApi,
 )
 from .errors import LoadCancelled
 from .machine import backend_info, file_sha256

@@ -14,8 +14,15 @@ from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from .dto import (
-    BackendInfo, LlmFileInfo, LoadParams, MemoryFigures, ReplyStep, SamplingSettings,
-    ServerSettings, StarterModel, TensorRow,
+    BackendInfo,
+    LlmFileInfo,
+    LoadParams,
+    MemoryFigures,
+    ReplyStep,
+    SamplingSettings,
+    ServerSettings,
+    StarterModel,
+    TensorRow,
 )
 
 ProgressFn = Callable[[float, str], None]  # (fraction 0..1, what is happening)

@@ -7,8 +7,15 @@ from elsewhere gets no engine wording, and a renamed engine class fails at impor
 from __future__ import annotations
 
 from engine.errors import (
-    ContextOverflowError, GGUFError, MissingTensorError, ModelStoreError, PortInUseError,
-    SchedulerStoppedError, TemplateError, TokenizerError, UnsupportedArchError,
+    ContextOverflowError,
+    GGUFError,
+    MissingTensorError,
+    ModelStoreError,
+    PortInUseError,
+    SchedulerStoppedError,
+    TemplateError,
+    TokenizerError,
+    UnsupportedArchError,
     UnsupportedQuantError,
 )
 

@@ -71,7 +71,7 @@ class MainWindow(QMainWindow):
         s = self.ctx.settings
         self.sampling.set_values(s.sampling, s.system_prompt, s.preset)
         self.chat_splitter = QSplitter(Qt.Orientation.Horizontal, childrenCollapsible=False)
-        for w, width in ((self.sidebar, 230), (self.chat_pane, 700), (self.sampling, 270)):
+        for w in (self.sidebar, self.chat_pane, self.sampling):
             self.chat_splitter.addWidget(w)
         self.chat_splitter.setSizes([230, 700, 270])
         self.chat_splitter.setStretchFactor(1, 1)

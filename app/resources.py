@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from PySide6.QtGui import QIcon
@@ -20,7 +20,7 @@ def resource_path(name: str) -> Path:
     return resources_dir() / name
 
 
-@lru_cache(maxsize=None)
+@cache
 def icon(name: str) -> QIcon:
     return QIcon(str(resource_path(f"icons/{name}.svg")))
 

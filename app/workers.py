@@ -10,8 +10,9 @@ import hashlib
 import random
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
@@ -84,7 +85,7 @@ class WorkerPool(QObject):
         return bool(self._running)
 
     def shutdown(self, timeout_ms: int = 5000) -> None:
-        for thread, worker in list(self._running.items()):
+        for worker in list(self._running.values()):
             worker.cancel()
         for thread in list(self._running):
             thread.quit()

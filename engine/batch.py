@@ -32,7 +32,7 @@ class Batch:
         return int(self.logits.sum())
 
     @classmethod
-    def make(cls, tokens, pos, seq_id, logits) -> "Batch":
+    def make(cls, tokens, pos, seq_id, logits) -> Batch:
         return cls(
             np.ascontiguousarray(tokens, np.int32),
             np.ascontiguousarray(pos, np.int32),
@@ -42,7 +42,7 @@ class Batch:
 
     @classmethod
     def for_sequence(cls, tokens, pos0: int, seq_id: int = 0, logits_last: bool = True,
-                     logits_all: bool = False) -> "Batch":
+                     logits_all: bool = False) -> Batch:
         """Consecutive tokens of one sequence starting at position pos0."""
         n = len(tokens)
         out = np.zeros(n, np.bool_)
@@ -53,7 +53,7 @@ class Batch:
         return cls.make(tokens, np.arange(pos0, pos0 + n), np.full(n, seq_id), out)
 
     @classmethod
-    def concat(cls, batches: list["Batch"]) -> "Batch":
+    def concat(cls, batches: list[Batch]) -> Batch:
         if not batches:
             return cls.make([], [], [], [])
         return cls.make(
@@ -63,5 +63,5 @@ class Batch:
             np.concatenate([b.logits for b in batches]),
         )
 
-    def slice(self, i0: int, i1: int) -> "Batch":
+    def slice(self, i0: int, i1: int) -> Batch:
         return Batch(self.tokens[i0:i1], self.pos[i0:i1], self.seq_id[i0:i1], self.logits[i0:i1])

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import forward
-from .jit import use_num_threads
 from .batch import Batch
 from .errors import EngineError
+from .jit import use_num_threads
 from .kv_cache import KVCache
 from .memory import MemoryReport, buffer_shapes, compute_buffer_bytes, ctx_per_seq, memory_report
 from .model import Model

@@ -338,7 +338,7 @@ class GGUFFile:
             data = self._view(qtype, shape, start, nbytes)
             tensors[name] = TensorInfo(name, qtype, tuple(shape), start, nbytes, data)
         by_offset = sorted(tensors.values(), key=lambda t: t.offset)
-        for prev, t in zip(by_offset, by_offset[1:]):
+        for prev, t in zip(by_offset, by_offset[1:], strict=False):
             if t.offset < prev.offset + prev.nbytes:
                 raise GGUFError(
                     f"{self.path}: tensor '{t.name}' data (offset {t.offset}) overlaps tensor "

@@ -10,8 +10,9 @@ from __future__ import annotations
 import hashlib
 import threading
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import numba
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from .config import ModelConfig
 from .gguf_file import GGUFFile

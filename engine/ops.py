@@ -17,7 +17,6 @@ from . import parallel
 from .jit import kernel, parallel_kernel
 
 
-
 def _rmsnorm_rows(x, w, eps, out):  # x, out (T, E); w (E,)
     T, E = x.shape
     for t in prange(T):

@@ -9,8 +9,8 @@ tokens/s here. Threads that block instead of spin make prefill steady.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Sequence
 
 import numba
 

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import EngineError, RouterError, UnknownModelError
+from .errors import RouterError, UnknownModelError
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ class Router:
         self._monitor = threading.Thread(target=self._monitor_loop, name="router-monitor", daemon=True)
 
     # -- public API ------------------------------------------------------------------
-    def start(self) -> "Router":
+    def start(self) -> Router:
         self._monitor.start()
         return self
 

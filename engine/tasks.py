@@ -13,7 +13,7 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar, Union
+from typing import Generic, TypeVar
 
 import numpy as np
 
@@ -61,8 +61,8 @@ class EmbeddingResult:
     n_prompt: int
 
 
-Request = Union[GenerationRequest, EmbeddingRequest]
-Item = Union[GenerationStep, EmbeddingResult]
+Request = GenerationRequest | EmbeddingRequest
+Item = GenerationStep | EmbeddingResult
 ItemT = TypeVar("ItemT", GenerationStep, EmbeddingResult)
 
 

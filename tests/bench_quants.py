@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +45,18 @@ def bench_type(w):
     return macs / t1 / 1e9, 4 * macs / t4 / 1e9, deq.size / td / 1e9
 
 
+def decode_step(calls, ws, xs, outs, head):
+    """One decode step's weight mat-vecs in the model's order: calls holds ("many", names) or ("one", name)."""
+    for kind, arg in calls:
+        if kind == "many":
+            w0 = ws[arg[0]]
+            quants.matvec_many([ws[a] for a in arg], xs[w0.n_cols], [outs[a] for a in arg])
+        else:
+            quants.matvec(ws[arg], xs[ws[arg].n_cols], outs[arg])
+    head_out = outs["token_embd.weight"] if head is ws["token_embd.weight"] else outs["output.weight"]
+    quants.matvec(head, xs[head.n_cols], head_out)
+
+
 def main():
     n = jit.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else 2)
     print(f"threads: {n}")
@@ -68,7 +81,7 @@ def main():
         outs = {tn: np.empty(w.n_rows, np.float32) for tn, w in ws.items()}
         for tn, w in ws.items():
             x, out = xs[w.n_cols], outs[tn]
-            t = best(lambda: quants.matvec(w, x, out), reps=5, min_time=0.02)
+            t = best(partial(quants.matvec, w, x, out), reps=5, min_time=0.02)
             total_t += t
             total_macs += w.n_rows * w.n_cols
             a = per_type.setdefault(w.qtype.name, [0.0, 0])
@@ -91,16 +104,7 @@ def main():
             calls.append(("one", p + "attn_output.weight"))
             calls.append(("many", gu))
             calls.append(("one", p + "ffn_down.weight"))
-
-        def step():
-            for kind, arg in calls:
-                if kind == "many":
-                    w0 = ws[arg[0]]
-                    quants.matvec_many([ws[a] for a in arg], xs[w0.n_cols], [outs[a] for a in arg])
-                else:
-                    quants.matvec(ws[arg], xs[ws[arg].n_cols], outs[arg])
-            quants.matvec(head, xs[head.n_cols], outs["token_embd.weight"] if head is ws["token_embd.weight"] else outs["output.weight"])
-
+        step = partial(decode_step, calls, ws, xs, outs, head)
         ts = [best(step, reps=3, min_time=0.05) for _ in range(3)]
         print(f"   whole step back to back (fused QKV, gate/up; {len(calls) + 1} calls): "
               f"{min(ts) * 1e3:.2f} ms")

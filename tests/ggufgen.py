@@ -30,7 +30,7 @@ def _bytes_to_unicode() -> dict[int, str]:
             bs.append(b)
             cs.append(256 + n)
             n += 1
-    return dict(zip(bs, map(chr, cs)))
+    return dict(zip(bs, map(chr, cs), strict=True))
 
 
 def _bpe_vocab():
@@ -55,7 +55,8 @@ def _spm_vocab():
     tokens += [f"<0x{b:02X}>" for b in range(256)]
     types += [6] * 256
     scores += [0.0] * 256
-    pieces = ["▁", "▁t", "▁the", "he", "in", "▁a", "er", "on", "▁s", "en", "ll", "▁w", "or", "e", "t", "a", "o", "n", "s", "h", "l", "r", "w", "i"]
+    pieces = ["▁", "▁t", "▁the", "he", "in", "▁a", "er", "on", "▁s", "en", "ll", "▁w", "or",
+              "e", "t", "a", "o", "n", "s", "h", "l", "r", "w", "i"]
     for i, p in enumerate(pieces):
         tokens.append(p)
         types.append(1)

@@ -16,7 +16,8 @@ from engine.tokenizer.chat_template import (
 )
 
 CHATML_GGUF = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
-               "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+               "'<|im_end|>' + '\n'}}{% endfor %}"
+               "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 CONVO = [{"role": "system", "content": " Be brief. "}, {"role": "user", "content": "Hi"},
          {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}]
 
@@ -69,9 +70,11 @@ def test_leading_bos_is_dropped_when_the_tokenizer_adds_it():
 
 def test_content_parts_and_none_are_flattened():
     tmpl = ChatTemplate.builtin("chatml")
-    msgs = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url"}, {"type": "text", "text": "b"}]},
+    parts = [{"type": "text", "text": "a"}, {"type": "image_url"}, {"type": "text", "text": "b"}]
+    msgs = [{"role": "user", "content": parts},
             {"role": "assistant", "content": None}]
-    assert tmpl.render(msgs, add_generation_prompt=False) == "<|im_start|>user\na\nb<|im_end|>\n<|im_start|>assistant\n<|im_end|>\n"
+    want = "<|im_start|>user\na\nb<|im_end|>\n<|im_start|>assistant\n<|im_end|>\n"
+    assert tmpl.render(msgs, add_generation_prompt=False) == want
 
 
 @pytest.mark.parametrize("name, expected", [
@@ -121,7 +124,8 @@ def test_override_by_name_file_or_text(tmp_path):
 
 
 def test_render_failures_are_template_errors_naming_the_template():
-    m = meta(**{"tokenizer.chat_template": "{% if messages[0]['role'] != 'system' %}{{ raise_exception('system first') }}{% endif %}"})
+    source = "{% if messages[0]['role'] != 'system' %}{{ raise_exception('system first') }}{% endif %}"
+    m = meta(**{"tokenizer.chat_template": source})
     with pytest.raises(TemplateError, match="chat template 'gguf' refused the conversation: system first"):
         ChatTemplate.from_gguf(m).render([{"role": "user", "content": "x"}])
     with pytest.raises(TemplateError, match="chat template 'gguf' is not valid Jinja"):

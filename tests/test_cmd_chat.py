@@ -1,6 +1,5 @@
 """`ggstation chat`: the ChatSession on fakes, command-line errors, and a pty session."""
 
-import json
 import os
 import signal
 import sys
@@ -81,7 +80,7 @@ class ChatContext:
         self.kv.tokens.extend(int(t) for t in batch.tokens)
         self.n_decoded += len(batch)
         rows = []
-        for t, want in zip(batch.tokens, batch.logits):
+        for t, want in zip(batch.tokens, batch.logits, strict=True):
             if want:
                 row = np.zeros(128, np.float32)
                 row[self.NEXT.get(int(t), ord("x"))] = 10.0

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from oracles import oracle_logits
 
 from engine.batch import Batch
 from engine.context import Context, ContextParams
 from engine.errors import ContextOverflowError, EngineError, UnsupportedArchError
 from engine.memory import estimate_memory
 from engine.model import load_model
+from oracles import oracle_logits
 
 F32 = dict(type_k="f32", type_v="f32")
 

@@ -194,7 +194,7 @@ class FakeContext:
         assert len(self.kv.tokens) + len(batch) <= self.n_ctx_seq
         self.kv.tokens.extend(int(t) for t in batch.tokens)
         self.decoded.append(len(batch))
-        rows = [one_hot((int(t) + 1) % 9) for t, want in zip(batch.tokens, batch.logits) if want]
+        rows = [one_hot((int(t) + 1) % 9) for t, want in zip(batch.tokens, batch.logits, strict=True) if want]
         return np.array(rows, np.float32).reshape(len(rows), 10)
 
 
@@ -343,7 +343,7 @@ def test_generate_greedy_matches_llama_cpp(request, name, reference_dir):
         want = case["generated_ids"]
         steps = list(generate(ctx, tok, prompt, GREEDY, n_predict=len(want)))
         got = [s.token for s in steps]
-        n = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), len(got))
+        n = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), len(got))
         known = KNOWN_DIVERGENCES.get((name, case["prompt"]))
         if known and n >= known[0]:
             found = (n, got[n]) if n < min(len(got), len(want)) else f"none in {n} tokens"

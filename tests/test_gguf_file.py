@@ -156,7 +156,7 @@ def test_gguf_file_fuzz_flips_and_truncations_only_raise_gguf_error(base_path, t
     target = tmp_path / "fuzz.gguf"
     outcomes = {"ok": 0, "error": 0}
     t0 = time.perf_counter()
-    for i in range(400):
+    for _ in range(400):
         data = bytearray(base)
         kind = rng.choice(["flip", "flip", "byte", "u64", "truncate"])
         if kind == "truncate":

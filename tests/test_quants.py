@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
 from gguf.quants import quantize as gguf_quantize
 
 from engine import quants
@@ -165,7 +166,7 @@ def test_matvec_many(qtype):
     x = np.random.default_rng(11).standard_normal(cols).astype(np.float32)
     outs = [np.full(w.n_rows, np.nan, np.float32) for w in ws]
     quants.matvec_many(ws, x, outs)
-    for w, o in zip(ws, outs):
+    for w, o in zip(ws, outs, strict=True):
         ref = dequant_ref(w.raw, w.qtype).astype(np.float64) @ x
         assert nerr(o, ref) < 1e-5
 
@@ -179,7 +180,7 @@ def test_matmul_many_and_warmup(n_tok):
     x = np.random.default_rng(23).standard_normal((n_tok, 64)).astype(np.float32)
     outs = [np.full((n_tok, w.n_rows), np.nan, np.float32) for w in ws]
     quants.matmul_many(ws, x, outs, np.empty(quants.TILE_ROWS * 64, np.float32))
-    for w, o in zip(ws, outs):
+    for w, o in zip(ws, outs, strict=True):
         assert nerr(o, x.astype(np.float64) @ dequant_ref(w.raw, w.qtype).astype(np.float64).T) < 1e-5
 
 

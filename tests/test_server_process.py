@@ -16,7 +16,6 @@ import time
 import httpx
 import pytest
 
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Correctness waits: far beyond the figures below, so only a hung server reaches them.
 STOP_TIMEOUT_S = 60

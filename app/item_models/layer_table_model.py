@@ -5,8 +5,8 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 
 from ..dto import TensorRow
-from .table_base import ColumnTableModel
 from ..format import human_bytes
+from .table_base import ColumnTableModel
 
 COLUMNS = ("Layer", "Tensor", "Type", "Shape", "Bytes")
 SORT_ROLE = Qt.ItemDataRole.UserRole + 1

@@ -6,8 +6,8 @@ from PySide6.QtCore import QModelIndex, Qt
 from PySide6.QtGui import QColor
 
 from ..dto import LlmFileInfo
-from .table_base import ColumnTableModel
 from ..format import human_bytes, human_count
+from .table_base import ColumnTableModel
 
 COLUMNS = ("Name", "Arch", "Params", "Quant", "Size", "Train ctx", "Template", "Status")
 INFO_ROLE = Qt.ItemDataRole.UserRole + 1

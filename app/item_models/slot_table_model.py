@@ -5,8 +5,8 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 
 from ..dto import MemoryFigures
-from .table_base import ColumnTableModel
 from ..format import human_bytes
+from .table_base import ColumnTableModel
 
 COLUMNS = ("Slot", "KV in use", "Share of slot")
 

@@ -11,8 +11,16 @@ from dataclasses import dataclass, field
 
 from PySide6.QtCore import QEvent, QPointF, QRect, QRectF, QSize, Qt, Signal
 from PySide6.QtGui import (
-    QAbstractTextDocumentLayout, QColor, QFont, QFontDatabase, QPainter, QPalette, QTextCharFormat,
-    QTextCursor, QTextDocument, QTextFormat,
+    QAbstractTextDocumentLayout,
+    QColor,
+    QFont,
+    QFontDatabase,
+    QPainter,
+    QPalette,
+    QTextCharFormat,
+    QTextCursor,
+    QTextDocument,
+    QTextFormat,
 )
 from PySide6.QtWidgets import QStyledItemDelegate, QToolTip
 

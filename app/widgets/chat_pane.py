@@ -5,7 +5,13 @@ from __future__ import annotations
 from PySide6.QtCore import QModelIndex, Qt, QTimer, Signal
 from PySide6.QtGui import QGuiApplication, QKeySequence, QPainter, QPalette
 from PySide6.QtWidgets import (
-    QAbstractItemView, QHBoxLayout, QLabel, QListView, QPlainTextEdit, QPushButton, QVBoxLayout,
+    QAbstractItemView,
+    QHBoxLayout,
+    QLabel,
+    QListView,
+    QPlainTextEdit,
+    QPushButton,
+    QVBoxLayout,
     QWidget,
 )
 
@@ -53,7 +59,8 @@ class MessageInput(QPlainTextEdit):
     submitted = Signal()
 
     def keyPressEvent(self, event) -> None:  # noqa: N802
-        if event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and event.modifiers() & Qt.KeyboardModifier.ControlModifier:
+        ctrl = event.modifiers() & Qt.KeyboardModifier.ControlModifier
+        if event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and ctrl:
             self.submitted.emit()
             return
         super().keyPressEvent(event)
@@ -122,7 +129,8 @@ class ChatPane(QWidget):
         self.input.setFixedHeight(self.input.fontMetrics().lineSpacing() * 3 + 18)
         self.input.submitted.connect(self.submit)
         self.send_button = QPushButton("Send", objectName="primary")
-        self.send_button.setToolTip(f"Send ({QKeySequence('Ctrl+Return').toString(QKeySequence.SequenceFormat.NativeText)})")
+        shortcut = QKeySequence("Ctrl+Return").toString(QKeySequence.SequenceFormat.NativeText)
+        self.send_button.setToolTip(f"Send ({shortcut})")
         self.send_button.clicked.connect(self.submit)
         self.stop_button = QPushButton("Stop")
         self.stop_button.setToolTip("Stop generating (Esc)")

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from PySide6.QtCore import QPoint, Qt, Signal
 from PySide6.QtWidgets import (
-    QAbstractItemView, QLineEdit, QListView, QMenu, QPushButton, QVBoxLayout, QWidget,
+    QAbstractItemView,
+    QLineEdit,
+    QListView,
+    QMenu,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
 )
 
 from ..item_models.conversation_list_model import ID_ROLE, ConversationListModel

@@ -6,8 +6,16 @@ from __future__ import annotations
 from PySide6.QtCore import QSortFilterProxyModel, Qt
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
-    QFrame, QGridLayout, QGroupBox, QHeaderView, QLabel, QLineEdit, QSplitter, QTableView,
-    QVBoxLayout, QWidget,
+    QFrame,
+    QGridLayout,
+    QGroupBox,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QSplitter,
+    QTableView,
+    QVBoxLayout,
+    QWidget,
 )
 
 from ..dto import MemoryFigures, ReplyStep

@@ -7,8 +7,16 @@ from pathlib import Path
 
 from PySide6.QtCore import QSortFilterProxyModel, Qt, Signal
 from PySide6.QtWidgets import (
-    QFileDialog, QGroupBox, QHBoxLayout, QHeaderView, QMenu, QPushButton, QSplitter, QTableView,
-    QVBoxLayout, QWidget,
+    QFileDialog,
+    QGroupBox,
+    QHBoxLayout,
+    QHeaderView,
+    QMenu,
+    QPushButton,
+    QSplitter,
+    QTableView,
+    QVBoxLayout,
+    QWidget,
 )
 
 from ..context import AppContext

@@ -9,8 +9,19 @@ import psutil
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
-    QCheckBox, QComboBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit,
-    QPushButton, QSpinBox, QToolButton, QVBoxLayout, QWidget,
+    QCheckBox,
+    QComboBox,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPlainTextEdit,
+    QPushButton,
+    QSpinBox,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
 )
 
 from ..dto import ServerSettings
@@ -86,7 +97,7 @@ class ServerPanel(QWidget):
             row = QHBoxLayout()
             label = QLabel(textInteractionFlags=Qt.TextInteractionFlag.TextSelectableByMouse, objectName="mono")
             copy = QToolButton(text="Copy", autoRaise=True)
-            copy.clicked.connect(lambda _c=False, l=label: QGuiApplication.clipboard().setText(l.text()))
+            copy.clicked.connect(lambda _c=False, lab=label: QGuiApplication.clipboard().setText(lab.text()))
             row.addWidget(label, 1)
             row.addWidget(copy)
             self.url_layout.addLayout(row)
@@ -108,7 +119,7 @@ class ServerPanel(QWidget):
         for w in (self.host, self.port, self.api_key, self.cors):
             w.setEnabled(not running)
         self.state.setText(f"Running on {url}" if running else "Stopped")
-        for (label, copy), path in zip(self.url_rows, ENDPOINTS):
+        for (label, copy), path in zip(self.url_rows, ENDPOINTS, strict=True):
             label.setText(url + path if running else "")
             label.setVisible(running)
             copy.setVisible(running)

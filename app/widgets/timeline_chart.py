@@ -72,7 +72,8 @@ class TimelineChart(QWidget):
             p.drawLine(QPointF(plot.left(), y), QPointF(plot.right(), y))
             p.setPen(text)
             left = human_bytes(y_max * i / 4)
-            p.drawText(QRectF(0, y - 9, LEFT - 6, 18), Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter, left)
+            p.drawText(QRectF(0, y - 9, LEFT - 6, 18),
+                       Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter, left)
             p.drawText(QRectF(plot.right() + 6, y - 9, RIGHT - 6, 18),
                        Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, _tick(r_max * i / 4))
         p.drawText(QRectF(plot.left(), plot.bottom() + 2, plot.width(), BOTTOM),

@@ -25,8 +25,8 @@ from .. import params
 from ..errors import EngineError
 from ..sampling import SamplingParams, resolve_seed
 from ..scheduler import GenerationRequest, Scheduler
-from ..sequence import GenerationStep
 from ..seams import ChatTokenizer, DecodeContext, PromptTemplate
+from ..sequence import GenerationStep
 from ..tokenizer.chat_template import ChatTemplate, chat_prompt_tokens
 from .generate import InterruptFlag, load_for_generation, timings_text
 

@@ -112,7 +112,7 @@ class InterruptFlag:
     def __init__(self):
         self.event = threading.Event()
 
-    def install(self) -> "InterruptFlag":
+    def install(self) -> InterruptFlag:
         signal.signal(signal.SIGINT, self._handle)
         return self
 

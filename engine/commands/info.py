@@ -14,7 +14,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                               description="Show a model's architecture, size, types, tokenizer and memory estimate.")
     g = params.group(p, params.COMMON)
     g.add_argument("-m", "--model", metavar="FNAME", required=True, help="model path or starter model name")
-    g.add_argument("-c", "--ctx-size", metavar="N", type=int, default=4096, help="context size (default: 4096, 0 = model's)")
+    g.add_argument("-c", "--ctx-size", metavar="N", type=int, default=4096,
+                   help="context size (default: 4096, 0 = model's)")
     g.add_argument("-np", "--parallel", metavar="N", type=int, default=1, help="parallel sequences (default: 1)")
     g.add_argument("-ub", "--ubatch-size", metavar="N", type=int, default=512, help="ubatch size (default: 512)")
     g.add_argument("-kvu", "--kv-unified", action="store_true", help="every sequence may use the whole context")
@@ -67,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
         ("context (train)", str(info.n_ctx_train)),
         ("tokenizer", f"{info.tokenizer} (pre '{info.tokenizer_pre}')" if info.tokenizer_pre else info.tokenizer),
         ("chat template", tmpl),
-        ("memory estimate", f"n_ctx {n_ctx}, {n_seq} sequence(s){' (unified)' if args.parallel < 0 or args.kv_unified else ''}, "
+        ("memory estimate", f"n_ctx {n_ctx}, {n_seq} sequence(s)"
+                            f"{' (unified)' if args.parallel < 0 or args.kv_unified else ''}, "
                             f"cache {args.cache_type_k}/{args.cache_type_v}"),
         ("  weights (mapped)", _mib(est.weights_bytes)),
         ("  KV cache", _mib(est.kv_bytes)),

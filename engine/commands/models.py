@@ -35,8 +35,8 @@ def _list() -> int:
         rows.append((spec.name, spec.arch, f"{spec.size / 2**20:.0f} MiB", ", ".join(spec.aliases),
                      str(path) if path else "not pulled"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+    for r in rows:  # every column padded but the last
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])
     print(f"\ncache: {model_store.models_dir()}")
     return 0
 

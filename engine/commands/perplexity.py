@@ -18,7 +18,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("-f", "--file", metavar="FNAME", required=True, help="text file to score")
     g.add_argument("-c", "--ctx-size", metavar="N", type=int, default=512, help="chunk size (default: 512)")
     g.add_argument("-b", "--batch-size", metavar="N", type=int, default=2048, help="logical batch size (default: 2048)")
-    g.add_argument("-ub", "--ubatch-size", metavar="N", type=int, default=512, help="physical batch size (default: 512)")
+    g.add_argument("-ub", "--ubatch-size", metavar="N", type=int, default=512,
+                   help="physical batch size (default: 512)")
     g.add_argument("--chunks", metavar="N", type=int, default=-1, help="max number of chunks (default: -1 = all)")
     g.add_argument("-ctk", "--cache-type-k", default="f16", help="KV cache type for K (f16, f32)")
     g.add_argument("-ctv", "--cache-type-v", default="f16", help="KV cache type for V (f16, f32)")
@@ -44,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
     tokens = tok.encode(text, add_special=True, parse_special=False)
     n_ctx = args.ctx_size
     # One chunk per decode call: the batch must hold a whole chunk.
-    ctx = Context(model, ContextParams(n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=min(args.ubatch_size, args.batch_size, n_ctx),
+    ctx = Context(model, ContextParams(n_ctx=n_ctx, n_batch=n_ctx,
+                                       n_ubatch=min(args.ubatch_size, args.batch_size, n_ctx),
                                        type_k=args.cache_type_k, type_v=args.cache_type_v))
     n_avail = len(tokens) // n_ctx
     print(f"perplexity: tokenized {len(tokens)} tokens; {n_avail} chunks of {n_ctx}, "

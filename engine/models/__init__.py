@@ -13,9 +13,9 @@ Adding an architecture is one module plus one line in ARCHITECTURES.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from collections.abc import Callable
 
 from ..errors import UnsupportedArchError
 from . import gemma2, gemma3, layers, llama, phi3, qwen2, qwen3

@@ -217,7 +217,7 @@ def render_type(spec: TypeSpec) -> str:
 def render_init() -> str:
     doc = '"""The generated kernel modules, one per type; ENTRIES: their QUANT_TYPES entries."""'
     lines = [HEADER, doc + "\n\n"]
-    lines += [f"from .{s.t} import {s.name}\n" for s in TYPES]
+    lines += [f"from .{s.t} import {s.name}\n" for s in sorted(TYPES, key=lambda s: s.t)]  # isort order
     lines.append(f"\nENTRIES = ({', '.join(s.name for s in TYPES)})\n")
     return "".join(lines)
 

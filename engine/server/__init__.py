@@ -11,7 +11,12 @@ that starts LOADING, `listen()` before the model loads, then `state.set_ready(sc
 from __future__ import annotations
 
 import importlib
-from typing import Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # lazy at run time (see _LAZY)
+    from .http import ServerHandle
+    from .state import ServerOptions
 
 # Lazy: `ggstation serve --help` and the CLI parser must not pay for importing FastAPI.
 _LAZY = {

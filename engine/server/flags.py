@@ -173,7 +173,8 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--pooling", choices=("none", "mean", "cls", "last", "rank"), default=None,
                    help="pooling type for embeddings (default: the model's, else mean)")
     g.add_argument("--embd-normalize", type=int, default=2,
-                   help="embedding normalisation: -1 none, 0 max-abs int16, 1 taxicab, 2 euclidean (default), >2 p-norm")
+                   help="embedding normalisation: -1 none, 0 max-abs int16, 1 taxicab, 2 euclidean (default), "
+                        ">2 p-norm")
     g.add_argument("--cache-prompt", dest="cache_prompt", action=argparse.BooleanOptionalAction, default=True,
                    help="reuse the KV cache of a previous request's common prefix (default: enabled)")
     g.add_argument("-sps", "--slot-prompt-similarity", type=float, default=0.1,

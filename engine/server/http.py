@@ -219,8 +219,8 @@ def listen(state: ServerState, host: str = "127.0.0.1", port: int = 8080, *, app
     """Bind host:port and serve `state` (or `app`) on a background thread; returns once listening."""
     sock = bind_socket(host, port)
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app if app is not None else create_app(state), lifespan="off", log_level=log_level, access_log=False,
-                            timeout_graceful_shutdown=timeout_graceful_s, timeout_keep_alive=30,
+    config = uvicorn.Config(app if app is not None else create_app(state), lifespan="off", log_level=log_level,
+                            access_log=False, timeout_graceful_shutdown=timeout_graceful_s, timeout_keep_alive=30,
                             http="h11", loop="asyncio")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="http", daemon=True)

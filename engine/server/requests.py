@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-
 from typing import TYPE_CHECKING
 
 from ..errors import TemplateError

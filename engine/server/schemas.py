@@ -7,7 +7,7 @@ nobody defines; a typo such as `max_token` becomes a 400 that names the field.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -15,8 +15,8 @@ MAX_N_PROBS = 100  # llama.cpp has no limit; an n_vocab-wide reply per token is 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 MAX_STOP = 16
 
-TokenOrText = Union[int, str]
-Prompt = Union[str, list[TokenOrText], list[Union[str, list[TokenOrText]]]]
+TokenOrText = int | str
+Prompt = str | list[TokenOrText] | list[str | list[TokenOrText]]
 
 
 class _Body(BaseModel):
@@ -201,7 +201,7 @@ class ApplyTemplateRequest(_Body):
     model: str | None = None
 
 
-EmbeddingInput = Union[str, list[str], list[int], list[list[int]]]
+EmbeddingInput = str | list[str] | list[int] | list[list[int]]
 
 
 class EmbeddingsRequest(_Body):

@@ -11,9 +11,10 @@ from __future__ import annotations
 import enum
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from ..errors import EngineError, TemplateError
 from ..sampling import SamplingParams

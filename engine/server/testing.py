@@ -114,7 +114,7 @@ class FakeContext:
             raise EngineError("fake decode failure")
         self.n_decode += 1
         self.batch_sizes.append(len(batch))
-        for tok, pos, seq in zip(batch.tokens, batch.pos, batch.seq_id):
+        for tok, pos, seq in zip(batch.tokens, batch.pos, batch.seq_id, strict=True):
             cells = self.kv.cells[seq]
             if pos != len(cells):
                 raise EngineError(f"seq {seq}: position {pos} fed but cache holds {len(cells)}")

@@ -134,7 +134,8 @@ _BUILTIN_SOURCES: dict[str, str] = {
     "command-r": (
         "{% for m in messages %}{% if m.role == 'system' %}"
         "{{ '<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>' + m.content | ltrim + '<|END_OF_TURN_TOKEN|>' }}"
-        "{% elif m.role == 'user' %}{{ '<|START_OF_TURN_TOKEN|><|USER_TOKEN|>' + m.content | ltrim + '<|END_OF_TURN_TOKEN|>' }}"
+        "{% elif m.role == 'user' %}"
+        "{{ '<|START_OF_TURN_TOKEN|><|USER_TOKEN|>' + m.content | ltrim + '<|END_OF_TURN_TOKEN|>' }}"
         "{% elif m.role == 'assistant' %}"
         "{{ '<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>' + m.content | ltrim + '<|END_OF_TURN_TOKEN|>' }}{% endif %}"
         "{% endfor %}{% if add_generation_prompt %}{{ '<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>' }}{% endif %}"),
@@ -362,7 +363,8 @@ class ChatTemplate:
     @classmethod
     def builtin(cls, name: str, **kw) -> ChatTemplate:
         if name not in _BUILTIN_SOURCES:
-            raise TemplateError(f"unknown built-in chat template '{name}' (known: {', '.join(builtin_template_names())})")
+            known = ", ".join(builtin_template_names())
+            raise TemplateError(f"unknown built-in chat template '{name}' (known: {known})")
         return cls(_BUILTIN_SOURCES[name], name, family=name, **kw)
 
     @classmethod
@@ -413,7 +415,8 @@ class ChatTemplate:
             try:
                 self._compiled = _ENV.from_string(self.source)
             except jinja2.TemplateSyntaxError as e:
-                raise TemplateError(f"chat template '{self.name}' is not valid Jinja (line {e.lineno}): {e.message}") from None
+                raise TemplateError(
+                    f"chat template '{self.name}' is not valid Jinja (line {e.lineno}): {e.message}") from None
             except Exception as e:  # noqa: BLE001 - any parser failure is the template's fault
                 raise TemplateError(f"chat template '{self.name}' cannot be parsed: {e}") from None
         return self._compiled

@@ -106,7 +106,7 @@ class SPMTokenizer(Tokenizer):
         """Merge the words not in the cache (numba for many or long ones), caching short ones."""
         if sum(map(len, new)) > BATCH_CHARS:
             words = list(new)
-            merged = dict(zip(words, self._merge_many([w.encode("utf-8") for w in words])))
+            merged = dict(zip(words, self._merge_many([w.encode("utf-8") for w in words]), strict=True))
         else:
             merged = {}
             for w in new:

@@ -6,11 +6,11 @@ import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-import app  # noqa: E402,F401  (applies the PySide6 6.12 None-refcount workaround first)
 import pytest  # noqa: E402
 
-from .fake_engine import FakeEngine  # noqa: E402
+import app  # noqa: E402,F401  (applies the PySide6 6.12 None-refcount workaround first)
 
+from .fake_engine import FakeEngine  # noqa: E402
 
 
 @pytest.fixture

@@ -16,11 +16,24 @@ from pathlib import Path
 import numpy as np
 
 from app.dto import (
-    BackendInfo, LlmFileInfo, LoadParams, MemoryFigures, ReplyStep, SamplingSettings,
-    ServerSettings, StarterModel, TensorRow,
+    BackendInfo,
+    LlmFileInfo,
+    LoadParams,
+    MemoryFigures,
+    ReplyStep,
+    SamplingSettings,
+    ServerSettings,
+    StarterModel,
+    TensorRow,
 )
 from app.engine_api import (
-    EngineApi, LogFn, ProgressFn, PullProgressFn, ReplyStream, ServerHandle, SessionApi,
+    EngineApi,
+    LogFn,
+    ProgressFn,
+    PullProgressFn,
+    ReplyStream,
+    ServerHandle,
+    SessionApi,
 )
 from app.errors import LoadCancelled
 from app.machine import backend_info, process_rss

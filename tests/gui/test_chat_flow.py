@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import QPoint, Qt
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QStyleOptionViewItem
 
@@ -155,6 +155,11 @@ def test_code_block_copy_button_copies_code(loaded_window, qtbot):
     assert QGuiApplication.clipboard().text() == "print('hi')"
 
 
+def _save_dialog_answering(path):
+    """A stand-in for QFileDialog.getSaveFileName that picks `path`."""
+    return lambda *a, **k: (str(path), "")
+
+
 def test_rename_and_export(loaded_window, qtbot, tmp_path, monkeypatch):
     w = loaded_window
     send(w, qtbot, "export me")
@@ -163,6 +168,6 @@ def test_rename_and_export(loaded_window, qtbot, tmp_path, monkeypatch):
     assert w.ctx.store.title(cid) == "Renamed" and w.chat_pane.title_label.text() == "Renamed"
     for fmt in ("md", "json"):
         target = tmp_path / f"out.{fmt}"
-        monkeypatch.setattr("app.main_window.QFileDialog.getSaveFileName", lambda *a, **k: (str(target), ""))
+        monkeypatch.setattr("app.main_window.QFileDialog.getSaveFileName", _save_dialog_answering(target))
         w.on_sidebar_export_requested(cid, fmt)
         assert "export me" in target.read_text()

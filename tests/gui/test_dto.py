@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from engine import MemoryReport
-
 from app.dto import LlmFileInfo, MemoryFigures
+from engine import MemoryReport
 
 
 def test_memory_figures_from_engine_report():

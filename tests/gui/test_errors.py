@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from engine.errors import GGUFError, MissingTensorError, UnsupportedQuantError
-
 from app.errors import AppError, LoadCancelled, plain_error
+from engine.errors import GGUFError, MissingTensorError, UnsupportedQuantError
 
 
 def test_plain_error_names_the_problem_and_keeps_engine_message():

@@ -7,8 +7,8 @@ import socket
 import urllib.request
 
 from app.dto import MemoryFigures
-from app.machine import free_port
 from app.format import human_bytes
+from app.machine import free_port
 
 from .conftest import send
 

@@ -2,18 +2,18 @@
 # Regenerate with `python -m engine.quants.codegen` (tests/test_kernel_codegen.py checks).
 """The generated kernel modules, one per type; ENTRIES: their QUANT_TYPES entries."""
 
-from .f32 import F32
-from .f16 import F16
 from .bf16 import BF16
-from .q4_0 import Q4_0
-from .q4_1 import Q4_1
-from .q5_0 import Q5_0
-from .q5_1 import Q5_1
-from .q8_0 import Q8_0
+from .f16 import F16
+from .f32 import F32
 from .q2_k import Q2_K
 from .q3_k import Q3_K
+from .q4_0 import Q4_0
+from .q4_1 import Q4_1
 from .q4_k import Q4_K
+from .q5_0 import Q5_0
+from .q5_1 import Q5_1
 from .q5_k import Q5_K
 from .q6_k import Q6_K
+from .q8_0 import Q8_0
 
 ENTRIES = (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)
