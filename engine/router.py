@@ -72,7 +72,7 @@ class ChildServer:
         return f"http://127.0.0.1:{self.port}"
 
     def info(self) -> dict:
-        d = {"value": self.status.value}
+        d: dict[str, object] = {"value": self.status.value}
         if self.status is ModelStatus.FAILED:
             d.update(failed=True, exit_code=self.exit_code, error=self.error)
         return d
@@ -192,25 +192,28 @@ class Router:
         cmd = [sys.executable, "-m", "engine", "serve", "-m", str(child.path), "--host", "127.0.0.1",
                "--port", "0", "--ready-json", "--alias", child.name, *self.child_args]
         env = dict(os.environ, LLAMA_API_KEY=child.api_key)
-        child.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
-                                      env=env, bufsize=0)
+        child.proc = proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
+                                             env=env, bufsize=0)
         child.status, child.exit_code, child.error, child.port = ModelStatus.LOADING, None, "", 0
         child.ready.clear()
         child.stopping = False
         child._stdout_buf = b""
         child.last_used = child.last_heartbeat = time.monotonic()
         child.t_spawn = time.monotonic()
-        os.set_blocking(child.proc.stdout.fileno(), False)
-        self._sel.register(child.proc.stdout, selectors.EVENT_READ, child)
-        log.info("loading %s (pid %d)", child.name, child.proc.pid)
+        assert proc.stdout is not None  # stdout=PIPE
+        os.set_blocking(proc.stdout.fileno(), False)
+        self._sel.register(proc.stdout, selectors.EVENT_READ, child)
+        log.info("loading %s (pid %d)", child.name, proc.pid)
 
     def _stop_child(self, child: ChildServer, wait: bool) -> None:
-        if child.proc is None:
+        proc = child.proc  # once: the monitor thread may reap the child meanwhile
+        if proc is None:
             return
         child.stopping = True
+        assert proc.stdin is not None  # stdin=PIPE
         try:
-            child.proc.stdin.write(b"exit\n")
-            child.proc.stdin.flush()
+            proc.stdin.write(b"exit\n")
+            proc.stdin.flush()
         except (BrokenPipeError, OSError, ValueError):
             pass
         if wait:
@@ -236,6 +239,7 @@ class Router:
             proc = child.proc
             if proc is None or proc.poll() is None:
                 return
+            assert proc.stdout is not None and proc.stdin is not None  # both pipes
             try:
                 self._sel.unregister(proc.stdout)
             except (KeyError, ValueError):
@@ -269,16 +273,17 @@ class Router:
             self._check_children()
 
     def _read_child(self, child: ChildServer) -> None:
+        proc = child.proc  # once: another thread may reap the child meanwhile
         try:
-            data = child.proc.stdout.read() if child.proc is not None else b""
+            data = proc.stdout.read() if proc is not None and proc.stdout is not None else b""
         except (OSError, ValueError):
             data = b""
         if data is None:
             return
         if not data:  # EOF: the child is exiting
-            if child.proc is not None:
+            if proc is not None:
                 try:
-                    child.proc.wait(STOP_TIMEOUT_S)
+                    proc.wait(STOP_TIMEOUT_S)
                 except subprocess.TimeoutExpired:
                     return
             self._on_exit(child)
@@ -307,18 +312,19 @@ class Router:
     def _check_children(self) -> None:
         now = time.monotonic()
         with self._lock:
-            children = [c for c in self.children.values() if c.proc is not None]
-        for child in children:
-            if child.proc.poll() is not None:
+            # (child, process) pairs: a thread stopping a model may reap it and clear child.proc
+            running = [(c, c.proc) for c in self.children.values() if c.proc is not None]
+        for child, proc in running:
+            if proc.poll() is not None:
                 self._on_exit(child)
             elif child.stopping:
                 continue
             elif child.status is ModelStatus.LOADING and now - child.t_spawn > self.load_timeout_s:
                 child.error = f"not ready after {self.load_timeout_s:.0f} s"
-                child.proc.kill()
+                proc.kill()
             elif child.status is ModelStatus.LOADED and now - child.last_heartbeat > HEARTBEAT_TIMEOUT_S:
                 child.error = f"no heartbeat for {HEARTBEAT_TIMEOUT_S:.0f} s"
-                child.proc.kill()
+                proc.kill()
 
 
 # -- child side --------------------------------------------------------------------------------
