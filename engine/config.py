@@ -9,7 +9,9 @@ windows, query scale). Architecture-only parameters live in the architecture's o
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar, overload
 
 import numpy as np
 
@@ -25,7 +27,7 @@ class Rope:
     attn_factor: float = 1.0  # multiplies cos and sin (LongRoPE)
 
     @classmethod
-    def make(cls, n_rot: int, base: float, neox: bool, scale: float = 1.0, factors=(),
+    def make(cls, n_rot: int, base: float, neox: bool, scale: float = 1.0, factors: Sequence[float] = (),
              attn_factor: float = 1.0) -> Rope:
         """Pair i turns by pos * base^(-2i/n_rot) / (scale * factors[i]): `scale` is linear
         position scaling, `factors` per-pair frequency divisors (LongRoPE, Llama 3)."""
@@ -91,7 +93,14 @@ class ModelConfig:
         return ()
 
 
-def base_config(f: GGUFFile, cls: type[ModelConfig] = ModelConfig, **overrides) -> ModelConfig:
+ConfigT = TypeVar("ConfigT", bound=ModelConfig)
+
+
+@overload
+def base_config(f: GGUFFile, **overrides: Any) -> ModelConfig: ...
+@overload
+def base_config(f: GGUFFile, cls: type[ConfigT], **overrides: Any) -> ConfigT: ...
+def base_config(f: GGUFFile, cls: type[ModelConfig] = ModelConfig, **overrides: Any) -> ModelConfig:
     """Read the keys every decoder-only architecture shares into `cls`; `overrides` wins."""
     arch = f.arch
     k = lambda s: f"{arch}.{s}"
@@ -110,7 +119,7 @@ def base_config(f: GGUFFile, cls: type[ModelConfig] = ModelConfig, **overrides) 
     rope_scale = 1.0
     if scaling == "linear":
         rope_scale = f.get_float(k("rope.scaling.factor"), 1.0) or 1.0
-    values = dict(
+    values: dict[str, Any] = dict(
         arch=arch,
         n_layer=n_layer,
         n_embd=n_embd,

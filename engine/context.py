@@ -7,11 +7,13 @@ allocated here once and reused; `memory_report()` reads their real sizes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import forward
 from .batch import Batch
+from .config import ModelConfig
 from .errors import EngineError
 from .jit import use_num_threads
 from .kv_cache import KVCache
@@ -35,12 +37,16 @@ class Buffers:
     memory.buffer_shapes (x, h, o, q, k, v, attn, gate, up, tile, scores and any the
     architecture adds), as float32 attributes."""
 
-    def __init__(self, cfg, n_ubatch: int, n_ctx_seq: int, tile_cols: int):
+    def __init__(self, cfg: ModelConfig, n_ubatch: int, n_ctx_seq: int, tile_cols: int):
         from .quants import TILE_ROWS
 
         for name, shape in buffer_shapes(cfg, n_ubatch, n_ctx_seq).items():
             setattr(self, name, np.zeros(shape, np.float32))
         assert self.tile.size == TILE_ROWS * tile_cols
+
+    if TYPE_CHECKING:  # the arrays are set by name in __init__ (not a run-time hook)
+
+        def __getattr__(self, name: str) -> np.ndarray: ...
 
     @property
     def nbytes(self) -> int:

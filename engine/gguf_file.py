@@ -25,7 +25,7 @@ import os
 import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar, overload
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
@@ -45,6 +45,7 @@ MAX_KV = 1 << 20
 MAX_STRING_ARRAY = 1 << 24  # a string array is walked item by item at open time
 MAX_NAME_BYTES = 1 << 16  # keys and tensor names
 _HEADER = struct.Struct("<4sIQQ")
+_D = TypeVar("_D")  # a metadata getter's default
 _MIN_KV_BYTES = 8 + 4 + 1  # empty key, type, 1-byte value
 _MIN_TENSOR_INFO_BYTES = 8 + 4 + 8 + 4 + 8  # empty name, n_dims, one dim, type, offset
 
@@ -87,7 +88,7 @@ class _ArrayRef(NamedTuple):
 
     key: str
     item_type: GGUFValueType
-    count: int
+    n_items: int  # not `count`, which would shadow tuple.count
     start: int
     end: int
 
@@ -190,11 +191,12 @@ class GGUFFile:
         if self.file_size < _HEADER.size:
             self._fail_short_file()
         try:
-            self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
+            mapped = np.memmap(self.path, dtype=np.uint8, mode="r")
         except (OSError, ValueError) as e:
             raise GGUFError(f"{self.path}: cannot map file: {e}") from None
-        self.file_size = len(self._map)  # what is mapped is what gets checked
-        buf = memoryview(self._map)
+        self._map: np.memmap | None = mapped  # None once closed
+        self.file_size = len(mapped)  # what is mapped is what gets checked
+        buf = mapped.data
         try:
             cur = _Cursor(buf, self.path)
             self.version, n_tensors, n_kv = self._parse_header(cur)
@@ -370,6 +372,7 @@ class GGUFFile:
 
     def _view(self, qtype: GGMLQuantizationType, shape: tuple[int, ...], start: int, nbytes: int) -> np.ndarray:
         """numpy view (reversed ggml shape); packed types keep bytes in the last axis."""
+        assert self._map is not None  # called while opening
         raw = self._map[start : start + nbytes]
         np_shape = tuple(reversed(shape))
         dtype = _PLAIN_DTYPES.get(qtype)
@@ -386,7 +389,7 @@ class GGUFFile:
             return (arr != 0).tolist() if ref.item_type == GGUFValueType.BOOL else arr.tolist()
         blob = self._map[ref.start : ref.end].tobytes()
         out, pos, unpack = [], 0, _U64.unpack_from
-        for i in range(ref.count):
+        for i in range(ref.n_items):
             (n,) = unpack(blob, pos)
             pos += 8
             try:
@@ -417,13 +420,23 @@ class GGUFFile:
             raise GGUFError(f"{self.path}: missing required metadata key '{key}'")
         return default
 
-    def get_str(self, key: str, default: Any = ...) -> str:
+    # The typed getters: a missing key raises GGUFError, or gives `default` (returned as is, so
+    # `get_int(key, None)` is `int | None`); a value of the wrong type raises GGUFError.
+    @overload
+    def get_str(self, key: str) -> str: ...
+    @overload
+    def get_str(self, key: str, default: _D) -> str | _D: ...
+    def get_str(self, key: str, default: Any = ...) -> Any:
         v = self._lookup(key, default)
         if v is not None and not isinstance(v, str):
             raise GGUFError(f"{self.path}: metadata key '{key}' should be a string, got {v!r:.60}")
         return v
 
-    def get_int(self, key: str, default: Any = ...) -> int:
+    @overload
+    def get_int(self, key: str) -> int: ...
+    @overload
+    def get_int(self, key: str, default: _D) -> int | _D: ...
+    def get_int(self, key: str, default: Any = ...) -> Any:
         v = self._lookup(key, default)
         if isinstance(v, list) and v:  # some keys may be per-layer arrays; caller wants scalar
             v = v[0]
@@ -433,7 +446,11 @@ class GGUFFile:
             raise GGUFError(f"{self.path}: metadata key '{key}' should be an integer, got {v!r:.60}")
         return int(v)
 
-    def get_float(self, key: str, default: Any = ...) -> float:
+    @overload
+    def get_float(self, key: str) -> float: ...
+    @overload
+    def get_float(self, key: str, default: _D) -> float | _D: ...
+    def get_float(self, key: str, default: Any = ...) -> Any:
         v = self._lookup(key, default)
         if v is None:
             return v
@@ -441,11 +458,19 @@ class GGUFFile:
             raise GGUFError(f"{self.path}: metadata key '{key}' should be a number, got {v!r:.60}")
         return float(v)
 
-    def get_bool(self, key: str, default: Any = ...) -> bool:
+    @overload
+    def get_bool(self, key: str) -> bool: ...
+    @overload
+    def get_bool(self, key: str, default: _D) -> bool | _D: ...
+    def get_bool(self, key: str, default: Any = ...) -> Any:
         v = self._lookup(key, default)
         return bool(v) if v is not None else v
 
-    def get_array(self, key: str, default: Any = ...) -> list:
+    @overload
+    def get_array(self, key: str) -> list: ...
+    @overload
+    def get_array(self, key: str, default: _D) -> list | _D: ...
+    def get_array(self, key: str, default: Any = ...) -> Any:
         v = self._lookup(key, default)
         if v is not None and not isinstance(v, list):
             raise GGUFError(f"{self.path}: metadata key '{key}' should be an array")

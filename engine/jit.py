@@ -18,7 +18,7 @@ import numba
 
 # NUMBA_CACHE_DIR for frozen bundles is set in engine/__init__.py, before numba is imported.
 
-_OPTS = dict(cache=True, fastmath=True, nogil=True, error_model="numpy")
+_OPTS: dict[str, Any] = dict(cache=True, fastmath=True, nogil=True, error_model="numpy")
 
 kernel = numba.njit(**_OPTS)
 _n_threads = 0  # set by set_num_threads (0: numba's default, every core)

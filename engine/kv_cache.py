@@ -30,7 +30,7 @@ def kv_bytes(cfg: ModelConfig, n_ctx_seq: int, n_seq_max: int, type_k: str, type
 
 
 class KVCache:
-    def __init__(self, cfg: ModelConfig, n_ctx_seq: int, n_seq_max: int, type_k="f16", type_v="f16"):
+    def __init__(self, cfg: ModelConfig, n_ctx_seq: int, n_seq_max: int, type_k: str = "f16", type_v: str = "f16"):
         self.cfg = cfg
         self.n_ctx_seq = n_ctx_seq
         self.n_seq_max = n_seq_max

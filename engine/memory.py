@@ -10,11 +10,15 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import psutil
 
 from .config import ModelConfig
 from .kv_cache import kv_bytes
+
+if TYPE_CHECKING:
+    from .context import Context
 
 # Sequences with at most this many tokens in a ubatch use the per-token attention kernel
 # (models/layers.py attention); longer chunks use BLAS. Also sizes that kernel's score scratch.
@@ -91,7 +95,7 @@ def resident_bytes(path: str) -> int | None:
         return None
 
 
-def memory_report(ctx) -> MemoryReport:
+def memory_report(ctx: Context) -> MemoryReport:
     kv = ctx.kv
     model = ctx.model
     return MemoryReport(

@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from .config import ModelConfig
 from .gguf_file import GGUFFile
 from .jit import on_passing_thread, set_num_threads
 from .models import Architecture, get_arch
 from .models.base import ModelWeights, load_weights
+
+if TYPE_CHECKING:
+    from .tokenizer.base import Tokenizer
 
 ProgressFn = Callable[[float, str], None]
 
@@ -23,12 +27,12 @@ class Model:
         self.gguf = gguf
         self.arch = arch  # its config reader, layer loader and block (engine/models)
         self.cfg = cfg
-        self.weights = weights
+        self.weights: ModelWeights | None = weights  # None once closed
         self.path = gguf.path
-        self._tokenizer = None
+        self._tokenizer: Tokenizer | None = None
 
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> Tokenizer:
         """The GGUF's tokenizer, built on first use (vocabularies can be large)."""
         if self._tokenizer is None:
             from .tokenizer import load_tokenizer
@@ -53,7 +57,7 @@ class Model:
         self.gguf.close()
 
 
-def _n_elements(shape) -> int:
+def _n_elements(shape: Iterable[int]) -> int:
     n = 1
     for d in shape:
         n *= int(d)

@@ -10,6 +10,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 
+from .config import ModelConfig
 from .errors import EngineError
 from .gguf_file import GGUFFile
 from .memory import MemoryReport, estimate_memory
@@ -37,7 +38,7 @@ class ModelInfo:
     weights_bytes: int = 0
     n_tensors: int = 0
     error: str | None = None
-    cfg: object = None
+    cfg: ModelConfig | None = None
 
     @property
     def ok(self) -> bool:
@@ -80,7 +81,9 @@ def _fill(info: ModelInfo, f: GGUFFile) -> None:
     info.arch = f.get_str("general.architecture", "") or ""
     info.n_tensors = len(f.tensors)
     info.weights_bytes = f.tensor_data_bytes
-    qb, qc, n = Counter(), Counter(), 0
+    qb: Counter[str] = Counter()  # type name -> bytes
+    qc: Counter[str] = Counter()  # type name -> tensors
+    n = 0
     for t in f.tensors.values():
         k = 1
         for d in t.shape:

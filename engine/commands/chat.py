@@ -140,11 +140,10 @@ def load_messages(path: str) -> list[dict]:
     except json.JSONDecodeError as e:
         raise EngineError(f"'{path}' is not valid JSON: {e}") from None
     messages = data.get("messages") if isinstance(data, dict) else data
-    ok = isinstance(messages, list) and all(
+    if not isinstance(messages, list) or not all(
         isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
         for m in messages
-    )
-    if not ok:
+    ):
         raise EngineError(f"'{path}' does not hold a conversation (a list of role/content messages)")
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
@@ -176,7 +175,7 @@ def _run_interactive(chat: ChatSession, flag: InterruptFlag, verbose: bool) -> i
     from prompt_toolkit import PromptSession
     from prompt_toolkit.history import InMemoryHistory
 
-    session = PromptSession(history=InMemoryHistory(), key_bindings=_key_bindings())
+    session: PromptSession[str] = PromptSession(history=InMemoryHistory(), key_bindings=_key_bindings())
     print(HELP, file=sys.stderr)
     while True:
         try:

@@ -53,7 +53,7 @@ class QuantType:
     type_size: int
     dequant: Callable[[np.ndarray, np.ndarray], None]
     matvec: Callable[[np.ndarray, np.ndarray, np.ndarray], None]
-    matvec_multi: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None
-    get_rows: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None
-    matvec_same_x: Callable[[list, np.ndarray, list], None] | None = None
+    matvec_multi: Callable[[np.ndarray, np.ndarray, np.ndarray], None]
+    get_rows: Callable[[np.ndarray, np.ndarray, np.ndarray], None]
+    matvec_same_x: Callable[[list, np.ndarray, list], None]
     block_elems: int = 32

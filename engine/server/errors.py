@@ -7,6 +7,7 @@ also the OpenAI names where OpenAI has one.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from starlette.responses import JSONResponse
@@ -97,7 +98,7 @@ def error_response(status: int, message: str, type: str | None = None) -> JSONRe
     return APIError(status, message, type).response()
 
 
-def format_validation_errors(errors: list[dict]) -> str:
+def format_validation_errors(errors: Sequence[Mapping[str, Any]]) -> str:
     """pydantic errors -> one readable line: `messages.0.role: Input should be ...; ...`."""
     parts = []
     for e in errors[:5]:

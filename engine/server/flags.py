@@ -17,7 +17,7 @@ SERVER = "server-specific params"
 
 # (option strings, nargs) of flags accepted and ignored. nargs: 0 flag, 1 value, "?" optional
 # value, 2 two values.
-IGNORED = [
+IGNORED: list[tuple[str, int | str]] = [  # (options, nargs)
     ("-tb --threads-batch", 1), ("-C --cpu-mask", 1), ("-Cr --cpu-range", 1), ("--cpu-strict", 1),
     ("--prio", 1), ("--poll", 1), ("-Cb --cpu-mask-batch", 1), ("-Crb --cpu-range-batch", 1),
     ("--cpu-strict-batch", 1), ("--prio-batch", 1), ("--poll-batch", 1), ("--swa-full", 0),

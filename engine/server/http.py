@@ -215,7 +215,7 @@ class ServerHandle:
 
 
 def listen(state: ServerState, host: str = "127.0.0.1", port: int = 8080, *, app=None,
-           timeout_graceful_s: float = 3.0, log_level: str = "warning") -> ServerHandle:
+           timeout_graceful_s: int = 3, log_level: str = "warning") -> ServerHandle:
     """Bind host:port and serve `state` (or `app`) on a background thread; returns once listening."""
     sock = bind_socket(host, port)
     port = sock.getsockname()[1]

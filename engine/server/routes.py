@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, StreamingRespon
 
 from ..scheduler import EmbeddingRequest
 from ..seams import ServerTokenizer
+from ..tasks import EmbeddingResult
 from . import requests as rq
 from .errors import APIError, api_error, format_validation_errors, invalid, not_supported
 from .openai import DONE, ChatFormatter, NativeFormatter, TextFormatter, sse
@@ -402,7 +403,7 @@ async def _embed(request: Request, oai: bool):
     results = []
     try:
         for h in handles:
-            got = []
+            got: list[EmbeddingResult] = []
             await _collect(request, h, got.append)
             if not got:
                 raise APIError(503, "server is shutting down")

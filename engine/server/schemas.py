@@ -223,4 +223,6 @@ class EmbeddingsRequest(_Body):
 
     @property
     def items(self) -> EmbeddingInput:
-        return self.input if self.input is not None else self.content
+        items = self.input if self.input is not None else self.content
+        assert items is not None  # _one_input rejects a body without either
+        return items

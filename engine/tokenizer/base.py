@@ -260,15 +260,15 @@ class Tokenizer:
             if i is not None:
                 self.attrs[i] = TokenAttr.USER_DEFINED
         eog.update(i for i in (self.eos_id, self.eot_id, self.eom_id) if i is not None)
-        texts = {self.tokens[i]: i for i in eog}
+        eog_ids = {self.tokens[i]: i for i in eog}  # text -> id
         # o200k_harmony / solar-open: <|end|> is not the end of generation there
-        if "<|end|>" in texts and (("<|return|>" in texts and "<|call|>" in texts)
-                                   or ("<|calls|>" in texts and "<|flush|>" in texts)):
-            eog.discard(texts["<|end|>"])
-            self.attrs[texts["<|end|>"]] = TokenAttr.USER_DEFINED
-        if "<|tool_response>" in texts and "</s>" in texts:  # gemma4, paddleocr
-            eog.discard(texts["</s>"])
-            self.attrs[texts["</s>"]] = TokenAttr.NORMAL
+        if "<|end|>" in eog_ids and (("<|return|>" in eog_ids and "<|call|>" in eog_ids)
+                                     or ("<|calls|>" in eog_ids and "<|flush|>" in eog_ids)):
+            eog.discard(eog_ids["<|end|>"])
+            self.attrs[eog_ids["<|end|>"]] = TokenAttr.USER_DEFINED
+        if "<|tool_response>" in eog_ids and "</s>" in eog_ids:  # gemma4, paddleocr
+            eog.discard(eog_ids["</s>"])
+            self.attrs[eog_ids["</s>"]] = TokenAttr.NORMAL
         self.eog_ids: frozenset[int] = frozenset(eog)
 
     def _set_model_specific_attrs(self, model_name: str) -> None:
@@ -280,9 +280,9 @@ class Tokenizer:
                 if a & _SPECIAL_ATTRS:
                     self.attrs[i] = a | TokenAttr.RSTRIP
             for t, on in (("</s>", True), ("<unk>", False), ("<s>", False), ("<|endoftext|>", False)):
-                i = self.token_to_id.get(t)
-                if i is not None:
-                    self.attrs[i] = self.attrs[i] | TokenAttr.RSTRIP if on else self.attrs[i] & ~TokenAttr.RSTRIP
+                tid = self.token_to_id.get(t)
+                if tid is not None:
+                    self.attrs[tid] = self.attrs[tid] | TokenAttr.RSTRIP if on else self.attrs[tid] & ~TokenAttr.RSTRIP
 
     # --- public queries -----------------------------------------------------------------------
     @property
@@ -326,7 +326,7 @@ class Tokenizer:
         text = _as_text(text)
         fragments = self._partition(text, parse_special) if text else []
         out: list[int] = []
-        if add_special and self.add_bos:
+        if add_special and self.add_bos and self.bos_id is not None:  # add_bos implies a bos_id
             out.append(self.bos_id)
         items: list = []
         after_special = True
@@ -338,7 +338,7 @@ class Tokenizer:
                 items.append((text[frag[0]:frag[1]], after_special))
                 after_special = False
         self._encode_items(items, out)
-        if add_special and self.add_eos:
+        if add_special and self.add_eos and self.eos_id is not None:  # add_eos implies an eos_id
             out.append(self.eos_id)
         return out
 
@@ -387,14 +387,15 @@ class Tokenizer:
             trie = tries[head]
             pos = text.find(head)
             while pos >= 0:
-                node, k = trie, pos
-                while node is not None:
-                    hit = node.get(None)
+                at: dict | None = trie
+                k = pos
+                while at is not None:
+                    hit = at.get(None)
                     if hit:
                         found.update(hit)
                     if k >= n:
                         break
-                    node = node.get(text[k])
+                    at = at.get(text[k])
                     k += 1
                 pos = text.find(head, pos + 1)
         if not parse_special:
@@ -504,7 +505,7 @@ class Tokenizer:
             "utf-8", "replace")
 
 
-def _clean_up_spaces(text: bytes) -> bytes:
+def _clean_up_spaces(text: bytes | bytearray) -> bytes:
     """The three in-place passes of llama.cpp's clean_spaces, byte for byte."""
     if any(p in text for p in (b" ?", b" !", b" .", b" ,")):
         text = _clean_pass1(bytearray(text))

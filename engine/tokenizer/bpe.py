@@ -10,12 +10,15 @@ here. Words are merged once and cached.
 from __future__ import annotations
 
 import heapq
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import regex
 
 from ..errors import TokenizerError
 from .base import K, Tokenizer, _meta_get, llama_codepoints
+
+if TYPE_CHECKING:
+    from .kernels import ByteTable
 
 # --- pre-tokenizer regexes (llama.cpp llm_tokenizer_bpe) ---------------------------------------
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
@@ -161,7 +164,7 @@ class BPETokenizer(Tokenizer):
                 ranks.setdefault(m, i)
         self.ranks = ranks
         self._cache: dict[str, tuple[int, ...]] = {}
-        self._kernel_tables = None
+        self._kernel_tables: tuple[ByteTable, ByteTable] | None = None  # (vocab, merges) for kernels.merge_bpe
 
     # --- encode -------------------------------------------------------------------------------
     def _encode_fragment(self, text: str, after_special: bool, out: list[int]) -> None:

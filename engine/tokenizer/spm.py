@@ -14,12 +14,15 @@ piece (about one word) is merged on its own and cached.
 from __future__ import annotations
 
 import heapq
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import regex
 
 from .base import TokenAttr, Tokenizer, to_bytes
+
+if TYPE_CHECKING:
+    from .kernels import ByteTable
 
 SPACE = "\u2581"  # ▁
 LONG_PIECE = 256  # characters; longer pieces go to the numba merge
@@ -56,7 +59,8 @@ class SPMTokenizer(Tokenizer):
         else:
             self._cuts = regex.compile(f"(?={SPACE})")
         self._cache: dict[str, tuple[int, ...]] = {}
-        self._kernel_tables = None
+        # (vocab, score priorities, byte ids) for kernels.merge_spm_many, built on first use
+        self._kernel_tables: tuple[ByteTable, np.ndarray, np.ndarray] | None = None
 
     def _byte_token(self, b: int) -> int | None:
         tid = self.token_to_id.get(f"<0x{b:02X}>")
