@@ -8,6 +8,8 @@ Callers map errors by class: the HTTP server turns `InvalidRequestError` (and it
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class EngineError(Exception):
     """Base class for all errors the engine reports to callers."""
@@ -35,6 +37,11 @@ class TokenizerError(EngineError):
 
 class TemplateError(EngineError):
     """A chat template failed to parse or render."""
+
+
+class TemplateRefusedError(TemplateError):
+    """The chat template itself rejected the conversation (its `raise_exception(...)`), e.g.
+    roles that do not alternate: the caller's messages are at fault."""
 
 
 class ModelStoreError(EngineError):
@@ -79,3 +86,38 @@ class RouterError(EngineError):
 
 class UnknownModelError(RouterError):
     """The router has no model of that name."""
+
+
+# llama-server's error types by HTTP status (tools/server/utils.hpp format_error_response),
+# which are also OpenAI's names where OpenAI has one.
+HTTP_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    500: "server_error",
+    501: "not_supported_error",
+    503: "unavailable_error",
+}
+
+
+class APIError(EngineError):
+    """An HTTP error to send to the client as-is (engine/server/errors.py renders it).
+
+    Args:
+        status: HTTP status code.
+        message: what went wrong, in words a user can act on.
+        type: error type (default from the status).
+        extra: additional fields inside "error" (e.g. n_prompt_tokens, n_ctx, param).
+    """
+
+    def __init__(self, status: int, message: str, type: str | None = None, **extra: Any):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type or HTTP_ERROR_TYPES.get(status, "server_error")
+        self.extra = extra
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"code": self.status, "message": self.message, "type": self.type, **self.extra}}

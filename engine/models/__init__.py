@@ -1,51 +1,19 @@
 """Architecture registry keyed by `general.architecture`; aliases map in one dict.
 
-An architecture is one module here (llama.py, gemma2.py, ...) providing
-    config_from_gguf(f) -> ModelConfig         its hyper-parameters (a ModelConfig subclass
-                                               when it has parameters of its own)
-    load_layer(f, cfg, il) -> its layer dataclass, attributes named as GGUF tensors
-    block(s, il, lw)                           one layer on a ubatch, s.x updated in place
-and, where they differ from the shared ones in layers.py,
-    embed(s, w)                                token embeddings into s.x
-    head(s, w, out, embeddings)                final norm and logits of the output rows
-Adding an architecture is one module plus one line in ARCHITECTURES.
+An architecture is one module here (llama.py, gemma2.py, ...) ending in its record,
+`ARCH = Architecture(name, config_from_gguf, load_layer, block[, embed, head])`
+(engine/models/base.py). Adding an architecture is one module plus its name in the tuple
+below.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from types import ModuleType
-
 from ..errors import UnsupportedArchError
-from . import gemma2, gemma3, layers, llama, phi3, qwen2, qwen3
-
-
-@dataclass(frozen=True)
-class Architecture:
-    name: str
-    config_from_gguf: Callable
-    load_layer: Callable
-    block: Callable
-    embed: Callable = layers.embed
-    head: Callable = layers.head
-
-    @classmethod
-    def from_module(cls, name: str, module: ModuleType) -> Architecture:
-        hooks = ("config_from_gguf", "load_layer", "block", "embed", "head")
-        return cls(name, **{h: getattr(module, h) for h in hooks if hasattr(module, h)})
-
+from . import gemma2, gemma3, llama, phi3, qwen2, qwen3
+from .base import Architecture
 
 ARCHITECTURES: dict[str, Architecture] = {
-    name: Architecture.from_module(name, module)
-    for name, module in {
-        "llama": llama,
-        "qwen2": qwen2,
-        "qwen3": qwen3,
-        "gemma2": gemma2,
-        "gemma3": gemma3,
-        "phi3": phi3,
-    }.items()
+    m.ARCH.name: m.ARCH for m in (llama, qwen2, qwen3, gemma2, gemma3, phi3)
 }
 ARCH_ALIASES = {"mistral": "llama"}
 

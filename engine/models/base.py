@@ -1,5 +1,6 @@
-"""Binding an architecture's tensors: the model-level weights every architecture has, and
-`bind_layer`, which fills an architecture's per-layer dataclass from the GGUF by field name.
+"""What an architecture is (`Architecture`, the record each engine/models/<arch>.py
+declares as ARCH), the model-level weights every architecture has, and `bind_layer`, which
+fills an architecture's per-layer dataclass from the GGUF by field name.
 
 A layer dataclass's attributes are GGUF tensor names: field `attn_q` of layer 3 is
 `blk.3.attn_q.weight`, field `attn_q_bias` is `blk.3.attn_q.bias`. Every field is required;
@@ -8,7 +9,9 @@ its expected shape comes from `layer_shapes(cfg)` unless the architecture overri
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 
@@ -16,6 +19,26 @@ from ..config import ModelConfig
 from ..errors import MissingTensorError
 from ..gguf_file import GGUFFile
 from ..quants import QTensor
+from . import layers
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """One architecture: its hyper-parameters, its per-layer tensors and its computation.
+
+    config_from_gguf(f) -> ModelConfig (or the architecture's subclass of it)
+    load_layer(f, cfg, il) -> its layer dataclass, attributes named as GGUF tensors
+    block(s, il, lw): one layer on a ubatch, s.x updated in place
+    embed(s, w) and head(s, w, out, embeddings): token embeddings into s.x, final norm and
+        logits of the output rows; the shared ones of layers.py unless the architecture differs
+    """
+
+    name: str
+    config_from_gguf: Callable[[GGUFFile], ModelConfig]
+    load_layer: Callable[[GGUFFile, Any, int], Any]
+    block: Callable[[layers.UbatchState, int, Any], None]
+    embed: Callable[[layers.UbatchState, Any], None] = layers.embed
+    head: Callable[[layers.UbatchState, Any, np.ndarray, bool], None] = layers.head
 
 
 @dataclass

@@ -17,7 +17,7 @@ from ..config import ModelConfig, base_config, swa_layers
 from ..gguf_file import GGUFFile
 from ..quants import QTensor
 from . import layers as L
-from .base import bind_layer
+from .base import Architecture, bind_layer
 
 SWA_PATTERN = 2  # every 2nd layer is global
 SLIDING_WINDOW = 4096
@@ -83,3 +83,6 @@ def block(s: L.UbatchState, il: int, lw: Layer) -> None:
     s.x += L.norm(s, o, lw.post_attention_norm, o)
     o = L.ffn(s, L.norm(s, s.x, lw.ffn_norm), lw.ffn_gate, lw.ffn_up, lw.ffn_down, "gelu")
     s.x += L.norm(s, o, lw.post_ffw_norm, o)
+
+
+ARCH = Architecture("gemma2", config_from_gguf, load_layer, block, embed=embed, head=head)

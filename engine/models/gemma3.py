@@ -15,7 +15,7 @@ from ..config import ModelConfig, base_config, swa_layers
 from ..gguf_file import GGUFFile
 from ..quants import QTensor
 from . import layers as L
-from .base import bind_layer
+from .base import Architecture, bind_layer
 
 SWA_PATTERN = 6  # llama.cpp: every 6th layer is global, the others slide
 ROPE_BASE_SWA = 10000.0  # llama.cpp's default when the GGUF has no rope.freq_base_swa
@@ -84,3 +84,6 @@ def block(s: L.UbatchState, il: int, lw: Layer) -> None:
     s.x += L.norm(s, o, lw.post_attention_norm, o)
     o = L.ffn(s, L.norm(s, s.x, lw.ffn_norm), lw.ffn_gate, lw.ffn_up, lw.ffn_down, "gelu")
     s.x += L.norm(s, o, lw.post_ffw_norm, o)
+
+
+ARCH = Architecture("gemma3", config_from_gguf, load_layer, block, embed=embed, head=head)

@@ -15,7 +15,7 @@ from ..config import ModelConfig, base_config
 from ..gguf_file import GGUFFile
 from ..quants import QTensor
 from . import layers as L
-from .base import bind_layer, rope_factors
+from .base import Architecture, bind_layer, rope_factors
 
 
 @dataclass(frozen=True)
@@ -52,3 +52,6 @@ def block(s: L.UbatchState, il: int, lw: Layer) -> None:
     q, k, v = L.qkv(s, L.norm(s, s.x, lw.attn_norm), lw.attn_q, lw.attn_k, lw.attn_v)
     s.x += L.attention(s, il, q, k, v, lw.attn_output)
     s.x += L.ffn(s, L.norm(s, s.x, lw.ffn_norm), lw.ffn_gate, lw.ffn_up, lw.ffn_down, "silu")
+
+
+ARCH = Architecture("llama", config_from_gguf, load_layer, block)

@@ -19,7 +19,7 @@ from ..config import ModelConfig, base_config
 from ..gguf_file import GGUFFile
 from ..quants import QTensor
 from . import layers as L
-from .base import bind_layer, rope_factors
+from .base import Architecture, bind_layer, rope_factors
 
 
 @dataclass(frozen=True)
@@ -72,3 +72,6 @@ def block(s: L.UbatchState, il: int, lw: Layer) -> None:
     q, k, v = L.qkv_fused(s, L.norm(s, s.x, lw.attn_norm), lw.attn_qkv)
     s.x += L.attention(s, il, q, k, v, lw.attn_output)
     s.x += L.ffn_fused(s, L.norm(s, s.x, lw.ffn_norm), lw.ffn_up, lw.ffn_down)
+
+
+ARCH = Architecture("phi3", config_from_gguf, load_layer, block)

@@ -10,7 +10,7 @@ from ..config import ModelConfig, base_config
 from ..gguf_file import GGUFFile
 from ..quants import QTensor
 from . import layers as L
-from .base import bind_layer
+from .base import Architecture, bind_layer
 
 
 def config_from_gguf(f: GGUFFile) -> ModelConfig:
@@ -43,3 +43,6 @@ def block(s: L.UbatchState, il: int, lw: Layer) -> None:
                     lw.attn_q_bias, lw.attn_k_bias, lw.attn_v_bias)
     s.x += L.attention(s, il, q, k, v, lw.attn_output)
     s.x += L.ffn(s, L.norm(s, s.x, lw.ffn_norm), lw.ffn_gate, lw.ffn_up, lw.ffn_down, "silu")
+
+
+ARCH = Architecture("qwen2", config_from_gguf, load_layer, block)

@@ -10,7 +10,7 @@ from ..config import ModelConfig, base_config
 from ..gguf_file import GGUFFile
 from ..quants import QTensor
 from . import layers as L
-from .base import bind_layer
+from .base import Architecture, bind_layer
 
 
 def config_from_gguf(f: GGUFFile) -> ModelConfig:
@@ -42,3 +42,6 @@ def block(s: L.UbatchState, il: int, lw: Layer) -> None:
     L.norm_heads(s, k, lw.attn_k_norm)
     s.x += L.attention(s, il, q, k, v, lw.attn_output)
     s.x += L.ffn(s, L.norm(s, s.x, lw.ffn_norm), lw.ffn_gate, lw.ffn_up, lw.ffn_down, "silu")
+
+
+ARCH = Architecture("qwen3", config_from_gguf, load_layer, block)

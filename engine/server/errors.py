@@ -1,7 +1,5 @@
-"""APIError and the error body every endpoint returns: {"error": {"code", "message", "type"}}.
-
-The types are llama-server's (tools/server/utils.hpp format_error_response), which are
-also the OpenAI names where OpenAI has one.
+"""The error body every endpoint returns, {"error": {"code", "message", "type"}}: engine
+errors mapped to HTTP by class, and the shortcuts routes use (APIError lives in engine.errors).
 """
 
 from __future__ import annotations
@@ -12,45 +10,20 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from ..errors import ContextOverflowError, EngineError, InvalidRequestError, SchedulerStoppedError
+from ..errors import (
+    APIError,
+    ContextOverflowError,
+    EngineError,
+    InvalidRequestError,
+    SchedulerStoppedError,
+)
 
 log = logging.getLogger(__name__)
 
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "invalid_request_error",
-    500: "server_error",
-    501: "not_supported_error",
-    503: "unavailable_error",
-}
-
-
-class APIError(Exception):
-    """An error to send to the client as-is.
-
-    Args:
-        status: HTTP status code.
-        message: what went wrong, in words a user can act on.
-        type: error type (default from the status).
-        extra: additional fields inside "error" (e.g. n_prompt_tokens, n_ctx, param).
-    """
-
-    def __init__(self, status: int, message: str, type: str | None = None, **extra: Any):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type or ERROR_TYPES.get(status, "server_error")
-        self.extra = extra
-
-    def body(self) -> dict:
-        return {"error": {"code": self.status, "message": self.message, "type": self.type, **self.extra}}
-
-    def response(self) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
-        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+def api_response(e: APIError) -> JSONResponse:
+    """The JSON response for an APIError (with the auth challenge header on a 401)."""
+    headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
+    return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
 
 def invalid(message: str, **extra) -> APIError:
@@ -95,7 +68,7 @@ def api_error(e: BaseException) -> APIError:
 
 
 def error_response(status: int, message: str, type: str | None = None) -> JSONResponse:
-    return APIError(status, message, type).response()
+    return api_response(APIError(status, message, type))
 
 
 def format_validation_errors(errors: Sequence[Mapping[str, Any]]) -> str:

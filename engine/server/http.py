@@ -20,8 +20,8 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 
-from ..errors import EngineError, PortInUseError
-from .errors import APIError, error_response, format_validation_errors, loading
+from ..errors import APIError, EngineError, PortInUseError
+from .errors import api_response, error_response, format_validation_errors, loading
 from .state import ServerState
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
-        return exc.response()
+        return api_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
@@ -90,7 +90,7 @@ class GateMiddleware:
         rejection = self._check(scope)
         try:
             if rejection is not None:
-                await rejection.response()(scope, receive, send_wrapper)
+                await api_response(rejection)(scope, receive, send_wrapper)
             else:
                 await self.app(scope, receive, send_wrapper)
         finally:

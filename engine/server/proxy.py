@@ -12,9 +12,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import StreamingResponse
 
-from ..errors import RouterError, UnknownModelError
+from ..errors import APIError, RouterError, UnknownModelError
 from ..router import Router
-from .errors import APIError, error_response, invalid
+from .errors import api_response, error_response, invalid
 from .http import GateMiddleware
 from .routes import read_body
 from .state import ServerState, ServerStatus
@@ -36,7 +36,7 @@ def create_router_app(router: Router, state: ServerState) -> FastAPI:
 
     @app.exception_handler(APIError)
     async def _api_error(request, exc: APIError):
-        return exc.response()
+        return api_response(exc)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request, exc):

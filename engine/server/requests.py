@@ -11,11 +11,11 @@ import json
 import math
 from typing import TYPE_CHECKING
 
-from ..errors import TemplateError
+from ..errors import APIError, TemplateError
 from ..sampling import SamplingParams
 from ..scheduler import GenerationRequest
 from ..tokenizer.chat_template import encode_chat_prompt
-from .errors import APIError, invalid
+from .errors import invalid
 from .schemas import ApplyTemplateRequest, ChatCompletionRequest, CompletionRequest, SamplingFields
 
 if TYPE_CHECKING:

@@ -18,11 +18,12 @@ from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
+from ..errors import APIError
 from ..scheduler import EmbeddingRequest
 from ..seams import ServerTokenizer
 from ..tasks import EmbeddingResult
 from . import requests as rq
-from .errors import APIError, api_error, format_validation_errors, invalid, not_supported
+from .errors import api_error, format_validation_errors, invalid, not_supported
 from .openai import DONE, ChatFormatter, NativeFormatter, TextFormatter, sse
 from .schemas import (
     ApplyTemplateRequest,

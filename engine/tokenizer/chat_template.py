@@ -22,10 +22,10 @@ import jinja2.ext
 import jinja2.sandbox
 from jinja2 import nodes
 
-from ..errors import TemplateError
+from ..errors import TemplateError, TemplateRefusedError
 
 if TYPE_CHECKING:
-    from ..seams import PromptTemplate
+    from ..seams import MetadataSource, PromptTemplate
 
 _C_SPACE = " \t\n\v\f\r"
 
@@ -280,12 +280,8 @@ class _GenerationTag(jinja2.ext.Extension):
         return nodes.Scope(body, lineno=lineno)
 
 
-class _RaisedError(Exception):
-    pass
-
-
 def _raise_exception(message):
-    raise _RaisedError(str(message))
+    raise TemplateRefusedError(str(message))
 
 
 def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
@@ -368,8 +364,9 @@ class ChatTemplate:
         return cls(_BUILTIN_SOURCES[name], name, family=name, **kw)
 
     @classmethod
-    def from_gguf(cls, gguf_file: Any, override: str | None = None) -> ChatTemplate:
-        """The template for a model (a GGUFFile, a path, or a metadata mapping).
+    def from_gguf(cls, gguf_file: MetadataSource | str | os.PathLike[str],
+                  override: str | None = None) -> ChatTemplate:
+        """The template for a model (its metadata: a GGUFFile or a mapping; or a GGUF path).
 
         `override` (a built-in name, a template file, or template text) if given, else
         `tokenizer.chat_template`, else a built-in chosen by architecture and vocabulary
@@ -382,8 +379,7 @@ class ChatTemplate:
             from ..gguf_file import GGUFFile
 
             gguf_file = GGUFFile(gguf_file)
-        meta = gguf_file if isinstance(gguf_file, Mapping) else getattr(gguf_file, "metadata", None)
-        get = meta.get if meta is not None else gguf_file.get
+        get = gguf_file.get
         tokens = get("tokenizer.ggml.tokens") or []
         kw = _special_kw(get, tokens)
         if override is not None:
@@ -436,8 +432,8 @@ class ChatTemplate:
             variables["tools"] = tools
         try:
             text = template.render(**variables)
-        except _RaisedError as e:
-            raise TemplateError(f"chat template '{self.name}' refused the conversation: {e}") from None
+        except TemplateRefusedError as e:
+            raise TemplateRefusedError(f"chat template '{self.name}' refused the conversation: {e}") from None
         except jinja2.TemplateError as e:
             raise TemplateError(f"chat template '{self.name}' failed to render: {e}") from None
         except RecursionError:
