@@ -13,7 +13,7 @@ import numpy as np
 
 from ..config import ModelConfig, base_config, swa_layers
 from ..gguf_file import GGUFFile
-from ..quants import QTensor
+from . import gemma2
 from . import layers as L
 from .base import Architecture, bind_layer
 
@@ -48,32 +48,15 @@ def config_from_gguf(f: GGUFFile) -> Gemma3Config:
 
 
 @dataclass
-class Layer:
-    attn_norm: np.ndarray
-    attn_q: QTensor
-    attn_k: QTensor
-    attn_v: QTensor
+class Layer(gemma2.Layer):
+    """gemma2's tensors plus per-head RMSNorm weights for Q and K."""
+
     attn_q_norm: np.ndarray
     attn_k_norm: np.ndarray
-    attn_output: QTensor
-    post_attention_norm: np.ndarray
-    ffn_norm: np.ndarray
-    ffn_gate: QTensor
-    ffn_up: QTensor
-    ffn_down: QTensor
-    post_ffw_norm: np.ndarray
 
 
 def load_layer(f: GGUFFile, cfg: ModelConfig, il: int) -> Layer:
     return bind_layer(f, cfg, il, Layer)
-
-
-def embed(s: L.UbatchState, w) -> None:
-    L.embed(s, w, math.sqrt(s.cfg.n_embd))
-
-
-def head(s: L.UbatchState, w, out: np.ndarray, embeddings: bool) -> None:
-    L.head(s, w, out, embeddings, s.cfg.final_logit_softcap)
 
 
 def block(s: L.UbatchState, il: int, lw: Layer) -> None:
@@ -86,4 +69,5 @@ def block(s: L.UbatchState, il: int, lw: Layer) -> None:
     s.x += L.norm(s, o, lw.post_ffw_norm, o)
 
 
-ARCH = Architecture("gemma3", config_from_gguf, load_layer, block, embed=embed, head=head)
+# as gemma2: embeddings scaled by sqrt(n_embd), final logits soft-capped when the file says so
+ARCH = Architecture("gemma3", config_from_gguf, load_layer, block, embed=gemma2.embed, head=gemma2.head)

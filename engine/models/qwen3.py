@@ -8,8 +8,8 @@ import numpy as np
 
 from ..config import ModelConfig, base_config
 from ..gguf_file import GGUFFile
-from ..quants import QTensor
 from . import layers as L
+from . import llama
 from .base import Architecture, bind_layer
 
 
@@ -18,18 +18,11 @@ def config_from_gguf(f: GGUFFile) -> ModelConfig:
 
 
 @dataclass
-class Layer:
-    attn_norm: np.ndarray
-    attn_q: QTensor
-    attn_k: QTensor
-    attn_v: QTensor
+class Layer(llama.Layer):
+    """llama's tensors plus per-head RMSNorm weights for Q and K."""
+
     attn_q_norm: np.ndarray
     attn_k_norm: np.ndarray
-    attn_output: QTensor
-    ffn_norm: np.ndarray
-    ffn_gate: QTensor
-    ffn_up: QTensor
-    ffn_down: QTensor
 
 
 def load_layer(f: GGUFFile, cfg: ModelConfig, il: int) -> Layer:
