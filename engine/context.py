@@ -17,7 +17,7 @@ from .config import ModelConfig
 from .errors import EngineError
 from .jit import use_num_threads
 from .kv_cache import KVCache
-from .memory import MemoryReport, buffer_shapes, compute_buffer_bytes, ctx_per_seq, memory_report
+from .memory import MemoryReport, buffer_shapes, ctx_per_seq, memory_report
 from .model import Model
 
 
@@ -37,12 +37,9 @@ class Buffers:
     memory.buffer_shapes (x, h, o, q, k, v, attn, gate, up, tile, scores and any the
     architecture adds), as float32 attributes."""
 
-    def __init__(self, cfg: ModelConfig, n_ubatch: int, n_ctx_seq: int, tile_cols: int):
-        from .quants import TILE_ROWS
-
+    def __init__(self, cfg: ModelConfig, n_ubatch: int, n_ctx_seq: int):
         for name, shape in buffer_shapes(cfg, n_ubatch, n_ctx_seq).items():
             setattr(self, name, np.zeros(shape, np.float32))
-        assert self.tile.size == TILE_ROWS * tile_cols
 
     if TYPE_CHECKING:  # the arrays are set by name in __init__ (not a run-time hook)
 
@@ -73,9 +70,7 @@ class Context:
         self.n_ctx_seq = ctx_per_seq(n_ctx, params.n_seq_max, params.kv_unified)
         self.params = params
         self.kv = KVCache(cfg, self.n_ctx_seq, params.n_seq_max, params.type_k, params.type_v)
-        tile_cols = max(cfg.n_embd, cfg.n_ff, cfg.n_head * cfg.head_dim_v)
-        self.buf = Buffers(cfg, self.n_ubatch, self.n_ctx_seq, tile_cols)
-        assert self.buf.nbytes == compute_buffer_bytes(cfg, self.n_ubatch, self.n_ctx_seq)
+        self.buf = Buffers(cfg, self.n_ubatch, self.n_ctx_seq)
 
     @property
     def n_vocab(self) -> int:

@@ -21,9 +21,11 @@ import numba
 _OPTS: dict[str, Any] = dict(cache=True, fastmath=True, nogil=True, error_model="numpy")
 
 kernel = numba.njit(**_OPTS)
-_n_threads = 0  # set by set_num_threads (0: numba's default, every core)
-T = TypeVar("T")
 parallel_kernel = numba.njit(parallel=True, **_OPTS)
+
+_n_threads = 0  # set by set_num_threads (0: numba's default, every core)
+_stale_warned = False  # generated_kernel's warning is given once per process
+T = TypeVar("T")
 
 
 def set_num_threads(n_threads: int) -> int:
@@ -82,10 +84,6 @@ def use_num_threads() -> None:
         numba.set_num_threads(_n_threads)
 
 
-def get_num_threads() -> int:
-    return numba.get_num_threads()
-
-
 # --- generated kernel modules ------------------------------------------------------------------
 # numba re-uses a cached kernel while the *decorated function's own file* is unchanged (its stamp
 # is a hash of that file's bytes). The quant kernels are generated modules
@@ -134,6 +132,3 @@ def generated_kernel(module_file: str, sources, digest: str, parallel: bool = Tr
             "`python -m engine.quants.codegen`", RuntimeWarning, stacklevel=2,
         )
     return numba.njit(parallel=parallel, **{**_OPTS, "cache": False})
-
-
-_stale_warned = False

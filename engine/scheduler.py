@@ -42,7 +42,6 @@ from .errors import (
 from .seams import DecodeContext, GenerationTokenizer, ServedModel
 from .sequence import GenerationStep, SequenceGenerator
 from .tasks import (
-    END,
     EmbeddingRequest,
     EmbeddingResult,
     GenerationRequest,
@@ -556,6 +555,6 @@ class Scheduler:
 
 
 __all__ = [
-    "END", "EmbeddingRequest", "EmbeddingResult", "GenerationRequest", "RequestHandle",
+    "EmbeddingRequest", "EmbeddingResult", "GenerationRequest", "RequestHandle",
     "Scheduler", "SchedulerMetrics", "SlotState",
 ]

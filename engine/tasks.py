@@ -62,7 +62,6 @@ class EmbeddingResult:
 
 
 Request = GenerationRequest | EmbeddingRequest
-Item = GenerationStep | EmbeddingResult
 ItemT = TypeVar("ItemT", GenerationStep, EmbeddingResult)
 
 

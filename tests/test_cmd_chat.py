@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 
 import numpy as np
+import pexpect
 import pytest
 
 from engine.cli import main
@@ -204,7 +205,6 @@ PROMPT = r">(?:\x08|\x1b\[\d*C| )"
 
 
 def test_chat_pty_interrupt_returns_to_prompt(tmp_path):
-    pexpect = pytest.importorskip("pexpect")
     from ggufgen import write_tiny_model
 
     model = write_tiny_model(tmp_path / "tiny.gguf")
@@ -235,7 +235,6 @@ def test_chat_pty_interrupt_returns_to_prompt(tmp_path):
 
 
 def test_chat_pty_commands(tmp_path):
-    pexpect = pytest.importorskip("pexpect")
     from ggufgen import write_tiny_model
 
     model = write_tiny_model(tmp_path / "tiny.gguf")

@@ -88,7 +88,6 @@ def test_fake_and_real_session_set_every_attribute(tiny_llama_path, tmp_path):
 
 
 def test_mypy_accepts_the_implementations():
-    pytest.importorskip("mypy")
     files = ["app/engine_api.py", "app/engine_adapter.py", "app/dto.py", "app/errors.py",
              "tests/gui/fake_engine.py"]
     result = subprocess.run(
