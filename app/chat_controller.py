@@ -1,12 +1,20 @@
-"""ChatController: send / stop / regenerate / edit, persisting every message as it is sent."""
+"""ChatController: send / stop / regenerate / edit, persisting every message as it is sent.
+
+Every store call is guarded: a full disk, a read-only folder or a locked file becomes a message
+(storage_failed) and never an exception in a Qt slot; what the user sees stays on screen, and a
+message that could not be saved says so on its bubble.
+"""
 
 from __future__ import annotations
 
+import logging
 import time
+from pathlib import Path
 
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QObject, QTimer, Signal
 
 from .context import AppContext
+from .data_folder import STORE_ERRORS, describe_storage_error
 from .dto import ReplyStep
 from .engine_api import SessionApi
 from .item_models.chat_list_model import ChatListModel
@@ -16,6 +24,8 @@ from .workers import GenerationWorker
 
 SAVE_INTERVAL_S = 1.0  # a streaming reply is rewritten in the store at most this often
 
+log = logging.getLogger(__name__)
+
 
 class ChatController(QObject):
     busy_changed = Signal(bool)
@@ -23,6 +33,8 @@ class ChatController(QObject):
     context_changed = Signal(int, int)  # tokens used, tokens available to the chat
     failed = Signal(str)
     conversation_opened = Signal(int, str)  # id, title
+    storage_failed = Signal(str)  # a history read or write failed: what, and why, in words
+    edit_refused = Signal(int, str)  # row, text: the edit was not applied; give the text back
 
     def __init__(self, ctx: AppContext, parent=None):
         super().__init__(parent)
@@ -32,6 +44,7 @@ class ChatController(QObject):
         self.conversations.title_edited.connect(self._on_title_edited)
         self.conversation_id = 0
         self._worker: GenerationWorker | None = None
+        self._reply: Message | None = None  # the streaming reply; _reply_id 0: not in the store
         self._reply_id, self._saved_at = 0, 0.0
         self._search = ""
         self.refresh_conversations()
@@ -39,7 +52,12 @@ class ChatController(QObject):
     # conversations ----------------------------------------------------------------------------
     def refresh_conversations(self, search: str | None = None) -> None:
         self._search = self._search if search is None else search
-        self.conversations.set_conversations(self.ctx.store.list(self._search))
+        try:
+            rows = self.ctx.store.list(self._search)
+        except STORE_ERRORS as e:  # the list on screen stays as it was
+            self._storage_error("The conversation list could not be read", e)
+            return
+        self.conversations.set_conversations(rows)
 
     def new_conversation(self) -> None:
         self.conversation_id = 0
@@ -50,23 +68,47 @@ class ChatController(QObject):
     def open_conversation(self, conversation_id: int) -> None:
         if self.busy() or conversation_id == self.conversation_id:
             return
+        try:
+            messages, title = self.ctx.store.messages(conversation_id), self.ctx.store.title(conversation_id)
+        except STORE_ERRORS as e:
+            self._storage_error("The conversation could not be opened", e)
+            return
         self.conversation_id = conversation_id
-        messages = self.ctx.store.messages(conversation_id)
         self.chat_model.set_messages(messages)
-        self.conversation_opened.emit(conversation_id, self.ctx.store.title(conversation_id))
+        self.conversation_opened.emit(conversation_id, title)
         last = next((m.stats for m in reversed(messages) if m.stats), {})
         self.context_changed.emit(last.get("n_prompt", 0) + last.get("n_generated", 0), self.n_ctx())
 
     def _on_title_edited(self, conversation_id: int, title: str) -> None:
-        self.ctx.store.rename(conversation_id, title)
+        try:
+            self.ctx.store.rename(conversation_id, title)
+        except STORE_ERRORS as e:
+            self._storage_error("The new title was not saved", e)
+            # back to the stored title, after the view's editor has finished with the model
+            QTimer.singleShot(0, self.refresh_conversations)
+            return
         if conversation_id == self.conversation_id:
             self.conversation_opened.emit(conversation_id, title)
 
     def delete_conversation(self, conversation_id: int) -> None:
-        self.ctx.store.delete(conversation_id)
+        try:
+            self.ctx.store.delete(conversation_id)
+        except STORE_ERRORS as e:
+            self._storage_error("The conversation was not deleted", e)
+            return
         if conversation_id == self.conversation_id:
             self.new_conversation()
         self.refresh_conversations()
+
+    def import_conversation(self, path: str) -> None:
+        """Add a conversation exported as JSON, and open it."""
+        try:
+            conversation_id = self.ctx.store.import_json(Path(path).read_text(encoding="utf-8"))
+        except (*STORE_ERRORS, ValueError) as e:  # ValueError: not JSON, or not an export
+            self._storage_error(f"{Path(path).name} was not imported", e)
+            return
+        self.refresh_conversations()
+        self.open_conversation(conversation_id)
 
     def n_ctx(self) -> int:
         s = self.ctx.session
@@ -83,13 +125,16 @@ class ChatController(QObject):
         session = self._loaded_session()
         if session is None:
             return
-        if not self.conversation_id:
-            title = " ".join(text.split()[:8])[:60] or "New chat"
-            self.conversation_id = self.ctx.store.create(title, self.ctx.settings.system_prompt)
-            self.conversation_opened.emit(self.conversation_id, title)
         message = Message("user", text)
-        self.ctx.store.add_message(self.conversation_id, message)  # committed before anything else
-        self.chat_model.append(message)
+        self.chat_model.append(message)  # on screen first: a failed write must not lose it
+        try:
+            if not self.conversation_id:
+                title = " ".join(text.split()[:8])[:60] or "New chat"
+                self.conversation_id = self.ctx.store.create(title, self.ctx.settings.system_prompt)
+                self.conversation_opened.emit(self.conversation_id, title)
+            self.ctx.store.add_message(self.conversation_id, message)  # committed before the reply starts
+        except STORE_ERRORS as e:
+            self._not_saved(message, "Your message was not saved", e)
         self.refresh_conversations()
         self._start_reply(session)
 
@@ -102,9 +147,8 @@ class ChatController(QObject):
         if self.busy() or rows == 0 or self.chat_model.message(rows - 1).role != "assistant":
             return
         session = self._loaded_session()
-        if session is None:  # checked before truncating, so nothing is lost
+        if session is None or not self._truncate(rows - 1):  # checked first, so nothing is lost
             return
-        self._truncate(rows - 1)
         self._start_reply(session)
 
     def edit(self, row: int, text: str) -> None:
@@ -113,7 +157,9 @@ class ChatController(QObject):
             return
         if self._loaded_session() is None:  # checked before truncating, so nothing is lost
             return
-        self._truncate(row)
+        if not self._truncate(row):
+            self.edit_refused.emit(row, text)  # the input box was cleared on submit
+            return
         self.send(text)
 
     def _loaded_session(self) -> SessionApi | None:
@@ -122,9 +168,25 @@ class ChatController(QObject):
             self.failed.emit("Load a model first (Ctrl+O or the Models tab).")
         return self.ctx.session
 
-    def _truncate(self, row: int) -> None:
-        self.ctx.store.delete_from(self.conversation_id, self.chat_model.message(row).id)
+    def _truncate(self, row: int) -> bool:
+        """Drop `row` and everything after it; False, with nothing changed, if the store refused."""
+        saved = [m.id for m in self.chat_model.messages()[row:] if m.id]  # id 0: never stored
+        try:
+            if saved and self.conversation_id:
+                self.ctx.store.delete_from(self.conversation_id, saved[0])
+        except STORE_ERRORS as e:
+            self._storage_error("Nothing was changed, the history could not be updated", e)
+            return False
         self.chat_model.truncate(row)
+        return True
+
+    def _storage_error(self, what: str, e: BaseException) -> None:
+        log.warning("%s: %s", what, e)
+        self.storage_failed.emit(f"{what}: {describe_storage_error(e)}.")
+
+    def _not_saved(self, message: Message, what: str, e: BaseException) -> None:
+        self.chat_model.set_error(message, f"Not saved: {describe_storage_error(e)}")
+        self._storage_error(what, e)
 
     def _history(self) -> list[dict]:
         system = self.ctx.settings.system_prompt.strip()
@@ -133,10 +195,14 @@ class ChatController(QObject):
 
     def _start_reply(self, session: SessionApi) -> None:
         history = self._history()
-        reply = Message("assistant", "")
-        self._reply_id = self.ctx.store.add_message(self.conversation_id, reply)
-        self._saved_at = time.monotonic()
+        reply = self._reply = Message("assistant", "")
         self.chat_model.append(reply, streaming=True)
+        self._reply_id, self._saved_at = 0, time.monotonic()
+        try:
+            if self.conversation_id:  # else the user's message was not saved and the bubble says so
+                self._reply_id = self.ctx.store.add_message(self.conversation_id, reply)
+        except STORE_ERRORS as e:
+            self._not_saved(reply, "The reply will not be saved", e)
         worker = GenerationWorker(session, history, self.ctx.settings.sampling)
         worker.token_received.connect(self._on_token)
         worker.step_received.connect(self._on_step)
@@ -150,24 +216,30 @@ class ChatController(QObject):
         self.chat_model.append_delta(text)
         if time.monotonic() - self._saved_at > SAVE_INTERVAL_S:
             self._saved_at = time.monotonic()
-            self.ctx.store.update_message(self._reply_id, self.chat_model.streaming_message().content)
+            self._save_reply()
 
     def _on_step(self, step: ReplyStep) -> None:
         self.step_received.emit(step)
         self.context_changed.emit(step.n_prompt + step.n_generated, self.n_ctx())
 
     def _on_replied(self, stats: dict) -> None:
-        message = self.chat_model.streaming_message()
-        if message is not None:
-            self.ctx.store.update_message(self._reply_id, message.content, stats)
+        self._save_reply(stats)
         self.chat_model.finish_streaming(stats)
 
     def _on_failed(self, error: str) -> None:
-        message = self.chat_model.streaming_message()
-        if message is not None:
-            self.ctx.store.update_message(self._reply_id, message.content)
+        self._save_reply()
         self.chat_model.finish_streaming(error=error)
         self.failed.emit(error)
+
+    def _save_reply(self, stats: dict | None = None) -> None:
+        reply = self.chat_model.streaming_message()
+        if reply is None or reply is not self._reply or not self._reply_id:
+            return
+        try:
+            self.ctx.store.update_message(self._reply_id, reply.content, stats)
+        except STORE_ERRORS as e:
+            self._reply_id = 0  # not retried on every token: the bubble says it is not saved
+            self._not_saved(reply, "The reply was not saved", e)
 
     def _on_finished(self) -> None:
         self._worker = None

@@ -6,6 +6,9 @@ interchangeable here.
 
 from __future__ import annotations
 
+import logging
+import sqlite3
+
 from PySide6.QtCore import QObject, QSettings, Signal
 
 from .dto import LoadParams, MemoryFigures, ServerSettings
@@ -14,6 +17,8 @@ from .machine import free_port, port_in_use
 from .settings import load_settings, save_settings
 from .storage import ConversationStore
 from .workers import CallWorker, MemoryPoller, ModelLoadWorker, WorkerPool
+
+log = logging.getLogger(__name__)
 
 
 class AppContext(QObject):
@@ -25,9 +30,11 @@ class AppContext(QObject):
     server_failed = Signal(str)
     request_logged = Signal(str)  # emitted from server threads; receivers get it queued
 
-    def __init__(self, engine: EngineApi, store: ConversationStore, qsettings: QSettings):
+    def __init__(self, engine: EngineApi, store: ConversationStore, qsettings: QSettings,
+                 notices: list[str] | None = None):
         super().__init__()
         self.engine, self.store, self.qsettings = engine, store, qsettings
+        self.notices = notices or []  # data-folder problems found at start, for the window to show
         self.settings = load_settings(qsettings)
         self.pool = WorkerPool(self)
         self.session: SessionApi | None = None
@@ -95,11 +102,18 @@ class AppContext(QObject):
         self.server_stopped.emit()
 
     # lifetime -------------------------------------------------------------------------------
-    def save(self) -> None:
-        save_settings(self.qsettings, self.settings)
+    def save(self) -> bool:
+        """Write the settings; False (and a log line) when they could not be written."""
+        if save_settings(self.qsettings, self.settings):
+            return True
+        log.warning("settings not saved to %s: %s", self.qsettings.fileName(), self.qsettings.status().name)
+        return False
 
     def shutdown(self) -> None:
         self.unload()
         self.pool.shutdown()
         self.save()
-        self.store.close()
+        try:
+            self.store.close()
+        except sqlite3.Error as e:  # at exit there is no one left to tell; the commits are done
+            log.warning("closing the history: %s", e)

@@ -75,17 +75,15 @@ def build_context(data_dir: str | None = None, engine: EngineApi | None = None) 
     from PySide6.QtCore import QSettings, QStandardPaths
 
     from .context import AppContext
+    from .data_folder import open_data_folder
     from .engine_adapter import EngineAdapter
-    from .storage import ConversationStore
 
     if data_dir:
-        base = Path(data_dir)
-        qsettings = QSettings(str(base / "settings.ini"), QSettings.Format.IniFormat)
+        folder = open_data_folder(Path(data_dir))
     else:
         base = Path(QStandardPaths.writableLocation(QStandardPaths.StandardLocation.AppDataLocation))
-        qsettings = QSettings()
-    store = ConversationStore(base / "conversations.sqlite3")
-    return AppContext(engine or EngineAdapter(), store, qsettings)
+        folder = open_data_folder(base, QSettings())
+    return AppContext(engine or EngineAdapter(), folder.store, folder.settings, folder.notices)
 
 
 if __name__ == "__main__":

@@ -6,10 +6,20 @@ from pathlib import Path
 
 from PySide6.QtCore import QByteArray, Qt
 from PySide6.QtGui import QAction, QKeySequence, QShortcut
-from PySide6.QtWidgets import QFileDialog, QLabel, QMainWindow, QSplitter, QTabWidget, QToolBar, QWidget
+from PySide6.QtWidgets import (
+    QFileDialog,
+    QLabel,
+    QMainWindow,
+    QSplitter,
+    QTabWidget,
+    QToolBar,
+    QVBoxLayout,
+    QWidget,
+)
 
 from .chat_controller import ChatController
 from .context import AppContext
+from .data_folder import STORE_ERRORS, describe_storage_error
 from .engine_api import ServerHandle, SessionApi
 from .gl_info import opengl_info
 from .resources import icon
@@ -17,6 +27,7 @@ from .widgets.chat_pane import ChatPane
 from .widgets.conversation_sidebar import ConversationSidebar
 from .widgets.memory_dashboard import MemoryDashboard
 from .widgets.model_picker import ModelPicker
+from .widgets.notice_banner import NoticeBanner
 from .widgets.sampling_panel import SamplingPanel
 from .widgets.server_panel import ServerPanel
 from .widgets.server_toggle import ServerToggle
@@ -42,6 +53,8 @@ class MainWindow(QMainWindow):
         self._restore_state()
         self.dashboard.backends.set_backend(ctx.engine.backends())
         self.dashboard.backends.set_opengl(*opengl_info())
+        for notice in ctx.notices:  # what went wrong with the data folder at start
+            self.banner.show_notice(notice)
 
     # building -------------------------------------------------------------------------------
     def _build_toolbar(self) -> None:
@@ -82,7 +95,14 @@ class MainWindow(QMainWindow):
         self.tabs.addTab(self.picker, icon("models"), "Models")
         self.tabs.addTab(self.dashboard, icon("memory"), "Memory")
         self.tabs.addTab(self.server_panel, icon("server"), "Server")
-        self.setCentralWidget(self.tabs)
+        self.banner = NoticeBanner()
+        central = QWidget()
+        column = QVBoxLayout(central)
+        column.setContentsMargins(0, 0, 0, 0)
+        column.setSpacing(0)
+        column.addWidget(self.banner)  # above the tabs: seen whichever tab is open
+        column.addWidget(self.tabs, 1)
+        self.setCentralWidget(central)
 
     def _build_shortcuts(self) -> None:
         QShortcut(QKeySequence("Esc"), self, activated=self.on_escape_activated)
@@ -114,11 +134,14 @@ class MainWindow(QMainWindow):
         chat.step_received.connect(self.dashboard.add_step)
         chat.failed.connect(lambda msg: self.status.showMessage(msg.splitlines()[0], 8000))
         chat.conversation_opened.connect(self.on_chat_conversation_opened)
+        chat.storage_failed.connect(self.banner.show_notice)
+        chat.edit_refused.connect(pane.resume_edit)
         side.new_requested.connect(chat.new_conversation)
         side.conversation_selected.connect(chat.open_conversation)
         side.delete_requested.connect(chat.delete_conversation)
         side.search_changed.connect(chat.refresh_conversations)
         side.export_requested.connect(self.on_sidebar_export_requested)
+        side.import_requested.connect(self.on_sidebar_import_requested)
         self.sampling.sampling_changed.connect(lambda v: setattr(s, "sampling", v))
         self.sampling.system_prompt_changed.connect(lambda v: setattr(s, "system_prompt", v))
         self.sampling.preset_combo.currentTextChanged.connect(lambda v: setattr(s, "preset", v))
@@ -186,12 +209,21 @@ class MainWindow(QMainWindow):
 
     def on_sidebar_export_requested(self, conversation_id: int, fmt: str) -> None:
         store = self.ctx.store
-        name = store.title(conversation_id).replace("/", "-") or "conversation"
+        name = self.chat.conversations.title(conversation_id).replace("/", "-") or "conversation"
         path, _ = QFileDialog.getSaveFileName(self, "Export conversation", f"{name}.{fmt}",
                                               "Markdown (*.md)" if fmt == "md" else "JSON (*.json)")
-        if path:
+        if not path:
+            return
+        try:
             text = store.export_markdown(conversation_id) if fmt == "md" else store.export_json(conversation_id)
             Path(path).write_text(text, encoding="utf-8")
+        except STORE_ERRORS as e:
+            self.banner.show_notice(f"The conversation was not exported to {path}: {describe_storage_error(e)}.")
+
+    def on_sidebar_import_requested(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Import conversation", "", "JSON (*.json)")
+        if path:
+            self.chat.import_conversation(path)
 
     # state ----------------------------------------------------------------------------------
     def _restore_state(self) -> None:

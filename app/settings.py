@@ -70,7 +70,12 @@ def default_settings() -> AppSettings:
 
 
 def load_settings(qs: QSettings) -> AppSettings:
-    s = default_settings()
+    return read_settings(qs)[0]
+
+
+def read_settings(qs: QSettings) -> tuple[AppSettings, list[str]]:
+    """The stored settings over the defaults, and the keys that could not be read."""
+    s, bad = default_settings(), []
     for f in fields(AppSettings):
         raw = qs.value(f.name)
         if raw is None:
@@ -78,11 +83,13 @@ def load_settings(qs: QSettings) -> AppSettings:
         try:
             s = _apply(s, f.name, json.loads(raw))
         except (TypeError, ValueError, AttributeError):
-            continue  # a corrupt or outdated key keeps its default
-    return s
+            bad.append(f.name)  # a corrupt or outdated key keeps its default
+    return s, bad
 
 
-def save_settings(qs: QSettings, s: AppSettings) -> None:
+def save_settings(qs: QSettings, s: AppSettings) -> bool:
+    """Write `s`; False when the file could not be written (QSettings never raises)."""
     for name, value in asdict(s).items():  # nested settings become dicts, as _apply reads them
         qs.setValue(name, json.dumps(value))
     qs.sync()
+    return qs.status() == QSettings.Status.NoError

@@ -30,6 +30,7 @@ CREATE TABLE IF NOT EXISTS messages (
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
 """
+SCHEMA_VERSION = 1
 
 
 @dataclass
@@ -57,7 +58,32 @@ class ConversationStore:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.executescript(SCHEMA)
+        # a write at open, so that a read-only file fails here and not at the user's first message
+        self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         self._db.commit()
+
+    @classmethod
+    def read_only_copy(cls, path: str | Path) -> ConversationStore:
+        """An in-memory store holding what can be read of the history at `path` (else empty)."""
+        store = cls(":memory:")
+        # immutable=1 reads a WAL file in a read-only folder, where sqlite cannot create its -shm
+        for query in ("mode=ro", "immutable=1"):
+            try:
+                source = sqlite3.connect(f"{Path(path).resolve().as_uri()}?{query}", uri=True)
+                try:
+                    source.backup(store._db)
+                finally:
+                    source.close()
+            except sqlite3.Error:
+                continue
+            store._db.executescript(SCHEMA)  # the copy replaced everything, tables included
+            break
+        return store
+
+    def quick_check(self) -> str:
+        """'' when sqlite finds the file sound, else its first complaint."""
+        found = self._db.execute("PRAGMA quick_check").fetchone()[0]
+        return "" if found == "ok" else found
 
     def close(self) -> None:
         self._db.close()
@@ -133,6 +159,27 @@ class ConversationStore:
             (conversation_id,),
         )
         return [Message(role, content, mid, json.loads(stats or "{}")) for mid, role, content, stats in rows]
+
+    def import_json(self, text: str) -> int:
+        """Add a conversation written by export_json; one transaction, so all of it or nothing."""
+        data = json.loads(text)
+        try:
+            messages = [Message(str(m["role"]), str(m["content"]), stats=dict(m.get("stats") or {}))
+                        for m in data["messages"]]
+        except (KeyError, TypeError, AttributeError, ValueError) as e:
+            raise ValueError(f"not a conversation exported by ggstation ({e!r})") from e
+        now = time.time()
+        with self._db:
+            cur = self._db.execute(
+                "INSERT INTO conversations(title, created, updated) VALUES (?,?,?)",
+                (str(data.get("title") or "Imported chat"), now, now),
+            )
+            for m in messages:
+                self._db.execute(
+                    "INSERT INTO messages(conversation_id, role, content, stats, created) VALUES (?,?,?,?,?)",
+                    (cur.lastrowid, m.role, m.content, json.dumps(m.stats), now),
+                )
+        return int(cur.lastrowid)
 
     # export -----------------------------------------------------------------------------------
     def export_json(self, conversation_id: int) -> str:

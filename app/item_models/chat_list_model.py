@@ -75,6 +75,14 @@ class ChatListModel(QAbstractListModel):
         idx = self.index(row)
         self.dataChanged.emit(idx, idx)
 
+    def set_error(self, message: Message, error: str) -> None:
+        """Show `error` under `message` (found by identity: rows move when the chat changes)."""
+        row = next((i for i, m in enumerate(self._messages) if m is message), -1)
+        if row >= 0:
+            self._errors[row] = error
+            idx = self.index(row)
+            self.dataChanged.emit(idx, idx)
+
     def truncate(self, row: int) -> None:
         """Remove `row` and every row after it."""
         if row >= len(self._messages):

@@ -54,5 +54,9 @@ class ConversationListModel(QAbstractListModel):
     def row_of(self, conversation_id: int) -> int:
         return next((i for i, c in enumerate(self._rows) if c.id == conversation_id), -1)
 
+    def title(self, conversation_id: int) -> str:
+        row = self.row_of(conversation_id)
+        return self._rows[row].title if row >= 0 else ""
+
     def conversation_id(self, row: int) -> int:
         return self._rows[row].id

@@ -84,11 +84,11 @@ class ChatDelegate(QStyledItemDelegate):
         content_w = int(ideal) + 1 if is_user else max_w - 2 * PAD
         actions = self._action_names(index)
         actions_w = sum(fm.horizontalAdvance(a) + 18 for a in actions)
-        width = min(max(content_w + 2 * PAD, actions_w + 2 * PAD, 120), max_w)
+        stats = self._footer_text(index)  # a short user message still shows all of "⚠ Not saved: …"
+        width = min(max(content_w + 2 * PAD, actions_w + 2 * PAD, fm.horizontalAdvance(stats) + 2 * PAD, 120), max_w)
         if is_user and doc.textWidth() != width - 2 * PAD:
             doc.setTextWidth(width - 2 * PAD)
         header_h, line_h = fm.height() + 4, fm.height() + 6
-        stats = self._footer_text(index)
         footer_h = line_h if stats else 0
         height = PAD + header_h + int(doc.size().height()) + footer_h + line_h + PAD // 2
         left = option.rect.right() - MARGIN - width + 1 if is_user else option.rect.left() + MARGIN

@@ -163,6 +163,11 @@ class ChatPane(QWidget):
         self._show_notice("Editing an earlier message: sending replaces it and drops everything after it.")
         self.cancel_edit_button.show()
 
+    def resume_edit(self, row: int, text: str) -> None:
+        """Back into editing `row` with the text the user had submitted (the edit was refused)."""
+        self.begin_edit(row)
+        self.input.setPlainText(text)
+
     def cancel_edit(self) -> None:
         if self._editing_row >= 0:
             self._editing_row = -1

@@ -1,10 +1,11 @@
-"""ConversationSidebar: new chat, search, and the conversation list with rename/delete/export."""
+"""ConversationSidebar: new chat, import, search, and the conversation list with rename/delete/export."""
 
 from __future__ import annotations
 
 from PySide6.QtCore import QPoint, Qt, Signal
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QHBoxLayout,
     QLineEdit,
     QListView,
     QMenu,
@@ -21,6 +22,7 @@ class ConversationSidebar(QWidget):
     conversation_selected = Signal(int)
     delete_requested = Signal(int)
     export_requested = Signal(int, str)  # id, "md" | "json"
+    import_requested = Signal()
     search_changed = Signal(str)
 
     def __init__(self, conversations: ConversationListModel, parent=None):
@@ -33,9 +35,14 @@ class ConversationSidebar(QWidget):
         self.new_button = QPushButton("New chat", objectName="primary")
         self.new_button.setToolTip("New chat (Ctrl+N)")
         self.new_button.clicked.connect(self.new_requested)
+        self.import_button = QPushButton("Import…", toolTip="Add a conversation exported as JSON")
+        self.import_button.clicked.connect(self.import_requested)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.new_button, 1)
+        buttons.addWidget(self.import_button)
         self.search = QLineEdit(placeholderText="Search conversations (Ctrl+F)", clearButtonEnabled=True)
         self.search.textChanged.connect(self.search_changed)
-        layout.addWidget(self.new_button)
+        layout.addLayout(buttons)
         layout.addWidget(self.search)
         layout.addWidget(self._build_list(), 1)
         # after setModel(): the view's own reset handler clears the current row first
