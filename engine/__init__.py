@@ -8,6 +8,9 @@ Public API (imported lazily so that `import engine` stays cheap):
     Scheduler(ctx, tokenizer).start(); scheduler.submit(GenerationRequest(...)) -> RequestHandle
     generate(ctx, tokenizer, prompt_tokens, SamplingParams(...)) -> GenerationStep, ...
     ChatTemplate, chat_prompt_tokens; start_server(scheduler); the starter-model store
+    Hugging Face Hub (engine.hub): hub.search(), hub.repo(), hub.resolve("user/repo:Q4_K_M"),
+        hub.fit(file) -> RemoteFit, hub.download(file, progress, cancel), hub.cached_models();
+        HubFile, HubRepo, RemoteFit, HubError
     EngineError and its subclasses (engine.errors)
 """
 
@@ -56,6 +59,10 @@ _EXPORTS = {
     "pull": "engine.model_store",
     "models_dir": "engine.model_store",
     "resolve_model_arg": "engine.model_store",
+    "HubFile": "engine.hub",
+    "HubRepo": "engine.hub",
+    "RemoteFit": "engine.hub_fit",
+    "HubError": "engine.errors",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -63,8 +70,10 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:  # what the lazy table resolves to, for type checkers
     from .batch import Batch
     from .context import Context, ContextParams
-    from .errors import EngineError
+    from .errors import EngineError, HubError
     from .generate import generate
+    from .hub import HubFile, HubRepo
+    from .hub_fit import RemoteFit
     from .memory import MemoryReport, estimate_memory
     from .model import Model, load_model
     from .model_info import ModelInfo, inspect_model

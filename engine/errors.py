@@ -48,6 +48,33 @@ class ModelStoreError(EngineError):
     """A starter model could not be fetched, verified or found."""
 
 
+class HubError(EngineError):
+    """A Hugging Face Hub search, look-up, fit check or download failed (engine/hub.py).
+
+    Attributes:
+        reason: one of the constants below, for callers that act on the cause (ask for a
+            token on AUTH, offer to resume on INTERRUPTED or CANCELLED).
+        available: on QUANT_NOT_FOUND, the quant tags the repository has.
+    """
+
+    OFFLINE = "offline"  # no network, HF_HUB_OFFLINE=1 and not in the cache
+    AUTH = "auth"  # 401/403: gated or private, a token is needed
+    NOT_FOUND = "not_found"  # repository, revision or file
+    NO_GGUF = "no_gguf"  # the repository has no GGUF model file
+    QUANT_NOT_FOUND = "quant_not_found"
+    DISK_FULL = "disk_full"
+    INTERRUPTED = "interrupted"  # the transfer broke off; the partial file is kept to resume
+    CANCELLED = "cancelled"  # by the caller; the partial file is kept to resume
+    CORRUPT = "corrupt"  # the downloaded bytes do not match the Hub's size or sha256
+    UNSUPPORTED = "unsupported"  # the model's architecture or a tensor type is not supported
+    HUB = "hub"  # any other error the Hub answered with
+
+    def __init__(self, message: str, reason: str = HUB, available: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.reason = reason
+        self.available = tuple(available)
+
+
 class InvalidRequestError(EngineError):
     """A request the engine cannot serve as asked: empty prompt, token id out of range,
     unknown slot or pooling type. The caller's input is at fault, not the engine."""

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from .config import ModelConfig
 from .gguf_file import GGUFFile
+from .gguf_split import open_gguf
 from .jit import on_passing_thread, set_num_threads
 from .models import Architecture, get_arch
 from .models.base import ModelWeights, load_weights
@@ -79,7 +80,7 @@ def load_model(path: str | os.PathLike, n_threads: int | None = None,
     t0 = time.perf_counter()
     set_num_threads(n_threads or 0)
     report(0.0, f"mapping {os.path.basename(os.fspath(path))}")
-    f = GGUFFile(path)
+    f = open_gguf(path)  # a split set (<name>-00001-of-0000N.gguf) opens as one file
     arch = get_arch(f.arch)
     cfg = arch.config_from_gguf(f)
     report(0.5, "binding tensors")

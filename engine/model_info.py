@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from .config import ModelConfig
 from .errors import EngineError
 from .gguf_file import GGUFFile
+from .gguf_split import files_size, open_gguf
 from .memory import MemoryReport, estimate_memory
 from .models import get_arch
 
@@ -56,7 +57,7 @@ def inspect_model(path: str | os.PathLike) -> ModelInfo:
     size = os.path.getsize(path) if os.path.isfile(path) else 0
     info = ModelInfo(path=path, file_size=size, name=os.path.basename(path))
     try:
-        with GGUFFile(path) as f:
+        with open_gguf(path) as f:
             _fill(info, f)
     except EngineError as e:
         info.error = str(e)
@@ -77,6 +78,7 @@ def file_type_name(value) -> str:
 
 
 def _fill(info: ModelInfo, f: GGUFFile) -> None:
+    info.file_size = files_size(f)  # every part of a split set
     info.name = f.get_str("general.name", "") or info.name
     info.arch = f.get_str("general.architecture", "") or ""
     info.n_tensors = len(f.tensors)

@@ -75,14 +75,16 @@ def write_tiny_model(path, arch: str = "llama", n_layer: int = 2, n_embd: int = 
                      n_head_kv: int = 2, n_ff: int = 128, head_dim: int | None = None,
                      qtype: GGMLQuantizationType = GGMLQuantizationType.Q8_0, seed: int = 0,
                      n_ctx_train: int = 256, chat_template: str | None = CHATML,
-                     rope_freqs: bool = False) -> Path:
+                     rope_freqs: bool = False, split_max_tensors: int = 0) -> Path:
     """Write a random tiny model of `arch` to `path`; returns the path. rope_freqs (llama): a
-    Llama 3.1-style `rope_freqs.weight` of per-pair frequency divisors."""
+    Llama 3.1-style `rope_freqs.weight` of per-pair frequency divisors. split_max_tensors: write a
+    split set (llama.cpp's gguf-split naming, `<stem>-00001-of-0000N.gguf` beside `path`) with at
+    most that many tensors per file; the first file's path is returned."""
     path = Path(path)
     rng = np.random.default_rng(seed)
     head_dim = head_dim or n_embd // n_head
     spm = arch in SPM_ARCHS
-    w = GGUFWriter(str(path), arch)
+    w = GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     w.add_name(f"tiny-{arch}")
     w.add_block_count(n_layer)
     w.add_context_length(n_ctx_train)
@@ -164,6 +166,8 @@ def write_tiny_model(path, arch: str = "llama", n_layer: int = 2, n_embd: int = 
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    if split_max_tensors:
+        return sorted(path.parent.glob(f"{path.stem}-00001-of-*.gguf"))[0]
     return path
 
 
