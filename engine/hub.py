@@ -247,8 +247,8 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
 
 
 @contextlib.contextmanager
-def _hub_errors(what: str, token: str | None = None) -> Iterator[None]:
-    """huggingface_hub's and the network's exceptions as one-line HubErrors."""
+def _hub_errors(what: str, token: str | None = None, network: bool = True) -> Iterator[None]:
+    """huggingface_hub's exceptions, and with `network` the connection's, as one-line HubErrors."""
     from huggingface_hub import errors as hf
 
     try:
@@ -276,8 +276,14 @@ def _hub_errors(what: str, token: str | None = None) -> Iterator[None]:
         raise HubError(f"{what}: the Hub answered {status or 'an error'}: {str(e).strip().splitlines()[0]}",
                        HubError.HUB) from None
     except _transport_errors() as e:
-        raise HubError(f"{what}: cannot reach {endpoint()} ({type(e).__name__}: {e}); "
-                       "offline, cached models still work", HubError.OFFLINE) from None
+        if not network:
+            raise
+        raise _unreachable(what, e) from None
+
+
+def _unreachable(what: str, e: BaseException) -> HubError:
+    return HubError(f"{what}: cannot reach {endpoint()} ({type(e).__name__}: {e}); "
+                    "models already in the cache still work", HubError.OFFLINE)
 
 
 def _api(token: str | None):
@@ -545,7 +551,7 @@ class _Downloader:
         if part.size is not None and have > part.size:
             have = 0
         digest = _hash_prefix(tmp, have) if part.sha256 else None
-        failures = 0
+        failures, start = 0, have
         while part.size is None or have < part.size:
             self._check_cancel(have)
             try:
@@ -554,6 +560,8 @@ class _Downloader:
                 failures += 1
                 have = _size_or_zero(tmp)
                 digest = _hash_prefix(tmp, have) if part.sha256 else None
+                if failures > _RETRIES and have == start:  # nothing came through at all
+                    raise _unreachable(f"{self.file.spec} ({part.filename})", e) from None
                 if failures > _RETRIES:
                     raise HubError(
                         f"{self.file.spec}: download interrupted ({type(e).__name__}) at "
@@ -575,7 +583,7 @@ class _Downloader:
         headers["Accept-Encoding"] = "identity"
         if have:
             headers["Range"] = f"bytes={have}-"
-        with _hub_errors(f"{self.file.spec} ({part.filename})", self.token), \
+        with _hub_errors(f"{self.file.spec} ({part.filename})", self.token, network=False), \
                 get_session().stream("GET", url, headers=headers, timeout=_TIMEOUT_S,
                                      follow_redirects=True) as r:
             hf_raise_for_status(r)
@@ -585,7 +593,7 @@ class _Downloader:
                 with open(tmp, "r+b" if have else "wb") as out:
                     out.seek(have)
                     out.truncate()
-                    for chunk in r.iter_bytes(_CHUNK):
+                    for chunk in r.iter_bytes():  # as received: a broken transfer keeps all it got
                         self._check_cancel(have)
                         out.write(chunk)
                         if digest is not None:

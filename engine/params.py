@@ -132,16 +132,32 @@ def parse_logit_bias(text: str) -> tuple[int, float]:
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
-    """-m/--model and -t/--threads."""
+    """-m/--model, the Hugging Face flags (-hf, -hff, -hft) and -t/--threads."""
     g = group(parser, COMMON)
     g.add_argument(
         "-m", "--model", metavar="FNAME", default=None,
         help="model path, or a starter model name (e.g. smollm2)",
     )
+    add_hf_args(parser)
     g.add_argument(
         "-t", "--threads", metavar="N", type=int, default=-1,
         help="number of CPU threads to use during generation (default: -1 = all cores)",
     )
+
+
+def add_hf_args(parser: argparse.ArgumentParser) -> None:
+    """-hf/-hff/-hft: a model from the Hugging Face Hub (engine/hub.py), llama.cpp's flags."""
+    g = group(parser, COMMON)
+    g.add_argument(
+        "-hf", "-hfr", "--hf-repo", dest="hf_repo", metavar="<user>/<model>[:quant]", default=None,
+        help="Hugging Face model repository; quant is optional, case-insensitive, default Q4_K_M "
+        "(else Q8_0, else the first GGUF); downloaded into the HF cache unless already there "
+        "(env: LLAMA_ARG_HF_REPO)",
+    )
+    g.add_argument("-hff", "--hf-file", dest="hf_file", metavar="FILE", default=None,
+                   help="Hugging Face model file; overrides the quant in -hf (env: LLAMA_ARG_HF_FILE)")
+    g.add_argument("-hft", "--hf-token", dest="hf_token", metavar="TOKEN", default=None,
+                   help="Hugging Face access token (default: HF_TOKEN, else `hf auth login`'s)")
 
 
 def add_context_args(parser: argparse.ArgumentParser) -> None:
@@ -369,14 +385,40 @@ def _merge_bias(pairs) -> dict[int, float]:
     return out
 
 
+def hf_repo(args: argparse.Namespace) -> str | None:
+    """-hf, else LLAMA_ARG_HF_REPO when no -m was given; None when neither names a repo."""
+    import os
+
+    repo = getattr(args, "hf_repo", None)
+    if repo is None and not getattr(args, "model", None):
+        repo = os.environ.get("LLAMA_ARG_HF_REPO") or None
+    return repo
+
+
 def resolve_model_path(args: argparse.Namespace) -> Path:
-    """The GGUF path for -m/--model: a file path or a starter model name.
+    """The GGUF path for -m/--model (a file path or a starter model name) or for -hf/-hff/-hft
+    (the HF cache's copy, downloaded first if needed: engine/commands/hub_pull.py).
 
     Raises:
-        EngineError: no -m was given, or the name is unknown (model_store's error).
+        EngineError: no model was given, both -m and -hf were, or the name is unknown
+            (model_store's error); HubError from the Hub.
     """
+    import os
+
+    repo = hf_repo(args)
+    if repo is not None:
+        if args.model:
+            raise EngineError("use either -m/--model or -hf/--hf-repo, not both")
+        from .commands.hub_pull import model_path
+
+        hf_file = getattr(args, "hf_file", None) or os.environ.get("LLAMA_ARG_HF_FILE") or None
+        n_ctx = getattr(args, "ctx_size", None) or None
+        return model_path(repo, hf_file, getattr(args, "hf_token", None), n_ctx=n_ctx)
+    if getattr(args, "hf_file", None):
+        raise EngineError("-hff/--hf-file names a file of the -hf repository: give -hf <user>/<model> too")
     if not args.model:
-        raise EngineError("no model given: use -m/--model FNAME (a .gguf path or a starter model name)")
+        raise EngineError("no model given: use -m/--model FNAME (a .gguf path or a starter model name) "
+                          "or -hf <user>/<model>[:quant]")
     try:
         from .model_store import resolve_model_arg
     except ModuleNotFoundError as e:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -78,6 +79,7 @@ class HubServer:
         self.drops: dict[str, list[int]] = {}
         self.chunk_delay_s = 0.0
         self.log: list[tuple[str, str, str | None, int, int]] = []
+        self.connections: set = set()  # open client sockets, closed by stop() (no keep-alive survives)
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
@@ -85,8 +87,14 @@ class HubServer:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stops listening and drops every open connection: the Hub is gone."""
         self._httpd.shutdown()
         self._httpd.server_close()
+        for sock in list(self.connections):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def blob(self, sha256: str) -> tuple[HubRepo, str] | None:
         for repo in self.repos.values():
@@ -131,6 +139,17 @@ class _HubHandler(BaseHTTPRequestHandler):
 
     def log_message(self, format, *args):  # quiet
         pass
+
+    def setup(self):
+        super().setup()
+        self.hub.connections.add(self.connection)
+
+    def finish(self):
+        self.hub.connections.discard(self.connection)
+        try:
+            super().finish()
+        except OSError:
+            pass
 
     # -- plumbing ------------------------------------------------------------------------
     def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None,

@@ -31,8 +31,16 @@ def test_serve_cli_accepts_unimplemented_flags_as_ignored():
 
 
 def test_serve_cli_downloads_are_refused():
-    assert parse(["-hf", "org/model"]).refused == ["-hf"]
     assert parse(["--model-url", "http://x"]).refused == ["--model-url"]
+    assert parse(["-dr", "ai/smollm2"]).refused == ["-dr"]
+    a = parse(["-hf", "org/model:Q8_0", "-hff", "m.gguf", "-hft", "hf_x"])  # the Hub's flags work
+    assert (a.hf_repo, a.hf_file, a.hf_token, a.refused) == ("org/model:Q8_0", "m.gguf", "hf_x", [])
+
+
+def test_serve_cli_hf_env_vars(monkeypatch):
+    a = parse([], monkeypatch, {"LLAMA_ARG_HF_REPO": "org/model", "LLAMA_ARG_HF_FILE": "m.gguf",
+                                "LLAMA_ARG_MODEL_URL": "http://x/m.gguf"})
+    assert (a.hf_repo, a.hf_file) == ("org/model", "m.gguf") and a.refused == ["--model-url"]
 
 
 def test_serve_cli_env_vars_are_defaults(monkeypatch):
@@ -53,7 +61,7 @@ def test_serve_cli_bad_env_var_reported_at_run(monkeypatch):
 def test_serve_cli_run_rejects_bad_input(monkeypatch):
     from engine.errors import EngineError
 
-    a = parse(["-hf", "x/y"])
+    a = parse(["-mu", "http://x/m.gguf"])
     with pytest.raises(EngineError, match="not supported"):
         a.run(a)
     a = parse(["--models-dir", "/nonexistent-dir"])

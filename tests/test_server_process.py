@@ -217,7 +217,8 @@ def test_serve_tiny_health_answers_fast_while_decoding(server, perf_figure):
     perf_figure("serve: /health while decoding, worst of 20", worst, "s", at_most=HEALTH_LIMIT_S)
 
 
-def test_serve_hf_flag_is_a_clear_error():
-    out = subprocess.run([sys.executable, "-m", "engine", "serve", "-hf", "ggml-org/some-model"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 1 and "downloading models is not supported" in out.stderr
+def test_serve_hf_unreachable_hub_is_a_clear_error(tmp_path):
+    env = dict(os.environ, HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path), HF_HUB_DISABLE_TELEMETRY="1")
+    out = subprocess.run([sys.executable, "-m", "engine", "serve", "-hf", "ggml-org/some-model", "--port", "0"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 1 and "ggml-org/some-model: not in the cache" in out.stderr, out.stderr

@@ -25,7 +25,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("bench", help="prompt/generation throughput (llama-bench)",
                               description="Measure prompt processing (ppN) and generation (tgN) tokens/s.")
     g = params.group(p, params.COMMON)
-    g.add_argument("-m", "--model", metavar="FNAME", required=True, help="model path or starter model name")
+    g.add_argument("-m", "--model", metavar="FNAME", default=None, help="model path or starter model name")
+    params.add_hf_args(p)
     g.add_argument("-p", "--n-prompt", metavar="N", type=_int_list, default=[512], help="prompt tokens (default: 512)")
     g.add_argument("-n", "--n-gen", metavar="N", type=_int_list, default=[128], help="generated tokens (default: 128)")
     g.add_argument("-b", "--batch-size", metavar="N", type=int, default=2048, help="batch size (default: 2048)")

@@ -13,7 +13,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("info", help="model facts and memory estimate",
                               description="Show a model's architecture, size, types, tokenizer and memory estimate.")
     g = params.group(p, params.COMMON)
-    g.add_argument("-m", "--model", metavar="FNAME", required=True, help="model path or starter model name")
+    g.add_argument("-m", "--model", metavar="FNAME", default=None, help="model path or starter model name")
+    params.add_hf_args(p)
     g.add_argument("-c", "--ctx-size", metavar="N", type=int, default=4096,
                    help="context size (default: 4096, 0 = model's)")
     g.add_argument("-np", "--parallel", metavar="N", type=int, default=1, help="parallel sequences (default: 1)")

@@ -68,7 +68,7 @@ def _apply_env_defaults(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     _setup_logging(args)
     _check_flags(args)  # 1. flags parsed by cli.py; reject what cannot work
-    if not args.model:
+    if not args.model and params.hf_repo(args) is None:
         return run_router(args)
     _clamp_batch(args)  # 2.
     n_slots = 4 if args.parallel < 0 else args.parallel  # 3. auto parallelism
@@ -252,22 +252,22 @@ def run_router(args) -> int:
     from pathlib import Path
 
     from ..model_store import models_dir
-    from ..router import Router, discover_models
+    from ..router import Router, discover_hub_models, discover_models
     from ..server import ServerState, listen
     from ..server.proxy import create_router_app
 
     directory = Path(args.models_dir) if args.models_dir else models_dir()
-    models = discover_models(directory)
+    models = {**discover_hub_models(), **discover_models(directory)}
     if not models:
-        raise EngineError(f"no model given (-m) and no .gguf files in {directory}; use -m FILE or "
-                          "--models-dir DIR")
+        raise EngineError(f"no model given (-m) and no .gguf files in {directory} or in the Hugging Face "
+                          "cache; use -m FILE, -hf USER/MODEL or --models-dir DIR")
     router = Router(models, _child_args(args), models_max=args.models_max,
                     autoload=args.models_autoload).start()
     state = ServerState(_server_options(args))
     handle = listen(state, args.host, args.port, app=create_router_app(router, state))
     _announce(args, "ready", handle)
-    print(f"main: router listening on {handle.url}; {len(models)} models in {directory}: "
-          f"{', '.join(models)}", file=sys.stderr)
+    print(f"main: router listening on {handle.url}; {len(models)} models ({directory} and the "
+          f"Hugging Face cache): {', '.join(models)}", file=sys.stderr)
     done = threading.Event()
     stopper = _Stopper(None, on_first=done.set)
     signal.signal(signal.SIGINT, stopper)

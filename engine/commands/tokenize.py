@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .. import params
 from ..errors import EngineError
 
 
@@ -19,7 +20,8 @@ def add_parser(subparsers) -> None:
         description="Tokenize text with a model's tokenizer. Prints one 'id -> piece' line per token, "
         "or the id list with --ids. The text is used verbatim: no escape sequences are processed.",
     )
-    p.add_argument("-m", "--model", required=True, help="GGUF file or starter model name")
+    p.add_argument("-m", "--model", default=None, help="GGUF file or starter model name")
+    params.add_hf_args(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("-p", "--prompt", help="text to tokenize")
     src.add_argument("-f", "--file", help="read the text from FILE")
@@ -50,12 +52,11 @@ def _show(piece: bytes) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import model_store
-    from ..gguf_file import GGUFFile
+    from ..gguf_split import open_gguf
     from ..tokenizer import load_tokenizer
 
     text = _read_text(args)
-    tok = load_tokenizer(GGUFFile(model_store.resolve_model_arg(args.model)))
+    tok = load_tokenizer(open_gguf(params.resolve_model_path(args)))
     add_special = tok.add_bos and not args.no_bos  # llama-tokenize: --no-bos turns add_special off
     ids = tok.encode(text, add_special=add_special, parse_special=not args.no_parse_special)
     out = sys.stdout

@@ -4,8 +4,8 @@ the LLAMA_ARG_* environment variables.
 Shared flags (-m, -c, -b, -np, sampling...) come from engine/params.py. This module adds
 the rest so that any llama-server command line parses: flags ggstation implements are
 ordinary options; flags for features it does not have (GPU offload, LoRA, speculative
-decoding, NUMA...) are recorded in `args.ignored` and logged; download flags (-hf...) are
-recorded in `args.refused` and make `serve` exit with a clear error.
+decoding, NUMA...) are recorded in `args.ignored` and logged; download flags other than
+-hf/-hff/-hft (-mu, -dr...) are recorded in `args.refused` and make `serve` exit with a clear error.
 """
 
 from __future__ import annotations
@@ -76,10 +76,10 @@ IGNORED: list[tuple[str, int | str]] = [  # (options, nargs)
     ("--completion-bash", 0),
 ]
 
-# Flags that would download something: refused with a clear message.
+# Flags that would download something other than a Hugging Face GGUF (-hf/-hff/-hft are
+# engine/params.py's): refused with a clear message.
 REFUSED = [
-    ("-hf -hfr --hf-repo", "LLAMA_ARG_HF_REPO"), ("-hff --hf-file", "LLAMA_ARG_HF_FILE"),
-    ("-hft --hf-token", None), ("-mu --model-url", "LLAMA_ARG_MODEL_URL"),
+    ("-mu --model-url", "LLAMA_ARG_MODEL_URL"),
     ("-dr --docker-repo", "LLAMA_ARG_DOCKER_REPO"), ("-hfd -hfrd --hf-repo-draft", None),
     ("-mmu --mmproj-url", "LLAMA_ARG_MMPROJ_URL"),
 ]
@@ -92,7 +92,8 @@ REFUSED_PRESETS = (
 
 # environment variable -> option string, for every flag ggstation implements
 ENV = {
-    "LLAMA_ARG_MODEL": "--model", "LLAMA_ARG_THREADS": "--threads", "LLAMA_ARG_CTX_SIZE": "--ctx-size",
+    "LLAMA_ARG_MODEL": "--model", "LLAMA_ARG_HF_REPO": "--hf-repo", "LLAMA_ARG_HF_FILE": "--hf-file",
+    "LLAMA_ARG_THREADS": "--threads", "LLAMA_ARG_CTX_SIZE": "--ctx-size",
     "LLAMA_ARG_N_PREDICT": "--n-predict", "LLAMA_ARG_BATCH": "--batch-size",
     "LLAMA_ARG_UBATCH": "--ubatch-size", "LLAMA_ARG_N_PARALLEL": "--parallel",
     "LLAMA_ARG_KV_UNIFIED": "--kv-unified", "LLAMA_ARG_CACHE_TYPE_K": "--cache-type-k",
@@ -229,9 +230,10 @@ def env_argv(parser: argparse.ArgumentParser, argv: list[str], environ=os.enviro
                 out += [option, part]
         else:
             out += [option, value]
-    for env, _ in ((e, None) for _, e in REFUSED if e):
-        if environ.get(env):
-            out += ["--hf-repo", environ[env]] if "--hf-repo" in parser._option_string_actions else []
+    for opts, refused_env in REFUSED:  # each refused variable as its own (refused) flag
+        option = opts.split()[-1]
+        if refused_env and environ.get(refused_env) and option in parser._option_string_actions:
+            out += [option, environ[refused_env]]
     return out
 
 
