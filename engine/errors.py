@@ -44,6 +44,12 @@ class TemplateRefusedError(TemplateError):
     roles that do not alternate: the caller's messages are at fault."""
 
 
+class TemplateLimitError(TemplateError):
+    """A chat template went over a render limit (time, size of its output or of a string or
+    list it builds, range() items, call depth). The template is at fault, not the messages:
+    the limits grow with the input."""
+
+
 class ModelStoreError(EngineError):
     """A starter model could not be fetched, verified or found."""
 

@@ -7,6 +7,8 @@ built-in one (llama.cpp's llm_chat_apply_template formats) when the GGUF has non
 
 The rendered text leaves out a leading BOS (and trailing EOS) when the tokenizer adds it, as
 llama.cpp's common_chat_templates_apply does, so encoding with add_special=True gives it once.
+A template is untrusted code from the model file: it renders in template_sandbox's
+LimitedSandbox, under a time budget and size limits (TemplateLimitError past them).
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import jinja2
 import jinja2.ext
-import jinja2.sandbox
 from jinja2 import nodes
 
-from ..errors import TemplateError, TemplateRefusedError
+from ..errors import TemplateError, TemplateLimitError, TemplateRefusedError
+from . import template_sandbox
+from .template_sandbox import LimitedSandbox, RenderBudget, input_size, render_limited
 
 if TYPE_CHECKING:
     from ..seams import MetadataSource, PromptTemplate
@@ -296,13 +299,14 @@ def _ltrim(s):
     return str(s).strip(_C_SPACE)
 
 
-def _make_env() -> jinja2.sandbox.ImmutableSandboxedEnvironment:
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _GenerationTag])
+def _make_env() -> LimitedSandbox:
+    env = LimitedSandbox(trim_blocks=True, lstrip_blocks=True,
+                         extensions=[jinja2.ext.loopcontrols, _GenerationTag])
     env.filters["tojson"] = _tojson
     env.filters["ltrim"] = _ltrim
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
+    env.guard_filters()
     return env
 
 
@@ -335,7 +339,11 @@ class ChatTemplate:
     name: 'gguf' for the model's own template, a built-in name (e.g. 'chatml', 'gemma'), the file
     name of a template file, or 'custom' for template text. family: the built-in format it
     matches (None if unknown). stop_strings: text that ends an assistant turn in that format.
+    render_budget_s: seconds one render may take (engine.tokenizer.template_sandbox has the
+    other limits).
     """
+
+    render_budget_s: float = template_sandbox.BUDGET_S
 
     def __init__(self, source: str, name: str, *, bos_token: str = "", eos_token: str = "",
                  add_bos: bool = False, add_eos: bool = False, family: str | None = None):
@@ -350,6 +358,13 @@ class ChatTemplate:
 
     def __repr__(self) -> str:
         return f"ChatTemplate(name={self.name!r}, family={self.family!r})"
+
+    @property
+    def label(self) -> str:
+        """The template in an error message, with where it comes from."""
+        if self.name == "gguf":
+            return "chat template 'gguf' (the model file's tokenizer.chat_template)"
+        return f"chat template '{self.name}'"
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
@@ -408,6 +423,9 @@ class ChatTemplate:
     # --- rendering ----------------------------------------------------------------------------
     def _template(self) -> jinja2.Template:
         if self._compiled is None:
+            if len(self.source) > template_sandbox.MAX_SOURCE_CHARS:
+                raise TemplateLimitError(f"{self.label} is {len(self.source):,} characters long, over its "
+                                         f"limit of {template_sandbox.MAX_SOURCE_CHARS:,}")
             try:
                 self._compiled = _ENV.from_string(self.source)
             except jinja2.TemplateSyntaxError as e:
@@ -422,6 +440,9 @@ class ChatTemplate:
         """The prompt text for `messages` ([{'role': ..., 'content': ...}, ...]).
 
         Raises:
+            TemplateLimitError: the template went over a limit of the sandbox (time, sizes,
+                recursion): it is at fault, whatever the messages.
+            TemplateRefusedError: the template rejected the messages (raise_exception).
             TemplateError: the template is invalid, raised an exception, or failed to render.
         """
         template = self._template()
@@ -431,13 +452,14 @@ class ChatTemplate:
         if tools is not None:
             variables["tools"] = tools
         try:
-            text = template.render(**variables)
+            budget = RenderBudget.for_input(input_size(variables["messages"], variables), self.render_budget_s)
+            text = render_limited(template, variables, budget)
+        except TemplateLimitError as e:
+            raise TemplateLimitError(f"{self.label} {e}") from None
         except TemplateRefusedError as e:
             raise TemplateRefusedError(f"chat template '{self.name}' refused the conversation: {e}") from None
         except jinja2.TemplateError as e:
             raise TemplateError(f"chat template '{self.name}' failed to render: {e}") from None
-        except RecursionError:
-            raise TemplateError(f"chat template '{self.name}' failed to render: recursion too deep") from None
         except Exception as e:  # noqa: BLE001 - template code can raise anything
             raise TemplateError(f"chat template '{self.name}' failed to render: {type(e).__name__}: {e}") from None
         if self.add_bos and self.bos_token and text.startswith(self.bos_token):
