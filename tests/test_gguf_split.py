@@ -35,7 +35,7 @@ def test_split_set_opens_as_one_file(split_set):
     last = sorted(f.tensors)[-1]  # a tensor of another part than the first
     assert (f.tensors[last].data == g.tensors[last].data).all()
     f.close()
-    assert all(s.closed for s in f.shards)
+    assert not f.tensors and all(not s.tensors for s in f.shards)
 
 
 def test_split_set_errors_are_clear(split_set, tmp_path):
