@@ -6,6 +6,7 @@ Each subcommand lives in engine/commands/<name>.py and exposes `add_parser(subpa
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
 
@@ -24,6 +25,19 @@ def _load(name: str):
         raise
 
 
+class _VersionAction(argparse.Action):
+    """`--version`: the version and the facts a bug report needs, computed only when asked."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from .version import version_text
+
+        print(version_text())
+        parser.exit()
+
+
 def build_parser():
     from .params import ArgumentParser  # usage errors exit 1, as llama.cpp's tools do
 
@@ -31,6 +45,8 @@ def build_parser():
         prog="ggstation",
         description="Desktop inference workstation for GGUF models (numba CPU engine).",
     )
+    parser.add_argument("--version", action=_VersionAction,
+                        help="print the version, Python/numba versions and the CPU numba targets, then exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         mod = _load(name)
@@ -42,7 +58,7 @@ def build_parser():
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         argv = ["gui", *argv]
     args = parser.parse_args(argv)
     try:
