@@ -9,13 +9,15 @@ windows, query scale). Architecture-only parameters live in the architecture's o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
 import numpy as np
 
-from .gguf_file import GGUFFile
+from .errors import GGUFError, MetadataError
+from .gguf_file import GGUFFile, describe_value
 
 
 @dataclass(frozen=True, eq=False)
@@ -107,7 +109,10 @@ def base_config(f: GGUFFile, cls: type[ModelConfig] = ModelConfig, **overrides: 
     n_embd = f.get_int(k("embedding_length"))
     n_head = f.get_int(k("attention.head_count"))
     n_head_kv = f.get_int(k("attention.head_count_kv"), n_head)
-    head_dim = f.get_int(k("attention.key_length"), n_embd // max(n_head, 1))
+    if not f.has(k("attention.key_length")) and n_embd % n_head:
+        raise GGUFError(f"{f.path}: embedding_length {n_embd} is not a multiple of head_count {n_head} "
+                        f"(and the file has no attention.key_length)")
+    head_dim = f.get_int(k("attention.key_length"), n_embd // n_head)
     head_dim_v = f.get_int(k("attention.value_length"), head_dim)
     n_layer = f.get_int(k("block_count"))
     tok_embd = f.tensors.get("token_embd.weight")
@@ -148,21 +153,39 @@ def swa_layers(f: GGUFFile, default_period: int) -> tuple[bool, ...]:
     """Which layers use the sliding window: attention.sliding_window_pattern as a per-layer
     array, or a period p (layer il slides unless il % p == p - 1; llama.cpp set_swa_pattern)."""
     n_layer = f.get_int(f"{f.arch}.block_count")
-    pattern = f.get(f"{f.arch}.attention.sliding_window_pattern")
-    if isinstance(pattern, list) and len(pattern) == n_layer:
-        return tuple(bool(x) for x in pattern)
-    period = int(pattern) if isinstance(pattern, int) and pattern > 0 else default_period
+    key = f"{f.arch}.attention.sliding_window_pattern"
+    if f.array_len(key) is not None:
+        pattern = f.get_array(key)
+        if not all(isinstance(x, (bool, int)) for x in pattern):
+            raise MetadataError(f"{f.path}: metadata key '{key}' should be an integer or an array of booleans, "
+                                f"found {describe_value(f.metadata, key)}")
+        if len(pattern) == n_layer:
+            return tuple(bool(x) for x in pattern)
+        period = default_period
+    else:
+        period = f.get_int(key, default_period, lo=0, hi=1 << 24) or default_period
     return tuple(il % period < period - 1 for il in range(n_layer))
 
 
 def _check(f: GGUFFile, cfg: ModelConfig) -> None:
-    from .errors import GGUFError
-
-    for name in ("n_layer", "n_embd", "n_head", "n_head_kv", "head_dim", "n_ff", "n_vocab"):
+    """What must hold between the hyper-parameters, and between them and the vocabulary."""
+    for name in ("n_layer", "n_embd", "n_head", "n_head_kv", "head_dim", "head_dim_v", "n_ff", "n_vocab",
+                 "n_ctx_train"):
         v = getattr(cfg, name)
         if not isinstance(v, int) or v <= 0 or v > 1 << 24:
             raise GGUFError(f"{f.path}: invalid hyper-parameter {name} = {v}")
     if cfg.n_head % cfg.n_head_kv:
         raise GGUFError(f"{f.path}: head_count {cfg.n_head} is not a multiple of head_count_kv {cfg.n_head_kv}")
-    if cfg.rope_dim > cfg.head_dim or cfg.rope_dim % 2:
-        raise GGUFError(f"{f.path}: invalid rope.dimension_count {cfg.rope_dim}")
+    if not 0 <= cfg.rope_dim <= cfg.head_dim or cfg.rope_dim % 2:
+        raise GGUFError(f"{f.path}: invalid rope.dimension_count {cfg.rope_dim} (an even number up to the "
+                        f"head size {cfg.head_dim})")
+    if cfg.sliding_window < 0 or len(cfg.swa_layers) not in (0, cfg.n_layer):
+        raise GGUFError(f"{f.path}: invalid sliding window {cfg.sliding_window} over {len(cfg.swa_layers)} layers")
+    for name in ("norm_eps", "rope_base", "rope_scale", "rope_attn_factor", "attn_scale"):
+        v = getattr(cfg, name)
+        if not math.isfinite(v) or v < 0:
+            raise GGUFError(f"{f.path}: invalid hyper-parameter {name} = {v}")
+    n_tokens = f.array_len("tokenizer.ggml.tokens")
+    if n_tokens is not None and n_tokens != cfg.n_vocab:  # llama.cpp: token_embd has one row per token
+        raise GGUFError(f"{f.path}: the vocabulary has {n_tokens} tokens but the model has {cfg.n_vocab} "
+                        "(rows of token_embd.weight or vocab_size)")

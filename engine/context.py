@@ -6,19 +6,31 @@ allocated here once and reused; `memory_report()` reads their real sizes.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from . import forward
 from .batch import Batch
 from .config import ModelConfig
-from .errors import EngineError
+from .errors import EngineError, InsufficientMemoryError
 from .jit import use_num_threads
 from .kv_cache import KVCache
-from .memory import MemoryReport, buffer_shapes, ctx_per_seq, memory_report
+from .memory import (
+    MemoryReport,
+    buffer_shapes,
+    check_fits,
+    ctx_per_seq,
+    estimate_memory,
+    fmt_bytes,
+    mem_check_disabled,
+    memory_report,
+)
 from .model import Model
+
+log = logging.getLogger("ggstation.engine")
 
 
 @dataclass(frozen=True)
@@ -30,6 +42,13 @@ class ContextParams:
     type_k: str = "f16"
     type_v: str = "f16"
     kv_unified: bool = False
+    # refuse a context clearly larger than the memory available (memory.check_fits); the
+    # environment variable GGSTATION_NO_MEM_CHECK=1 turns the check off too
+    check_memory: bool = True
+
+
+MAX_SEQ = 256  # llama.cpp's LLAMA_MAX_SEQ
+MAX_CTX = (1 << 31) - 1  # positions are int32, as llama_pos is
 
 
 class Buffers:
@@ -51,16 +70,17 @@ class Buffers:
 
 
 class Context:
+    """Raises:
+        EngineError: parameters no context can have (n_ctx < 0, n_seq_max 0 or above 256...).
+        InsufficientMemoryError: the KV cache and buffers would not fit in the memory available
+            (checked before anything is allocated, unless params.check_memory is off).
+    """
+
     def __init__(self, model: Model, params: ContextParams | None = None):
         params = params or ContextParams()
         cfg = model.cfg
         n_ctx = params.n_ctx or cfg.n_ctx_train
-        if n_ctx < 0:
-            raise EngineError(f"invalid context size {n_ctx}")
-        if params.n_seq_max < 1:
-            raise EngineError(f"n_seq_max must be >= 1 (got {params.n_seq_max})")
-        if params.n_ubatch < 1 or params.n_batch < 1:
-            raise EngineError("n_batch and n_ubatch must be >= 1")
+        check_params(params, n_ctx)
         self.model = model
         self.cfg = cfg
         self.n_ctx = n_ctx
@@ -69,8 +89,22 @@ class Context:
         self.n_seq_max = params.n_seq_max
         self.n_ctx_seq = ctx_per_seq(n_ctx, params.n_seq_max, params.kv_unified)
         self.params = params
-        self.kv = KVCache(cfg, self.n_ctx_seq, params.n_seq_max, params.type_k, params.type_v)
-        self.buf = Buffers(cfg, self.n_ubatch, self.n_ctx_seq)
+        if self.n_ctx_seq > cfg.n_ctx_train:  # llama.cpp's warning, word for word
+            log.warning("n_ctx_seq (%d) > n_ctx_train (%d) -- possible training context overflow",
+                        self.n_ctx_seq, cfg.n_ctx_train)
+        kw: dict[str, Any] = dict(n_seq_max=params.n_seq_max, type_k=params.type_k, type_v=params.type_v,
+                  n_ubatch=self.n_ubatch, n_batch=params.n_batch, kv_unified=params.kv_unified)
+        est = estimate_memory(cfg, model.weights_bytes, len(model.gguf.tensors), n_ctx=n_ctx, **kw)
+        what = f"n_ctx {n_ctx} with {params.n_seq_max} sequence(s)"
+        if params.check_memory and not mem_check_disabled():
+            check_fits(est, cfg, len(model.gguf.tensors), what, log, **kw)
+        try:
+            self.kv = KVCache(cfg, self.n_ctx_seq, params.n_seq_max, params.type_k, params.type_v)
+            self.buf = Buffers(cfg, self.n_ubatch, self.n_ctx_seq)
+        except (MemoryError, ValueError) as e:  # numpy: "array is too big", or the OS refused
+            raise InsufficientMemoryError(
+                f"cannot allocate {fmt_bytes(est.kv_bytes + est.compute_bytes)} for the KV cache and compute "
+                f"buffers ({what}): {e}; lower the context size (-c)", est.total_bytes, 0) from None
 
     @property
     def n_vocab(self) -> int:
@@ -95,3 +129,16 @@ class Context:
 
     def memory_report(self) -> MemoryReport:
         return memory_report(self)
+
+
+def check_params(params: ContextParams, n_ctx: int) -> None:
+    """One clear line for values no context can have (before any arithmetic on them)."""
+    if not 0 < n_ctx <= MAX_CTX:
+        raise EngineError(f"invalid context size {n_ctx}: must be 1..{MAX_CTX} (0 = the model's own)")
+    if not 1 <= params.n_seq_max <= MAX_SEQ:
+        raise EngineError(f"invalid number of sequences {params.n_seq_max} (-np): must be 1..{MAX_SEQ}")
+    if params.n_ubatch < 1 or params.n_batch < 1:
+        raise EngineError(f"n_batch and n_ubatch must be >= 1 (got {params.n_batch} and {params.n_ubatch})")
+    if not params.kv_unified and n_ctx < params.n_seq_max:
+        raise EngineError(f"a context of {n_ctx} positions cannot be split over {params.n_seq_max} sequences; "
+                          "raise -c/--ctx-size or lower -np/--parallel")

@@ -23,6 +23,11 @@ class MissingTensorError(GGUFError):
     """A tensor the architecture needs is absent or has the wrong shape."""
 
 
+class MetadataError(GGUFError):
+    """A metadata value has the wrong type or an impossible value: the message names the key,
+    what was expected and what the file holds."""
+
+
 class UnsupportedArchError(EngineError):
     """The model's `general.architecture` has no implementation here."""
 
@@ -48,6 +53,20 @@ class TemplateLimitError(TemplateError):
     """A chat template went over a render limit (time, size of its output or of a string or
     list it builds, range() items, call depth). The template is at fault, not the messages:
     the limits grow with the input."""
+
+
+class InsufficientMemoryError(EngineError):
+    """A context (KV cache and compute buffers) would not fit in the memory available.
+
+    Attributes:
+        needed_bytes: what the context would allocate (the weights, mapped, not counted).
+        available_bytes: available RAM plus free swap when it was checked.
+    """
+
+    def __init__(self, message: str, needed_bytes: int = 0, available_bytes: int = 0):
+        super().__init__(message)
+        self.needed_bytes = int(needed_bytes)
+        self.available_bytes = int(available_bytes)
 
 
 class ModelStoreError(EngineError):

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import os
 import struct
+import traceback
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar, overload
 
@@ -31,6 +33,15 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from .errors import GGUFError
+from .metadata import (  # noqa: F401 - the typed readers are also imported from here
+    HPARAM_LIMITS,
+    describe_value,
+    meta_array,
+    meta_bool,
+    meta_float,
+    meta_int,
+    meta_str,
+)
 from .quants import QTensor, check_supported
 
 GGUF_MAGIC = b"GGUF"
@@ -71,6 +82,20 @@ _PLAIN_DTYPES = {
 }
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
+
+
+@contextmanager
+def closing_on_error(f: GGUFFile) -> Iterator[None]:
+    """Close `f` when the block raises, and let go of the map at once, not when the garbage
+    collector runs: the frames the exception passed through keep their locals alive, tensor
+    views among them, for as long as the exception lives (a caller may keep it for minutes,
+    and a traceback that references itself is a cycle only the collector breaks)."""
+    try:
+        yield
+    except BaseException as e:
+        f.close()
+        traceback.clear_frames(e.__traceback__)  # skips the frames still running
+        raise
 
 
 @dataclass(frozen=True)
@@ -149,11 +174,26 @@ class _Cursor:
 
 
 class LazyMetadata(Mapping):
-    """The GGUF key/value pairs as a read-only mapping; arrays are decoded on first access."""
+    """The GGUF key/value pairs as a read-only mapping; arrays are decoded on first access.
 
-    def __init__(self, values: dict[str, Any], decode):
+    `path` and `value_type(key)` let the typed readers below say which file and what GGUF type
+    a wrong value has.
+    """
+
+    def __init__(self, values: dict[str, Any], decode, types: dict[str, tuple[GGUFValueType, GGUFValueType | None]],
+                 path: str = ""):
         self._values = values
         self._decode = decode
+        self._types = types  # key -> (value type, item type of an array)
+        self.path = path
+
+    def value_type(self, key: str) -> tuple[GGUFValueType, GGUFValueType | None]:
+        return self._types[key]
+
+    def array_len(self, key: str) -> int:
+        """Items of an array value, without decoding it."""
+        v = self._values[key]
+        return v.n_items if isinstance(v, _ArrayRef) else len(v)
 
     def __getitem__(self, key: str) -> Any:
         v = self._values[key]
@@ -190,21 +230,26 @@ class GGUFFile:
         self.file_size = os.path.getsize(self.path)
         if self.file_size < _HEADER.size:
             self._fail_short_file()
-        try:
-            mapped = np.memmap(self.path, dtype=np.uint8, mode="r")
+        self.tensors: dict[str, TensorInfo] = {}
+        try:  # no local name for the map: a failed open must leave nothing holding it
+            self._map: np.memmap | None = np.memmap(self.path, dtype=np.uint8, mode="r")  # None once closed
         except (OSError, ValueError) as e:
             raise GGUFError(f"{self.path}: cannot map file: {e}") from None
-        self._map: np.memmap | None = mapped  # None once closed
-        self.file_size = len(mapped)  # what is mapped is what gets checked
-        buf = mapped.data
+        with closing_on_error(self):
+            self._open()
+
+    def _open(self) -> None:
+        assert self._map is not None
+        self.file_size = len(self._map)  # what is mapped is what gets checked
+        buf = self._map.data
         try:
             cur = _Cursor(buf, self.path)
             self.version, n_tensors, n_kv = self._parse_header(cur)
-            values = self._parse_kv(cur, n_kv)
+            values, types = self._parse_kv(cur, n_kv)
             infos = self._parse_tensor_infos(cur, n_tensors)
         finally:
             buf.release()
-        self.metadata: Mapping[str, Any] = LazyMetadata(values, self._decode_array)
+        self.metadata: LazyMetadata = LazyMetadata(values, self._decode_array, types, self.path)
         for key in REQUIRED_KEYS:
             if key not in values:
                 raise GGUFError(f"{self.path}: missing required metadata key '{key}'")
@@ -212,7 +257,7 @@ class GGUFFile:
             raise GGUFError(f"{self.path}: metadata key 'general.architecture' should be a string")
         self.alignment = self._alignment(values)
         self.data_offset = -(-cur.pos // self.alignment) * self.alignment
-        self.tensors: dict[str, TensorInfo] = self._layout_tensors(infos)
+        self.tensors = self._layout_tensors(infos)
 
     # header parsing -------------------------------------------------------------------------
     def _fail_short_file(self):
@@ -240,15 +285,17 @@ class GGUFFile:
         n_kv = cur.count("metadata key/value count", _MIN_KV_BYTES, MAX_KV)
         return version, n_tensors, n_kv
 
-    def _parse_kv(self, cur: _Cursor, n_kv: int) -> dict[str, Any]:
+    def _parse_kv(self, cur: _Cursor, n_kv: int) -> tuple[dict[str, Any], dict]:
         values: dict[str, Any] = {}
+        types: dict[str, tuple[GGUFValueType, GGUFValueType | None]] = {}
         for i in range(n_kv):
             key = cur.string(f"key of metadata entry {i}", MAX_NAME_BYTES)
             if key in values:
                 raise cur.fail(f"duplicate metadata key '{key}'")
             raw_type = cur.u32(f"value type of '{key}'")
-            values[key] = self._parse_value(cur, key, raw_type)
-        return values
+            v = values[key] = self._parse_value(cur, key, raw_type)
+            types[key] = (GGUFValueType(raw_type), v.item_type if isinstance(v, _ArrayRef) else None)
+        return values, types
 
     def _value_type(self, cur: _Cursor, key: str, raw_type: int) -> GGUFValueType:
         try:
@@ -402,7 +449,7 @@ class GGUFFile:
             pos += n
         return out
 
-    # metadata -------------------------------------------------------------------------------
+    # metadata ---------------------------------------------------------------------------------
     @property
     def arch(self) -> str:
         return self.get_str("general.architecture")
@@ -411,70 +458,54 @@ class GGUFFile:
         return key in self.metadata
 
     def get(self, key: str, default: Any = None) -> Any:
+        """The raw value (no type check); prefer the typed getters."""
         return self.metadata.get(key, default)
 
-    def _lookup(self, key: str, default: Any) -> Any:
-        if key in self.metadata:
-            return self.metadata[key]
-        if default is ...:
-            raise GGUFError(f"{self.path}: missing required metadata key '{key}'")
-        return default
+    def array_len(self, key: str) -> int | None:
+        """Items of array `key` without decoding it; None when the key is absent or not an array."""
+        if key not in self.metadata or self.metadata.value_type(key)[0] != GGUFValueType.ARRAY:
+            return None
+        return self.metadata.array_len(key)
 
-    # The typed getters: a missing key raises GGUFError, or gives `default` (returned as is, so
-    # `get_int(key, None)` is `int | None`); a value of the wrong type raises GGUFError.
+    # The typed getters (meta_* below): a missing key raises MetadataError, or gives `default`
+    # (returned as is, so `get_int(key, None)` is `int | None`); a value of the wrong type or
+    # out of range (`lo`/`hi`, else HPARAM_LIMITS) raises MetadataError naming key and value.
     @overload
     def get_str(self, key: str) -> str: ...
     @overload
     def get_str(self, key: str, default: _D) -> str | _D: ...
     def get_str(self, key: str, default: Any = ...) -> Any:
-        v = self._lookup(key, default)
-        if v is not None and not isinstance(v, str):
-            raise GGUFError(f"{self.path}: metadata key '{key}' should be a string, got {v!r:.60}")
-        return v
+        return meta_str(self.metadata, key, default)
 
     @overload
-    def get_int(self, key: str) -> int: ...
+    def get_int(self, key: str, *, lo: int | None = None, hi: int | None = None) -> int: ...
     @overload
-    def get_int(self, key: str, default: _D) -> int | _D: ...
-    def get_int(self, key: str, default: Any = ...) -> Any:
-        v = self._lookup(key, default)
-        if isinstance(v, list) and v:  # some keys may be per-layer arrays; caller wants scalar
-            v = v[0]
-        if v is None:
-            return v
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-            raise GGUFError(f"{self.path}: metadata key '{key}' should be an integer, got {v!r:.60}")
-        return int(v)
+    def get_int(self, key: str, default: _D, *, lo: int | None = None, hi: int | None = None) -> int | _D: ...
+    def get_int(self, key: str, default: Any = ..., *, lo: int | None = None, hi: int | None = None) -> Any:
+        return meta_int(self.metadata, key, default, lo=lo, hi=hi)
 
     @overload
-    def get_float(self, key: str) -> float: ...
+    def get_float(self, key: str, *, lo: float | None = None, hi: float | None = None) -> float: ...
     @overload
-    def get_float(self, key: str, default: _D) -> float | _D: ...
-    def get_float(self, key: str, default: Any = ...) -> Any:
-        v = self._lookup(key, default)
-        if v is None:
-            return v
-        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
-            raise GGUFError(f"{self.path}: metadata key '{key}' should be a number, got {v!r:.60}")
-        return float(v)
+    def get_float(self, key: str, default: _D, *, lo: float | None = None,
+                  hi: float | None = None) -> float | _D: ...
+    def get_float(self, key: str, default: Any = ..., *, lo: float | None = None,
+                  hi: float | None = None) -> Any:
+        return meta_float(self.metadata, key, default, lo=lo, hi=hi)
 
     @overload
     def get_bool(self, key: str) -> bool: ...
     @overload
     def get_bool(self, key: str, default: _D) -> bool | _D: ...
     def get_bool(self, key: str, default: Any = ...) -> Any:
-        v = self._lookup(key, default)
-        return bool(v) if v is not None else v
+        return meta_bool(self.metadata, key, default)
 
     @overload
-    def get_array(self, key: str) -> list: ...
+    def get_array(self, key: str, *, item: str | None = None) -> list: ...
     @overload
-    def get_array(self, key: str, default: _D) -> list | _D: ...
-    def get_array(self, key: str, default: Any = ...) -> Any:
-        v = self._lookup(key, default)
-        if v is not None and not isinstance(v, list):
-            raise GGUFError(f"{self.path}: metadata key '{key}' should be an array")
-        return v
+    def get_array(self, key: str, default: _D, *, item: str | None = None) -> list | _D: ...
+    def get_array(self, key: str, default: Any = ..., *, item: str | None = None) -> Any:
+        return meta_array(self.metadata, key, default, item)
 
     # tensors --------------------------------------------------------------------------------
     def _info(self, name: str) -> TensorInfo:
@@ -516,6 +547,10 @@ class GGUFFile:
     @property
     def tensor_data_bytes(self) -> int:
         return sum(t.nbytes for t in self.tensors.values())
+
+    @property
+    def closed(self) -> bool:
+        return self._map is None
 
     def close(self) -> None:
         """Drops this object's references to the map (views handed out keep it alive)."""

@@ -7,10 +7,11 @@ and compute buffers are the nbytes of the arrays the context allocated.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -135,3 +136,98 @@ def estimate_memory(cfg: ModelConfig, weights_bytes: int, n_tensors: int, n_ctx:
         rss_bytes=None,
         estimate=True,
     )
+
+
+# --- will it fit? ------------------------------------------------------------------------------
+# Checked before a context allocates anything (Context.__init__), and shown by `ggstation info`.
+# The KV cache and compute buffers are anonymous memory: numpy's zeros are only committed as
+# the cache fills, so an oversized context would start fine and be killed mid-conversation.
+# The weights are mapped from the file; they count too, as they must stay resident to run at
+# speed, but the kernel can drop and re-read them, so only the total is compared.
+NO_MEM_CHECK_ENV = "GGSTATION_NO_MEM_CHECK"
+REFUSE_FACTOR = 1.1  # refuse above 110 % of available RAM + free swap: the estimate is close, not exact
+WARN_FACTOR = 0.8  # warn above 80 % of available RAM: it will swap or page the weights in and out
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    """An estimate against the memory available: `verdict` is "fits", "tight" or "too big"."""
+
+    needed_bytes: int  # weights + KV cache + compute buffers + metadata
+    available_bytes: int  # RAM the OS can hand out without swapping (MemAvailable)
+    swap_free_bytes: int
+
+    @property
+    def verdict(self) -> str:
+        if self.needed_bytes > REFUSE_FACTOR * (self.available_bytes + self.swap_free_bytes):
+            return "too big"
+        return "tight" if self.needed_bytes > WARN_FACTOR * self.available_bytes else "fits"
+
+    def summary(self) -> str:
+        """e.g. "needs 1.2 GiB, 21.3 GiB available (+ 0 B free swap): fits"."""
+        return (f"needs {fmt_bytes(self.needed_bytes)}, {fmt_bytes(self.available_bytes)} available "
+                f"(+ {fmt_bytes(self.swap_free_bytes)} free swap): {self.verdict}")
+
+
+def fmt_bytes(n: int) -> str:
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def available_memory() -> tuple[int, int]:
+    """(available RAM, free swap) in bytes, from psutil (MemAvailable on Linux)."""
+    return int(psutil.virtual_memory().available), int(psutil.swap_memory().free)
+
+
+def memory_fit(est: MemoryReport, available: tuple[int, int] | None = None) -> MemoryFit:
+    ram, swap = available if available is not None else available_memory()
+    return MemoryFit(est.total_bytes, ram, swap)
+
+
+def mem_check_disabled() -> bool:
+    return os.environ.get(NO_MEM_CHECK_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def largest_fitting_ctx(cfg: ModelConfig, weights_bytes: int, n_tensors: int, limit_bytes: float,
+                        **kw: Any) -> int:
+    """The largest n_ctx (a multiple of 256, at least 0) whose estimate stays under limit_bytes,
+    all else in `kw` (estimate_memory's keywords) as given."""
+    def total(n_ctx: int) -> int:
+        return estimate_memory(cfg, weights_bytes, n_tensors, n_ctx=n_ctx, **kw).total_bytes
+
+    lo, hi = 0, 256
+    while hi <= 1 << 31 and total(hi) <= limit_bytes:
+        lo, hi = hi, hi * 2
+    while hi - lo > 256:
+        mid = (lo + hi) // 2 // 256 * 256
+        lo, hi = (mid, hi) if total(mid) <= limit_bytes else (lo, mid)
+    return lo
+
+
+def check_fits(est: MemoryReport, cfg: ModelConfig, n_tensors: int, what: str,
+               log: logging.Logger | None = None, available: tuple[int, int] | None = None,
+               **kw: Any) -> MemoryFit:
+    """Refuse (InsufficientMemoryError) a context whose estimate is clearly more than the memory
+    available; log a warning when it is close. `what` names the request ("n_ctx 4096, 1
+    sequence"); `kw` are the estimate's keywords, to say which context size would fit."""
+    from .errors import InsufficientMemoryError
+
+    fit = memory_fit(est, available)
+    if fit.verdict == "too big":
+        limit = fit.available_bytes + fit.swap_free_bytes
+        n_fit = largest_fitting_ctx(cfg, est.weights_bytes, n_tensors, WARN_FACTOR * fit.available_bytes, **kw)
+        advice = (f"lower the context size (-c {n_fit} or less would fit)" if n_fit >= 256 else
+                  "the weights alone leave too little room: free memory or use a smaller model")
+        raise InsufficientMemoryError(
+            f"not enough memory for {what}: it needs {fmt_bytes(est.total_bytes)} (weights "
+            f"{fmt_bytes(est.weights_bytes)}, KV cache {fmt_bytes(est.kv_bytes)}, compute buffers "
+            f"{fmt_bytes(est.compute_bytes)}) but {fmt_bytes(fit.available_bytes)} of RAM and "
+            f"{fmt_bytes(fit.swap_free_bytes)} of swap are free; {advice}, or set "
+            f"{NO_MEM_CHECK_ENV}=1 (--no-mem-check) to try anyway",
+            est.total_bytes, limit)
+    if fit.verdict == "tight" and log is not None:
+        log.warning("%s needs %s of the %s of RAM available: expect swapping; a smaller context (-c) "
+                    "would leave room", what, fmt_bytes(est.total_bytes), fmt_bytes(fit.available_bytes))
+    return fit

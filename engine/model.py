@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from .config import ModelConfig
-from .gguf_file import GGUFFile
+from .gguf_file import GGUFFile, closing_on_error
 from .gguf_split import open_gguf
 from .jit import on_passing_thread, set_num_threads
 from .models import Architecture, get_arch
@@ -34,7 +34,7 @@ class Model:
 
     @property
     def tokenizer(self) -> Tokenizer:
-        """The GGUF's tokenizer, built on first use (vocabularies can be large)."""
+        """The GGUF's tokenizer (load_model builds it: a bad vocabulary fails the load)."""
         if self._tokenizer is None:
             from .tokenizer import load_tokenizer
 
@@ -67,28 +67,48 @@ def _n_elements(shape: Iterable[int]) -> int:
 
 def load_model(path: str | os.PathLike, n_threads: int | None = None,
                progress: ProgressFn | None = None) -> Model:
-    """Memory-map a GGUF and bind its weights.
+    """Memory-map a GGUF, check it, bind its weights and build its tokenizer.
 
     Args:
         path: the .gguf file.
         n_threads: numba thread-pool size (None: all cores).
         progress: optional callback(fraction, message).
     Raises:
-        GGUFError, UnsupportedArchError, UnsupportedQuantError on bad or unsupported files.
+        GGUFError (MetadataError, MissingTensorError), UnsupportedArchError,
+        UnsupportedQuantError, TokenizerError on bad or unsupported files. The file is unmapped
+        before the error leaves, whatever raised (the progress callback included).
     """
     report = progress or (lambda frac, msg: None)
     t0 = time.perf_counter()
     set_num_threads(n_threads or 0)
     report(0.0, f"mapping {os.path.basename(os.fspath(path))}")
     f = open_gguf(path)  # a split set (<name>-00001-of-0000N.gguf) opens as one file
+    with closing_on_error(f):  # this frame keeps no view of the map: _build's frames are cleared
+        model = _build(f, report)
+    report(1.0, f"loaded in {time.perf_counter() - t0:.2f} s")
+    return model
+
+
+def check_model(f: GGUFFile) -> tuple[Architecture, ModelConfig, ModelWeights, Tokenizer]:
+    """Everything loading checks, without compiling anything: the architecture, the
+    hyper-parameters, every tensor the architecture binds (type and shape) and the tokenizer.
+    `ggstation info` (inspect_model) runs it too, so it accepts exactly what loads."""
+    from .tokenizer import load_tokenizer
+
     arch = get_arch(f.arch)
     cfg = arch.config_from_gguf(f)
-    report(0.5, "binding tensors")
     weights = load_weights(f, cfg, arch.load_layer)
+    f.get_str("tokenizer.chat_template", None)  # a template of another type is an error, not ignored
+    return arch, cfg, weights, load_tokenizer(f)
+
+
+def _build(f: GGUFFile, report: ProgressFn) -> Model:
+    report(0.3, "checking the model and binding tensors")
+    arch, cfg, weights, tokenizer = check_model(f)
     model = Model(f, arch, cfg, weights)
+    model._tokenizer = tokenizer
     report(0.8, "loading kernels")
     from .kernels_warmup import warmup
 
     on_passing_thread(warmup, model, lambda msg: report(0.8, msg))
-    report(1.0, f"loaded in {time.perf_counter() - t0:.2f} s")
     return model

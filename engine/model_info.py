@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 from .config import ModelConfig
 from .errors import EngineError
-from .gguf_file import GGUFFile
+from .gguf_file import GGUFFile, closing_on_error
 from .gguf_split import files_size, open_gguf
 from .memory import MemoryReport, estimate_memory
-from .models import get_arch
+from .model import check_model
 
 
 @dataclass
@@ -57,10 +57,13 @@ def inspect_model(path: str | os.PathLike) -> ModelInfo:
     size = os.path.getsize(path) if os.path.isfile(path) else 0
     info = ModelInfo(path=path, file_size=size, name=os.path.basename(path))
     try:
-        with open_gguf(path) as f:
+        f = open_gguf(path)
+        with closing_on_error(f):
             _fill(info, f)
-    except EngineError as e:
-        info.error = str(e)
+        f.close()
+    except EngineError as e:  # every message names the file, as GGUFError's do
+        msg = str(e)
+        info.error = msg if msg.startswith(f"{path}: ") else f"{path}: {msg}"
     except OSError as e:
         info.error = f"{path}: {e.strerror or e}"
     return info
@@ -72,7 +75,7 @@ def file_type_name(value) -> str:
 
     try:
         name = LlamaFileType(int(value)).name
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return ""
     return name.removeprefix("MOSTLY_") if name.startswith("MOSTLY_") or name in ("ALL_F32",) else name
 
@@ -98,17 +101,13 @@ def _fill(info: ModelInfo, f: GGUFFile) -> None:
     info.file_type = file_type_name(f.get("general.file_type"))
     info.tokenizer = f.get_str("tokenizer.ggml.model", "") or ""
     info.tokenizer_pre = f.get_str("tokenizer.ggml.pre", "") or ""
-    info.has_chat_template = bool(f.get("tokenizer.chat_template"))
+    info.has_chat_template = bool((f.get_str("tokenizer.chat_template", "") or "").strip())
     try:
         from .tokenizer.chat_template import ChatTemplate
 
         info.chat_template_name = ChatTemplate.from_gguf(f).name
     except Exception:  # the template is reported, never fatal for inspection
         info.chat_template_name = "gguf" if info.has_chat_template else ""
-    cfg = get_arch(info.arch).config_from_gguf(f)
+    _arch, cfg, _weights, _tokenizer = check_model(f)  # what load_model checks, no more, no less
     info.cfg = cfg
     info.n_ctx_train, info.n_layer, info.n_embd, info.n_vocab = cfg.n_ctx_train, cfg.n_layer, cfg.n_embd, cfg.n_vocab
-    from .quants import check_supported
-
-    for t in f.tensors.values():
-        check_supported(t.name, t.qtype)

@@ -319,6 +319,8 @@ class Router:
         event = msg.get("event")
         if event == "listening":
             child.port = int(msg.get("port", 0))
+        elif event == "failed":  # the load failed; the child exits next
+            child.error = str(msg.get("error") or "")
         elif event == "ready" and child.status is ModelStatus.LOADING:
             child.status = ModelStatus.LOADED
             child.ready.set()

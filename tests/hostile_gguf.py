@@ -245,3 +245,285 @@ def write_corpus(directory: str | Path) -> dict[str, tuple[Path, str]]:
         path.write_bytes(build(directory))
         out[name] = (path, expected)
     return out
+
+
+# --- the fuzz corpus: seeded mutations of a tiny runnable model ---------------------------------
+#
+# A tiny real model from ggufgen (llama with a gpt2 BPE vocabulary, gemma3 with a
+# SentencePiece one, phi3 with LongRoPE keys) is parsed into its parts (key/value entries,
+# tensor infos, the data blob), mutated there, and written back with the header re-padded, so
+# that a type swap or a longer string keeps every tensor's data where its offset says: loading
+# then gets past the header into config, tokenizer and model construction. Byte-level cases
+# (bit flips in the header, overwritten u64 fields, truncation) are applied to the written file.
+# `fuzz_case(bases, i, seed)` builds case i; the same (i, seed) always gives the same bytes.
+
+FUZZ_ARCHS = ("llama", "gemma3", "phi3")
+_T = GGUFValueType
+_SCALAR_FMT = {_T.UINT8: "<B", _T.INT8: "<b", _T.UINT16: "<H", _T.INT16: "<h", _T.UINT32: "<I",
+               _T.INT32: "<i", _T.FLOAT32: "<f", _T.BOOL: "<?", _T.UINT64: "<Q", _T.INT64: "<q",
+               _T.FLOAT64: "<d"}
+
+
+class KV:
+    """One metadata entry: value type, value (a list for arrays) and the arrays' item type."""
+
+    def __init__(self, key: str, vtype: int, value, item_type: int | None = None):
+        self.key, self.vtype, self.value, self.item_type = key, vtype, value, item_type
+
+
+class TensorEntry:
+    def __init__(self, name: str, dims: list[int], ttype: int, offset: int):
+        self.name, self.dims, self.ttype, self.offset = name, dims, ttype, offset  # offset: data-relative
+
+
+class Layout:
+    """A GGUF taken apart: entries, tensor infos and the tensor data blob."""
+
+    def __init__(self, version: int, kvs: list[KV], tensors: list[TensorEntry], data: bytes, alignment: int):
+        self.version, self.kvs, self.tensors, self.data, self.alignment = version, kvs, tensors, data, alignment
+
+    def copy(self) -> Layout:
+        kvs = [KV(k.key, k.vtype, list(k.value) if isinstance(k.value, list) else k.value, k.item_type)
+               for k in self.kvs]
+        ts = [TensorEntry(t.name, list(t.dims), t.ttype, t.offset) for t in self.tensors]
+        return Layout(self.version, kvs, ts, self.data, self.alignment)
+
+    def kv(self, key: str) -> KV | None:
+        return next((k for k in self.kvs if k.key == key), None)
+
+
+def parse_layout(data: bytes) -> Layout:
+    """The parts of a valid GGUF (no checks: the input is ggufgen's)."""
+    pos = 24
+    version, n_tensors, n_kv = struct.unpack_from("<IQQ", data, 4)
+
+    def read(fmt: str):
+        nonlocal pos
+        (v,) = struct.unpack_from(fmt, data, pos)
+        pos += struct.calcsize(fmt)
+        return v
+
+    def read_str() -> str:
+        nonlocal pos
+        n = read("<Q")
+        pos += n
+        return data[pos - n : pos].decode("utf-8")
+
+    def read_value(vtype: int):
+        return read_str() if vtype == _T.STRING else read(_SCALAR_FMT[_T(vtype)])
+
+    kvs = []
+    for _ in range(n_kv):
+        key, vtype = read_str(), read("<I")
+        if vtype == _T.ARRAY:
+            item, n = read("<I"), read("<Q")
+            kvs.append(KV(key, vtype, [read_value(item) for _ in range(n)], item))
+        else:
+            kvs.append(KV(key, vtype, read_value(vtype)))
+    tensors = []
+    for _ in range(n_tensors):
+        name, n_dims = read_str(), read("<I")
+        dims = [read("<Q") for _ in range(n_dims)]
+        tensors.append(TensorEntry(name, dims, read("<I"), read("<Q")))
+    align_kv = next((k for k in kvs if k.key == "general.alignment"), None)
+    alignment = align_kv.value if align_kv else DEFAULT_ALIGNMENT
+    start = -(-pos // alignment) * alignment
+    return Layout(version, kvs, tensors, data[start:], alignment)
+
+
+def _pack_value(vtype: int, value) -> bytes:
+    if vtype == _T.STRING:
+        raw = value.encode("utf-8", "surrogatepass")
+        return struct.pack("<Q", len(raw)) + raw
+    return struct.pack(_SCALAR_FMT[_T(vtype)], value)
+
+
+def build_layout(layout: Layout) -> bytes:
+    """The GGUF bytes of `layout`: header, entries, tensor infos, padding, data."""
+    out = bytearray(struct.pack("<4sIQQ", b"GGUF", layout.version, len(layout.tensors), len(layout.kvs)))
+    for k in layout.kvs:
+        out += _pack_value(_T.STRING, k.key) + struct.pack("<I", k.vtype)
+        if k.vtype == _T.ARRAY:
+            out += struct.pack("<IQ", k.item_type, len(k.value))
+            out += b"".join(_pack_value(k.item_type, v) for v in k.value)
+        else:
+            out += _pack_value(k.vtype, k.value)
+    for t in layout.tensors:
+        out += _pack_value(_T.STRING, t.name) + struct.pack("<I", len(t.dims))
+        out += b"".join(struct.pack("<Q", d) for d in t.dims) + struct.pack("<IQ", t.ttype, t.offset)
+    out += bytes(-len(out) % layout.alignment)
+    return bytes(out) + layout.data
+
+
+DEFAULT_ALIGNMENT = 32
+_NAN, _INF = float("nan"), float("inf")
+# (value type, value, item type): values of every type, the awkward ones of each
+ODD_VALUES = [
+    (_T.STRING, "", None), (_T.STRING, "x", None), (_T.STRING, "4096", None), (_T.STRING, "llama", None),
+    (_T.UINT8, 255, None), (_T.INT8, -128, None), (_T.UINT16, 65535, None), (_T.INT16, -1, None),
+    (_T.UINT32, 0, None), (_T.UINT32, 1, None), (_T.UINT32, 3, None), (_T.UINT32, 2**31, None),
+    (_T.UINT32, 2**32 - 1, None), (_T.INT32, -1, None), (_T.INT32, -(2**31), None),
+    (_T.UINT64, 2**63, None), (_T.UINT64, 2**64 - 1, None), (_T.INT64, -1, None), (_T.INT64, 2**40, None),
+    (_T.INT64, -(2**63), None),
+    (_T.FLOAT32, _NAN, None), (_T.FLOAT32, _INF, None), (_T.FLOAT32, -_INF, None), (_T.FLOAT32, -1.0, None),
+    (_T.FLOAT32, 0.0, None), (_T.FLOAT32, 1.5, None), (_T.FLOAT32, 3.4e38, None), (_T.FLOAT32, 1e-45, None),
+    (_T.FLOAT64, 1e300, None), (_T.FLOAT64, _NAN, None), (_T.BOOL, True, None), (_T.BOOL, False, None),
+    (_T.ARRAY, [], _T.STRING), (_T.ARRAY, [], _T.INT32), (_T.ARRAY, ["a", "b"], _T.STRING),
+    (_T.ARRAY, [1, 2, 3], _T.INT32), (_T.ARRAY, [_NAN, 1.0], _T.FLOAT32), (_T.ARRAY, [2**63], _T.UINT64),
+    (_T.ARRAY, [-5], _T.INT64), (_T.ARRAY, [True, False], _T.BOOL), (_T.ARRAY, [255] * 4, _T.UINT8),
+]
+# Keys the engine reads that a model may lack ("{a}" is the architecture): added with odd values.
+OPTIONAL_KEYS = [
+    "{a}.vocab_size", "{a}.attention.key_length", "{a}.attention.value_length",
+    "{a}.attention.head_count_kv", "{a}.rope.dimension_count", "{a}.rope.scaling.type",
+    "{a}.rope.scaling.factor", "{a}.rope.scaling.attn_factor", "{a}.rope.freq_base_swa",
+    "{a}.rope.scaling.original_context_length", "{a}.attention.sliding_window",
+    "{a}.attention.sliding_window_pattern", "{a}.attn_logit_softcapping", "{a}.final_logit_softcapping",
+    "general.alignment", "general.file_type", "general.name", "tokenizer.ggml.add_bos_token",
+    "tokenizer.ggml.add_eos_token", "tokenizer.ggml.add_space_prefix", "tokenizer.ggml.eos_token_id",
+    "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.unknown_token_id",
+    "tokenizer.ggml.padding_token_id", "tokenizer.ggml.pre", "tokenizer.ggml.model",
+    "tokenizer.chat_template", "tokenizer.ggml.scores", "tokenizer.ggml.token_type", "tokenizer.ggml.merges",
+]
+ODD_DIMS = [0, 1, 2, 31, 33, 64, 1 << 20, 1 << 40, 2**63, 2**64 - 1]
+ODD_U64 = [0, 1, 2**31, 2**32 - 1, 2**63, 2**64 - 1]
+
+
+def fuzz_bases(directory: str | Path) -> dict[str, tuple[bytes, Layout]]:
+    """The tiny models the fuzz cases mutate: {arch: (bytes, layout)}."""
+    from ggufgen import write_tiny_model
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for arch in FUZZ_ARCHS:
+        data = write_tiny_model(directory / f"fuzz-base-{arch}.gguf", arch=arch, n_layer=2).read_bytes()
+        out[arch] = (data, parse_layout(data))
+    return out
+
+
+def _mutate_array(rng, kv: KV) -> str:
+    n = len(kv.value)
+    op = rng.choice(["empty", "truncate", "extend", "retype", "odd_item", "duplicate"])
+    if op == "empty" or n == 0:
+        kv.value = []
+    elif op == "truncate":
+        kv.value = kv.value[: rng.randrange(n)]
+    elif op == "extend":
+        kv.value = kv.value + kv.value[: rng.randint(1, 4)]
+    elif op == "retype":  # same items, another item type (numbers as strings, strings as lengths)
+        kv.item_type, kv.value = rng.choice([
+            (_T.STRING, [str(v) for v in kv.value]), (_T.INT32, [len(str(v)) for v in kv.value]),
+            (_T.FLOAT32, [float(len(str(v))) for v in kv.value]), (_T.BOOL, [True] * n),
+            (_T.UINT64, [2**63] * n), (_T.INT8, [-1] * n),
+        ])
+    elif op == "odd_item":
+        i = rng.randrange(n)
+        if kv.item_type == _T.STRING:
+            kv.value[i] = rng.choice(["", " ", "a", kv.value[0], "\ud800", "x" * 5000, "a b c", "<0xZZ>"])
+        elif kv.item_type in (_T.FLOAT32, _T.FLOAT64):
+            kv.value[i] = rng.choice([_NAN, _INF, -_INF, 3.4e38])
+        elif kv.item_type in (_T.INT32, _T.INT64, _T.INT8, _T.INT16):
+            kv.value[i] = rng.choice([-1, 0, 7, 99, 127])
+        else:
+            kv.value[i] = rng.choice([0, 7, 99, 255])
+    else:  # a later item repeats an earlier one
+        if n > 1:
+            kv.value[rng.randrange(1, n)] = kv.value[0]
+    if kv.vtype == _T.STRING:
+        pass
+    return f"array_{op}"
+
+
+def _mutate_layout(rng, layout: Layout, arch: str) -> str:
+    op = rng.choice(["swap_type", "swap_type", "odd_optional", "delete_key", "array", "array",
+                     "tensor_dim", "tensor_ndims", "tensor_type", "tensor_offset", "tensor_name",
+                     "tensor_drop", "tensor_swap"])
+    if op in ("swap_type", "delete_key"):
+        kv = rng.choice(layout.kvs)
+        if op == "delete_key":
+            layout.kvs.remove(kv)
+            return f"delete:{kv.key}"
+        kv.vtype, kv.value, kv.item_type = rng.choice(ODD_VALUES)
+        kv.value = list(kv.value) if isinstance(kv.value, list) else kv.value
+        return f"swap_type:{kv.key}"
+    if op == "odd_optional":
+        key = rng.choice(OPTIONAL_KEYS).format(a=arch)
+        vtype, value, item = rng.choice(ODD_VALUES)
+        value = list(value) if isinstance(value, list) else value
+        kv = layout.kv(key)
+        if kv is None:
+            layout.kvs.append(KV(key, vtype, value, item))
+        else:
+            kv.vtype, kv.value, kv.item_type = vtype, value, item
+        return f"odd:{key}"
+    if op == "array":
+        arrays = [k for k in layout.kvs if k.vtype == _T.ARRAY]
+        if not arrays:
+            return "array_none"
+        kv = rng.choice(arrays)
+        return f"{_mutate_array(rng, kv)}:{kv.key}"
+    t = rng.choice(layout.tensors)
+    if op == "tensor_dim":
+        t.dims[rng.randrange(len(t.dims))] = rng.choice(ODD_DIMS)
+    elif op == "tensor_ndims":
+        t.dims = t.dims + [1] if len(t.dims) < 4 and rng.random() < 0.5 else t.dims[:-1] or [0]
+    elif op == "tensor_type":
+        t.ttype = rng.choice([0, 1, 2, 6, 8, 12, 14, 30, 39, 40, 41, 99, 2**31, 2**32 - 1])
+    elif op == "tensor_offset":
+        other = rng.choice(layout.tensors)
+        t.offset = rng.choice([other.offset, t.offset + layout.alignment, t.offset + 1,
+                               len(layout.data), len(layout.data) - layout.alignment, 2**63, 2**64 - 32])
+    elif op == "tensor_name":
+        t.name = rng.choice([rng.choice(layout.tensors).name, t.name + "x", "", t.name.replace("blk.0", "blk.9")])
+    elif op == "tensor_drop":
+        layout.tensors.remove(t)
+    else:
+        u = rng.choice(layout.tensors)
+        t.name, u.name = u.name, t.name
+    return f"{op}:{t.name}"
+
+
+def _mutate_bytes(rng, data: bytes, header_end: int) -> tuple[bytes, str]:
+    op = rng.choice(["flip", "flip", "byte", "u64", "truncate"])
+    b = bytearray(data)
+    if op == "truncate":
+        return bytes(b[: rng.randrange(len(b))]), op
+    for _ in range(rng.randint(1, 4)):
+        at = rng.randrange(header_end)
+        if op == "flip":
+            b[at] ^= 1 << rng.randrange(8)
+        elif op == "byte":
+            b[at] = rng.randrange(256)
+        elif at + 8 <= len(b):
+            struct.pack_into("<Q", b, at, rng.choice(ODD_U64))
+    return bytes(b), op
+
+
+def fuzz_case(bases: dict[str, tuple[bytes, Layout]], i: int, seed: int = 0) -> tuple[str, bytes]:
+    """Case i of the corpus: (a name saying what was done, the file's bytes)."""
+    import random
+
+    rng = random.Random(seed * 1_000_003 + i)
+    arch = FUZZ_ARCHS[i % len(FUZZ_ARCHS)]
+    data, layout = bases[arch]
+    if rng.random() < 0.2:  # byte surgery on the whole file
+        header_end = len(data) - len(layout.data)
+        mutated, op = _mutate_bytes(rng, data, header_end)
+        return f"{i}-{arch}-{op}", mutated
+    layout = layout.copy()
+    ops = [_mutate_layout(rng, layout, arch) for _ in range(rng.choice([1, 1, 1, 2, 3]))]
+    return f"{i}-{arch}-{'+'.join(ops)}", build_layout(layout)
+
+
+def write_fuzz_corpus(directory: str | Path, n: int = 200, seed: int = 0) -> dict[str, Path]:
+    """Writes cases 0..n-1 under `directory`; returns {case name: path}."""
+    directory = Path(directory)
+    bases = fuzz_bases(directory / "bases")
+    out = {}
+    for i in range(n):
+        name, data = fuzz_case(bases, i, seed)
+        path = directory / f"fuzz-{i:05d}.gguf"
+        path.write_bytes(data)
+        out[name] = path
+    return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import struct
@@ -13,7 +14,7 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 from gguf.quants import dequantize
 
 import hostile_gguf
-from engine.errors import GGUFError
+from engine.errors import GGUFError, MetadataError
 from engine.gguf_file import GGUFFile
 
 
@@ -249,3 +250,117 @@ def test_gguf_file_smollm2_matches_gguf_reader(smollm2_path):
         info = f.tensors[t.name]
         assert (info.qtype, info.offset, info.nbytes) == (t.tensor_type, t.data_offset, t.n_bytes)
         assert info.data.shape == t.data.shape and info.data.dtype == t.data.dtype
+
+
+# -- typed getters: the key, what was expected and what the file holds, in one line -----------
+
+
+@pytest.fixture()
+def typed_path(tmp_path):
+    return hostile_gguf.valid_gguf(tmp_path / "typed.gguf", extra_kv={
+        "llama.context_length": (2**63, GGUFValueType.UINT64),
+        "llama.embedding_length": (-64, GGUFValueType.INT32),
+        "llama.rope.freq_base": (float("nan"), GGUFValueType.FLOAT32),
+        "llama.attention.head_count": (8.0, GGUFValueType.FLOAT32),
+        "test.flag": ("yes", GGUFValueType.STRING),
+        "test.ints": ([1, 2], GGUFValueType.ARRAY),
+    })
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda f: f.get_int("llama.context_length"),
+     "metadata key 'llama.context_length' is 9223372036854775808, out of range (1..16777216)"),
+    (lambda f: f.get_int("llama.embedding_length"),
+     "metadata key 'llama.embedding_length' is -64, out of range (1..1048576)"),
+    (lambda f: f.get_float("llama.rope.freq_base"),
+     "metadata key 'llama.rope.freq_base' should be a finite number, found float32 nan"),
+    (lambda f: f.get_int("llama.attention.head_count"),
+     "metadata key 'llama.attention.head_count' should be an integer, found float32 8.0"),
+    (lambda f: f.get_int("general.name"),
+     "metadata key 'general.name' should be an integer, found string 'hostile-base'"),
+    (lambda f: f.get_bool("test.flag"), "metadata key 'test.flag' should be a boolean, found string 'yes'"),
+    (lambda f: f.get_array("tokenizer.ggml.scores", item="string"),
+     "metadata key 'tokenizer.ggml.scores' should be an array of strings, found array of 3 float32"),
+    (lambda f: f.get_array("tokenizer.ggml.tokens", item="number"),
+     "metadata key 'tokenizer.ggml.tokens' should be an array of numbers, found array of 3 string"),
+    (lambda f: f.get_str("test.ints"), "metadata key 'test.ints' should be a string, found array of 2 int32"),
+    (lambda f: f.get_int("test.key_a", lo=2, hi=5), "metadata key 'test.key_a' is 1, out of range (2..5)"),
+])
+def test_typed_getters_name_key_expected_and_found(typed_path, call, message):
+    f = GGUFFile(typed_path)
+    with pytest.raises(MetadataError) as exc:
+        call(f)
+    assert str(exc.value) == f"{typed_path}: {message}"
+
+
+def test_typed_readers_on_a_plain_mapping():
+    from engine.metadata import meta_array, meta_int
+
+    meta = {"a": "x", "b": [1, "2"], "c": 3}
+    with pytest.raises(MetadataError, match="^metadata key 'a' should be an integer, found str 'x'$"):
+        meta_int(meta, "a")
+    with pytest.raises(MetadataError, match="should be an array of integers, found array of 2 int"):
+        meta_array(meta, "b", item="int")
+    assert meta_int(meta, "c") == 3 and meta_int(meta, "nope", None) is None
+
+
+# -- a failed load lets go of the map at once ---------------------------------------------------
+
+
+def _mapped(path) -> bool:
+    with open("/proc/self/maps") as fh:
+        return os.path.realpath(path) in fh.read()
+
+
+def _tiny_with(tmp_path, name, change):
+    """A tiny llama with one change made to its parts (hostile_gguf.Layout)."""
+    from ggufgen import write_tiny_model
+
+    base = write_tiny_model(tmp_path / "tiny-base.gguf").read_bytes()
+    layout = hostile_gguf.parse_layout(base)
+    change(layout)
+    path = tmp_path / f"{name}.gguf"
+    path.write_bytes(hostile_gguf.build_layout(layout))
+    return path
+
+
+def _drop_tensor(layout):  # fails in load_weights, after tensors were bound
+    layout.tensors = [t for t in layout.tensors if t.name != "blk.1.ffn_down.weight"]
+
+
+def _bad_merges(layout):  # fails in the tokenizer, after every tensor was bound
+    layout.kv("tokenizer.ggml.merges").vtype, layout.kv("tokenizer.ggml.merges").value = GGUFValueType.UINT32, 7
+
+
+def _overlap(layout):  # fails while opening, after tensor views were made
+    layout.tensors[-1].offset = layout.tensors[-2].offset
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads /proc/self/maps (Linux)")
+@pytest.mark.parametrize("change, error", [(_drop_tensor, "missing tensor 'blk.1.ffn_down.weight'"),
+                                           (_bad_merges, "'tokenizer.ggml.merges' should be an array of strings"),
+                                           (_overlap, "overlaps tensor")])
+def test_failed_load_unmaps_the_file_without_the_garbage_collector(tmp_path, change, error):
+    from engine import inspect_model
+    from engine.errors import EngineError
+    from engine.model import load_model
+
+    path = _tiny_with(tmp_path, change.__name__, change)
+    gc.collect()
+    gc.disable()
+    try:
+        with pytest.raises(EngineError, match=error) as exc:
+            load_model(path, n_threads=1)
+        assert not _mapped(path)  # while the exception, its traceback and frames are alive
+        assert error in (inspect_model(path).error or "")
+        assert not _mapped(path)
+        del exc
+    finally:
+        gc.enable()
+
+
+def test_gguf_file_closed_flag(base_path):
+    f = GGUFFile(base_path)
+    assert not f.closed
+    f.close()
+    assert f.closed and f.tensors == {}

@@ -9,6 +9,7 @@ import sys
 
 from .. import params
 from ..errors import EngineError
+from .common import add_mem_check_arg, init_threads, mem_check
 
 
 def _int_list(text: str) -> list[int]:
@@ -37,6 +38,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("-ctk", "--cache-type-k", default="f16", help="KV cache type for K (default: f16)")
     g.add_argument("-ctv", "--cache-type-v", default="f16", help="KV cache type for V (default: f16)")
     g.add_argument("-o", "--output", choices=["md", "json", "jsonl"], default="md", help="output format (default: md)")
+    add_mem_check_arg(p)
     p.set_defaults(run=run)
     return p
 
@@ -44,16 +46,18 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from ..bench import bench
     from ..context import Context, ContextParams
-    from ..jit import set_num_threads
     from ..model import load_model
 
     if args.repetitions < 1:
         raise EngineError("-r must be at least 1")
+    for n_threads in args.threads:
+        init_threads(n_threads)  # each -t value checked before anything runs
     model = load_model(params.resolve_model_path(args))
     tests = [(n, 0) for n in args.n_prompt if n] + [(0, n) for n in args.n_gen if n]
     n_ctx = max([p + g for p, g in tests] + [16])
     ctx = Context(model, ContextParams(n_ctx=n_ctx, n_batch=args.batch_size, n_ubatch=args.ubatch_size,
-                                       type_k=args.cache_type_k, type_v=args.cache_type_v))
+                                       type_k=args.cache_type_k, type_v=args.cache_type_v,
+                                       check_memory=mem_check(args)))
     size_mib = model.weights_bytes / 2**20
     desc = f"{model.cfg.arch} {model.gguf.get('general.size_label', '') or ''} {_ftype(model)}".replace("  ", " ")
     results = []
@@ -61,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         print("| model | size | params | backend | threads | test | t/s |")
         print("| --- | ---: | ---: | --- | ---: | ---: | ---: |")
     for n_threads in args.threads:
-        n_threads = set_num_threads(n_threads)
+        n_threads = init_threads(n_threads)
         for n_prompt, n_gen in tests:
             r = bench(ctx, n_prompt, n_gen, args.repetitions, n_threads)
             row = dict(model_filename=model.path, model_type=desc, model_size=model.weights_bytes,

@@ -15,6 +15,7 @@ import threading
 
 from .. import params
 from ..errors import EngineError
+from .common import add_mem_check_arg, init_threads, mem_check
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -24,6 +25,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         description="Complete a prompt: the generated text goes to stdout, timings to stderr.",
     )
     params.add_common_args(p)
+    add_mem_check_arg(p)
     p.set_defaults(run=run)
     return p
 
@@ -62,13 +64,16 @@ def run(args: argparse.Namespace) -> int:
 def load_for_generation(args: argparse.Namespace):
     """Seed start-up steps 2-3: initialise the backend, load the model, create the context."""
     from ..context import Context
-    from ..jit import set_num_threads
     from ..model import load_model
 
-    n_threads = set_num_threads(args.threads)
+    n_threads = init_threads(args.threads)
     path = params.resolve_model_path(args)
     model = load_model(path, n_threads=n_threads)
-    ctx = Context(model, params.to_context_params(args))
+    try:
+        ctx = Context(model, params.to_context_params(args, check_memory=mem_check(args)))
+    except BaseException:
+        model.close()
+        raise
     if args.verbose:
         cfg = model.cfg
         print(

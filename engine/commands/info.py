@@ -32,21 +32,31 @@ def _mib(n: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..context import ContextParams, check_params
+    from ..memory import ctx_per_seq, fmt_bytes, memory_fit
     from ..model_info import inspect_model
 
     if args.ctx_size < 0:
         raise EngineError(f"invalid context size {args.ctx_size}")
+    if args.parallel == 0 or args.parallel < -1:
+        raise EngineError(f"invalid -np/--parallel {args.parallel}: use 1 or more, or -1 for auto")
     info = inspect_model(params.resolve_model_path(args))
     if info.error:
         raise EngineError(info.error)
-    n_seq = 4 if args.parallel < 0 else max(1, args.parallel)
-    est = info.estimate(n_ctx=args.ctx_size, n_seq_max=n_seq, type_k=args.cache_type_k,
-                        type_v=args.cache_type_v, n_ubatch=args.ubatch_size,
-                        kv_unified=args.parallel < 0 or args.kv_unified)
+    n_seq = 4 if args.parallel < 0 else args.parallel
+    unified = args.parallel < 0 or args.kv_unified
     n_ctx = args.ctx_size or info.n_ctx_train
+    check_params(ContextParams(n_ctx=n_ctx, n_ubatch=args.ubatch_size, n_seq_max=n_seq, kv_unified=unified), n_ctx)
+    est = info.estimate(n_ctx=n_ctx, n_seq_max=n_seq, type_k=args.cache_type_k,
+                        type_v=args.cache_type_v, n_ubatch=args.ubatch_size, kv_unified=unified)
+    fit = memory_fit(est)
+    n_ctx_seq = ctx_per_seq(n_ctx, n_seq, unified)
+    beyond = f" (beyond the training context {info.n_ctx_train})" if n_ctx_seq > info.n_ctx_train else ""
     if args.json:
         d = {k: v for k, v in vars(info).items() if k != "cfg"}
         d["memory_estimate"] = est.as_dict()
+        d["memory_available"] = {"ram_bytes": fit.available_bytes, "swap_free_bytes": fit.swap_free_bytes,
+                                 "verdict": fit.verdict}
         d["n_ctx"] = n_ctx
         print(json.dumps(d, indent=2))
         return 0
@@ -70,13 +80,16 @@ def run(args: argparse.Namespace) -> int:
         ("tokenizer", f"{info.tokenizer} (pre '{info.tokenizer_pre}')" if info.tokenizer_pre else info.tokenizer),
         ("chat template", tmpl),
         ("memory estimate", f"n_ctx {n_ctx}, {n_seq} sequence(s)"
-                            f"{' (unified)' if args.parallel < 0 or args.kv_unified else ''}, "
-                            f"cache {args.cache_type_k}/{args.cache_type_v}"),
+                            f"{' (unified)' if unified else ''}, "
+                            f"cache {args.cache_type_k}/{args.cache_type_v}{beyond}"),
         ("  weights (mapped)", _mib(est.weights_bytes)),
         ("  KV cache", _mib(est.kv_bytes)),
         ("  compute buffer", _mib(est.compute_bytes)),
         ("  metadata", _mib(est.metadata_bytes)),
         ("  total", _mib(est.total_bytes)),
+        ("memory available", f"{fmt_bytes(fit.available_bytes)} RAM + {fmt_bytes(fit.swap_free_bytes)} free swap"),
+        ("fit", {"fits": "fits", "tight": "tight: expect swapping, a smaller -c would leave room",
+                 "too big": "too big: loading with these settings is refused (--no-mem-check to try)"}[fit.verdict]),
     ]
     w = max(len(k) for k, _ in rows)
     for k, v in rows:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from .. import params
 from ..errors import EngineError
+from .common import add_mem_check_arg, init_threads, mem_check
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -23,13 +24,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--chunks", metavar="N", type=int, default=-1, help="max number of chunks (default: -1 = all)")
     g.add_argument("-ctk", "--cache-type-k", default="f16", help="KV cache type for K (f16, f32)")
     g.add_argument("-ctv", "--cache-type-v", default="f16", help="KV cache type for V (f16, f32)")
+    add_mem_check_arg(p)
     p.set_defaults(run=run)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
     from ..context import Context, ContextParams
-    from ..jit import set_num_threads
     from ..model import load_model
     from ..perplexity import perplexity
 
@@ -39,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         text = Path(args.file).read_text(encoding="utf-8", errors="replace")
     except OSError as e:
         raise EngineError(f"cannot read '{args.file}': {e.strerror or e}") from None
-    n_threads = set_num_threads(args.threads)
+    n_threads = init_threads(args.threads)
     model = load_model(params.resolve_model_path(args), n_threads=n_threads)
     tok = model.tokenizer
     tokens = tok.encode(text, add_special=True, parse_special=False)
@@ -47,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
     # One chunk per decode call: the batch must hold a whole chunk.
     ctx = Context(model, ContextParams(n_ctx=n_ctx, n_batch=n_ctx,
                                        n_ubatch=min(args.ubatch_size, args.batch_size, n_ctx),
-                                       type_k=args.cache_type_k, type_v=args.cache_type_v))
+                                       type_k=args.cache_type_k, type_v=args.cache_type_v,
+                                       check_memory=mem_check(args)))
     n_avail = len(tokens) // n_ctx
     print(f"perplexity: tokenized {len(tokens)} tokens; {n_avail} chunks of {n_ctx}, "
           f"{n_threads} threads", file=sys.stderr)

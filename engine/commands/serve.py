@@ -24,6 +24,7 @@ import time
 from .. import params
 from ..errors import EngineError
 from ..server import flags
+from .common import add_mem_check_arg, init_threads, mem_check
 
 log = logging.getLogger("ggstation.serve")
 
@@ -42,6 +43,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     params.add_sampling_args(p)
     params.add_chat_args(p)
     flags.add_server_args(p)
+    add_mem_check_arg(p)
     p.set_defaults(parallel=-1, ignored=[], refused=[], env_error=None, run=run)
     _apply_env_defaults(p)
     return p
@@ -91,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
         return 130
     except Exception as e:
         state.set_failed(str(e))
+        _announce(args, "failed", handle, error=str(e))  # a router shows this, not just the exit code
         handle.stop(2.0)
         raise e if isinstance(e, EngineError) else EngineError(f"cannot load the model: {e}") from e
     stopper = _install_signals(scheduler)  # 11.
@@ -136,9 +139,7 @@ def _clamp_batch(args) -> None:
 
 
 def _init_backend(args) -> int:
-    from ..jit import set_num_threads
-
-    n_threads = set_num_threads(args.threads)
+    n_threads = init_threads(args.threads)
     print(f"main: backend numba-cpu, {n_threads} threads", file=sys.stderr)
     return n_threads
 
@@ -193,7 +194,11 @@ def _load(args, state, n_threads: int, n_slots: int):
     t0 = time.perf_counter()
     path = params.resolve_model_path(args)
     model = load_model(path, n_threads=n_threads)
-    ctx = Context(model, params.to_context_params(args, n_seq_max=n_slots))
+    try:
+        ctx = Context(model, params.to_context_params(args, n_seq_max=n_slots, check_memory=mem_check(args)))
+    except BaseException:
+        model.close()
+        raise
     scheduler = Scheduler(ctx, model.tokenizer, model=model, n_slots=n_slots,
                           slot_prompt_similarity=args.slot_prompt_similarity,
                           context_shift=args.context_shift, n_keep=args.keep)
@@ -219,10 +224,10 @@ def _chat_template(args, model):
     return None
 
 
-def _announce(args, event: str, handle) -> None:
+def _announce(args, event: str, handle, **extra) -> None:
     """One JSON line on stdout per start-up milestone, for a supervising router."""
     if args.ready_json:
-        print(json.dumps({"event": event, "port": handle.port, "url": handle.url}), flush=True)
+        print(json.dumps({"event": event, "port": handle.port, "url": handle.url, **extra}), flush=True)
 
 
 # -- router mode -------------------------------------------------------------------------
@@ -237,7 +242,8 @@ def _child_args(args) -> list[str]:
            "--repeat-last-n", str(args.repeat_last_n), "--embd-normalize", str(args.embd_normalize),
            "-sps", str(args.slot_prompt_similarity)]
     flags_on = [("--embedding", args.embedding), ("--metrics", args.metrics), ("--no-slots", not args.slots),
-                ("--no-cache-prompt", not args.cache_prompt), ("--kv-unified", args.kv_unified)]
+                ("--no-cache-prompt", not args.cache_prompt), ("--kv-unified", args.kv_unified),
+                ("--no-mem-check", args.no_mem_check)]
     out += [f for f, on in flags_on if on]
     for opt, value in (("--pooling", args.pooling), ("--chat-template", args.chat_template),
                        ("--chat-template-file", args.chat_template_file),

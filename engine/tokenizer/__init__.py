@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import TokenizerError
+from ..metadata import meta_str
 from .base import K, TokenAttr, Tokenizer
 from .bpe import PRE_TOKENIZERS, BPETokenizer
 from .detokenizer import StreamingDetokenizer
@@ -36,7 +37,7 @@ def load_tokenizer(gguf_file: Any) -> Tokenizer:
 
         gguf_file = GGUFFile(gguf_file)
     meta = gguf_file if isinstance(gguf_file, Mapping) else gguf_file.metadata
-    model = meta.get(K.MODEL)
+    model = meta_str(meta, K.MODEL, None)
     if model is None:
         raise TokenizerError(f"the model has no tokenizer ('{K.MODEL}' is missing)")
     cls = TOKENIZER_MODELS.get(model)

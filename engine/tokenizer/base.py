@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import codecs
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 from gguf import Keys
 
 from ..errors import TokenizerError
+from ..metadata import meta_array, meta_bool, meta_int, meta_str
 
 log = logging.getLogger(__name__)
 
@@ -131,12 +132,8 @@ def _as_text(text: str | bytes | bytearray) -> str:
 
 
 # --- metadata ---------------------------------------------------------------------------------
-def _meta_get(meta: Any, key: str, default: Any = None) -> Any:
-    if isinstance(meta, Mapping):
-        return meta.get(key, default)
-    return meta.get(key, default)
-
-
+# Every `tokenizer.ggml.*` value is read through the typed readers of engine/metadata.py: a value of the
+# wrong type is a MetadataError naming the key, what was expected and what the file holds.
 def _first_set(a: int | None, b: int | None) -> int | None:
     return a if a is not None else b
 
@@ -152,21 +149,21 @@ class Tokenizer:
     def __init__(self, meta: Any, *, default_bos: int | None, default_eos: int | None,
                  default_unk: int | None, add_space_prefix: bool, add_bos: bool, add_eos: bool,
                  clean_spaces: bool):
-        tokens = _meta_get(meta, K.LIST)
-        if not tokens or not isinstance(tokens, list):
+        tokens = meta_array(meta, K.LIST, None, "string")
+        if not tokens:
             raise TokenizerError(f"missing or empty '{K.LIST}' (the vocabulary)")
         n = len(tokens)
-        scores = _meta_get(meta, K.SCORES)
-        types = _meta_get(meta, K.TOKEN_TYPE)
+        scores = meta_array(meta, K.SCORES, None, "number")
+        types = meta_array(meta, K.TOKEN_TYPE, None, "int")
         if scores is not None and len(scores) < n:
             raise TokenizerError(f"'{K.SCORES}' has {len(scores)} entries for {n} tokens")
         if types is not None and len(types) < n:
             raise TokenizerError(f"'{K.TOKEN_TYPE}' has {len(types)} entries for {n} tokens")
 
-        self.pre: str = _meta_get(meta, K.PRE) or ""
+        self.pre: str = meta_str(meta, K.PRE, None) or ""
         self.tokens: list[str] = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
         self.scores: list[float] = [float(s) for s in scores[:n]] if scores is not None else [0.0] * n
-        if types is not None:
+        if types is not None:  # types llama.cpp does not know are UNDEFINED, as there
             attrs = [_TYPE_TO_ATTR.get(int(t), TokenAttr.UNDEFINED) for t in types[:n]]
         else:
             attrs = [TokenAttr.NORMAL] * n
@@ -175,20 +172,17 @@ class Tokenizer:
             if self.token_to_id.setdefault(t, i) != i:
                 raise TokenizerError(f"duplicate token in vocabulary: {t!r} has ids {self.token_to_id[t]} and {i}")
 
-        self.add_space_prefix = bool(_meta_get(meta, K.ADD_PREFIX, add_space_prefix))
+        self.add_space_prefix = meta_bool(meta, K.ADD_PREFIX, add_space_prefix)
         self.clean_spaces = clean_spaces
-        add_bos = _meta_get(meta, K.ADD_BOS, add_bos)
-        add_eos = _meta_get(meta, K.ADD_EOS, add_eos)
-        self.add_bos = bool(add_bos)
-        self.add_eos = bool(add_eos)
+        self.add_bos = meta_bool(meta, K.ADD_BOS, add_bos)
+        self.add_eos = meta_bool(meta, K.ADD_EOS, add_eos)
 
         def special(key: str, default: int | None) -> int | None:
             if default is not None and not 0 <= default < n:
                 default = None
-            v = _meta_get(meta, key)
+            v = meta_int(meta, key, None)
             if v is None:
                 return default
-            v = int(v)
             if not 0 <= v < n:
                 log.warning("bad special token '%s' = %d (vocab has %d), using %s", key, v, n, default)
                 return default
@@ -216,7 +210,7 @@ class Tokenizer:
 
         self.attrs: list[int] = attrs
         self._find_special_by_text()
-        self._set_model_specific_attrs(str(_meta_get(meta, "general.name") or ""))
+        self._set_model_specific_attrs(meta_str(meta, "general.name", None) or "")
 
         # special tokens for partitioning, longest (in bytes) first; ties by id (stable)
         special_ids = [i for i, a in enumerate(self.attrs) if a & _SPECIAL_ATTRS]

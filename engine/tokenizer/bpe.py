@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 import regex
 
 from ..errors import TokenizerError
-from .base import K, Tokenizer, _meta_get, llama_codepoints
+from ..metadata import meta_array, meta_str
+from .base import K, Tokenizer, llama_codepoints
 
 if TYPE_CHECKING:
     from .kernels import ByteTable
@@ -145,7 +146,7 @@ class BPETokenizer(Tokenizer):
     _CACHE_LIMIT = 200_000
 
     def __init__(self, meta: Any):
-        pre = _meta_get(meta, K.PRE) or "default"
+        pre = meta_str(meta, K.PRE, None) or "default"
         if pre not in _PRE:
             raise TokenizerError(f"unknown pre-tokenizer type: '{pre}' (known: {', '.join(PRE_TOKENIZERS)})")
         _, clean_spaces, ignore_merges, add_bos = _PRE[pre]
@@ -154,7 +155,7 @@ class BPETokenizer(Tokenizer):
         self.pre = pre
         self.ignore_merges = ignore_merges
         self._patterns = pre_tokenizer_regexes(pre)
-        merges = _meta_get(meta, K.MERGES)
+        merges = meta_array(meta, K.MERGES, None, "string")
         if merges is None:
             raise TokenizerError(f"BPE tokenizer without '{K.MERGES}'")
         # "left right" -> rank; the first occurrence wins, as with std::map::emplace

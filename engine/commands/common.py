@@ -1,0 +1,37 @@
+"""What the model-running commands share beyond engine/params.py: the memory-check switch and
+the thread count's sanity check (one clear line for -t 0 or -t 100000)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .. import params
+from ..errors import EngineError
+
+
+def add_mem_check_arg(parser: argparse.ArgumentParser) -> None:
+    params.group(parser, params.COMMON).add_argument(
+        "--no-mem-check", action="store_true",
+        help="load even when the estimated memory use (weights, KV cache, buffers) is clearly more than "
+        "the RAM and swap available (also: GGSTATION_NO_MEM_CHECK=1)",
+    )
+
+
+def mem_check(args: argparse.Namespace) -> bool:
+    """Whether contexts made for this command check that they fit in memory."""
+    return not getattr(args, "no_mem_check", False)
+
+
+def init_threads(n_threads: int) -> int:
+    """-t/--threads: -1 (or unset) is every core; 0 and other negatives are refused; more than
+    the machine's hardware threads is cut down with a warning. Returns the count in use."""
+    from ..jit import set_num_threads
+
+    if n_threads == 0 or n_threads < -1:
+        raise EngineError(f"invalid -t/--threads {n_threads}: use 1 or more, or -1 for every core")
+    n = set_num_threads(n_threads)
+    if n_threads > n:
+        print(f"warning: -t {n_threads} is more than the {n} hardware threads available; using {n}",
+              file=sys.stderr)
+    return n
