@@ -258,6 +258,7 @@ def write_corpus(directory: str | Path) -> dict[str, tuple[Path, str]]:
 # `fuzz_case(bases, i, seed)` builds case i; the same (i, seed) always gives the same bytes.
 
 FUZZ_ARCHS = ("llama", "gemma3", "phi3")
+DEFAULT_ALIGNMENT = 32
 _T = GGUFValueType
 _SCALAR_FMT = {_T.UINT8: "<B", _T.INT8: "<b", _T.UINT16: "<H", _T.INT16: "<h", _T.UINT32: "<I",
                _T.INT32: "<i", _T.FLOAT32: "<f", _T.BOOL: "<?", _T.UINT64: "<Q", _T.INT64: "<q",
@@ -355,7 +356,6 @@ def build_layout(layout: Layout) -> bytes:
     return bytes(out) + layout.data
 
 
-DEFAULT_ALIGNMENT = 32
 _NAN, _INF = float("nan"), float("inf")
 # (value type, value, item type): values of every type, the awkward ones of each
 ODD_VALUES = [
@@ -430,8 +430,6 @@ def _mutate_array(rng, kv: KV) -> str:
     else:  # a later item repeats an earlier one
         if n > 1:
             kv.value[rng.randrange(1, n)] = kv.value[0]
-    if kv.vtype == _T.STRING:
-        pass
     return f"array_{op}"
 
 

@@ -108,6 +108,39 @@ def test_fuzzed_model_loads_or_raises_engine_error_long(bases, tmp_path, i):
     run_case(bases, i, tmp_path)
 
 
+COMMAND_CASES = 24  # the first cases through every command (most are refused, at every stage)
+COMMANDS = {
+    "info": [], "tokenize": ["-p", "hi"], "generate": ["-p", "hi", "-n", "2", "-c", "64", "--temp", "0"],
+    "chat": ["-n", "2", "-c", "64"], "bench": ["-p", "8", "-n", "2", "-r", "1", "-t", "1"],
+    "perplexity": ["-f", "{text}", "-c", "16", "--chunks", "1"],
+}
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_fuzzed_models_through_every_command_give_one_line(bases, tmp_path, capsys, monkeypatch, command):
+    """What each `ggstation` command prints for a broken model: one `error:` line, no traceback."""
+    import io
+
+    from engine.cli import main
+
+    text = tmp_path / "t.txt"
+    text.write_text("the wind in the hall " * 20)
+    outcomes = []
+    for i in range(COMMAND_CASES):
+        name, data = hostile_gguf.fuzz_case(bases, i, SEED)
+        path = tmp_path / "m.gguf"
+        path.write_bytes(data)
+        monkeypatch.setattr(sys, "stdin", io.StringIO("hello"))
+        with time_limit(CASE_TIMEOUT_S):
+            rc = main([command, "-m", str(path), *(a.format(text=text) for a in COMMANDS[command])])
+        err = capsys.readouterr().err
+        assert "Traceback" not in err, f"{name}: {err}"
+        errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
+        assert (rc, len(errors)) in ((0, 0), (1, 1)), f"{name}: rc {rc}, {err}"
+        outcomes.append(rc)
+    assert outcomes.count(1) >= COMMAND_CASES // 3 and outcomes.count(0) >= 1, outcomes
+
+
 def test_fuzz_corpus_is_deterministic_and_mixed(bases):
     """Same seed, same bytes; and the corpus reaches past the header (most cases parse)."""
     a = [hostile_gguf.fuzz_case(bases, i, SEED) for i in range(30)]
