@@ -321,10 +321,19 @@ def search(text: str, limit: int = 20, token: str | None = None) -> list[HubRepo
     """
     if offline():
         raise HubError("cannot search the Hub: offline (HF_HUB_OFFLINE is set)", HubError.OFFLINE)
-    expand = ["downloads", "likes", "lastModified", "gated", "siblings"]
+    from huggingface_hub import ModelInfo
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+    # GET /api/models as HfApi.list_models sends it, but one request: list_models retries a
+    # refused connection for ~20 s (its pagination backs off), and one page is all we show
+    query: dict[str, str | int | list[str]] = {
+        "search": text, "filter": "gguf", "sort": "downloads", "limit": limit,
+        "expand": ["downloads", "likes", "lastModified", "gated", "siblings"]}
     with _hub_errors(f"search '{text}'", token):
-        found = list(_api(token).list_models(search=text or None, filter="gguf", sort="downloads",
-                                             limit=limit, expand=expand))
+        r = get_session().get(f"{endpoint()}/api/models", params=query, headers=build_hf_headers(token=token),
+                              timeout=_TIMEOUT_S)
+        hf_raise_for_status(r)
+        found = [ModelInfo(**{"siblings": None, **item}) for item in r.json()[:limit]]
     return [_repo_from_info(m, None) for m in found]
 
 

@@ -7,10 +7,12 @@ does:
     GET  /api/models/{repo}[/revision/{rev}][?blobs=true]    model info (sizes, lfs sha256, sha)
     GET  /api/models/{repo}/tree/{rev}[?recursive=true]      file listing with sizes
     GET  /api/models/{repo}/refs                             branches
-    HEAD/GET /{repo}/resolve/{rev}/{path}                    302 to /cdn/{sha256} with X-Repo-Commit,
+    HEAD/GET /{repo}/resolve/{rev}/{path}                    302 to the "CDN" with X-Repo-Commit,
                                                              X-Linked-Etag, X-Linked-Size, ETag
     HEAD/GET /cdn/{sha256}                                   the bytes: ETag, Content-Length,
                                                              Accept-Ranges, Range -> 206
+The "CDN" is this server under the name `localhost`: another origin than `url` (127.0.0.1), as
+the Hub's CDN is, so clients stop a HEAD at the 302 and drop the token on the redirect.
 Errors carry the headers the client reads: 404 X-Error-Code RepoNotFound / RevisionNotFound /
 EntryNotFound; a gated repo's files give 401 (no token) or 403 (another token) GatedRepo; a
 private repo gives 401 RepoNotFound everywhere without its token.
@@ -73,7 +75,7 @@ class HubRepo:
 class HubServer:
     """The server; `url` is what HF_ENDPOINT takes."""
 
-    def __init__(self, repos: dict[str, HubRepo], token: str = "hf_" + "t" * 34):
+    def __init__(self, repos: dict[str, HubRepo], token: str = "hf_" + "t" * 34, cdn_host: str = "localhost"):
         self.repos = repos
         self.token = token
         self.drops: dict[str, list[int]] = {}
@@ -83,6 +85,7 @@ class HubServer:
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        self.cdn_url = f"http://{cdn_host}:{self._httpd.server_address[1]}"
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="hub-server", daemon=True)
         self._thread.start()
 
@@ -271,7 +274,7 @@ class _HubHandler(BaseHTTPRequestHandler):
                                {"X-Repo-Commit": repo.sha})
         size, sha256, oid = repo.meta(name)
         self._send(302, b"", {
-            "Location": f"/cdn/{sha256}?name={quote(name)}",
+            "Location": f"{self.hub.cdn_url}/cdn/{sha256}?name={quote(name)}",
             "X-Repo-Commit": repo.sha, "X-Linked-Etag": f'"{sha256}"', "X-Linked-Size": str(size),
             "ETag": f'"{oid}"', "Accept-Ranges": "bytes",
         }, content_type="text/plain")

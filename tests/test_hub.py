@@ -317,3 +317,23 @@ def test_router_lists_the_hf_cache(server):
 
 def _sha(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.model
+def test_hub_fit_of_a_starter_model_reads_only_its_header(tmp_path, monkeypatch, smollm2_path):
+    from huggingface_hub import constants
+
+    srv = hub_server.start(tmp_path, {"starter/SmolLM2-GGUF": {smollm2_path.name: smollm2_path}})
+    monkeypatch.setenv("HF_ENDPOINT", srv.url)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", True)
+    try:
+        f = hub.resolve("starter/SmolLM2-GGUF")
+        fit = hub.fit(f)
+        assert fit.supported and fit.arch == "llama" and fit.has_chat_template and fit.n_ctx_train == 8192
+        assert fit.bytes_read <= 4 << 20 and f.size > 90 << 20  # a few MB of a 94 MiB file
+        from engine.model_info import inspect_model
+
+        assert fit.memory is not None and fit.memory.weights_bytes == inspect_model(smollm2_path).weights_bytes
+    finally:
+        srv.stop()
