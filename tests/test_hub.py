@@ -337,3 +337,29 @@ def test_hub_fit_of_a_starter_model_reads_only_its_header(tmp_path, monkeypatch,
         assert fit.memory is not None and fit.memory.weights_bytes == inspect_model(smollm2_path).weights_bytes
     finally:
         srv.stop()
+
+
+def test_serve_hf_downloads_then_serves(server):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import httpx
+
+    env = dict(os.environ, HF_HUB_DISABLE_TELEMETRY="1")
+    cmd = [sys.executable, "-m", "engine", "serve", "-hf", "acme/Tiny-GGUF:Q8_0", "--port", "0", "-c", "128",
+           "--ready-json"]
+    proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parent.parent, env=env, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            event = json.loads(line)
+            if event["event"] == "ready":
+                break
+        models = httpx.get(f"{event['url']}/v1/models", timeout=10).json()["data"]
+        assert "tiny-Q8_0" in models[0]["id"]
+        assert hub.resolve("acme/Tiny-GGUF:Q8_0").local_path is not None  # downloaded into the cache
+    finally:
+        proc.terminate()
+        proc.wait(30)
