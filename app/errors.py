@@ -9,6 +9,9 @@ from __future__ import annotations
 from engine.errors import (
     ContextOverflowError,
     GGUFError,
+    HubError,
+    InsufficientMemoryError,
+    MetadataError,
     MissingTensorError,
     ModelStoreError,
     PortInUseError,
@@ -33,6 +36,9 @@ class LoadCancelled(AppError):
 _PLAIN: dict[type[BaseException], str] = {
     GGUFError: "This file is not a usable GGUF model",
     MissingTensorError: "The model file is missing a tensor the architecture needs",
+    MetadataError: "The model file's metadata is damaged or of the wrong type",
+    InsufficientMemoryError: "This model does not fit in the memory this machine has free",
+    HubError: "Hugging Face could not provide the model",
     UnsupportedArchError: "This model's architecture is not supported yet",
     UnsupportedQuantError: "This model uses a quantisation type the engine cannot run",
     TokenizerError: "The model's tokenizer is missing or unsupported",
