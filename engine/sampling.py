@@ -27,6 +27,7 @@ import numpy as np
 DEFAULT_SEED = 0xFFFFFFFF
 
 _NEG_INF = np.float32(-np.inf)
+_FLT_MAX = float(np.finfo(np.float32).max)
 _TOP_P_HEAD = 1024  # top-p without top-k first tries the 1024 most likely tokens
 
 
@@ -65,13 +66,24 @@ class SamplingParams:
 
 def apply_logit_bias(logits: np.ndarray, bias: Mapping[int, float]) -> np.ndarray:
     """Add `bias[token]` to each listed token's logit (-inf bans it); ids out of range are ignored."""
-    if not bias:
+    ids, values = bias_arrays(bias, logits.shape[0])
+    return add_bias(logits, ids, values)
+
+
+def bias_arrays(bias: Mapping[int, float], n_vocab: int) -> tuple[np.ndarray, np.ndarray]:
+    """A logit-bias mapping as (ids, values) arrays, ids outside the vocabulary dropped."""
+    pairs = [(t, b) for t, b in bias.items() if 0 <= t < n_vocab]
+    return np.array([t for t, _ in pairs], np.int64), np.array([b for _, b in pairs], np.float64)
+
+
+def add_bias(logits: np.ndarray, ids: np.ndarray, values: np.ndarray) -> np.ndarray:
+    if ids.size == 0:
         return logits
     out = logits.copy()
-    n_vocab = out.shape[0]
-    for token, b in bias.items():
-        if 0 <= token < n_vocab:
-            out[token] += np.float32(b)
+    x = out[ids] + values
+    # float32 cannot hold every sum: saturate (one +inf logit makes every probability NaN)
+    # but keep -inf, which is a ban
+    out[ids] = np.where(x == -np.inf, x, np.clip(x, -_FLT_MAX, _FLT_MAX))
     return out
 
 
@@ -227,6 +239,7 @@ class Sampler:
         if params.ignore_eos:  # llama.cpp bans every end-of-generation token
             bias.update({int(t): -np.inf for t in eog_ids})
         self._bias = bias
+        self._bias_arrays: tuple[np.ndarray, np.ndarray] | None = None  # built for the first row
 
     def filter(self, logits: np.ndarray, history: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
         """Run every step but the draw.
@@ -239,7 +252,13 @@ class Sampler:
         """
         p = self.params
         x = np.asarray(logits, dtype=np.float32)
-        x = apply_logit_bias(x, self._bias)
+        if self._bias_arrays is None:
+            self._bias_arrays = bias_arrays(self._bias, x.shape[0])
+        biased = add_bias(x, *self._bias_arrays)
+        # A bias that bans every token leaves nothing to draw. llama.cpp's chain never empties
+        # (its bias only lowers logits to -inf) and its dist sampler then falls back to
+        # whichever candidate it holds last; here the step runs as if unbiased instead.
+        x = biased if np.any(biased > _NEG_INF) else x
         x = apply_penalties(
             x, history, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty
         )
