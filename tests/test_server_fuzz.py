@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -63,3 +65,26 @@ def test_server_fuzz_no_5xx(url, endpoint, body):
 def test_server_fuzz_raw_bytes_no_5xx(url, endpoint, raw):
     r = url.post(endpoint, content=raw)
     assert r.status_code < 500, (endpoint, raw, r.text)
+
+
+# JSON text a client library would not write: lone surrogate escapes, NaN/Infinity, numbers
+# past a double, deep nesting (json.dumps writes the first two when asked).
+odd_scalars = st.one_of(scalars, st.floats(), st.text(alphabet=st.characters(categories=["Cs", "Ll"]), max_size=6))
+odd_values = st.recursive(odd_scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                              st.dictionaries(st.text(max_size=4), inner, max_size=3)),
+                          max_leaves=8)
+extras = st.tuples(st.sampled_from(["model", "prompt", "content", "stop", "input", "messages", "metadata", "tools"]),
+                   st.sampled_from(["1e999", "-1e400", '"\\udc00"', '["a\\ud800"]', "[" * 600 + "]" * 600,
+                                    "[" * 5000 + "]" * 5000]))
+
+
+@settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(endpoint=st.sampled_from(ENDPOINTS), extra=extras,
+       body=st.dictionaries(st.sampled_from(sorted(KNOWN)), odd_values, max_size=4))
+def test_server_fuzz_odd_json_no_5xx(url, endpoint, body, extra):
+    key, value = extra
+    body.pop(key, None)
+    text = json.dumps(body, ensure_ascii=True)  # surrogates become \udXXX escapes
+    text = text[:-1] + (", " if body else "") + f'"{key}": {value}}}'
+    r = url.post(endpoint, content=text.encode(), headers={"Content-Type": "application/json"})
+    assert r.status_code < 500, (endpoint, text[:300], r.text)

@@ -13,6 +13,7 @@ import logging
 import socket
 import threading
 import time
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -21,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 
 from ..errors import APIError, EngineError, PortInUseError
-from .errors import api_response, error_response, format_validation_errors, loading
+from .errors import api_error, api_response, error_response, format_validation_errors, loading
 from .state import ServerState
 
 log = logging.getLogger(__name__)
@@ -33,8 +34,7 @@ def create_app(state: ServerState) -> FastAPI:
     """The ASGI app serving `state` (which may still be loading)."""
     from .routes import router
 
-    app = FastAPI(title="ggstation", version="0.1.0", docs_url=None, redoc_url=None,
-                  openapi_url="/openapi.json")
+    app = _App(title="ggstation", version="0.1.0", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.server = state
     prefix = state.options.api_prefix.rstrip("/")
     app.include_router(router, prefix=prefix)
@@ -55,11 +55,6 @@ def create_app(state: ServerState) -> FastAPI:
         return error_response(exc.status_code, message,
                               "not_found_error" if exc.status_code == 404 else "invalid_request_error")
 
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception):
-        log.exception("unhandled error on %s", request.url.path)
-        return error_response(500, f"internal server error: {type(exc).__name__}: {exc}")
-
     app.add_middleware(GateMiddleware, state=state)
     if state.options.cors_origins:
         origins = list(state.options.cors_origins)
@@ -68,9 +63,20 @@ def create_app(state: ServerState) -> FastAPI:
     return app
 
 
+class _App(FastAPI):
+    """FastAPI whose OpenAPI document also defines the request bodies the routes refer to."""
+
+    def openapi(self) -> dict[str, Any]:
+        if self.openapi_schema is None:
+            from .routes import with_body_schemas
+
+            self.openapi_schema = with_body_schemas(super().openapi())
+        return self.openapi_schema
+
+
 class GateMiddleware:
     """Pure ASGI (streams pass through untouched): 503 while loading, API keys, Content-Length
-    limit, and the request-log callback."""
+    limit, the request-log callback, and the JSON 500 for an exception nothing else handled."""
 
     def __init__(self, app, state: ServerState):
         self.app = app
@@ -93,6 +99,13 @@ class GateMiddleware:
                 await api_response(rejection)(scope, receive, send_wrapper)
             else:
                 await self.app(scope, receive, send_wrapper)
+        except Exception as e:
+            # Answered here rather than by an exception handler: Starlette's outermost
+            # middleware re-raises after its 500, and uvicorn then drops the keep-alive
+            # connection, so the client's next request on it fails.
+            if status["code"]:  # headers already sent: closing is the only signal left
+                raise
+            await api_response(api_error(e))(scope, receive, send_wrapper)
         finally:
             self._log(scope, status["code"], t0)
 

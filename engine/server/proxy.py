@@ -3,20 +3,22 @@ inference request to the child server holding the requested `model` (engine/rout
 
 from __future__ import annotations
 
-import json
+import asyncio
+from collections.abc import Awaitable, Callable
 
 import httpx
 from fastapi import FastAPI, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
-from starlette.responses import StreamingResponse
+from starlette.responses import Response, StreamingResponse
 
 from ..errors import APIError, RouterError, UnknownModelError
-from ..router import Router
+from ..router import ChildServer, Router
+from .bodies import load_json, read_body
 from .errors import api_response, error_response, invalid
 from .http import GateMiddleware
-from .routes import read_body
+from .openai import sse
 from .state import ServerState, ServerStatus
 
 POST_PATHS = ["/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions", "/completion",
@@ -91,10 +93,7 @@ def _call(fn, *args):
 
 async def _model_field(request: Request, state) -> str:
     raw = await read_body(request, state.options.max_body_bytes)
-    try:
-        data = json.loads(raw or b"{}")
-    except (ValueError, UnicodeDecodeError):
-        raise invalid("malformed JSON in the request body") from None
+    data = load_json(raw) if raw.strip() else {}
     name = data.get("model") if isinstance(data, dict) else None
     if not isinstance(name, str) or not name:
         raise invalid("'model' (a string) is required")
@@ -108,10 +107,7 @@ async def _proxy(request: Request):
     name = request.query_params.get("model")
     if request.method == "POST":
         body = await read_body(request, state.options.max_body_bytes)
-        try:
-            data = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
-            raise invalid("malformed JSON in the request body") from None
+        data = load_json(body)
         if isinstance(data, dict) and isinstance(data.get("model"), str):
             name = data["model"]
     if not name:
@@ -128,18 +124,41 @@ async def _proxy(request: Request):
                                     headers=headers, content=body)
     try:
         resp = await client.send(upstream, stream=True)
-    except httpx.TransportError as e:
+    except (httpx.ConnectError, httpx.ConnectTimeout) as e:
         raise APIError(503, f"model '{name}' is not reachable: {e}") from None
+    except httpx.TransportError as e:
+        raise await _broken(name, child, e) from None
     out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS}
-    return _Relay(resp, status_code=resp.status_code, headers=out_headers)
+    if resp.headers.get("content-type", "").startswith("text/event-stream"):
+        return _Relay(resp, lambda e: _broken(name, child, e), status_code=resp.status_code, headers=out_headers)
+    try:  # a plain answer is read whole, so a child that dies half-way is still a clean 502
+        content = await resp.aread()
+    except httpx.TransportError as e:
+        raise await _broken(name, child, e) from None
+    finally:
+        await resp.aclose()
+    return Response(content, status_code=resp.status_code, headers=out_headers)
+
+
+async def _broken(name: str, child: ChildServer, e: Exception) -> APIError:
+    """The 502 for a child that stopped in the middle of an answer, with its exit code when
+    it exited (a killed child's socket closes a moment before the process is gone)."""
+    proc = child.proc
+    for _ in range(25):
+        if proc is None or proc.poll() is not None:
+            break
+        await asyncio.sleep(0.02)
+    code = proc.returncode if proc is not None else child.exit_code
+    why = f"its server exited with code {code}" if code is not None else f"the connection to its server broke ({e})"
+    return APIError(502, f"model '{name}' stopped before finishing its answer: {why}", "server_error")
 
 
 class _Relay(StreamingResponse):
-    """Streams the child's response; closes the upstream connection however it ends, so a
-    client that goes away cancels the child's generation too."""
+    """Streams the child's events; closes the upstream connection however it ends, so a client
+    that goes away cancels the child's generation too."""
 
-    def __init__(self, upstream: httpx.Response, **kw):
-        super().__init__(upstream.aiter_raw(), **kw)
+    def __init__(self, upstream: httpx.Response, broken: Callable[[Exception], Awaitable[APIError]], **kw):
+        super().__init__(_events(upstream, broken), **kw)
         self._upstream = upstream
 
     async def __call__(self, scope, receive, send):
@@ -147,3 +166,22 @@ class _Relay(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             await self._upstream.aclose()
+
+
+async def _events(upstream: httpx.Response, broken: Callable[[Exception], Awaitable[APIError]]):
+    """Whole SSE events from the child. If it dies mid-stream, its half event is dropped and
+    an error event ends the stream (as llama-server reports errors once streaming), so the
+    client gets a well-formed body instead of a broken chunked read."""
+    pending = b""
+    try:
+        async for chunk in upstream.aiter_raw():
+            pending += chunk
+            cut = pending.rfind(b"\n\n") + 2
+            if cut >= 2:
+                yield pending[:cut]
+                pending = pending[cut:]
+    except httpx.TransportError as e:
+        yield sse((await broken(e)).body())
+        return
+    if pending:
+        yield pending

@@ -57,19 +57,32 @@ def logit_bias(state, raw) -> dict[int, float]:
     n_vocab = state.n_vocab
     out: dict[int, float] = {}
     for key, bias in pairs:
-        if bias is False:
-            bias = -math.inf
-        elif isinstance(bias, bool) or not isinstance(bias, (int, float)):
-            raise invalid(f"logit_bias values must be numbers or false, got {bias!r}")
-        if isinstance(key, str) and not key.lstrip("-").isdigit():
-            ids = state.tokenizer.encode(key, add_special=False, parse_special=False)
-        else:
-            ids = [int(key)]
-        for t in ids:
+        value = _bias_value(bias)
+        for t in _bias_tokens(state, key):
             if n_vocab and not 0 <= t < n_vocab:
                 raise invalid(f"logit_bias token id {t} is out of range (vocabulary has {n_vocab} tokens)")
-            out[t] = out.get(t, 0.0) + float(bias)
+            out[t] = out.get(t, 0.0) + value
     return out
+
+
+def _bias_value(bias) -> float:
+    if bias is False:
+        return -math.inf
+    try:
+        value = float(bias) if isinstance(bias, (int, float)) and not isinstance(bias, bool) else math.nan
+    except OverflowError:  # an integer past a double
+        value = math.nan
+    if not math.isfinite(value):
+        raise invalid(f"logit_bias values must be finite numbers or false, got {str(bias)[:40]}")
+    return value
+
+
+def _bias_tokens(state, key) -> list[int]:
+    if isinstance(key, str) and not key.lstrip("-").isdigit():
+        return state.tokenizer.encode(key, add_special=False, parse_special=False)
+    if isinstance(key, str) or (isinstance(key, int) and not isinstance(key, bool)):
+        return [int(key)]
+    raise invalid(f"logit_bias keys must be token ids or text, got {str(key)[:40]}")
 
 
 def stop_list(stop) -> list[str]:
@@ -137,12 +150,32 @@ def render_chat(state: ServerState, body: ChatCompletionRequest | ApplyTemplateR
                                   "supported (text only: this server has no multimodal support)")
     kwargs = dict(state.options.chat_template_kwargs or {})
     kwargs.update(body.chat_template_kwargs or {})
+    _check_template_kwargs(kwargs)
     add_gen = body.add_generation_prompt if body.add_generation_prompt is not None else True
     try:
         return template.render(messages, add_generation_prompt=add_gen,
                                           tools=body.tools, **kwargs)
     except TemplateError as e:
         raise invalid(f"the chat template rejected the messages: {e}") from None
+
+
+# Template variables the server sets itself. llama-server lets chat_template_kwargs override
+# them (messages, tools, bos/eos) and so renders a conversation other than the validated one;
+# here that is a 400 naming the key.
+RESERVED_TEMPLATE_VARIABLES = {
+    "messages": "use the request's 'messages'",
+    "tools": "use the request's 'tools'",
+    "add_generation_prompt": "use the request's 'add_generation_prompt'",
+    "bos_token": "the model's own token is used",
+    "eos_token": "the model's own token is used",
+}
+
+
+def _check_template_kwargs(kwargs: dict) -> None:
+    for key in kwargs:
+        if key in RESERVED_TEMPLATE_VARIABLES:
+            raise invalid(f"chat_template_kwargs may not set {key!r}: the server sets it "
+                          f"({RESERVED_TEMPLATE_VARIABLES[key]})")
 
 
 def chat_request(state, body: ChatCompletionRequest) -> tuple[GenerationRequest, str]:

@@ -9,21 +9,22 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import logging
 
 import numpy as np
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
 from starlette.concurrency import run_in_threadpool
-from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from ..errors import APIError
 from ..scheduler import EmbeddingRequest
 from ..seams import ServerTokenizer
 from ..tasks import EmbeddingResult
 from . import requests as rq
-from .errors import api_error, format_validation_errors, invalid, not_supported
+from .bodies import parse_body
+from .errors import api_error, invalid, not_supported
 from .openai import DONE, ChatFormatter, NativeFormatter, TextFormatter, sse
 from .schemas import (
     ApplyTemplateRequest,
@@ -40,44 +41,25 @@ router = APIRouter()
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
+# Bodies are parsed by hand (parse_body), so FastAPI does not know them: each route names its
+# model in openapi_extra, and with_body_schemas() puts the models under components/schemas.
+# A model's own schema cannot be inlined there: its $refs ("#/$defs/ChatMessage") would
+# point into the OpenAPI document's root, where there is no $defs.
+_BODY_MODELS: dict[str, type[BaseModel]] = {}
+
+
 def _schema(model: type[BaseModel]) -> dict:
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
+    _BODY_MODELS[model.__name__] = model
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
 
 
-def _reject_constant(name: str):
-    raise ValueError(f"{name} is not a valid JSON number")
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise invalid(f"request body too large ({int(declared)} bytes; the limit is {limit})")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise invalid(f"request body too large (more than {limit} bytes)")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-async def parse_body(request: Request, model: type[BaseModel]):
-    state = request.app.state.server
-    raw = await read_body(request, state.options.max_body_bytes)
-    if not raw.strip():
-        raise invalid("the request body is empty; expected a JSON object")
-    try:
-        data = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
-    except UnicodeDecodeError as e:
-        raise invalid(f"the request body is not valid UTF-8 (byte {e.start})") from None
-    except ValueError as e:
-        raise invalid(f"malformed JSON in the request body: {e}") from None
-    if not isinstance(data, dict):
-        raise invalid(f"the request body must be a JSON object, got {type(data).__name__}")
-    try:
-        return model.model_validate(data)
-    except ValidationError as e:
-        raise invalid(format_validation_errors(e.errors(include_url=False))) from None
+def with_body_schemas(spec: dict) -> dict:
+    """`spec` with the request-body models, and the models they use, in components/schemas."""
+    _, defs = models_json_schema([(m, "validation") for m in _BODY_MODELS.values()],
+                                 ref_template="#/components/schemas/{model}")
+    spec.setdefault("components", {}).setdefault("schemas", {}).update(defs.get("$defs", {}))
+    return spec
 
 
 def _state(request: Request):
@@ -292,7 +274,8 @@ async def _generate(request: Request, req, fmt, stream: bool):
     if stream:
         return EventStream(_stream(handle, fmt), on_close=handle.cancel, headers=SSE_HEADERS)
     try:
-        await _collect(request, handle, fmt.add)
+        if not await _collect(request, handle, fmt.add):
+            return _client_gone()
         if fmt.acc.last is None:  # ended without a token (server shutting down)
             fmt.acc.last = fmt.empty_step(len(req.prompt))
     except asyncio.CancelledError:
@@ -303,8 +286,15 @@ async def _generate(request: Request, req, fmt, stream: bool):
     return JSONResponse(fmt.response())
 
 
-async def _collect(request: Request, handle, on_item) -> None:
-    """Consume a request's items; cancel it if the client goes away meanwhile."""
+def _client_gone() -> Response:
+    """The answer to a client that went away: nobody reads it, but returning one (rather than
+    raising) keeps uvicorn from logging a disconnect as an error, and the request log shows
+    nginx's "client closed request" code."""
+    return Response(status_code=499)
+
+
+async def _collect(request: Request, handle, on_item) -> bool:
+    """Consume a request's items; False (the request cancelled) if the client went away."""
 
     async def consume():
         async for item in handle.astream():
@@ -318,12 +308,12 @@ async def _collect(request: Request, handle, on_item) -> None:
                 break
             if await request.is_disconnected():
                 handle.cancel()
-                task.cancel()
-                raise asyncio.CancelledError
+                return False
     finally:
         if not task.done():
             task.cancel()
     task.result()
+    return True
 
 
 async def _stream(handle, fmt):
@@ -405,7 +395,8 @@ async def _embed(request: Request, oai: bool):
     try:
         for h in handles:
             got: list[EmbeddingResult] = []
-            await _collect(request, h, got.append)
+            if not await _collect(request, h, got.append):
+                return _client_gone()
             if not got:
                 raise APIError(503, "server is shutting down")
             results.append(got[0])

@@ -125,11 +125,20 @@ class OpenAICommon(SamplingFields):
     safety_identifier: str | None = None
 
 
+class ContentPart(BaseModel):
+    """One part of a message's content; only text parts are rendered (others are a 400)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str | None = None
+    text: str | None = None
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: str = Field(..., min_length=1, max_length=64)
-    content: str | list[dict[str, Any]] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
