@@ -135,3 +135,51 @@ class BackendInfo:
     n_threads: int
     cpu_target: str
     simd: tuple[str, ...]
+
+
+# -- Hugging Face Hub (the Discover panel) ------------------------------------------------------
+
+FIT_OK, FIT_TIGHT, FIT_NO = "fits", "tight", "does not fit"  # HubFitInfo.verdict
+
+
+@dataclass(frozen=True)
+class HubRepoInfo:
+    """A GGUF repository found by a search."""
+
+    repo_id: str
+    downloads: int = 0
+    likes: int = 0
+    gated: bool = False
+    n_files: int = 0  # GGUF model files (a split set counts once)
+
+
+@dataclass(frozen=True)
+class HubFileInfo:
+    """One model file of a repository (a split set is one file: its first part)."""
+
+    repo_id: str
+    filename: str
+    quant: str = ""  # the tag in the name ("Q4_K_M"), "" when there is none
+    size_bytes: int | None = None  # all parts together; None when the listing did not say
+    n_parts: int = 1
+    local_path: str | None = None  # the first part in the Hugging Face cache, when complete
+    default: bool = False  # the file `-hf repo` picks without a quant tag
+
+
+@dataclass(frozen=True)
+class HubFitInfo:
+    """What the engine says of a Hub file from its header alone, before any download."""
+
+    repo_id: str
+    filename: str
+    verdict: str  # FIT_OK, FIT_TIGHT or FIT_NO against available RAM
+    supported: bool
+    why_unsupported: str = ""  # "architecture 'mamba'", "tensor type(s) IQ4_XS", ...
+    arch: str = "?"
+    n_params: int = 0
+    n_ctx_train: int = 0
+    n_ctx: int = 0  # the context the estimate is for
+    has_chat_template: bool = False
+    needed_bytes: int = 0
+    available_bytes: int = 0
+    bytes_read: int = 0  # fetched from the Hub to decide (0 when the file was cached)

@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING
 import psutil
 
 from .dto import (
+    FIT_NO,
+    FIT_OK,
+    FIT_TIGHT,
     BackendInfo,
+    HubFileInfo,
+    HubFitInfo,
+    HubRepoInfo,
     LlmFileInfo,
     LoadParams,
     MemoryFigures,
@@ -27,7 +33,9 @@ from .dto import (
     TensorRow,
 )
 from .engine_api import (
+    DownloadProgressFn,
     EngineApi,
+    HubApi,
     LogFn,
     ProgressFn,
     PullProgressFn,
@@ -39,7 +47,7 @@ from .errors import LoadCancelled
 from .machine import backend_info, file_sha256
 
 if TYPE_CHECKING:
-    from engine import ChatTemplate, Context, Model, ModelInfo, RequestHandle, Scheduler
+    from engine import ChatTemplate, Context, HubFile, Model, ModelInfo, RequestHandle, Scheduler
 
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.")
 _FLOAT_TYPES = {"F32", "F16", "BF16", "F64"}
@@ -159,11 +167,87 @@ class LlmSession(SessionApi):
         self.llm.close()
 
 
+class HubAdapter(HubApi):
+    """engine.hub behind the HubApi Protocol. Keeps each repository's last listing, so that fit
+    and download use its sizes, checksums and commit without asking the Hub again."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._known: dict[tuple[str, str], HubFile] = {}  # (repo_id, filename) -> listed file
+
+    def search(self, text: str, token: str | None) -> list[HubRepoInfo]:
+        from engine import hub
+
+        return [HubRepoInfo(r.repo_id, r.downloads, r.likes, r.gated, len(r.files))
+                for r in hub.search(text, token=token or None)]
+
+    def files(self, repo_id: str, token: str | None) -> list[HubFileInfo]:
+        from engine import hub
+
+        listed = hub.repo(repo_id, token=token or None).files
+        if not listed:
+            return []
+        default = hub.choose(listed, repo_id=repo_id)
+        with self._lock:
+            self._known.update({(repo_id, f.filename): f for f in listed})
+        cached = {(c.repo_id, c.filename): c.local_path for c in hub.cached_models() if c.repo_id == repo_id}
+        return [_hub_file_info(f, cached.get((repo_id, f.filename)), f is default) for f in listed]
+
+    def fit(self, repo_id: str, filename: str, token: str | None) -> HubFitInfo:
+        from engine import hub
+
+        r = hub.fit(self._file(repo_id, filename, token), token=token or None)
+        verdict = {"fits": FIT_OK, "tight": FIT_TIGHT}.get(r.verdict, FIT_NO)
+        return HubFitInfo(
+            repo_id, filename, verdict, r.supported, "" if r.supported else r.why_unsupported(),
+            r.arch or "?", int(r.n_params), int(r.n_ctx_train), int(r.n_ctx), bool(r.has_chat_template),
+            int(r.needed_bytes), int(r.available_bytes), int(r.bytes_read),
+        )
+
+    def download(self, repo_id: str, filename: str, token: str | None, progress: DownloadProgressFn,
+                 cancel: threading.Event) -> str:
+        from engine import hub
+
+        file = self._file(repo_id, filename, token)
+        return str(hub.download(file, token=token or None, progress=progress, cancel=cancel))
+
+    def discard(self, repo_id: str, filename: str, token: str | None) -> None:
+        from engine import hub
+
+        # engine.hub has no call for this yet: its partial files are huggingface_hub's
+        # blobs/<sha256 or blob id>.incomplete in the repository's cache folder
+        file = self._file(repo_id, filename, token)
+        blobs = hub.cache_dir() / ("models--" + repo_id.replace("/", "--")) / "blobs"
+        for part in file.parts:
+            name = part.sha256 or part.blob_id
+            if name:
+                (blobs / f"{name.lower()}.incomplete").unlink(missing_ok=True)
+
+    def cached_models(self) -> list[HubFileInfo]:
+        from engine import hub
+
+        return [_hub_file_info(f, f.local_path) for f in hub.cached_models()]
+
+    def _file(self, repo_id: str, filename: str, token: str | None) -> HubFile:
+        """The listed file, else looked up (one API call; offline: from the cache)."""
+        from engine import hub
+
+        with self._lock:
+            known = self._known.get((repo_id, filename))
+        return known or hub.resolve(repo_id, filename=filename, token=token or None)
+
+
+def _hub_file_info(f: HubFile, local_path: Path | None, default: bool = False) -> HubFileInfo:
+    return HubFileInfo(f.repo_id, f.filename, f.quant or "", f.size, len(f.parts),
+                       str(local_path) if local_path else None, default)
+
+
 class EngineAdapter(EngineApi):
     """Calls the engine's public API. Every method may block: call it from a worker thread."""
 
     def __init__(self) -> None:
         self._infos: dict[str, ModelInfo] = {}  # path -> header-only info, reused by estimate()
+        self._hub = HubAdapter()
 
     def _model_info(self, path: str) -> ModelInfo:
         from engine import inspect_model
@@ -249,3 +333,6 @@ class EngineAdapter(EngineApi):
 
     def backends(self, n_threads: int = 0) -> BackendInfo:
         return backend_info(n_threads)
+
+    def hub(self) -> HubApi:
+        return self._hub

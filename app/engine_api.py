@@ -15,6 +15,9 @@ from typing import Protocol
 
 from .dto import (
     BackendInfo,
+    HubFileInfo,
+    HubFitInfo,
+    HubRepoInfo,
     LlmFileInfo,
     LoadParams,
     MemoryFigures,
@@ -28,6 +31,7 @@ from .dto import (
 ProgressFn = Callable[[float, str], None]  # (fraction 0..1, what is happening)
 PullProgressFn = Callable[[str, int, int], None]  # (phase, done, total)
 LogFn = Callable[[str], None]  # one line per HTTP request; called from server threads
+DownloadProgressFn = Callable[[int, int], None]  # (bytes done, bytes total) over all parts
 
 
 class ReplyStream(Protocol):
@@ -75,6 +79,37 @@ class SessionApi(Protocol):
     def close(self) -> None: ...
 
 
+class HubApi(Protocol):
+    """The Hugging Face Hub (engine.hub): search, list, fit before download, download into the
+    Hugging Face cache. Every method blocks: call it from a worker thread. Failures raise
+    engine.errors.HubError, whose `reason` (AUTH, OFFLINE, NOT_FOUND, CANCELLED, DISK_FULL, ...)
+    says what to offer. `token` None: the library's own (HF_TOKEN, or `hf auth login`'s file)."""
+
+    def search(self, text: str, token: str | None) -> list[HubRepoInfo]: ...
+
+    def files(self, repo_id: str, token: str | None) -> list[HubFileInfo]:
+        """The repository's GGUF model files with sizes (one API call)."""
+        ...
+
+    def fit(self, repo_id: str, filename: str, token: str | None) -> HubFitInfo:
+        """Reads the file's header only (HTTP ranges), never the weights."""
+        ...
+
+    def download(self, repo_id: str, filename: str, token: str | None, progress: DownloadProgressFn,
+                 cancel: threading.Event) -> str:
+        """Returns the first part's path. Once `cancel` is set: HubError(CANCELLED), and the
+        partial file is kept, so that the next download() resumes it."""
+        ...
+
+    def discard(self, repo_id: str, filename: str, token: str | None) -> None:
+        """Deletes what a cancelled download left; a complete file is kept."""
+        ...
+
+    def cached_models(self) -> list[HubFileInfo]:
+        """The complete GGUF models in the Hugging Face cache."""
+        ...
+
+
 class EngineApi(Protocol):
     """Everything the app asks of an engine before and while loading. Every method may block."""
 
@@ -100,3 +135,7 @@ class EngineApi(Protocol):
         ...
 
     def backends(self, n_threads: int = 0) -> BackendInfo: ...
+
+    def hub(self) -> HubApi:
+        """The Hugging Face Hub client; cheap (no network, no import) on the GUI thread."""
+        ...

@@ -60,8 +60,14 @@ class WorkerPool(QObject):
     def __init__(self, parent: QObject | None = None):
         super().__init__(parent)
         self._running: dict[QThread, TaskWorker] = {}
+        self._closed = False
 
     def start(self, worker: _Worker) -> _Worker:
+        """Runs `worker` on a new thread; after shutdown() it is returned unstarted, since no one
+        would wait for its thread (a QThread destroyed while running aborts the process)."""
+        if self._closed:
+            worker.deleteLater()
+            return worker
         thread = QThread()
         worker.moveToThread(thread)
         thread.started.connect(worker.run)
@@ -85,6 +91,7 @@ class WorkerPool(QObject):
         return bool(self._running)
 
     def shutdown(self, timeout_ms: int = 5000) -> None:
+        self._closed = True
         for worker in list(self._running.values()):
             worker.cancel()
         for thread in list(self._running):

@@ -1,5 +1,5 @@
-"""ModelPicker: GGUF files (open, drop, recent, folder scan) with what they are, starter models,
-and the load panel for the selected file."""
+"""ModelPicker: GGUF files (open, drop, recent, folder scan, the Hugging Face cache) with what
+they are, starter models, the Discover panel (the Hub), and the load panel for the selected file."""
 
 from __future__ import annotations
 
@@ -15,13 +15,15 @@ from PySide6.QtWidgets import (
     QPushButton,
     QSplitter,
     QTableView,
+    QTabWidget,
     QVBoxLayout,
     QWidget,
 )
 
 from ..context import AppContext
 from ..item_models.llm_file_table_model import INFO_ROLE, SORT_ROLE, LlmFileTableModel
-from ..workers import InspectWorker
+from ..workers import CallWorker, InspectWorker
+from .discover_panel import DiscoverPanel
 from .load_panel import LoadPanel
 from .starter_panel import StarterPanel
 
@@ -34,11 +36,12 @@ class ModelPicker(QWidget):
         self.ctx = ctx
         self.files = LlmFileTableModel(self)
         self._pending_select = ""
+        self._load_when_inspected = ""  # a path to load as soon as its row is there
         self.setAcceptDrops(True)
         layout = QHBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         splitter = QSplitter(Qt.Orientation.Horizontal)
-        splitter.addWidget(self._build_files())
+        splitter.addWidget(self._build_sources())
         self.load_panel = LoadPanel(ctx)
         self.load_panel.load_started.connect(self.load_started)
         splitter.addWidget(self.load_panel)
@@ -49,8 +52,25 @@ class ModelPicker(QWidget):
         self.add_paths(list(ctx.settings.recent_files))
         if ctx.settings.models_folder:
             self.add_paths([ctx.settings.models_folder])
+        self._add_hub_cache()
 
     # building -------------------------------------------------------------------------------
+    def _build_sources(self) -> QTabWidget:
+        """Files on this computer, and the Hub's."""
+        self.sources = QTabWidget(documentMode=True)
+        self.sources.addTab(self._build_files(), "On this computer")
+        discover = QWidget()
+        col = QVBoxLayout(discover)
+        col.setContentsMargins(12, 4, 6, 12)
+        self.discover = DiscoverPanel(self.ctx)
+        self.discover.model_downloaded.connect(self.open_path)
+        self.discover.load_requested.connect(self.open_and_load)
+        col.addWidget(self.discover)
+        self.sources.addTab(discover, "Discover on Hugging Face")
+        if self.discover.downloads.model.rowCount():  # unfinished downloads of the last session
+            self.sources.setCurrentWidget(discover)
+        return self.sources
+
     def _build_files(self) -> QWidget:
         box = QWidget()
         col = QVBoxLayout(box)
@@ -112,12 +132,30 @@ class ModelPicker(QWidget):
         worker.file_inspected.connect(self._on_inspected)
         self.ctx.pool.start(worker)
 
+    def _add_hub_cache(self) -> None:
+        """The complete GGUFs in the Hugging Face cache join the list."""
+        worker = CallWorker(self.ctx.engine.hub().cached_models)
+        worker.result.connect(self._on_hub_cache)
+        self.ctx.pool.start(worker)
+
+    def _on_hub_cache(self, files) -> None:
+        self.add_paths([f.local_path for f in files if f.local_path])
+
     def _on_inspected(self, info) -> None:
         row = self.files.add_or_update(info)
         if not self.table.currentIndex().isValid() or info.path == self._pending_select:
             self.select_path(info.path)
         elif self.load_panel.info and self.load_panel.info.path == info.path:
             self.load_panel.set_info(self.files.info(row))
+        if info.path == self._load_when_inspected:
+            self._load_when_inspected = ""
+            self.select_path(info.path)
+            self.load_panel.start_load()
+
+    def open_and_load(self, path: str) -> None:
+        """Inspect `path`, select it and load it with the load panel's settings."""
+        self._load_when_inspected = path
+        self.open_path(path)
 
     def open_path(self, path: str) -> None:
         """Inspect `path` and select it once its row appears."""

@@ -16,7 +16,12 @@ from pathlib import Path
 import numpy as np
 
 from app.dto import (
+    FIT_NO,
+    FIT_OK,
     BackendInfo,
+    HubFileInfo,
+    HubFitInfo,
+    HubRepoInfo,
     LlmFileInfo,
     LoadParams,
     MemoryFigures,
@@ -27,7 +32,9 @@ from app.dto import (
     TensorRow,
 )
 from app.engine_api import (
+    DownloadProgressFn,
     EngineApi,
+    HubApi,
     LogFn,
     ProgressFn,
     PullProgressFn,
@@ -37,6 +44,7 @@ from app.engine_api import (
 )
 from app.errors import LoadCancelled
 from app.machine import backend_info, process_rss
+from engine.errors import HubError
 
 REPLY = "Hello! Here is some **bold** text and code:\n\n```python\nprint('hi')\n```\n\nDone."
 N_LAYER = 4
@@ -168,11 +176,88 @@ class FakeServer(ServerHandle):
         self._httpd.server_close()
 
 
+class FakeHub(HubApi):
+    """Two canned repositories; `delays` slows a search text or an API call ("files", "fit"),
+    `fail` makes a repository's calls raise HubError(reason). Downloads write GGUF-looking
+    files under `root`, `chunks` steps of `step_s` each, honouring cancel between steps."""
+
+    REPOS = {
+        "alice/tiny-llama-GGUF": [("tiny-llama-Q4_K_M.gguf", "Q4_K_M", 4_000_000),
+                                  ("tiny-llama-Q8_0.gguf", "Q8_0", 7_000_000)],
+        "bob/mamba-GGUF": [("mamba-IQ4_XS.gguf", "IQ4_XS", 2_000_000)],
+    }
+
+    def __init__(self, root: str = "/nonexistent", chunks: int = 5, step_s: float = 0.01):
+        self.root, self.chunks, self.step_s = Path(root), chunks, step_s
+        self.delays: dict[str, float] = {}
+        self.fail: dict[str, str] = {}  # repo_id -> HubError reason
+        self.partial: dict[tuple[str, str], int] = {}  # chunks already downloaded
+        self.calls: list[tuple[str, str, str | None]] = []  # (call, argument, token)
+
+    def _call(self, what: str, key: str, token: str | None) -> None:
+        self.calls.append((what, key, token))
+        time.sleep(self.delays.get(key, self.delays.get(what, 0.0)))
+        repo_id = key.split(":")[0]
+        if repo_id in self.fail:
+            raise HubError(f"{repo_id}: canned failure", self.fail[repo_id])
+
+    def search(self, text: str, token: str | None) -> list[HubRepoInfo]:
+        self._call("search", text, token)
+        return [HubRepoInfo(r, 1000 * (i + 1), 10, False, len(files))
+                for i, (r, files) in enumerate(self.REPOS.items()) if text.lower() in r.lower()]
+
+    def files(self, repo_id: str, token: str | None) -> list[HubFileInfo]:
+        self._call("files", repo_id, token)
+        if repo_id not in self.REPOS:
+            raise HubError(f"{repo_id}: no such repository", HubError.NOT_FOUND)
+        return [HubFileInfo(repo_id, name, quant, size, 1, self._local(repo_id, name), i == 0)
+                for i, (name, quant, size) in enumerate(self.REPOS[repo_id])]
+
+    def fit(self, repo_id: str, filename: str, token: str | None) -> HubFitInfo:
+        self._call("fit", f"{repo_id}:{filename}", token)
+        if "IQ4_XS" in filename:
+            return HubFitInfo(repo_id, filename, FIT_OK, False, "architecture 'mamba'", "mamba")
+        size = dict((n, s) for n, _q, s in self.REPOS[repo_id])[filename]
+        verdict = FIT_OK if size < 5_000_000 else FIT_NO
+        return HubFitInfo(repo_id, filename, verdict, True, "", "llama", 1_234_567, 2048, 2048, True,
+                          size * 2, 6_000_000, 65_536)
+
+    def download(self, repo_id: str, filename: str, token: str | None, progress: DownloadProgressFn,
+                 cancel: threading.Event) -> str:
+        self._call("download", f"{repo_id}:{filename}", token)
+        size = dict((n, s) for n, _q, s in self.REPOS[repo_id])[filename]
+        start = self.partial.get((repo_id, filename), 0)
+        progress(0, size)
+        for i in range(start, self.chunks):
+            if cancel.is_set():
+                raise HubError(f"{repo_id}: download cancelled", HubError.CANCELLED)
+            time.sleep(self.step_s)
+            self.partial[(repo_id, filename)] = i + 1
+            progress(size * (i + 1) // self.chunks, size)
+        path = self.root / repo_id.replace("/", "--") / filename
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"GGUF" + bytes(64))
+        self.partial.pop((repo_id, filename), None)
+        return str(path)
+
+    def discard(self, repo_id: str, filename: str, token: str | None) -> None:
+        self.partial.pop((repo_id, filename), None)
+
+    def cached_models(self) -> list[HubFileInfo]:
+        return [HubFileInfo(r, n, q, s, 1, local) for r, files in self.REPOS.items() for n, q, s in files
+                if (local := self._local(r, n))]
+
+    def _local(self, repo_id: str, filename: str) -> str | None:
+        path = self.root / repo_id.replace("/", "--") / filename
+        return str(path) if path.is_file() else None
+
+
 class FakeEngine(EngineApi):
     def __init__(self, reply: str = REPLY, delay: float = 0.01, load_time: float = 0.05,
-                 busy: bool = False):
+                 busy: bool = False, hub: HubApi | None = None):
         self.reply, self.delay, self.load_time, self.busy = reply, delay, load_time, busy
         self.sessions: list[FakeSession] = []
+        self._hub = hub or FakeHub()
 
     def inspect(self, path: str) -> LlmFileInfo:
         p = Path(path)
@@ -218,3 +303,6 @@ class FakeEngine(EngineApi):
 
     def backends(self, n_threads: int = 0) -> BackendInfo:
         return backend_info(n_threads)
+
+    def hub(self) -> HubApi:
+        return self._hub

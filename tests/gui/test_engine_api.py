@@ -17,10 +17,10 @@ from typing import get_type_hints
 import pytest
 
 from app.dto import LoadParams
-from app.engine_adapter import EngineAdapter, LlmSession, _StepStream, layer_of
-from app.engine_api import EngineApi, ReplyStream, ServerHandle, SessionApi
+from app.engine_adapter import EngineAdapter, HubAdapter, LlmSession, _StepStream, layer_of
+from app.engine_api import EngineApi, HubApi, ReplyStream, ServerHandle, SessionApi
 
-from .fake_engine import FakeEngine, FakeServer, FakeSession, FakeStream
+from .fake_engine import FakeEngine, FakeHub, FakeServer, FakeSession, FakeStream
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,6 +29,7 @@ IMPLEMENTATIONS = [
     (EngineApi, EngineAdapter, FakeEngine),
     (SessionApi, LlmSession, FakeSession),
     (ReplyStream, _StepStream, FakeStream),
+    (HubApi, HubAdapter, FakeHub),
     (ServerHandle, None, FakeServer),  # the real one is engine.server's ServerHandle
 ]
 CASES = [(proto, impl) for proto, *impls in IMPLEMENTATIONS for impl in impls if impl is not None]
