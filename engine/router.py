@@ -204,7 +204,7 @@ class Router:
 
     def _spawn(self, child: ChildServer) -> None:
         child.api_key = secrets.token_urlsafe(24)
-        cmd = [sys.executable, "-m", "engine", "serve", "-m", str(child.path), "--host", "127.0.0.1",
+        cmd = [*_engine_command(), "serve", "-m", str(child.path), "--host", "127.0.0.1",
                "--port", "0", "--ready-json", "--alias", child.name, *self.child_args]
         env = dict(os.environ, LLAMA_API_KEY=child.api_key)
         child.proc = proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
@@ -345,6 +345,13 @@ class Router:
 
 
 # -- child side --------------------------------------------------------------------------------
+
+
+def _engine_command() -> list[str]:
+    """How to run this engine's CLI in a child process: a PyInstaller bundle is its own CLI."""
+    if getattr(sys, "frozen", False):
+        return [sys.executable]
+    return [sys.executable, "-m", "engine"]
 
 
 def start_child_monitor(on_exit_request) -> threading.Thread:

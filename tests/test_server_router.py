@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 
 import httpx
 import pytest
 
-from engine.router import ModelStatus, Router, discover_models
+from engine.router import ModelStatus, Router, _engine_command, discover_models
 from engine.server import ServerOptions, ServerState, listen
 from engine.server.proxy import create_router_app
 
@@ -120,3 +121,9 @@ def test_router_serve_command_without_model(models_dir):
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(10) == 0
+
+
+def test_children_of_a_bundle_run_the_bundle_itself(monkeypatch):
+    assert _engine_command()[1:] == ["-m", "engine"]
+    monkeypatch.setattr(sys, "frozen", True, raising=False)
+    assert _engine_command() == [sys.executable]

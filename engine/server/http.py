@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 
 from ..errors import APIError, EngineError, PortInUseError
+from ..version import __version__
 from .errors import api_error, api_response, error_response, format_validation_errors, loading
 from .state import ServerState
 
@@ -34,7 +35,7 @@ def create_app(state: ServerState) -> FastAPI:
     """The ASGI app serving `state` (which may still be loading)."""
     from .routes import router
 
-    app = _App(title="ggstation", version="0.1.0", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
+    app = _App(title="ggstation", version=__version__, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.server = state
     prefix = state.options.api_prefix.rstrip("/")
     app.include_router(router, prefix=prefix)

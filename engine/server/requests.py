@@ -11,7 +11,7 @@ import json
 import math
 from typing import TYPE_CHECKING
 
-from ..errors import APIError, TemplateError
+from ..errors import APIError, TemplateError, TemplateLimitError
 from ..sampling import SamplingParams
 from ..scheduler import GenerationRequest
 from ..tokenizer.chat_template import encode_chat_prompt
@@ -155,6 +155,8 @@ def render_chat(state: ServerState, body: ChatCompletionRequest | ApplyTemplateR
     try:
         return template.render(messages, add_generation_prompt=add_gen,
                                           tools=body.tools, **kwargs)
+    except TemplateLimitError:
+        raise  # the model's template is at fault (its limits grow with the input): a 500, as llama-server
     except TemplateError as e:
         raise invalid(f"the chat template rejected the messages: {e}") from None
 
