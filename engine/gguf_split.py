@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 
 from .errors import GGUFError
-from .gguf_file import GGUFFile
+from .gguf_file import GGUFFile, closing_on_error
 
 KEY_SPLIT_NO = "split.no"
 KEY_SPLIT_COUNT = "split.count"
@@ -61,14 +61,11 @@ class SplitGGUFFile(GGUFFile):
     """
 
     def __init__(self, path: str | os.PathLike):
+        self.shards: list[GGUFFile] = []  # before the base opens: its failure path calls close()
         super().__init__(path)
         self.paths = [Path(self.path)]
-        self.shards: list[GGUFFile] = []
-        try:
+        with closing_on_error(self):
             self._open_set()
-        except BaseException:
-            self.close()
-            raise
 
     def _open_set(self) -> None:
         count = self.get_int(KEY_SPLIT_COUNT, 1)
@@ -113,7 +110,7 @@ class SplitGGUFFile(GGUFFile):
         return self.file_size + sum(s.file_size for s in self.shards)
 
     def close(self) -> None:
-        for shard in getattr(self, "shards", ()):
+        for shard in self.shards:
             shard.close()
         super().close()
 
