@@ -214,14 +214,7 @@ class HubAdapter(HubApi):
     def discard(self, repo_id: str, filename: str, token: str | None) -> None:
         from engine import hub
 
-        # engine.hub has no call for this yet: its partial files are huggingface_hub's
-        # blobs/<sha256 or blob id>.incomplete in the repository's cache folder
-        file = self._file(repo_id, filename, token)
-        blobs = hub.cache_dir() / ("models--" + repo_id.replace("/", "--")) / "blobs"
-        for part in file.parts:
-            name = part.sha256 or part.blob_id
-            if name:
-                (blobs / f"{name.lower()}.incomplete").unlink(missing_ok=True)
+        hub.discard_partial(self._file(repo_id, filename, token))
 
     def cached_models(self) -> list[HubFileInfo]:
         from engine import hub

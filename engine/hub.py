@@ -445,6 +445,17 @@ def _resolve_cached(repo_id: str, tag: str | None, filename: str | None, why: st
 # -- download ---------------------------------------------------------------------------------
 
 
+def discard_partial(file: HubFile) -> None:
+    """Deletes what an unfinished download() of `file` kept for resuming (a user's cancel, not
+    a pause); complete blobs stay."""
+    blobs = _repo_dir(file.repo_id) / "blobs"
+    for part in file.parts:
+        if part.sha256 or part.blob_id:
+            (blobs / f"{_blob_name(part)}.incomplete").unlink(missing_ok=True)
+
+
+
+
 def download(file: HubFile, token: str | None = None, progress: Progress | None = None,
              cancel: threading.Event | None = None) -> Path:
     """Every part of `file` into the HF cache; returns the first part's path.

@@ -204,6 +204,22 @@ def test_hub_cancel_keeps_a_resumable_partial_file(server):
     assert _cdn_gets(server)[-1][2] == f"bytes={kept}-"
 
 
+def test_hub_discard_partial_deletes_only_the_unfinished_blob(server):
+    done = hub.resolve("acme/Tiny-GGUF:Q8_0")
+    hub.download(done)
+    f = hub.resolve("acme/Tiny-GGUF")
+    cancel = threading.Event()
+    server.chunk_delay_s = 0.002
+    with pytest.raises(HubError):
+        hub.download(f, progress=lambda done_, total: done_ > 0 and cancel.set(), cancel=cancel)
+    blobs = hub.cache_dir() / "models--acme--Tiny-GGUF" / "blobs"
+    assert list(blobs.glob("*.incomplete"))
+    hub.discard_partial(f)
+    hub.discard_partial(done)  # nothing unfinished: a no-op
+    assert not list(blobs.glob("*.incomplete"))
+    assert hub.resolve("acme/Tiny-GGUF:Q8_0").local_path is not None
+
+
 def test_hub_corrupt_download_is_deleted(server):
     repo = server.repos["acme/Tiny-GGUF"]
     src = repo.files["tiny-Q8_0.gguf"]
