@@ -30,6 +30,9 @@ _NEG_INF = np.float32(-np.inf)
 _FLT_MAX = float(np.finfo(np.float32).max)
 _TOP_P_HEAD = 1024  # top-p without top-k first tries the 1024 most likely tokens
 
+_F32_MAX = float(np.finfo(np.float32).max)
+_F32_MIN = -_F32_MAX
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -112,8 +115,11 @@ def apply_penalties(
     n = n.astype(np.float32)
     out = logits.copy()
     x = out[ids]
-    x = np.where(x <= 0, x * np.float32(repeat_penalty), x / np.float32(repeat_penalty))
-    out[ids] = x - (n * np.float32(frequency_penalty) + np.float32(presence_penalty))
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        x = np.where(x <= 0, x * np.float32(repeat_penalty), x / np.float32(repeat_penalty))
+        x = x - (n * np.float32(frequency_penalty) + np.float32(presence_penalty))
+    # a penalty of 0 (or absurd ones) would give inf, and inf - inf is NaN in the softmax
+    out[ids] = np.nan_to_num(x, nan=_F32_MIN, posinf=_F32_MAX, neginf=-np.inf)
     return out
 
 
@@ -175,12 +181,19 @@ def apply_min_p(logits: np.ndarray, p: float, min_keep: int = 0) -> np.ndarray:
 
 
 def apply_temperature(logits: np.ndarray, temperature: float) -> np.ndarray:
-    """Divide by the temperature; temperature <= 0 keeps only the arg-max (greedy)."""
-    if temperature <= 0.0:
+    """Divide by the temperature; temperature <= 0 keeps only the arg-max (greedy), and so does
+    one that is 0 as a float32, as in llama.cpp (which holds it in a float)."""
+    if np.float32(temperature) <= 0.0:
         return _keep(logits, np.array([int(np.argmax(logits))]))
     if temperature == 1.0:
         return logits
-    return logits / np.float32(temperature)
+    with np.errstate(over="ignore"):
+        out = logits / np.float32(temperature)
+        if np.isposinf(out).any():
+            # A tiny temperature: shifted first (the softmax does not see a shift), the others
+            # go to -inf instead of the largest to +inf, where inf - inf would be NaN.
+            out = ((logits - np.max(logits)) / np.float64(temperature)).astype(np.float32)
+    return out
 
 
 def sample_dist(logits: np.ndarray, rng: np.random.Generator) -> int:

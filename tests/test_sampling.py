@@ -225,3 +225,19 @@ def test_sampler_chain_equals_steps_on_full_vector():
     got = np.full_like(x, -np.inf)
     got[ids] = c
     np.testing.assert_allclose(got, full)
+
+
+@pytest.mark.parametrize("temperature", [1e-300, 1e-38, 1e-30])
+def test_tiny_temperatures_sample_the_arg_max_without_nan(temperature):
+    logits = np.array([1.0, 5.0, 3.0, -2.0], np.float32)
+    with np.errstate(all="raise"):
+        out = apply_temperature(logits, temperature)
+    assert not np.isnan(out).any() and int(np.argmax(out)) == 1
+    assert np.isfinite(out[1]) and np.all(out[[0, 2, 3]] < out[1])
+
+
+def test_a_zero_repeat_penalty_gives_no_nan():
+    logits = np.array([1.0, 5.0, -3.0, 2.0], np.float32)
+    with np.errstate(all="raise"):
+        out = apply_penalties(logits, [1, 2], 64, 0.0)
+    assert not np.isnan(out).any() and int(np.argmax(out)) == 1
