@@ -166,6 +166,12 @@ def _server_options(args):
             raise EngineError(f"--chat-template-kwargs is not valid JSON: {e}") from None
         if not isinstance(kwargs, dict):
             raise EngineError("--chat-template-kwargs must be a JSON object")
+        from ..server.requests import RESERVED_TEMPLATE_VARIABLES
+
+        for key in kwargs.keys() & RESERVED_TEMPLATE_VARIABLES.keys():
+            # refused at start-up, not as a 400 on every chat request afterwards
+            raise EngineError(f"--chat-template-kwargs may not set {key!r}: the server sets it "
+                              f"({RESERVED_TEMPLATE_VARIABLES[key]})")
     cors = tuple(o.strip() for o in (args.cors_origins or "").split(",") if o.strip())
     return ServerOptions(
         api_keys=_api_keys(args),
