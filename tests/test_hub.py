@@ -307,6 +307,16 @@ def test_cli_hf_flag_on_generate_and_info(server, capsys):
     assert "give -hf" in capsys.readouterr().err
 
 
+def test_cli_gui_hf_opens_the_app_on_the_downloaded_file(server, monkeypatch):
+    import app.main
+    from engine.cli import main
+
+    opened = []
+    monkeypatch.setattr(app.main, "run", lambda args: opened.append(args.model) or 0)
+    assert main(["gui", "-hf", "acme/Tiny-GGUF:Q8_0"]) == 0
+    assert opened == [str(hub.resolve("acme/Tiny-GGUF:Q8_0").local_path)]
+
+
 def test_cli_models_search_fit_and_pull(server, capsys):
     from engine.cli import main
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 
+from .. import params
+
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("gui", help="open the desktop app (the default)")
     parser.add_argument("-m", "--model", help="GGUF file to load at start")
+    params.add_hf_args(parser)
     parser.add_argument("--self-test", action="store_true",
                         help="load a model, chat, start the server, make one request; exit 0 on success")
     parser.add_argument("--theme", choices=("system", "light", "dark"), help="override the colour scheme")
@@ -18,5 +21,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from app.main import run as run_app
+
+    if params.hf_repo(args) is not None:
+        # fetched (with the fit check and a progress bar) before the window opens, as `chat -hf`
+        args.model = str(params.resolve_model_path(args))
 
     return run_app(args)
