@@ -6,11 +6,13 @@ round unless --same-every-round), bodies over the size limit, out-of-range token
 thousand messages, unknown paths, streams dropped after two chunks, and many at once.
 After each round it prints the server's RSS, its peak, thread and file-descriptor counts,
 and at the end the growth per round over the second half of the rounds. A leak grows
-by about the same amount every round; a plateau (first touches of the KV cache, numba
-kernels compiled on first use, allocator arenas, bounded caches) stops growing.
+by about the same amount every round; a plateau (weights and KV cache paged in on first use,
+bounded caches, free space the allocator keeps) stops growing. --kinds picks hostile kinds,
+--env changes the allocator of a started server.
 
     python tests/bench_memory.py --server ggstation -m smollm2 -np 4 -t 2 --rounds 10
     python tests/bench_memory.py ... --env MALLOC_ARENA_MAX=2     # glibc arenas held back
+    python tests/bench_memory.py ... --env LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2
 """
 
 from __future__ import annotations
