@@ -33,12 +33,13 @@ PUBLIC_PATHS = ("/health", "/v1/health")
 
 def create_app(state: ServerState) -> FastAPI:
     """The ASGI app serving `state` (which may still be loading)."""
-    from .routes import router
+    from . import anthropic, responses, routes, routes_embed, routes_monitor, vertex
 
     app = _App(title="ggstation", version=__version__, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.server = state
     prefix = state.options.api_prefix.rstrip("/")
-    app.include_router(router, prefix=prefix)
+    for module in (routes_monitor, routes, routes_embed, anthropic, responses, vertex):
+        app.include_router(module.router, prefix=prefix)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
@@ -69,7 +70,7 @@ class _App(FastAPI):
 
     def openapi(self) -> dict[str, Any]:
         if self.openapi_schema is None:
-            from .routes import with_body_schemas
+            from .routing import with_body_schemas
 
             self.openapi_schema = with_body_schemas(super().openapi())
         return self.openapi_schema
