@@ -33,12 +33,12 @@ PUBLIC_PATHS = ("/health", "/v1/health")
 
 def create_app(state: ServerState) -> FastAPI:
     """The ASGI app serving `state` (which may still be loading)."""
-    from . import anthropic, responses, routes, routes_embed, routes_monitor, vertex
+    from . import anthropic, responses, routes, routes_embed, routes_monitor, routes_slots, vertex
 
     app = _App(title="ggstation", version=__version__, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.server = state
     prefix = state.options.api_prefix.rstrip("/")
-    for module in (routes_monitor, routes, routes_embed, anthropic, responses, vertex):
+    for module in (routes_monitor, routes_slots, routes, routes_embed, anthropic, responses, vertex):
         app.include_router(module.router, prefix=prefix)
 
     @app.exception_handler(APIError)

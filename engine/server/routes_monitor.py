@@ -89,11 +89,6 @@ async def slots(request: Request, fail_on_no_slot: int = 0):
     return info
 
 
-@router.post("/slots/{slot_id}")
-async def slot_action(request: Request, slot_id: int, action: str = ""):
-    raise not_supported(f"slot action '{action}' is not supported by this server")
-
-
 @router.get("/metrics")
 async def metrics(request: Request):
     s = server_state(request)
