@@ -47,6 +47,9 @@ def build_parser():
     )
     parser.add_argument("--version", action=_VersionAction,
                         help="print the version, Python/numba versions and the CPU numba targets, then exit")
+    # `serve` takes llama-server command lines, whose newer flags we may not know yet: it logs
+    # them and starts (llama-server's own users expect a flag to never stop a deployment).
+    parser.set_defaults(accepts_unknown_flags=False, unknown_flags=[])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         mod = _load(name)
@@ -55,12 +58,23 @@ def build_parser():
     return parser
 
 
+def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """`argv` parsed; a command that accepts unknown flags gets them in `unknown_flags`, any
+    other command exits with argparse's usage error."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        if not args.accepts_unknown_flags:
+            parser.parse_args(argv)  # argparse's own error and exit status for a typo
+        args.unknown_flags = unknown
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         argv = ["gui", *argv]
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     try:
         return int(args.run(args) or 0)
     except EngineError as e:

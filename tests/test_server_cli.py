@@ -78,3 +78,18 @@ def test_serve_cli_reserved_chat_template_kwargs_fail_at_start(kwargs):
         _server_options(parse(["-m", "m.gguf", "--chat-template-kwargs", kwargs]))
     assert _server_options(parse(["--chat-template-kwargs", '{"enable_thinking": false}'])) \
         .chat_template_kwargs == {"enable_thinking": False}
+
+
+def test_serve_cli_unknown_flags_are_kept_not_fatal():
+    from engine.cli import parse_args
+
+    a = parse_args(build_parser(), ["serve", "-m", "x.gguf", "--some-future-flag", "7", "--port", "9000"])
+    assert a.unknown_flags == ["--some-future-flag", "7"] and a.port == 9000
+
+
+def test_other_commands_still_refuse_unknown_flags():
+    from engine.cli import parse_args
+
+    with pytest.raises(SystemExit) as e:
+        parse_args(build_parser(), ["bench", "--some-future-flag"])
+    assert e.value.code not in (0, None)

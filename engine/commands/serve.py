@@ -44,7 +44,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     params.add_chat_args(p)
     flags.add_server_args(p)
     add_mem_check_arg(p)
-    p.set_defaults(parallel=-1, ignored=[], refused=[], env_error=None, run=run)
+    p.set_defaults(parallel=-1, ignored=[], refused=[], env_error=None, accepts_unknown_flags=True, run=run)
     _apply_env_defaults(p)
     return p
 
@@ -128,6 +128,9 @@ def _check_flags(args) -> None:
     for flag in dict.fromkeys(args.ignored):
         log.warning("%s is accepted for llama-server compatibility but ignored (not supported by "
                     "ggstation's CPU engine)", flag)
+    if args.unknown_flags:
+        log.warning("unknown arguments ignored: %s (not llama-server flags ggstation knows; check the "
+                    "spelling if you meant one)", " ".join(args.unknown_flags))
     for env in flags.ignored_env():
         log.warning("environment variable %s is ignored (not supported by ggstation)", env)
 
