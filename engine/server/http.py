@@ -57,12 +57,18 @@ def create_app(state: ServerState) -> FastAPI:
         return error_response(exc.status_code, message,
                               "not_found_error" if exc.status_code == 404 else "invalid_request_error")
 
+    install_middleware(app, state)
+    return app
+
+
+def install_middleware(app: FastAPI, state: ServerState) -> None:
+    """The gate (loading, API keys, body size) and CORS; the router's app (proxy.py) installs
+    the same, so both modes answer preflights and keys alike."""
     app.add_middleware(GateMiddleware, state=state)
     if state.options.cors_origins:
         origins = list(state.options.cors_origins)
         app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
                            allow_headers=["*"], allow_credentials="*" not in origins)
-    return app
 
 
 class _App(FastAPI):
