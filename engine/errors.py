@@ -105,6 +105,11 @@ class InvalidRequestError(EngineError):
     unknown slot or pooling type. The caller's input is at fault, not the engine."""
 
 
+class GrammarError(InvalidRequestError):
+    """A grammar or JSON schema is invalid, or cannot be used with this model's vocabulary:
+    the message is the parser's, naming the problem."""
+
+
 class ContextOverflowError(InvalidRequestError):
     """A prompt does not fit in the context of one sequence.
 

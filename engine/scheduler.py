@@ -381,7 +381,8 @@ class Scheduler:
         # llama-server: without a context shift a reply ends when prompt + reply fill the slot
         n_room = -1 if self.context_shift else self.n_ctx_seq - len(req.prompt)
         slot.generator = SequenceGenerator(self.tokenizer, req.params, req.n_predict, req.stop,
-                                           n_room=n_room, prompt_tokens=req.prompt, n_cached=n_reuse)
+                                           n_room=n_room, prompt_tokens=req.prompt, n_cached=n_reuse,
+                                           grammar=req.grammar)
         slot.state = SlotState.PROMPT
 
     # ------------------------------------------------------------------ generation

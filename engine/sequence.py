@@ -1,10 +1,10 @@
 """One sequence's generation state: logits in, sampled tokens and released text out.
 
 `SequenceGenerator` owns everything that happens to a sequence after the model has run:
-sampling, streaming detokenization, end-of-generation tokens, the token limit and stop
-strings, and the sequence's timings. It never touches the model: the scheduler
-(engine/scheduler.py) feeds each slot its row of logits, and every front end (server, CLI,
-desktop app) gets the `GenerationStep`s it returns.
+the grammar mask (engine/grammar.py), sampling, streaming detokenization, end-of-generation
+tokens, the token limit and stop strings, and the sequence's timings. It never touches the
+model: the scheduler (engine/scheduler.py) feeds each slot its row of logits, and every front
+end (server, CLI, desktop app) gets the `GenerationStep`s it returns.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -20,6 +20,9 @@ from .errors import EngineError
 from .sampling import SamplingParams, logsumexp, make_sampler, top_logprobs
 from .seams import GenerationTokenizer
 from .tokenizer.detokenizer import StreamingDetokenizer
+
+if TYPE_CHECKING:
+    from .grammar import Grammar
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +81,9 @@ class SequenceGenerator:
         n_cached: prompt tokens reused from the KV cache (reported only).
         detokenizer: a streaming detokenizer (`add(id) -> str`, `flush() -> str`); by
             default `StreamingDetokenizer(tokenizer)`.
+        grammar: constrain the output to this grammar: every step samples only among the
+            tokens it allows (llama.cpp applies its grammar first too), and once it is
+            complete only end-of-generation tokens are, so the reply ends with 'stop'.
 
     The prompt timer starts when the object is created: the scheduler creates it when the
     request takes its slot. After the step whose finish_reason is set, `accept` must not be
@@ -95,6 +101,7 @@ class SequenceGenerator:
         prompt_tokens: Sequence[int] = (),
         n_cached: int = 0,
         detokenizer: Detokenizer | None = None,
+        grammar: Grammar | None = None,
     ):
         self.tokenizer = tokenizer
         self.params = params
@@ -106,6 +113,11 @@ class SequenceGenerator:
         self.n_cached = n_cached
         self.sampler = make_sampler(params, sorted(tokenizer.eog_ids) if params.ignore_eos else ())
         self._detok = detokenizer if detokenizer is not None else StreamingDetokenizer(tokenizer)
+        self.matcher = None
+        if grammar is not None:
+            from .grammar import GrammarMatcher  # llguidance only for constrained requests
+
+            self.matcher = GrammarMatcher(grammar, tokenizer)
         self._history = list(prompt_tokens)  # prompt + generated: the penalties' window
         self.tokens: list[int] = []  # generated ids
         self.text = ""  # text released so far (concatenation of every text_delta)
@@ -128,11 +140,15 @@ class SequenceGenerator:
         """Sample the next token from `logits` (n_vocab,) and return its step.
 
         Args:
-            logits: this sequence's row of raw logits.
+            logits: this sequence's row of raw logits. Log-probabilities are reported from
+                these, before the grammar mask (llama-server's default, pre-sampling probs).
         """
         if self.finished:
             raise EngineError("generation already finished")
-        token = self.sampler.sample(logits, self._history)
+        if self.matcher is None:
+            token = self.sampler.sample(logits, self._history)
+        else:
+            token = self._sample_constrained(logits)
         now = time.perf_counter()
         if self._t_first is None:
             self._t_first = now
@@ -158,9 +174,19 @@ class SequenceGenerator:
             truncated=self.truncated,
         )
 
+    def _sample_constrained(self, logits: np.ndarray) -> int:
+        """Sample among the tokens the grammar allows, then advance the grammar."""
+        assert self.matcher is not None
+        token = self.sampler.sample(self.matcher.apply(logits), self._history)
+        if not self.matcher.accept(token):
+            # only a sampler that ignores the mask (every allowed token banned) gets here
+            raise EngineError(f"the grammar rejected token {token}: {self.matcher.error}")
+        return token
+
     def _advance(self, token: int) -> tuple[str, str | None]:
         """Update the text state for `token`; returns (text to release, stop word or None)."""
-        if not self.params.ignore_eos and self.tokenizer.is_eog(token):
+        grammar_done = self.matcher is not None and self.matcher.ended
+        if (grammar_done or not self.params.ignore_eos) and self.tokenizer.is_eog(token):
             self.finish_reason = "stop"
             return self._release_all(), None
         self._pending += self._detok.add(token)

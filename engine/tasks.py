@@ -13,12 +13,15 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import numpy as np
 
 from .sampling import SamplingParams
 from .sequence import GenerationStep
+
+if TYPE_CHECKING:
+    from .grammar import Grammar
 
 
 @dataclass
@@ -34,6 +37,7 @@ class GenerationRequest:
         id_slot: pin to a slot (-1 = the slot with the longest cached prefix).
         n_keep: prompt tokens a context shift keeps (BOS is added when the model uses one;
             -1 = the whole prompt; None = the scheduler's --keep).
+        grammar: constrain the output (GBNF, JSON schema...; engine/grammar.py).
     """
 
     prompt: list[int]
@@ -43,6 +47,7 @@ class GenerationRequest:
     cache_prompt: bool = True
     id_slot: int = -1
     n_keep: int | None = None
+    grammar: Grammar | None = None
 
 
 @dataclass

@@ -15,6 +15,7 @@ from ..errors import APIError, TemplateError, TemplateLimitError
 from ..sampling import SamplingParams
 from ..scheduler import GenerationRequest
 from ..tokenizer.chat_template import encode_chat_prompt
+from .constraints import request_grammar
 from .errors import invalid
 from .schemas import ApplyTemplateRequest, ChatCompletionRequest, CompletionRequest, SamplingFields
 
@@ -181,10 +182,7 @@ def _check_template_kwargs(kwargs: dict) -> None:
 
 
 def chat_request(state, body: ChatCompletionRequest) -> tuple[GenerationRequest, str]:
-    if body.response_format and body.response_format.get("type") not in (None, "text"):
-        raise invalid("response_format other than 'text' (JSON schema / grammar) is not supported yet")
-    if body.grammar or body.json_schema:
-        raise invalid("grammar and json_schema constraints are not supported yet")
+    grammar = request_grammar(body, chat=True, tokenizer=state.tokenizer)
     template = chat_template(state)
     prompt_text = render_chat(state, body)
     ids = encode_chat_prompt(state.tokenizer, prompt_text)
@@ -196,6 +194,7 @@ def chat_request(state, body: ChatCompletionRequest) -> tuple[GenerationRequest,
         stop=stop_list(body.stop) + list(template.stop_strings),
         cache_prompt=state.options.cache_prompt if body.cache_prompt is None else body.cache_prompt,
         id_slot=-1 if body.id_slot is None else body.id_slot,
+        grammar=grammar,
     )
     return req, prompt_text
 
@@ -203,8 +202,7 @@ def chat_request(state, body: ChatCompletionRequest) -> tuple[GenerationRequest,
 def completion_request(state, body: CompletionRequest, native: bool) -> GenerationRequest:
     if body.echo:
         raise invalid("'echo' is not supported")
-    if body.grammar or body.json_schema:
-        raise invalid("grammar and json_schema constraints are not supported yet")
+    grammar = request_grammar(body, chat=False, tokenizer=state.tokenizer)
     ids = tokenize_prompt(state, body.prompt)
     if native:
         n_probs = body.n_probs or 0
@@ -219,6 +217,7 @@ def completion_request(state, body: CompletionRequest, native: bool) -> Generati
         stop=stop_list(body.stop),
         cache_prompt=state.options.cache_prompt if body.cache_prompt is None else body.cache_prompt,
         id_slot=-1 if body.id_slot is None else body.id_slot,
+        grammar=grammar,
     )
 
 

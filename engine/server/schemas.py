@@ -179,6 +179,7 @@ class CompletionRequest(OpenAICommon):
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1, le=1)
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    response_format: dict[str, Any] | None = None  # honoured here too (engine/server/constraints.py)
     image_data: list[Any] | None = None
     multimodal_data: list[Any] | None = None
 

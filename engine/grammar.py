@@ -1,0 +1,282 @@
+"""Constrained decoding: a grammar (GBNF, Lark, JSON schema, regex) as a per-token mask.
+
+llguidance does the parsing. This module owns the three pieces around it:
+
+- `Grammar`: a request's grammar, converted to llguidance's form and checked, with no
+  tokenizer attached (cheap to build on an HTTP thread; the error names the problem).
+- `vocabulary_for(tokenizer)`: llguidance's view of OUR vocabulary (every token's bytes,
+  control tokens marked, the end-of-generation ids, our tokenize function). Building it
+  walks the whole vocabulary (~1 s for 49k tokens), so it is built once per tokenizer and
+  cached.
+- `GrammarMatcher`: one sequence's parser state. Per token: `apply(logits)` sets every
+  token the grammar forbids to -inf (before any other sampler, so top-k/top-p/min-p only
+  ever see allowed tokens), then `accept(token)` advances the parser. Once the grammar is
+  complete only the end-of-generation tokens are allowed, so generation ends there.
+
+llguidance is imported lazily: only requests that carry a grammar pay for it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .errors import GrammarError
+
+if TYPE_CHECKING:
+    import llguidance
+
+    from .seams import GenerationTokenizer
+
+GRAMMAR_KINDS = ("gbnf", "lark", "json_schema", "regex")
+
+# Whitespace allowed between JSON tokens: llama.cpp's json-schema-to-grammar SPACE_RULE
+# (| " " | "\n"{1,2} [ \t]{0,20}). llguidance's default allows unbounded whitespace, in
+# which small models can loop until the token limit. A schema's own "x-guidance" wins.
+_JSON_DEFAULTS = {
+    "whitespace_pattern": r"(?: |\n{1,2}[ \t]{0,20})?",
+    # llama.cpp's converter ignores keywords it does not implement (uniqueItems, not, ...)
+    "lenient": True,
+}
+
+_NEG_INF = np.float32(-np.inf)
+
+
+def _llg() -> Any:
+    try:
+        import llguidance
+    except ImportError as e:  # a core dependency; only a broken install gets here
+        raise GrammarError("constrained output needs the 'llguidance' package "
+                           "(pip install llguidance)") from e
+    return llguidance
+
+
+# -- a request's grammar ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """A checked grammar in llguidance's form, independent of any tokenizer.
+
+    Attributes:
+        kind: 'gbnf' (llama.cpp's grammar format; Lark text is accepted too), 'lark',
+            'json_schema' or 'regex'.
+        source: the grammar as the caller gave it (a JSON schema as JSON text).
+        compiled: llguidance's grammar definition (what an LLMatcher is built from).
+    """
+
+    kind: str
+    source: str
+    compiled: str
+
+    @classmethod
+    def from_gbnf(cls, text: str) -> Grammar:
+        """A llama.cpp GBNF grammar (with a `root` rule), or Lark text (`start:` rule)."""
+        llg = _llg()
+        try:
+            lark = llg.gbnf_to_lark.any_to_lark(text)
+        except Exception as e:  # the converter raises plain Exceptions with the position
+            raise GrammarError(f"failed to parse grammar: {e}") from None
+        return cls._checked("gbnf", text, llg.LLMatcher.grammar_from_lark(lark))
+
+    @classmethod
+    def from_lark(cls, text: str) -> Grammar:
+        llg = _llg()
+        return cls._checked("lark", text, llg.LLMatcher.grammar_from_lark(text))
+
+    @classmethod
+    def from_json_schema(cls, schema: Any) -> Grammar:
+        """A JSON schema (a dict, a bool, or its JSON text); `{}` means any JSON value."""
+        llg = _llg()
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except ValueError as e:
+                raise GrammarError(f"the JSON schema is not valid JSON: {e}") from None
+        if not isinstance(schema, (dict, bool)):
+            raise GrammarError(f"a JSON schema must be an object or a boolean, "
+                               f"got {type(schema).__name__}")
+        text = json.dumps(schema, ensure_ascii=False)
+        try:
+            compiled = llg.LLMatcher.grammar_from_json_schema(text, defaults=_JSON_DEFAULTS)
+        except (ValueError, TypeError) as e:
+            raise GrammarError(f"invalid JSON schema: {e}") from None
+        return cls._checked("json_schema", text, compiled, what="JSON schema")
+
+    @classmethod
+    def from_regex(cls, pattern: str) -> Grammar:
+        llg = _llg()
+        return cls._checked("regex", pattern, llg.LLMatcher.grammar_from_regex(pattern), what="regex")
+
+    def check_vocabulary(self, tokenizer: GenerationTokenizer) -> None:
+        """Check the grammar against a model's vocabulary (building and caching it: call
+        this off the scheduler's thread). Raises GrammarError."""
+        vocab = vocabulary_for(tokenizer)
+        is_error, messages = _llg().LLMatcher.validate_grammar_with_warnings(self.compiled, vocab)
+        if is_error:
+            raise GrammarError(f"invalid grammar: {messages[0] if messages else 'unknown error'}")
+
+    @classmethod
+    def _checked(cls, kind: str, source: str, compiled: str, what: str = "grammar") -> Grammar:
+        is_error, messages = _llg().LLMatcher.validate_grammar_with_warnings(compiled)
+        if is_error:
+            raise GrammarError(f"invalid {what}: {messages[0] if messages else 'unknown error'}")
+        return cls(kind, source, compiled)
+
+
+def compile_grammar(kind: str, source: Any) -> Grammar:
+    """`Grammar.from_<kind>(source)`; raises GrammarError naming the problem."""
+    builders = {"gbnf": Grammar.from_gbnf, "lark": Grammar.from_lark,
+                "json_schema": Grammar.from_json_schema, "regex": Grammar.from_regex}
+    if kind not in builders:
+        raise GrammarError(f"unknown grammar kind {kind!r} (one of {', '.join(GRAMMAR_KINDS)})")
+    return builders[kind](source)
+
+
+# -- the vocabulary as llguidance sees it ------------------------------------------------------
+
+# tokenizer -> LLTokenizer, built once per tokenizer (weak: an unloaded model frees its entry)
+_VOCABS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+_VOCABS_LOCK = threading.Lock()
+
+_CONTROL = 1 << 3  # TokenAttr.CONTROL
+_USER_DEFINED = 1 << 4  # TokenAttr.USER_DEFINED
+_SPECIAL_PREFIX = b"\xff"  # llguidance's mark of a special token (never valid UTF-8)
+
+
+def token_bytes(tokenizer: GenerationTokenizer) -> list[bytes]:
+    """Every token's bytes, special tokens prefixed with 0xFF as llguidance expects.
+
+    Special here means what llama.cpp's llguidance bridge marks: control tokens, and
+    user-defined tokens that look like `<...>`. A grammar can still name them (`<|im_end|>`
+    in Lark), but plain text never matches them.
+    """
+    attr = getattr(tokenizer, "token_attr", None)
+    out = []
+    for i in range(tokenizer.n_vocab):
+        piece = tokenizer.token_to_piece(i, special=True)
+        if attr is not None:
+            a = attr(i)
+            special = bool(a & _CONTROL) or (bool(a & _USER_DEFINED) and piece.startswith(b"<")
+                                             and piece.endswith(b">"))
+        else:  # a tokenizer without attributes: hidden when not rendering specials
+            special = bool(piece) and not tokenizer.token_to_piece(i, special=False)
+        out.append(_SPECIAL_PREFIX + piece if special else piece)
+    return out
+
+
+class _TokenizerAdapter:
+    """The object llguidance.TokenizerWrapper reads: tokens, EOS/BOS and a tokenize call."""
+
+    def __init__(self, tokenizer: GenerationTokenizer, eos_id: int):
+        self.eos_token_id = eos_id
+        self.bos_token_id = tokenizer.bos_id
+        self.tokens = token_bytes(tokenizer)
+        self._encode = getattr(tokenizer, "encode", None)
+        self._byte_ids = {b[0]: i for i, b in enumerate(self.tokens) if len(b) == 1}
+
+    def __call__(self, text: bytes | str) -> list[int]:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", "surrogateescape")
+        if self._encode is not None:
+            return list(self._encode(text, add_special=False, parse_special=False))
+        # no encoder (test fakes): one token per byte where the vocabulary has them
+        data = text.encode("utf-8", "surrogateescape")
+        return [self._byte_ids[b] for b in data if b in self._byte_ids]
+
+
+def vocabulary_for(tokenizer: GenerationTokenizer) -> llguidance.LLTokenizer:
+    """llguidance's tokenizer over `tokenizer`'s vocabulary, built on first use and cached.
+
+    Args:
+        tokenizer: the model's tokenizer (token_to_piece, eog_ids, bos_id, encode).
+    """
+    with _VOCABS_LOCK:
+        vocab = _VOCABS.get(tokenizer)
+        if vocab is None:
+            vocab = _VOCABS[tokenizer] = _build_vocabulary(tokenizer)
+        return vocab
+
+
+def _build_vocabulary(tokenizer: GenerationTokenizer) -> llguidance.LLTokenizer:
+    llg = _llg()
+    eog = sorted(int(t) for t in tokenizer.eog_ids if 0 <= t < tokenizer.n_vocab)
+    eos = getattr(tokenizer, "eos_id", None)
+    if not eog and eos is None:
+        raise GrammarError("the model has no end-of-generation token: a grammar cannot end")
+    eos_ids = eog if eog else [int(eos)]  # type: ignore[arg-type]
+    adapter = _TokenizerAdapter(tokenizer, eos_ids[0])
+    try:
+        return llg.LLTokenizer(llg.TokenizerWrapper(adapter), n_vocab=tokenizer.n_vocab,
+                               eos_token=eos_ids)
+    except Exception as e:  # llguidance rejects vocabularies it cannot index
+        raise GrammarError(f"cannot build the grammar vocabulary for this model: {e}") from e
+
+
+# -- one sequence's parser state ---------------------------------------------------------------
+
+
+class GrammarMatcher:
+    """A grammar's parse state for one sequence, as a mask over the logits.
+
+    Args:
+        grammar: the checked grammar.
+        tokenizer: the model's tokenizer (its llguidance vocabulary is cached).
+
+    Raises:
+        GrammarError: the grammar does not fit this vocabulary.
+    """
+
+    def __init__(self, grammar: Grammar, tokenizer: GenerationTokenizer):
+        llg = _llg()
+        self.grammar = grammar
+        vocab = vocabulary_for(tokenizer)
+        self._matcher = llg.LLMatcher(vocab, grammar.compiled, log_level=0)
+        if self._matcher.is_error():
+            raise GrammarError(f"invalid grammar: {self._matcher.get_error()}")
+        self.vocab_size = int(vocab.vocab_size)
+        # one bit per token in llguidance's layout: (1, ceil(vocab_size / 32)) int32
+        self._bits = np.zeros((1, (self.vocab_size + 31) // 32), dtype=np.int32)
+        self.n_tokens = 0  # tokens accepted
+
+    @property
+    def stopped(self) -> bool:
+        """The grammar is complete (or failed): only end-of-generation tokens are allowed."""
+        return bool(self._matcher.is_stopped())
+
+    @property
+    def ended(self) -> bool:
+        """An end-of-generation token was accepted: the output is complete."""
+        return self._matcher.stop_reason() == "EndOfSentence"
+
+    @property
+    def error(self) -> str:
+        return str(self._matcher.get_error())
+
+    def allowed(self, n_vocab: int | None = None) -> np.ndarray:
+        """(n_vocab,) bool: the tokens the grammar allows next. `n_vocab` is the width of a
+        logits row; ids past the tokenizer's vocabulary (padded output rows) are never
+        allowed."""
+        n = self.vocab_size if n_vocab is None else int(n_vocab)
+        self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little").view(bool)
+        if n <= bits.size:
+            return bits[:n]
+        return np.concatenate([bits, np.zeros(n - bits.size, dtype=bool)])
+
+    def apply(self, logits: np.ndarray) -> np.ndarray:
+        """A copy of `logits` (n_vocab,) with every token the grammar forbids set to -inf."""
+        out = np.where(self.allowed(logits.shape[0]), logits, _NEG_INF)
+        return out.astype(logits.dtype, copy=False)
+
+    def accept(self, token: int) -> bool:
+        """Advance past `token`; False (and the matcher in its error state) if the grammar
+        forbids it."""
+        ok = bool(self._matcher.consume_token(int(token)))
+        self.n_tokens += ok
+        return ok
