@@ -250,11 +250,6 @@ class GrammarMatcher:
         return bool(self._matcher.is_stopped())
 
     @property
-    def ended(self) -> bool:
-        """An end-of-generation token was accepted: the output is complete."""
-        return self._matcher.stop_reason() == "EndOfSentence"
-
-    @property
     def error(self) -> str:
         return str(self._matcher.get_error())
 

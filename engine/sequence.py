@@ -176,17 +176,20 @@ class SequenceGenerator:
 
     def _sample_constrained(self, logits: np.ndarray) -> int:
         """Sample among the tokens the grammar allows, then advance the grammar."""
-        assert self.matcher is not None
-        token = self.sampler.sample(self.matcher.apply(logits), self._history)
-        if not self.matcher.accept(token):
-            # only a sampler that ignores the mask (every allowed token banned) gets here
-            raise EngineError(f"the grammar rejected token {token}: {self.matcher.error}")
+        m = self.matcher
+        assert m is not None
+        if m.error:  # a parser limit hit on an earlier step: fail rather than end silently
+            raise EngineError(f"grammar: {m.error}")
+        token = self.sampler.sample(m.apply(logits), self._history)
+        if not m.accept(token):
+            raise EngineError(f"the grammar rejected token {token}: {m.error}")
         return token
 
     def _advance(self, token: int) -> tuple[str, str | None]:
         """Update the text state for `token`; returns (text to release, stop word or None)."""
-        grammar_done = self.matcher is not None and self.matcher.ended
-        if (grammar_done or not self.params.ignore_eos) and self.tokenizer.is_eog(token):
+        # an end-of-generation token the grammar accepted completes it, even with ignore_eos
+        # (the sampler only picks one when the grammar allows nothing else)
+        if (self.matcher is not None or not self.params.ignore_eos) and self.tokenizer.is_eog(token):
             self.finish_reason = "stop"
             return self._release_all(), None
         self._pending += self._detok.add(token)
