@@ -194,6 +194,7 @@ class CompletionRequest(OpenAICommon):
 
 class TokenizeRequest(_Body):
     content: str
+    model: str | None = None  # routes the request in router mode; a single model ignores it
     add_special: bool = False
     parse_special: bool = True
     with_pieces: bool = False
@@ -201,6 +202,7 @@ class TokenizeRequest(_Body):
 
 class DetokenizeRequest(_Body):
     tokens: list[int] = Field(..., max_length=1_000_000)
+    model: str | None = None
 
 
 class ApplyTemplateRequest(_Body):
