@@ -99,7 +99,8 @@ class Context:
         if params.check_memory and not mem_check_disabled():
             check_fits(est, cfg, len(model.gguf.tensors), what, log, **kw)
         try:
-            self.kv = KVCache(cfg, self.n_ctx_seq, params.n_seq_max, params.type_k, params.type_v)
+            self.kv = KVCache(cfg, self.n_ctx_seq, params.n_seq_max, params.type_k, params.type_v,
+                              unified=params.kv_unified)
             self.buf = Buffers(cfg, self.n_ubatch, self.n_ctx_seq)
         except (MemoryError, ValueError) as e:  # numpy: "array is too big", or the OS refused
             raise InsufficientMemoryError(
@@ -117,6 +118,8 @@ class Context:
         forward.validate_batch(self, batch)
         if len(batch) > self.n_batch:
             raise EngineError(f"batch of {len(batch)} tokens exceeds n_batch = {self.n_batch}")
+        # cells for the whole batch first (a full unified pool fails before any compute)
+        self.kv.reserve_batch({int(q): int(batch.pos[batch.seq_id == q][-1]) + 1 for q in np.unique(batch.seq_id)})
         width = self.cfg.n_embd if embeddings else self.cfg.n_vocab
         out = np.empty((batch.n_outputs, width), np.float32)
         row = 0

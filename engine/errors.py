@@ -129,6 +129,12 @@ class ContextOverflowError(InvalidRequestError):
         )
 
 
+class KVCacheFullError(EngineError):
+    """The KV cache has no free cells for a batch (llama_decode's return 1): a unified
+    cache's shared pool is exhausted. The scheduler frees idle sequences and retries, or
+    fails the requests with llama-server's "Context size has been exceeded."."""
+
+
 class SchedulerStoppedError(EngineError):
     """The scheduler is shutting down and accepts no new requests."""
 

@@ -1,18 +1,31 @@
-"""KVCache: keys and values of every layer, allocated once for n_seq_max sequences.
+"""KVCache: keys and values of every layer, allocated once; the cells each sequence owns.
 
-Layout per layer: (n_seq_max, n_ctx_seq, n_head_kv, head_dim), slot index = token position,
-so a sequence's cache is always the contiguous positions 0..seq_len-1. f16 caches hold float16
-bit patterns in uint16 arrays (numba converts them in blocks, ops._f16_block). Nothing grows later.
+Layout per layer: (n_stream, n_cells, n_head_kv, head_dim), as llama.cpp's streams.
+- Split cache (default): one stream per sequence of n_ctx / n_seq_max cells; sequence s is
+  stream s, its position p cell p.
+- Unified cache (-kvu, n_seq_max > 1): ONE stream of n_ctx cells shared by every sequence.
+  Each sequence owns a contiguous run of cells [base, base + cap) of it, position p at cell
+  base + p, so kernels still see a sequence as contiguous positions 0..len-1 (a C-contiguous
+  view, no gather). Runs grow on demand (`reserve`, before the forward pass writes), move to
+  a free run when their neighbour is in the way, and the pool is compacted when only the sum
+  of the free cells is large enough. When even that is too small, `KVCacheFullError`: the
+  scheduler frees idle sequences or fails the requests, as llama-server does.
+
+f16 caches hold float16 bit patterns in uint16 arrays (numba converts them in blocks,
+ops._f16_block). Nothing grows later: memory is n_ctx cells in both layouts.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 
 from .config import ModelConfig
-from .errors import EngineError
+from .errors import EngineError, KVCacheFullError
 
 CACHE_TYPES = {"f16": np.uint16, "f32": np.float32}
+GROW_CELLS = 32  # a unified sequence's run grows by at least this, so decode rarely moves it
 
 
 def cache_dtype(name: str) -> np.dtype:
@@ -21,26 +34,43 @@ def cache_dtype(name: str) -> np.dtype:
     return np.dtype(CACHE_TYPES[name])
 
 
-def kv_bytes(cfg: ModelConfig, n_ctx_seq: int, n_seq_max: int, type_k: str, type_v: str) -> int:
-    """Bytes the cache allocates; the same formula serves the estimate before loading."""
+def kv_bytes(cfg: ModelConfig, n_cells: int, n_stream: int, type_k: str, type_v: str) -> int:
+    """Bytes the cache allocates for n_stream streams of n_cells; the same formula serves the
+    estimate before loading (split: n_ctx_seq x n_seq_max, unified: n_ctx x 1)."""
     per_pos = cfg.n_head_kv * (
         cfg.head_dim * cache_dtype(type_k).itemsize + cfg.head_dim_v * cache_dtype(type_v).itemsize
     )
-    return cfg.n_layer * n_seq_max * n_ctx_seq * per_pos
+    return cfg.n_layer * n_stream * n_cells * per_pos
 
 
 class KVCache:
-    def __init__(self, cfg: ModelConfig, n_ctx_seq: int, n_seq_max: int, type_k: str = "f16", type_v: str = "f16"):
+    """Args:
+        n_ctx_seq: positions one sequence may use (unified: the whole pool, n_ctx).
+        n_seq_max: sequences.
+        unified: one pool of n_ctx_seq cells shared by all sequences, instead of n_ctx_seq
+            cells for each.
+    """
+
+    def __init__(self, cfg: ModelConfig, n_ctx_seq: int, n_seq_max: int, type_k: str = "f16",
+                 type_v: str = "f16", unified: bool = False):
         self.cfg = cfg
         self.n_ctx_seq = n_ctx_seq
         self.n_seq_max = n_seq_max
+        self.unified = unified and n_seq_max > 1
         self.type_k, self.type_v = type_k, type_v
         dk, dv = cache_dtype(type_k), cache_dtype(type_v)
         G = cfg.n_head_kv
-        # k[il], v[il]: (n_seq_max, n_ctx_seq, n_head_kv, head_dim)
-        self.k = [np.zeros((n_seq_max, n_ctx_seq, G, cfg.head_dim), dk) for _ in range(cfg.n_layer)]
-        self.v = [np.zeros((n_seq_max, n_ctx_seq, G, cfg.head_dim_v), dv) for _ in range(cfg.n_layer)]
+        n_stream = 1 if self.unified else n_seq_max
+        self.n_cells = n_ctx_seq  # per stream
+        # k[il], v[il]: (n_stream, n_cells, n_head_kv, head_dim)
+        self.k = [np.zeros((n_stream, n_ctx_seq, G, cfg.head_dim), dk) for _ in range(cfg.n_layer)]
+        self.v = [np.zeros((n_stream, n_ctx_seq, G, cfg.head_dim_v), dv) for _ in range(cfg.n_layer)]
         self._len = np.zeros(n_seq_max, np.int64)
+        # where each sequence's cells are: stream, first cell, cells reserved
+        self._stream = np.zeros(n_seq_max, np.int64) if self.unified else np.arange(n_seq_max)
+        self._base = np.zeros(n_seq_max, np.int64)
+        self._cap = np.zeros(n_seq_max, np.int64) if self.unified else np.full(n_seq_max, n_ctx_seq)
+        self._held = np.zeros(n_seq_max, np.int64)  # cells a batch being reserved needs kept
         # How each layer's keys are rotated and how far back its queries see: fixed for the
         # life of the cache (LongRoPE's factors depend on n_ctx_seq), shared by the forward
         # pass and the context shift.
@@ -54,11 +84,16 @@ class KVCache:
 
     @property
     def bytes_per_pos(self) -> int:
-        return self.nbytes // (self.n_seq_max * self.n_ctx_seq)
+        return self.nbytes // (self.k[0].shape[0] * self.n_cells) if self.k else 0
 
     def used_bytes(self, seq: int | None = None) -> int:
         n = int(self._len.sum()) if seq is None else int(self._len[seq])
         return n * self.bytes_per_pos
+
+    def n_cells_free(self) -> int:
+        """Cells no sequence holds (unified: of the shared pool; split: of every stream)."""
+        total = self.n_cells * (1 if self.unified else self.n_seq_max)
+        return total - int(self._len.sum())
 
     def seq_len(self, seq: int) -> int:
         self._check_seq(seq)
@@ -68,38 +103,190 @@ class KVCache:
         if not 0 <= seq < self.n_seq_max:
             raise EngineError(f"sequence id {seq} out of range [0, {self.n_seq_max})")
 
+    def _run(self, seq: int, p0: int, p1: int) -> tuple[int, slice]:
+        """(stream, cell slice) of positions [p0, p1) of seq."""
+        b = int(self._base[seq])
+        return int(self._stream[seq]), slice(b + p0, b + p1)
+
+    # cells of the unified pool ---------------------------------------------------------------
+    def reserve_batch(self, needs: dict[int, int]) -> None:
+        """reserve() for every sequence of a batch: seq -> positions it will hold. All or
+        nothing for the batch (a later sequence's compaction keeps what earlier ones got)."""
+        try:
+            for seq, n_pos in needs.items():
+                self.reserve(seq, n_pos)
+                self._held[seq] = n_pos
+        finally:
+            self._held[:] = 0
+
+    def reserve(self, seq: int, n_pos: int) -> None:
+        """Make room for positions 0..n_pos-1 of seq (before the forward pass stores them).
+
+        Raises:
+            KVCacheFullError: the pool has fewer free cells than the sequence needs.
+            ContextOverflowError is the caller's check (n_pos > n_ctx_seq) in a split cache.
+        """
+        self._check_seq(seq)
+        if n_pos <= self._cap[seq]:
+            return
+        if not self.unified:
+            raise KVCacheFullError(f"sequence {seq}: {n_pos} positions exceed its {self.n_cells} cells")
+        n_len = int(self._len[seq])
+        others = [s for s in range(self.n_seq_max) if s != seq and self._cap[s] > 0]
+        free_after_compaction = self.n_cells - sum(self._kept(s) for s in others)
+        if n_pos > free_after_compaction:
+            raise KVCacheFullError(
+                f"the unified KV cache is full: sequence {seq} needs {n_pos} cells, "
+                f"{free_after_compaction} are not held by other sequences")
+        want = min(max(n_pos, -(-n_pos // GROW_CELLS) * GROW_CELLS), free_after_compaction)
+        runs = self._free_runs(others)
+        if self._cap[seq] > 0:  # grow in place when the run after it is free
+            b = int(self._base[seq])
+            for r0, r1 in runs:
+                if r0 <= b < r1 and r1 - b >= n_pos:
+                    self._cap[seq] = min(want, r1 - b)
+                    return
+        fits = [(r0, r1) for r0, r1 in runs if r1 - r0 >= n_pos]
+        if fits:
+            r0, r1 = max(fits, key=lambda r: r[1] - r[0])
+            cap = min(want, r1 - r0)
+            # leave the free cells after a neighbour's run to that neighbour, half of them
+            neighbour = any(int(self._base[s] + self._cap[s]) == r0 for s in others)
+            new_base = r0 + ((r1 - r0 - cap) // 2 if neighbour else 0)
+            self._move(seq, new_base, n_len)
+            self._cap[seq] = cap
+            return
+        self._compact(seq, others, n_pos)
+
+    def _kept(self, s: int) -> int:
+        """Cells of s a compaction keeps: its positions, or more if the batch needs them."""
+        return max(int(self._len[s]), int(self._held[s]))
+
+    def _free_runs(self, others: list[int]) -> list[tuple[int, int]]:
+        """Free [start, end) runs of the pool around the runs of `others`, in cell order."""
+        taken = sorted((int(self._base[s]), int(self._base[s] + self._cap[s])) for s in others)
+        runs, at = [], 0
+        for b, e in taken:
+            if b > at:
+                runs.append((at, b))
+            at = max(at, e)
+        if at < self.n_cells:
+            runs.append((at, self.n_cells))
+        return runs
+
+    def _move(self, seq: int, new_base: int, n: int) -> None:
+        old = int(self._base[seq])
+        if n and new_base != old:
+            for arr in (*self.k, *self.v):  # numpy copies overlapping ranges correctly
+                arr[0, new_base : new_base + n] = arr[0, old : old + n]
+        self._base[seq] = new_base
+
+    def _compact(self, seq: int, others: list[int], n_pos: int) -> None:
+        """Pack every sequence's cells at the start of the pool, seq's last, sharing the spare
+        cells out as growing room (up to GROW_CELLS each): the only moves that free a large
+        run, done rarely."""
+        n = int(self._len[seq])
+        saved = [arr[0, self._base[seq] : self._base[seq] + n].copy() for arr in (*self.k, *self.v)]
+        spare = self.n_cells - n_pos - sum(self._kept(s) for s in others)
+        room = min(GROW_CELLS, spare // (len(others) + 1))
+        at = 0
+        for s in sorted(others, key=lambda s: int(self._base[s])):
+            self._move(s, at, int(self._len[s]))
+            self._cap[s] = self._kept(s) + room
+            at += int(self._cap[s])
+        self._base[seq] = at
+        for arr, data in zip((*self.k, *self.v), saved, strict=True):
+            arr[0, at : at + n] = data
+        self._cap[seq] = self.n_cells - at
+
+    def _release(self, seq: int) -> None:
+        if self.unified:  # an empty sequence holds no cells of the pool
+            self._cap[seq] = 0
+            self._base[seq] = 0
+
     # writes from the forward pass ----------------------------------------------------------
     def commit(self, seq: int, n_pos: int) -> None:
         self._len[seq] = n_pos
 
     def store(self, il: int, seq: np.ndarray, pos: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
-        """k (T, G, D), v (T, G, Dv) float32 for tokens at (seq[t], pos[t])."""
+        """k (T, G, D), v (T, G, Dv) float32 for tokens at (seq[t], pos[t]); the cells must be
+        reserved (see reserve)."""
         kc, vc = self.k[il], self.v[il]
+        stream, cell = (self._stream[seq], self._base[seq] + pos) if self.unified else (seq, pos)
         if kc.dtype == np.uint16:
-            kc[seq, pos] = k.astype(np.float16).view(np.uint16)
+            kc[stream, cell] = k.astype(np.float16).view(np.uint16)
         else:
-            kc[seq, pos] = k
+            kc[stream, cell] = k
         if vc.dtype == np.uint16:
-            vc[seq, pos] = v.astype(np.float16).view(np.uint16)
+            vc[stream, cell] = v.astype(np.float16).view(np.uint16)
         else:
-            vc[seq, pos] = v
+            vc[stream, cell] = v
 
     def read_f32(self, il: int, seq: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Keys and values of positions 0..n-1 of `seq` as float32 (L, G, D) copies."""
-        k, v = self.k[il][seq, :n], self.v[il][seq, :n]
+        st, cells = self._run(seq, 0, n)
+        k, v = self.k[il][st, cells], self.v[il][st, cells]
         if k.dtype == np.uint16:
             k = k.view(np.float16).astype(np.float32)
         if v.dtype == np.uint16:
             v = v.view(np.float16).astype(np.float32)
         return k, v
 
+    def token_views(self, il: int, seq_ids: np.ndarray) -> Iterator[tuple[np.ndarray | slice, np.ndarray,
+                                                                          np.ndarray, np.ndarray]]:
+        """For the per-token attention kernel: (which tokens, k, v, their row in k and v) such
+        that k[row[t], p] is position p of token t's sequence. Split cache: one group, the
+        whole cache. Unified: one group per sequence, a C-contiguous (1, cap, G, D) view of
+        its run (so the kernel reads it with no gather and no new specialisation)."""
+        if not self.unified:
+            yield slice(None), self.k[il], self.v[il], seq_ids
+            return
+        for s in np.unique(seq_ids):
+            b, c = int(self._base[s]), int(self._cap[s])
+            idx = np.flatnonzero(seq_ids == s)
+            yield idx, self.k[il][0, b : b + c][None], self.v[il][0, b : b + c][None], np.zeros(len(idx), seq_ids.dtype)
+
+    # whole-sequence state (slot save / restore) ----------------------------------------------
+    def seq_state(self, seq: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Copies of every layer's keys and values of seq's positions (slot files)."""
+        n = self.seq_len(seq)
+        st, cells = self._run(seq, 0, n)
+        return [a[st, cells].copy() for a in self.k], [a[st, cells].copy() for a in self.v]
+
+    def set_seq_state(self, seq: int, k: list[np.ndarray], v: list[np.ndarray]) -> None:
+        """Replace seq's cache by these keys and values (shapes and types as seq_state's).
+
+        Raises:
+            EngineError: shapes or types that are not this cache's.
+            KVCacheFullError: no room for them.
+        """
+        self._check_seq(seq)
+        if len(k) != len(self.k) or len(v) != len(self.v):
+            raise EngineError(f"state has {len(k)} layers, the model {len(self.k)}")
+        n = int(k[0].shape[0]) if k else 0
+        for a, c in zip((*k, *v), (*self.k, *self.v), strict=True):
+            if a.shape != (n, *c.shape[2:]) or a.dtype != c.dtype:
+                raise EngineError(f"state shape {a.shape} {a.dtype} does not match the cache's "
+                                  f"(n, {', '.join(map(str, c.shape[2:]))}) {c.dtype}")
+        if n > self.n_ctx_seq:
+            raise KVCacheFullError(f"{n} positions do not fit in the {self.n_ctx_seq} of a sequence")
+        self.seq_clear(seq)
+        self.reserve(seq, n)
+        st, cells = self._run(seq, 0, n)
+        for a, c in zip((*k, *v), (*self.k, *self.v), strict=True):
+            c[st, cells] = a
+        self._len[seq] = n
+
     # sequence operations (llama_memory_seq_*) ----------------------------------------------
     def seq_clear(self, seq: int) -> None:
         self._check_seq(seq)
         self._len[seq] = 0
+        self._release(seq)
 
     def clear(self) -> None:
         self._len[:] = 0
+        for s in range(self.n_seq_max):
+            self._release(s)
 
     def seq_rm(self, seq: int, p0: int = 0, p1: int = -1) -> None:
         """Remove positions [p0, p1) (p1 < 0: to the end). Removing from the middle shifts the
@@ -112,6 +299,8 @@ class KVCache:
             return
         if p1 == n:
             self._len[seq] = p0
+            if p0 == 0:
+                self._release(seq)
         else:
             self.seq_shift_discard(seq, p0, p1 - p0)
 
@@ -125,8 +314,10 @@ class KVCache:
             return
         if p0 > int(self._len[dst]):
             raise EngineError(f"seq_cp: destination sequence {dst} has a gap before position {p0}")
+        self.reserve(dst, p1)
+        (s_st, s_cells), (d_st, d_cells) = self._run(src, p0, p1), self._run(dst, p0, p1)
         for arr in (*self.k, *self.v):
-            arr[dst, p0:p1] = arr[src, p0:p1]
+            arr[d_st, d_cells] = arr[s_st, s_cells]
         self._len[dst] = p1
 
     def seq_shift_discard(self, seq: int, p0: int, n_discard: int) -> None:
@@ -140,15 +331,16 @@ class KVCache:
             return
         n_discard = min(n_discard, n - p0)
         src0, cnt = p0 + n_discard, n - p0 - n_discard
+        st, b = int(self._stream[seq]), int(self._base[seq])
         for il in range(self.cfg.n_layer):
             k, v = self.k[il], self.v[il]
             if cnt:
-                kk = k[seq, src0 : src0 + cnt]
+                kk = k[st, b + src0 : b + src0 + cnt]
                 kf = kk.view(np.float16).astype(np.float32) if k.dtype == np.uint16 else kk.copy()
                 # Rotating by -delta undoes delta positions of RoPE (rotations compose); a pure
                 # rotation, without the attention factor the keys already carry.
                 delta = np.full(cnt, -n_discard, np.int32)
                 rope(kf, delta, self.rope[il].inv_freq, self.rope[il].neox)
-                k[seq, p0 : p0 + cnt] = kf.astype(np.float16).view(np.uint16) if k.dtype == np.uint16 else kf
-                v[seq, p0 : p0 + cnt] = v[seq, src0 : src0 + cnt].copy()
+                k[st, b + p0 : b + p0 + cnt] = kf.astype(np.float16).view(np.uint16) if k.dtype == np.uint16 else kf
+                v[st, b + p0 : b + p0 + cnt] = v[st, b + src0 : b + src0 + cnt].copy()
         self._len[seq] = n - n_discard

@@ -112,10 +112,14 @@ def memory_report(ctx: Context) -> MemoryReport:
 
 
 def ctx_per_seq(n_ctx: int, n_seq_max: int, kv_unified: bool) -> int:
-    """Positions each sequence may use. A unified cache lets any one sequence reach n_ctx, as
-    llama.cpp's does; ours is not a shared paged pool yet, so it reserves n_ctx for every
-    sequence (n_seq_max times the memory). A split cache gives each n_ctx / n_seq_max."""
+    """Positions each sequence may use. A unified cache is one pool of n_ctx cells that any
+    one sequence may fill, as llama.cpp's is; a split cache gives each n_ctx / n_seq_max."""
     return max(1, n_ctx if kv_unified else n_ctx // max(1, n_seq_max))
+
+
+def kv_streams(n_seq_max: int, kv_unified: bool) -> int:
+    """Streams of n_ctx_seq cells the cache allocates: one pool, or one per sequence."""
+    return 1 if kv_unified else n_seq_max
 
 
 def estimate_memory(cfg: ModelConfig, weights_bytes: int, n_tensors: int, n_ctx: int = 4096,
@@ -128,7 +132,7 @@ def estimate_memory(cfg: ModelConfig, weights_bytes: int, n_tensors: int, n_ctx:
     return MemoryReport(
         weights_bytes=weights_bytes,
         weights_resident_bytes=None,
-        kv_bytes=kv_bytes(cfg, n_ctx_seq, n_seq_max, type_k, type_v),
+        kv_bytes=kv_bytes(cfg, n_ctx_seq, kv_streams(n_seq_max, kv_unified), type_k, type_v),
         kv_used_bytes=0,
         kv_per_seq_used=[0] * n_seq_max,
         compute_bytes=compute_buffer_bytes(cfg, n_ubatch, n_ctx_seq),

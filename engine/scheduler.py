@@ -37,6 +37,7 @@ from .errors import (
     ContextOverflowError,
     EngineError,
     InvalidRequestError,
+    KVCacheFullError,
     SchedulerStoppedError,
 )
 from .seams import DecodeContext, GenerationTokenizer, ServedModel
@@ -148,6 +149,7 @@ class Scheduler:
             raise EngineError(f"{self.n_slots} slots need a context with as many sequences "
                               f"(it has {ctx.n_seq_max})")
         self.n_batch = int(ctx.n_batch)
+        self._budget = self.n_batch  # tokens per step; halved while a unified KV pool is full
         self.n_ctx_seq = int(ctx.n_ctx_seq)
         self.slot_prompt_similarity = slot_prompt_similarity
         self.context_shift = context_shift and self.n_ctx_seq >= MIN_CTX_FOR_SHIFT
@@ -389,7 +391,7 @@ class Scheduler:
     def _build_generation_batch(self) -> list[_Entry]:
         """Decode tokens first (one per generating slot), then prompt chunks."""
         entries = []
-        budget = self.n_batch
+        budget = self._budget
         for slot in self.slots:
             if slot.state is SlotState.GENERATING and budget > 0:
                 if len(slot.cache_tokens) + 1 >= self.n_ctx_seq:
@@ -431,6 +433,10 @@ class Scheduler:
         t0 = time.perf_counter()
         try:
             logits = self._decode(entries)
+        except KVCacheFullError:
+            self._rollback(entries)
+            self._kv_full(entries)
+            return
         except Exception as err:
             self._rollback(entries)
             recovered = self._recover(entries, err)
@@ -438,6 +444,7 @@ class Scheduler:
                 return
             entries, logits = recovered
         dt = time.perf_counter() - t0
+        self._budget = self.n_batch
         m = self.metrics
         m.n_decode_total += 1
         m.n_busy_slots_total += len(entries)
@@ -454,6 +461,26 @@ class Scheduler:
             if e.wants_logits:
                 self._accept(slot, logits[row])
                 row += 1
+
+    def _kv_full(self, entries: list[_Entry]) -> None:
+        """A unified KV pool had no room for the batch (llama-server's decode() returning 1):
+        purge one idle slot's cache, else retry with half the tokens; when even one token does
+        not fit, every running request fails with "Context size has been exceeded.", as
+        llama-server's do (the pool is shared, so no one request is to blame)."""
+        idle = [s for s in self.slots if not s.busy and s.cache_tokens]
+        if idle:
+            slot = min(idle, key=lambda s: s.t_last_used)
+            log.warning("KV cache full: purging slot %d with %d tokens", slot.id, len(slot.cache_tokens))
+            self._reset_slot(slot, clear_cache=True)
+            return
+        if sum(len(e.tokens) for e in entries) > 1:
+            self._budget = max(1, self._budget // 2)
+            log.warning("KV cache full: retrying with a batch of %d tokens", self._budget)
+            return
+        log.error("KV cache full: context size has been exceeded")
+        for slot in self.slots:
+            if slot.busy and slot.state is not SlotState.EMBEDDING:
+                self._fail(slot, EngineError("Context size has been exceeded."))
 
     def _recover(self, entries: list[_Entry], err: Exception) -> tuple[list[_Entry], np.ndarray] | None:
         """A combined decode failed: free idle caches and retry, then isolate the culprit."""

@@ -162,7 +162,7 @@ def test_unified_cache_lets_each_sequence_use_the_whole_context(tiny):
     assert split.n_ctx_seq == 16 and unified.n_ctx_seq == 64
     unified.decode(Batch.for_sequence(list(range(3, 43)), 0, seq_id=3))  # 40 > 16 positions
     est = estimate_memory(tiny.cfg, 0, 0, n_ctx=64, n_seq_max=4, kv_unified=True)
-    assert est.kv_bytes == unified.kv.nbytes == 4 * split.kv.nbytes
+    assert est.kv_bytes == unified.kv.nbytes == split.kv.nbytes  # one shared pool of n_ctx cells
 
 
 @pytest.fixture(scope="module")

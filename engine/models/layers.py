@@ -117,10 +117,12 @@ def attention(s: UbatchState, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarr
     if s.small is not None:  # decode tokens (of any sequences): one kernel call per 16
         for c0 in range(0, len(s.small), DECODE_TOKENS):
             sel = s.small[c0 : c0 + DECODE_TOKENS]
-            res = np.empty((len(sel), H, Dv), np.float32)
-            ops.attention_tokens(np.ascontiguousarray(q[sel]), kv.k[il], kv.v[il], s.seq_id[sel],
-                                 s.pos[sel], window, scale, softcap, res, s.buf.scores)
-            attn[sel] = res
+            for part, kc, vc, rows in kv.token_views(il, s.seq_id[sel]):  # unified: per sequence
+                ts = sel[part]
+                res = np.empty((len(ts), H, Dv), np.float32)
+                ops.attention_tokens(np.ascontiguousarray(q[ts]), kc, vc, rows, s.pos[ts], window, scale,
+                                     softcap, res, s.buf.scores)
+                attn[ts] = res
     matmul(wo, s.attn, s.o, s.tile)
     return s.o
 

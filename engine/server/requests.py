@@ -93,11 +93,11 @@ def stop_list(stop) -> list[str]:
 
 
 def n_predict(state, *candidates) -> int:
-    """The first given limit among the request's fields, capped by the server's -n."""
+    """The first given limit among the request's fields, else the server's -n: as in
+    llama-server, -n is the default a request's own n_predict / max_tokens overrides."""
     n = next((c for c in candidates if c is not None), -1)
-    cap = state.options.n_predict
-    if cap is not None and cap >= 0:
-        n = cap if n < 0 else min(n, cap)
+    if n < 0 and state.options.n_predict is not None:
+        n = state.options.n_predict
     return n
 
 
