@@ -45,6 +45,7 @@ _JSON_DEFAULTS = {
 }
 
 _NEG_INF = np.float32(-np.inf)
+_NEG_INF_BITS = _NEG_INF.view(np.uint32)
 
 
 def _llg() -> Any:
@@ -266,8 +267,21 @@ class GrammarMatcher:
 
     def apply(self, logits: np.ndarray) -> np.ndarray:
         """A copy of `logits` (n_vocab,) with every token the grammar forbids set to -inf."""
-        out = np.where(self.allowed(logits.shape[0]), logits, _NEG_INF)
-        return out.astype(logits.dtype, copy=False)
+        keep = self.allowed(logits.shape[0])
+        n_keep = int(np.count_nonzero(keep))
+        if n_keep * 8 < keep.size:  # the usual case: a few allowed tokens, scatter them
+            out = np.full(keep.size, -np.inf, dtype=logits.dtype)
+            ids = np.flatnonzero(keep)
+            out[ids] = logits[ids]
+            return out
+        if logits.dtype == np.float32 and logits.flags.c_contiguous:
+            # np.where on a dense, irregular mask mispredicts a branch per token (~4x
+            # slower at 50 % density); select through the bits instead: m is 0 or ~0
+            m = np.negative(keep.view(np.uint8), dtype=np.int32).view(np.uint32)
+            bits = logits.view(np.uint32) & m
+            bits |= _NEG_INF_BITS & ~m
+            return bits.view(np.float32)
+        return np.where(keep, logits, _NEG_INF).astype(logits.dtype, copy=False)
 
     def accept(self, token: int) -> bool:
         """Advance past `token`; False (and the matcher in its error state) if the grammar
