@@ -299,8 +299,23 @@ def _ltrim(s):
     return str(s).strip(_C_SPACE)
 
 
+class _LenientUndefined(jinja2.ChainableUndefined):
+    """A missing variable as llama.cpp's Jinja engine treats it: its attributes and items are
+    missing too, and `missing + 'text'` is 'text' (templates such as firefunction-v2 concatenate
+    variables no caller sets). Anything else done with it fails as in Jinja."""
+
+    __slots__ = ()
+
+    def _concat(self, other):
+        if isinstance(other, str) and self._undefined_exception is jinja2.UndefinedError:
+            return other
+        return self._fail_with_undefined_error()
+
+    __add__ = __radd__ = _concat
+
+
 def _make_env() -> LimitedSandbox:
-    env = LimitedSandbox(trim_blocks=True, lstrip_blocks=True,
+    env = LimitedSandbox(trim_blocks=True, lstrip_blocks=True, undefined=_LenientUndefined,
                          extensions=[jinja2.ext.loopcontrols, _GenerationTag])
     env.filters["tojson"] = _tojson
     env.filters["ltrim"] = _ltrim
@@ -355,6 +370,8 @@ class ChatTemplate:
         self.add_bos = add_bos
         self.add_eos = add_eos
         self._compiled: jinja2.Template | None = None
+        self._supports_thinking: bool | None = None
+        self._supports_system_role: bool | None = None
 
     def __repr__(self) -> str:
         return f"ChatTemplate(name={self.name!r}, family={self.family!r})"
@@ -420,6 +437,57 @@ class ChatTemplate:
         raise TemplateError(f"unknown chat template '{override}': not a built-in name "
                             f"({', '.join(builtin_template_names())}), a file, or Jinja text")
 
+    # --- what the template can do (llama.cpp's template caps), found by rendering probes --------
+    @property
+    def supports_thinking(self) -> bool:
+        """Whether the template's generation prompt changes with `enable_thinking` (Qwen3,
+        DeepSeek-R1, ...): then thinking is on unless the request or --reasoning turns it off,
+        as in llama-server's 'auto' mode."""
+        if self._supports_thinking is None:
+            probe = [{"role": "user", "content": "test"}]
+            try:
+                on = self.render(probe, add_generation_prompt=True, enable_thinking=True)
+                off = self.render(probe, add_generation_prompt=True, enable_thinking=False)
+                self._supports_thinking = on != off
+            except TemplateLimitError:
+                raise  # the template is at fault whatever the messages: say so now
+            except TemplateError:
+                self._supports_thinking = False
+        return self._supports_thinking
+
+    @property
+    def supports_system_role(self) -> bool:
+        """Whether the template accepts a system message (Gemma 2's raises 'System role not
+        supported'). llama.cpp also merges a system message the template renders nothing of;
+        here one that renders is kept, so templates that show only roles stay as written."""
+        if self._supports_system_role is None:
+            probe = [{"role": "system", "content": "System message"}, {"role": "user", "content": "User message"}]
+            variables = {"messages": probe, "add_generation_prompt": True, "bos_token": "", "eos_token": "",
+                         "enable_thinking": False}
+            try:
+                self._render(self._template(), variables)
+                self._supports_system_role = True
+            except TemplateLimitError:
+                raise
+            except TemplateError:
+                self._supports_system_role = False
+        return self._supports_system_role
+
+    def _prepare_messages(self, messages: list[dict]) -> list[dict]:
+        """llama.cpp's workarounds before rendering: 'developer' is 'system' (except for
+        gpt-oss's channel format, which has its own), and a system message the template cannot
+        show is merged into the next message."""
+        out = _normalize_messages(messages)
+        if "<|channel|>" not in self.source:
+            for m in out:
+                if m.get("role") == "developer":
+                    m["role"] = "system"
+        if out and out[0].get("role") == "system" and not self.supports_system_role:
+            first = out.pop(0)
+            if out:
+                out[0]["content"] = f"{first['content']}\n{out[0]['content']}"
+        return out
+
     # --- rendering ----------------------------------------------------------------------------
     def _template(self) -> jinja2.Template:
         if self._compiled is None:
@@ -447,10 +515,18 @@ class ChatTemplate:
         """
         template = self._template()
         variables = dict(extra)
-        variables.update(messages=_normalize_messages(messages), add_generation_prompt=add_generation_prompt,
+        variables.update(messages=self._prepare_messages(messages), add_generation_prompt=add_generation_prompt,
                          bos_token=self.bos_token, eos_token=self.eos_token)
-        if tools is not None:
+        if tools:  # llama.cpp leaves `tools` undefined when there are none ([] included)
             variables["tools"] = tools
+        now = datetime.now()  # local time, as llama.cpp's date variables and strftime_now
+        variables.setdefault("date_string", now.strftime("%d %b %Y"))  # Llama 3.x
+        variables.setdefault("datetime", now.strftime("%b %d %Y"))  # firefunction-v2
+        if "enable_thinking" not in variables:
+            variables["enable_thinking"] = self.supports_thinking
+        return self._render(template, variables)
+
+    def _render(self, template: jinja2.Template, variables: dict) -> str:
         try:
             budget = RenderBudget.for_input(input_size(variables["messages"], variables), self.render_budget_s)
             text = render_limited(template, variables, budget)

@@ -553,6 +553,8 @@ class LimitedSandbox(ImmutableSandboxedEnvironment):
     # `~` and `+` on strings build most of a prompt: under MIN_SIZE_LIMIT (the least any render
     # allows) they need no budget.
     def checked_join(self, join: Callable[[Iterable[Any]], str], values: tuple) -> str:
+        if None in values:  # llama.cpp: `none ~ 'text'` is 'text', not 'Nonetext'
+            values = tuple("" if v is None else v for v in values)
         n = 0
         for v in values:
             if type(v) is not str:
@@ -569,6 +571,8 @@ class LimitedSandbox(ImmutableSandboxedEnvironment):
             if len(left) + len(right) > MIN_SIZE_LIMIT:
                 current().check_text(len(left) + len(right), "a string")
             return left + right
+        if operator == "+" and (left is None and isinstance(right, str) or right is None and isinstance(left, str)):
+            return left or right  # llama.cpp concatenates none with text as the empty string
         budget = current()
         budget.tick()
         check_binop(operator, left, right, budget)
