@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     from ..server import ServerState, listen
 
     state = ServerState(options)  # 6. server context (the scheduler joins it once loaded)
-    handle = listen(state, args.host, args.port, app=_app(state))  # 7.-9. HTTP set up, routes, listening
+    handle = listen(state, args.host, args.port)  # 7.-9. HTTP set up, routes, listening
     _announce(args, "listening", handle)
     if args.ready_json:  # a router's child: heartbeats out, "exit" in
         from ..router import start_child_monitor
@@ -106,17 +106,6 @@ def run(args: argparse.Namespace) -> int:
         handle.stop(min(3.0, max(0.5, stopper.deadline - time.monotonic())))
     print("main: server stopped", file=sys.stderr)
     return 0
-
-
-def _app(state):
-    from ..server.http import create_app
-
-    app = create_app(state)
-    if state.options.sleep_idle_seconds >= 0:  # llama-server: -1 disables, 0 sleeps at once
-        from ..server import sleep
-
-        sleep.install(app, state, state.options.sleep_idle_seconds)
-    return app
 
 
 def _setup_logging(args) -> None:
@@ -189,14 +178,10 @@ def _server_options(args):
     reasoning = getattr(args, "reasoning", "auto")
     if reasoning != "auto":  # llama-server: --reasoning on/off sets the template's enable_thinking
         kwargs.setdefault("enable_thinking", reasoning == "on")
+    cors = tuple(o.strip() for o in (args.cors_origins or "").split(",") if o.strip())
     return ServerOptions(
         api_keys=_api_keys(args),
-        cors_origins=flags.cors_origins(args),
-        cors_methods=args.cors_methods,
-        cors_headers=args.cors_headers,
-        cors_credentials=args.cors_credentials,
-        cors_proxy=args.ui_mcp_proxy,
-        model_tags=tuple(dict.fromkeys(t.strip() for t in (args.tags or "").split(",") if t.strip())),
+        cors_origins=cors,
         alias=args.alias,
         metrics=args.metrics,
         slots=args.slots,
@@ -210,18 +195,7 @@ def _server_options(args):
         default_sampling=params.to_sampling_params(args),
         chat_template_kwargs=kwargs,
         api_prefix=args.api_prefix or "",
-        slot_save_path=_slot_save_path(args),
-        sleep_idle_seconds=args.sleep_idle_seconds,
     )
-
-
-def _slot_save_path(args) -> str | None:
-    """--slot-save-path, an existing directory as llama-server requires; None when not given."""
-    if not args.slot_save_path:
-        return None
-    if not os.path.isdir(args.slot_save_path):
-        raise EngineError(f"--slot-save-path: not a directory: {args.slot_save_path}")
-    return args.slot_save_path
 
 
 def _load(args, state, n_threads: int, n_slots: int):
@@ -271,26 +245,47 @@ def _announce(args, event: str, handle, **extra) -> None:
 # -- router mode -------------------------------------------------------------------------
 
 
+def _child_args(args) -> list[str]:
+    """The flags every child server gets from the router's command line."""
+    out = ["-c", str(args.ctx_size), "-b", str(args.batch_size), "-ub", str(args.ubatch_size),
+           "-np", str(args.parallel), "-t", str(args.threads), "-n", str(args.n_predict),
+           "--temp", str(args.temp), "--top-k", str(args.top_k), "--top-p", str(args.top_p),
+           "--min-p", str(args.min_p), "-s", str(args.seed), "--repeat-penalty", str(args.repeat_penalty),
+           "--repeat-last-n", str(args.repeat_last_n), "--embd-normalize", str(args.embd_normalize),
+           "-sps", str(args.slot_prompt_similarity)]
+    flags_on = [("--embedding", args.embedding), ("--metrics", args.metrics), ("--no-slots", not args.slots),
+                ("--no-cache-prompt", not args.cache_prompt), ("--kv-unified", args.kv_unified),
+                ("--no-mem-check", args.no_mem_check)]
+    out += [f for f, on in flags_on if on]
+    for opt, value in (("--pooling", args.pooling), ("--chat-template", args.chat_template),
+                       ("--chat-template-file", args.chat_template_file),
+                       ("--chat-template-kwargs", args.chat_template_kwargs)):
+        if value is not None:
+            out += [opt, value]
+    return out
+
+
 def run_router(args) -> int:
-    """No -m: serve the models of the Hugging Face cache, --models-dir and --models-preset
-    through one child server per model (engine/router.py)."""
-    from ..router import Router
-    from ..router_presets import router_catalogue
+    """No -m: serve every model of --models-dir through one child server per model."""
+    from pathlib import Path
+
+    from ..model_store import models_dir
+    from ..router import Router, discover_hub_models, discover_models
     from ..server import ServerState, listen
     from ..server.proxy import create_router_app
 
-    catalogue = router_catalogue(_serve_parser(), args, flags.ENV)
-    router = Router(catalogue=catalogue.build, models_max=args.models_max, autoload=args.models_autoload)
-    if not router.children:
-        log.warning("router: no models yet (none in the Hugging Face cache, --models-dir or --models-preset); "
-                    "add some and list them with GET /models?reload=1")
-    router.start()
+    directory = Path(args.models_dir) if args.models_dir else models_dir()
+    models = {**discover_hub_models(), **discover_models(directory)}
+    if not models:
+        raise EngineError(f"no model given (-m) and no .gguf files in {directory} or in the Hugging Face "
+                          "cache; use -m FILE, -hf USER/MODEL or --models-dir DIR")
+    router = Router(models, _child_args(args), models_max=args.models_max,
+                    autoload=args.models_autoload).start()
     state = ServerState(_server_options(args))
     handle = listen(state, args.host, args.port, app=create_router_app(router, state))
     _announce(args, "ready", handle)
-    router.load_startup_models()
-    print(f"main: router listening on {handle.url}; {len(router.children)} models: "
-          f"{', '.join(router.children)}", file=sys.stderr)
+    print(f"main: router listening on {handle.url}; {len(models)} models ({directory} and the "
+          f"Hugging Face cache): {', '.join(models)}", file=sys.stderr)
     done = threading.Event()
     stopper = _Stopper(None, on_first=done.set)
     signal.signal(signal.SIGINT, stopper)
@@ -301,12 +296,6 @@ def run_router(args) -> int:
     handle.stop(2.0)
     print("main: router stopped", file=sys.stderr)
     return 0
-
-
-def _serve_parser() -> argparse.ArgumentParser:
-    """A fresh `serve` parser: the router reads its options table and defaults from it."""
-    root = argparse.ArgumentParser(add_help=False)
-    return add_parser(root.add_subparsers())
 
 
 class _Stopper:

@@ -55,19 +55,18 @@ IGNORED: list[tuple[str, int | str]] = [  # (options, nargs)
     ("-cb --cont-batching -nocb --no-cont-batching", 0), ("-mm --mmproj", 1),
     ("--mmproj-auto --no-mmproj --no-mmproj-auto", 0), ("--mmproj-offload --no-mmproj-offload", 0),
     ("-mmdev --mmproj-device", 1), ("--image-min-tokens", 1), ("--image-max-tokens", 1),
-    ("--reuse-port", 0), ("--path", 1),
-    ("--tools", 1), ("--tools-runtime", 1), ("--mcp-servers-config", 1), ("--mcp-servers-json", 1),
-    ("-ag --agent -no-ag --no-agent", 0),
+    ("--tags", 1), ("--reuse-port", 0), ("--path", 1), ("--cors-methods", 1), ("--cors-headers", 1),
+    ("--cors-credentials --no-cors-credentials", 0),
     ("--ui-config --webui-config", 1), ("--ui-config-file --webui-config-file", 1),
     ("--ui --webui --no-ui --no-webui", 0), ("--rerank --reranking", 0),
     ("--ssl-key-file", 1), ("--ssl-cert-file", 1), ("--sse-ping-interval", 1),
-    ("--threads-http", 1), ("-to --timeout", 1), ("--cache-reuse", 1),
-    ("--media-path", 1), ("--reasoning-format", 1),
+    ("--threads-http", 1), ("-to --timeout", 1), ("--cache-reuse", 1), ("--slot-save-path", 1),
+    ("--media-path", 1), ("--models-preset", 1), ("--reasoning-format", 1),
     ("--reasoning-effort", 1), ("--reasoning-budget", 1),
     ("--reasoning-budget-message", 1), ("--reasoning-preserve --no-reasoning-preserve", 0),
     ("--skip-chat-parsing --no-skip-chat-parsing", 0),
     ("--prefill-assistant --no-prefill-assistant", 0), ("--lora-init-without-apply", 0),
-    ("--log-prompts-dir", 1),
+    ("--sleep-idle-seconds", 1), ("--log-prompts-dir", 1),
     ("-md --model-draft --spec-draft-model", 1), ("-td --threads-draft", 1),
     ("-tbd --threads-batch-draft", 1), ("--draft --draft-n --draft-max", 1),
     ("--draft-min --draft-n-min", 1), ("--draft-p-min", 1), ("-cd --ctx-size-draft", 1),
@@ -110,11 +109,7 @@ ENV = {
     "LLAMA_ARG_ENDPOINT_PROPS": "--props", "LLAMA_ARG_EMBEDDINGS": "--embeddings",
     "LLAMA_ARG_POOLING": "--pooling", "LLAMA_ARG_CACHE_PROMPT": "--cache-prompt",
     "LLAMA_ARG_CORS_ORIGINS": "--cors-origins", "LLAMA_ARG_API_PREFIX": "--api-prefix",
-    "LLAMA_ARG_CORS_METHODS": "--cors-methods", "LLAMA_ARG_CORS_HEADERS": "--cors-headers",
-    "LLAMA_ARG_CORS_CREDENTIALS": "--cors-credentials", "LLAMA_ARG_UI_MCP_PROXY": "--ui-mcp-proxy",
-    "LLAMA_ARG_TAGS": "--tags",
     "LLAMA_ARG_CHAT_TEMPLATE_KWARGS": "--chat-template-kwargs", "LLAMA_ARG_MODELS_DIR": "--models-dir",
-    "LLAMA_ARG_MODELS_PRESET": "--models-preset",
     "LLAMA_ARG_MODELS_MAX": "--models-max", "LLAMA_ARG_MODELS_AUTOLOAD": "--models-autoload",
     "LLAMA_ARG_REASONING": "--reasoning",
 }
@@ -138,13 +133,6 @@ def _on_off_auto(value: str) -> str:
     """llama.cpp's truthy/falsy spellings of on/off (anything else is left for `choices`)."""
     v = value.strip().lower()
     return "on" if v in _TRUE else "off" if v in _FALSE else v
-
-
-def _sleep_seconds(value: str) -> int:
-    n = int(value)
-    if n == 0 or n < -1:
-        raise argparse.ArgumentTypeError("invalid value: cannot be 0 or less than -1")
-    return n
 
 
 class IgnoredFlag(argparse.Action):
@@ -183,9 +171,7 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                    help="API key clients must send; repeatable or comma-separated (default: none)")
     g.add_argument("--api-key-file", metavar="FNAME", default=None,
                    help="file with API keys, one per line; lines starting with # are comments")
-    g.add_argument("-a", "--alias", default=None,
-                   help="comma-separated model names for the API; the first in sorted order is its id "
-                        "(default: the file name)")
+    g.add_argument("-a", "--alias", default=None, help="model name used by the API (default: the file name)")
     g.add_argument("--metrics", action="store_true", help="enable the Prometheus /metrics endpoint")
     g.add_argument("--slots", dest="slots", action=argparse.BooleanOptionalAction, default=True,
                    help="expose the /slots monitoring endpoint (default: enabled)")
@@ -202,37 +188,17 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("-sps", "--slot-prompt-similarity", type=float, default=0.1,
                    help="how much a prompt must match a slot's cache to reuse that slot (default: 0.10)")
     g.add_argument("--cors-origins", default=None, metavar="ORIGINS",
-                   help="comma-separated allowed CORS origins; 'localhost' allows local pages only "
-                        "(default: *, or localhost with --tools / MCP servers)")
-    g.add_argument("--cors-methods", default="GET, POST, DELETE, OPTIONS", metavar="METHODS",
-                   help="allowed CORS methods (default: GET, POST, DELETE, OPTIONS)")
-    g.add_argument("--cors-headers", default="*", metavar="HEADERS", help="allowed CORS headers (default: *)")
-    g.add_argument("--cors-credentials", action=argparse.BooleanOptionalAction, default=True,
-                   help="allow CORS credentials; with origins '*' the request's Origin is echoed (default: enabled)")
-    g.add_argument("--ui-mcp-proxy", "--webui-mcp-proxy", dest="ui_mcp_proxy", action="store_true",
-                   help="enable /cors-proxy, which forwards the web UI's MCP requests; only in trusted "
-                        "environments (default: disabled)")
-    g.add_argument("--no-ui-mcp-proxy", "--no-webui-mcp-proxy", dest="ui_mcp_proxy", action="store_false",
-                   help=argparse.SUPPRESS)
-    g.add_argument("--tags", default=None, metavar="TAGS", help="comma-separated model tags shown in /v1/models")
+                   help="comma-separated allowed CORS origins ('*' for any; default: CORS off)")
     g.add_argument("--api-prefix", default="", metavar="PREFIX", help="path prefix the server serves from")
     g.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
                    help="extra variables for the chat template, a JSON object")
     g.add_argument("-rea", "--reasoning", choices=("on", "off", "auto"), default="auto", type=_on_off_auto,
                    help="thinking in the chat template: on, off, or auto (default: auto, on when the "
                         "template has a thinking switch); sets its enable_thinking")
-    g.add_argument("--slot-save-path", default=None, metavar="PATH",
-                   help="directory for slot files: POST /slots/{id}?action=save|restore (default: disabled)")
-    g.add_argument("--sleep-idle-seconds", type=_sleep_seconds, default=-1, metavar="SECONDS",
-                   help="unload the model after this many idle seconds, reload it on the next request "
-                        "(default: -1, disabled)")
     g.add_argument("--max-body-mib", type=float, default=8.0,
                    help="ggstation: largest accepted request body in MiB (default: 8)")
     g.add_argument("--models-dir", default=None, metavar="PATH",
                    help="router mode (no -m): directory of .gguf models to serve (default: the model cache)")
-    g.add_argument("--models-preset", default=None, metavar="PATH",
-                   help="router mode: INI file of model presets (sections of serve flags; [*] for all); "
-                        "re-read by GET /models?reload=1")
     g.add_argument("--models-max", type=int, default=4, metavar="N",
                    help="router mode: most models loaded at once (default: 4, 0 = unlimited)")
     g.add_argument("--models-autoload", dest="models_autoload", action=argparse.BooleanOptionalAction,
@@ -283,18 +249,3 @@ def env_argv(parser: argparse.ArgumentParser, argv: list[str], environ=os.enviro
 
 def ignored_env(environ=os.environ) -> list[str]:
     return [e for e in IGNORED_ENV if environ.get(e)]
-
-
-# flags that enable server tools or MCP servers: llama-server then limits CORS to localhost
-_AGENT_FLAGS = ("--tools", "--mcp-servers-config", "--mcp-servers-json", "-ag", "--agent")
-
-
-def cors_origins(args: argparse.Namespace) -> tuple[str, ...]:
-    """--cors-origins as a tuple; when not given, '*', or 'localhost' if tools or MCP servers
-    are on (they can act on this machine, so other sites' pages must not reach them)."""
-    if args.cors_origins is not None:
-        return tuple(o.strip() for o in args.cors_origins.split(",") if o.strip())
-    ignored = set(getattr(args, "ignored", None) or ())
-    tools = any(getattr(args, name, None) for name in ("tools", "server_tools", "mcp_servers_config",
-                                                        "mcp_servers_json"))
-    return ("localhost",) if tools or ignored & set(_AGENT_FLAGS) else ("*",)
