@@ -283,8 +283,7 @@ class DyingChild:
 def router_port():
     child = DyingChild()
     router = Router({"m": Path("/nonexistent/m.gguf")}, []).start()
-    router.ensure_ready = lambda name, timeout=None: ChildServer(name, Path("m.gguf"), port=child.port,
-                                                                 api_key="k")
+    router.acquire = lambda name, **kw: ChildServer(name, Path("m.gguf"), port=child.port, api_key="k")
     state = ServerState(ServerOptions(api_keys=("key",)))
     handle = listen(state, "127.0.0.1", 0, app=create_router_app(router, state))
     yield handle.port

@@ -1,5 +1,6 @@
-"""Router mode: child servers per model (tiny generated models), autoload, proxying with
-streaming, LRU unload, explicit load/unload, crash detection, API key."""
+"""Router mode with real child servers (tiny generated models): autoload, proxying with
+streaming, LRU unload, explicit load/unload, crash detection, API key, `serve` without -m.
+Scheduling and presets without processes: test_router_sched.py, test_router_presets.py."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from engine.router import ModelStatus, Router, _engine_command, discover_models
+from engine.router import Router, _engine_command, discover_models
 from engine.server import ServerOptions, ServerState, listen
 from engine.server.proxy import create_router_app
 
@@ -63,15 +64,27 @@ def test_router_autoloads_and_proxies(routed):
     assert client.get("/props", params={"model": "alpha"}).json()["model_alias"] == "alpha"
 
 
+def wait_status(client, name, want, timeout=60):
+    deadline = time.monotonic() + timeout
+    while (got := status(client, name)) != want:
+        assert time.monotonic() < deadline, f"{name} is {got}, not {want}"
+        time.sleep(0.05)
+
+
 def test_router_lru_unload_and_explicit_load_unload(routed):
     router, client = routed
     client.post("/completion", json={"model": "alpha", "prompt": "a", "n_predict": 1})
     r = client.post("/completion", json={"model": "beta", "prompt": "a", "n_predict": 1})
     assert r.status_code == 200
-    assert status(client, "beta") == "loaded" and status(client, "alpha") == "unloaded"  # models_max 1
+    assert status(client, "beta") == "loaded"
+    wait_status(client, "alpha", "unloaded")  # models_max 1
     assert client.post("/models/unload", json={"model": "beta"}).json() == {"success": True}
-    assert status(client, "beta") == "unloaded"
+    wait_status(client, "beta", "unloaded")
+    r = client.post("/models/unload", json={"model": "beta"})
+    assert r.status_code == 400 and "not running" in r.json()["error"]["message"]
     assert client.post("/models/load", json={"model": "alpha"}).json() == {"success": True}
+    r = client.post("/models/load", json={"model": "alpha"})
+    assert r.status_code == 400 and "already running" in r.json()["error"]["message"]
     router.ensure_ready("alpha", timeout=120)
     assert status(client, "alpha") == "loaded"
 
@@ -79,8 +92,11 @@ def test_router_lru_unload_and_explicit_load_unload(routed):
 def test_router_unknown_model_and_missing_field(routed):
     router, client = routed
     r = client.post("/v1/chat/completions", json={"model": "nope", "messages": [{"role": "user", "content": "x"}]})
-    assert r.status_code == 404 and "not found" in r.json()["error"]["message"]
+    assert r.status_code == 400 and "not found" in r.json()["error"]["message"]
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 400 and r.json()["error"]["message"] == "model name is missing from the request"
     assert client.post("/models/load", json={}).status_code == 400
+    assert client.post("/models/load", json={"model": "nope"}).status_code == 404
 
 
 def test_router_notices_crash(routed):
@@ -88,10 +104,11 @@ def test_router_notices_crash(routed):
     child = router.ensure_ready("alpha", timeout=120)
     os.kill(child.proc.pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while router.get("alpha").status is not ModelStatus.FAILED and time.monotonic() < deadline:
+    while not router.get("alpha").failed and time.monotonic() < deadline:
         time.sleep(0.05)
     info = next(m for m in client.get("/v1/models").json()["data"] if m["id"] == "alpha")
-    assert info["status"]["value"] == "failed" and info["status"]["exit_code"] == -signal.SIGKILL
+    assert info["status"]["value"] == "unloaded" and info["status"]["failed"] is True
+    assert info["status"]["exit_code"] == -signal.SIGKILL
     r = client.post("/completion", json={"model": "alpha", "prompt": "a", "n_predict": 1})  # reloads
     assert r.status_code == 200
 

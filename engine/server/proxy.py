@@ -1,31 +1,50 @@
 """The router's HTTP app: model management endpoints plus a plain-HTTP proxy that sends each
-inference request to the child server holding the requested `model` (engine/router.py)."""
+inference request to the child server holding the requested `model` (engine/router.py).
+
+What llama-server's router answers (tools/server/server-models.cpp `init_routes`): the model is
+the body's `model` for a POST, the `model` query parameter for a GET; `?autoload=true|false`
+overrides --models-autoload per request; GET /props without a model describes the router.
+A request waits while its model loads (queued behind --models-max); the router watches the
+client meanwhile, and one that leaves gives its place up.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import threading
+import time
 from collections.abc import Awaitable, Callable
 
 import httpx
 from fastapi import FastAPI, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response, StreamingResponse
 
 from ..errors import APIError, RouterError, UnknownModelError
-from ..router import ChildServer, Router
+from ..router import ChildServer, ModelLimitError, ModelStatus, RequestCancelled, Router
+from ..router_presets import PresetError
+from ..version import __version__, git_commit
 from .bodies import load_json, read_body
 from .errors import api_response, error_response, invalid
-from .http import GateMiddleware
+from .http import install_middleware
 from .openai import sse
 from .state import ServerState, ServerStatus
 
-POST_PATHS = ["/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions", "/completion",
-              "/v1/embeddings", "/embeddings", "/embedding", "/tokenize", "/detokenize", "/apply-template"]
-GET_PATHS = ["/props", "/slots", "/metrics"]
+# llama-server's routes that a router hands to a child (server.cpp, router branch)
+POST_PATHS = ["/completion", "/completions", "/v1/completions", "/chat/completions", "/v1/chat/completions",
+              "/v1/chat/completions/control", "/v1/responses", "/responses", "/v1/audio/transcriptions",
+              "/audio/transcriptions", "/v1/messages", "/v1/messages/count_tokens", "/infill", "/embedding",
+              "/embeddings", "/v1/embeddings", "/rerank", "/reranking", "/v1/rerank", "/v1/reranking",
+              "/tokenize", "/detokenize", "/apply-template", "/chat/completions/input_tokens",
+              "/v1/chat/completions/input_tokens", "/responses/input_tokens", "/v1/responses/input_tokens",
+              "/lora-adapters", "/slots/{id_slot}", "/props"]
+GET_PATHS = ["/metrics", "/slots", "/lora-adapters"]
 HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "host",
                "authorization", "x-api-key"}
+INFO_TIMEOUT_S = 2.0  # a loaded child's own /v1/models, merged into the router's listing
+DISCONNECT_POLL_S = 0.1
 
 
 def create_router_app(router: Router, state: ServerState) -> FastAPI:
@@ -35,6 +54,7 @@ def create_router_app(router: Router, state: ServerState) -> FastAPI:
     app.state.server = state
     app.state.router = router
     app.state.upstream = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0))
+    prefix = state.options.api_prefix.rstrip("/")
 
     @app.exception_handler(APIError)
     async def _api_error(request, exc: APIError):
@@ -45,50 +65,84 @@ def create_router_app(router: Router, state: ServerState) -> FastAPI:
         return error_response(exc.status_code, f"File Not Found: {request.url.path}"
                               if exc.status_code == 404 else str(exc.detail))
 
-    @app.get("/health")
-    @app.get("/v1/health")
     async def health():
         return {"status": "ok"}
 
-    @app.get("/models")
-    @app.get("/v1/models")
-    async def models():
-        data = [{**m, "object": "model", "owned_by": "ggstation", "created": state.created}
-                for m in router.models_info()]
-        return {"object": "list", "data": data}
+    async def models(request: Request):
+        if request.query_params.get("reload"):
+            await run_in_threadpool(_call, router.reload)
+        return {"data": await _listing(request.app), "object": "list"}
 
-    @app.post("/models/load")
     async def load(request: Request):
         name = await _model_field(request, state)
-        await run_in_threadpool(_call, router.load, name)
+        child = _call(router.get, name, unknown=(404, "model is not found"))
+        if child.running:
+            raise invalid("model is already running")
+        await run_in_threadpool(_call, router.load, child.name)
         return {"success": True}
 
-    @app.post("/models/unload")
     async def unload(request: Request):
         name = await _model_field(request, state)
-        await run_in_threadpool(_call, router.unload, name)
+        child = _call(router.get, name, unknown=(400, "model is not found"))
+        if not child.running:
+            raise invalid("model is not running")
+        await run_in_threadpool(_call, router.unload, child.name)
         return {"success": True}
 
-    for path in POST_PATHS:
-        app.add_api_route(path, _proxy, methods=["POST"], include_in_schema=False)
-    for path in GET_PATHS:
-        app.add_api_route(path, _proxy, methods=["GET"], include_in_schema=False)
+    async def events(request: Request):
+        return _event_stream(router)
 
-    app.add_middleware(GateMiddleware, state=state)
-    if state.options.cors_origins:
-        origins = list(state.options.cors_origins)
-        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST", "OPTIONS"],
-                           allow_headers=["*"], allow_credentials="*" not in origins)
+    async def download(request: Request):
+        await _model_field(request, state)
+        raise APIError(501, "downloading models through the router is not supported by ggstation; "
+                       "use `ggstation models pull NAME` and GET /models?reload=1")
+
+    async def remove(request: Request):
+        name = request.query_params.get("model", "")
+        if not name:
+            raise invalid("model must be a non-empty string")
+        child = _call(router.get, name, unknown=(400, f"model '{name}' not found"))
+        if child.spec is None or child.spec.source != "cache":
+            raise invalid(f"model '{child.name}' is not in the cache; only cached models can be removed")
+        raise APIError(501, "removing cached models through the router is not supported by ggstation")
+
+    async def props(request: Request):
+        if not request.query_params.get("model"):
+            return _router_props(router)
+        return await _proxy(request)
+
+    routes: list[tuple[str, Callable, list[str]]] = [
+        ("/health", health, ["GET"]), ("/v1/health", health, ["GET"]),
+        ("/models", models, ["GET"]), ("/v1/models", models, ["GET"]),
+        ("/models/load", load, ["POST"]), ("/models/unload", unload, ["POST"]),
+        ("/models/sse", events, ["GET"]), ("/models", download, ["POST"]), ("/models", remove, ["DELETE"]),
+        ("/props", props, ["GET"]),
+    ]
+    routes += [(p, _proxy, ["POST"]) for p in POST_PATHS] + [(p, _proxy, ["GET"]) for p in GET_PATHS]
+    for path, endpoint, methods in routes:
+        app.add_api_route(prefix + path, endpoint, methods=methods, include_in_schema=False)
+    install_middleware(app, state)
     return app
 
 
-def _call(fn, *args):
+def _call(fn, *args, unknown: tuple[int, str] | None = None):
+    """Router errors as HTTP errors: an unknown model, a model in the wrong state or a preset
+    that does not parse is a 400 (`unknown` overrides the unknown-model answer), a full router
+    or a failed load a 503."""
     try:
         return fn(*args)
     except UnknownModelError as e:
-        raise APIError(404, str(e), "not_found_error") from None
+        status, message = unknown or (400, str(e))
+        raise APIError(status, message) from None
+    except RequestCancelled as e:
+        raise APIError(499, str(e), "invalid_request_error") from None
+    except ModelLimitError as e:
+        raise APIError(503, str(e)) from None
+    except PresetError as e:  # GET /models?reload=1 over a broken preset: the old list stays
+        raise APIError(400, str(e)) from None
     except RouterError as e:
-        raise APIError(503 if "in time" in str(e) or "loading" in str(e) else 400, str(e)) from None
+        not_running = "not loaded" in str(e) or "not running" in str(e)
+        raise APIError(400 if not_running else 503, str(e)) from None
 
 
 async def _model_field(request: Request, state) -> str:
@@ -100,27 +154,124 @@ async def _model_field(request: Request, state) -> str:
     return name
 
 
+def _router_props(router: Router) -> dict:
+    """GET /props without a model: the router itself (llama-server's dummy model fields keep
+    its web UI working)."""
+    commit = git_commit() or "ggstation"
+    return {"role": "router", "max_instances": router.models_max, "models_autoload": router.autoload,
+            "model_alias": "ggstation", "model_path": "none",
+            "default_generation_settings": {"params": {}, "n_ctx": 0}, "ui_settings": {},
+            "build_info": f"b{__version__}-{commit}", "cors_proxy_enabled": False}
+
+
+async def _listing(app: FastAPI) -> list[dict]:
+    router: Router = app.state.router
+    created = int(time.time())
+    out = []
+    for m in router.models_info():
+        info = m.pop("_loaded_info")
+        entry = {**m, "object": "model", "owned_by": "llamacpp", "created": created,
+                 "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]}}
+        if m["status"]["value"] == ModelStatus.LOADED.value:
+            if info is None:
+                info = await _child_info(app, router.get(m["id"]))
+            for k, v in (info or {}).items():
+                entry.setdefault(k, v)
+        out.append(entry)
+    return out
+
+
+async def _child_info(app: FastAPI, child: ChildServer) -> dict | None:
+    """A loaded child's own /v1/models entry (meta, capabilities), fetched once per load."""
+    client: httpx.AsyncClient = app.state.upstream
+    try:
+        r = await client.get(child.url + "/v1/models", headers={"authorization": f"Bearer {child.api_key}"},
+                             timeout=INFO_TIMEOUT_S)
+        data = r.json().get("data") or [{}]
+        info = data[0] if isinstance(data[0], dict) else {}
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    if child.status is ModelStatus.LOADED:
+        child.loaded_info = info
+    return info
+
+
+def _event_stream(router: Router) -> StreamingResponse:
+    """GET /models/sse: every model event, as `data: {...}` lines, until the client leaves."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[dict] = asyncio.Queue()
+
+    def put(msg: dict) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, msg)
+
+    unsubscribe = router.subscribe(put)
+
+    async def gen():
+        try:
+            while True:
+                yield f"data: {json.dumps(await queue.get())}\n\n"
+        finally:
+            unsubscribe()
+
+    return StreamingResponse(gen(), media_type="text/event-stream")
+
+
 async def _proxy(request: Request):
     router: Router = request.app.state.router
     state = request.app.state.server
     body = b""
-    name = request.query_params.get("model")
+    name = request.query_params.get("model", "")
     if request.method == "POST":
         body = await read_body(request, state.options.max_body_bytes)
         data = load_json(body)
-        if isinstance(data, dict) and isinstance(data.get("model"), str):
-            name = data["model"]
+        field = data.get("model") if isinstance(data, dict) else None
+        name = field if isinstance(field, str) else ""
     if not name:
-        loaded = [m["id"] for m in router.models_info() if m["status"]["value"] == "loaded"]
-        if len(loaded) != 1:
-            raise invalid("'model' is required: name one of the models listed by GET /v1/models")
-        name = loaded[0]
-    child = await run_in_threadpool(_call, router.ensure_ready, name)
+        raise invalid("model name is missing from the request")
+    autoload_param = request.query_params.get("autoload")
+    autoload = router.autoload if not autoload_param else autoload_param in ("true", "1")
+    child = await _acquire(request, router, name, autoload, touch=request.method == "POST")
+    try:
+        return await _forward(request, router, child, body)
+    except BaseException:
+        router.release(child)
+        raise
+
+
+async def _acquire(request: Request, router: Router, name: str, autoload: bool, touch: bool) -> ChildServer:
+    """router.acquire() on a worker thread, cancelled when the client leaves meanwhile."""
+    gone = threading.Event()
+    done = asyncio.Event()
+
+    async def watch() -> None:
+        while not done.is_set():
+            if await request.is_disconnected():
+                gone.set()
+                return
+            try:
+                await asyncio.wait_for(done.wait(), DISCONNECT_POLL_S)
+            except asyncio.TimeoutError:
+                pass
+
+    watcher = asyncio.create_task(watch())
+    try:
+        return await run_in_threadpool(_call, lambda: router.acquire(name, autoload=autoload,
+                                                                     should_stop=gone.is_set, touch=touch))
+    finally:
+        done.set()
+        await watcher
+
+
+async def _forward(request: Request, router: Router, child: ChildServer, body: bytes):
+    """Send the request to `child` and relay its answer; the child is released when the
+    answer has been relayed (or has failed)."""
+    name = child.name
     headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
     headers["authorization"] = f"Bearer {child.api_key}"
     client: httpx.AsyncClient = request.app.state.upstream
-    upstream = client.build_request(request.method, child.url + request.url.path,
-                                    params=[(k, v) for k, v in request.query_params.multi_items() if k != "model"],
+    params: list[tuple[str, str | int | float | bool | None]] = [
+        (k, v) for k, v in request.query_params.multi_items() if k not in ("model", "autoload")]
+    upstream = client.build_request(request.method, child.url + request.url.path, params=params,
                                     headers=headers, content=body)
     try:
         resp = await client.send(upstream, stream=True)
@@ -130,13 +281,15 @@ async def _proxy(request: Request):
         raise await _broken(name, child, e) from None
     out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS}
     if resp.headers.get("content-type", "").startswith("text/event-stream"):
-        return _Relay(resp, lambda e: _broken(name, child, e), status_code=resp.status_code, headers=out_headers)
+        return _Relay(resp, lambda e: _broken(name, child, e), lambda: router.release(child),
+                      status_code=resp.status_code, headers=out_headers)
     try:  # a plain answer is read whole, so a child that dies half-way is still a clean 502
         content = await resp.aread()
     except httpx.TransportError as e:
         raise await _broken(name, child, e) from None
     finally:
         await resp.aclose()
+    router.release(child)
     return Response(content, status_code=resp.status_code, headers=out_headers)
 
 
@@ -155,17 +308,22 @@ async def _broken(name: str, child: ChildServer, e: Exception) -> APIError:
 
 class _Relay(StreamingResponse):
     """Streams the child's events; closes the upstream connection however it ends, so a client
-    that goes away cancels the child's generation too."""
+    that goes away cancels the child's generation too, and then releases the child."""
 
-    def __init__(self, upstream: httpx.Response, broken: Callable[[Exception], Awaitable[APIError]], **kw):
+    def __init__(self, upstream: httpx.Response, broken: Callable[[Exception], Awaitable[APIError]],
+                 release: Callable[[], None], **kw):
         super().__init__(_events(upstream, broken), **kw)
         self._upstream = upstream
+        self._release = release
 
     async def __call__(self, scope, receive, send):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            await self._upstream.aclose()
+            try:
+                await self._upstream.aclose()
+            finally:
+                self._release()
 
 
 async def _events(upstream: httpx.Response, broken: Callable[[Exception], Awaitable[APIError]]):
