@@ -129,6 +129,11 @@ class ContextOverflowError(InvalidRequestError):
         )
 
 
+class SlotFileError(InvalidRequestError):
+    """A slot file that cannot be restored: not a slot file, another model's or cache type's,
+    tokens out of range, or more positions than a slot holds."""
+
+
 class KVCacheFullError(EngineError):
     """The KV cache has no free cells for a batch (llama_decode's return 1): a unified
     cache's shared pool is exhausted. The scheduler frees idle sequences and retries, or

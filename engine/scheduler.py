@@ -25,7 +25,8 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, overload
 
@@ -162,6 +163,8 @@ class Scheduler:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._ids = itertools.count(1)
+        self._calls: collections.deque[tuple[Callable[[], Any], int, Future]] = collections.deque()
+        self._looping = False
 
     # ------------------------------------------------------------------ public API
     @overload
@@ -215,14 +218,44 @@ class Scheduler:
             self._thread.start()
         return self
 
+    def call_soon(self, fn: Callable[[], Any], slot_id: int = -1) -> Future:
+        """Run fn on the scheduler's thread between two steps, once slot `slot_id` (if given)
+        is idle: llama-server's control tasks (slot save, restore, erase), which must not race
+        a decode. Without a running loop, fn runs at once on the caller's thread."""
+        fut: Future = Future()
+        if not self._looping:
+            self._run_call(fn, fut)
+            return fut
+        with self._lock:
+            self._calls.append((fn, slot_id, fut))
+        self._wakeup.set()
+        return fut
+
+    @staticmethod
+    def _run_call(fn: Callable[[], Any], fut: Future) -> None:
+        try:
+            fut.set_result(fn())
+        except Exception as e:
+            fut.set_exception(e)
+
+    def _run_calls(self) -> None:
+        with self._lock:
+            ready = [c for c in self._calls if c[1] < 0 or not self.slots[c[1]].busy]
+            for c in ready:
+                self._calls.remove(c)
+        for fn, _, fut in ready:
+            self._run_call(fn, fut)
+
     def run(self) -> None:
         """The task loop; returns after stop(). Runs on the thread that owns the model."""
+        self._looping = True
         while not (self._stopping.is_set() and not self._any_work()):
             if not self._any_work():
                 self._wakeup.wait(0.1)
                 self._wakeup.clear()
                 continue
             self._step_guarded()
+        self._looping = False
         self._drain_pending(SchedulerStoppedError("server is shutting down"))
 
     def stop(self, drain_s: float = 0.0, join_s: float = 5.0) -> None:
@@ -270,6 +303,8 @@ class Scheduler:
     def step(self) -> None:
         """One iteration: cancellations, admissions, one batched decode, embeddings."""
         self._reap_cancelled()
+        if self._calls:
+            self._run_calls()
         self._admit()
         entries = self._build_generation_batch()
         if entries:
@@ -280,7 +315,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ admission
     def _any_work(self) -> bool:
-        return bool(self._pending) or any(s.busy for s in self.slots)
+        return bool(self._pending) or bool(self._calls) or any(s.busy for s in self.slots)
 
     def _step_guarded(self) -> None:
         try:

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     from ..server import ServerState, listen
 
     state = ServerState(options)  # 6. server context (the scheduler joins it once loaded)
-    handle = listen(state, args.host, args.port)  # 7.-9. HTTP set up, routes, listening
+    handle = listen(state, args.host, args.port, app=_app(state))  # 7.-9. HTTP set up, routes, listening
     _announce(args, "listening", handle)
     if args.ready_json:  # a router's child: heartbeats out, "exit" in
         from ..router import start_child_monitor
@@ -106,6 +106,17 @@ def run(args: argparse.Namespace) -> int:
         handle.stop(min(3.0, max(0.5, stopper.deadline - time.monotonic())))
     print("main: server stopped", file=sys.stderr)
     return 0
+
+
+def _app(state):
+    from ..server.http import create_app
+
+    app = create_app(state)
+    if state.options.sleep_idle_seconds >= 0:  # llama-server: -1 disables, 0 sleeps at once
+        from ..server import sleep
+
+        sleep.install(app, state, state.options.sleep_idle_seconds)
+    return app
 
 
 def _setup_logging(args) -> None:
@@ -195,7 +206,18 @@ def _server_options(args):
         default_sampling=params.to_sampling_params(args),
         chat_template_kwargs=kwargs,
         api_prefix=args.api_prefix or "",
+        slot_save_path=_slot_save_path(args),
+        sleep_idle_seconds=args.sleep_idle_seconds,
     )
+
+
+def _slot_save_path(args) -> str | None:
+    """--slot-save-path, an existing directory as llama-server requires; None when not given."""
+    if not args.slot_save_path:
+        return None
+    if not os.path.isdir(args.slot_save_path):
+        raise EngineError(f"--slot-save-path: not a directory: {args.slot_save_path}")
+    return args.slot_save_path
 
 
 def _load(args, state, n_threads: int, n_slots: int):

@@ -60,13 +60,13 @@ IGNORED: list[tuple[str, int | str]] = [  # (options, nargs)
     ("--ui-config --webui-config", 1), ("--ui-config-file --webui-config-file", 1),
     ("--ui --webui --no-ui --no-webui", 0), ("--rerank --reranking", 0),
     ("--ssl-key-file", 1), ("--ssl-cert-file", 1), ("--sse-ping-interval", 1),
-    ("--threads-http", 1), ("-to --timeout", 1), ("--cache-reuse", 1), ("--slot-save-path", 1),
+    ("--threads-http", 1), ("-to --timeout", 1), ("--cache-reuse", 1),
     ("--media-path", 1), ("--models-preset", 1), ("--reasoning-format", 1),
     ("--reasoning-effort", 1), ("--reasoning-budget", 1),
     ("--reasoning-budget-message", 1), ("--reasoning-preserve --no-reasoning-preserve", 0),
     ("--skip-chat-parsing --no-skip-chat-parsing", 0),
     ("--prefill-assistant --no-prefill-assistant", 0), ("--lora-init-without-apply", 0),
-    ("--sleep-idle-seconds", 1), ("--log-prompts-dir", 1),
+    ("--log-prompts-dir", 1),
     ("-md --model-draft --spec-draft-model", 1), ("-td --threads-draft", 1),
     ("-tbd --threads-batch-draft", 1), ("--draft --draft-n --draft-max", 1),
     ("--draft-min --draft-n-min", 1), ("--draft-p-min", 1), ("-cd --ctx-size-draft", 1),
@@ -135,6 +135,13 @@ def _on_off_auto(value: str) -> str:
     return "on" if v in _TRUE else "off" if v in _FALSE else v
 
 
+def _sleep_seconds(value: str) -> int:
+    n = int(value)
+    if n == 0 or n < -1:
+        raise argparse.ArgumentTypeError("invalid value: cannot be 0 or less than -1")
+    return n
+
+
 class IgnoredFlag(argparse.Action):
     """Accept a llama-server flag ggstation has no use for; remember it for a warning."""
 
@@ -195,6 +202,11 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("-rea", "--reasoning", choices=("on", "off", "auto"), default="auto", type=_on_off_auto,
                    help="thinking in the chat template: on, off, or auto (default: auto, on when the "
                         "template has a thinking switch); sets its enable_thinking")
+    g.add_argument("--slot-save-path", default=None, metavar="PATH",
+                   help="directory for slot files: POST /slots/{id}?action=save|restore (default: disabled)")
+    g.add_argument("--sleep-idle-seconds", type=_sleep_seconds, default=-1, metavar="SECONDS",
+                   help="unload the model after this many idle seconds, reload it on the next request "
+                        "(default: -1, disabled)")
     g.add_argument("--max-body-mib", type=float, default=8.0,
                    help="ggstation: largest accepted request body in MiB (default: 8)")
     g.add_argument("--models-dir", default=None, metavar="PATH",

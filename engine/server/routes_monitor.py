@@ -60,6 +60,7 @@ async def props(request: Request):
         "eos_token": _token_text(tok, tok.eos_id),
         "build_info": "ggstation",
         "embeddings": s.options.embeddings,
+        "is_sleeping": s.is_sleeping,
     }
 
 

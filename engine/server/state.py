@@ -22,6 +22,7 @@ from ..sampling import SamplingParams
 if TYPE_CHECKING:
     from ..scheduler import Scheduler
     from ..seams import PromptTemplate, ServedModel, ServerTokenizer
+    from .sleep import SleepController
 
 DEFAULT_BODY_LIMIT = 8 * 1024 * 1024
 
@@ -52,6 +53,8 @@ class ServerOptions:
     chat_template_kwargs: dict = field(default_factory=dict)
     request_log: Callable[[dict], None] | None = None  # called after each request (GUI log)
     api_prefix: str = ""
+    slot_save_path: str | None = None  # --slot-save-path: POST /slots/{id}?action=save|restore
+    sleep_idle_seconds: int = -1  # --sleep-idle-seconds: unload the model when idle (-1: never)
 
 
 class ServerState:
@@ -70,6 +73,7 @@ class ServerState:
         self.t_start = time.time()
         self.created = int(self.t_start)
         self._ready = threading.Event()
+        self.sleep: SleepController | None = None  # set by sleep.install (--sleep-idle-seconds)
 
     # -- lifecycle -----------------------------------------------------------------
     def set_ready(self, scheduler: Scheduler, chat_template: PromptTemplate | None = None) -> None:
@@ -92,6 +96,10 @@ class ServerState:
     @property
     def is_ready(self) -> bool:
         return self.status is ServerStatus.READY
+
+    @property
+    def is_sleeping(self) -> bool:
+        return self.sleep is not None and self.sleep.is_sleeping
 
     @property
     def scheduler(self) -> Scheduler:
