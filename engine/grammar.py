@@ -103,8 +103,10 @@ class Grammar:
             raise GrammarError(f"a JSON schema must be an object or a boolean, "
                                f"got {type(schema).__name__}")
         text = json.dumps(schema, ensure_ascii=False)
+        if isinstance(schema, dict):
+            schema = close_objects(schema)
         try:
-            compiled = llg.LLMatcher.grammar_from_json_schema(text, defaults=_JSON_DEFAULTS)
+            compiled = llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=_JSON_DEFAULTS)
         except (ValueError, TypeError) as e:
             raise GrammarError(f"invalid JSON schema: {e}") from None
         return cls._checked("json_schema", text, compiled, what="JSON schema")
@@ -128,6 +130,37 @@ class Grammar:
         if is_error:
             raise GrammarError(f"invalid {what}: {messages[0] if messages else 'unknown error'}")
         return cls(kind, source, compiled)
+
+
+# where a JSON schema holds subschemas: keyword -> how (one schema, a list, a name map)
+_SUBSCHEMA_ONE = ("additionalProperties", "items", "not", "if", "then", "else", "contains",
+                  "propertyNames", "unevaluatedItems", "unevaluatedProperties", "additionalItems")
+_SUBSCHEMA_LIST = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+_SUBSCHEMA_MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def close_objects(schema: Any, depth: int = 0) -> Any:
+    """A copy of `schema` in which every object schema with `properties` and no
+    `additionalProperties` gets `additionalProperties: false`.
+
+    This is llama.cpp's reading (common/json-schema.cpp): listed properties close the object.
+    JSON Schema itself leaves it open, which lets a model add keys nobody asked for.
+    """
+    if not isinstance(schema, dict) or depth > 64:
+        return schema
+    out = dict(schema)
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    for key in _SUBSCHEMA_ONE:
+        if isinstance(out.get(key), dict):
+            out[key] = close_objects(out[key], depth + 1)
+    for key in _SUBSCHEMA_LIST:
+        if isinstance(out.get(key), list):
+            out[key] = [close_objects(x, depth + 1) for x in out[key]]
+    for key in _SUBSCHEMA_MAP:
+        if isinstance(out.get(key), dict):
+            out[key] = {k: close_objects(v, depth + 1) for k, v in out[key].items()}
+    return out
 
 
 def compile_grammar(kind: str, source: Any) -> Grammar:

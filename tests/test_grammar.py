@@ -12,7 +12,14 @@ import numpy as np
 import pytest
 
 from engine.errors import EngineError, GrammarError, InvalidRequestError
-from engine.grammar import Grammar, GrammarMatcher, compile_grammar, token_bytes, vocabulary_for
+from engine.grammar import (
+    Grammar,
+    GrammarMatcher,
+    close_objects,
+    compile_grammar,
+    token_bytes,
+    vocabulary_for,
+)
 from engine.sampling import SamplingParams
 from engine.scheduler import GenerationRequest
 from engine.sequence import SequenceGenerator
@@ -115,6 +122,28 @@ def test_grammar_invalid_is_a_clear_error(kind, source, needle):
         compile_grammar(kind, source)
     assert needle in str(e.value)
     assert isinstance(e.value, InvalidRequestError)  # the server maps it to a 400
+
+
+def test_grammar_listed_properties_close_the_object():
+    """llama.cpp's reading: no additionalProperties + properties = no other keys."""
+    schema = {"type": "object", "properties": {"properties": {"type": "object",
+                                                              "properties": {"x": {"const": 1}}}},
+              "required": ["properties"], "$defs": {"d": {"properties": {}}},
+              "anyOf": [{"properties": {}}], "items": [{"properties": {}}]}
+    closed = close_objects(schema)
+    assert closed["additionalProperties"] is False
+    assert set(closed["properties"]) == {"properties"}  # a property's name is not a keyword
+    assert closed["properties"]["properties"]["additionalProperties"] is False
+    assert closed["$defs"]["d"]["additionalProperties"] is False
+    assert closed["anyOf"][0]["additionalProperties"] is False
+    assert closed["items"][0]["additionalProperties"] is False
+    assert "additionalProperties" not in schema  # the caller's schema is left alone
+    assert close_objects({"properties": {}, "additionalProperties": True})["additionalProperties"] is True
+    nested = {"type": "object", "properties": {"properties": schema["properties"]["properties"]},
+              "required": ["properties"]}
+    for seed in range(3):
+        text, _ = run(Grammar.from_json_schema(nested), SAMPLED, n_predict=200, seed=seed)
+        assert json.loads(text) in ({"properties": {"x": 1}}, {"properties": {}})
 
 
 def test_grammar_unimplemented_schema_keywords_are_ignored():
