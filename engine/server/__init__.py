@@ -60,7 +60,7 @@ def start_server(
     Raises:
         PortInUseError: the port is taken; the message suggests a free one.
     """
-    from .http import listen
+    from .http import create_app, listen
     from .state import ServerOptions, ServerState
 
     opts = options or ServerOptions()
@@ -75,7 +75,12 @@ def start_server(
         opts.request_log = request_log
     state = ServerState(opts)
     state.set_ready(scheduler, chat_template)
-    return listen(state, host, port)
+    app = create_app(state)
+    if opts.sleep_idle_seconds >= 0:
+        from . import sleep
+
+        sleep.install(app, state, opts.sleep_idle_seconds)
+    return listen(state, host, port, app=app)
 
 
 __all__ = [

@@ -76,6 +76,8 @@ class SleepController:
     # -- the state changes, on the scheduler's thread ----------------------------------------
     def _watch(self) -> None:
         while not self._stop.wait(self.poll_s):
+            if self.state.is_ready and self.state.scheduler.stopping:
+                return  # the loop is gone: nothing may unload the model from this thread
             if self.is_sleeping or not self.state.is_ready or not self._idle():
                 continue
             try:
