@@ -544,7 +544,7 @@ class Router:
                 "--port", str(port), "--ready-json", "--alias", child.name]
 
     def _spawn(self, child: ChildServer) -> None:
-        child.api_key = secrets.token_urlsafe(24)
+        child.api_key = secrets.token_hex(24)  # never starts with "-", which argparse would take for a flag
         child.args = cmd = self._command(child, 0)
         env = dict(os.environ, LLAMA_API_KEY=child.api_key)
         env.pop("LLAMA_SERVER_DEBUG_FAKE_TIMING", None)  # the router fakes the timing, once
