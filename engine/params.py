@@ -181,8 +181,10 @@ def add_context_args(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "-kvu", "--kv-unified", action="store_true",
-        help="use a single unified KV buffer shared by all sequences",
+        help="use a single unified KV buffer shared by all sequences (default: enabled if the number "
+             "of slots is auto)",
     )
+    g.add_argument("-no-kvu", "--no-kv-unified", dest="kv_unified", action="store_false", help=argparse.SUPPRESS)
     g.add_argument(
         "-ctk", "--cache-type-k", metavar="TYPE", type=_cache_type, default="f16",
         help=f"KV cache data type for K; allowed values: {', '.join(CACHE_TYPES)} (default: f16)",

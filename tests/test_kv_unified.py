@@ -95,3 +95,21 @@ def test_kv_seq_state_round_trips_into_another_sequence(tiny):
         assert ctx.kv.seq_len(1) == 12
         out = ctx.decode(Batch.for_sequence(TOKENS[12:16], 12, seq_id=1, logits_all=True))
         _close(out, _ref(tiny, TOKENS[:16])[12:])
+
+
+@pytest.mark.parametrize("argv,n_seq,unified", [
+    ([], 4, True),  # -np auto: 4 slots sharing one pool, as llama-server
+    (["-np", "2"], 2, False),
+    (["-np", "2", "-kvu"], 2, True),
+    (["-np", "2", "-kvu", "-no-kvu"], 2, False),
+    (["--no-kv-unified"], 4, True),  # auto parallelism turns it on whatever was asked
+])
+def test_kv_unified_flag_rules(argv, n_seq, unified):
+    import argparse
+
+    from engine import params
+    from engine.commands import serve
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    p = params.to_context_params(serve.add_parser(sub).parse_args(argv))
+    assert (p.n_seq_max, p.kv_unified) == (n_seq, unified)
