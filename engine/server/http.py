@@ -14,31 +14,36 @@ import socket
 import threading
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.middleware.cors import CORSMiddleware
+from starlette.responses import Response
 
 from ..errors import APIError, EngineError, PortInUseError
 from ..version import __version__
 from .errors import api_error, api_response, error_response, format_validation_errors, loading
-from .state import ServerState
+from .state import ServerOptions, ServerState
 
 log = logging.getLogger(__name__)
 
-PUBLIC_PATHS = ("/health", "/v1/health")
+# What a browser loads before it has a key: llama-server serves these without one (its web UI
+# and the files a PWA revalidates), and while the model is still loading.
+FRONTEND_PATHS = ("/", "/index.html", "/sw.js", "/manifest.webmanifest", "/_app/version.json", "/build.json")
+PUBLIC_PATHS = ("/health", "/v1/health", *FRONTEND_PATHS)
 
 
 def create_app(state: ServerState) -> FastAPI:
     """The ASGI app serving `state` (which may still be loading)."""
-    from . import anthropic, responses, routes, routes_embed, routes_monitor, routes_slots, vertex
+    from . import anthropic, responses, routes, routes_cors_proxy, routes_embed, routes_monitor, routes_slots, vertex
 
     app = _App(title="ggstation", version=__version__, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.server = state
     prefix = state.options.api_prefix.rstrip("/")
-    for module in (routes_monitor, routes_slots, routes, routes_embed, anthropic, responses, vertex):
+    for module in (routes_monitor, routes_slots, routes, routes_embed, routes_cors_proxy, anthropic, responses,
+                   vertex):
         app.include_router(module.router, prefix=prefix)
 
     @app.exception_handler(APIError)
@@ -62,13 +67,9 @@ def create_app(state: ServerState) -> FastAPI:
 
 
 def install_middleware(app: FastAPI, state: ServerState) -> None:
-    """The gate (loading, API keys, body size) and CORS; the router's app (proxy.py) installs
+    """The gate (CORS, loading, API keys, body size); the router's app (proxy.py) installs
     the same, so both modes answer preflights and keys alike."""
     app.add_middleware(GateMiddleware, state=state)
-    if state.options.cors_origins:
-        origins = list(state.options.cors_origins)
-        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
-                           allow_headers=["*"], allow_credentials="*" not in origins)
 
 
 class _App(FastAPI):
@@ -83,8 +84,10 @@ class _App(FastAPI):
 
 
 class GateMiddleware:
-    """Pure ASGI (streams pass through untouched): 503 while loading, API keys, Content-Length
-    limit, the request-log callback, and the JSON 500 for an exception nothing else handled."""
+    """Pure ASGI (streams pass through untouched), in llama-server's order: CORS headers on
+    every response and preflights answered on every path; then 503 while loading, API keys,
+    the Content-Length limit; the request-log callback, and the JSON 500 for an exception
+    nothing else handled."""
 
     def __init__(self, app, state: ServerState):
         self.app = app
@@ -95,14 +98,24 @@ class GateMiddleware:
             return await self.app(scope, receive, send)
         t0 = time.perf_counter()
         status = {"code": 0}
+        cors = cors_headers(self.state.options, _header(scope, b"origin"))
 
         async def send_wrapper(message):
             if message["type"] == "http.response.start":
                 status["code"] = message["status"]
+                headers = list(message.get("headers", ()))
+                if cors is not None:
+                    # ours replace any a proxied child server sent, so none is doubled
+                    headers = [(k, v) for k, v in headers if k.lower() != b"access-control-allow-origin"]
+                    headers += [(k.encode(), v.encode()) for k, v in cors]
+                message = {**message, "headers": [(_canonical(k), v) for k, v in headers]}
             await send(message)
 
-        rejection = self._check(scope)
         try:
+            if scope.get("method") == "OPTIONS":
+                await _preflight(self.state.options)(scope, receive, send_wrapper)
+                return
+            rejection = self._check(scope)
             if rejection is not None:
                 await api_response(rejection)(scope, receive, send_wrapper)
             else:
@@ -120,13 +133,13 @@ class GateMiddleware:
     def _check(self, scope) -> APIError | None:
         opts = self.state.options
         path = scope.get("path", "")
-        if scope.get("method") == "OPTIONS":
-            return None  # CORS preflight
-        if not self.state.is_ready:
+        prefix = opts.api_prefix.rstrip("/")
+        local = (path[len(prefix):] or "/") if prefix and path.startswith(prefix) else path
+        if not self.state.is_ready and local not in FRONTEND_PATHS:
             if self.state.error:
                 return APIError(500, f"model failed to load: {self.state.error}", "server_error")
             return loading()
-        if opts.api_keys and path.removeprefix(opts.api_prefix.rstrip("/")) not in PUBLIC_PATHS:
+        if opts.api_keys and local not in PUBLIC_PATHS:
             key = _request_key(scope)
             if key is None or not any(hmac.compare_digest(key, k) for k in opts.api_keys):
                 return APIError(401, "Invalid API Key", "authentication_error")
@@ -148,27 +161,112 @@ class GateMiddleware:
             log.exception("request log callback failed")
 
 
-def _request_key(scope) -> str | None:
-    for name, value in scope.get("headers", ()):
-        if name == b"authorization":
-            v = value.decode("latin-1").strip()
-            if v[:7].lower() == "bearer ":
-                return v[7:].strip()
-        elif name == b"x-api-key":
-            return value.decode("latin-1").strip()
+def _canonical(name: bytes) -> bytes:
+    """Content-Type, not content-type: header names are case-insensitive, but clients that
+    copy them into a plain dict (llama.cpp's own test suite does) look them up as llama-server
+    spells them; Starlette lowercases them and h11 sends them as given."""
+    return b"-".join(part[:1].upper() + part[1:] for part in name.split(b"-"))
+
+
+def _header(scope, name: bytes) -> str | None:
+    for k, v in scope.get("headers", ()):
+        if k == name:
+            return v.decode("latin-1")
     return None
+
+
+def _request_key(scope) -> str | None:
+    """llama-server's order: Authorization (its Bearer prefix removed), else X-Api-Key."""
+    auth = (_header(scope, b"authorization") or "").strip()
+    if auth:
+        return auth[7:].strip() if auth[:7].lower() == "bearer " else auth
+    key = _header(scope, b"x-api-key")
+    return key.strip() if key is not None else None
+
+
+# -- CORS ---------------------------------------------------------------------------------
+
+
+def origin_is_localhost(origin: str) -> bool:
+    """The Origin's host is localhost, 127.0.0.1 or ::1 (any scheme, any port)."""
+    try:
+        host = urlsplit(origin).hostname
+    except ValueError:
+        return False
+    return host in ("localhost", "127.0.0.1", "::1")
+
+
+def allowed_origin(opts: ServerOptions, origin: str | None) -> str | None:
+    """The Access-Control-Allow-Origin value for a request from `origin`; None sends none.
+
+    llama-server's rules: '*' with credentials echoes the Origin (a credentialed response may
+    not say '*'); 'localhost' echoes only a localhost Origin; one origin is always sent as is.
+    Several origins: llama-server sends the list itself, which no browser accepts, so here
+    the Origin is echoed when it is on the list.
+    """
+    origins = opts.cors_origins
+    if not origins:
+        return None  # CORS off (the desktop app's default)
+    if origins == ("*",):
+        return (origin or None) if opts.cors_credentials else "*"
+    if origins == ("localhost",):
+        if origin and origin_is_localhost(origin):
+            return origin
+        if origin:
+            log.warning("CORS: not allowing the non-localhost origin %s", origin)
+        return None
+    if len(origins) == 1:
+        return origins[0]
+    return origin if origin in origins else None
+
+
+def cors_headers(opts: ServerOptions, origin: str | None) -> list[tuple[str, str]] | None:
+    """Headers every response carries; None when CORS is off."""
+    if not opts.cors_origins:
+        return None
+    allow = allowed_origin(opts, origin)
+    return [("access-control-allow-origin", allow)] if allow is not None else []
+
+
+def _preflight(opts: ServerOptions) -> Response:
+    """llama-server answers OPTIONS on every path, before the key check (browsers send no key
+    with a preflight): 200, an empty body, and what is allowed."""
+    headers = {}
+    if opts.cors_origins:
+        headers = {"Access-Control-Allow-Credentials": "true" if opts.cors_credentials else "false",
+                   "Access-Control-Allow-Methods": opts.cors_methods,
+                   "Access-Control-Allow-Headers": opts.cors_headers}
+    return Response(b"", status_code=200, media_type="text/html", headers=headers)
 
 
 # -- listening -------------------------------------------------------------------------------
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening socket on host:port.
+def parse_hosts(hosts: str) -> list[str]:
+    """--host: comma-separated addresses (IPv6 with or without brackets), or UNIX socket
+    paths ending in .sock.
+
+    Raises:
+        EngineError: no address given.
+    """
+    out = [h.strip() for h in hosts.split(",") if h.strip()]
+    out = [h[1:-1] if h.startswith("[") and h.endswith("]") else h for h in out]
+    if not out:
+        raise EngineError("--host requires at least one address")
+    return out
+
+
+def bind_socket(host: str, port: int, v6only: bool = False) -> socket.socket:
+    """A listening socket on host:port, or on the UNIX socket `host` when it ends in .sock.
+
+    v6only: an IPv6 socket takes IPv6 only, so that [::] and 0.0.0.0 can both be listened on.
 
     Raises:
         PortInUseError: the port is taken (the message names a free one).
         EngineError: the address is not valid here.
     """
+    if host.endswith(".sock"):
+        return _bind_unix(host)
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as e:
@@ -178,6 +276,8 @@ def bind_socket(host: str, port: int) -> socket.socket:
     # without it every keep-alive response waits ~40 ms for a delayed ACK (Nagle)
     sock = socket.socket(family, socket.SOCK_STREAM, proto or socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6 and v6only:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
     try:
         sock.bind(addr)
     except OSError as e:
@@ -187,6 +287,18 @@ def bind_socket(host: str, port: int) -> socket.socket:
             hint = f"; try --port {free}" if free else ""
             raise PortInUseError(f"port {port} on {host} is already in use{hint}") from None
         raise EngineError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def _bind_unix(path: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+    except OSError as e:
+        sock.close()
+        raise EngineError(f"cannot listen on the UNIX socket {path}: {e.strerror}") from None
     sock.listen(2048)
     sock.setblocking(False)
     return sock
@@ -207,20 +319,21 @@ class ServerHandle:
     """A running HTTP server on a background thread.
 
     Attributes:
-        url: base URL clients use (http://host:port).
+        url: base URL clients use (http://host:port), for the first address listened on.
+        urls: one per address (unix://PATH for a UNIX socket).
         port: the bound port (useful with port 0).
         state: the ServerState it serves.
     """
 
     def __init__(self, server: uvicorn.Server, thread: threading.Thread, state: ServerState,
-                 host: str, port: int):
+                 host: str, port: int, hosts: list[str] | None = None):
         self._server = server
         self._thread = thread
         self.state = state
         self.host = host
         self.port = port
-        shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
-        self.url = f"http://[{shown}]:{port}" if ":" in shown else f"http://{shown}:{port}"
+        self.urls = [_url(h, port) for h in hosts or [host]]
+        self.url = self.urls[0]
 
     @property
     def running(self) -> bool:
@@ -235,20 +348,40 @@ class ServerHandle:
             self._thread.join(1.0)
 
 
+def _url(host: str, port: int) -> str:
+    if host.endswith(".sock"):
+        return f"unix://{host}"
+    shown = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"http://[{shown}]:{port}" if ":" in shown else f"http://{shown}:{port}"
+
+
 def listen(state: ServerState, host: str = "127.0.0.1", port: int = 8080, *, app=None,
            timeout_graceful_s: int = 3, log_level: str = "warning") -> ServerHandle:
-    """Bind host:port and serve `state` (or `app`) on a background thread; returns once listening."""
-    sock = bind_socket(host, port)
-    port = sock.getsockname()[1]
+    """Bind every address of `host` (comma-separated, as --host) on `port` and serve `state`
+    (or `app`) on a background thread; returns once listening."""
+    hosts = parse_hosts(host)
+    n_tcp = sum(not h.endswith(".sock") for h in hosts)
+    if port == 0 and n_tcp > 1:
+        raise EngineError("--port 0 is not supported with several TCP addresses")
+    socks: list[socket.socket] = []
+    try:
+        for h in hosts:
+            socks.append(bind_socket(h, port, v6only=n_tcp > 1))
+            if port == 0 and socks[-1].family != socket.AF_UNIX:
+                port = socks[-1].getsockname()[1]
+    except BaseException:
+        for sock in socks:
+            sock.close()
+        raise
     config = uvicorn.Config(app if app is not None else create_app(state), lifespan="off", log_level=log_level,
                             access_log=False, timeout_graceful_shutdown=timeout_graceful_s, timeout_keep_alive=30,
                             http="h11", loop="asyncio")
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="http", daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": socks}, name="http", daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
     while not server.started and thread.is_alive() and time.monotonic() < deadline:
         time.sleep(0.005)
     if not server.started:
         raise EngineError(f"the HTTP server did not start on {host}:{port}")
-    return ServerHandle(server, thread, state, host, port)
+    return ServerHandle(server, thread, state, hosts[0], port, hosts)

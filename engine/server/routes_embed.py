@@ -1,11 +1,19 @@
-"""Embedding routes: OpenAI's /v1/embeddings and llama-server's /embedding."""
+"""Embedding routes: OpenAI's /v1/embeddings and llama-server's /embedding and /embeddings.
+
+The input takes every shape llama-server's does: a string; token ids; a list mixing ids and
+strings (one prompt); a list of those (several prompts); an object with `prompt_string`; an
+OpenAI content object `{"content": [{"type": "text", "text": ...}, ...]}`. The body's
+`content` instead of `input` asks for the native answer even on /v1/embeddings.
+"""
 
 from __future__ import annotations
 
 import base64
+from typing import Any, Literal
 
 import numpy as np
 from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from ..errors import APIError
@@ -15,40 +23,141 @@ from . import requests as rq
 from .bodies import parse_body
 from .errors import api_error, invalid, not_supported
 from .routing import body_schema, client_gone, collect, server_state, submit
-from .schemas import EmbeddingsRequest
 
 router = APIRouter()
 
+_MEDIA_TYPES = {"image_url": "image", "input_audio": "audio", "input_video": "video", "video_url": "video"}
 
-def _embedding_inputs(s, items) -> list[list[int]]:
-    tok = s.tokenizer
-    if isinstance(items, str):
-        items = [items]
-    if not isinstance(items, list) or not items:
-        raise invalid("'input' must be a non-empty string, list of strings or list of token lists")
-    if all(isinstance(x, int) and not isinstance(x, bool) for x in items):
-        items = [items]
-    out = []
-    for i, x in enumerate(items):
-        ids = tok.encode(x, add_special=True, parse_special=True) if isinstance(x, str) else list(x)
-        if not ids:
-            raise invalid(f"input[{i}] is empty")
-        out.append(rq.check_tokens(s, ids))
-    return out
+
+class EmbeddingBody(BaseModel):
+    """POST /v1/embeddings, /embeddings, /embedding. `input` (or `content`) is checked by
+    embedding_prompts(): its shapes are more than a type annotation can say."""
+
+    model_config = ConfigDict(extra="allow")
+
+    input: Any = None
+    content: Any = None
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+    embd_normalize: int | None = Field(None, ge=-1)
+
+
+def embedding_prompts(tok, items: Any) -> list[list[int]]:
+    """llama-server's embedding inputs -> one token list per prompt.
+
+    Raises:
+        APIError: 400 naming what is wrong with the input.
+    """
+    if isinstance(items, list) and not any(_is_id(x) for x in items):
+        prompts = [_prompt_tokens(tok, x) for x in items]  # several prompts
+    else:
+        prompts = [_prompt_tokens(tok, items)]
+    if not prompts:
+        raise invalid('"input" must not be empty')
+    if any(not p for p in prompts):
+        raise invalid("Input content cannot be empty")
+    return prompts
+
+
+def _is_id(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _prompt_tokens(tok, p: Any) -> list[int]:
+    """One prompt (llama-server's tokenize_input_subprompt, plus OAI content objects)."""
+    if isinstance(p, str):
+        return tok.encode(p, add_special=True, parse_special=True)
+    if isinstance(p, list) and all(_is_id(x) or isinstance(x, str) for x in p):
+        return _mixed_tokens(tok, p)
+    if isinstance(p, dict) and "content" in p:
+        return _content_tokens(tok, p["content"])
+    if isinstance(p, dict) and "prompt_string" in p:
+        if p.get("multimodal_data"):
+            raise invalid("Multimodal data provided, but model does not support multimodal requests.")
+        inner = p["prompt_string"]
+        if isinstance(inner, str) or isinstance(inner, list) and all(_is_id(x) or isinstance(x, str) for x in inner):
+            return _mixed_tokens(tok, inner) if isinstance(inner, list) else _prompt_tokens(tok, inner)
+    raise invalid('"input" elements must be a string, a list of tokens, a JSON object containing a prompt '
+                  'string or an OpenAI "content" array, or a list of mixed strings & tokens.')
+
+
+def _mixed_tokens(tok, parts: list) -> list[int]:
+    """llama.cpp tokenize_mixed: specials (BOS) only before a leading string."""
+    ids: list[int] = []
+    for i, x in enumerate(parts):
+        ids += [x] if _is_id(x) else tok.encode(x, add_special=(i == 0), parse_special=True)
+    return ids
+
+
+def _content_tokens(tok, content: Any) -> list[int]:
+    """An OpenAI content array: its text parts, joined; this model takes no media."""
+    if not isinstance(content, list):
+        raise invalid('"content" must be an array')
+    text = []
+    for i, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in _MEDIA_TYPES:
+            raise invalid(f"{_MEDIA_TYPES[kind]} input is not supported: this model has no multimodal projector")
+        if kind != "text":
+            raise invalid(f"unsupported content[{i}].type {kind!r}; this model takes 'text' parts only")
+        value = part.get("text", "")
+        if not isinstance(value, str):
+            raise invalid(f"content[{i}].text must be a string")
+        text.append(value)
+    return tok.encode("".join(text), add_special=True, parse_special=True)
+
+
+def check_size(s, prompts: list[list[int]], pooling: str) -> None:
+    """llama-server's limits: a prompt pooled over all its tokens (not 'last') is computed in
+    one physical batch, so it may not exceed --ubatch-size; none may fill a slot's context."""
+    n_ubatch = int(getattr(s.scheduler.ctx, "n_ubatch", s.scheduler.n_batch))
+    for ids in prompts:
+        rq.check_tokens(s, ids)
+        if pooling != "last" and len(ids) > n_ubatch:
+            raise invalid(f"input ({len(ids)} tokens) is too large to process. increase the physical batch "
+                          f"size (current batch size: {n_ubatch})")
 
 
 async def _embed(request: Request, oai: bool):
     s = server_state(request)
     if not s.options.embeddings:
         raise not_supported("This server does not support embeddings. Start it with `--embeddings`")
-    body = await parse_body(request, EmbeddingsRequest)
     pooling = s.pooling()
     if oai and pooling == "none":
         raise invalid("Pooling type 'none' is not OAI compatible. Please use a different pooling type")
-    inputs = await run_in_threadpool(_embedding_inputs, s, body.items)
+    body = await parse_body(request, EmbeddingBody)
+    if body.input is not None:
+        items = body.input
+    elif body.content is not None:
+        items, oai = body.content, False  # llama-server: "content" is not OpenAI's, so the answer is not
+    else:
+        raise invalid('"input" or "content" must be provided')
+    prompts = await run_in_threadpool(embedding_prompts, s.tokenizer, items)
+    check_size(s, prompts, pooling)
     norm = s.options.embd_normalize if body.embd_normalize is None else body.embd_normalize
-    handles = [submit(s, EmbeddingRequest(ids, pooling=pooling, normalize=norm)) for ids in inputs]
-    results = []
+    if pooling == "none":
+        norm = -1  # llama-server: per-token vectors are never normalised
+    results = await _run(request, s, [EmbeddingRequest(ids, pooling=pooling, normalize=norm) for ids in prompts])
+    if not isinstance(results, list):
+        return results  # the client went away
+    if not oai:
+        return [{"index": i, "embedding": np.atleast_2d(r.embedding).tolist()} for i, r in enumerate(results)]
+    data = []
+    for i, r in enumerate(results):
+        vec = r.embedding.astype("<f4")
+        emb = base64.b64encode(vec.tobytes()).decode() if body.encoding_format == "base64" else vec.tolist()
+        data.append({"object": "embedding", "index": i, "embedding": emb})
+    n_tokens = sum(r.n_prompt for r in results)
+    return {"object": "list", "model": body.model or s.model_alias, "data": data,
+            "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
+
+
+async def _run(request: Request, s, reqs: list[EmbeddingRequest]):
+    """Submit every prompt at once (they run in parallel slots); the results in order."""
+    handles = [submit(s, r) for r in reqs]
+    results: list[EmbeddingResult] = []
     try:
         for h in handles:
             got: list[EmbeddingResult] = []
@@ -63,25 +172,15 @@ async def _embed(request: Request, oai: bool):
         for h in handles:
             if not h.done:
                 h.cancel()
-    n_tokens = sum(r.n_prompt for r in results)
-    if not oai:
-        return [{"index": i, "embedding": np.atleast_2d(r.embedding).tolist()} for i, r in enumerate(results)]
-    data = []
-    for i, r in enumerate(results):
-        vec = r.embedding.astype("<f4")
-        emb = base64.b64encode(vec.tobytes()).decode() if body.encoding_format == "base64" else vec.tolist()
-        data.append({"object": "embedding", "index": i, "embedding": emb})
-    return {"object": "list", "model": body.model or s.model_alias, "data": data,
-            "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
+    return results
 
 
-@router.post("/v1/embeddings", openapi_extra=body_schema(EmbeddingsRequest))
-@router.post("/embeddings", openapi_extra=body_schema(EmbeddingsRequest), include_in_schema=False)
+@router.post("/v1/embeddings", openapi_extra=body_schema(EmbeddingBody))
 async def embeddings_oai(request: Request):
     return await _embed(request, oai=True)
 
 
-@router.post("/embedding", openapi_extra=body_schema(EmbeddingsRequest))
+@router.post("/embedding", openapi_extra=body_schema(EmbeddingBody))
+@router.post("/embeddings", openapi_extra=body_schema(EmbeddingBody), include_in_schema=False)
 async def embedding_native(request: Request):
     return await _embed(request, oai=False)
-

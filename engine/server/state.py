@@ -38,7 +38,12 @@ class ServerOptions:
     """HTTP-side choices; defaults are llama-server's."""
 
     api_keys: tuple[str, ...] = ()
-    cors_origins: tuple[str, ...] = ()  # empty: CORS off
+    cors_origins: tuple[str, ...] = ()  # empty: CORS off; ("*",) any; ("localhost",) local pages only
+    cors_methods: str = "GET, POST, DELETE, OPTIONS"  # llama-server's defaults, sent on preflights
+    cors_headers: str = "*"
+    cors_credentials: bool = True  # with "*": the request's Origin is echoed
+    cors_proxy: bool = False  # /cors-proxy (--ui-mcp-proxy): forwards requests for the web UI's MCP
+    model_tags: tuple[str, ...] = ()  # --tags, shown in /v1/models
     alias: str | None = None
     metrics: bool = False
     slots: bool = True
@@ -132,10 +137,15 @@ class ServerState:
         return str(self.model.path) if self._scheduler is not None else ""
 
     @property
+    def model_aliases(self) -> list[str]:
+        """--alias names, sorted and without duplicates (llama-server keeps them in a set)."""
+        return sorted({a.strip() for a in (self.options.alias or "").split(",") if a.strip()})
+
+    @property
     def model_alias(self) -> str:
-        if self.options.alias:
-            return self.options.alias.split(",")[0].strip()
-        return Path(self.model_path).name or "model"
+        """The model's name in the API: the first alias in sorted order, as llama-server's."""
+        aliases = self.model_aliases
+        return aliases[0] if aliases else Path(self.model_path).name or "model"
 
     @property
     def n_ctx_seq(self) -> int:
