@@ -51,6 +51,7 @@ def test_sleep_unloads_and_read_only_endpoints_keep_it_asleep(served):
     for _ in range(3):  # polling these for longer than the idle time wakes nothing
         for path in ("/health", "/props", "/models", "/v1/models", "/metrics"):
             assert client.get(path).status_code == 200, path
+        assert client.get("/no-such-page").status_code == 404  # no route: wakes nothing either
         time.sleep(IDLE_S / 2)
     assert state.is_sleeping
 

@@ -138,19 +138,27 @@ def _release_pages(gguf: Any) -> None:
 
 
 class SleepMiddleware:
-    """Pure ASGI: every request but the read-only ones counts as activity and wakes the
-    model before it is handled; the model cannot fall asleep while one is in flight."""
+    """Pure ASGI: every request to a route but the read-only ones counts as activity and
+    wakes the model before it is handled; the model cannot fall asleep while one is in
+    flight. A path no route serves (a 404) wakes nothing, as in llama-server."""
 
-    def __init__(self, app, controller: SleepController):
+    def __init__(self, app, controller: SleepController, routes: list):
         self.app = app
         self.controller = controller
+        self.routes = routes
+
+    def _routed(self, scope) -> bool:
+        from starlette.routing import Match
+
+        return any(r.matches(scope)[0] is not Match.NONE for r in self.routes)
 
     async def __call__(self, scope, receive, send):
         path = scope.get("path", "")
         prefix = self.controller.state.options.api_prefix.rstrip("/")
         if prefix and path.startswith(prefix):
             path = path[len(prefix):] or "/"
-        if scope["type"] != "http" or path in READ_ONLY_PATHS or not self.controller.state.is_ready:
+        if (scope["type"] != "http" or path in READ_ONLY_PATHS or not self.controller.state.is_ready
+                or not self._routed(scope)):
             return await self.app(scope, receive, send)
         self.controller.begin_request()
         try:
@@ -167,5 +175,6 @@ def install(app: FastAPI, state: ServerState, idle_s: float) -> SleepController:
 
     controller = SleepController(state, idle_s)
     state.sleep = controller
-    app.user_middleware.append(Middleware(SleepMiddleware, controller=controller))  # innermost
+    app.user_middleware.append(Middleware(SleepMiddleware, controller=controller,  # innermost
+                                          routes=app.router.routes))
     return controller.start()
