@@ -360,7 +360,8 @@ class StreamParser:
                 self._pending = p[end + len(THINK_CLOSE):].lstrip()
                 self._mode = "content" if self._pending else "after_reasoning"
             else:  # trailing whitespace waits: the reasoning is sent stripped, as parse_message has it
-                keep = max(_held_tail(p, (THINK_CLOSE,)), _trailing_space(p))
+                keep = _held_tail(p, (THINK_CLOSE,))
+                keep += _trailing_space(p[: len(p) - keep])
                 self._emit(out, "reasoning", p[: len(p) - keep])
                 self._pending = p[len(p) - keep:]
         elif self._mode == "after_reasoning":  # the answer's leading whitespace is dropped
@@ -382,7 +383,8 @@ class StreamParser:
                 self._mode = "tools"
                 return
             # trailing whitespace waits too: content before a call is sent stripped
-            keep = max(_held_tail(p, TOOL_MARKERS), _trailing_space(p))
+            keep = _held_tail(p, TOOL_MARKERS)
+            keep += _trailing_space(p[: len(p) - keep])
             self._emit(out, "content", p[: len(p) - keep])
             self._pending = p[len(p) - keep:]
         # "tools": everything waits for finish()
