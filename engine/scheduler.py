@@ -67,7 +67,9 @@ class SlotState(enum.Enum):
 class SchedulerMetrics:
     """Counters in the units of llama-server's /metrics."""
 
-    n_prompt_tokens_total: int = 0
+    n_prompt_tokens_total: int = 0  # decoded prompt tokens; a reused cache prefix is not
+    n_prompt_tokens_cached_total: int = 0  # prompt tokens reused from a slot's cache
+    n_tokens_max: int = 0  # longest sequence seen in a slot (prompt + generation)
     t_prompt_s_total: float = 0.0
     n_tokens_predicted_total: int = 0
     t_predicted_s_total: float = 0.0
@@ -90,6 +92,9 @@ class _Slot:
     next_token: int = -1  # sampled, not yet fed
     n_generated: int = 0
     embd_rows: list[np.ndarray] = field(default_factory=list)
+    last_request: Any = None  # the request it runs or ran last, its id and reused prefix (/slots)
+    last_task_id: int = -1
+    n_prompt_cached: int = 0
     t_last_used: float = 0.0
 
     @property
@@ -288,7 +293,9 @@ class Scheduler:
         return [
             {
                 "id": s.id,
-                "id_task": s.handle.id if s.handle is not None else -1,
+                "id_task": s.last_task_id,
+                "request": s.last_request,
+                "n_prompt_tokens_cache": s.n_prompt_cached,
                 "n_ctx": self.n_ctx_seq,
                 "state": s.state.value,
                 "is_processing": s.busy,
@@ -405,6 +412,8 @@ class Scheduler:
             self.ctx.kv.seq_rm(slot.id, n_reuse, -1)
         del slot.cache_tokens[n_reuse:]
         slot.handle, handle.slot_id = handle, slot.id
+        slot.last_request, slot.last_task_id, slot.n_prompt_cached = req, handle.id, n_reuse
+        self.metrics.n_prompt_tokens_cached_total += n_reuse
         slot.prompt = list(req.prompt)
         slot.i_prompt = n_reuse
         slot.n_generated = 0
@@ -487,6 +496,7 @@ class Scheduler:
         for e in entries:
             slot = e.slot
             slot.cache_tokens.extend(e.tokens)
+            m.n_tokens_max = max(m.n_tokens_max, len(slot.cache_tokens))
             if slot.state is SlotState.PROMPT:
                 slot.i_prompt += len(e.tokens)
                 m.n_prompt_tokens_total += len(e.tokens)
@@ -577,8 +587,11 @@ class Scheduler:
         except Exception as e:
             self._fail(slot, e)
             return
-        self.metrics.n_decode_total += 1
-        self.metrics.n_prompt_tokens_total += len(entry.tokens)
+        m = self.metrics
+        m.n_decode_total += 1
+        m.n_busy_slots_total += 1
+        m.n_prompt_tokens_total += len(entry.tokens)
+        m.n_tokens_max = max(m.n_tokens_max, entry.pos0 + len(entry.tokens))
         slot.embd_rows.append(np.asarray(rows, dtype=np.float32))
         slot.i_prompt += len(entry.tokens)
         if slot.i_prompt < len(slot.prompt):
