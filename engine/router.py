@@ -39,7 +39,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import RouterError, UnknownModelError
+from .errors import EngineError, RouterError, UnknownModelError
+from .router_hub import HubAccess
 from .router_presets import DEFAULT_STOP_TIMEOUT_S, ModelSpec
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,8 @@ class ModelStatus(enum.Enum):
     UNLOADED = "unloaded"
     LOADING = "loading"
     LOADED = "loaded"
+    DOWNLOADING = "downloading"  # POST /models: into the cache, then listed by the next reload
+    DOWNLOADED = "downloaded"
 
 
 RUNNING = (ModelStatus.LOADING, ModelStatus.LOADED)
@@ -89,6 +92,8 @@ class ChildServer:
     req_count: int = 0  # requests being proxied to it right now
     args: list[str] = field(default_factory=list)  # the command line it was started with
     loaded_info: dict | None = None  # its own /v1/models entry, merged into the router's listing
+    progress: dict | None = None  # while downloading: {url: {"done": bytes, "total": bytes}}
+    cancel: threading.Event | None = None  # set to stop a download
     _stdout_buf: bytes = b""
 
     @property
@@ -108,6 +113,8 @@ class ChildServer:
         d: dict[str, object] = {"value": self.status.value, "args": self.args}
         if self.spec is not None and self.spec.preset_ini:
             d["preset"] = self.spec.preset_ini
+        if self.progress is not None and self.status is ModelStatus.DOWNLOADING:
+            d["progress"] = self.progress
         if self.failed:
             d.update(exit_code=self.exit_code, failed=True)
             if self.error:
@@ -168,13 +175,16 @@ class Router:
     def __init__(self, models: Mapping[str, Path | str | ModelSpec] | None = None,
                  child_args: list[str] | None = None, *, models_max: int = 4, autoload: bool = True,
                  load_timeout_s: float = 600.0, catalogue: Callable[[], dict[str, ModelSpec]] | None = None,
-                 fake_timing: bool | None = None):
+                 fake_timing: bool | None = None, hub: HubAccess | None = None):
         self._catalogue = catalogue
         specs = catalogue() if catalogue is not None else {
             name: m if isinstance(m, ModelSpec) else spec_for_file(name, m) for name, m in (models or {}).items()}
         self.children = {name: self._new_child(spec) for name, spec in specs.items()}
         self.child_args = list(child_args or [])
         self.models_max = models_max
+        n_startup = sum(spec.load_on_startup for spec in specs.values())
+        if 0 < models_max < n_startup:
+            raise RouterError(f"{n_startup} models have load-on-startup, more than --models-max {models_max}")
         self.autoload = autoload
         self.load_timeout_s = load_timeout_s
         if fake_timing is None:
@@ -183,6 +193,8 @@ class Router:
         self._cv = threading.Condition(threading.RLock())
         self._queue: list[_Entry] = []
         self._reloading = False
+        self.need_reload = False  # a download finished: the next listing builds the catalogue again
+        self.hub = hub or HubAccess()
         self._subscribers: list[Callable[[dict], None]] = []
         self._sel = selectors.DefaultSelector()
         self._stop = threading.Event()
@@ -287,6 +299,10 @@ class Router:
         """
         with self._cv:
             child = self.get(name)
+            if child.status is ModelStatus.DOWNLOADING and child.cancel is not None:
+                child.cancel.set()  # llama-server: unloading a download cancels it
+                self._cv.wait_for(lambda: child.status is not ModelStatus.DOWNLOADING, timeout=30)
+                return
             if not child.running:
                 raise RouterError(f"model '{child.name}' is not running")
             self._stop_child(child)
@@ -302,6 +318,7 @@ class Router:
         """
         if self._catalogue is None:
             return
+        self.need_reload = False
         specs = self._catalogue()
         with self._cv:
             self._reloading = True
@@ -313,12 +330,15 @@ class Router:
                     self._stop_child(c)
                 longest = max((c.spec.stop_timeout if c.spec else DEFAULT_STOP_TIMEOUT_S for c in stale), default=0)
                 self._cv.wait_for(lambda: not any(c.running for c in stale), timeout=longest + 5)
-                for name in [n for n, c in self.children.items() if n not in specs and not c.running]:
+                for name in [n for n, c in self.children.items() if n not in specs and not c.running
+                             and c.status is not ModelStatus.DOWNLOADING]:
                     del self.children[name]
                 for name, spec in specs.items():
                     child = self.children.get(name)
-                    if child is None:
+                    if child is None or child.status is ModelStatus.DOWNLOADED:
                         self.children[name] = self._new_child(spec)
+                    elif child.status is ModelStatus.DOWNLOADING:
+                        continue
                     elif not child.running:
                         child.spec, child.path, child.args = spec, Path(spec.path), []
                         child.exit_code, child.error = 0, ""  # a failed model may be retried
@@ -328,6 +348,81 @@ class Router:
                 self._reloading = False
                 self._cv.notify_all()
         self._notify("models_reload", "*")
+
+    # -- the cache -------------------------------------------------------------------------------
+    def download(self, spec: str) -> None:
+        """Start downloading "user/repo[:QUANT]" into the cache (POST /models); returns once it
+        started. Progress, then download_finished or download_failed, go to the subscribers;
+        the finished model is listed after the next reload.
+
+        Raises:
+            RouterError: the name is taken, or the Hub does not have it (or cannot be reached).
+        """
+        if self._find_child(spec) is not None:
+            raise RouterError(f"model '{spec}' already exists")
+        try:
+            file, url = self.hub.validate(spec)
+        except EngineError as e:
+            raise RouterError(f"model validation failed, unable to download: {e}") from None
+        with self._cv:
+            if self._find_child(spec) is not None:
+                raise RouterError(f"model '{spec}' already exists")
+            child = ChildServer(spec, Path(""), status=ModelStatus.DOWNLOADING,
+                                spec=ModelSpec(spec, "cache", "", ()), progress={}, cancel=threading.Event())
+            self.children[spec] = child
+        self._notify("model_status", spec, {"status": "downloading"})
+        threading.Thread(target=self._fetch, args=(child, file, url), name="router-download", daemon=True).start()
+
+    def _fetch(self, child: ChildServer, file: object, url: str) -> None:
+        last = [0.0]
+
+        def progress(done: int, total: int) -> None:
+            child.progress = {url: {"done": done, "total": total}}
+            now = time.monotonic()
+            if now - last[0] >= 0.2 or done >= total:
+                last[0] = now
+                self._notify("download_progress", child.name, child.progress)
+
+        assert child.cancel is not None
+        try:
+            self.hub.fetch(file, progress, child.cancel)
+            ok = True
+        except Exception as e:  # any failure ends the download the same way: reported, entry dropped
+            log.warning("download of %s failed: %s", child.name, e)
+            ok = False
+        with self._cv:
+            child.status = ModelStatus.DOWNLOADED
+            self.need_reload = True
+            self._cv.notify_all()
+        self._notify("download_finished" if ok else "download_failed", child.name, {})
+
+    def remove(self, name: str) -> None:
+        """Delete a cached model from disk (DELETE /models), stopping or cancelling it first.
+
+        Raises:
+            UnknownModelError; RouterError when it does not come from the cache.
+        """
+        with self._cv:
+            child = self.get(name)
+            if child.spec is None or child.spec.source != "cache":
+                raise RouterError(f"model '{child.name}' is not removable (not from the cache)")
+            if child.status is ModelStatus.DOWNLOADING and child.cancel is not None:
+                child.cancel.set()
+            elif child.running:
+                self._stop_child(child)
+            self._cv.wait_for(lambda: child.status in (ModelStatus.UNLOADED, ModelStatus.DOWNLOADED), timeout=30)
+        if not self.hub.remove(child.name):
+            log.warning("removing %s: no cached files were found", child.name)
+        with self._cv:
+            if self.children.get(child.name) is child:
+                del self.children[child.name]
+        self._notify("model_remove", child.name, {})
+
+    def _find_child(self, name: str) -> ChildServer | None:
+        try:
+            return self.get(name)
+        except UnknownModelError:
+            return None
 
     # -- requests --------------------------------------------------------------------------------
     def acquire(self, name: str, *, autoload: bool | None = None, should_stop: Callable[[], bool] | None = None,
@@ -397,6 +492,8 @@ class Router:
                     break
                 elif child.status is ModelStatus.LOADING:
                     saw_loading = True
+                elif child.status in (ModelStatus.DOWNLOADING, ModelStatus.DOWNLOADED):
+                    raise RouterError(f"model '{name}' is not loaded (it is being downloaded)")
                 elif did_load or saw_loading:  # it came up and went down again
                     if child.failed:
                         raise RouterError(f"model '{name}' failed to load: "

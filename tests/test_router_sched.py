@@ -342,3 +342,78 @@ def test_app_reload_with_a_broken_preset_is_a_400(app_client, tmp_path):
         assert r.status_code == 400 and "p.ini" in r.json()["error"]["message"]
     finally:
         router.stop()
+
+
+def test_load_on_startup_models_load_and_may_not_exceed_models_max(make):
+    from engine.router_presets import ModelSpec
+
+    specs = {n: ModelSpec(n, "preset", f"/{n}.gguf", (("--model", f"/{n}.gguf"),), load_on_startup=True)
+             for n in ("a", "b")}
+    with pytest.raises(RouterError, match="load-on-startup"):
+        FakeRouter([], catalogue=lambda: specs, models_max=1)
+    r = FakeRouter([], catalogue=lambda: specs, models_max=2).start()
+    try:
+        r.load_startup_models()
+        wait_for(lambda: all(c.status is ModelStatus.LOADED for c in r.children.values()))
+    finally:
+        r.stop()
+
+
+class FakeHub:
+    """Downloads into a dict; "bad/*" does not exist on the Hub."""
+
+    def __init__(self):
+        self.cache: dict[str, Path] = {}
+        self.gate = threading.Event()
+
+    def validate(self, spec):
+        if spec.startswith("bad/"):
+            from engine.errors import HubError
+
+            raise HubError(f"{spec}: not found", HubError.NOT_FOUND)
+        return spec, f"https://hub.example/{spec}.gguf"
+
+    def fetch(self, file, progress, cancel):
+        progress(5, 10)
+        self.gate.wait(5)
+        if cancel.is_set():
+            raise RuntimeError("cancelled")
+        progress(10, 10)
+        self.cache[file] = Path(f"/cache/{file}.gguf")
+        return self.cache[file]
+
+    def remove(self, spec):
+        return self.cache.pop(spec, None) is not None
+
+
+def test_app_downloads_into_the_cache_and_removes_from_it(app_client, tmp_path):
+    from engine.router_presets import Catalogue, OptionTable
+    from test_router_presets import serve_parser
+
+    hub = FakeHub()
+    cat = Catalogue(OptionTable.from_parser(serve_parser()), cache=lambda: dict(hub.cache))
+    router = FakeRouter([], catalogue=cat.build, hub=hub).start()
+    seen: list[dict] = []
+    router.subscribe(seen.append)
+    try:
+        _, c = app_client(router=router)
+        r = c.post("/models", json={"model": "bad/model"})
+        assert r.status_code == 400 and "validation failed" in r.json()["error"]["message"]
+        assert c.post("/models", json={"model": "org/m:Q8_0"}).json() == {"success": True}
+        assert c.post("/models", json={"model": "org/m:Q8_0"}).status_code == 400  # already there
+        wait_for(lambda: any(e["event"] == "download_progress" for e in seen))
+        status = next(m for m in c.get("/models").json()["data"] if m["id"] == "org/m:Q8_0")["status"]
+        assert status["value"] == "downloading"
+        assert status["progress"] == {"https://hub.example/org/m:Q8_0.gguf": {"done": 5, "total": 10}}
+        hub.gate.set()
+        wait_for(lambda: any(e["event"] == "download_finished" for e in seen))
+        data = {m["id"]: m for m in c.get("/models").json()["data"]}  # lists the cache again
+        assert data["org/m:Q8_0"]["status"]["value"] == "unloaded" and data["org/m:Q8_0"]["can_remove"]
+        assert c.post("/tokenize", json={"model": "org/m:Q8_0", "content": "x"}).status_code == 503  # no child
+        assert c.delete("/models?model=org/m:Q8_0").json() == {"success": True}
+        assert "org/m:Q8_0" not in {m["id"] for m in c.get("/models").json()["data"]}
+        assert seen[-1] == {"model": "org/m:Q8_0", "event": "model_remove", "data": {}}
+        assert c.delete("/models?model=org/m:Q8_0").status_code == 400
+        assert c.delete("/models").status_code == 400
+    finally:
+        router.stop()

@@ -69,7 +69,7 @@ def create_router_app(router: Router, state: ServerState) -> FastAPI:
         return {"status": "ok"}
 
     async def models(request: Request):
-        if request.query_params.get("reload"):
+        if request.query_params.get("reload") or router.need_reload:
             await run_in_threadpool(_call, router.reload)
         return {"data": await _listing(request.app), "object": "list"}
 
@@ -84,7 +84,7 @@ def create_router_app(router: Router, state: ServerState) -> FastAPI:
     async def unload(request: Request):
         name = await _model_field(request, state)
         child = _call(router.get, name, unknown=(400, "model is not found"))
-        if not child.running:
+        if not child.running and child.status is not ModelStatus.DOWNLOADING:
             raise invalid("model is not running")
         await run_in_threadpool(_call, router.unload, child.name)
         return {"success": True}
@@ -93,18 +93,16 @@ def create_router_app(router: Router, state: ServerState) -> FastAPI:
         return _event_stream(router)
 
     async def download(request: Request):
-        await _model_field(request, state)
-        raise APIError(501, "downloading models through the router is not supported by ggstation; "
-                       "use `ggstation models pull NAME` and GET /models?reload=1")
+        name = await _model_field(request, state)
+        await run_in_threadpool(_call, router.download, name, bad=True)
+        return {"success": True}
 
     async def remove(request: Request):
         name = request.query_params.get("model", "")
         if not name:
             raise invalid("model must be a non-empty string")
-        child = _call(router.get, name, unknown=(400, f"model '{name}' not found"))
-        if child.spec is None or child.spec.source != "cache":
-            raise invalid(f"model '{child.name}' is not in the cache; only cached models can be removed")
-        raise APIError(501, "removing cached models through the router is not supported by ggstation")
+        await run_in_threadpool(_call, router.remove, name, bad=True)
+        return {"success": True}
 
     async def props(request: Request):
         if not request.query_params.get("model"):
@@ -125,10 +123,10 @@ def create_router_app(router: Router, state: ServerState) -> FastAPI:
     return app
 
 
-def _call(fn, *args, unknown: tuple[int, str] | None = None):
+def _call(fn, *args, unknown: tuple[int, str] | None = None, bad: bool = False):
     """Router errors as HTTP errors: an unknown model, a model in the wrong state or a preset
-    that does not parse is a 400 (`unknown` overrides the unknown-model answer), a full router
-    or a failed load a 503."""
+    that does not parse is a 400 (`unknown` overrides the unknown-model answer; with `bad`
+    every router error is the request's), a full router or a failed load a 503."""
     try:
         return fn(*args)
     except UnknownModelError as e:
@@ -141,7 +139,7 @@ def _call(fn, *args, unknown: tuple[int, str] | None = None):
     except PresetError as e:  # GET /models?reload=1 over a broken preset: the old list stays
         raise APIError(400, str(e)) from None
     except RouterError as e:
-        not_running = "not loaded" in str(e) or "not running" in str(e)
+        not_running = bad or "not loaded" in str(e) or "not running" in str(e)
         raise APIError(400 if not_running else 503, str(e)) from None
 
 

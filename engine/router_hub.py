@@ -1,0 +1,47 @@
+"""The router's side of the Hugging Face cache: check that a model can be downloaded, download
+it with progress, and remove a cached model (POST /models and DELETE /models of llama-server's
+router). The transfers themselves are engine/hub.py's; tests swap this object for a stand-in."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+
+class HubAccess:
+    """What the router needs of the Hub; validate and fetch raise HubError (an EngineError)."""
+
+    def validate(self, spec: str) -> tuple[object, str]:
+        """(the model file, its download URL) for "user/repo[:QUANT]"."""
+        from . import hub
+
+        file = hub.resolve(spec)
+        url = f"{hub.endpoint()}/{file.repo_id}/resolve/{file.revision}/{file.filename}"
+        return file, url
+
+    def fetch(self, file: object, progress: Callable[[int, int], None], cancel: threading.Event) -> Path:
+        from . import hub
+
+        return hub.download(file, progress=progress, cancel=cancel)  # type: ignore[arg-type]
+
+    def remove(self, spec: str) -> bool:
+        """Delete every part of the cached model `spec` (links and blobs); False if none was there."""
+        from . import hub
+
+        removed = False
+        for f in hub.cached_models():
+            if f.spec != spec or f.local_path is None:
+                continue
+            snapshot = Path(str(f.local_path)[: -len(f.filename)])
+            for part in f.parts:
+                link = snapshot / part.filename
+                with contextlib.suppress(OSError):
+                    blob = link.resolve()
+                    link.unlink()
+                    if blob != link and blob.is_file():
+                        blob.unlink()
+                    removed = True
+        return removed
+
