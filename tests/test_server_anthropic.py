@@ -337,3 +337,20 @@ def test_official_sdk(server, script):
     assert final.content[1].input == {"location": "Paris"}
     with pytest.raises(anthropic.BadRequestError):
         c.messages.create(model="m", max_tokens=3, messages=[{"role": "user"}])
+
+
+def test_a_continued_assistant_message_starts_the_reply():
+    from engine.server.anthropic import MessageBuilder, _prefill_text
+
+    chat = to_chat(MessagesRequest.model_validate(
+        {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello, I am"}]}))
+    assert _prefill_text(chat, "<|im_start|>assistant\nHello, I am") == "Hello, I am"
+    assert _prefill_text(chat, "<|im_start|>assistant\n") == ""  # not continued: a new turn
+    b = MessageBuilder("m", tool_names=[], parse_tools=False, reasoning=False, starts_inside=False,
+                       stop_sequences=[], n_prompt=3)
+    b.prefill("Hello, I am")
+    step = GenerationStep(token=5, text_delta=" a bot", logprob=0.0, top_logprobs=(), finish_reason="stop",
+                          n_prompt=3, n_generated=1, n_cached=0, t_prompt_ms=0.0, t_gen_ms=0.0)
+    ev = b.step_events(step)
+    assert "".join(e["delta"]["text"] for e in ev if e["type"] == "content_block_delta") == "Hello, I am a bot"
+    assert b.response()["content"] == [{"type": "text", "text": "Hello, I am a bot"}]

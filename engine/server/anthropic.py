@@ -279,6 +279,11 @@ class MessageBuilder:
         self.blocks: list[str] = []  # kinds of the blocks opened, in order; the last one may be open
         self.open = False
         self.tool_calls: list[ToolCall] = []
+        self._owed: list[tuple[str, str]] = []
+
+    def prefill(self, text: str) -> None:
+        """The reply continues `text` (an assistant prefill): it is the start of the answer."""
+        self._owed = self.parser.feed(text)
 
     # -- shared ---------------------------------------------------------------------------------
     def add(self, step: GenerationStep) -> list[tuple[str, str]]:
@@ -286,7 +291,8 @@ class MessageBuilder:
             self.n_prompt, self.n_cached = step.n_prompt, step.n_cached
         self.last = step
         self.n_decoded += 1
-        return self.parser.feed(step.text_delta)
+        owed, self._owed = self._owed, []
+        return owed + self.parser.feed(step.text_delta)
 
     def stop_reason(self) -> str:
         if self.last is None or self.last.finish_reason != "stop":
@@ -359,6 +365,7 @@ class MessageBuilder:
 
     def final_events(self) -> list[dict[str, Any]]:
         deltas, msg = self.parser.finish()
+        deltas, self._owed = self._owed + deltas, []
         self.tool_calls = msg.tool_calls
         out = self.start_events() + self._delta_events(deltas) + self._close()
         for call in msg.tool_calls:
@@ -399,7 +406,22 @@ def _prepare(s, body: MessagesRequest):
         parse_tools=bool(tool_names) and chat.tool_choice != "none",
         reasoning=reasoning, starts_inside=reasoning and prompt_opens_reasoning(prompt_text),
         stop_sequences=list(body.stop_sequences or []), n_prompt=len(req.prompt))
+    builder.prefill(_prefill_text(chat, prompt_text))
     return req, builder
+
+
+def _prefill_text(chat: _ChatBody, prompt_text: str) -> str:
+    """The text of a final assistant message the prompt continues (llama-server answers it
+    as the start of the reply); "" when the prompt does not end with it."""
+    if not chat.messages or chat.messages[-1].role != "assistant" or chat.messages[-1].tool_calls:
+        return ""
+    content = chat.messages[-1].content
+    if isinstance(content, list):
+        texts = [p.text or "" for p in content if p.type in (None, "text")]
+        candidates = ["\n\n".join(texts), "\n".join(texts), "".join(texts)]
+    else:
+        candidates = [content or ""]
+    return next((t for t in candidates if t and prompt_text.endswith(t)), "")
 
 
 @router.post("/v1/messages", openapi_extra=body_schema(MessagesRequest))
