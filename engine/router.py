@@ -4,6 +4,7 @@ Each model has a status (after llama.cpp's server-models.h):
 
     UNLOADED --load()--> LOADING --child prints {"event": "ready"}--> LOADED
     LOADING / LOADED --unload(), eviction, reload--> (stopping) --child exits--> UNLOADED
+    LOADED --child prints {"event": "sleeping"}--> SLEEPING --{"event": "ready"}--> LOADED
     LOADING / LOADED --child exits by itself, misses heartbeats or a load deadline--> UNLOADED,
                                                    with its exit code: reported as failed
 
@@ -56,11 +57,13 @@ class ModelStatus(enum.Enum):
     UNLOADED = "unloaded"
     LOADING = "loading"
     LOADED = "loaded"
+    SLEEPING = "sleeping"  # loaded, its model unloaded after --sleep-idle-seconds; a request wakes it
     DOWNLOADING = "downloading"  # POST /models: into the cache, then listed by the next reload
     DOWNLOADED = "downloaded"
 
 
-RUNNING = (ModelStatus.LOADING, ModelStatus.LOADED)
+RUNNING = (ModelStatus.LOADING, ModelStatus.LOADED, ModelStatus.SLEEPING)
+SERVING = (ModelStatus.LOADED, ModelStatus.SLEEPING)  # takes requests
 
 
 class RequestCancelled(RouterError):
@@ -264,7 +267,7 @@ class Router:
                 out.append({"id": c.name, "aliases": list(spec.aliases), "tags": list(spec.tags),
                             "path": str(c.path), "status": c.info(), "source": spec.source,
                             "can_remove": spec.source == "cache", "_loaded_info": c.loaded_info
-                            if c.status is ModelStatus.LOADED else None})
+                            if c.status in SERVING else None})
             return out
 
     # -- explicit load / unload ----------------------------------------------------------------
@@ -488,7 +491,7 @@ class Router:
                     raise UnknownModelError(f"model '{name}' not found (removed by a reload)")
                 if child.stopping:  # a stopping child takes no new request; the next one will
                     enqueue()
-                elif child.status is ModelStatus.LOADED:
+                elif child.status in SERVING:
                     break
                 elif child.status is ModelStatus.LOADING:
                     saw_loading = True
@@ -543,7 +546,7 @@ class Router:
 
     def _pick_victim(self) -> ChildServer | None:
         """The least recently used model nobody needs now: loaded, idle, not stopping, not queued for."""
-        idle = [c for c in self.children.values() if c.status is ModelStatus.LOADED and c.req_count == 0
+        idle = [c for c in self.children.values() if c.status in SERVING and c.req_count == 0
                 and not c.stopping and self._find(c.name) is None]
         return min(idle, key=lambda c: c.last_used, default=None)
 
@@ -783,12 +786,17 @@ class Router:
             child.port = int(msg.get("port", 0))
         elif event == "failed":  # the load failed; the child exits next
             child.error = str(msg.get("error") or "")
-        elif event == "ready" and child.status is ModelStatus.LOADING:
+        elif event == "ready" and child.status in (ModelStatus.LOADING, ModelStatus.SLEEPING):
             with self._cv:
                 child.status = ModelStatus.LOADED
                 self._cv.notify_all()
             log.info("model %s ready on port %d", child.name, child.port)
             self._notify("model_status", child.name, {"status": "loaded"})
+        elif event == "sleeping" and child.status is ModelStatus.LOADED:
+            with self._cv:
+                child.status = ModelStatus.SLEEPING
+                self._cv.notify_all()
+            self._notify("model_status", child.name, {"status": "sleeping"})
 
     def _check_children(self) -> None:
         now = time.monotonic()
@@ -806,7 +814,7 @@ class Router:
             elif child.status is ModelStatus.LOADING and now - child.t_spawn > self.load_timeout_s:
                 child.error = f"not ready after {self.load_timeout_s:.0f} s"
                 proc.kill()
-            elif child.status is ModelStatus.LOADED and now - child.last_heartbeat > HEARTBEAT_TIMEOUT_S:
+            elif child.status in SERVING and now - child.last_heartbeat > HEARTBEAT_TIMEOUT_S:
                 child.error = f"no heartbeat for {HEARTBEAT_TIMEOUT_S:.0f} s"
                 proc.kill()
 

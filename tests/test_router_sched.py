@@ -417,3 +417,17 @@ def test_app_downloads_into_the_cache_and_removes_from_it(app_client, tmp_path):
         assert c.delete("/models").status_code == 400
     finally:
         router.stop()
+
+
+def test_a_sleeping_child_is_running_and_takes_requests(make):
+    r = make(models_max=1)
+    child = use(r, "a")
+    r._on_message(child, b'{"event": "sleeping"}')
+    assert status(r, "a") is ModelStatus.SLEEPING
+    assert next(m for m in r.models_info() if m["id"] == "a")["status"]["value"] == "sleeping"
+    assert use(r, "a") is child  # no reload: the child wakes itself
+    r._on_message(child, b'{"event": "ready"}')
+    assert status(r, "a") is ModelStatus.LOADED
+    r._on_message(child, b'{"event": "sleeping"}')
+    use(r, "b")  # a sleeping model is idle: it gives its slot up
+    assert status(r, "a") is ModelStatus.UNLOADED

@@ -170,7 +170,7 @@ async def _listing(app: FastAPI) -> list[dict]:
         info = m.pop("_loaded_info")
         entry = {**m, "object": "model", "owned_by": "llamacpp", "created": created,
                  "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]}}
-        if m["status"]["value"] == ModelStatus.LOADED.value:
+        if m["status"]["value"] in (ModelStatus.LOADED.value, ModelStatus.SLEEPING.value):
             if info is None:
                 info = await _child_info(app, router.get(m["id"]))
             for k, v in (info or {}).items():
@@ -189,7 +189,7 @@ async def _child_info(app: FastAPI, child: ChildServer) -> dict | None:
         info = data[0] if isinstance(data[0], dict) else {}
     except (httpx.HTTPError, ValueError, AttributeError):
         return None
-    if child.status is ModelStatus.LOADED:
+    if child.status in (ModelStatus.LOADED, ModelStatus.SLEEPING):
         child.loaded_info = info
     return info
 
@@ -207,7 +207,7 @@ def _event_stream(router: Router) -> StreamingResponse:
     async def gen():
         try:
             while True:
-                yield f"data: {json.dumps(await queue.get())}\n\n"
+                yield f"data: {json.dumps(await queue.get(), separators=(',', ':'))}\n\n"
         finally:
             unsubscribe()
 
