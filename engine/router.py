@@ -442,7 +442,7 @@ class Router:
             child = self.get(name)
             name = child.name
             if not autoload and not child.running:
-                raise RouterError(f"model '{name}' is not loaded")
+                raise RouterError("model is not loaded")
             child = self._wait_ready(name, autoload, should_stop)
             child.req_count += 1
             if touch:
@@ -504,7 +504,7 @@ class Router:
                     did_load = saw_loading = False
                     enqueue()
                 elif not autoload:
-                    raise RouterError(f"model '{name}' is not loaded")
+                    raise RouterError("model is not loaded")
                 else:
                     enqueue()
                 if should_stop is not None and should_stop():

@@ -64,7 +64,7 @@ class ModelSpec:
     load_on_startup: bool = False
     stop_timeout: int = DEFAULT_STOP_TIMEOUT_S
     hidden: bool = False  # deduplicated from GET /models, still routable
-    preset_ini: str = ""  # the model's effective preset, for GET /models (presets only)
+    preset_ini: str = ""  # the model's effective options as INI, for GET /models
 
     def args(self) -> list[str]:
         """The child's flags (before the router adds host, port, alias)."""
@@ -314,10 +314,8 @@ class Catalogue:
             if dest not in RESERVED_DESTS and dest not in MODEL_DESTS:
                 opts[dest] = value
         rendered = tuple(pair for dest, value in opts.items() for pair in self.table.render(dest, value))
-        preset_ini = ""
-        if section is not None:
-            lines = [f"{o.lstrip('-')} = {v or 'true'}" for o, v in rendered]
-            preset_ini = "\n".join([f"[{name}]", *lines]) + "\n\n"
+        lines = sorted(f"{o.lstrip('-')} = {v or 'true'}" for o, v in rendered)
+        preset_ini = "\n".join([f"[{name}]", *lines]) + "\n\n"  # GET /models shows it, as llama-server
         try:
             stop_timeout = int(extra.get("stop-timeout", DEFAULT_STOP_TIMEOUT_S))
         except ValueError:

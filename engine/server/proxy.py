@@ -157,8 +157,8 @@ def _router_props(router: Router) -> dict:
     its web UI working)."""
     commit = git_commit() or "ggstation"
     return {"role": "router", "max_instances": router.models_max, "models_autoload": router.autoload,
-            "model_alias": "ggstation", "model_path": "none",
-            "default_generation_settings": {"params": {}, "n_ctx": 0}, "ui_settings": {},
+            "model_alias": "llama-server", "model_path": "none",
+            "default_generation_settings": {"params": None, "n_ctx": 0}, "ui_settings": {},
             "build_info": f"b{__version__}-{commit}", "cors_proxy_enabled": False}
 
 
