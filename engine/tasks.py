@@ -38,6 +38,9 @@ class GenerationRequest:
         n_keep: prompt tokens a context shift keeps (BOS is added when the model uses one;
             -1 = the whole prompt; None = the scheduler's --keep).
         grammar: constrain the output (GBNF, JSON schema...; engine/grammar.py).
+        return_progress: also put `PromptProgress` items in the handle: one when the request
+            takes its slot, one after each decoded prompt chunk (llama-server's
+            return_progress); the consumer must expect them among the steps.
     """
 
     prompt: list[int]
@@ -48,6 +51,17 @@ class GenerationRequest:
     id_slot: int = -1
     n_keep: int | None = None
     grammar: Grammar | None = None
+    return_progress: bool = False
+
+
+@dataclass(frozen=True)
+class PromptProgress:
+    """How far a request's prompt is evaluated: `processed` of `total` tokens, the first
+    `cache` of them reused from the slot's cache."""
+
+    total: int
+    cache: int
+    processed: int
 
 
 @dataclass

@@ -67,6 +67,12 @@ def git_commit() -> str | None:
     return None
 
 
+def build_info() -> str:
+    """llama-server's build string, `b<build>-<commit>` (its /props `build_info` and the OpenAI
+    `system_fingerprint`), from ggstation's version and commit."""
+    return f"b{__version__}-{git_commit() or 'unknown'}"
+
+
 def _dist_version(name: str) -> str:
     try:
         return metadata.version(name)

@@ -201,7 +201,7 @@ def test_server_embeddings(client):
     (json.dumps(chat(temperature="hot")).encode(), "temperature"),
     (json.dumps(chat(max_token=5)).encode(), "unknown field"),
     (json.dumps(chat(n_probs=10 ** 9)).encode(), "n_probs"),
-    (json.dumps(chat(n=3)).encode(), "n"),
+    (json.dumps(chat(n=9)).encode(), "n"),  # more choices than slots
     (json.dumps({"messages": [{"role": "wizard", "content": "x"}]}).encode(), "role"),
     (b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}', "NaN"),
 ])

@@ -6,6 +6,12 @@ stream of chunks. Three of them:
     ChatFormatter        POST /v1/chat/completions   chat.completion(.chunk), [DONE]
     TextFormatter        POST /v1/completions        text_completion, [DONE]
     NativeFormatter      POST /completion            llama.cpp {content, stop, timings...}
+
+A request with several prompts or choices has one formatter per result (its `index`), all
+sharing one id; `merge` joins their replies as llama-server does. What llama-server adds on
+request is here too: `timings` on every chunk (timings_per_token), `prompt_progress` chunks
+(return_progress), `__verbose` (the native reply, with the prompt text), and post-sampling
+probabilities (`prob`/`top_probs` instead of `logprob`/`top_logprobs`).
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..sequence import GenerationStep
+from ..tasks import PromptProgress
+from ..version import build_info
 
 if TYPE_CHECKING:
     from ..seams import ServerTokenizer
@@ -31,6 +39,17 @@ def sse(obj: Any) -> bytes:
 
 def sse_error(body: dict) -> bytes:
     return sse(body)
+
+
+_FINGERPRINT: str | None = None
+
+
+def system_fingerprint() -> str:
+    """llama-server's `system_fingerprint`: its build, `b<build>-<commit>` (computed once)."""
+    global _FINGERPRINT
+    if _FINGERPRINT is None:
+        _FINGERPRINT = build_info()
+    return _FINGERPRINT
 
 
 def timings(step, n_decoded: int) -> dict:
@@ -97,12 +116,20 @@ class Accumulator:
 
 
 class Formatter:
-    """Base: subclasses define the shapes. `send_done` adds `data: [DONE]` to streams."""
+    """Base: subclasses define the shapes. `send_done` adds `data: [DONE]` to streams.
+
+    One formatter shapes one result (`index`) of a request; the results of one request share
+    `id` and `created`. `generation_settings`, `prompt_text` and `verbose` feed the native
+    reply (and `__verbose`); `post_sampling` reports probabilities after the sampler chain.
+    """
 
     send_done = True
 
     def __init__(self, state: ServerState, model_name: str, tokenizer: ServerTokenizer, *, n_probs: int = 0,
-                 include_usage: bool = False, return_tokens: bool = False, logprobs: bool = False):
+                 include_usage: bool = False, return_tokens: bool = False, logprobs: bool = False,
+                 index: int = 0, id: str | None = None, created: int | None = None,
+                 generation_settings: dict | None = None, prompt_text: str = "", verbose: bool = False,
+                 post_sampling: bool = False, timings_per_token: bool = False):
         self.state = state
         self.model = model_name
         self.tok = tokenizer
@@ -110,10 +137,17 @@ class Formatter:
         self.logprobs = logprobs  # OpenAI chat: per-token log-probabilities wanted
         self.include_usage = include_usage
         self.return_tokens = return_tokens
-        self.created = int(time.time())
-        self.id = self.id_prefix + uuid.uuid4().hex[:24]
+        self.index = index
+        self.created = int(time.time()) if created is None else created
+        self.id = self.id_prefix + uuid.uuid4().hex[:24] if id is None else id
+        self.generation_settings = generation_settings or {}
+        self.prompt_text = prompt_text
+        self.verbose = verbose
+        self.post_sampling = post_sampling
+        self.timings_per_token = timings_per_token
         self.acc = Accumulator()
         self.id_slot = -1
+        self.t_start = time.perf_counter()
 
     id_prefix = "cmpl-"
 
@@ -123,6 +157,10 @@ class Formatter:
     # hooks
     def chunk(self, step) -> list[dict]:
         raise NotImplementedError
+
+    def progress_chunks(self, progress: PromptProgress) -> list[dict]:
+        """The chunks of a prompt-progress report (return_progress)."""
+        return []
 
     def final_chunks(self) -> list[dict]:
         raise NotImplementedError
@@ -145,8 +183,70 @@ class Formatter:
     def _usage(self) -> dict:
         return usage(self.acc.last, self._n())
 
+    def _progress(self, p: PromptProgress) -> dict:
+        return {"total": p.total, "cache": p.cache, "processed": p.processed,
+                "time_ms": int((time.perf_counter() - self.t_start) * 1e3)}
+
     def _top(self, step) -> list[tuple[int, str, list[int], float]]:
         return [(int(t), *piece(self.tok, t), float(lp)) for t, lp in (step.top_logprobs or ())][: self.n_probs]
+
+    def _token_probs(self, steps) -> list[dict]:
+        """llama-server's per-token probabilities: log-probabilities of the raw logits, or with
+        post_sampling the probabilities after the sampler chain (zeros left out)."""
+        out = []
+        for s in steps:
+            text, raw = piece(self.tok, s.token)
+            entry: dict[str, Any] = {"id": int(s.token), "token": text, "bytes": raw}
+            post = getattr(s, "post_probs", None) if self.post_sampling else None
+            if post is not None:
+                entry["prob"] = float(getattr(s, "prob", 0.0))
+                entry["top_probs"] = [{"id": int(t), "token": tt, "bytes": b, "prob": float(p)}
+                                      for t, p in post[: self.n_probs] if p > 0.0
+                                      for tt, b in [piece(self.tok, t)]]
+            else:
+                entry["logprob"] = float(s.logprob)
+                entry["top_logprobs"] = [{"id": t, "token": tt, "bytes": b, "logprob": lp}
+                                         for t, tt, b, lp in self._top(s)]
+            out.append(entry)
+        return out
+
+    def _stop_type(self) -> str:
+        last = self.acc.last
+        if last is None or last.finish_reason is None:
+            return "none"
+        if last.finish_reason == "length":
+            return "limit"
+        return "word" if last.stop_word else "eos"
+
+    def native(self, stream: bool = False) -> dict:
+        """llama-server's native final reply (/completion, and `__verbose` elsewhere)."""
+        last = self.acc.last
+        body = {
+            "index": self.index,
+            "content": "" if stream else self.acc.content,
+            "tokens": (self.acc.tokens if self.return_tokens and not stream else []),
+            "id_slot": self.id_slot,
+            "stop": True,
+            "model": self.model,
+            "tokens_predicted": self._n(),
+            "tokens_evaluated": last.n_prompt if last is not None else 0,
+            "generation_settings": self.generation_settings,
+            "prompt": self.prompt_text,
+            "has_new_line": "\n" in self.acc.content,
+            "truncated": last.truncated if last is not None else False,
+            "stop_type": self._stop_type(),
+            "stopping_word": (last.stop_word or "") if last is not None else "",
+            "tokens_cached": (last.n_prompt + self._n() - 1) if last is not None else 0,
+            "timings": self._timings(),
+        }
+        if self.n_probs and not stream and self.acc.steps:
+            body["completion_probabilities"] = self._token_probs(self.acc.steps)
+        return body
+
+    def _with_verbose(self, obj: dict) -> dict:
+        if self.verbose:
+            obj["__verbose"] = self.native()
+        return obj
 
 
 class ChatFormatter(Formatter):
@@ -158,9 +258,11 @@ class ChatFormatter(Formatter):
 
     def _obj(self, choices: list, **extra) -> dict:
         return {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                "model": self.model, "system_fingerprint": "ggstation", "choices": choices, **extra}
+                "model": self.model, "system_fingerprint": system_fingerprint(), "choices": choices, **extra}
 
     def _logprob_entries(self, steps) -> list[dict]:
+        if self.post_sampling:
+            return self._token_probs(steps)
         out = []
         for s in steps:
             text, raw = piece(self.tok, s.token)
@@ -171,40 +273,51 @@ class ChatFormatter(Formatter):
             })
         return out
 
+    def _role(self) -> dict:
+        return self._obj([{"index": self.index, "delta": {"role": "assistant", "content": None},
+                           "logprobs": None, "finish_reason": None}])
+
     def chunk(self, step) -> list[dict]:
         out = []
         if not self._sent_role:
             self._sent_role = True
-            out.append(self._obj([{"index": 0, "delta": {"role": "assistant", "content": None},
-                                   "logprobs": None, "finish_reason": None}]))
+            out.append(self._role())
         if step.text_delta or (self.logprobs and not step.finish_reason):
-            choice = {"index": 0, "delta": {"content": step.text_delta}, "finish_reason": None,
+            choice = {"index": self.index, "delta": {"content": step.text_delta}, "finish_reason": None,
                       "logprobs": {"content": self._logprob_entries([step])} if self.logprobs else None}
             out.append(self._obj([choice]))
+        if self.timings_per_token and out:
+            out[-1]["timings"] = self._timings()
         return out
+
+    def progress_chunks(self, progress: PromptProgress) -> list[dict]:
+        # llama-server sends each progress report as a role delta carrying prompt_progress
+        return [{**self._role(), "prompt_progress": self._progress(progress)}]
 
     def final_chunks(self) -> list[dict]:
         out = []
         if not self._sent_role:
             self._sent_role = True
-            out.append(self._obj([{"index": 0, "delta": {"role": "assistant", "content": None},
-                                   "logprobs": None, "finish_reason": None}]))
-        out.append(self._obj([{"index": 0, "delta": {}, "logprobs": None,
-                               "finish_reason": self.acc.finish_reason}], timings=self._timings()))
+            out.append(self._role())
+        out.append(self._obj([{"index": self.index, "delta": {}, "logprobs": None,
+                               "finish_reason": self.acc.finish_reason}]))
         if self.include_usage:
             out.append(self._obj([], usage=self._usage()))
+        out[-1]["timings"] = self._timings()  # on the last chunk, as llama-server
+        self._with_verbose(out[0])
         return out
 
     def response(self) -> dict:
         choice = {
-            "index": 0,
+            "index": self.index,
             "message": {"role": "assistant", "content": self.acc.content},
             "logprobs": {"content": self._logprob_entries(self.acc.steps)} if self.logprobs else None,
             "finish_reason": self.acc.finish_reason,
         }
-        return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
-                "system_fingerprint": "ggstation", "choices": [choice], "usage": self._usage(),
-                "timings": self._timings()}
+        return self._with_verbose({
+            "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
+            "system_fingerprint": system_fingerprint(), "choices": [choice], "usage": self._usage(),
+            "timings": self._timings()})
 
 
 class TextFormatter(Formatter):
@@ -225,88 +338,100 @@ class TextFormatter(Formatter):
 
     def _obj(self, text: str, finish, logprobs=None, **extra) -> dict:
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "system_fingerprint": "ggstation",
-                "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}], **extra}
+                "system_fingerprint": system_fingerprint(),
+                "choices": [{"text": text, "index": self.index, "logprobs": logprobs, "finish_reason": finish}],
+                **extra}
 
     def chunk(self, step) -> list[dict]:
         if not step.text_delta:
             return []
         lp = self._logprobs([step]) if self.n_probs else None
-        return [self._obj(step.text_delta, None, lp)]
+        obj = self._obj(step.text_delta, None, lp)
+        if self.timings_per_token:
+            obj["timings"] = self._timings()
+        return [obj]
+
+    def progress_chunks(self, progress: PromptProgress) -> list[dict]:
+        return [{**self._obj("", None), "prompt_progress": self._progress(progress)}]
 
     def final_chunks(self) -> list[dict]:
-        out = [self._obj("", self.acc.finish_reason, None, timings=self._timings())]
+        out = [self._obj("", self.acc.finish_reason, None)]
         if self.include_usage:
             out.append({**self._obj("", None), "choices": [], "usage": self._usage()})
+        out[-1]["timings"] = self._timings()
+        self._with_verbose(out[0])
         return out
 
     def response(self) -> dict:
         lp = self._logprobs(self.acc.steps) if self.n_probs else None
-        return self._obj(self.acc.content, self.acc.finish_reason, lp, usage=self._usage(),
-                         timings=self._timings())
+        return self._with_verbose(self._obj(self.acc.content, self.acc.finish_reason, lp, usage=self._usage(),
+                                            timings=self._timings()))
 
 
 class NativeFormatter(Formatter):
-    """llama.cpp's /completion: `content`, `stop`, `stop_type`, `tokens_cached`, `timings`."""
+    """llama.cpp's /completion: `content`, `stop`, `stop_type`, `tokens_cached`, `timings`.
+
+    `response_fields` keeps only the listed fields of the final reply; a field with a slash
+    ("generation_settings/n_predict") is taken from inside an object and keyed by that path.
+    """
 
     send_done = False
 
-    def __init__(self, *a, generation_settings: dict | None = None, prompt_text: str = "", **kw):
+    def __init__(self, *a: Any, response_fields: list[str] | None = None, **kw: Any):
         super().__init__(*a, **kw)
-        self.generation_settings = generation_settings or {}
-        self.prompt_text = prompt_text
+        self.response_fields = response_fields or []
 
-    def _probs(self, steps) -> list[dict]:
-        out = []
-        for s in steps:
-            text, raw = piece(self.tok, s.token)
-            out.append({"id": int(s.token), "token": text, "logprob": float(s.logprob), "bytes": raw,
-                        "top_logprobs": [{"id": t, "token": tt, "logprob": lp, "bytes": b}
-                                         for t, tt, b, lp in self._top(s)]})
-        return out
-
-    def _stop_type(self) -> str:
+    def _partial(self, step: GenerationStep | None, progress: PromptProgress | None = None) -> dict:
         last = self.acc.last
-        if last is None or last.finish_reason is None:
-            return "none"
-        if last.finish_reason == "length":
-            return "limit"
-        return "word" if last.stop_word else "eos"
+        obj: dict[str, Any] = {
+            "index": self.index, "content": step.text_delta if step is not None else "",
+            "tokens": [int(step.token)] if step is not None else [], "stop": False, "id_slot": self.id_slot,
+            "tokens_predicted": self._n(),
+            "tokens_evaluated": last.n_prompt if last is not None else (progress.total if progress else 0)}
+        if self.timings_per_token and last is not None:
+            obj["timings"] = self._timings()
+        if progress is not None:
+            obj["prompt_progress"] = self._progress(progress)
+        if self.n_probs and step is not None:
+            obj["completion_probabilities"] = self._token_probs([step])
+        return obj
 
     def chunk(self, step) -> list[dict]:
-        obj = {"index": 0, "content": step.text_delta, "tokens": [int(step.token)], "stop": False,
-               "id_slot": self.id_slot, "tokens_predicted": self._n(), "tokens_evaluated": step.n_prompt}
-        if self.n_probs:
-            obj["completion_probabilities"] = self._probs([step])
-        return [obj]
+        return [self._partial(step)]
+
+    def progress_chunks(self, progress: PromptProgress) -> list[dict]:
+        return [self._partial(None, progress)]
 
     def final_chunks(self) -> list[dict]:
-        body = self._final_body(stream=True)
-        return [body]
-
-    def _final_body(self, stream: bool) -> dict:
-        last = self.acc.last
-        body = {
-            "index": 0,
-            "content": "" if stream else self.acc.content,
-            "tokens": (self.acc.tokens if self.return_tokens and not stream else []),
-            "id_slot": self.id_slot,
-            "stop": True,
-            "model": self.model,
-            "tokens_predicted": self._n(),
-            "tokens_evaluated": last.n_prompt if last is not None else 0,
-            "generation_settings": self.generation_settings,
-            "prompt": self.prompt_text,
-            "has_new_line": "\n" in self.acc.content,
-            "truncated": last.truncated if last is not None else False,
-            "stop_type": self._stop_type(),
-            "stopping_word": (last.stop_word or "") if last is not None else "",
-            "tokens_cached": (last.n_prompt + self._n() - 1) if last is not None else 0,
-            "timings": self._timings(),
-        }
-        if self.n_probs and not stream:
-            body["completion_probabilities"] = self._probs(self.acc.steps)
-        return body
+        return [self.native(stream=True)]
 
     def response(self) -> dict:
-        return self._final_body(stream=False)
+        body = self.native(stream=False)
+        return nested_fields(self.response_fields, body) if self.response_fields else body
+
+
+def nested_fields(paths: list[str], obj: dict) -> dict:
+    """llama-server's json_get_nested_values: each path ("a/b") found in obj, keyed by the path."""
+    out = {}
+    for path in paths:
+        cur: Any = obj
+        for key in path.split("/"):
+            if not (isinstance(cur, dict) and key in cur):
+                break
+            cur = cur[key]
+        else:
+            out[path] = cur
+    return out
+
+
+def merge(results: list[dict], native: bool) -> dict | list:
+    """The reply of a request with several results: one object when there is one; a list
+    (native); else the first object with every result's choice (OpenAI shapes), its usage
+    and timings those of the first result, as llama-server answers."""
+    if len(results) == 1:
+        return results[0]
+    if native:
+        return results
+    first = dict(results[0])
+    first["choices"] = [c for r in results for c in r["choices"]]
+    return first

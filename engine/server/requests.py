@@ -2,6 +2,16 @@
 
 Nothing here touches the network: route handlers call these, so the rules (which field
 wins, how a mixed prompt is tokenized, what a logit bias list means) are testable alone.
+The rules are llama-server's (tools/server/server-schema.cpp, server-common.cpp):
+
+- `n_predict` wins over `max_completion_tokens`, which wins over `max_tokens`; the server's
+  -n caps them all.
+- A prompt is text, token ids, ids mixed with text, or {"prompt_string": ...}; a list of
+  several of those asks for one result each.
+- `n` (`n_cmpl`) asks for that many choices per prompt, at most one per slot; choice i > 0
+  samples with seed + i (unless the seed is random) on any free slot.
+- A chat whose last message is the assistant's is continued (assistant prefill);
+  `continue_final_message` asks for it explicitly.
 """
 
 from __future__ import annotations
@@ -9,15 +19,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import APIError, TemplateError, TemplateLimitError
-from ..sampling import SamplingParams
+from ..sampling import DEFAULT_SEED, SamplingParams
 from ..scheduler import GenerationRequest
 from ..tokenizer.chat_template import encode_chat_prompt
 from .constraints import request_grammar
 from .errors import invalid
 from .schemas import ApplyTemplateRequest, ChatCompletionRequest, CompletionRequest, SamplingFields
+from .settings import generation_settings
 
 if TYPE_CHECKING:
     from ..seams import PromptTemplate
@@ -40,6 +51,10 @@ _SAMPLING_FIELDS = {
     "ignore_eos": "ignore_eos",
 }
 
+MAX_PROMPTS = 256  # prompts in one request; llama-server has no limit, each one is a task
+PROMPT_STRING_KEY = "prompt_string"  # llama-server's prompt object keys
+MULTIMODAL_KEY = "multimodal_data"
+
 
 def sampling_params(state: ServerState, body: SamplingFields, n_probs: int | None = None) -> SamplingParams:
     """The server's default SamplingParams with the request's fields applied."""
@@ -52,9 +67,23 @@ def sampling_params(state: ServerState, body: SamplingFields, n_probs: int | Non
     return dataclasses.replace(state.options.default_sampling, **kw)
 
 
-def logit_bias(state, raw) -> dict[int, float]:
-    """OpenAI {"id": bias} or llama.cpp [[id_or_text, bias_or_false], ...] -> {id: bias}."""
-    pairs = raw.items() if isinstance(raw, dict) else raw
+def logit_bias(state: ServerState, raw: Any) -> dict[int, float]:
+    """llama-server's logit_bias forms -> {id: bias}; a bias false bans the token (-inf).
+
+    A list of [token, bias] pairs, where the token is an id or text (tokenized, every piece
+    biased); or an object {key: bias}, where a key that is an integer is an id and any other
+    key is text. Biases of one token add up, as llama.cpp applies each entry in turn.
+    """
+    if isinstance(raw, dict):
+        pairs = [(_key_token(k), v) for k, v in raw.items()]
+    elif isinstance(raw, list):
+        pairs = []
+        for pair in raw:
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise invalid(f"logit_bias list entries must be [token, bias] pairs, got {str(pair)[:40]}")
+            pairs.append((pair[0], pair[1]))
+    else:
+        raise invalid("logit_bias must be a list of [token, bias] pairs or an object {token: bias}")
     n_vocab = state.n_vocab
     out: dict[int, float] = {}
     for key, bias in pairs:
@@ -66,7 +95,15 @@ def logit_bias(state, raw) -> dict[int, float]:
     return out
 
 
-def _bias_value(bias) -> float:
+def _key_token(key: str) -> int | str:
+    """An object key: an integer (llama.cpp strtol over the whole key) is an id, else text."""
+    try:
+        return int(key, 10) if key.strip() == key else key
+    except ValueError:
+        return key
+
+
+def _bias_value(bias: Any) -> float:
     if bias is False:
         return -math.inf
     try:
@@ -78,30 +115,30 @@ def _bias_value(bias) -> float:
     return value
 
 
-def _bias_tokens(state, key) -> list[int]:
-    if isinstance(key, str) and not key.lstrip("-").isdigit():
+def _bias_tokens(state: ServerState, key: Any) -> list[int]:
+    if isinstance(key, str):  # text: every token of it, as tokenized without special handling
         return state.tokenizer.encode(key, add_special=False, parse_special=False)
-    if isinstance(key, str) or (isinstance(key, int) and not isinstance(key, bool)):
-        return [int(key)]
+    if isinstance(key, int) and not isinstance(key, bool):
+        return [key]
     raise invalid(f"logit_bias keys must be token ids or text, got {str(key)[:40]}")
 
 
-def stop_list(stop) -> list[str]:
+def stop_list(stop: str | list[str] | None) -> list[str]:
     if stop is None:
         return []
     return [stop] if isinstance(stop, str) else [s for s in stop if s]
 
 
-def n_predict(state, *candidates) -> int:
-    """The first given limit among the request's fields, else the server's -n: as in
-    llama-server, -n is the default a request's own n_predict / max_tokens overrides."""
+def n_predict(state: ServerState, *candidates: int | None) -> int:
+    """The first given limit among the request's fields, capped by the server's -n."""
     n = next((c for c in candidates if c is not None), -1)
-    if n < 0 and state.options.n_predict is not None:
-        n = state.options.n_predict
+    cap = state.options.n_predict
+    if cap is not None and cap >= 0:
+        n = cap if n < 0 else min(n, cap)
     return n
 
 
-def check_tokens(state, ids: list[int]) -> list[int]:
+def check_tokens(state: ServerState, ids: list[int]) -> list[int]:
     n_vocab = state.n_vocab
     for t in ids:
         if not isinstance(t, int) or isinstance(t, bool) or (n_vocab and not 0 <= t < n_vocab):
@@ -112,24 +149,102 @@ def check_tokens(state, ids: list[int]) -> list[int]:
 # -- prompts --------------------------------------------------------------------------------
 
 
-def tokenize_prompt(state, prompt) -> list[int]:
-    """llama.cpp tokenize_mixed: a string, or a list mixing token ids and strings."""
+def _is_id(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def tokenize_prompts(state: ServerState, prompt: Any) -> list[list[int]]:
+    """llama-server's tokenize_input_prompts: one token list per prompt.
+
+    A list with any token id in it is one prompt (ids, or ids mixed with text); any other
+    list holds several prompts, each text, ids, mixed, or a prompt object.
+    """
+    if isinstance(prompt, list) and not any(_is_id(p) for p in prompt):
+        if not prompt:
+            raise invalid("'prompt' must not be empty")
+        if len(prompt) > MAX_PROMPTS:
+            raise invalid(f"at most {MAX_PROMPTS} prompts are allowed in one request, got {len(prompt)}")
+        return [_subprompt(state, p) for p in prompt]
+    return [_subprompt(state, prompt)]
+
+
+def tokenize_prompt(state: ServerState, prompt: Any) -> list[int]:
+    """One prompt's tokens (several prompts are a 400 here)."""
+    prompts = tokenize_prompts(state, prompt)
+    if len(prompts) > 1:
+        raise invalid("several prompts are not accepted here; send one prompt")
+    return prompts[0]
+
+
+def _subprompt(state: ServerState, p: Any) -> list[int]:
+    if isinstance(p, str) or (isinstance(p, list) and all(_is_id(x) or isinstance(x, str) for x in p)):
+        return check_tokens(state, _tokenize_mixed(state, p))
+    if isinstance(p, dict) and PROMPT_STRING_KEY in p:
+        if p.get(MULTIMODAL_KEY) is not None:
+            raise invalid("multimodal data was provided, but this server has no multimodal support")
+        text = p[PROMPT_STRING_KEY]
+        if not isinstance(text, (str, list)) or (isinstance(text, list) and not all(
+                _is_id(x) or isinstance(x, str) for x in text)):
+            raise invalid(f"'{PROMPT_STRING_KEY}' must be a string or a list of token ids and strings")
+        return check_tokens(state, _tokenize_mixed(state, text))
+    raise invalid("'prompt' elements must be a string, a list of token ids, a list mixing token ids "
+                  f"and strings, or an object with a '{PROMPT_STRING_KEY}'")
+
+
+def _tokenize_mixed(state: ServerState, p: str | list) -> list[int]:
+    """llama.cpp tokenize_mixed: special tokens are added only for text that comes first."""
     tok = state.tokenizer
+    if isinstance(p, str):
+        return tok.encode(p, add_special=True, parse_special=True)
+    ids: list[int] = []
+    for i, x in enumerate(p):
+        if isinstance(x, str):
+            ids.extend(tok.encode(x, add_special=(i == 0), parse_special=True))
+        else:
+            ids.append(x)
+    return ids
+
+
+def prompt_text(state: ServerState, prompt: Any, ids: list[int]) -> str:
+    """The `prompt` a native reply echoes: the text as sent, else the prompt detokenized."""
     if isinstance(prompt, str):
-        return tok.encode(prompt, add_special=True, parse_special=True)
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        return tokenize_prompt(state, prompt[0])
-    if isinstance(prompt, list) and all(isinstance(p, (int, str)) and not isinstance(p, bool) for p in prompt):
-        if all(isinstance(p, str) for p in prompt) and len(prompt) > 1:
-            raise invalid("several prompts in one request are not supported; send one request per prompt")
-        ids: list[int] = []
-        for i, p in enumerate(prompt):
-            if isinstance(p, int):
-                ids.append(p)
-            else:
-                ids.extend(tok.encode(p, add_special=(i == 0), parse_special=True))
-        return check_tokens(state, ids)
-    raise invalid("'prompt' must be a string, a list of token ids, or a list mixing both")
+        return prompt
+    try:
+        return state.tokenizer.decode(ids)
+    except Exception:  # an id the detokenizer cannot show: the echo is only informative
+        return ""
+
+
+# -- several choices ------------------------------------------------------------------------
+
+
+def n_choices(state: ServerState, body: SamplingFields) -> int:
+    """`n_cmpl`, else OpenAI's `n`: choices per prompt, at most the server's slots."""
+    n = body.n_cmpl if body.n_cmpl is not None else getattr(body, "n", None)
+    n = 1 if n is None else n
+    if not 1 <= n <= max(state.n_slots, 1):
+        raise invalid(f"'n' must be between 1 and the server's {state.n_slots} slots (-np), got {n}")
+    return n
+
+
+def with_choices(reqs: list[GenerationRequest], n: int) -> list[GenerationRequest]:
+    """Each request followed by its n - 1 siblings, in llama-server's result order.
+
+    A sibling samples with seed + i (a random seed stays random) and takes any slot: only
+    the first keeps the request's id_slot, so two choices never wait for one slot.
+    """
+    out = []
+    for req in reqs:
+        out.append(req)
+        for i in range(1, n):
+            seed = req.params.seed & 0xFFFFFFFF
+            if seed != DEFAULT_SEED:
+                seed = (seed + i) & 0xFFFFFFFF
+            out.append(dataclasses.replace(req, params=dataclasses.replace(req.params, seed=seed), id_slot=-1))
+    return out
+
+
+# -- chat ------------------------------------------------------------------------------------
 
 
 def chat_template(state: ServerState) -> PromptTemplate:
@@ -138,24 +253,69 @@ def chat_template(state: ServerState) -> PromptTemplate:
     return state.chat_template
 
 
-def render_chat(state: ServerState, body: ChatCompletionRequest | ApplyTemplateRequest) -> str:
-    """Apply the chat template; a template that rejects the messages is a 400."""
-    template = chat_template(state)
-    messages = [m.model_dump(exclude_none=True) for m in body.messages]
-    for i, m in enumerate(messages):
-        c = m.get("content")
+def _messages(body: ChatCompletionRequest | ApplyTemplateRequest) -> list[dict]:
+    """The messages as the template sees them, checked as llama-server checks them."""
+    out = []
+    for i, m in enumerate(body.messages):
+        d = m.model_dump(exclude_none=True)
+        if m.role != "assistant" and "content" not in m.model_fields_set:
+            raise invalid(f"messages[{i}]: every message but the assistant's must have 'content'")
+        if m.role == "assistant" and m.content is None and not m.tool_calls:
+            if "content" not in m.model_fields_set:
+                raise invalid(f"messages[{i}]: an assistant message must have 'content' or 'tool_calls'")
+        c = d.get("content")
         if isinstance(c, list):
             for part in c:
                 if part.get("type") not in (None, "text"):
                     raise invalid(f"messages[{i}]: content part of type {part.get('type')!r} is not "
                                   "supported (text only: this server has no multimodal support)")
+        out.append(d)
+    return out
+
+
+def _continuation(state: ServerState, body: ChatCompletionRequest | ApplyTemplateRequest,
+                  messages: list[dict]) -> tuple[bool, bool]:
+    """(add_generation_prompt, continue the last message), llama-server's rules."""
+    add_gen = body.add_generation_prompt if body.add_generation_prompt is not None else True
+    flag = getattr(body, "continue_final_message", None)
+    cont = flag is True or flag in ("content", "reasoning_content")
+    last_is_assistant = bool(messages) and messages[-1].get("role") == "assistant"
+    if not cont and getattr(state.options, "prefill_assistant", True) and last_is_assistant:
+        if len(messages) >= 2 and messages[-2].get("role") == "assistant":
+            raise invalid("Cannot have 2 or more assistant messages at the end of the list.")
+        cont, add_gen = True, False
+    if cont and add_gen:
+        raise invalid("Cannot set both add_generation_prompt and continue_final_message to true.")
+    if cont and last_is_assistant and messages[-1].get("tool_calls"):
+        raise invalid("Cannot continue an assistant message that contains tool calls.")
+    return add_gen, cont
+
+
+def _content_text(message: dict, delimiter: str = "\n\n") -> str:
+    """A message's text: its string, or its text parts joined (llama.cpp render_content)."""
+    c = message.get("content")
+    if isinstance(c, list):
+        return delimiter.join(str(p.get("text", "")) for p in c if p.get("type", "text") == "text")
+    return c if isinstance(c, str) else ""
+
+
+def render_chat(state: ServerState, body: ChatCompletionRequest | ApplyTemplateRequest) -> str:
+    """Apply the chat template; a template that rejects the messages is a 400.
+
+    A continued final message: the conversation before it, rendered up to the generation
+    prompt, followed by the message's text, which the model then goes on with.
+    """
+    template = chat_template(state)
+    messages = _messages(body)
     kwargs = dict(state.options.chat_template_kwargs or {})
     kwargs.update(body.chat_template_kwargs or {})
     _check_template_kwargs(kwargs)
-    add_gen = body.add_generation_prompt if body.add_generation_prompt is not None else True
+    add_gen, cont = _continuation(state, body, messages)
     try:
-        return template.render(messages, add_generation_prompt=add_gen,
-                                          tools=body.tools, **kwargs)
+        if cont:
+            head = template.render(messages[:-1], add_generation_prompt=True, tools=body.tools, **kwargs)
+            return head + _content_text(messages[-1])
+        return template.render(messages, add_generation_prompt=add_gen, tools=body.tools, **kwargs)
     except TemplateLimitError:
         raise  # the model's template is at fault (its limits grow with the input): a 500, as llama-server
     except TemplateError as e:
@@ -181,69 +341,63 @@ def _check_template_kwargs(kwargs: dict) -> None:
                           f"({RESERVED_TEMPLATE_VARIABLES[key]})")
 
 
-def chat_request(state, body: ChatCompletionRequest) -> tuple[GenerationRequest, str]:
+def chat_request(state: ServerState, body: ChatCompletionRequest) -> tuple[GenerationRequest, str]:
+    """The request for one choice of a chat completion, and the rendered prompt text."""
     grammar = request_grammar(body, chat=True, tokenizer=state.tokenizer)
+    if body.top_logprobs is not None and not body.logprobs:
+        raise invalid("top_logprobs requires logprobs to be set to true")
     template = chat_template(state)
-    prompt_text = render_chat(state, body)
-    ids = encode_chat_prompt(state.tokenizer, prompt_text)
+    text = render_chat(state, body)
+    ids = encode_chat_prompt(state.tokenizer, text)
     n_probs = (body.top_logprobs or 0) if body.logprobs else (body.n_probs or 0)
     req = GenerationRequest(
         prompt=ids,
         params=sampling_params(state, body, n_probs=n_probs),
-        n_predict=n_predict(state, body.max_completion_tokens, body.max_tokens, body.n_predict),
+        n_predict=n_predict(state, body.n_predict, body.max_completion_tokens, body.max_tokens),
         stop=stop_list(body.stop) + list(template.stop_strings),
         cache_prompt=state.options.cache_prompt if body.cache_prompt is None else body.cache_prompt,
         id_slot=-1 if body.id_slot is None else body.id_slot,
+        n_keep=body.n_keep,
         grammar=grammar,
     )
-    return req, prompt_text
+    return req, text
 
 
-def completion_request(state, body: CompletionRequest, native: bool) -> GenerationRequest:
+def completion_requests(state: ServerState, body: CompletionRequest) -> list[GenerationRequest]:
+    """One request per prompt of a /completion or /v1/completions body."""
     if body.echo:
         raise invalid("'echo' is not supported")
     grammar = request_grammar(body, chat=False, tokenizer=state.tokenizer)
-    ids = tokenize_prompt(state, body.prompt)
-    if native:
-        n_probs = body.n_probs or 0
-        limit = n_predict(state, body.n_predict, body.max_tokens)
-    else:
-        n_probs = body.logprobs if body.logprobs is not None else (body.n_probs or 0)
-        limit = n_predict(state, body.max_tokens, body.n_predict)
-    return GenerationRequest(
-        prompt=ids,
+    prompts = tokenize_prompts(state, body.prompt)
+    n_probs = body.n_probs if body.n_probs is not None else (body.logprobs or 0)
+    base = GenerationRequest(
+        prompt=prompts[0],
         params=sampling_params(state, body, n_probs=n_probs),
-        n_predict=limit,
+        n_predict=n_predict(state, body.n_predict, body.max_tokens),
         stop=stop_list(body.stop),
         cache_prompt=state.options.cache_prompt if body.cache_prompt is None else body.cache_prompt,
         id_slot=-1 if body.id_slot is None else body.id_slot,
+        n_keep=body.n_keep,
         grammar=grammar,
     )
+    return [dataclasses.replace(base, prompt=ids) for ids in prompts]
 
 
-def generation_settings(state, req: GenerationRequest | None = None, stream: bool = False) -> dict:
-    """llama-server's `generation_settings` / slot `params` object."""
-    params = req.params if req is not None else state.options.default_sampling
-    d = {}
-    for k, v in dataclasses.asdict(params).items():
-        if isinstance(v, dict):  # logit_bias: llama.cpp lists [token, bias], false = banned
-            v = [[int(t), b if math.isfinite(b) else False] for t, b in v.items()]
-        elif isinstance(v, float) and not math.isfinite(v):
-            v = None
-        d[k] = v
-    d.update({
-        "n_ctx": state.n_ctx_seq,
-        "n_predict": req.n_predict if req is not None else state.options.n_predict,
-        "stop": list(req.stop) if req is not None else [],
-        "stream": stream,
-        "cache_prompt": req.cache_prompt if req is not None else state.options.cache_prompt,
-        "model": state.model_alias,
-    })
-    return d
+def completion_request(state: ServerState, body: CompletionRequest, native: bool = True) -> GenerationRequest:
+    """The request of a body with one prompt (several are a 400)."""
+    reqs = completion_requests(state, body)
+    if len(reqs) > 1:
+        raise invalid("several prompts are not accepted here; send one prompt")
+    return reqs[0]
 
 
-def dumps_safe(obj) -> str:
+def verbose(state: ServerState, body: SamplingFields) -> bool:
+    """Whether replies carry `__verbose` (the request's `verbose`, else the server's --verbose)."""
+    return body.verbose if body.verbose is not None else bool(getattr(state.options, "verbose", False))
+
+
+def dumps_safe(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, allow_nan=False)
 
 
-__all__ = ["APIError", "chat_request", "completion_request", "generation_settings", "tokenize_prompt"]
+__all__ = ["APIError", "chat_request", "completion_requests", "generation_settings", "tokenize_prompts"]

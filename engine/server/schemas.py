@@ -15,8 +15,10 @@ MAX_N_PROBS = 100  # llama.cpp has no limit; an n_vocab-wide reply per token is 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 MAX_STOP = 16
 
-TokenOrText = int | str
-Prompt = str | list[TokenOrText] | list[str | list[TokenOrText]]
+# A prompt as llama-server takes it: text, token ids, ids mixed with text, an object
+# {"prompt_string": ..., "multimodal_data": [...]}, or a list of several of those (one result
+# each). requests.tokenize_prompts checks the shape and says what is wrong.
+Prompt = str | dict[str, Any] | list[Any]
 
 
 class _Body(BaseModel):
@@ -57,8 +59,10 @@ class SamplingFields(_Body):
     mirostat: int | None = Field(None, ge=0, le=2)
     mirostat_tau: float | None = None
     mirostat_eta: float | None = None
+    adaptive_target: float | None = Field(None, le=1.0)
+    adaptive_decay: float | None = Field(None, ge=0.0, le=0.99)
     seed: int | None = Field(None, ge=-1, le=2**64 - 1)
-    logit_bias: dict[str, float] | list[list[Any]] | None = None
+    logit_bias: dict[str, Any] | list[Any] | None = None  # checked by requests.logit_bias
     ignore_eos: bool | None = None
     min_keep: int | None = Field(None, ge=0)
     n_probs: int | None = Field(None, ge=0, le=MAX_N_PROBS)
@@ -82,8 +86,16 @@ class SamplingFields(_Body):
     timings_per_token: bool | None = None
     response_fields: list[str] | None = None
     lora: list[Any] | None = None
-    n_cmpl: int | None = None
+    n_cmpl: int | None = Field(None, ge=1)
     id_task: int | None = None
+    verbose: bool | None = None
+    backend_sampling: bool | None = None
+    sse_ping_interval: int | None = Field(None, ge=-1)
+    n_cache_reuse: int | None = Field(None, ge=0)
+    chat_format: int | None = None
+    generation_prompt: str | None = None
+    reasoning_control: bool | None = None
+    reasoning_budget_tokens: int | None = Field(None, ge=-1)
 
     @field_validator("stop")
     @classmethod
@@ -92,20 +104,6 @@ class SamplingFields(_Body):
             raise ValueError(f"at most {MAX_STOP} stop strings are allowed")
         return v
 
-    @field_validator("logit_bias")
-    @classmethod
-    def _bias(cls, v):
-        if isinstance(v, dict):
-            for k in v:
-                try:
-                    int(k)
-                except ValueError:
-                    raise ValueError(f"logit_bias keys must be token ids, got {k!r}") from None
-        elif isinstance(v, list):
-            for pair in v:
-                if len(pair) != 2:
-                    raise ValueError("logit_bias list entries must be [token, bias] pairs")
-        return v
 
 
 class OpenAICommon(SamplingFields):
@@ -116,7 +114,7 @@ class OpenAICommon(SamplingFields):
     stream_options: dict[str, Any] | None = None
     max_tokens: int | None = Field(None, ge=0)
     n_predict: int | None = Field(None, ge=-1)
-    n: int | None = Field(None, ge=1, le=1)
+    n: int | None = Field(None, ge=1)  # at most the server's slots (requests.n_choices)
     user: str | None = None
     store: bool | None = None
     metadata: dict[str, Any] | None = None
@@ -166,7 +164,7 @@ class ChatCompletionRequest(OpenAICommon):
     reasoning_format: str | None = None
     parse_tool_calls: bool | None = None
     add_generation_prompt: bool | None = None
-    continue_final_message: bool | None = None
+    continue_final_message: bool | str | None = None  # true, "content" or "reasoning_content"
     enable_thinking: bool | None = None
 
 
