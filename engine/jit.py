@@ -22,6 +22,9 @@ _OPTS: dict[str, Any] = dict(cache=True, fastmath=True, nogil=True, error_model=
 
 kernel = numba.njit(**_OPTS)
 parallel_kernel = numba.njit(parallel=True, **_OPTS)
+# For kernels that must round exactly as C compiled without -ffast-math does (the sampler's
+# float32 softmax, which has to match llama.cpp's bit for bit to pick the same tokens).
+exact_kernel = numba.njit(**{**_OPTS, "fastmath": False})
 
 _n_threads = 0  # set by set_num_threads (0: numba's default, every core)
 _stale_warned = False  # generated_kernel's warning is given once per process

@@ -1,14 +1,27 @@
-"""Token sampling: one params object, a chain of small pure functions, a seeded draw.
+"""Token sampling: one params object, llama.cpp's sampler chain and its seeded draw, bit for bit.
 
-The chain follows llama.cpp's default order (common/sampling.cpp):
+The chain follows llama.cpp's default order (common/sampling.cpp, src/llama-sampler.cpp):
 
-    logit bias -> penalties -> [dry] -> top_k -> typical -> top_p -> min_p -> [xtc]
-    -> temperature -> dist
+    logit bias -> penalties -> [dry] -> [top_n_sigma] -> top_k -> typical -> top_p -> min_p
+    -> [xtc] -> temperature -> dist
 
-DRY and XTC are not implemented (both are off by default in llama.cpp). Every step takes a
-full-vocabulary logits vector and returns a new one in which removed tokens are `-inf`, so a
-step can be unit-tested on a hand-made vector. The steps only ever sort the tokens still
-alive, so after top-k (40 by default) the later steps cost almost nothing.
+The bracketed steps are not implemented (all are off by default in llama.cpp). For a given
+seed the chain picks the tokens llama.cpp picks from the same logits, because it works as
+llama.cpp's does, on a candidate list (`Candidates`, llama.cpp's llama_token_data_array):
+
+- the same candidates in the same order: top-k leaves them sorted by logit, highest first;
+  typical reorders them by its score; when no step sorts, they stay in id order;
+- the same float32 softmax, its sums taken in that order, with the C library's expf/logf
+  (numba kernels built without fastmath call them, as llama.cpp does);
+- the same draw: one `std::uniform_real_distribution<double>(0, 1)` number per token from a
+  `std::mt19937` seeded with the seed (engine.std_random), then the first candidate whose
+  running sum of unnormalised weights (float32, summed in double) reaches total * draw.
+
+Where logits tie, candidates are ordered by id; llama.cpp's std::partial_sort leaves tied
+candidates in an order of its own, the one known way the two can differ on the same logits.
+
+Every step also has a full-vocabulary form (apply_*) that returns the logits with removed
+tokens at -inf, for callers and tests that want one step on a hand-made vector.
 
 `temperature <= 0` keeps only the arg-max (llama.cpp's `temp_ext` does the same), so greedy
 decoding still honours logit bias and penalties. Log-probabilities reported to callers are
@@ -17,18 +30,25 @@ those of the raw logits (a plain log-softmax), as llama.cpp's server reports the
 
 from __future__ import annotations
 
+import math
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
+
+from .jit import exact_kernel
+from .std_random import StdMt19937
 
 # llama.cpp's LLAMA_DEFAULT_SEED: "pick a random seed". -1 on the command line wraps to it.
 DEFAULT_SEED = 0xFFFFFFFF
 
 _NEG_INF = np.float32(-np.inf)
 _FLT_MAX = float(np.finfo(np.float32).max)
-_TOP_P_HEAD = 1024  # top-p without top-k first tries the 1024 most likely tokens
+# top-p on an unsorted list longer than this first sorts only its head (as llama.cpp does)
+_TOP_P_UNSORTED = 1024
+_TOP_P_HEAD = 256
 
 _F32_MAX = float(np.finfo(np.float32).max)
 _F32_MIN = -_F32_MAX
@@ -74,9 +94,16 @@ def apply_logit_bias(logits: np.ndarray, bias: Mapping[int, float]) -> np.ndarra
 
 
 def bias_arrays(bias: Mapping[int, float], n_vocab: int) -> tuple[np.ndarray, np.ndarray]:
-    """A logit-bias mapping as (ids, values) arrays, ids outside the vocabulary dropped."""
+    """A logit-bias mapping as (ids, values) arrays, ids outside the vocabulary dropped.
+
+    The values are rounded to float32 (llama.cpp holds biases in floats) but kept as float64:
+    a float32 plus a float32 summed in float64 and rounded to float32 is the float32 sum, and
+    the float64 sum can be saturated where the float32 one would overflow.
+    """
     pairs = [(t, b) for t, b in bias.items() if 0 <= t < n_vocab]
-    return np.array([t for t, _ in pairs], np.int64), np.array([b for _, b in pairs], np.float64)
+    with np.errstate(over="ignore"):
+        values = np.array([b for _, b in pairs], np.float64).astype(np.float32)
+    return np.array([t for t, _ in pairs], np.int64), values.astype(np.float64)
 
 
 def add_bias(logits: np.ndarray, ids: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -123,6 +150,140 @@ def apply_penalties(
     return out
 
 
+# -- candidates: llama.cpp's llama_token_data_array ----------------------------------------
+
+
+class Candidates(NamedTuple):
+    """The tokens still in the running, in the order llama.cpp's chain holds them.
+
+    Attributes:
+        ids: token ids (int64).
+        logits: their logits (float32), same order.
+        sorted: whether the order is by logit, highest first (llama.cpp's `sorted` flag,
+            which decides where its softmax takes the maximum from).
+    """
+
+    ids: np.ndarray
+    logits: np.ndarray
+    sorted: bool = False
+
+    @property
+    def size(self) -> int:
+        return int(self.ids.size)
+
+    def take(self, idx: np.ndarray | slice, sorted: bool) -> Candidates:
+        return Candidates(self.ids[idx], self.logits[idx], sorted)
+
+
+def candidates_of(logits: np.ndarray) -> Candidates:
+    """Every token with a finite logit, in id order (llama.cpp's fresh array, -inf dropped:
+    a -inf candidate has weight 0 and is never drawn)."""
+    ids = _alive(logits)
+    return Candidates(ids, np.ascontiguousarray(logits[ids], dtype=np.float32), False)
+
+
+def sort_candidates(c: Candidates) -> Candidates:
+    """By logit, highest first; ties by id."""
+    return c if c.sorted else c.take(np.lexsort((c.ids, -c.logits)), True)
+
+
+def top_k(c: Candidates, k: int) -> Candidates:
+    """The `k` highest logits, sorted; k <= 0 keeps the list as it is."""
+    if k <= 0:
+        return c
+    if c.sorted:
+        return c.take(slice(0, k), True)
+    pos = top_k_ids(c.logits, k) if k < c.size else np.arange(c.size)
+    return sort_candidates(c.take(pos, False))
+
+
+def typical(c: Candidates, p: float, min_keep: int = 0) -> Candidates:
+    """Locally typical sampling: order by |surprise - entropy| and keep the head whose
+    probability first exceeds `p`; p >= 1 keeps all. Leaves the list unsorted."""
+    p32 = np.float32(p)
+    if p32 >= 1.0 or c.size == 0:
+        return c
+    c = sort_candidates(c)
+    probs = _softmax_f32(c.logits, True)
+    with np.errstate(invalid="ignore"):
+        order = np.argsort(_typical_scores(probs), kind="stable")
+    n = _cut(probs[order], p32, min_keep, True)
+    return c.take(order[:n], False)
+
+
+def top_p(c: Candidates, p: float, min_keep: int = 0) -> Candidates:
+    """Nucleus sampling: keep the most likely tokens until their probability reaches `p`;
+    p >= 1 keeps all. Leaves the list sorted."""
+    p32 = np.float32(p)
+    if p32 >= 1.0 or c.size == 0:
+        return c
+    probs = _softmax_f32(c.logits, c.sorted)  # summed in the list's current order
+    if not c.sorted:
+        if c.size > _TOP_P_UNSORTED:  # the head usually holds mass p: sort only it first
+            head = top_k_ids(c.logits, _TOP_P_HEAD)
+            head = head[np.lexsort((c.ids[head], -c.logits[head]))]
+            n = _cut(probs[head], p32, min_keep, False)
+            if n < head.size:
+                return c.take(head[:n], True)
+        order = np.lexsort((c.ids, -c.logits))
+        c, probs = c.take(order, True), probs[order]
+    return c.take(slice(0, _cut(probs, p32, min_keep, False)), True)
+
+
+def min_p(c: Candidates, p: float, min_keep: int = 0) -> Candidates:
+    """Keep tokens whose probability is at least `p` times the top token's (compared as
+    logits: logit >= max + logf(p)); p <= 0 keeps all."""
+    p32 = np.float32(p)
+    if p32 <= 0.0 or c.size == 0:
+        return c
+    log_p = np.float32(_logf(p32))
+    if not c.sorted:
+        keep = np.flatnonzero(c.logits >= c.logits.max() + log_p)
+        if keep.size and keep.size >= min_keep:
+            return c.take(keep, False)
+        c = sort_candidates(c)
+    below = (c.logits[1:] < c.logits[0] + log_p) & (np.arange(1, c.size) >= min_keep)
+    return c.take(slice(0, 1 + int(np.argmax(below)) if below.any() else c.size), True)
+
+
+def temperature(c: Candidates, t: float) -> Candidates:
+    """Divide the logits by `t` (as a float32); t <= 0 keeps only the first highest."""
+    if c.size == 0:
+        return c
+    t32 = np.float32(t)
+    if t32 <= 0.0:
+        i = int(np.argmax(c.logits))
+        return c.take(slice(i, i + 1), c.sorted)
+    if t32 == 1.0:
+        return c
+    with np.errstate(over="ignore"):
+        x = c.logits / t32
+        if np.isposinf(x).any():
+            # A tiny temperature: shifted first (the softmax does not see a shift), the others
+            # go to -inf instead of the largest to +inf, where inf - inf would be NaN.
+            x = ((c.logits - c.logits.max()) / np.float64(t)).astype(np.float32)
+    return Candidates(c.ids, x, c.sorted)
+
+
+def sample_dist(c: Candidates, rng: StdMt19937) -> int:
+    """Draw one token id from softmax(c.logits) with one canonical double from `rng`.
+
+    The draw is taken even when one candidate is left, as llama.cpp's does, so the generator
+    stays in step with it.
+    """
+    u = rng.canonical()
+    if c.size == 0:
+        raise ValueError("no candidate to draw from")
+    if c.size == 1:
+        return int(c.ids[0])
+    return int(c.ids[_dist_index(c.logits, c.sorted, u)])
+
+
+# -- the same steps on a full-vocabulary vector --------------------------------------------
+# Each maps logits (n_vocab,) to a copy with the removed tokens at -inf; the candidates are
+# all finite tokens in id order, as in a fresh llama.cpp array.
+
+
 def apply_top_k(logits: np.ndarray, k: int) -> np.ndarray:
     """Keep the `k` largest logits (ties at the edge go to the lower id); k <= 0 keeps all."""
     ids = top_k_ids(logits, k)
@@ -130,82 +291,35 @@ def apply_top_k(logits: np.ndarray, k: int) -> np.ndarray:
 
 
 def apply_typical(logits: np.ndarray, p: float, min_keep: int = 0) -> np.ndarray:
-    """Locally typical sampling: keep tokens whose surprise is closest to the entropy until
-    their probabilities sum past `p` (llama.cpp `typical`); p >= 1 keeps all."""
-    if p >= 1.0:
+    """`typical` on the whole vector; p >= 1 returns it unchanged."""
+    if np.float32(p) >= 1.0:
         return logits
-    alive = _alive(logits)
-    probs = _softmax(logits[alive])
-    logp = np.log(np.maximum(probs, np.finfo(np.float64).tiny))
-    entropy = -np.sum(probs * logp)
-    order = np.argsort(np.abs(-logp - entropy), kind="stable")
-    cum = np.cumsum(probs[order])
-    # first i with cum[i] > p and i >= min_keep - 1
-    ok = (cum > p) & (np.arange(order.size) >= min_keep - 1)
-    last = int(np.argmax(ok)) + 1 if ok.any() else order.size
-    return _keep(logits, alive[order[:last]])
+    return _keep(logits, typical(candidates_of(logits), p, min_keep).ids)
 
 
 def apply_top_p(logits: np.ndarray, p: float, min_keep: int = 0) -> np.ndarray:
-    """Nucleus sampling: keep the most likely tokens until their probability reaches `p`;
-    p >= 1 keeps all."""
-    if p >= 1.0:
+    """`top_p` on the whole vector; p >= 1 returns it unchanged."""
+    if np.float32(p) >= 1.0:
         return logits
-    alive = _alive(logits)
-    lse = logsumexp(logits[alive])
-    if alive.size > 4 * _TOP_P_HEAD:  # sort only the head when it already holds mass p
-        head = top_k_ids(logits, _TOP_P_HEAD)
-        if np.sum(np.exp(logits[head] - lse)) >= p and head.size >= min_keep:
-            alive = head
-    order = _sorted_desc(logits, alive)
-    cum = np.cumsum(np.exp(logits[order].astype(np.float64) - lse))
-    # first i with cum[i] >= p and i + 1 >= min_keep
-    ok = (cum >= p) & (np.arange(order.size) + 1 >= min_keep)
-    last = int(np.argmax(ok)) + 1 if ok.any() else order.size
-    return _keep(logits, order[:last])
+    return _keep(logits, top_p(candidates_of(logits), p, min_keep).ids)
 
 
 def apply_min_p(logits: np.ndarray, p: float, min_keep: int = 0) -> np.ndarray:
-    """Keep tokens whose probability is at least `p` times the top token's; p <= 0 keeps all."""
-    if p <= 0.0:
+    """`min_p` on the whole vector; p <= 0 returns it unchanged."""
+    if np.float32(p) <= 0.0:
         return logits
-    alive = _alive(logits)
-    if alive.size == 0:
-        return logits
-    x = logits[alive]
-    min_logit = np.float32(x.max()) + np.float32(np.log(p))
-    keep = alive[x >= min_logit]
-    if keep.size < min_keep:
-        keep = _sorted_desc(logits, alive)[:min_keep]
-    return _keep(logits, keep)
+    return _keep(logits, min_p(candidates_of(logits), p, min_keep).ids)
 
 
-def apply_temperature(logits: np.ndarray, temperature: float) -> np.ndarray:
+def apply_temperature(logits: np.ndarray, t: float) -> np.ndarray:
     """Divide by the temperature; temperature <= 0 keeps only the arg-max (greedy), and so does
     one that is 0 as a float32, as in llama.cpp (which holds it in a float)."""
-    if np.float32(temperature) <= 0.0:
-        return _keep(logits, np.array([int(np.argmax(logits))]))
-    if temperature == 1.0:
+    if np.float32(t) == 1.0:
         return logits
-    with np.errstate(over="ignore"):
-        out = logits / np.float32(temperature)
-        if np.isposinf(out).any():
-            # A tiny temperature: shifted first (the softmax does not see a shift), the others
-            # go to -inf instead of the largest to +inf, where inf - inf would be NaN.
-            out = ((logits - np.max(logits)) / np.float64(temperature)).astype(np.float32)
+    c = temperature(candidates_of(logits), t)
+    out = np.full_like(logits, _NEG_INF)
+    out[c.ids] = c.logits
     return out
-
-
-def sample_dist(logits: np.ndarray, rng: np.random.Generator) -> int:
-    """Draw one token from softmax(logits) with one uniform number from `rng`."""
-    alive = _alive(logits)
-    if alive.size == 1:
-        return int(alive[0])
-    if alive.size == 0:  # everything banned: fall back to the arg-max like a greedy sampler
-        return int(np.argmax(logits))
-    cum = np.cumsum(_softmax(logits[alive]))
-    i = int(np.searchsorted(cum, rng.random() * cum[-1], side="right"))
-    return int(alive[min(i, alive.size - 1)])
 
 
 # -- log-probabilities of the raw logits ---------------------------------------------------
@@ -237,7 +351,7 @@ def top_logprobs(logits: np.ndarray, n: int, lse: float | None = None) -> tuple[
 
 
 class Sampler:
-    """The chain built from one SamplingParams, with its own seeded random generator.
+    """The chain built from one SamplingParams, with its own std::mt19937.
 
     Attributes:
         params: the parameters it was built from.
@@ -247,22 +361,15 @@ class Sampler:
     def __init__(self, params: SamplingParams, eog_ids: Iterable[int] = ()):
         self.params = params
         self.seed = resolve_seed(params.seed)
-        self.rng = np.random.Generator(np.random.PCG64(self.seed))
+        self.rng = StdMt19937(self.seed)
         bias = dict(params.logit_bias)
         if params.ignore_eos:  # llama.cpp bans every end-of-generation token
             bias.update({int(t): -np.inf for t in eog_ids})
         self._bias = bias
         self._bias_arrays: tuple[np.ndarray, np.ndarray] | None = None  # built for the first row
 
-    def filter(self, logits: np.ndarray, history: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
-        """Run every step but the draw.
-
-        Returns:
-            (ids, logits): the top-k candidate ids (ascending) and their final logits, -inf
-            where a later step removed them. Top-k runs on the whole vocabulary; the later
-            steps only see its k survivors, which gives the same result as running them on
-            the full vector.
-        """
+    def candidates(self, logits: np.ndarray, history: Sequence[int] = ()) -> Candidates:
+        """Run every step but the draw: the candidates `dist` draws from, in llama.cpp's order."""
         p = self.params
         x = np.asarray(logits, dtype=np.float32)
         if self._bias_arrays is None:
@@ -275,22 +382,28 @@ class Sampler:
         x = apply_penalties(
             x, history, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty
         )
-        if p.temperature <= 0.0 and p.typical_p >= 1.0:
-            # top-k, top-p and min-p always keep the arg-max: skip them
-            ids = np.array([int(np.argmax(x))])
-            return ids, x[ids]
-        ids = top_k_ids(x, p.top_k)
-        c = x[ids]
-        c = apply_typical(c, p.typical_p, p.min_keep)
-        c = apply_top_p(c, p.top_p, p.min_keep)
-        c = apply_min_p(c, p.min_p, p.min_keep)
-        return ids, apply_temperature(c, p.temperature)
+        if np.float32(p.temperature) <= 0.0 and np.float32(p.typical_p) >= 1.0:
+            # top-k, top-p and min-p always keep the first arg-max: skip them
+            i = int(np.argmax(x))
+            return Candidates(np.array([i]), x[i : i + 1], True)
+        if 0 < p.top_k < x.shape[0]:  # the common case: partition the vocabulary once
+            ids = top_k_ids(x, p.top_k)
+            c = sort_candidates(Candidates(ids, x[ids], False))
+        else:
+            c = top_k(candidates_of(x), p.top_k)
+        c = typical(c, p.typical_p, p.min_keep)
+        c = top_p(c, p.top_p, p.min_keep)
+        c = min_p(c, p.min_p, p.min_keep)
+        return temperature(c, p.temperature)
 
     def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         """Pick the next token from one row of logits (n_vocab,) given the token history
         (prompt + generated so far, used by the penalties)."""
-        ids, c = self.filter(logits, history)
-        return int(ids[sample_dist(c, self.rng)])
+        c = self.candidates(logits, history)
+        if c.size == 0:  # every token -inf: fall back to the arg-max like a greedy sampler
+            self.rng.canonical()
+            return int(np.argmax(logits))
+        return sample_dist(c, self.rng)
 
 
 def make_sampler(params: SamplingParams, eog_ids: Iterable[int] = ()) -> Sampler:
@@ -337,11 +450,6 @@ def _alive(logits: np.ndarray) -> np.ndarray:
     return np.flatnonzero(logits > _NEG_INF)
 
 
-def _sorted_desc(logits: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """`ids` sorted by logit, highest first; ties keep ascending id."""
-    return ids[np.argsort(-logits[ids], kind="stable")]
-
-
 def _keep(logits: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """A copy of `logits` with every token outside `ids` set to -inf."""
     out = np.full_like(logits, _NEG_INF)
@@ -349,7 +457,77 @@ def _keep(logits: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return out
 
 
-def _softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    e = np.exp(x - x.max())
-    return e / e.sum()
+# -- float32 kernels that round as llama.cpp's C++ does ------------------------------------
+# Sums run in the list's order, expf/logf are the C library's (numba calls them for float32
+# math.exp/math.log), and no fastmath: so the probabilities and the draw come out bit for bit.
+
+
+@exact_kernel
+def _softmax_f32(x: np.ndarray, is_sorted: bool) -> np.ndarray:  # pragma: no cover - numba
+    """llama_sampler_softmax_impl: float32 probabilities, the maximum taken from x[0] when
+    the list is sorted."""
+    m = x[0]
+    if not is_sorted:
+        for i in range(1, x.size):
+            m = max(m, x[i])
+    p = np.empty_like(x)
+    s = np.float32(0.0)
+    for i in range(x.size):
+        e = math.exp(x[i] - m)
+        p[i] = e
+        s += e
+    for i in range(x.size):
+        p[i] = p[i] / s
+    return p
+
+
+@exact_kernel
+def _cut(probs: np.ndarray, p: np.float32, min_keep: int, strict: bool) -> int:  # pragma: no cover
+    """How many of `probs` to keep: up to the first whose float32 running sum reaches `p`
+    (exceeds it when `strict`), and at least `min_keep`."""
+    cum = np.float32(0.0)
+    for i in range(probs.size):
+        cum += probs[i]
+        if (cum > p if strict else cum >= p) and i + 1 >= min_keep:
+            return i + 1
+    return probs.size
+
+
+@exact_kernel
+def _typical_scores(probs: np.ndarray) -> np.ndarray:  # pragma: no cover - numba
+    """|-log p - entropy| per candidate, in float32."""
+    entropy = np.float32(0.0)
+    for i in range(probs.size):
+        entropy += -probs[i] * math.log(probs[i])
+    out = np.empty_like(probs)
+    for i in range(probs.size):
+        out[i] = abs(-math.log(probs[i]) - entropy)
+    return out
+
+
+@exact_kernel
+def _dist_index(x: np.ndarray, is_sorted: bool, u: float) -> int:  # pragma: no cover - numba
+    """llama.cpp's dist: float32 weights expf(x - max) summed in double; the first candidate
+    whose running sum reaches total * u."""
+    m = x[0]
+    if not is_sorted:
+        for i in range(1, x.size):
+            m = max(m, x[i])
+    w = np.empty_like(x)
+    total = 0.0
+    for i in range(x.size):
+        e = math.exp(x[i] - m)
+        w[i] = e
+        total += e
+    target = total * u
+    run = 0.0
+    for i in range(x.size):
+        run += w[i]
+        if run >= target:
+            return i
+    return x.size - 1
+
+
+@exact_kernel
+def _logf(x: np.float32) -> float:  # pragma: no cover - numba
+    return math.log(x)

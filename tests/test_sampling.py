@@ -1,4 +1,9 @@
-"""Sampler chain: each step on hand-made logits, then the chain and its seeded draw."""
+"""Sampler chain: each step on hand-made logits, then the chain and its seeded draw.
+
+The seeded draws are pinned to numbers from C++: std::mt19937 and its canonical doubles from a
+g++ 12 / libstdc++ program, and whole draw sequences from llama.cpp's own sampler chain
+(src/llama-sampler.cpp, linked from the llama-server build) on the same logits.
+"""
 
 import math
 
@@ -6,6 +11,7 @@ import numpy as np
 import pytest
 
 from engine.sampling import (
+    Candidates,
     SamplingParams,
     apply_logit_bias,
     apply_min_p,
@@ -14,6 +20,7 @@ from engine.sampling import (
     apply_top_k,
     apply_top_p,
     apply_typical,
+    candidates_of,
     log_softmax,
     make_sampler,
     resolve_seed,
@@ -21,6 +28,7 @@ from engine.sampling import (
     top_k_ids,
     top_logprobs,
 )
+from engine.std_random import StdMt19937
 
 NEG_INF = -np.inf
 
@@ -126,11 +134,17 @@ def test_logit_bias_adds_and_bans():
 
 def test_sample_dist_is_seeded_and_respects_mask():
     x = np.array([0.0, NEG_INF, 0.0, 0.0], dtype=np.float32)
-    rng = np.random.Generator(np.random.PCG64(1))
-    draws = [sample_dist(x, rng) for _ in range(300)]
+    rng = StdMt19937(1)
+    draws = [sample_dist(candidates_of(x), rng) for _ in range(300)]
     assert set(draws) == {0, 2, 3}
-    rng2 = np.random.Generator(np.random.PCG64(1))
-    assert draws == [sample_dist(x, rng2) for _ in range(300)]
+    rng2 = StdMt19937(1)
+    assert draws == [sample_dist(candidates_of(x), rng2) for _ in range(300)]
+
+
+def test_sample_dist_draws_even_for_one_candidate():
+    rng = StdMt19937(42)
+    assert sample_dist(Candidates(np.array([5]), np.array([0.0], np.float32), True), rng) == 5
+    assert rng.raw(1)[0] == 4083286876  # the third output: the draw took two
 
 
 def test_sampler_greedy_ignores_seed():
@@ -220,10 +234,11 @@ def test_sampler_chain_equals_steps_on_full_vector():
     rng = np.random.default_rng(5)
     x = (rng.normal(size=5000) * 3).astype(np.float32)
     p = SamplingParams(temperature=0.7, top_k=50, top_p=0.8, min_p=0.1, seed=1)
-    ids, c = make_sampler(p).filter(x)
+    c = make_sampler(p).candidates(x)
     full = apply_temperature(apply_min_p(apply_top_p(apply_top_k(x, 50), 0.8), 0.1), 0.7)
+    assert c.sorted and np.all(np.diff(c.logits) <= 0)  # top-k leaves them by logit, highest first
     got = np.full_like(x, -np.inf)
-    got[ids] = c
+    got[c.ids] = c.logits
     np.testing.assert_allclose(got, full)
 
 
@@ -241,3 +256,66 @@ def test_a_zero_repeat_penalty_gives_no_nan():
     with np.errstate(all="raise"):
         out = apply_penalties(logits, [1, 2], 64, 0.0)
     assert not np.isnan(out).any() and int(np.argmax(out)) == 1
+
+
+# -- bit-for-bit agreement with C++ ----------------------------------------------------------
+# std::mt19937 numbers from:
+#     std::mt19937 g(seed); g(); ...
+#     std::uniform_real_distribution<double> u(0.0f, 1.0f); u(h); ...   (printf "%.17g")
+# built with g++ 12.2 (libstdc++), where uniform_real_distribution<double> is
+# generate_canonical<double, 53>: two outputs, the first the low half.
+
+MT_RAW = {
+    0: [2357136044, 2546248239, 3071714933, 3626093760],
+    1: [1791095845, 4282876139, 3093770124, 4005303368],
+    42: [1608637542, 3421126067, 4083286876, 787846414],
+    4294967294: [2236247450, 437438088, 2243395601, 4071188816],
+}
+MT_UNIFORM = {
+    0: [0.59284461651668263, 0.84426574425659828, 0.85794561998982988, 0.84725173738433124],
+    1: [0.99718480823026556, 0.93255736136816547, 0.128124447772306, 0.99904051546527362],
+    42: [0.79654298428784598, 0.18343478789336848, 0.77969099761266125, 0.59685016158005655],
+    4294967294: [0.10184899170898529, 0.94789751258733013, 0.82893340139475558, 0.37232930669741121],
+}
+
+
+@pytest.mark.parametrize("seed", sorted(MT_RAW))
+def test_mt19937_matches_std(seed):
+    assert StdMt19937(seed).raw(4).tolist() == MT_RAW[seed]
+    rng = StdMt19937(seed)
+    assert [rng.canonical() for _ in range(4)] == MT_UNIFORM[seed]  # exact, not approx
+
+
+def test_mt19937_default_seed_10000th_output():
+    assert StdMt19937(5489).raw(10000)[-1] == 4123659995  # the C++ standard's check value
+
+
+def test_canonical_that_rounds_to_one_stays_below_one():
+    class AllOnes:
+        def random_raw(self, n):
+            return np.full(n, 0xFFFFFFFF, np.uint64)
+
+    rng = StdMt19937(0)
+    rng._bits = AllOnes()  # (2**64 - 1) / 2**64 rounds to 1.0 as a double
+    assert rng.canonical() == np.nextafter(1.0, 0.0)
+
+
+# llama.cpp's chain (penalties, top_k, typical, top_p, min_p, temp_ext, dist(seed)) applied 24
+# times to this row, accepting each pick: the ids it selected.
+LCPP_ROW = np.array([2.0, 1.5, 1.4, 0.3, -1.0, 1.9, 0.0, 1.0], np.float32)
+LCPP_DRAWS = [
+    (dict(seed=42), [2, 0, 2, 1, 5, 0, 5, 5, 0, 1, 0, 1, 7, 0, 3, 1, 1, 0, 0, 5, 5, 0, 3, 0]),
+    (dict(seed=0), [1, 2, 2, 2, 1, 5, 0, 0, 0, 5, 2, 5, 5, 2, 5, 1, 5, 7, 0, 2, 5, 2, 5, 1]),
+    # nothing sorts: the candidates stay in id order
+    (dict(seed=7, top_k=0, top_p=1.0, min_p=0.0, temperature=1.0),
+     [0, 1, 7, 2, 1, 1, 0, 1, 0, 2, 6, 1, 1, 5, 5, 5, 1, 7, 0, 5, 0, 5, 0, 5]),
+    # typical leaves them in its own order
+    (dict(seed=3, top_k=0, typical_p=0.9, top_p=1.0, min_p=0.0, temperature=1.5),
+     [1, 0, 1, 5, 5, 1, 1, 2, 1, 0, 1, 5, 2, 2, 5, 7, 0, 7, 5, 5, 2, 5, 2, 5]),
+]
+
+
+@pytest.mark.parametrize("kw,want", LCPP_DRAWS)
+def test_sampler_draws_what_llama_cpp_draws(kw, want):
+    s = make_sampler(SamplingParams(**kw))
+    assert [s.sample(LCPP_ROW) for _ in want] == want
