@@ -19,6 +19,7 @@ llguidance is imported lazily: only requests that carry a grammar pay for it.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import weakref
 from dataclasses import dataclass
@@ -79,8 +80,10 @@ class Grammar:
     def from_gbnf(cls, text: str) -> Grammar:
         """A llama.cpp GBNF grammar (with a `root` rule), or Lark text (`start:` rule)."""
         llg = _llg()
+        if is_lark(text):
+            return cls.from_lark(text)
         try:
-            lark = llg.gbnf_to_lark.any_to_lark(text)
+            lark = gbnf_to_lark(text)
         except Exception as e:  # the converter raises plain Exceptions with the position
             raise GrammarError(f"failed to parse grammar: {e}") from None
         return cls._checked("gbnf", text, llg.LLMatcher.grammar_from_lark(lark))
@@ -130,6 +133,46 @@ class Grammar:
         if is_error:
             raise GrammarError(f"invalid {what}: {messages[0] if messages else 'unknown error'}")
         return cls(kind, source, compiled)
+
+
+def is_lark(text: str) -> bool:
+    """Lark rather than GBNF: llama.cpp's `%llguidance` header, or a `start:` rule in a text
+    without GBNF's `::=` (llguidance's own check also takes GBNF's `start ::=` for Lark)."""
+    return text.lstrip().startswith("%llguidance") or (
+        "::=" not in text and re.search(r"(?m)^\s*start\s*:", text) is not None)
+
+
+def gbnf_to_lark(text: str) -> str:
+    """llguidance's GBNF-to-Lark converter, with every rule renamed first.
+
+    The converter renames `root` to Lark's `start` and folds case and dashes (`a-b` and
+    `aB` both become `a_b`), so a grammar with a rule named `start`, or two names that fold
+    alike, fails with "Rule 'start' already exists" where llama.cpp accepts it. Here each
+    rule gets a name that is already folded and unique (`<name>_<index>`) before that step.
+    """
+    conv = _llg().gbnf_to_lark
+    rules = conv.GrammarParser().parse(text)
+    try:
+        new = {}
+        for i, name in enumerate(rules):
+            base = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_") or "rule"
+            new[name] = "root" if name == "root" else f"{'r_' if base[0].isdigit() else ''}{base}_{i}"
+        stack: list[Any] = list(rules.values())
+        while stack:
+            node = stack.pop()
+            if isinstance(node, conv.RuleRefNode):
+                node.name = new.get(node.name, node.name)
+            stack.extend(node.children())
+        for r in rules.values():
+            r.name = new[r.name]
+        rules = {r.name: r for r in rules.values()}
+    except AttributeError:  # the converter's internals changed: convert as it does
+        return str(conv.gbnf_to_lark(text))
+    conv.resolve(rules)
+    out = ["%llguidance {}\n"]
+    for r in sorted(rules.values(), key=lambda r: r.order):
+        out.append(str(r))
+    return "\n".join(out) + "\n"
 
 
 # where a JSON schema holds subschemas: keyword -> how (one schema, a list, a name map)

@@ -71,6 +71,42 @@ def test_grammar_alternatives_and_classes():
 def test_grammar_lark_text_is_accepted():
     text, _ = run(Grammar.from_gbnf('start: "x" "y"'))
     assert text == "xy"
+    g = Grammar.from_gbnf('%llguidance {}\nstart: "x" "z"')  # llama.cpp's marker
+    assert g.kind == "lark" and run(g)[0] == "xz"
+
+
+@pytest.mark.parametrize("source, out", [
+    ('root ::= start\nstart ::= "a"', "a"),  # GBNF with a rule named start is not Lark
+    ('start ::= "b"\nroot ::= start "c"', "bc"),
+    ('root ::= a-b aB a_b\na-b ::= "x"\naB ::= "y"\na_b ::= "z"', "xyz"),  # names that fold alike
+    ('root ::= 1x\n1x ::= "q"', "q"),
+])
+def test_grammar_gbnf_rule_names_llguidance_would_clash_on(source, out):
+    g = Grammar.from_gbnf(source)
+    assert g.kind == "gbnf" and run(g)[0] == out
+
+
+# GBNF features llama.cpp's grammars use: comments, escapes, negated and ranged classes,
+# {m,n} repetition, optional groups, alternation over lines, recursion
+LIST_GBNF = r"""
+# a bracketed list of signed numbers or quoted words
+root   ::= "[" ws ( item ( "," ws item ){0,4} )? "]"
+item   ::= number | word
+number ::= "-"? [1-9] [0-9]{0,3}
+word   ::= "\"" [^"\\\x00-\x1f]{1,6} "\""
+ws     ::= [ \t\n]?
+"""
+
+
+def test_grammar_gbnf_features_compile_and_hold():
+    import re
+
+    g = Grammar.from_gbnf(LIST_GBNF)
+    item = r'(-?[1-9][0-9]{0,3}|"[^"\\\x00-\x1f]{1,6}")'
+    pattern = re.compile(rf"\[\s?({item}(,\s?{item}){{0,4}})?\]")
+    for seed in range(6):
+        text, steps = run(g, SAMPLED, n_predict=120, seed=seed)
+        assert steps[-1].finish_reason == "stop" and pattern.fullmatch(text), text
 
 
 def test_grammar_json_schema_output_parses_and_validates():
