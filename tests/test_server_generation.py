@@ -240,3 +240,27 @@ def test_timings_per_token_in_stream(client):
     assert "timings" not in evs[0] and evs[0]["choices"][0]["delta"]["role"] == "assistant"
     assert "timings" in evs[-1] and evs[-1]["choices"] == [] and evs[-1]["usage"]["completion_tokens"] == 3
     assert all("timings" in e for e in evs[1:] if e["choices"] and e["choices"][0]["delta"].get("content"))
+
+
+def test_any_text_is_a_template_with_jinja():
+    from engine.errors import TemplateError
+    from engine.tokenizer.chat_template import ChatTemplate
+
+    t = ChatTemplate.from_gguf({}, override="This is not a template", any_text=True)
+    assert t.render([{"role": "user", "content": "x"}]) == "This is not a template"
+    with pytest.raises(TemplateError):
+        ChatTemplate.from_gguf({}, override="This is not a template")
+
+
+def test_server_verbose_adds_verbose_to_every_reply():
+    sched = make_fake_scheduler(n_slots=1, n_ctx=256)
+    handle = start_server(sched, port=0, options=ServerOptions(verbose=True), chat_template=FakeChatTemplate())
+    try:
+        body = {"messages": [{"role": "user", "content": "Book"}], "max_tokens": 1}
+        res = httpx.post(handle.url + "/v1/chat/completions", json=body, timeout=10).json()
+        assert "Book" in res["__verbose"]["prompt"]
+        res = httpx.post(handle.url + "/v1/chat/completions", json={**body, "verbose": False}, timeout=10).json()
+        assert "__verbose" not in res
+    finally:
+        handle.stop()
+        sched.stop()

@@ -209,6 +209,7 @@ def _server_options(args):
         default_sampling=params.to_sampling_params(args),
         chat_template_kwargs=kwargs,
         api_prefix=args.api_prefix or "",
+        verbose=bool(args.verbose),
         slot_save_path=_slot_save_path(args),
         sleep_idle_seconds=args.sleep_idle_seconds,
     )
@@ -251,7 +252,12 @@ def _chat_template(args, model):
     try:
         from ..tokenizer.chat_template import ChatTemplate
 
-        return ChatTemplate.from_gguf(model.gguf, override=override)
+        template = ChatTemplate.from_gguf(model.gguf, override=override, any_text=bool(args.jinja))
+        if override is not None and template.name == "custom" and "{" not in override:
+            # llama-server --jinja takes any text as a template; a mistyped name ends up here too
+            log.warning("--chat-template %r is no built-in name, file or Jinja: used as the template text",
+                        override[:60])
+        return template
     except ImportError:
         log.warning("chat templates are not available; /v1/chat/completions will fail")
     except TemplateError as e:

@@ -58,6 +58,7 @@ class ServerOptions:
     chat_template_kwargs: dict = field(default_factory=dict)
     request_log: Callable[[dict], None] | None = None  # called after each request (GUI log)
     api_prefix: str = ""
+    verbose: bool = False  # --verbose: every generation reply carries `__verbose` (llama-server)
     slot_save_path: str | None = None  # --slot-save-path: POST /slots/{id}?action=save|restore
     sleep_idle_seconds: int = -1  # --sleep-idle-seconds: unload the model when idle (-1: never)
 
