@@ -431,3 +431,21 @@ def test_a_sleeping_child_is_running_and_takes_requests(make):
     r._on_message(child, b'{"event": "sleeping"}')
     use(r, "b")  # a sleeping model is idle: it gives its slot up
     assert status(r, "a") is ModelStatus.UNLOADED
+
+
+def test_aliases_route_to_their_model_and_children_get_the_preset_flags(make):
+    from engine.router_presets import ModelSpec
+
+    spec = ModelSpec("m", "preset", "/m.gguf", (("--model", "/m.gguf"), ("--ctx-size", "2048"), ("--no-jinja", "")),
+                     aliases=("mm",), tags=("t",))
+    r = FakeRouter([], catalogue=lambda: {"m": spec}).start()
+    try:
+        child = use(r, "mm")
+        assert child.name == "m"
+        cmd = child.args
+        assert cmd[cmd.index("--ctx-size") + 1] == "2048" and "--no-jinja" in cmd
+        assert cmd[cmd.index("--alias") + 1] == "m" and cmd[cmd.index("--host") + 1] == "127.0.0.1"
+        info = r.models_info()[0]
+        assert info["aliases"] == ["mm"] and info["tags"] == ["t"] and info["source"] == "preset"
+    finally:
+        r.stop()
