@@ -372,7 +372,6 @@ class ChatTemplate:
         self._compiled: jinja2.Template | None = None
         self._supports_thinking: bool | None = None
         self._supports_system_role: bool | None = None
-        self._supports_object_arguments: bool | None = None
 
     def __repr__(self) -> str:
         return f"ChatTemplate(name={self.name!r}, family={self.family!r})"
@@ -453,7 +452,7 @@ class ChatTemplate:
             try:
                 on = self.render(probe, add_generation_prompt=True, enable_thinking=True)
                 off = self.render(probe, add_generation_prompt=True, enable_thinking=False)
-                self._supports_thinking = _switch_at_the_end(on, off)
+                self._supports_thinking = on != off
             except TemplateLimitError:
                 raise  # the template is at fault whatever the messages: say so now
             except TemplateError:
@@ -478,43 +477,11 @@ class ChatTemplate:
                 self._supports_system_role = False
         return self._supports_system_role
 
-    @property
-    def supports_object_arguments(self) -> bool:
-        """Whether the template reads tool-call arguments as an object (Llama 3.1's `tojson`,
-        GLM's `.items()`): then JSON-string arguments are parsed before rendering."""
-        if self._supports_object_arguments is None:
-            marker = "value 5e1c"
-            call = {"id": "call00001", "type": "function", "function": {"name": "tool1", "arguments": {"arg": marker}}}
-            probe = [{"role": "user", "content": "User message"},
-                     {"role": "assistant", "content": "", "tool_calls": [call]},
-                     {"role": "tool", "content": "Tool response", "tool_call_id": "call00001"},
-                     {"role": "assistant", "content": "The tool response was 'tool response'"},
-                     {"role": "user", "content": "User message"}]
-            tool = {"type": "function", "function": {"name": "tool1", "description": "Tool description",
-                                                     "parameters": {"type": "object", "properties": {
-                                                         "arg": {"type": "string"}}, "required": ["arg"]}}}
-            variables = {"messages": probe, "tools": [tool], "add_generation_prompt": True, "bos_token": "",
-                         "eos_token": "", "enable_thinking": False}
-            try:
-                self._supports_object_arguments = marker in self._render(self._template(), variables)
-            except TemplateLimitError:
-                raise
-            except TemplateError:
-                self._supports_object_arguments = False
-        return self._supports_object_arguments
-
     def _prepare_messages(self, messages: list[dict]) -> list[dict]:
         """llama.cpp's workarounds before rendering: 'developer' is 'system' (except for
-        gpt-oss's channel format, which has its own), a system message the template cannot
-        show is merged into the next message, and tool-call arguments sent as JSON text are
-        parsed for templates that format them as objects."""
+        gpt-oss's channel format, which has its own), and a system message the template cannot
+        show is merged into the next message."""
         out = _normalize_messages(messages)
-        calls = [c for m in out for c in m.get("tool_calls") or () if isinstance(c, Mapping)]
-        if any(isinstance((c.get("function") or {}).get("arguments"), str) for c in calls) \
-                and self.supports_object_arguments:
-            for m in out:
-                if m.get("tool_calls"):
-                    m["tool_calls"] = [_parsed_arguments(c) for c in m["tool_calls"]]
         if "<|channel|>" not in self.source:
             for m in out:
                 if m.get("role") == "developer":
@@ -580,34 +547,6 @@ class ChatTemplate:
         if self.add_eos and self.eos_token and text.endswith(self.eos_token):
             text = text[: -len(self.eos_token)]
         return text
-
-
-def _switch_at_the_end(on: str, off: str) -> bool:
-    """Whether enable_thinking changes the generation prompt, as llama.cpp's template analysis
-    decides it: one output ends in text the other lacks (an opened or closed thought), not just
-    a different word in the middle (Apertus' "Deliberation: enabled")."""
-    if on == off:
-        return False
-    n = len(os.path.commonprefix([on, off]))
-    if not on[n:].strip() or not off[n:].strip():
-        return True
-    for base, extended in ((on, off), (off, on)):  # e.g. SmolLM3: system text and tail both change
-        anchor = base[-64:]
-        pos = extended.rfind(anchor)
-        if pos >= 0 and extended[pos + len(anchor):].strip():
-            return True
-    return False
-
-
-def _parsed_arguments(call: Any) -> Any:
-    function = call.get("function") if isinstance(call, Mapping) else None
-    if not isinstance(function, Mapping) or not isinstance(function.get("arguments"), str):
-        return call
-    try:
-        arguments = json.loads(function["arguments"])
-    except ValueError as e:
-        raise TemplateError(f"tool call arguments are not valid JSON: {e}") from None
-    return {**call, "function": {**function, "arguments": arguments}}
 
 
 class PromptEncoder(Protocol):
