@@ -105,11 +105,12 @@ class Grammar:
         if not isinstance(schema, (dict, bool)):
             raise GrammarError(f"a JSON schema must be an object or a boolean, "
                                f"got {type(schema).__name__}")
-        text = json.dumps(schema, ensure_ascii=False)
-        if isinstance(schema, dict):
-            schema = close_objects(schema)
         try:
-            compiled = llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=_JSON_DEFAULTS)
+            text = json.dumps(schema, ensure_ascii=False)
+            closed = close_objects(schema) if isinstance(schema, dict) else schema
+            compiled = llg.LLMatcher.grammar_from_json_schema(json.dumps(closed), defaults=_JSON_DEFAULTS)
+        except RecursionError:
+            raise GrammarError("invalid JSON schema: nested too deeply") from None
         except (ValueError, TypeError) as e:
             raise GrammarError(f"invalid JSON schema: {e}") from None
         return cls._checked("json_schema", text, compiled, what="JSON schema")
