@@ -26,6 +26,7 @@ from ..errors import APIError, RouterError, UnknownModelError
 from ..router import ChildServer, ModelLimitError, ModelStatus, RequestCancelled, Router
 from ..router_presets import PresetError
 from ..version import __version__, git_commit
+from . import routes_cors_proxy
 from .bodies import load_json, read_body
 from .errors import api_response, error_response, invalid
 from .http import install_middleware
@@ -106,7 +107,7 @@ def create_router_app(router: Router, state: ServerState) -> FastAPI:
 
     async def props(request: Request):
         if not request.query_params.get("model"):
-            return _router_props(router)
+            return {**_router_props(router), "cors_proxy_enabled": state.options.cors_proxy}
         return await _proxy(request)
 
     routes: list[tuple[str, Callable, list[str]]] = [
@@ -119,6 +120,7 @@ def create_router_app(router: Router, state: ServerState) -> FastAPI:
     routes += [(p, _proxy, ["POST"]) for p in POST_PATHS] + [(p, _proxy, ["GET"]) for p in GET_PATHS]
     for path, endpoint, methods in routes:
         app.add_api_route(prefix + path, endpoint, methods=methods, include_in_schema=False)
+    app.include_router(routes_cors_proxy.router, prefix=prefix)  # llama-server's router has it too
     install_middleware(app, state)
     return app
 
