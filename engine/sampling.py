@@ -61,7 +61,8 @@ class SamplingParams:
     `seed` -1 (or 0xFFFFFFFF) draws a random seed; `repeat_last_n` 0 disables the penalties
     and -1 means the whole history; `top_k` <= 0, `top_p` >= 1, `min_p` <= 0 and
     `typical_p` >= 1 disable their step; `temperature` <= 0 is greedy. `n_probs` > 0 asks for
-    the log-probabilities of that many most likely tokens at each step.
+    the log-probabilities of that many most likely tokens at each step; with
+    `post_sampling_probs`, for their probabilities after the chain instead (those the draw used).
     """
 
     temperature: float = 0.8
@@ -78,6 +79,7 @@ class SamplingParams:
     min_keep: int = 0
     logit_bias: Mapping[int, float] = field(default_factory=dict)
     ignore_eos: bool = False
+    post_sampling_probs: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -367,6 +369,7 @@ class Sampler:
             bias.update({int(t): -np.inf for t in eog_ids})
         self._bias = bias
         self._bias_arrays: tuple[np.ndarray, np.ndarray] | None = None  # built for the first row
+        self.last_candidates: Candidates | None = None  # what the last draw chose from
 
     def candidates(self, logits: np.ndarray, history: Sequence[int] = ()) -> Candidates:
         """Run every step but the draw: the candidates `dist` draws from, in llama.cpp's order."""
@@ -399,11 +402,22 @@ class Sampler:
     def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         """Pick the next token from one row of logits (n_vocab,) given the token history
         (prompt + generated so far, used by the penalties)."""
-        c = self.candidates(logits, history)
+        c = self.last_candidates = self.candidates(logits, history)
         if c.size == 0:  # every token -inf: fall back to the arg-max like a greedy sampler
             self.rng.canonical()
             return int(np.argmax(logits))
         return sample_dist(c, self.rng)
+
+
+def candidate_probs(c: Candidates, n: int, token: int) -> tuple[float, tuple[tuple[int, float], ...]]:
+    """The probabilities a draw from `c` had: `token`'s, and the `n` highest (highest first,
+    ties by id, zeros left out), as llama-server reports post_sampling_probs."""
+    if c.size == 0:
+        return 0.0, ()
+    p = _softmax_f32(np.ascontiguousarray(c.logits, dtype=np.float32), c.sorted)
+    hit = np.flatnonzero(c.ids == token)
+    order = np.lexsort((c.ids, -p))[: max(n, 0)]
+    return (float(p[hit[0]]) if hit.size else 0.0), tuple((int(c.ids[i]), float(p[i])) for i in order if p[i] > 0)
 
 
 def make_sampler(params: SamplingParams, eog_ids: Iterable[int] = ()) -> Sampler:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from .errors import EngineError
-from .sampling import SamplingParams, logsumexp, make_sampler, top_logprobs
+from .sampling import SamplingParams, candidate_probs, logsumexp, make_sampler, top_logprobs
 from .seams import GenerationTokenizer
 from .tokenizer.detokenizer import StreamingDetokenizer
 
@@ -44,6 +44,9 @@ class GenerationStep:
         stop_word: the stop string that ended generation, if one did.
         truncated: the context ran out: a context shift dropped tokens, or the reply was cut
             at the end of the context (llama-server's `truncated`).
+        prob: with params.post_sampling_probs, `token`'s probability after the sampler chain
+            (None otherwise); top_probs: the `n_probs` most likely (token, probability) pairs
+            after the chain, most likely first.
     """
 
     token: int
@@ -58,6 +61,8 @@ class GenerationStep:
     t_gen_ms: float
     stop_word: str | None = None
     truncated: bool = False
+    prob: float | None = None
+    top_probs: tuple[tuple[int, float], ...] = ()
 
 
 class Detokenizer(Protocol):
@@ -154,6 +159,10 @@ class SequenceGenerator:
             self._t_first = now
             self._t_prompt_ms = (now - self._t_start) * 1e3
         lse = logsumexp(logits)
+        prob: float | None = None
+        top_probs: tuple[tuple[int, float], ...] = ()
+        if self.params.post_sampling_probs and self.sampler.last_candidates is not None:
+            prob, top_probs = candidate_probs(self.sampler.last_candidates, self.params.n_probs, token)
         self._history.append(token)
         self.tokens.append(token)
 
@@ -172,6 +181,8 @@ class SequenceGenerator:
             t_gen_ms=(now - self._t_first) * 1e3,
             stop_word=stop_word,
             truncated=self.truncated,
+            prob=prob,
+            top_probs=top_probs,
         )
 
     def _sample_constrained(self, logits: np.ndarray) -> int:

@@ -264,3 +264,28 @@ def test_server_verbose_adds_verbose_to_every_reply():
     finally:
         handle.stop()
         sched.stop()
+
+
+# -- post-sampling probabilities -------------------------------------------------------------
+
+
+def test_post_sampling_probs_replace_logprobs(client):
+    res = ok(complete(client, prompt="a", n_probs=3, temperature=1.0, post_sampling_probs=True))
+    assert res["generation_settings"]["post_sampling_probs"] is True
+    for tok in res["completion_probabilities"]:
+        assert 0 < tok["prob"] <= 1 and "logprob" not in tok and "top_logprobs" not in tok
+        probs = [p["prob"] for p in tok["top_probs"]]
+        assert probs and probs == sorted(probs, reverse=True) and all(0 < p <= 1 for p in probs)
+        assert tok["id"] == tok["top_probs"][0]["id"]  # the fake model's one likely token
+
+
+def test_candidate_probs():
+    import numpy as np
+
+    from engine.sampling import Candidates, candidate_probs
+
+    c = Candidates(np.array([7, 3, 9]), np.array([0.0, np.log(3.0), -np.inf], np.float32), False)
+    prob, top = candidate_probs(c, 5, 7)
+    assert prob == pytest.approx(0.25) and [t for t, _ in top] == [3, 7]
+    assert sum(p for _, p in top) == pytest.approx(1.0)
+    assert candidate_probs(c, 1, 3)[1] == ((3, pytest.approx(0.75)),)

@@ -197,11 +197,10 @@ class Formatter:
         for s in steps:
             text, raw = piece(self.tok, s.token)
             entry: dict[str, Any] = {"id": int(s.token), "token": text, "bytes": raw}
-            post = getattr(s, "post_probs", None) if self.post_sampling else None
-            if post is not None:
-                entry["prob"] = float(getattr(s, "prob", 0.0))
+            if self.post_sampling and s.prob is not None:
+                entry["prob"] = float(s.prob)
                 entry["top_probs"] = [{"id": int(t), "token": tt, "bytes": b, "prob": float(p)}
-                                      for t, p in post[: self.n_probs] if p > 0.0
+                                      for t, p in s.top_probs[: self.n_probs] if p > 0.0
                                       for tt, b in [piece(self.tok, t)]]
             else:
                 entry["logprob"] = float(s.logprob)

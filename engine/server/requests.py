@@ -62,6 +62,8 @@ def sampling_params(state: ServerState, body: SamplingFields, n_probs: int | Non
     kw = {_SAMPLING_FIELDS[k]: v for k, v in given.items()}
     if n_probs is not None:
         kw["n_probs"] = n_probs
+    if body.post_sampling_probs is not None:
+        kw["post_sampling_probs"] = body.post_sampling_probs
     if body.logit_bias is not None:
         kw["logit_bias"] = logit_bias(state, body.logit_bias)
     return dataclasses.replace(state.options.default_sampling, **kw)

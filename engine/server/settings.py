@@ -108,7 +108,7 @@ def generation_settings(state: ServerState, req: GenerationRequest | None = None
         "samplers": sampler_names(given.get("samplers")),
         "speculative.types": "none",
         "timings_per_token": given.get("timings_per_token", False),
-        "post_sampling_probs": given.get("post_sampling_probs", False),
+        "post_sampling_probs": p["post_sampling_probs"],
         "backend_sampling": given.get("backend_sampling", False),
         "lora": [],
     }
