@@ -182,7 +182,8 @@ async def _listing(app: FastAPI) -> list[dict]:
 
 
 async def _child_info(app: FastAPI, child: ChildServer) -> dict | None:
-    """A loaded child's own /v1/models entry (meta, capabilities), fetched once per load."""
+    """A loaded child's own /v1/models entry (meta, capabilities), fetched once per load (a
+    child that does not answer in time is listed without it, and not asked again)."""
     client: httpx.AsyncClient = app.state.upstream
     try:
         r = await client.get(child.url + "/v1/models", headers={"authorization": f"Bearer {child.api_key}"},
@@ -190,7 +191,7 @@ async def _child_info(app: FastAPI, child: ChildServer) -> dict | None:
         data = r.json().get("data") or [{}]
         info = data[0] if isinstance(data[0], dict) else {}
     except (httpx.HTTPError, ValueError, AttributeError):
-        return None
+        info = {}
     if child.status in (ModelStatus.LOADED, ModelStatus.SLEEPING):
         child.loaded_info = info
     return info
