@@ -47,6 +47,7 @@ from .tasks import (
     EmbeddingRequest,
     EmbeddingResult,
     GenerationRequest,
+    PromptProgress,
     Request,
     RequestHandle,
 )
@@ -430,6 +431,8 @@ class Scheduler:
                                            n_room=n_room, prompt_tokens=req.prompt, n_cached=n_reuse,
                                            grammar=req.grammar)
         slot.state = SlotState.PROMPT
+        if req.return_progress:  # llama-server's first report: the reused prefix, nothing decoded yet
+            handle.put(PromptProgress(len(req.prompt), n_reuse, n_reuse))
 
     # ------------------------------------------------------------------ generation
     def _build_generation_batch(self) -> list[_Entry]:
@@ -501,6 +504,8 @@ class Scheduler:
                 slot.i_prompt += len(e.tokens)
                 m.n_prompt_tokens_total += len(e.tokens)
                 m.t_prompt_s_total += dt
+                if slot.handle is not None and getattr(slot.handle.request, "return_progress", False):
+                    slot.handle.put(PromptProgress(len(slot.prompt), slot.n_prompt_cached, slot.i_prompt))
             else:
                 m.t_predicted_s_total += dt
             if e.wants_logits:

@@ -289,3 +289,24 @@ def test_candidate_probs():
     assert prob == pytest.approx(0.25) and [t for t, _ in top] == [3, 7]
     assert sum(p for _, p in top) == pytest.approx(1.0)
     assert candidate_probs(c, 1, 3)[1] == ((3, pytest.approx(0.75)),)
+
+
+# -- prompt progress -------------------------------------------------------------------------
+
+
+def progress_of(client, path: str, body: dict) -> list[dict]:
+    r = client.post(path, json={**body, "stream": True, "return_progress": True})
+    return [e["prompt_progress"] for e in events(r.text) if "prompt_progress" in e]
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "q" * 150}], "max_tokens": 2}),
+    ("/completion", {"prompt": "p" * 150, "n_predict": 2}),
+])
+def test_return_progress_reports_each_prompt_chunk(client, path, body):
+    first = progress_of(client, path, body)
+    assert len(first) == 1 + -(-first[0]["total"] // 64)  # the start, then each 64-token chunk
+    assert first[0]["cache"] == first[0]["processed"] == 0 and first[-1]["processed"] == first[0]["total"]
+    assert [p["processed"] for p in first] == sorted({p["processed"] for p in first})
+    again = progress_of(client, path, body)  # the prompt is cached now: one chunk of one token
+    assert len(again) == 2 and again[0]["cache"] == again[0]["processed"] == again[0]["total"] - 1
