@@ -17,6 +17,7 @@ ops._f16_block). Nothing grows later: memory is n_ctx cells in both layouts.
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Iterator
 
 import numpy as np
@@ -32,6 +33,19 @@ def cache_dtype(name: str) -> np.dtype:
     if name not in CACHE_TYPES:
         raise EngineError(f"unsupported KV cache type '{name}' (supported: {', '.join(CACHE_TYPES)})")
     return np.dtype(CACHE_TYPES[name])
+
+
+def _zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A zeroed array on its own anonymous mapping: pages become resident only once written
+    and go back to the OS when the cache is freed. (np.zeros gets an arena's freed memory
+    after a server's sleep/wake cycle, and calloc then zeroes -- touches -- all of it.)"""
+    n = int(np.prod(shape)) * dtype.itemsize
+    if n < 1 << 20:
+        return np.zeros(shape, dtype)
+    try:
+        return np.frombuffer(mmap.mmap(-1, n), dtype).reshape(shape)
+    except OSError as e:  # as numpy reports a refused allocation
+        raise MemoryError(f"cannot map {n} bytes: {e}") from None
 
 
 def kv_bytes(cfg: ModelConfig, n_cells: int, n_stream: int, type_k: str, type_v: str) -> int:
@@ -63,8 +77,8 @@ class KVCache:
         n_stream = 1 if self.unified else n_seq_max
         self.n_cells = n_ctx_seq  # per stream
         # k[il], v[il]: (n_stream, n_cells, n_head_kv, head_dim)
-        self.k = [np.zeros((n_stream, n_ctx_seq, G, cfg.head_dim), dk) for _ in range(cfg.n_layer)]
-        self.v = [np.zeros((n_stream, n_ctx_seq, G, cfg.head_dim_v), dv) for _ in range(cfg.n_layer)]
+        self.k = [_zeros((n_stream, n_ctx_seq, G, cfg.head_dim), dk) for _ in range(cfg.n_layer)]
+        self.v = [_zeros((n_stream, n_ctx_seq, G, cfg.head_dim_v), dv) for _ in range(cfg.n_layer)]
         self._len = np.zeros(n_seq_max, np.int64)
         # where each sequence's cells are: stream, first cell, cells reserved
         self._stream = np.zeros(n_seq_max, np.int64) if self.unified else np.arange(n_seq_max)

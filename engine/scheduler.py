@@ -525,7 +525,7 @@ class Scheduler:
             return
         if sum(len(e.tokens) for e in entries) > 1:
             self._budget = max(1, self._budget // 2)
-            log.warning("KV cache full: retrying with a batch of %d tokens", self._budget)
+            log.info("KV cache full: retrying with a batch of %d tokens", self._budget)
             return
         log.error("KV cache full: context size has been exceeded")
         for slot in self.slots:

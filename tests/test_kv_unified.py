@@ -113,3 +113,16 @@ def test_kv_unified_flag_rules(argv, n_seq, unified):
     sub = argparse.ArgumentParser().add_subparsers()
     p = params.to_context_params(serve.add_parser(sub).parse_args(argv))
     assert (p.n_seq_max, p.kv_unified) == (n_seq, unified)
+
+
+def test_kv_large_cache_is_lazily_mapped_and_decodes(tiny):
+    """Caches of 1 MiB and more sit on their own anonymous mappings (see kv_cache._zeros)."""
+    import mmap
+
+    ctx = Context(tiny, ContextParams(n_ctx=16384, n_seq_max=2, kv_unified=True))
+    assert ctx.kv.k[0].nbytes >= 1 << 20
+    base = ctx.kv.k[0]
+    while isinstance(base, np.ndarray):
+        base = base.base
+    assert isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap)
+    _close(ctx.decode(Batch.for_sequence(TOKENS, 0, seq_id=1, logits_all=True)), _ref(tiny, TOKENS))
