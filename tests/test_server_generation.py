@@ -310,3 +310,20 @@ def test_return_progress_reports_each_prompt_chunk(client, path, body):
     assert [p["processed"] for p in first] == sorted({p["processed"] for p in first})
     again = progress_of(client, path, body)  # the prompt is cached now: one chunk of one token
     assert len(again) == 2 and again[0]["cache"] == again[0]["processed"] == again[0]["total"] - 1
+
+
+def test_no_prefill_assistant_takes_the_last_message_whole():
+    from engine.cli import build_parser, parse_args
+
+    assert parse_args(build_parser(), ["serve", "-m", "x.gguf", "--no-prefill-assistant"]).prefill_assistant is False
+    assert parse_args(build_parser(), ["serve", "-m", "x.gguf"]).prefill_assistant is True
+    sched = make_fake_scheduler(n_slots=1, n_ctx=256)
+    handle = start_server(sched, port=0, options=ServerOptions(prefill_assistant=False, verbose=True),
+                          chat_template=FakeChatTemplate())
+    try:
+        msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Wh"}]
+        res = httpx.post(handle.url + "/v1/chat/completions", json={"messages": msgs, "max_tokens": 1}, timeout=10)
+        assert res.json()["__verbose"]["prompt"].endswith("assistant\nWh<|im_end|>\n<|im_start|>assistant\n")
+    finally:
+        handle.stop()
+        sched.stop()

@@ -210,6 +210,7 @@ def _server_options(args):
         chat_template_kwargs=kwargs,
         api_prefix=args.api_prefix or "",
         verbose=bool(args.verbose),
+        prefill_assistant=args.prefill_assistant,
         slot_save_path=_slot_save_path(args),
         sleep_idle_seconds=args.sleep_idle_seconds,
     )

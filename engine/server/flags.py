@@ -65,7 +65,7 @@ IGNORED: list[tuple[str, int | str]] = [  # (options, nargs)
     ("--reasoning-effort", 1), ("--reasoning-budget", 1),
     ("--reasoning-budget-message", 1), ("--reasoning-preserve --no-reasoning-preserve", 0),
     ("--skip-chat-parsing --no-skip-chat-parsing", 0),
-    ("--prefill-assistant --no-prefill-assistant", 0), ("--lora-init-without-apply", 0),
+    ("--lora-init-without-apply", 0),
     ("--log-prompts-dir", 1),
     ("-md --model-draft --spec-draft-model", 1), ("-td --threads-draft", 1),
     ("-tbd --threads-batch-draft", 1), ("--draft --draft-n --draft-max", 1),
@@ -111,7 +111,7 @@ ENV = {
     "LLAMA_ARG_CORS_ORIGINS": "--cors-origins", "LLAMA_ARG_API_PREFIX": "--api-prefix",
     "LLAMA_ARG_CHAT_TEMPLATE_KWARGS": "--chat-template-kwargs", "LLAMA_ARG_MODELS_DIR": "--models-dir",
     "LLAMA_ARG_MODELS_MAX": "--models-max", "LLAMA_ARG_MODELS_AUTOLOAD": "--models-autoload",
-    "LLAMA_ARG_REASONING": "--reasoning",
+    "LLAMA_ARG_REASONING": "--reasoning", "LLAMA_ARG_PREFILL_ASSISTANT": "--prefill-assistant",
 }
 
 # environment variables of ignored flags (reported as ignored when set)
@@ -183,6 +183,9 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--slots", dest="slots", action=argparse.BooleanOptionalAction, default=True,
                    help="expose the /slots monitoring endpoint (default: enabled)")
     g.add_argument("--props", action="store_true", help="allow changing global properties via POST /props")
+    g.add_argument("--prefill-assistant", dest="prefill_assistant", action=argparse.BooleanOptionalAction,
+                   default=True, help="continue a chat's last message when it is the assistant's "
+                   "(default: enabled; --no-prefill-assistant takes it as a whole message)")
     g.add_argument("--embedding", "--embeddings", dest="embedding", action="store_true",
                    help="enable the embedding endpoints")
     g.add_argument("--pooling", choices=("none", "mean", "cls", "last", "rank"), default=None,

@@ -282,7 +282,7 @@ def _continuation(state: ServerState, body: ChatCompletionRequest | ApplyTemplat
     flag = getattr(body, "continue_final_message", None)
     cont = flag is True or flag in ("content", "reasoning_content")
     last_is_assistant = bool(messages) and messages[-1].get("role") == "assistant"
-    if not cont and getattr(state.options, "prefill_assistant", True) and last_is_assistant:
+    if not cont and state.options.prefill_assistant and last_is_assistant:
         if len(messages) >= 2 and messages[-2].get("role") == "assistant":
             raise invalid("Cannot have 2 or more assistant messages at the end of the list.")
         cont, add_gen = True, False

@@ -59,6 +59,7 @@ class ServerOptions:
     request_log: Callable[[dict], None] | None = None  # called after each request (GUI log)
     api_prefix: str = ""
     verbose: bool = False  # --verbose: every generation reply carries `__verbose` (llama-server)
+    prefill_assistant: bool = True  # a chat ending with an assistant message continues it
     slot_save_path: str | None = None  # --slot-save-path: POST /slots/{id}?action=save|restore
     sleep_idle_seconds: int = -1  # --sleep-idle-seconds: unload the model when idle (-1: never)
 
