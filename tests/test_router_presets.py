@@ -130,3 +130,9 @@ def test_reload_adds_removes_and_restarts_only_changed_models(tmp_path, table):
         assert sorted(r.children) == ["b", "c"]
     finally:
         r.stop()
+
+
+def test_a_key_from_the_environment_may_start_with_a_dash(monkeypatch):
+    # the router hands each child its key in LLAMA_API_KEY; "-..." must not read as a flag
+    monkeypatch.setenv("LLAMA_API_KEY", "-abc")
+    assert serve_parser().parse_args([]).api_key == ["-abc"]

@@ -65,7 +65,7 @@ def test_serve_cli_run_rejects_bad_input(monkeypatch):
     with pytest.raises(EngineError, match="not supported"):
         a.run(a)
     a = parse(["--models-dir", "/nonexistent-dir"])
-    with pytest.raises(EngineError, match="no model given"):
+    with pytest.raises(EngineError, match="does not exist"):
         a.run(a)
 
 

@@ -277,47 +277,26 @@ def _announce(args, event: str, handle, **extra) -> None:
 # -- router mode -------------------------------------------------------------------------
 
 
-def _child_args(args) -> list[str]:
-    """The flags every child server gets from the router's command line."""
-    out = ["-c", str(args.ctx_size), "-b", str(args.batch_size), "-ub", str(args.ubatch_size),
-           "-np", str(args.parallel), "-t", str(args.threads), "-n", str(args.n_predict),
-           "--temp", str(args.temp), "--top-k", str(args.top_k), "--top-p", str(args.top_p),
-           "--min-p", str(args.min_p), "-s", str(args.seed), "--repeat-penalty", str(args.repeat_penalty),
-           "--repeat-last-n", str(args.repeat_last_n), "--embd-normalize", str(args.embd_normalize),
-           "-sps", str(args.slot_prompt_similarity)]
-    flags_on = [("--embedding", args.embedding), ("--metrics", args.metrics), ("--no-slots", not args.slots),
-                ("--no-cache-prompt", not args.cache_prompt), ("--kv-unified", args.kv_unified),
-                ("--no-mem-check", args.no_mem_check)]
-    out += [f for f, on in flags_on if on]
-    for opt, value in (("--pooling", args.pooling), ("--chat-template", args.chat_template),
-                       ("--chat-template-file", args.chat_template_file),
-                       ("--chat-template-kwargs", args.chat_template_kwargs)):
-        if value is not None:
-            out += [opt, value]
-    return out
-
-
 def run_router(args) -> int:
-    """No -m: serve every model of --models-dir through one child server per model."""
-    from pathlib import Path
-
-    from ..model_store import models_dir
-    from ..router import Router, discover_hub_models, discover_models
+    """No -m: serve the models of the Hugging Face cache, --models-dir and --models-preset
+    through one child server per model (engine/router.py)."""
+    from ..router import Router
+    from ..router_presets import router_catalogue
     from ..server import ServerState, listen
     from ..server.proxy import create_router_app
 
-    directory = Path(args.models_dir) if args.models_dir else models_dir()
-    models = {**discover_hub_models(), **discover_models(directory)}
-    if not models:
-        raise EngineError(f"no model given (-m) and no .gguf files in {directory} or in the Hugging Face "
-                          "cache; use -m FILE, -hf USER/MODEL or --models-dir DIR")
-    router = Router(models, _child_args(args), models_max=args.models_max,
-                    autoload=args.models_autoload).start()
+    catalogue = router_catalogue(_serve_parser(), args, flags.ENV)
+    router = Router(catalogue=catalogue.build, models_max=args.models_max, autoload=args.models_autoload)
+    if not router.children:
+        log.warning("router: no models yet (none in the Hugging Face cache, --models-dir or --models-preset); "
+                    "add some and list them with GET /models?reload=1")
+    router.start()
     state = ServerState(_server_options(args))
     handle = listen(state, args.host, args.port, app=create_router_app(router, state))
     _announce(args, "ready", handle)
-    print(f"main: router listening on {handle.url}; {len(models)} models ({directory} and the "
-          f"Hugging Face cache): {', '.join(models)}", file=sys.stderr)
+    router.load_startup_models()
+    print(f"main: router listening on {handle.url}; {len(router.children)} models: "
+          f"{', '.join(router.children)}", file=sys.stderr)
     done = threading.Event()
     stopper = _Stopper(None, on_first=done.set)
     signal.signal(signal.SIGINT, stopper)
@@ -328,6 +307,12 @@ def run_router(args) -> int:
     handle.stop(2.0)
     print("main: router stopped", file=sys.stderr)
     return 0
+
+
+def _serve_parser() -> argparse.ArgumentParser:
+    """A fresh `serve` parser: the router reads its options table and defaults from it."""
+    root = argparse.ArgumentParser(add_help=False)
+    return add_parser(root.add_subparsers())
 
 
 class _Stopper:

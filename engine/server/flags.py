@@ -61,7 +61,7 @@ IGNORED: list[tuple[str, int | str]] = [  # (options, nargs)
     ("--ui --webui --no-ui --no-webui", 0), ("--rerank --reranking", 0),
     ("--ssl-key-file", 1), ("--ssl-cert-file", 1), ("--sse-ping-interval", 1),
     ("--threads-http", 1), ("-to --timeout", 1), ("--cache-reuse", 1),
-    ("--media-path", 1), ("--models-preset", 1), ("--reasoning-format", 1),
+    ("--media-path", 1), ("--reasoning-format", 1),
     ("--reasoning-effort", 1), ("--reasoning-budget", 1),
     ("--reasoning-budget-message", 1), ("--reasoning-preserve --no-reasoning-preserve", 0),
     ("--skip-chat-parsing --no-skip-chat-parsing", 0),
@@ -110,6 +110,7 @@ ENV = {
     "LLAMA_ARG_POOLING": "--pooling", "LLAMA_ARG_CACHE_PROMPT": "--cache-prompt",
     "LLAMA_ARG_CORS_ORIGINS": "--cors-origins", "LLAMA_ARG_API_PREFIX": "--api-prefix",
     "LLAMA_ARG_CHAT_TEMPLATE_KWARGS": "--chat-template-kwargs", "LLAMA_ARG_MODELS_DIR": "--models-dir",
+    "LLAMA_ARG_MODELS_PRESET": "--models-preset",
     "LLAMA_ARG_MODELS_MAX": "--models-max", "LLAMA_ARG_MODELS_AUTOLOAD": "--models-autoload",
     "LLAMA_ARG_REASONING": "--reasoning", "LLAMA_ARG_PREFILL_ASSISTANT": "--prefill-assistant",
 }
@@ -214,6 +215,9 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                    help="ggstation: largest accepted request body in MiB (default: 8)")
     g.add_argument("--models-dir", default=None, metavar="PATH",
                    help="router mode (no -m): directory of .gguf models to serve (default: the model cache)")
+    g.add_argument("--models-preset", default=None, metavar="PATH",
+                   help="router mode: INI file of model presets (sections of serve flags; [*] for all); "
+                        "re-read by GET /models?reload=1")
     g.add_argument("--models-max", type=int, default=4, metavar="N",
                    help="router mode: most models loaded at once (default: 4, 0 = unlimited)")
     g.add_argument("--models-autoload", dest="models_autoload", action=argparse.BooleanOptionalAction,
@@ -252,9 +256,9 @@ def env_argv(parser: argparse.ArgumentParser, argv: list[str], environ=os.enviro
                 out.append("--no-" + option[2:])
         elif isinstance(action, argparse._AppendAction):
             for part in value.split(","):
-                out += [option, part]
+                out.append(f"{option}={part}")
         else:
-            out += [option, value]
+            out.append(f"{option}={value}")  # "=": a value starting with "-" is not a flag
     for opts, refused_env in REFUSED:  # each refused variable as its own (refused) flag
         option = opts.split()[-1]
         if refused_env and environ.get(refused_env) and option in parser._option_string_actions:
