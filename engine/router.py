@@ -468,7 +468,10 @@ class Router:
         """
         deadline = time.monotonic() + (self.load_timeout_s if timeout is None else timeout)
         with self._cv:
-            child = self._wait_ready(self.get(name).name, True, lambda: time.monotonic() > deadline)
+            try:
+                child = self._wait_ready(self.get(name).name, True, lambda: time.monotonic() > deadline)
+            except RequestCancelled:
+                raise RouterError(f"model '{name}' did not become ready in time") from None
             child.last_used = time.monotonic()
             return child
 
