@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -97,3 +99,16 @@ def test_models_list_aliases_and_tags(server):
     props = httpx.get(server.url + "/props").json()
     assert props["model_alias"] == "alpha" and props["endpoint_metrics"] is True
     assert props["cors_proxy_enabled"] is False
+
+
+def test_progress_reports_carry_prompt_timings(server):
+    body = {"prompt": "x" * 150, "n_predict": 2, "stream": True, "timings_per_token": True, "return_progress": True}
+    with httpx.stream("POST", server.url + "/completion", json=body) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    progress = [c for c in chunks if "prompt_progress" in c]
+    assert len(progress) > 1  # 151 tokens in batches of 64
+    first = progress[0]["timings"]
+    assert first["prompt_n"] == 0 and first["prompt_ms"] == 0.0 and first["predicted_n"] == 0
+    prompt_ms = [c["timings"]["prompt_ms"] for c in progress]
+    assert prompt_ms == sorted(prompt_ms) and prompt_ms[-1] > 0
+    assert progress[-1]["timings"]["prompt_n"] == 151

@@ -148,6 +148,7 @@ class Formatter:
         self.acc = Accumulator()
         self.id_slot = -1
         self.t_start = time.perf_counter()
+        self.t_prompt_start: float | None = None  # when the first progress report came (the slot took it)
 
     id_prefix = "cmpl-"
 
@@ -182,6 +183,19 @@ class Formatter:
 
     def _usage(self) -> dict:
         return usage(self.acc.last, self._n())
+
+    def _progress_timings(self, p: PromptProgress) -> dict:
+        """llama-server's `timings` while the prompt is evaluated (timings_per_token): zeros at
+        the first report, then the prompt tokens decoded so far and the time they took."""
+        now = time.perf_counter()
+        if self.t_prompt_start is None:
+            self.t_prompt_start = now
+        n_done = max(p.processed - p.cache, 0)
+        t_p = (now - self.t_prompt_start) * 1e3 if n_done else 0.0
+        return {"cache_n": p.cache, "prompt_n": n_done, "prompt_ms": t_p,
+                "prompt_per_token_ms": t_p / n_done if n_done else 0.0,
+                "prompt_per_second": 1e3 * n_done / t_p if t_p > 0 else 0.0,
+                "predicted_n": 0, "predicted_ms": 0.0, "predicted_per_token_ms": 0.0, "predicted_per_second": 0.0}
 
     def _progress(self, p: PromptProgress) -> dict:
         return {"total": p.total, "cache": p.cache, "processed": p.processed,
@@ -389,6 +403,8 @@ class NativeFormatter(Formatter):
             "tokens_evaluated": last.n_prompt if last is not None else (progress.total if progress else 0)}
         if self.timings_per_token and last is not None:
             obj["timings"] = self._timings()
+        elif self.timings_per_token and progress is not None:
+            obj["timings"] = self._progress_timings(progress)
         if progress is not None:
             obj["prompt_progress"] = self._progress(progress)
         if self.n_probs and step is not None:
