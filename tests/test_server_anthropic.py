@@ -151,6 +151,11 @@ def test_stop_sequence_ends_the_turn(client):
     assert (body["stop_reason"], body["stop_sequence"]) == ("end_turn", "d")
 
 
+def test_one_stop_sequence_as_a_string(client):
+    body = client.post("/v1/messages", json=ask(max_tokens=20, stop_sequences="c")).json()
+    assert (body["content"][0]["text"], body["stop_sequence"]) == ("ab", "c")
+
+
 def test_no_tokens_wanted(client):
     r = client.post("/v1/messages", json=ask(max_tokens=0)).json()
     assert r["content"] == [] and r["usage"]["output_tokens"] == 0 and r["stop_reason"] == "max_tokens"
@@ -211,11 +216,12 @@ def test_empty_conversation_is_the_generation_prompt(client):
         {"type": "text", "text": "f"}, {"type": "image", "source": {"type": "url", "url": "http://x/y.png"}}]}]}]},
      500, "image input is not supported"),
     ({"messages": [{"role": "robot", "content": "beep"}]}, 400, "role"),
+    ({"messages": [], "stop_sequences": ["s"] * 17}, 400, "stop sequences"),
 ])
 def test_errors(client, body, status, words):
     for path in ("/v1/messages", "/v1/messages/count_tokens"):
         r = client.post(path, json=body)
-        if path.endswith("count_tokens") and words in ("max_tokens", "temperature"):
+        if path.endswith("count_tokens") and words in ("max_tokens", "temperature", "stop sequences"):
             continue  # count_tokens does not read the generation fields
         assert r.status_code == status, (path, r.text)
         err = r.json()

@@ -30,7 +30,7 @@ import uuid
 from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
@@ -79,11 +79,18 @@ class MessagesRequest(CountTokensRequest):
     """POST /v1/messages."""
 
     max_tokens: int | None = Field(None, ge=-1)
-    stop_sequences: list[str] | None = Field(None, max_length=MAX_STOP)
+    stop_sequences: list[str] | str | None = None
     stream: bool = False
     temperature: float | None = Field(None, ge=0.0, le=100.0)
     top_p: float | None = Field(None, ge=0.0, le=1.0)
     top_k: int | None = Field(None, ge=-1)
+
+    @field_validator("stop_sequences")
+    @classmethod
+    def _few_stops(cls, v):
+        if isinstance(v, list) and len(v) > MAX_STOP:
+            raise ValueError(f"at most {MAX_STOP} stop sequences are allowed")
+        return v
 
 
 class _ChatBody(ChatCompletionRequest):
@@ -399,13 +406,15 @@ def _prepare(s, body: MessagesRequest):
     chat = to_chat(body)
     req, prompt_text = rq.chat_request(s, chat)
     template_source = getattr(s.chat_template, "source", "") or ""
-    reasoning = THINK_OPEN in template_source  # the template knows thinking: replies may hold some
+    # a template that knows thinking makes replies that may hold some (unless the server keeps
+    # reasoning in the text: --reasoning-format none)
+    reasoning = THINK_OPEN in template_source and getattr(s.options, "reasoning_format", None) != "none"
     tool_names = [t["function"]["name"] for t in chat.tools or []]
     builder = MessageBuilder(
         body.model or s.model_alias, tool_names=tool_names,
         parse_tools=bool(tool_names) and chat.tool_choice != "none",
         reasoning=reasoning, starts_inside=reasoning and prompt_opens_reasoning(prompt_text),
-        stop_sequences=list(body.stop_sequences or []), n_prompt=len(req.prompt))
+        stop_sequences=rq.stop_list(body.stop_sequences), n_prompt=len(req.prompt))
     builder.prefill(_prefill_text(chat, prompt_text))
     return req, builder
 
