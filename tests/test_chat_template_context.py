@@ -95,3 +95,48 @@ def _serve_options(*argv: str):
 def test_reasoning_flag_sets_enable_thinking(argv, expected):
     kwargs = _serve_options(*argv).chat_template_kwargs
     assert kwargs.get("enable_thinking") is expected
+
+
+def test_a_switch_in_the_middle_is_not_a_thinking_switch():
+    # Apertus: "Deliberation: enabled/disabled" in its system text, the generation prompt unchanged
+    src = ("Deliberation: {{ 'enabled' if enable_thinking else 'disabled' }}|"
+           "{% for m in messages %}{{ m.content }}{% endfor %}<A>")
+    t = ChatTemplate(src, "apertus")
+    assert not t.supports_thinking and t.render(USER).startswith("Deliberation: disabled")
+    # a template that shows an assistant's reasoning has the switch wherever it acts
+    shows = ("{% if enable_thinking %}T{% endif %}{% for m in messages %}{{ m.content }}"
+             "{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}{% endfor %}")
+    assert ChatTemplate(shows, "t").supports_thinking
+
+
+def test_reasoning_preservation_variables():
+    src = "{{ preserve_reasoning }} {{ preserve_thinking }} {{ clear_thinking }} {{ reasoning_strength }}"
+    t = ChatTemplate(src, "t")
+    assert t.render(USER) == "True True False "
+    assert t.render(USER, preserve_reasoning=False, reasoning_effort="low") == "False False True low"
+    assert t.render(USER, clear_thinking=True) == "True True True "
+
+
+TOOL_CALL = {"id": "call00001", "type": "function", "function": {"name": "f", "arguments": '{"city": "Paris"}'}}
+CALLS = [{"role": "user", "content": "u"}, {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]}]
+
+
+def test_string_arguments_are_parsed_for_templates_that_read_objects():
+    src = ("{% for m in messages %}{% for c in m.tool_calls or [] %}"
+           "{% for k, v in c.function.arguments.items() %}{{ k }}={{ v }}{% endfor %}{% endfor %}{% endfor %}")
+    t = ChatTemplate(src, "glm")
+    assert t.supports_object_arguments and t.render(CALLS) == "city=Paris"
+    verbatim = ChatTemplate("{% for m in messages %}{% for c in m.tool_calls or [] %}"
+                            "{{ c.function.arguments }}{% endfor %}{% endfor %}", "t")
+    assert verbatim.render(CALLS) == '{"city": "Paris"}'  # prints the text it was given
+    bad = [CALLS[0], {**CALLS[1], "tool_calls": [{**TOOL_CALL, "function": {"name": "f", "arguments": "{oops"}}]}]
+    with pytest.raises(TemplateError, match="not valid JSON"):
+        t.render(bad)
+
+
+def test_templates_may_append_to_lists_within_limits():
+    src = "{% set xs = [] %}{% for m in messages %}{% set _ = xs.append(m.role) %}{% endfor %}{{ xs | join(',') }}"
+    assert ChatTemplate(src, "kimi").render(CALLS) == "user,assistant"
+    assert ChatTemplate("{% set xs = [1, 2] %}{{ xs.pop() }}{{ xs }}", "t").render(USER) == "2[1]"
+    with pytest.raises(TemplateError):
+        ChatTemplate("{% set d = {} %}{{ d.update({'a': 1}) }}", "t").render(USER)  # other mutations: no

@@ -372,6 +372,7 @@ class ChatTemplate:
         self._compiled: jinja2.Template | None = None
         self._supports_thinking: bool | None = None
         self._supports_system_role: bool | None = None
+        self._supports_object_arguments: bool | None = None
 
     def __repr__(self) -> str:
         return f"ChatTemplate(name={self.name!r}, family={self.family!r})"
@@ -444,15 +445,19 @@ class ChatTemplate:
     # --- what the template can do (llama.cpp's template caps), found by rendering probes --------
     @property
     def supports_thinking(self) -> bool:
-        """Whether the template's generation prompt changes with `enable_thinking` (Qwen3,
-        DeepSeek-R1, ...): then thinking is on unless the request or --reasoning turns it off,
-        as in llama-server's 'auto' mode."""
+        """Whether the template has a thinking switch, as llama.cpp's template analysis finds
+        it: `enable_thinking` changes the output, and the template renders an assistant's
+        reasoning or the switch changes the generation prompt (Qwen3, DeepSeek-R1, GLM...).
+        Then thinking is on unless the request or --reasoning turns it off ('auto' mode)."""
         if self._supports_thinking is None:
             probe = [{"role": "user", "content": "test"}]
+            thought = "THINKING 7c2d"
+            reply = [*probe, {"role": "assistant", "content": "Hello", "reasoning_content": thought}]
             try:
                 on = self.render(probe, add_generation_prompt=True, enable_thinking=True)
                 off = self.render(probe, add_generation_prompt=True, enable_thinking=False)
-                self._supports_thinking = on != off
+                shown = thought in self.render(reply, add_generation_prompt=False, enable_thinking=True)
+                self._supports_thinking = on != off and (shown or _switch_at_the_end(on, off))
             except TemplateLimitError:
                 raise  # the template is at fault whatever the messages: say so now
             except TemplateError:
@@ -477,11 +482,45 @@ class ChatTemplate:
                 self._supports_system_role = False
         return self._supports_system_role
 
+    @property
+    def supports_object_arguments(self) -> bool:
+        """Whether the template reads tool-call arguments as an object (Llama 3.1's `tojson`,
+        GLM's `.items()`): then JSON-string arguments are parsed before rendering."""
+        if self._supports_object_arguments is None:
+            marker = "value 5e1c"
+            call = {"id": "call00001", "type": "function", "function": {"name": "tool1", "arguments": {"arg": marker}}}
+            probe = [{"role": "user", "content": "User message"},
+                     {"role": "assistant", "content": "", "tool_calls": [call]},
+                     {"role": "tool", "content": "Tool response", "tool_call_id": "call00001"},
+                     {"role": "assistant", "content": "The tool response was 'tool response'"},
+                     {"role": "user", "content": "User message"}]
+            tool = {"type": "function", "function": {"name": "tool1", "description": "Tool description",
+                                                     "parameters": {"type": "object", "properties": {
+                                                         "arg": {"type": "string"}}, "required": ["arg"]}}}
+            variables = {"messages": probe, "tools": [tool], "add_generation_prompt": True, "bos_token": "",
+                         "eos_token": "", "enable_thinking": False}
+            try:
+                out = self._render(self._template(), variables)
+                # printed whole, an object shows as Python's repr: that template wants the text
+                self._supports_object_arguments = marker in out and f"'arg': '{marker}'" not in out
+            except TemplateLimitError:
+                raise
+            except TemplateError:
+                self._supports_object_arguments = False
+        return self._supports_object_arguments
+
     def _prepare_messages(self, messages: list[dict]) -> list[dict]:
         """llama.cpp's workarounds before rendering: 'developer' is 'system' (except for
-        gpt-oss's channel format, which has its own), and a system message the template cannot
-        show is merged into the next message."""
+        gpt-oss's channel format, which has its own), a system message the template cannot
+        show is merged into the next message, and tool-call arguments sent as JSON text are
+        parsed for templates that format them as objects."""
         out = _normalize_messages(messages)
+        calls = [c for m in out for c in m.get("tool_calls") or () if isinstance(c, Mapping)]
+        if any(isinstance((c.get("function") or {}).get("arguments"), str) for c in calls) \
+                and self.supports_object_arguments:
+            for m in out:
+                if m.get("tool_calls"):
+                    m["tool_calls"] = [_parsed_arguments(c) for c in m["tool_calls"]]
         if "<|channel|>" not in self.source:
             for m in out:
                 if m.get("role") == "developer":
@@ -528,6 +567,7 @@ class ChatTemplate:
         variables.setdefault("datetime", now.strftime("%b %d %Y"))  # firefunction-v2
         if "enable_thinking" not in variables:
             variables["enable_thinking"] = self.supports_thinking
+        _reasoning_variables(variables)
         return self._render(template, variables)
 
     def _render(self, template: jinja2.Template, variables: dict) -> str:
@@ -547,6 +587,48 @@ class ChatTemplate:
         if self.add_eos and self.eos_token and text.endswith(self.eos_token):
             text = text[: -len(self.eos_token)]
         return text
+
+
+def _reasoning_variables(variables: dict[str, Any]) -> None:
+    """llama-server's reasoning switches and the names templates read them by: reasoning is
+    preserved in earlier turns unless `preserve_reasoning` is false (GLM's clear_thinking,
+    ...), and a `reasoning_effort` is also a `reasoning_strength`. Explicit values win."""
+    preserve = variables.setdefault("preserve_reasoning", True)
+    if isinstance(preserve, bool):
+        variables.setdefault("preserve_thinking", preserve)
+        for name in ("clear_thinking", "truncate_history_thinking", "drop_thinking"):
+            variables.setdefault(name, not preserve)
+    effort = variables.get("reasoning_effort")
+    if isinstance(effort, str) and effort:
+        variables.setdefault("reasoning_strength", effort)
+
+
+def _switch_at_the_end(on: str, off: str) -> bool:
+    """Whether enable_thinking changes the generation prompt, as llama.cpp's template analysis
+    decides it: one output ends in text the other lacks (an opened or closed thought), not just
+    a different word in the middle (Apertus' "Deliberation: enabled")."""
+    if on == off:
+        return False
+    n = len(os.path.commonprefix([on, off]))
+    if not on[n:].strip() or not off[n:].strip():
+        return True
+    for base, extended in ((on, off), (off, on)):  # e.g. SmolLM3: system text and tail both change
+        anchor = base[-32:]  # the generation prompt, about
+        pos = extended.rfind(anchor)
+        if pos >= 0 and extended[pos + len(anchor):].strip():
+            return True
+    return False
+
+
+def _parsed_arguments(call: Any) -> Any:
+    function = call.get("function") if isinstance(call, Mapping) else None
+    if not isinstance(function, Mapping) or not isinstance(function.get("arguments"), str):
+        return call
+    try:
+        arguments = json.loads(function["arguments"])
+    except ValueError as e:
+        raise TemplateError(f"tool call arguments are not valid JSON: {e}") from None
+    return {**call, "function": {**function, "arguments": arguments}}
 
 
 class PromptEncoder(Protocol):

@@ -316,10 +316,17 @@ def check_striptags(text: Any, budget: RenderBudget) -> None:
                                  f"{16 * budget.size_limit:,}")
 
 
+_LIST_METHODS = frozenset({"append", "pop"})
+
+
 def check_call(obj: Any, args: tuple, kwargs: dict, budget: RenderBudget) -> tuple:
-    """Refuse a str/bytes method call that would build too much; returns the args to call with
-    (join's iterable made a list, so it can be measured and still be joined)."""
+    """Refuse a str/bytes method call that would build too much, or an append past MAX_ITEMS;
+    returns the args to call with (join's iterable made a list, so it can be measured and
+    still be joined)."""
     owner = getattr(obj, "__self__", None)
+    if type(owner) is list and getattr(obj, "__name__", "") == "append":
+        budget.check_items(len(owner) + 1, "a list by append()")
+        return args
     if not isinstance(owner, _SIZED):
         return args
     name = getattr(obj, "__name__", "")
@@ -542,6 +549,13 @@ class LimitedSandbox(ImmutableSandboxedEnvironment):
         self.concat = _concat  # type: ignore[method-assign]
         self.globals["range"] = _range
         self.globals["lipsum"] = _lipsum
+
+    def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+        # llama.cpp's engine lets templates append to and pop from lists (Kimi-K2-Thinking
+        # builds one); nothing else mutable is allowed, and appends are counted (check_call)
+        if type(obj) is list and attr in _LIST_METHODS:
+            return True
+        return super().is_safe_attribute(obj, attr, value)
 
     def guard_filters(self) -> None:
         """Wrap every filter (call once, after adding your own)."""
