@@ -192,10 +192,14 @@ def _server_options(args):
     reasoning = getattr(args, "reasoning", "auto")
     if reasoning != "auto":  # llama-server: --reasoning on/off sets the template's enable_thinking
         kwargs.setdefault("enable_thinking", reasoning == "on")
-    cors = tuple(o.strip() for o in (args.cors_origins or "").split(",") if o.strip())
     return ServerOptions(
         api_keys=_api_keys(args),
-        cors_origins=cors,
+        cors_origins=flags.cors_origins(args),
+        cors_methods=args.cors_methods,
+        cors_headers=args.cors_headers,
+        cors_credentials=args.cors_credentials,
+        cors_proxy=args.ui_mcp_proxy,
+        model_tags=tuple(dict.fromkeys(t.strip() for t in (args.tags or "").split(",") if t.strip())),
         alias=args.alias,
         metrics=args.metrics,
         slots=args.slots,

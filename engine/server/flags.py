@@ -55,8 +55,9 @@ IGNORED: list[tuple[str, int | str]] = [  # (options, nargs)
     ("-cb --cont-batching -nocb --no-cont-batching", 0), ("-mm --mmproj", 1),
     ("--mmproj-auto --no-mmproj --no-mmproj-auto", 0), ("--mmproj-offload --no-mmproj-offload", 0),
     ("-mmdev --mmproj-device", 1), ("--image-min-tokens", 1), ("--image-max-tokens", 1),
-    ("--tags", 1), ("--reuse-port", 0), ("--path", 1), ("--cors-methods", 1), ("--cors-headers", 1),
-    ("--cors-credentials --no-cors-credentials", 0),
+    ("--reuse-port", 0), ("--path", 1),
+    ("--tools", 1), ("--tools-runtime", 1), ("--mcp-servers-config", 1), ("--mcp-servers-json", 1),
+    ("-ag --agent -no-ag --no-agent", 0),
     ("--ui-config --webui-config", 1), ("--ui-config-file --webui-config-file", 1),
     ("--ui --webui --no-ui --no-webui", 0), ("--rerank --reranking", 0),
     ("--ssl-key-file", 1), ("--ssl-cert-file", 1), ("--sse-ping-interval", 1),
@@ -109,6 +110,9 @@ ENV = {
     "LLAMA_ARG_ENDPOINT_PROPS": "--props", "LLAMA_ARG_EMBEDDINGS": "--embeddings",
     "LLAMA_ARG_POOLING": "--pooling", "LLAMA_ARG_CACHE_PROMPT": "--cache-prompt",
     "LLAMA_ARG_CORS_ORIGINS": "--cors-origins", "LLAMA_ARG_API_PREFIX": "--api-prefix",
+    "LLAMA_ARG_CORS_METHODS": "--cors-methods", "LLAMA_ARG_CORS_HEADERS": "--cors-headers",
+    "LLAMA_ARG_CORS_CREDENTIALS": "--cors-credentials", "LLAMA_ARG_UI_MCP_PROXY": "--ui-mcp-proxy",
+    "LLAMA_ARG_TAGS": "--tags",
     "LLAMA_ARG_CHAT_TEMPLATE_KWARGS": "--chat-template-kwargs", "LLAMA_ARG_MODELS_DIR": "--models-dir",
     "LLAMA_ARG_MODELS_PRESET": "--models-preset",
     "LLAMA_ARG_MODELS_MAX": "--models-max", "LLAMA_ARG_MODELS_AUTOLOAD": "--models-autoload",
@@ -179,7 +183,9 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                    help="API key clients must send; repeatable or comma-separated (default: none)")
     g.add_argument("--api-key-file", metavar="FNAME", default=None,
                    help="file with API keys, one per line; lines starting with # are comments")
-    g.add_argument("-a", "--alias", default=None, help="model name used by the API (default: the file name)")
+    g.add_argument("-a", "--alias", default=None,
+                   help="comma-separated model names for the API; the first in sorted order is its id "
+                        "(default: the file name)")
     g.add_argument("--metrics", action="store_true", help="enable the Prometheus /metrics endpoint")
     g.add_argument("--slots", dest="slots", action=argparse.BooleanOptionalAction, default=True,
                    help="expose the /slots monitoring endpoint (default: enabled)")
@@ -199,7 +205,19 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("-sps", "--slot-prompt-similarity", type=float, default=0.1,
                    help="how much a prompt must match a slot's cache to reuse that slot (default: 0.10)")
     g.add_argument("--cors-origins", default=None, metavar="ORIGINS",
-                   help="comma-separated allowed CORS origins ('*' for any; default: CORS off)")
+                   help="comma-separated allowed CORS origins; 'localhost' allows local pages only "
+                        "(default: *, or localhost with --tools / MCP servers)")
+    g.add_argument("--cors-methods", default="GET, POST, DELETE, OPTIONS", metavar="METHODS",
+                   help="allowed CORS methods (default: GET, POST, DELETE, OPTIONS)")
+    g.add_argument("--cors-headers", default="*", metavar="HEADERS", help="allowed CORS headers (default: *)")
+    g.add_argument("--cors-credentials", action=argparse.BooleanOptionalAction, default=True,
+                   help="allow CORS credentials; with origins '*' the request's Origin is echoed (default: enabled)")
+    g.add_argument("--ui-mcp-proxy", "--webui-mcp-proxy", dest="ui_mcp_proxy", action="store_true",
+                   help="enable /cors-proxy, which forwards the web UI's MCP requests; only in trusted "
+                        "environments (default: disabled)")
+    g.add_argument("--no-ui-mcp-proxy", "--no-webui-mcp-proxy", dest="ui_mcp_proxy", action="store_false",
+                   help=argparse.SUPPRESS)
+    g.add_argument("--tags", default=None, metavar="TAGS", help="comma-separated model tags shown in /v1/models")
     g.add_argument("--api-prefix", default="", metavar="PREFIX", help="path prefix the server serves from")
     g.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
                    help="extra variables for the chat template, a JSON object")
@@ -268,3 +286,18 @@ def env_argv(parser: argparse.ArgumentParser, argv: list[str], environ=os.enviro
 
 def ignored_env(environ=os.environ) -> list[str]:
     return [e for e in IGNORED_ENV if environ.get(e)]
+
+
+# flags that enable server tools or MCP servers: llama-server then limits CORS to localhost
+_AGENT_FLAGS = ("--tools", "--mcp-servers-config", "--mcp-servers-json", "-ag", "--agent")
+
+
+def cors_origins(args: argparse.Namespace) -> tuple[str, ...]:
+    """--cors-origins as a tuple; when not given, '*', or 'localhost' if tools or MCP servers
+    are on (they can act on this machine, so other sites' pages must not reach them)."""
+    if args.cors_origins is not None:
+        return tuple(o.strip() for o in args.cors_origins.split(",") if o.strip())
+    ignored = set(getattr(args, "ignored", None) or ())
+    tools = any(getattr(args, name, None) for name in ("tools", "server_tools", "mcp_servers_config",
+                                                        "mcp_servers_json"))
+    return ("localhost",) if tools or ignored & set(_AGENT_FLAGS) else ("*",)
