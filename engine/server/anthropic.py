@@ -25,6 +25,7 @@ without a multimodal projector.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from typing import Any
@@ -451,6 +452,9 @@ async def messages(request: Request) -> Response:
     try:
         if not await collect(request, handle, builder.add):
             return client_gone()
+    except asyncio.CancelledError:
+        handle.cancel()
+        raise
     except Exception as e:
         handle.cancel()
         return _error(e)
