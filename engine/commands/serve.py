@@ -192,9 +192,13 @@ def _server_options(args):
     reasoning = getattr(args, "reasoning", "auto")
     if reasoning != "auto":  # llama-server: --reasoning on/off sets the template's enable_thinking
         kwargs.setdefault("enable_thinking", reasoning == "on")
+    cors = flags.cors_origins(args)
+    keys = _api_keys(args)
+    if cors == ("*",) and not keys:  # llama-server's own warning: any page a browser opens can call us
+        log.warning("security: no API key is set and CORS allows all origins; set --api-key or --cors-origins")
     return ServerOptions(
-        api_keys=_api_keys(args),
-        cors_origins=flags.cors_origins(args),
+        api_keys=keys,
+        cors_origins=cors,
         cors_methods=args.cors_methods,
         cors_headers=args.cors_headers,
         cors_credentials=args.cors_credentials,
