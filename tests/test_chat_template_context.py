@@ -140,3 +140,14 @@ def test_templates_may_append_to_lists_within_limits():
     assert ChatTemplate("{% set xs = [1, 2] %}{{ xs.pop() }}{{ xs }}", "t").render(USER) == "2[1]"
     with pytest.raises(TemplateError):
         ChatTemplate("{% set d = {} %}{{ d.update({'a': 1}) }}", "t").render(USER)  # other mutations: no
+
+
+@pytest.mark.parametrize("argv, key, expected", [
+    (("--reasoning-effort", "low"), "reasoning_effort", "low"),
+    (("--reasoning-effort", "default"), "reasoning_effort", None),
+    (("--no-reasoning-preserve",), "preserve_reasoning", False),
+    (("--reasoning-preserve",), "preserve_reasoning", True),
+    ((), "preserve_reasoning", None),  # the template's default (True) applies
+])
+def test_reasoning_effort_and_preserve_flags(argv, key, expected):
+    assert _serve_options(*argv).chat_template_kwargs.get(key) == expected

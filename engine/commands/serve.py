@@ -192,6 +192,10 @@ def _server_options(args):
     reasoning = getattr(args, "reasoning", "auto")
     if reasoning != "auto":  # llama-server: --reasoning on/off sets the template's enable_thinking
         kwargs.setdefault("enable_thinking", reasoning == "on")
+    if getattr(args, "reasoning_effort", "default") != "default":
+        kwargs.setdefault("reasoning_effort", args.reasoning_effort)
+    if getattr(args, "reasoning_preserve", None) is not None:
+        kwargs.setdefault("preserve_reasoning", args.reasoning_preserve)
     cors = flags.cors_origins(args)
     keys = _api_keys(args)
     if cors == ("*",) and not keys:  # llama-server's own warning: any page a browser opens can call us

@@ -63,8 +63,7 @@ IGNORED: list[tuple[str, int | str]] = [  # (options, nargs)
     ("--ssl-key-file", 1), ("--ssl-cert-file", 1), ("--sse-ping-interval", 1),
     ("--threads-http", 1), ("-to --timeout", 1), ("--cache-reuse", 1),
     ("--media-path", 1), ("--reasoning-format", 1),
-    ("--reasoning-effort", 1), ("--reasoning-budget", 1),
-    ("--reasoning-budget-message", 1), ("--reasoning-preserve --no-reasoning-preserve", 0),
+    ("--reasoning-budget", 1), ("--reasoning-budget-message", 1),
     ("--skip-chat-parsing --no-skip-chat-parsing", 0),
     ("--lora-init-without-apply", 0),
     ("--log-prompts-dir", 1),
@@ -116,7 +115,8 @@ ENV = {
     "LLAMA_ARG_CHAT_TEMPLATE_KWARGS": "--chat-template-kwargs", "LLAMA_ARG_MODELS_DIR": "--models-dir",
     "LLAMA_ARG_MODELS_PRESET": "--models-preset",
     "LLAMA_ARG_MODELS_MAX": "--models-max", "LLAMA_ARG_MODELS_AUTOLOAD": "--models-autoload",
-    "LLAMA_ARG_REASONING": "--reasoning", "LLAMA_ARG_PREFILL_ASSISTANT": "--prefill-assistant",
+    "LLAMA_ARG_REASONING": "--reasoning", "LLAMA_ARG_REASONING_EFFORT": "--reasoning-effort",
+    "LLAMA_ARG_REASONING_PRESERVE": "--reasoning-preserve", "LLAMA_ARG_PREFILL_ASSISTANT": "--prefill-assistant",
 }
 
 # environment variables of ignored flags (reported as ignored when set)
@@ -224,6 +224,12 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("-rea", "--reasoning", choices=("on", "off", "auto"), default="auto", type=_on_off_auto,
                    help="thinking in the chat template: on, off, or auto (default: auto, on when the "
                         "template has a thinking switch); sets its enable_thinking")
+    g.add_argument("--reasoning-effort", default="default", metavar="LEVEL",
+                   help="reasoning effort given to the chat template (minimal, low, medium, high...; "
+                        "default: the template's own)")
+    g.add_argument("--reasoning-preserve", dest="reasoning_preserve", action=argparse.BooleanOptionalAction,
+                   default=None, help="keep earlier turns' reasoning in the prompt, for templates that can "
+                                      "drop it (default: enabled)")
     g.add_argument("--slot-save-path", default=None, metavar="PATH",
                    help="directory for slot files: POST /slots/{id}?action=save|restore (default: disabled)")
     g.add_argument("--sleep-idle-seconds", type=_sleep_seconds, default=-1, metavar="SECONDS",
