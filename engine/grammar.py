@@ -52,7 +52,10 @@ _NEG_INF_BITS = _NEG_INF.view(np.uint32)
 def _llg() -> Any:
     try:
         import llguidance
+        import llguidance.gbnf_to_lark  # noqa: F401  (a submodule __init__ does not name)
     except ImportError as e:  # a core dependency; only a broken install gets here
+        # (PackageNotFoundError is one too: llguidance reads its own version at import, so a
+        # bundle needs its metadata, packaging/ggstation.spec)
         raise GrammarError("constrained output needs the 'llguidance' package "
                            "(pip install llguidance)") from e
     return llguidance
