@@ -117,3 +117,20 @@ def test_settings_and_port_from_the_environment():
     assert s == vertex.VertexSettings(predict_route="/predict", health_route="/h", port=7001)
     with pytest.raises(EngineError, match="AIP_HTTP_PORT"):
         vertex.settings({"AIP_MODE": "PREDICTION", "AIP_HTTP_PORT": "eighty"})
+
+
+def test_router_mode_serves_predict_too(monkeypatch):
+    from types import SimpleNamespace
+
+    from fastapi.testclient import TestClient
+
+    from engine.server.proxy import create_router_app
+    from engine.server.state import ServerState
+
+    monkeypatch.setenv("AIP_MODE", "PREDICTION")
+    app = create_router_app(SimpleNamespace(), ServerState(ServerOptions()))
+    with TestClient(app) as c:
+        r = c.post("/predict", json={"instances": [{"@requestFormat": "health"}, {"@requestFormat": "nope"}]})
+    assert r.status_code == 200
+    ok, missing = r.json()["predictions"]
+    assert ok == {"status": "ok"} and missing["error"]["code"] == 400

@@ -70,9 +70,10 @@ def _apply_env_defaults(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     _setup_logging(args)
     _check_flags(args)  # 1. flags parsed by cli.py; reject what cannot work
-    from ..server import vertex
+    if not args.ready_json:  # a router's children inherit AIP_* but listen where the router says
+        from ..server import vertex
 
-    args.port = vertex.listen_port(args.port)  # Vertex AI prediction mode: AIP_HTTP_PORT wins
+        args.port = vertex.listen_port(args.port)  # Vertex AI prediction mode: AIP_HTTP_PORT wins
     if not args.model and params.hf_repo(args) is None:
         return run_router(args)
     _clamp_batch(args)  # 2.
@@ -270,6 +271,10 @@ def _chat_template(args, model):
             # llama-server --jinja takes any text as a template; a mistyped name ends up here too
             log.warning("--chat-template %r is no built-in name, file or Jinja: used as the template text",
                         override[:60])
+        if not args.jinja and template.family and template.name != template.family:
+            # llama-server --no-jinja renders the format it detects in the template with its own
+            # code (no default system prompt, no template logic): the built-in of that format
+            template = ChatTemplate.from_gguf(model.gguf, override=template.family)
         return template
     except ImportError:
         log.warning("chat templates are not available; /v1/chat/completions will fail")

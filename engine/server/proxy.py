@@ -26,7 +26,7 @@ from ..errors import APIError, RouterError, UnknownModelError
 from ..router import ChildServer, ModelLimitError, ModelStatus, RequestCancelled, Router
 from ..router_presets import PresetError
 from ..version import __version__, git_commit
-from . import routes_cors_proxy
+from . import routes_cors_proxy, vertex
 from .bodies import load_json, read_body
 from .errors import api_response, error_response, invalid
 from .http import install_middleware
@@ -121,6 +121,7 @@ def create_router_app(router: Router, state: ServerState) -> FastAPI:
     for path, endpoint, methods in routes:
         app.add_api_route(prefix + path, endpoint, methods=methods, include_in_schema=False)
     app.include_router(routes_cors_proxy.router, prefix=prefix)  # llama-server's router has it too
+    app.include_router(vertex.router, prefix=prefix)  # AIP_MODE=PREDICTION: /predict, through the router
     install_middleware(app, state)
     return app
 
