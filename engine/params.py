@@ -284,8 +284,9 @@ def add_chat_args(parser: argparse.ArgumentParser) -> None:
                    help="set a custom jinja chat template file")
     g.add_argument("--jinja", dest="jinja", action=argparse.BooleanOptionalAction,
                    default=True,
-                   help="use the jinja template engine for chat (default: enabled; templates are "
-                   "always rendered with jinja, --no-jinja is accepted for compatibility)")
+                   help="use the jinja template engine for chat (default: enabled; with --no-jinja "
+                   "the server renders the built-in format the template matches, as llama-server's "
+                   "legacy templates: no default system prompt, no template logic)")
 
 
 def add_common_args(parser: argparse.ArgumentParser, *, prompt: bool = True) -> None:

@@ -327,3 +327,20 @@ def test_no_prefill_assistant_takes_the_last_message_whole():
     finally:
         handle.stop()
         sched.stop()
+
+
+def test_no_jinja_renders_the_builtin_format_the_template_matches():
+    import argparse
+    from types import SimpleNamespace
+
+    from engine.commands.serve import _chat_template
+
+    src = ("{% if messages[0]['role'] != 'system' %}<|im_start|>system\nDefault<|im_end|>\n{% endif %}"
+           "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    model = SimpleNamespace(gguf={"tokenizer.chat_template": src})
+    msgs = [{"role": "user", "content": "hi"}]
+    args = argparse.Namespace(chat_template=None, chat_template_file=None, jinja=False)
+    assert _chat_template(args, model).render(msgs) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    args.jinja = True
+    assert _chat_template(args, model).render(msgs).startswith("<|im_start|>system\nDefault")
