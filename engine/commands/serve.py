@@ -70,9 +70,10 @@ def _apply_env_defaults(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     _setup_logging(args)
     _check_flags(args)  # 1. flags parsed by cli.py; reject what cannot work
-    from ..server import vertex
+    if not args.ready_json:  # a router's children inherit AIP_* but listen where the router says
+        from ..server import vertex
 
-    args.port = vertex.listen_port(args.port)  # Vertex AI prediction mode: AIP_HTTP_PORT wins
+        args.port = vertex.listen_port(args.port)  # Vertex AI prediction mode: AIP_HTTP_PORT wins
     if not args.model and params.hf_repo(args) is None:
         return run_router(args)
     _clamp_batch(args)  # 2.
