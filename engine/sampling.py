@@ -2,12 +2,13 @@
 
 The chain follows llama.cpp's default order (common/sampling.cpp, src/llama-sampler.cpp):
 
-    logit bias -> penalties -> [dry] -> [top_n_sigma] -> top_k -> typical -> top_p -> min_p
-    -> [xtc] -> temperature -> dist
+    logit bias -> penalties -> [dry] -> top_n_sigma -> top_k -> typical -> top_p -> min_p
+    -> xtc -> temperature (dynamic with dynatemp_range) -> dist
 
-The bracketed steps are not implemented (all are off by default in llama.cpp). For a given
-seed the chain picks the tokens llama.cpp picks from the same logits, because it works as
-llama.cpp's does, on a candidate list (`Candidates`, llama.cpp's llama_token_data_array):
+in that order unless SamplingParams.samplers gives another. DRY (off by default in llama.cpp)
+and mirostat are not implemented. For a given seed the chain picks the tokens llama.cpp picks
+from the same logits, because it works as llama.cpp's does, on a candidate list
+(`Candidates`, llama.cpp's llama_token_data_array):
 
 - the same candidates in the same order: top-k leaves them sorted by logit, highest first;
   typical reorders them by its score; when no step sorts, they stay in id order;
@@ -15,13 +16,15 @@ llama.cpp's does, on a candidate list (`Candidates`, llama.cpp's llama_token_dat
   (numba kernels built without fastmath call them, as llama.cpp does);
 - the same draw: one `std::uniform_real_distribution<double>(0, 1)` number per token from a
   `std::mt19937` seeded with the seed (engine.std_random), then the first candidate whose
-  running sum of unnormalised weights (float32, summed in double) reaches total * draw.
+  running sum of unnormalised weights (float32, summed in double) reaches total * draw;
+  XTC draws a float from its own generator seeded alike.
 
 Where logits tie, candidates are ordered by id; llama.cpp's std::partial_sort leaves tied
 candidates in an order of its own, the one known way the two can differ on the same logits.
 
-Every step also has a full-vocabulary form (apply_*) that returns the logits with removed
-tokens at -inf, for callers and tests that want one step on a hand-made vector.
+Every step of the default chain also has a full-vocabulary form (apply_*) that returns the
+logits with removed tokens at -inf, for callers and tests that want one step on a hand-made
+vector.
 
 `temperature <= 0` keeps only the arg-max (llama.cpp's `temp_ext` does the same), so greedy
 decoding still honours logit bias and penalties. Log-probabilities reported to callers are
@@ -34,6 +37,7 @@ import math
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
@@ -43,6 +47,16 @@ from .std_random import StdMt19937
 
 # llama.cpp's LLAMA_DEFAULT_SEED: "pick a random seed". -1 on the command line wraps to it.
 DEFAULT_SEED = 0xFFFFFFFF
+# common_params_sampling.samplers; the chain ends with dist
+DEFAULT_SAMPLERS = (
+    "penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature",
+)
+# other spellings llama.cpp's common_sampler_types_from_names accepts
+_SAMPLER_ALIASES = {
+    "top-k": "top_k", "top-p": "top_p", "top-n-sigma": "top_n_sigma", "min-p": "min_p",
+    "nucleus": "top_p", "typical": "typ_p", "typical-p": "typ_p", "typical_p": "typ_p",
+    "typ-p": "typ_p", "typ": "typ_p", "temp": "temperature",
+}
 
 _NEG_INF = np.float32(-np.inf)
 _FLT_MAX = float(np.finfo(np.float32).max)
@@ -60,7 +74,12 @@ class SamplingParams:
 
     `seed` -1 (or 0xFFFFFFFF) draws a random seed; `repeat_last_n` 0 disables the penalties
     and -1 means the whole history; `top_k` <= 0, `top_p` >= 1, `min_p` <= 0 and
-    `typical_p` >= 1 disable their step; `temperature` <= 0 is greedy. `n_probs` > 0 asks for
+    `typical_p` >= 1 disable their step; `temperature` <= 0 is greedy. `dynatemp_range` > 0
+    picks the temperature per token in temperature +- range from the entropy (llama.cpp's
+    dynamic temperature); `top_n_sigma` > 0 keeps logits within that many standard deviations
+    of the top one; `xtc_probability` > 0 (with `xtc_threshold` <= 0.5) sometimes removes all
+    but the least likely of the tokens above the threshold. `samplers` is the chain's order
+    (llama.cpp's names; "dry" and names it does not know are skipped). `n_probs` > 0 asks for
     the log-probabilities of that many most likely tokens at each step; with
     `post_sampling_probs`, for their probabilities after the chain instead (those the draw used).
     """
@@ -80,6 +99,12 @@ class SamplingParams:
     logit_bias: Mapping[int, float] = field(default_factory=dict)
     ignore_eos: bool = False
     post_sampling_probs: bool = False
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
+    top_n_sigma: float = -1.0
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    samplers: tuple[str, ...] = DEFAULT_SAMPLERS
 
     @property
     def greedy(self) -> bool:
@@ -248,6 +273,48 @@ def min_p(c: Candidates, p: float, min_keep: int = 0) -> Candidates:
     return c.take(slice(0, 1 + int(np.argmax(below)) if below.any() else c.size), True)
 
 
+def top_n_sigma(c: Candidates, n: float) -> Candidates:
+    """Keep the logits at least max - n * std (float32 mean and deviation over the list, in its
+    order); n <= 0 keeps all."""
+    n32 = np.float32(n)
+    if n32 <= 0.0 or c.size <= 1:
+        return c
+    keep = np.flatnonzero(c.logits >= _sigma_floor(c.logits, n32))
+    return c if keep.size == c.size else c.take(keep, c.sorted)
+
+
+def xtc(c: Candidates, probability: float, threshold: float, min_keep: int,
+        rng: StdMt19937) -> Candidates:
+    """Exclude top choices: with chance `probability`, drop every token whose probability is
+    at least `threshold` except the least likely of them. Draws from `rng` whenever enabled
+    and two or more candidates are left, as llama.cpp's does."""
+    p32, t32 = np.float32(probability), np.float32(threshold)
+    if p32 <= 0.0 or t32 > 0.5 or c.size < 2:
+        return c
+    if rng.canonical_float() > p32:
+        return c
+    c = sort_candidates(c)
+    above = _softmax_f32(c.logits, True) >= t32
+    last = c.size if above.all() else int(np.argmin(above))  # the first below the threshold
+    last -= 1  # the last above it stays
+    if last > 0 and c.size - last >= min_keep:
+        return c.take(slice(last, None), True)
+    return c
+
+
+def dynamic_temperature(c: Candidates, t: float, delta: float, exponent: float) -> Candidates:
+    """llama.cpp's temp_ext: with `delta` > 0 the temperature runs from t - delta (not below 0)
+    to t + delta with the normalised entropy of the list, to the power `exponent`."""
+    d32 = np.float32(delta)
+    if d32 <= 0.0:
+        return temperature(c, t)
+    if c.size <= 1:
+        return c
+    c = sort_candidates(c)
+    dyn = _dynamic_temp(_softmax_f32(c.logits, True), np.float32(t), d32, np.float32(exponent))
+    return temperature(c, dyn)
+
+
 def temperature(c: Candidates, t: float) -> Candidates:
     """Divide the logits by `t` (as a float32); t <= 0 keeps only the first highest."""
     if c.size == 0:
@@ -364,12 +431,21 @@ class Sampler:
         self.params = params
         self.seed = resolve_seed(params.seed)
         self.rng = StdMt19937(self.seed)
+        self._xtc_rng = StdMt19937(self.seed)  # llama.cpp's XTC seeds its own generator
         bias = dict(params.logit_bias)
         if params.ignore_eos:  # llama.cpp bans every end-of-generation token
             bias.update({int(t): -np.inf for t in eog_ids})
         self._bias = bias
         self._bias_arrays: tuple[np.ndarray, np.ndarray] | None = None  # built for the first row
         self.last_candidates: Candidates | None = None  # what the last draw chose from
+        self._steps = active_steps(params)
+        # Greedy: top-n-sigma, top-k, top-p and min-p keep the arg-max, then temperature keeps
+        # only it. Typical and XTC can drop it, and penalties change it unless they come first.
+        self._argmax_only = (
+            np.float32(params.temperature) <= 0.0 and np.float32(params.dynatemp_range) <= 0.0
+            and "temperature" in self._steps and not {"typ_p", "xtc"} & set(self._steps)
+            and "penalties" not in self._steps[1:]
+        )
 
     def candidates(self, logits: np.ndarray, history: Sequence[int] = ()) -> Candidates:
         """Run every step but the draw: the candidates `dist` draws from, in llama.cpp's order."""
@@ -382,22 +458,43 @@ class Sampler:
         # (its bias only lowers logits to -inf) and its dist sampler then falls back to
         # whichever candidate it holds last; here the step runs as if unbiased instead.
         x = biased if np.any(biased > _NEG_INF) else x
-        x = apply_penalties(
-            x, history, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty
-        )
-        if np.float32(p.temperature) <= 0.0 and np.float32(p.typical_p) >= 1.0:
-            # top-k, top-p and min-p always keep the first arg-max: skip them
+        penalize = partial(apply_penalties, history=history, repeat_last_n=p.repeat_last_n,
+                           repeat_penalty=p.repeat_penalty, frequency_penalty=p.frequency_penalty,
+                           presence_penalty=p.presence_penalty)
+        if self._argmax_only:
+            x = penalize(x) if "penalties" in self._steps else x
             i = int(np.argmax(x))
             return Candidates(np.array([i]), x[i : i + 1], True)
-        if 0 < p.top_k < x.shape[0]:  # the common case: partition the vocabulary once
-            ids = top_k_ids(x, p.top_k)
-            c = sort_candidates(Candidates(ids, x[ids], False))
-        else:
-            c = top_k(candidates_of(x), p.top_k)
-        c = typical(c, p.typical_p, p.min_keep)
-        c = top_p(c, p.top_p, p.min_keep)
-        c = min_p(c, p.min_p, p.min_keep)
-        return temperature(c, p.temperature)
+        c: Candidates | None = None  # None while the list is still the whole vector `x`
+        for step in self._steps:
+            if step == "penalties":
+                if c is None:
+                    x = penalize(x)
+                else:  # penalties after a step that cut the list: on its tokens only
+                    full = np.full_like(x, _NEG_INF)
+                    full[c.ids] = c.logits
+                    c = Candidates(c.ids, penalize(full)[c.ids], False)
+                continue
+            if step == "top_k" and c is None and 0 < p.top_k < x.shape[0]:
+                ids = top_k_ids(x, p.top_k)  # the common case: partition the vocabulary once
+                c = sort_candidates(Candidates(ids, x[ids], False))
+                continue
+            c = candidates_of(x) if c is None else c
+            if step == "top_n_sigma":
+                c = top_n_sigma(c, p.top_n_sigma)
+            elif step == "top_k":
+                c = top_k(c, p.top_k)
+            elif step == "typ_p":
+                c = typical(c, p.typical_p, p.min_keep)
+            elif step == "top_p":
+                c = top_p(c, p.top_p, p.min_keep)
+            elif step == "min_p":
+                c = min_p(c, p.min_p, p.min_keep)
+            elif step == "xtc":
+                c = xtc(c, p.xtc_probability, p.xtc_threshold, p.min_keep, self._xtc_rng)
+            elif step == "temperature":
+                c = dynamic_temperature(c, p.temperature, p.dynatemp_range, p.dynatemp_exponent)
+        return candidates_of(x) if c is None else c
 
     def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         """Pick the next token from one row of logits (n_vocab,) given the token history
@@ -418,6 +515,25 @@ def candidate_probs(c: Candidates, n: int, token: int) -> tuple[float, tuple[tup
     hit = np.flatnonzero(c.ids == token)
     order = np.lexsort((c.ids, -p))[: max(n, 0)]
     return (float(p[hit[0]]) if hit.size else 0.0), tuple((int(c.ids[i]), float(p[i])) for i in order if p[i] > 0)
+
+
+def active_steps(params: SamplingParams) -> list[str]:
+    """The steps of `params.samplers` that would change something, in order ("temperature"
+    always, so that the list is what llama.cpp's dist sees; unknown names and "dry" dropped)."""
+    p = params
+    on = {
+        "penalties": p.repeat_last_n != 0 and (
+            p.repeat_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0),
+        "top_n_sigma": np.float32(p.top_n_sigma) > 0.0,
+        "top_k": p.top_k > 0,
+        "typ_p": np.float32(p.typical_p) < 1.0,
+        "top_p": np.float32(p.top_p) < 1.0,
+        "min_p": np.float32(p.min_p) > 0.0,
+        "xtc": np.float32(p.xtc_probability) > 0.0 and np.float32(p.xtc_threshold) <= 0.5,
+        "temperature": True,
+    }
+    names = (_SAMPLER_ALIASES.get(n, n) for n in p.samplers)
+    return [n for n in names if on.get(n, False)]
 
 
 def make_sampler(params: SamplingParams, eog_ids: Iterable[int] = ()) -> Sampler:
@@ -545,3 +661,36 @@ def _dist_index(x: np.ndarray, is_sorted: bool, u: float) -> int:  # pragma: no 
 @exact_kernel
 def _logf(x: np.float32) -> float:  # pragma: no cover - numba
     return math.log(x)
+
+
+@exact_kernel
+def _sigma_floor(x: np.ndarray, n: np.float32) -> np.float32:  # pragma: no cover - numba
+    """max - n * std of x in float32, as llama.cpp's top-n-sigma sums: the squares in double
+    (its pow(float, 2)) added to a float."""
+    m = x[0]
+    total = np.float32(0.0)
+    for i in range(x.size):
+        m = max(m, x[i])
+        total += x[i]
+    count = np.float32(x.size)
+    mean = total / count
+    acc = np.float32(0.0)
+    for i in range(x.size):
+        d = np.float64(x[i] - mean)
+        acc = np.float32(np.float64(acc) + d * d)
+    std = np.float32(math.sqrt(acc / count))
+    return m - n * std
+
+
+@exact_kernel
+def _dynamic_temp(probs: np.ndarray, t: np.float32, delta: np.float32,
+                  exponent: np.float32) -> np.float32:  # pragma: no cover - numba
+    """temp_ext's temperature for sorted probabilities, in float32."""
+    lo = max(np.float32(0.0), t - delta)
+    hi = t + delta
+    max_entropy = -math.log(np.float32(1.0) / np.float32(probs.size))
+    entropy = np.float32(0.0)
+    for i in range(probs.size):
+        if probs[i] > 0.0:
+            entropy -= probs[i] * math.log(probs[i])
+    return lo + (hi - lo) * math.pow(entropy / max_entropy, exponent)

@@ -19,6 +19,8 @@ import numpy as np
 
 _TWO_64 = float(2**64)
 _BELOW_ONE = float(np.nextafter(1.0, 0.0))
+_BELOW_ONE_F32 = np.nextafter(np.float32(1.0), np.float32(0.0))
+_TWO_32_F32 = np.float32(2**32)
 
 
 class StdMt19937:
@@ -45,3 +47,9 @@ class StdMt19937:
         # the integer sum is exact; float() rounds it to nearest-even as the C++ double sum does
         x = float(lo + (hi << 32)) / _TWO_64
         return _BELOW_ONE if x >= 1.0 else x
+
+    def canonical_float(self) -> np.float32:
+        """`std::generate_canonical<float, 24>` (= `uniform_real_distribution<float>(0, 1)`):
+        one output, rounded to a float, over 2**32 (llama.cpp's XTC draws these)."""
+        x = np.float32(self._bits.random_raw()) / _TWO_32_F32
+        return _BELOW_ONE_F32 if x >= 1.0 else x

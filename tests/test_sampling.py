@@ -312,10 +312,52 @@ LCPP_DRAWS = [
     # typical leaves them in its own order
     (dict(seed=3, top_k=0, typical_p=0.9, top_p=1.0, min_p=0.0, temperature=1.5),
      [1, 0, 1, 5, 5, 1, 1, 2, 1, 0, 1, 5, 2, 2, 5, 7, 0, 7, 5, 5, 2, 5, 2, 5]),
+    (dict(seed=5, top_n_sigma=1.0, top_k=0, top_p=1.0, min_p=0.0, temperature=1.0),
+     [0, 5, 1, 5, 0, 1, 1, 1, 5, 5, 2, 5, 0, 5, 0, 0, 0, 5, 1, 1, 5, 0, 0, 5]),
+    # XTC draws floats from a second generator with the same seed
+    (dict(seed=9, xtc_probability=0.5, xtc_threshold=0.1, temperature=1.0),
+     [7, 7, 0, 7, 7, 3, 7, 7, 7, 7, 7, 5, 3, 3, 3, 7, 7, 3, 7, 3, 7, 7, 1, 3]),
+    (dict(seed=11, dynatemp_range=0.6, dynatemp_exponent=1.5, temperature=0.7),
+     [0, 1, 0, 7, 0, 0, 7, 2, 0, 7, 2, 1, 2, 1, 2, 2, 3, 3, 2, 0, 7, 5, 0, 0]),
+    # a custom order, penalties last (they see the picks so far)
+    (dict(seed=13, samplers=("temperature", "top_k", "top_p", "min_p", "penalties"),
+          repeat_penalty=1.3, temperature=1.2),
+     [1, 7, 3, 0, 2, 2, 1, 7, 5, 5, 2, 3, 2, 1, 1, 1, 1, 6, 2, 0, 2, 6, 1, 1]),
 ]
 
 
 @pytest.mark.parametrize("kw,want", LCPP_DRAWS)
 def test_sampler_draws_what_llama_cpp_draws(kw, want):
     s = make_sampler(SamplingParams(**kw))
-    assert [s.sample(LCPP_ROW) for _ in want] == want
+    history: list[int] = []
+    for _ in want:
+        history.append(s.sample(LCPP_ROW, history))
+    assert history == want
+
+
+def test_float_canonical_matches_std():
+    # std::uniform_real_distribution<float>(0.0f, 1.0f): one output each (printf "%.9g")
+    for seed, want in ((0, [0.548813522, 0.592844605, 0.715189338, 0.844265759]),
+                       (42, [0.37454012, 0.796543002, 0.95071429, 0.183434784])):
+        rng = StdMt19937(seed)
+        got = [rng.canonical_float() for _ in want]
+        assert got == [np.float32(w) for w in want]
+
+
+def test_default_chain_order_and_greedy_shortcut():
+    from engine.sampling import DEFAULT_SAMPLERS, active_steps
+
+    assert DEFAULT_SAMPLERS == ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p",
+                                "min_p", "xtc", "temperature")
+    assert active_steps(SamplingParams()) == ["top_k", "top_p", "min_p", "temperature"]
+    p = SamplingParams(repeat_penalty=1.1, top_n_sigma=2.0, typical_p=0.9, xtc_probability=0.1,
+                       samplers=("dry", "top-k", "typical", "temp", "nucleus", "unknown"))
+    assert active_steps(p) == ["top_k", "typ_p", "temperature", "top_p"]
+    x = np.array([0.5, 3.0, 2.9, -1.0], np.float32)
+    # greedy: the arg-max after the penalties; penalties after the temperature step come too
+    # late (as in llama.cpp: the others are -inf by then)
+    s = make_sampler(SamplingParams(temperature=0.0, repeat_penalty=2.0))
+    assert s.sample(x, [1]) == 2
+    s = make_sampler(SamplingParams(temperature=0.0, repeat_penalty=2.0,
+                                    samplers=("top_k", "temperature", "penalties")))
+    assert s.sample(x, [1]) == 1
