@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from . import ops
+from . import ops, sampling
 from .models.base import qtensors
 from .quants import warmup as warmup_quant
 
@@ -47,6 +47,7 @@ def warmup(model, report=None) -> float:
         for act in ("silu", "gelu"):
             ops.gated_act(act, x2, x2, x2)
         ops.swiglu_fused(np.ones((rows, 8), np.float32), x2)
+    sampling.warm_up()
     dt = time.perf_counter() - t0
     if dt > 2.0:
         log.warning("kernels ready in %.1f s (compiled ones are cached for the next start)", dt)

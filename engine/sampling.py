@@ -536,6 +536,18 @@ def active_steps(params: SamplingParams) -> list[str]:
     return [n for n in names if on.get(n, False)]
 
 
+def warm_up() -> None:
+    """Compile (or load from numba's cache) the sampler's kernels, so the first request with
+    any sampling step does not pay for it."""
+    x = np.array([2.0, 1.0, 0.5, -1.0], np.float32)
+    for p in (
+        SamplingParams(seed=0, top_n_sigma=3.0, typical_p=0.99, xtc_probability=1.0),
+        SamplingParams(seed=0, dynatemp_range=0.5),
+        SamplingParams(seed=0, top_k=0),  # top-p and dist on an unsorted list
+    ):
+        make_sampler(p).sample(x)
+
+
 def make_sampler(params: SamplingParams, eog_ids: Iterable[int] = ()) -> Sampler:
     """Build the sampler chain for `params`; `eog_ids` are banned when params.ignore_eos."""
     return Sampler(params, eog_ids)

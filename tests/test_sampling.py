@@ -361,3 +361,11 @@ def test_default_chain_order_and_greedy_shortcut():
     s = make_sampler(SamplingParams(temperature=0.0, repeat_penalty=2.0,
                                     samplers=("top_k", "temperature", "penalties")))
     assert s.sample(x, [1]) == 1
+
+
+def test_warm_up_compiles_every_kernel():
+    from engine import sampling
+
+    sampling.warm_up()
+    kernels = [v for k, v in vars(sampling).items() if k.startswith("_") and hasattr(v, "signatures")]
+    assert len(kernels) >= 7 and all(k.signatures for k in kernels)
