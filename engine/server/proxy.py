@@ -16,6 +16,8 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 
+import anyio
+import anyio.to_thread
 import httpx
 from fastapi import FastAPI, Request
 from starlette.concurrency import run_in_threadpool
@@ -46,6 +48,7 @@ HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length"
                "authorization", "x-api-key"}
 INFO_TIMEOUT_S = 2.0  # a loaded child's own /v1/models, merged into the router's listing
 DISCONNECT_POLL_S = 0.1
+MAX_WAITING = 1024  # requests that may wait for their model at once
 
 
 def create_router_app(router: Router, state: ServerState) -> FastAPI:
@@ -257,11 +260,21 @@ async def _acquire(request: Request, router: Router, name: str, autoload: bool, 
 
     watcher = asyncio.create_task(watch())
     try:
-        return await run_in_threadpool(_call, lambda: router.acquire(name, autoload=autoload,
-                                                                     should_stop=gone.is_set, touch=touch))
+        # on threads of their own: requests queued for a model must not use up the pool that
+        # every other blocking call of the app (load, unload, reload) needs
+        return await anyio.to_thread.run_sync(
+            lambda: _call(lambda: router.acquire(name, autoload=autoload, should_stop=gone.is_set, touch=touch)),
+            limiter=_waiters(request.app))
     finally:
         done.set()
         await watcher
+
+
+def _waiters(app: FastAPI) -> anyio.CapacityLimiter:
+    limiter = getattr(app.state, "waiters", None)
+    if limiter is None:
+        limiter = app.state.waiters = anyio.CapacityLimiter(MAX_WAITING)
+    return limiter
 
 
 async def _forward(request: Request, router: Router, child: ChildServer, body: bytes):
