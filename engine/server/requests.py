@@ -5,7 +5,8 @@ wins, how a mixed prompt is tokenized, what a logit bias list means) are testabl
 The rules are llama-server's (tools/server/server-schema.cpp, server-common.cpp):
 
 - `n_predict` wins over `max_completion_tokens`, which wins over `max_tokens`; the server's
-  -n caps them all.
+  -n is the default when none is given (server-schema.cpp: the request's value overrides it,
+  it does not cap it).
 - A prompt is text, token ids, ids mixed with text, or {"prompt_string": ...}; a list of
   several of those asks for one result each.
 - `n` (`n_cmpl`) asks for that many choices per prompt, at most one per slot; choice i > 0
@@ -132,11 +133,11 @@ def stop_list(stop: str | list[str] | None) -> list[str]:
 
 
 def n_predict(state: ServerState, *candidates: int | None) -> int:
-    """The first given limit among the request's fields, capped by the server's -n."""
+    """The first given limit among the request's fields, else the server's -n (llama-server:
+    -n is the default a request's own n_predict / max_tokens overrides, not a cap)."""
     n = next((c for c in candidates if c is not None), -1)
-    cap = state.options.n_predict
-    if cap is not None and cap >= 0:
-        n = cap if n < 0 else min(n, cap)
+    if n < 0 and state.options.n_predict is not None:
+        n = state.options.n_predict
     return n
 
 
