@@ -62,6 +62,8 @@ _NEG_INF = np.float32(-np.inf)
 _FLT_MAX = float(np.finfo(np.float32).max)
 # top-p on an unsorted list longer than this first sorts only its head (as llama.cpp does)
 _TOP_P_UNSORTED = 1024
+# llama.cpp sorts up to this many candidates with std::partial_sort (a heap), more by buckets
+_HEAP_SORT_MAX = 128
 _TOP_P_HEAD = 256
 
 _F32_MAX = float(np.finfo(np.float32).max)
@@ -210,8 +212,13 @@ def candidates_of(logits: np.ndarray) -> Candidates:
 
 
 def sort_candidates(c: Candidates) -> Candidates:
-    """By logit, highest first; ties by id."""
-    return c if c.sorted else c.take(np.lexsort((c.ids, -c.logits)), True)
+    """By logit, highest first. Up to 128 candidates, tied ones end up where llama.cpp's
+    std::partial_sort puts them; above that, ties go by id."""
+    if c.sorted:
+        return c
+    if c.size <= _HEAP_SORT_MAX:
+        return c.take(_heap_top(c.logits, c.size), True)
+    return c.take(np.lexsort((c.ids, -c.logits)), True)
 
 
 def top_k(c: Candidates, k: int) -> Candidates:
@@ -220,6 +227,8 @@ def top_k(c: Candidates, k: int) -> Candidates:
         return c
     if c.sorted:
         return c.take(slice(0, k), True)
+    if k <= _HEAP_SORT_MAX:
+        return c.take(_heap_top(c.logits, min(k, c.size)), True)
     pos = top_k_ids(c.logits, k) if k < c.size else np.arange(c.size)
     return sort_candidates(c.take(pos, False))
 
@@ -252,7 +261,8 @@ def top_p(c: Candidates, p: float, min_keep: int = 0) -> Candidates:
             n = _cut(probs[head], p32, min_keep, False)
             if n < head.size:
                 return c.take(head[:n], True)
-        order = np.lexsort((c.ids, -c.logits))
+        order = (_heap_top(c.logits, c.size) if c.size <= _HEAP_SORT_MAX
+                 else np.lexsort((c.ids, -c.logits)))
         c, probs = c.take(order, True), probs[order]
     return c.take(slice(0, _cut(probs, p32, min_keep, False)), True)
 
@@ -476,8 +486,15 @@ class Sampler:
                     c = Candidates(c.ids, penalize(full)[c.ids], False)
                 continue
             if step == "top_k" and c is None and 0 < p.top_k < x.shape[0]:
-                ids = top_k_ids(x, p.top_k)  # the common case: partition the vocabulary once
-                c = sort_candidates(Candidates(ids, x[ids], False))
+                # the common case: one pass over the vocabulary, -inf (banned) tokens included
+                # as they are in llama.cpp's array, so that ties come out in its order
+                if p.top_k <= _HEAP_SORT_MAX:
+                    ids = _heap_top(x, p.top_k)
+                    ids = ids[x[ids] > _NEG_INF]
+                    c = Candidates(ids, x[ids], True)
+                else:
+                    ids = top_k_ids(x, p.top_k)
+                    c = sort_candidates(Candidates(ids, x[ids], False))
                 continue
             c = candidates_of(x) if c is None else c
             if step == "top_n_sigma":
@@ -668,6 +685,61 @@ def _dist_index(x: np.ndarray, is_sorted: bool, u: float) -> int:  # pragma: no 
         if run >= target:
             return i
     return x.size - 1
+
+
+# libstdc++'s std::partial_sort(first, first + k, last, a.logit > b.logit): a heap of the
+# first k (its top the smallest), each later element that beats the top replaces it, then
+# the heap is sorted. Which of several tied logits it keeps, and in which order, follows
+# from these exact steps (__make_heap, __adjust_heap, __push_heap, __pop_heap, __sort_heap).
+
+
+@exact_kernel
+def _heap_top(x: np.ndarray, k: int) -> np.ndarray:  # pragma: no cover - numba
+    """Positions of the k largest of x, in the order std::partial_sort leaves them."""
+    n = x.size
+    k = min(k, n)
+    h = np.arange(k)  # positions held by the heap (llama.cpp moves the elements themselves)
+    if k >= 2:
+        parent = (k - 2) // 2
+        while True:
+            _adjust_heap(x, h, parent, k, h[parent])
+            if parent == 0:
+                break
+            parent -= 1
+    for i in range(k, n):
+        if x[i] > x[h[0]]:  # __pop_heap(first, middle, i): *i's value goes in at the top
+            _adjust_heap(x, h, 0, k, i)
+    last = k
+    while last > 1:  # __sort_heap
+        last -= 1
+        v = h[last]
+        h[last] = h[0]
+        _adjust_heap(x, h, 0, last, v)
+    return h
+
+
+@exact_kernel
+def _adjust_heap(x: np.ndarray, h: np.ndarray, hole: int, n: int,
+                 v: int) -> None:  # pragma: no cover - numba
+    """libstdc++ __adjust_heap then __push_heap, with comp(a, b) = x[a] > x[b]."""
+    top = hole
+    child = hole
+    while child < (n - 1) // 2:
+        child = 2 * (child + 1)
+        if x[h[child]] > x[h[child - 1]]:
+            child -= 1
+        h[hole] = h[child]
+        hole = child
+    if (n & 1) == 0 and child == (n - 2) // 2:
+        child = 2 * (child + 1)
+        h[hole] = h[child - 1]
+        hole = child - 1
+    parent = (hole - 1) // 2
+    while hole > top and x[h[parent]] > x[v]:
+        h[hole] = h[parent]
+        hole = parent
+        parent = (hole - 1) // 2
+    h[hole] = v
 
 
 @exact_kernel
