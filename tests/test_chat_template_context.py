@@ -151,3 +151,18 @@ def test_templates_may_append_to_lists_within_limits():
 ])
 def test_reasoning_effort_and_preserve_flags(argv, key, expected):
     assert _serve_options(*argv).chat_template_kwargs.get(key) == expected
+
+
+def test_safe_is_a_no_op_and_tojson_takes_lazy_sequences():
+    # functionary v3.1: a `safe` string plus JSON must not HTML-escape the JSON
+    src = "{{ 'x: '|safe + tools[0] | tojson }} {{ tools | map(attribute='name') | tojson }}"
+    out = ChatTemplate(src, "t").render(USER, tools=[{"name": "f"}])
+    assert out == 'x: {"name": "f"} ["f"]'
+
+
+def test_add_generation_prompt_is_undefined_when_off():
+    # rwkv-world: `{% if not add_generation_prompt is defined %}{% set add_generation_prompt = true %}`
+    src = "{{ 'defined' if add_generation_prompt is defined else 'undefined' }}"
+    t = ChatTemplate(src, "t")
+    assert (t.render(USER, add_generation_prompt=True), t.render(USER, add_generation_prompt=False)) == (
+        "defined", "undefined")

@@ -288,7 +288,21 @@ def _raise_exception(message):
 
 
 def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys,
+                      default=_json_default)
+
+
+def _json_default(x):
+    """What json cannot write itself: jinja's lazy sequences (`tools | map(...)`) as lists."""
+    if isinstance(x, (str, bytes, Mapping)) or not hasattr(x, "__iter__"):
+        raise TypeError(f"Object of type {type(x).__name__} is not JSON serializable")
+    return list(x)
+
+
+def _safe(value):
+    """llama.cpp's `safe` changes nothing: no Markup, which would HTML-escape what is added to
+    it (functionary v3.1: `"..."|safe + tool | tojson` must stay JSON)."""
+    return value
 
 
 def _strftime_now(fmt):
@@ -319,6 +333,7 @@ def _make_env() -> LimitedSandbox:
                          extensions=[jinja2.ext.loopcontrols, _GenerationTag])
     env.filters["tojson"] = _tojson
     env.filters["ltrim"] = _ltrim
+    env.filters["safe"] = _safe
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     env.guard_filters()
@@ -558,8 +573,10 @@ class ChatTemplate:
         """
         template = self._template()
         variables = dict(extra)
-        variables.update(messages=self._prepare_messages(messages), add_generation_prompt=add_generation_prompt,
-                         bos_token=self.bos_token, eos_token=self.eos_token)
+        variables.update(messages=self._prepare_messages(messages), bos_token=self.bos_token,
+                         eos_token=self.eos_token)
+        if add_generation_prompt:  # llama.cpp leaves it undefined otherwise (rwkv-world tests `is defined`)
+            variables["add_generation_prompt"] = True
         if tools:  # llama.cpp leaves `tools` undefined when there are none ([] included)
             variables["tools"] = tools
         now = datetime.now()  # local time, as llama.cpp's date variables and strftime_now
