@@ -19,8 +19,9 @@ from the same logits, because it works as llama.cpp's does, on a candidate list
   running sum of unnormalised weights (float32, summed in double) reaches total * draw;
   XTC draws a float from its own generator seeded alike.
 
-Where logits tie, candidates are ordered by id; llama.cpp's std::partial_sort leaves tied
-candidates in an order of its own, the one known way the two can differ on the same logits.
+Even tied logits come out in llama.cpp's order: its sorts (std::partial_sort up to 128
+candidates, its bucket sort with std::sort above, typical's std::sort) are replayed step for
+step as libstdc++ runs them; and banned (-inf) tokens stay in the list as in llama.cpp's.
 
 Every step of the default chain also has a full-vocabulary form (apply_*) that returns the
 logits with removed tokens at -inf, for callers and tests that want one step on a hand-made
@@ -205,20 +206,22 @@ class Candidates(NamedTuple):
 
 
 def candidates_of(logits: np.ndarray) -> Candidates:
-    """Every token with a finite logit, in id order (llama.cpp's fresh array, -inf dropped:
-    a -inf candidate has weight 0 and is never drawn)."""
-    ids = _alive(logits)
-    return Candidates(ids, np.ascontiguousarray(logits[ids], dtype=np.float32), False)
+    """Every token in id order: llama.cpp's fresh array. Banned (-inf) tokens stay in it, as
+    they do in llama.cpp's, where the list's size enters XTC, dynamic temperature and min_keep
+    (a -inf candidate has weight 0 and is never drawn)."""
+    return Candidates(np.arange(logits.shape[0]), np.ascontiguousarray(logits, np.float32), False)
 
 
 def sort_candidates(c: Candidates) -> Candidates:
     """By logit, highest first. Up to 128 candidates, tied ones end up where llama.cpp's
     std::partial_sort puts them; above that, ties go by id."""
-    if c.sorted:
-        return c
-    if c.size <= _HEAP_SORT_MAX:
-        return c.take(_heap_top(c.logits, c.size), True)
-    return c.take(np.lexsort((c.ids, -c.logits)), True)
+    return c if c.sorted else c.take(_sort_order(c.logits, c.size), True)
+
+
+def _sort_order(x: np.ndarray, k: int) -> np.ndarray:
+    """llama_token_data_array_partial_sort_inplace: positions of the k largest of x, sorted,
+    ties where llama.cpp leaves them (std::partial_sort up to 128, its bucket sort above)."""
+    return _heap_top(x, k) if k <= _HEAP_SORT_MAX else _bucket_sort(x, k)[:k]
 
 
 def top_k(c: Candidates, k: int) -> Candidates:
@@ -227,10 +230,7 @@ def top_k(c: Candidates, k: int) -> Candidates:
         return c
     if c.sorted:
         return c.take(slice(0, k), True)
-    if k <= _HEAP_SORT_MAX:
-        return c.take(_heap_top(c.logits, min(k, c.size)), True)
-    pos = top_k_ids(c.logits, k) if k < c.size else np.arange(c.size)
-    return sort_candidates(c.take(pos, False))
+    return c.take(_sort_order(c.logits, min(k, c.size)), True)
 
 
 def typical(c: Candidates, p: float, min_keep: int = 0) -> Candidates:
@@ -241,9 +241,9 @@ def typical(c: Candidates, p: float, min_keep: int = 0) -> Candidates:
         return c
     c = sort_candidates(c)
     probs = _softmax_f32(c.logits, True)
-    with np.errstate(invalid="ignore"):
-        order = np.argsort(_typical_scores(probs), kind="stable")
-    n = _cut(probs[order], p32, min_keep, True)
+    order = np.arange(c.size)  # std::sort by score, ascending: by -score with comp ">"
+    _std_sort(-_typical_scores(probs), order, 0, c.size)
+    n = _cut(probs[order], p32, min_keep, True, c.size)
     return c.take(order[:n], False)
 
 
@@ -256,15 +256,13 @@ def top_p(c: Candidates, p: float, min_keep: int = 0) -> Candidates:
     probs = _softmax_f32(c.logits, c.sorted)  # summed in the list's current order
     if not c.sorted:
         if c.size > _TOP_P_UNSORTED:  # the head usually holds mass p: sort only it first
-            head = top_k_ids(c.logits, _TOP_P_HEAD)
-            head = head[np.lexsort((c.ids[head], -c.logits[head]))]
-            n = _cut(probs[head], p32, min_keep, False)
-            if n < head.size:
+            head = _bucket_sort(c.logits, _TOP_P_HEAD)[:_TOP_P_HEAD]
+            n = _cut(probs[head], p32, min_keep, False, -1)
+            if n > 0:
                 return c.take(head[:n], True)
-        order = (_heap_top(c.logits, c.size) if c.size <= _HEAP_SORT_MAX
-                 else np.lexsort((c.ids, -c.logits)))
+        order = _sort_order(c.logits, c.size)
         c, probs = c.take(order, True), probs[order]
-    return c.take(slice(0, _cut(probs, p32, min_keep, False)), True)
+    return c.take(slice(0, _cut(probs, p32, min_keep, False, c.size)), True)
 
 
 def min_p(c: Candidates, p: float, min_keep: int = 0) -> Candidates:
@@ -275,7 +273,8 @@ def min_p(c: Candidates, p: float, min_keep: int = 0) -> Candidates:
         return c
     log_p = np.float32(_logf(p32))
     if not c.sorted:
-        keep = np.flatnonzero(c.logits >= c.logits.max() + log_p)
+        # llama.cpp starts its maximum at -FLT_MAX: an all -inf list keeps nothing here
+        keep = np.flatnonzero(c.logits >= max(c.logits.max(), np.float32(_F32_MIN)) + log_p)
         if keep.size and keep.size >= min_keep:
             return c.take(keep, False)
         c = sort_candidates(c)
@@ -284,13 +283,13 @@ def min_p(c: Candidates, p: float, min_keep: int = 0) -> Candidates:
 
 
 def top_n_sigma(c: Candidates, n: float) -> Candidates:
-    """Keep the logits at least max - n * std (float32 mean and deviation over the list, in its
-    order); n <= 0 keeps all."""
+    """Set to -inf the logits below max - n * std (float32 mean and deviation over the finite
+    logits, in list order); they stay in the list as in llama.cpp. n <= 0 keeps all."""
     n32 = np.float32(n)
     if n32 <= 0.0 or c.size <= 1:
         return c
-    keep = np.flatnonzero(c.logits >= _sigma_floor(c.logits, n32))
-    return c if keep.size == c.size else c.take(keep, c.sorted)
+    floor = _sigma_floor(c.logits, n32)
+    return Candidates(c.ids, np.where(c.logits < floor, _NEG_INF, c.logits), c.sorted)
 
 
 def xtc(c: Candidates, probability: float, threshold: float, min_keep: int,
@@ -488,13 +487,8 @@ class Sampler:
             if step == "top_k" and c is None and 0 < p.top_k < x.shape[0]:
                 # the common case: one pass over the vocabulary, -inf (banned) tokens included
                 # as they are in llama.cpp's array, so that ties come out in its order
-                if p.top_k <= _HEAP_SORT_MAX:
-                    ids = _heap_top(x, p.top_k)
-                    ids = ids[x[ids] > _NEG_INF]
-                    c = Candidates(ids, x[ids], True)
-                else:
-                    ids = top_k_ids(x, p.top_k)
-                    c = sort_candidates(Candidates(ids, x[ids], False))
+                ids = _sort_order(x, p.top_k)  # banned tokens too, as llama.cpp keeps them
+                c = Candidates(ids, x[ids], True)
                 continue
             c = candidates_of(x) if c is None else c
             if step == "top_n_sigma":
@@ -563,6 +557,7 @@ def warm_up() -> None:
         SamplingParams(seed=0, top_k=0),  # top-p and dist on an unsorted list
     ):
         make_sampler(p).sample(x)
+    _bucket_sort(x, 2)  # top-k above 128 and long lists
 
 
 def make_sampler(params: SamplingParams, eog_ids: Iterable[int] = ()) -> Sampler:
@@ -641,15 +636,16 @@ def _softmax_f32(x: np.ndarray, is_sorted: bool) -> np.ndarray:  # pragma: no co
 
 
 @exact_kernel
-def _cut(probs: np.ndarray, p: np.float32, min_keep: int, strict: bool) -> int:  # pragma: no cover
+def _cut(probs: np.ndarray, p: np.float32, min_keep: int, strict: bool,
+         missing: int) -> int:  # pragma: no cover - numba
     """How many of `probs` to keep: up to the first whose float32 running sum reaches `p`
-    (exceeds it when `strict`), and at least `min_keep`."""
+    (exceeds it when `strict`), and at least `min_keep`; `missing` if none does."""
     cum = np.float32(0.0)
     for i in range(probs.size):
         cum += probs[i]
         if (cum > p if strict else cum >= p) and i + 1 >= min_keep:
             return i + 1
-    return probs.size
+    return missing
 
 
 @exact_kernel
@@ -687,59 +683,193 @@ def _dist_index(x: np.ndarray, is_sorted: bool, u: float) -> int:  # pragma: no 
     return x.size - 1
 
 
-# libstdc++'s std::partial_sort(first, first + k, last, a.logit > b.logit): a heap of the
-# first k (its top the smallest), each later element that beats the top replaces it, then
-# the heap is sorted. Which of several tied logits it keeps, and in which order, follows
-# from these exact steps (__make_heap, __adjust_heap, __push_heap, __pop_heap, __sort_heap).
+# libstdc++'s sorts with comp(a, b) = a.logit > b.logit, replayed step for step on an array
+# `h` of positions into the logits `x` (llama.cpp moves the elements; same moves here), so
+# that tied logits end up exactly where llama.cpp's sorts leave them:
+# std::partial_sort (__heap_select + __sort_heap), std::sort (introsort with a threshold
+# of 16, median-of-three pivot, final insertion sort), and llama.cpp's bucket sort
+# (llama_token_data_array_partial_sort) that uses them for more than 128 candidates.
 
 
 @exact_kernel
 def _heap_top(x: np.ndarray, k: int) -> np.ndarray:  # pragma: no cover - numba
     """Positions of the k largest of x, in the order std::partial_sort leaves them."""
-    n = x.size
-    k = min(k, n)
-    h = np.arange(k)  # positions held by the heap (llama.cpp moves the elements themselves)
-    if k >= 2:
-        parent = (k - 2) // 2
-        while True:
-            _adjust_heap(x, h, parent, k, h[parent])
-            if parent == 0:
-                break
-            parent -= 1
-    for i in range(k, n):
-        if x[i] > x[h[0]]:  # __pop_heap(first, middle, i): *i's value goes in at the top
-            _adjust_heap(x, h, 0, k, i)
-    last = k
-    while last > 1:  # __sort_heap
-        last -= 1
-        v = h[last]
-        h[last] = h[0]
-        _adjust_heap(x, h, 0, last, v)
-    return h
+    k = min(k, x.size)
+    h = np.arange(x.size)
+    _partial_sort(x, h, 0, k, x.size)
+    return h[:k].copy()
 
 
 @exact_kernel
-def _adjust_heap(x: np.ndarray, h: np.ndarray, hole: int, n: int,
+def _partial_sort(x: np.ndarray, h: np.ndarray, lo: int, mid: int,
+                  hi: int) -> None:  # pragma: no cover - numba
+    """std::partial_sort(h + lo, h + mid, h + hi)."""
+    k = mid - lo
+    if k >= 2:  # __make_heap
+        parent = (k - 2) // 2
+        while True:
+            _adjust_heap(x, h, lo, parent, k, h[lo + parent])
+            if parent == 0:
+                break
+            parent -= 1
+    for i in range(mid, hi):  # __heap_select: __pop_heap(first, middle, i)
+        if k > 0 and x[h[i]] > x[h[lo]]:
+            v = h[i]
+            h[i] = h[lo]
+            _adjust_heap(x, h, lo, 0, k, v)
+    last = k
+    while last > 1:  # __sort_heap
+        last -= 1
+        v = h[lo + last]
+        h[lo + last] = h[lo]
+        _adjust_heap(x, h, lo, 0, last, v)
+
+
+@exact_kernel
+def _adjust_heap(x: np.ndarray, h: np.ndarray, base: int, hole: int, n: int,
                  v: int) -> None:  # pragma: no cover - numba
-    """libstdc++ __adjust_heap then __push_heap, with comp(a, b) = x[a] > x[b]."""
+    """__adjust_heap then __push_heap on the heap h[base : base + n]."""
     top = hole
     child = hole
     while child < (n - 1) // 2:
         child = 2 * (child + 1)
-        if x[h[child]] > x[h[child - 1]]:
+        if x[h[base + child]] > x[h[base + child - 1]]:
             child -= 1
-        h[hole] = h[child]
+        h[base + hole] = h[base + child]
         hole = child
     if (n & 1) == 0 and child == (n - 2) // 2:
         child = 2 * (child + 1)
-        h[hole] = h[child - 1]
+        h[base + hole] = h[base + child - 1]
         hole = child - 1
     parent = (hole - 1) // 2
-    while hole > top and x[h[parent]] > x[v]:
-        h[hole] = h[parent]
+    while hole > top and x[h[base + parent]] > x[v]:
+        h[base + hole] = h[base + parent]
         hole = parent
         parent = (hole - 1) // 2
-    h[hole] = v
+    h[base + hole] = v
+
+
+@exact_kernel
+def _std_sort(x: np.ndarray, h: np.ndarray, lo: int, hi: int) -> None:  # pragma: no cover
+    """std::sort(h + lo, h + hi)."""
+    n = hi - lo
+    if n <= 1:
+        return
+    depth = 0
+    while (n >> (depth + 1)) > 0:  # std::__lg(n)
+        depth += 1
+    _introsort(x, h, lo, hi, 2 * depth)
+    if n > 16:  # __final_insertion_sort
+        _insertion_sort(x, h, lo, lo + 16)
+        for i in range(lo + 16, hi):
+            _linear_insert(x, h, i)
+    else:
+        _insertion_sort(x, h, lo, hi)
+
+
+@exact_kernel
+def _introsort(x: np.ndarray, h: np.ndarray, lo: int, hi: int,
+               depth: int) -> None:  # pragma: no cover - numba
+    while hi - lo > 16:
+        if depth == 0:
+            _partial_sort(x, h, lo, hi, hi)
+            return
+        depth -= 1
+        # __unguarded_partition_pivot: median of (lo + 1, mid, hi - 1) moved to lo
+        a, b, c = lo + 1, lo + (hi - lo) // 2, hi - 1
+        if x[h[a]] > x[h[b]]:
+            if x[h[b]] > x[h[c]]:
+                m = b
+            elif x[h[a]] > x[h[c]]:
+                m = c
+            else:
+                m = a
+        elif x[h[a]] > x[h[c]]:
+            m = a
+        elif x[h[b]] > x[h[c]]:
+            m = c
+        else:
+            m = b
+        h[lo], h[m] = h[m], h[lo]
+        first, last = lo + 1, hi  # __unguarded_partition around h[lo]
+        while True:
+            while x[h[first]] > x[h[lo]]:
+                first += 1
+            last -= 1
+            while x[h[lo]] > x[h[last]]:
+                last -= 1
+            if not first < last:
+                break
+            h[first], h[last] = h[last], h[first]
+            first += 1
+        _introsort(x, h, first, hi, depth)
+        hi = first
+
+
+@exact_kernel
+def _insertion_sort(x: np.ndarray, h: np.ndarray, lo: int, hi: int) -> None:  # pragma: no cover
+    for i in range(lo + 1, hi):
+        if x[h[i]] > x[h[lo]]:
+            v = h[i]
+            for j in range(i, lo, -1):
+                h[j] = h[j - 1]
+            h[lo] = v
+        else:
+            _linear_insert(x, h, i)
+
+
+@exact_kernel
+def _linear_insert(x: np.ndarray, h: np.ndarray, i: int) -> None:  # pragma: no cover - numba
+    v = h[i]
+    j = i - 1
+    while x[v] > x[h[j]]:
+        h[i] = h[j]
+        i = j
+        j -= 1
+    h[i] = v
+
+
+@exact_kernel
+def _bucket_sort(x: np.ndarray, k: int) -> np.ndarray:  # pragma: no cover - numba
+    """llama_token_data_array_partial_sort(x, k): the positions of at least the k largest
+    (whole buckets of 128 over [-10, 10]), the first k of them sorted as llama.cpp sorts."""
+    n = x.size
+    k = min(k, n)
+    scale = np.float32(128.0 / 20.0)
+    inter = np.float32(10.0) * scale
+    bucket = np.empty(n, np.int64)
+    histo = np.zeros(128, np.int64)
+    for i in range(n):
+        v = scale * x[i] + inter
+        b = int(v) if v > -2147483648.0 and v < 2147483648.0 else -2147483648  # x86 cvttss2si
+        b = max(0, min(127, b))
+        bucket[i] = b
+        histo[b] += 1
+    have = 0
+    ib = 127
+    while ib >= 0:
+        have += histo[ib]
+        if have >= k:
+            break
+        ib -= 1
+    ib = max(ib, 0)
+    start = np.zeros(128, np.int64)
+    pos = 0
+    for j in range(127, ib - 1, -1):
+        start[j] = pos
+        pos += histo[j]
+    res = np.empty(pos, np.int64)
+    fill = start.copy()
+    for i in range(n):
+        if bucket[i] >= ib:
+            res[fill[bucket[i]]] = i
+            fill[bucket[i]] += 1
+    done = 0
+    for j in range(127, ib, -1):
+        _std_sort(x, res, start[j], start[j] + histo[j])
+        done += histo[j]
+    _partial_sort(x, res, start[ib], start[ib] + k - done, start[ib] + histo[ib])
+    return res
 
 
 @exact_kernel
@@ -753,15 +883,21 @@ def _sigma_floor(x: np.ndarray, n: np.float32) -> np.float32:  # pragma: no cove
     (its pow(float, 2)) added to a float."""
     m = x[0]
     total = np.float32(0.0)
+    valid = 0
     for i in range(x.size):
-        m = max(m, x[i])
-        total += x[i]
-    count = np.float32(x.size)
+        if x[i] != -np.inf:
+            m = max(m, x[i])
+            total += x[i]
+            valid += 1
+    if valid == 0:
+        return m
+    count = np.float32(valid)
     mean = total / count
     acc = np.float32(0.0)
     for i in range(x.size):
-        d = np.float64(x[i] - mean)
-        acc = np.float32(np.float64(acc) + d * d)
+        if x[i] != -np.inf:
+            d = np.float64(x[i] - mean)
+            acc = np.float32(np.float64(acc) + d * d)
     std = np.float32(math.sqrt(acc / count))
     return m - n * std
 
