@@ -58,6 +58,8 @@ def test_sleep_unloads_and_read_only_endpoints_keep_it_asleep(served):
 
 def test_sleep_request_wakes_the_model_and_answers_as_before(served):
     client, state, sched = served
+    changes: list[bool] = []
+    state.sleep.on_change = changes.append  # a router's child announces these
     before = client.post("/completion", json=PROMPT).json()["content"]
     _wait_asleep(client)
     r = client.post("/completion", json=PROMPT)
@@ -65,6 +67,7 @@ def test_sleep_request_wakes_the_model_and_answers_as_before(served):
     assert r.json()["content"] == before  # the reloaded weights and context are the same model
     assert client.get("/props").json()["is_sleeping"] is False
     assert sched.ctx is not None
+    assert changes and changes == [True, False] * (len(changes) // 2)  # asleep, awake, ...
     _wait_asleep(client)  # and it sleeps again once idle
     assert client.post("/tokenize", json={"content": "hi"}).status_code == 200
     assert not state.is_sleeping

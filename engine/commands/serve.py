@@ -102,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
         raise e if isinstance(e, EngineError) else EngineError(f"cannot load the model: {e}") from e
     stopper = _install_signals(scheduler)  # 11.
     _announce(args, "ready", handle)
+    if args.ready_json and state.sleep is not None:  # a router tracks its children's sleep
+        state.sleep.on_change = lambda asleep: _announce(args, "sleeping" if asleep else "ready", handle)
     print(f"main: model loaded; {n_slots} slots, n_ctx_seq {scheduler.n_ctx_seq}; "
           f"server ready at {handle.url}", file=sys.stderr)
     try:

@@ -21,6 +21,7 @@ import logging
 import mmap
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -47,6 +48,8 @@ class SleepController:
         self._in_flight = 0
         self._last_activity = time.monotonic()
         self._ctx_params: Any = None
+        # called with the new state after each change (a router's child announces it)
+        self.on_change: Callable[[bool], None] | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="sleep-monitor", daemon=True)
 
@@ -108,6 +111,7 @@ class SleepController:
         model.weights = None  # type: ignore[attr-defined]
         gc.collect()
         _release_pages(model.gguf)
+        self._changed()
 
     def _exit(self) -> None:
         if not self.is_sleeping:
@@ -123,6 +127,14 @@ class SleepController:
         with self._lock:
             self.is_sleeping = False
             self._last_activity = time.monotonic()
+        self._changed()
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            try:
+                self.on_change(self.is_sleeping)
+            except Exception:
+                log.exception("sleep state callback failed")
 
 
 def _release_pages(gguf: Any) -> None:
