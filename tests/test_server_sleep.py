@@ -71,6 +71,9 @@ def test_sleep_request_wakes_the_model_and_answers_as_before(served):
     _wait_asleep(client)  # and it sleeps again once idle
     assert client.post("/tokenize", json={"content": "hi"}).status_code == 200
     assert not state.is_sleeping
+    _wait_asleep(client)
+    client.post("/props", json={})  # a write to /props wakes it, as llama-server's (501 or not)
+    assert not state.is_sleeping
 
 
 def test_sleep_not_while_a_request_is_in_flight(served):

@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# paths that answer while sleeping and do not wake the model (llama-server: bypass_sleep)
+# GETs that answer while sleeping and do not wake the model (llama-server: bypass_sleep;
+# POST /props wakes it)
 READ_ONLY_PATHS = frozenset({"/health", "/v1/health", "/props", "/models", "/v1/models", "/metrics"})
 
 
@@ -169,8 +170,8 @@ class SleepMiddleware:
         prefix = self.controller.state.options.api_prefix.rstrip("/")
         if prefix and path.startswith(prefix):
             path = path[len(prefix):] or "/"
-        if (scope["type"] != "http" or path in READ_ONLY_PATHS or not self.controller.state.is_ready
-                or not self._routed(scope)):
+        read_only = path in READ_ONLY_PATHS and scope.get("method") in ("GET", "HEAD")
+        if scope["type"] != "http" or read_only or not self.controller.state.is_ready or not self._routed(scope):
             return await self.app(scope, receive, send)
         self.controller.begin_request()
         try:
