@@ -470,12 +470,15 @@ class Sampler:
         penalize = partial(apply_penalties, history=history, repeat_last_n=p.repeat_last_n,
                            repeat_penalty=p.repeat_penalty, frequency_penalty=p.frequency_penalty,
                            presence_penalty=p.presence_penalty)
+        steps = self._steps
         if self._argmax_only:
-            x = penalize(x) if "penalties" in self._steps else x
+            if steps[0] == "penalties":  # (the only place they can be here)
+                x, steps = penalize(x), steps[1:]
             i = int(np.argmax(x))
-            return Candidates(np.array([i]), x[i : i + 1], True)
+            if np.count_nonzero(x == x[i]) == 1:  # else the chain's order picks among the tied
+                return Candidates(np.array([i]), x[i : i + 1], True)
         c: Candidates | None = None  # None while the list is still the whole vector `x`
-        for step in self._steps:
+        for step in steps:
             if step == "penalties":
                 if c is None:
                     x = penalize(x)

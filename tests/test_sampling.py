@@ -404,3 +404,10 @@ LCPP_TIE_DRAWS = [
 def test_long_tied_lists_sort_as_llama_cpp_does(kw, want):
     s = make_sampler(SamplingParams(**kw))
     assert [s.sample(TIE_ROW) for _ in want] == want
+
+
+def test_greedy_with_a_tied_maximum_takes_llama_cpp_first():
+    # temp 0 keeps the first highest in the list's order, which top-k's heap decides
+    x = np.array([1.0, 2.0, 2.0, 0.5, 2.0, 2.0, 1.0, 2.0], np.float32)
+    assert make_sampler(SamplingParams(temperature=0.0, top_k=3)).sample(x) == 4
+    assert make_sampler(SamplingParams(temperature=0.0, top_k=40)).sample(x) == 7
