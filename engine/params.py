@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .errors import EngineError
-from .sampling import SamplingParams
+from .sampling import SamplingParams, sampler_names
 
 if TYPE_CHECKING:
     from .context import ContextParams
@@ -259,6 +259,23 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
                    default=d.frequency_penalty,
                    help=f"repeat alpha frequency penalty (default: {d.frequency_penalty}, "
                    "0.0 = disabled)")
+    g.add_argument("--top-nsigma", "--top-n-sigma", dest="top_n_sigma", metavar="N", type=_finite_float,
+                   default=d.top_n_sigma, help=f"top-n-sigma sampling (default: {d.top_n_sigma}, -1.0 = disabled)")
+    g.add_argument("--xtc-probability", metavar="N", type=_finite_float, default=d.xtc_probability,
+                   help=f"xtc probability (default: {d.xtc_probability}, 0.0 = disabled)")
+    g.add_argument("--xtc-threshold", metavar="N", type=_finite_float, default=d.xtc_threshold,
+                   help=f"xtc threshold (default: {d.xtc_threshold}, 1.0 = disabled)")
+    g.add_argument("--dynatemp-range", metavar="N", type=_finite_float, default=d.dynatemp_range,
+                   help=f"dynamic temperature range (default: {d.dynatemp_range}, 0.0 = disabled)")
+    g.add_argument("--dynatemp-exp", metavar="N", type=_finite_float, default=d.dynatemp_exponent,
+                   help=f"dynamic temperature exponent (default: {d.dynatemp_exponent})")
+    g.add_argument("--samplers", metavar="SAMPLERS", default=None,
+                   type=lambda v: sampler_names(v.split(";")),
+                   help="samplers used for generation in order, separated by ';' "
+                   f"(default: {';'.join(d.samplers)})")
+    g.add_argument("--sampling-seq", "--sampler-seq", dest="samplers", metavar="SEQUENCE",
+                   type=sampler_names, help="simplified sequence for samplers, one letter each "
+                   "(e.g. 'edskypmxt')")
     g.add_argument("--ignore-eos", action="store_true",
                    help="ignore end of stream token and continue generating")
     g.add_argument(
@@ -324,7 +341,14 @@ def to_sampling_params(args: argparse.Namespace, **overrides: object) -> Samplin
         seed=args.seed,
         ignore_eos=args.ignore_eos,
         logit_bias=_merge_bias(args.logit_bias),
+        top_n_sigma=args.top_n_sigma,
+        xtc_probability=args.xtc_probability,
+        xtc_threshold=args.xtc_threshold,
+        dynatemp_range=args.dynatemp_range,
+        dynatemp_exponent=args.dynatemp_exp,
     )
+    if args.samplers is not None:
+        kw["samplers"] = args.samplers
     kw.update(overrides)
     return SamplingParams(**kw)  # type: ignore[arg-type]
 

@@ -56,8 +56,31 @@ DEFAULT_SAMPLERS = (
 _SAMPLER_ALIASES = {
     "top-k": "top_k", "top-p": "top_p", "top-n-sigma": "top_n_sigma", "min-p": "min_p",
     "nucleus": "top_p", "typical": "typ_p", "typical-p": "typ_p", "typical_p": "typ_p",
-    "typ-p": "typ_p", "typ": "typ_p", "temp": "temperature",
+    "typ-p": "typ_p", "typ": "typ_p", "temp": "temperature", "topk": "top_k", "topp": "top_p",
+    "minp": "min_p", "topnsigma": "top_n_sigma", "top-nsigma": "top_n_sigma",
 }
+# llama.cpp's one-letter sampler codes (common_sampler_type_to_chr), e.g. --sampling-seq "kfypmt"
+SAMPLER_CHARS = {
+    "d": "dry", "k": "top_k", "y": "typ_p", "p": "top_p", "s": "top_n_sigma", "m": "min_p",
+    "t": "temperature", "x": "xtc", "i": "infill", "e": "penalties", "a": "adaptive_p",
+}
+_SAMPLER_NAMES = frozenset(SAMPLER_CHARS.values())
+
+
+def sampler_names(value: Sequence[str] | str | None) -> tuple[str, ...]:
+    """A `samplers` value (names in any of llama.cpp's spellings, or a string of one-letter
+    codes) as llama.cpp's names; unknown ones are dropped, as llama.cpp drops them."""
+    if value is None:
+        return DEFAULT_SAMPLERS
+    if isinstance(value, str):
+        return tuple(SAMPLER_CHARS[c] for c in value if c in SAMPLER_CHARS)
+    out = []
+    for name in value:
+        n = _SAMPLER_ALIASES.get(name.lower(), name.lower())
+        if n in _SAMPLER_NAMES:
+            out.append(n)
+    return tuple(out)
+
 
 _NEG_INF = np.float32(-np.inf)
 _FLT_MAX = float(np.finfo(np.float32).max)

@@ -141,3 +141,13 @@ def test_defaults_namespace_for_the_gui():
     assert d.ctx_size == 4096 and d.system_prompt is None
     assert params.to_sampling_params(d) == SamplingParams()
     assert params.to_sampling_params(params.defaults(["--temp", "0"])).greedy
+
+
+def test_extra_sampler_flags():
+    p = params.to_sampling_params(parse("--top-nsigma", "1.5", "--xtc-probability", "0.5", "--xtc-threshold",
+                                        "0.2", "--dynatemp-range", "0.3", "--dynatemp-exp", "2",
+                                        "--sampling-seq", "kxt"))
+    assert (p.top_n_sigma, p.xtc_probability, p.xtc_threshold, p.dynatemp_range, p.dynatemp_exponent) == (
+        1.5, 0.5, 0.2, 0.3, 2.0)
+    assert p.samplers == ("top_k", "xtc", "temperature")
+    assert params.to_sampling_params(parse("--samplers", "min_p;temp")).samplers == ("min_p", "temperature")

@@ -10,8 +10,8 @@ import re
 import httpx
 import pytest
 
+from engine.sampling import DEFAULT_SAMPLERS, sampler_names
 from engine.server import ServerOptions, start_server
-from engine.server.settings import DEFAULT_SAMPLERS, sampler_names
 from engine.server.testing import EOS, FakeChatTemplate, FakeTokenizer, make_fake_scheduler
 
 TOK = FakeTokenizer()
@@ -172,8 +172,8 @@ def test_ignore_eos_reports_the_eog_bans(client):
 
 def test_sampler_names():
     assert sampler_names(None) == DEFAULT_SAMPLERS
-    assert sampler_names(["Top-K", "minp", "nucleus", "bogus"]) == ["top_k", "min_p", "top_p"]
-    assert sampler_names("ekq") == ["penalties", "top_k"]
+    assert sampler_names(["Top-K", "minp", "nucleus", "bogus"]) == ("top_k", "min_p", "top_p")
+    assert sampler_names("ekq") == ("penalties", "top_k")
 
 
 def test_response_fields_pick_nested_values(client):
@@ -346,3 +346,11 @@ def test_no_jinja_renders_the_builtin_format_the_template_matches():
     assert _chat_template(args, model).render(msgs) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     args.jinja = True
     assert _chat_template(args, model).render(msgs).startswith("<|im_start|>system\nDefault")
+
+
+def test_extra_sampler_fields_reach_the_chain(client):
+    body = {"top_n_sigma": 1.5, "xtc_probability": 0.25, "xtc_threshold": 0.2, "dynatemp_range": 0.3,
+            "dynatemp_exponent": 2.0, "samplers": "kt"}
+    gs = ok(complete(client, prompt="hi", **body))["generation_settings"]
+    assert {k: gs[k] for k in body if k != "samplers"} == {k: v for k, v in body.items() if k != "samplers"}
+    assert gs["samplers"] == ["top_k", "temperature"]

@@ -23,7 +23,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from ..errors import APIError, TemplateError, TemplateLimitError
-from ..sampling import DEFAULT_SEED, SamplingParams
+from ..sampling import DEFAULT_SEED, SamplingParams, sampler_names
 from ..scheduler import GenerationRequest
 from ..tokenizer.chat_template import encode_chat_prompt
 from .constraints import request_grammar
@@ -50,6 +50,11 @@ _SAMPLING_FIELDS = {
     "n_probs": "n_probs",
     "min_keep": "min_keep",
     "ignore_eos": "ignore_eos",
+    "dynatemp_range": "dynatemp_range",
+    "dynatemp_exponent": "dynatemp_exponent",
+    "top_n_sigma": "top_n_sigma",
+    "xtc_probability": "xtc_probability",
+    "xtc_threshold": "xtc_threshold",
 }
 
 MAX_PROMPTS = 256  # prompts in one request; llama-server has no limit, each one is a task
@@ -63,6 +68,8 @@ def sampling_params(state: ServerState, body: SamplingFields, n_probs: int | Non
     kw = {_SAMPLING_FIELDS[k]: v for k, v in given.items()}
     if n_probs is not None:
         kw["n_probs"] = n_probs
+    if body.samplers is not None:
+        kw["samplers"] = sampler_names(body.samplers)
     if body.post_sampling_probs is not None:
         kw["post_sampling_probs"] = body.post_sampling_probs
     if body.logit_bias is not None:

@@ -4,7 +4,7 @@ slot `params` of /slots, /props' `default_generation_settings.params`).
 The object has every key llama-server's task_params::to_json writes, in its order, so clients
 that read one (its web UI, the test suite, monitoring) find it. Sampling fields this engine
 applies come from the request's SamplingParams; the ones it accepts but does not apply (DRY,
-XTC, Mirostat, adaptive-p...) report the request's value, else llama-server's default, so a
+Mirostat, adaptive-p...) report the request's value, else llama-server's default, so a
 client reads back what it sent. A banned token's bias (-inf) is JSON null, as llama-server
 writes it.
 """
@@ -22,37 +22,11 @@ if TYPE_CHECKING:
 
 # llama.cpp's defaults (common_params_sampling) for the fields reported but not applied here
 REPORTED_DEFAULTS: dict[str, Any] = {
-    "dynatemp_range": 0.0, "dynatemp_exponent": 1.0, "top_n_sigma": -1.0,
-    "xtc_probability": 0.0, "xtc_threshold": 0.1,
     "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": 64,
     "dry_sequence_breakers": ["\n", ":", "\"", "*"],
     "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
     "adaptive_target": -1.0, "adaptive_decay": 0.9,
 }
-
-# llama.cpp's sampler names and their one-letter codes (common_sampler_type_to_chr/_to_str)
-SAMPLER_CHARS = {
-    "d": "dry", "k": "top_k", "y": "typ_p", "p": "top_p", "s": "top_n_sigma", "m": "min_p",
-    "t": "temperature", "x": "xtc", "i": "infill", "e": "penalties", "a": "adaptive_p",
-}
-DEFAULT_SAMPLERS = ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]
-_SAMPLER_ALIASES = {"nucleus": "top_p", "temp": "temperature", "typ": "typ_p"}
-
-
-def sampler_names(value: list[str] | str | None) -> list[str]:
-    """A request's `samplers` (names, or a string of one-letter codes) as llama.cpp's names;
-    names it does not know are dropped, as llama.cpp drops them (with a warning)."""
-    if value is None:
-        return list(DEFAULT_SAMPLERS)
-    if isinstance(value, str):
-        return [SAMPLER_CHARS[c] for c in value if c in SAMPLER_CHARS]
-    known = {n: n for n in SAMPLER_CHARS.values()}
-    for name in list(known):  # "top-k" and "topk" spell "top_k" too
-        known[name.replace("_", "-")] = name
-        known[name.replace("_", "")] = name
-    known.update(_SAMPLER_ALIASES)
-    return [known[n.lower()] for n in value if n.lower() in known]
-
 
 def _bias_list(bias: dict[int, float], eog_ids: list[int]) -> list[dict]:
     out = [{"bias": b if math.isfinite(b) else None, "token": int(t)} for t, b in bias.items()]
@@ -75,10 +49,10 @@ def generation_settings(state: ServerState, req: GenerationRequest | None = None
     return {
         "seed": int(p["seed"]) & 0xFFFFFFFF,  # a uint32 in llama.cpp: -1 reads 4294967295
         "temperature": p["temperature"],
-        "dynatemp_range": extra["dynatemp_range"], "dynatemp_exponent": extra["dynatemp_exponent"],
+        "dynatemp_range": p["dynatemp_range"], "dynatemp_exponent": p["dynatemp_exponent"],
         "top_k": p["top_k"], "top_p": p["top_p"], "min_p": p["min_p"],
-        "top_n_sigma": extra["top_n_sigma"],
-        "xtc_probability": extra["xtc_probability"], "xtc_threshold": extra["xtc_threshold"],
+        "top_n_sigma": p["top_n_sigma"],
+        "xtc_probability": p["xtc_probability"], "xtc_threshold": p["xtc_threshold"],
         "typical_p": p["typical_p"],
         "repeat_last_n": p["repeat_last_n"], "repeat_penalty": p["repeat_penalty"],
         "presence_penalty": p["presence_penalty"], "frequency_penalty": p["frequency_penalty"],
@@ -105,7 +79,7 @@ def generation_settings(state: ServerState, req: GenerationRequest | None = None
         "reasoning_format": given.get("reasoning_format", "deepseek"),
         "reasoning_in_content": False,
         "generation_prompt": given.get("generation_prompt", ""),
-        "samplers": sampler_names(given.get("samplers")),
+        "samplers": list(p["samplers"]),
         "speculative.types": "none",
         "timings_per_token": given.get("timings_per_token", False),
         "post_sampling_probs": p["post_sampling_probs"],
