@@ -74,6 +74,8 @@ class ServerTokenizer(ChatTokenizer, Protocol):
     def eos_id(self) -> int | None: ...
     @property
     def vocab_type(self) -> int: ...  # llama.cpp's enum: 1 SPM, 2 BPE
+    @property
+    def max_token_bytes(self) -> int: ...  # the most text bytes one token stands for
 
     def decode(self, ids: Sequence[int]) -> str: ...
 

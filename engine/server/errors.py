@@ -38,10 +38,13 @@ def loading() -> APIError:
     return APIError(503, "Loading model")
 
 
-def exceed_context(n_prompt: int, n_ctx: int) -> APIError:
+def exceed_context(n_prompt: int, n_ctx: int, at_least: bool = False) -> APIError:
+    """llama-server's 400 for a prompt over a slot's context; `at_least` when the count is a
+    lower bound from the text's size (the prompt was not tokenized)."""
     return APIError(
         400,
-        f"the request exceeds the available context size: the prompt has {n_prompt} tokens, "
+        f"the request exceeds the available context size: the prompt has {'at least ' if at_least else ''}"
+        f"{n_prompt} tokens, "
         f"the context of a slot holds {n_ctx}; use a shorter prompt or raise -c/--ctx-size",
         "exceed_context_size_error",
         n_prompt_tokens=n_prompt,

@@ -27,7 +27,7 @@ from ..sampling import DEFAULT_SEED, SamplingParams, sampler_names
 from ..scheduler import GenerationRequest
 from ..tokenizer.chat_template import encode_chat_prompt
 from .constraints import request_grammar
-from .errors import invalid
+from .errors import exceed_context, invalid
 from .schemas import ApplyTemplateRequest, ChatCompletionRequest, CompletionRequest, SamplingFields
 from .settings import generation_settings
 
@@ -201,9 +201,27 @@ def _subprompt(state: ServerState, p: Any) -> list[int]:
                   f"and strings, or an object with a '{PROMPT_STRING_KEY}'")
 
 
+# A text of N bytes has at least N / max_token_bytes tokens. A prompt that cannot fit is
+# refused before it is tokenized: a few MB of text keep a tokenizer busy for tens of seconds,
+# which llama-server answers in a fraction of one. The margin keeps the bound safe should a
+# tokenizer ever fold bytes (none of ours normalises): refusing a prompt that fits is worse
+# than tokenizing one that does not.
+_TOKEN_BYTES_MARGIN = 1.5
+
+
+def refuse_oversized(state: ServerState, n_bytes: int, n_ids: int = 0) -> None:
+    """Raise the context-size 400 when `n_bytes` of text plus `n_ids` token ids cannot fit."""
+    at_least = n_ids + int(n_bytes / (state.tokenizer.max_token_bytes * _TOKEN_BYTES_MARGIN))
+    if at_least >= state.n_ctx_seq > 0:
+        raise exceed_context(at_least, state.n_ctx_seq, at_least=True)
+
+
 def _tokenize_mixed(state: ServerState, p: str | list) -> list[int]:
     """llama.cpp tokenize_mixed: special tokens are added only for text that comes first."""
     tok = state.tokenizer
+    parts = [p] if isinstance(p, str) else p
+    texts = [x for x in parts if isinstance(x, str)]
+    refuse_oversized(state, sum(len(x.encode("utf-8", "surrogatepass")) for x in texts), len(parts) - len(texts))
     if isinstance(p, str):
         return tok.encode(p, add_special=True, parse_special=True)
     ids: list[int] = []
@@ -358,6 +376,7 @@ def chat_request(state: ServerState, body: ChatCompletionRequest) -> tuple[Gener
         raise invalid("top_logprobs requires logprobs to be set to true")
     template = chat_template(state)
     text = render_chat(state, body)
+    refuse_oversized(state, len(text.encode("utf-8", "surrogatepass")))
     ids = encode_chat_prompt(state.tokenizer, text)
     n_probs = (body.top_logprobs or 0) if body.logprobs else (body.n_probs or 0)
     req = GenerationRequest(

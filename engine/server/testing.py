@@ -43,6 +43,7 @@ class FakeTokenizer:
     eog_ids = frozenset({EOS})
     add_bos = True
     vocab_type = 2  # llama.cpp's LLAMA_VOCAB_TYPE_BPE
+    max_token_bytes = 4  # "<unk>" is 5 bytes, but never a piece of text: one byte a token
 
     def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         ids = [b + N_SPECIAL for b in text.encode("utf-8")]

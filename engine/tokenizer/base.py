@@ -13,6 +13,7 @@ give the ids llama.cpp gives for those bytes. Other lone surrogates count as U+F
 from __future__ import annotations
 
 import codecs
+import functools
 import logging
 from collections.abc import Iterable
 from typing import Any
@@ -452,6 +453,13 @@ class Tokenizer:
     # --- decode -------------------------------------------------------------------------------
     def _piece(self, token_id: int) -> bytes:
         raise NotImplementedError
+
+    @functools.cached_property
+    def max_token_bytes(self) -> int:
+        """The most bytes of text one token stands for (special tokens as their text), at least
+        4 (an unknown character is one token): a text of N bytes has at least
+        N / max_token_bytes tokens. One pass over the vocabulary, on first use."""
+        return max(4, max((len(self.token_to_piece(i, special=True)) for i in range(self.n_vocab)), default=0))
 
     def token_to_piece(self, token_id: int, special: bool = True) -> bytes:
         """The bytes token `token_id` stands for (llama_token_to_piece, no lstrip).
