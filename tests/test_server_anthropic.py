@@ -11,7 +11,7 @@ import pytest
 from engine.sequence import GenerationStep
 from engine.server import start_server
 from engine.server.anthropic import CountTokensRequest, MessagesRequest, to_chat
-from engine.server.testing import FakeChatTemplate, make_fake_scheduler
+from engine.server.testing import FakeChatTemplate, ScriptedHandle, make_fake_scheduler
 
 WEATHER = {"name": "get_weather", "description": "Weather in a city",
            "input_schema": {"type": "object", "properties": {"location": {"type": "string"}}}}
@@ -235,27 +235,6 @@ def test_bad_json_is_an_anthropic_shaped_400(client):
 
 
 # -- scripted replies: tool use and thinking --------------------------------------------------------
-
-
-class ScriptedHandle:
-    """A RequestHandle whose reply is given text, one step per piece."""
-
-    def __init__(self, request, pieces: list[str], finish: str = "stop", fail: bool = False):
-        self.request, self.pieces, self.finish, self.fail = request, pieces, finish, fail
-        self.slot_id, self.done = 0, False
-
-    async def astream(self):
-        for i, text in enumerate(self.pieces):
-            if self.fail and i == len(self.pieces) - 1:
-                raise RuntimeError("decode failed")
-            last = i == len(self.pieces) - 1
-            yield GenerationStep(token=100 + i, text_delta=text, logprob=0.0, top_logprobs=(),
-                                 finish_reason=self.finish if last else None, n_prompt=len(self.request.prompt),
-                                 n_generated=i + 1, n_cached=0, t_prompt_ms=1.0, t_gen_ms=1.0)
-        self.done = True
-
-    def cancel(self):
-        self.done = True
 
 
 @pytest.fixture

@@ -43,7 +43,7 @@ from .bodies import parse_body
 from .errors import api_error, format_validation_errors, invalid
 from .routing import SSE_HEADERS, EventStream, body_schema, client_gone, collect, server_state, submit
 from .schemas import MAX_STOP, ChatCompletionRequest, ChatMessage
-from .tool_calls import THINK_OPEN, StreamParser, ToolCall, new_call_id, prompt_opens_reasoning
+from .tool_calls import ReplyReading, StreamParser, ToolCall, new_call_id
 
 router = APIRouter()
 
@@ -406,15 +406,10 @@ def _prepare(s, body: MessagesRequest):
     """Scheduler request and reply reader of a Messages body (blocking: renders and tokenizes)."""
     chat = to_chat(body)
     req, prompt_text = rq.chat_request(s, chat)
-    template_source = getattr(s.chat_template, "source", "") or ""
-    # a template that knows thinking makes replies that may hold some (unless the server keeps
-    # reasoning in the text: --reasoning-format none)
-    reasoning = THINK_OPEN in template_source and getattr(s.options, "reasoning_format", None) != "none"
-    tool_names = [t["function"]["name"] for t in chat.tools or []]
+    reading = rq.reply_reading(s, chat, prompt_text) or ReplyReading()
     builder = MessageBuilder(
-        body.model or s.model_alias, tool_names=tool_names,
-        parse_tools=bool(tool_names) and chat.tool_choice != "none",
-        reasoning=reasoning, starts_inside=reasoning and prompt_opens_reasoning(prompt_text),
+        body.model or s.model_alias, tool_names=list(reading.tool_names), parse_tools=reading.parse_tools,
+        reasoning=reading.reasoning, starts_inside=reading.starts_inside,
         stop_sequences=rq.stop_list(body.stop_sequences), n_prompt=len(req.prompt))
     builder.prefill(_prefill_text(chat, prompt_text))
     return req, builder

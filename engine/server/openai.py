@@ -16,6 +16,7 @@ probabilities (`prob`/`top_probs` instead of `logprob`/`top_logprobs`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from ..sequence import GenerationStep
 from ..tasks import PromptProgress
 from ..version import build_info
+from .tool_calls import ParsedMessage, ReplyReading, StreamParser, ToolCall, parse_message
 
 if TYPE_CHECKING:
     from ..seams import ServerTokenizer
@@ -265,9 +267,38 @@ class Formatter:
 class ChatFormatter(Formatter):
     id_prefix = "chatcmpl-"
 
-    def __init__(self, *a: Any, **kw: Any):
+    def __init__(self, *a: Any, reading: ReplyReading | None = None, **kw: Any):
         super().__init__(*a, **kw)
         self._sent_role = False
+        # with tools or a thinking template, the reply is read as reasoning, content and tool
+        # calls (llama-server's reasoning_content and tool_calls) instead of passed through
+        self.reader = StreamParser(**dataclasses.asdict(reading)) if reading is not None else None
+        self._message: ParsedMessage | None = None
+
+    def _deltas(self, text: str) -> list[dict]:
+        if self.reader is None:
+            return [{"content": text}] if text else []
+        return [{"content" if kind == "content" else "reasoning_content": t} for kind, t in self.reader.feed(text)]
+
+    def _finish_reason(self) -> str:
+        if self._message is not None and self._message.tool_calls:
+            return "tool_calls"
+        return self.acc.finish_reason
+
+    def _parsed(self) -> ParsedMessage:
+        if self._message is None:
+            if self.reader is None:
+                self._message = ParsedMessage(content=self.acc.content)
+            else:
+                self._message = parse_message(self.acc.content, tool_names=self.reader.tool_names,
+                                              parse_tools=self.reader.parse_tools, reasoning=self.reader.reasoning,
+                                              starts_inside=self.reader.starts_inside)
+        return self._message
+
+    @staticmethod
+    def _calls_json(calls: list[ToolCall], with_index: bool) -> list[dict]:
+        return [{**({"index": i} if with_index else {}), "id": c.id, "type": "function",
+                 "function": {"name": c.name, "arguments": c.arguments}} for i, c in enumerate(calls)]
 
     def _obj(self, choices: list, **extra) -> dict:
         return {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
@@ -295,9 +326,12 @@ class ChatFormatter(Formatter):
         if not self._sent_role:
             self._sent_role = True
             out.append(self._role())
-        if step.text_delta or (self.logprobs and not step.finish_reason):
-            choice = {"index": self.index, "delta": {"content": step.text_delta}, "finish_reason": None,
-                      "logprobs": {"content": self._logprob_entries([step])} if self.logprobs else None}
+        deltas = self._deltas(step.text_delta)
+        if self.logprobs and not step.finish_reason and not deltas:
+            deltas = [{"content": ""}]
+        for i, delta in enumerate(deltas):
+            choice = {"index": self.index, "delta": delta, "finish_reason": None,
+                      "logprobs": {"content": self._logprob_entries([step])} if self.logprobs and i == 0 else None}
             out.append(self._obj([choice]))
         if self.timings_per_token and out:
             out[-1]["timings"] = self._timings()
@@ -312,8 +346,16 @@ class ChatFormatter(Formatter):
         if not self._sent_role:
             self._sent_role = True
             out.append(self._role())
+        if self.reader is not None:
+            owed, self._message = self.reader.finish()
+            for kind, text in owed:
+                delta = {"content" if kind == "content" else "reasoning_content": text}
+                out.append(self._obj([{"index": self.index, "delta": delta, "logprobs": None, "finish_reason": None}]))
+            if self._message.tool_calls:
+                calls = {"tool_calls": self._calls_json(self._message.tool_calls, with_index=True)}
+                out.append(self._obj([{"index": self.index, "delta": calls, "logprobs": None, "finish_reason": None}]))
         out.append(self._obj([{"index": self.index, "delta": {}, "logprobs": None,
-                               "finish_reason": self.acc.finish_reason}]))
+                               "finish_reason": self._finish_reason()}]))
         if self.include_usage:
             out.append(self._obj([], usage=self._usage()))
         out[-1]["timings"] = self._timings()  # on the last chunk, as llama-server
@@ -321,11 +363,18 @@ class ChatFormatter(Formatter):
         return out
 
     def response(self) -> dict:
+        msg = self._parsed()
+        message: dict[str, Any] = {"role": "assistant",
+                                   "content": None if msg.tool_calls and not msg.content else msg.content}
+        if msg.reasoning:
+            message["reasoning_content"] = msg.reasoning
+        if msg.tool_calls:
+            message["tool_calls"] = self._calls_json(msg.tool_calls, with_index=False)
         choice = {
             "index": self.index,
-            "message": {"role": "assistant", "content": self.acc.content},
+            "message": message,
             "logprobs": {"content": self._logprob_entries(self.acc.steps)} if self.logprobs else None,
-            "finish_reason": self.acc.finish_reason,
+            "finish_reason": self._finish_reason(),
         }
         return self._with_verbose({
             "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,

@@ -85,7 +85,7 @@ async def chat_completions(request: Request):
     req, prompt_text = await run_in_threadpool(rq.chat_request, s, body)
     reqs = rq.with_choices([req], rq.n_choices(s, body))
     fmts = _formatters(ChatFormatter, s, body, reqs, [prompt_text] * len(reqs), "chatcmpl-",
-                       logprobs=bool(body.logprobs))
+                       logprobs=bool(body.logprobs), reading=rq.reply_reading(s, body, prompt_text))
     return await _generate(request, reqs, fmts, body, native=False)
 
 

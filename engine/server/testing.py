@@ -24,6 +24,7 @@ import numpy as np
 from ..batch import Batch
 from ..errors import EngineError, TemplateError
 from ..scheduler import Scheduler
+from ..sequence import GenerationStep
 
 if TYPE_CHECKING:
     from ..seams import DecodeContext, PromptTemplate, ServedModel
@@ -200,3 +201,25 @@ if TYPE_CHECKING:  # mypy: each fake implements the seam its real counterpart im
     _ctx: DecodeContext = FakeContext()
     _model: ServedModel = FakeModel()
     _template: PromptTemplate = FakeChatTemplate()
+
+
+class ScriptedHandle:
+    """A RequestHandle whose reply is the given text, one step per piece (`fail`: the last
+    piece raises instead), for tests of how routes read and shape replies."""
+
+    def __init__(self, request: Any, pieces: list[str], finish: str = "stop", fail: bool = False):
+        self.request, self.pieces, self.finish, self.fail = request, pieces, finish, fail
+        self.slot_id, self.done = 0, False
+
+    async def astream(self):
+        for i, text in enumerate(self.pieces):
+            if self.fail and i == len(self.pieces) - 1:
+                raise RuntimeError("decode failed")
+            last = i == len(self.pieces) - 1
+            yield GenerationStep(token=100 + i, text_delta=text, logprob=0.0, top_logprobs=(),
+                                 finish_reason=self.finish if last else None, n_prompt=len(self.request.prompt),
+                                 n_generated=i + 1, n_cached=0, t_prompt_ms=1.0, t_gen_ms=1.0)
+        self.done = True
+
+    def cancel(self) -> None:
+        self.done = True

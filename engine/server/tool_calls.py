@@ -65,6 +65,18 @@ class ParsedMessage:
     tool_calls: list[ToolCall] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class ReplyReading:
+    """How a chat reply is read (StreamParser's options): the declared tools a bare-JSON call
+    may name, whether tool calls and reasoning are split out, and whether the reply starts
+    inside a `<think>` the prompt opened."""
+
+    tool_names: tuple[str, ...] = ()
+    parse_tools: bool = False
+    reasoning: bool = False
+    starts_inside: bool = False
+
+
 def new_call_id(prefix: str = "call_") -> str:
     return prefix + uuid.uuid4().hex[:24]
 
