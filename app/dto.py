@@ -56,6 +56,7 @@ class MemoryFigures:
     kv_bytes: int = 0
     kv_used_bytes: int = 0
     kv_per_seq_used: tuple[int, ...] = ()
+    kv_seq_capacity_bytes: int = 0
     compute_bytes: int = 0
     metadata_bytes: int = 0
     rss_bytes: int = 0
@@ -70,6 +71,7 @@ class MemoryFigures:
             kv_bytes=int(report.kv_bytes),
             kv_used_bytes=int(report.kv_used_bytes),
             kv_per_seq_used=tuple(int(x) for x in report.kv_per_seq_used),
+            kv_seq_capacity_bytes=int(report.kv_seq_capacity_bytes),
             compute_bytes=int(report.compute_bytes),
             metadata_bytes=int(report.metadata_bytes),
             rss_bytes=int(report.rss_bytes or 0),

@@ -33,6 +33,7 @@ class MemoryReport:
     kv_bytes: int  # allocated
     kv_used_bytes: int  # holding live positions
     kv_per_seq_used: list[int] = field(default_factory=list)
+    kv_seq_capacity_bytes: int = 0  # the most one sequence may hold (unified: the whole pool)
     compute_bytes: int = 0
     metadata_bytes: int = 0
     rss_bytes: int | None = None
@@ -105,6 +106,7 @@ def memory_report(ctx: Context) -> MemoryReport:
         kv_bytes=kv.nbytes,
         kv_used_bytes=kv.used_bytes(),
         kv_per_seq_used=[kv.used_bytes(s) for s in range(kv.n_seq_max)],
+        kv_seq_capacity_bytes=kv.n_ctx_seq * kv.bytes_per_pos,
         compute_bytes=ctx.buf.nbytes,
         metadata_bytes=_metadata_bytes(len(model.gguf.tensors)),
         rss_bytes=psutil.Process().memory_info().rss,
@@ -135,6 +137,7 @@ def estimate_memory(cfg: ModelConfig, weights_bytes: int, n_tensors: int, n_ctx:
         kv_bytes=kv_bytes(cfg, n_ctx_seq, kv_streams(n_seq_max, kv_unified), type_k, type_v),
         kv_used_bytes=0,
         kv_per_seq_used=[0] * n_seq_max,
+        kv_seq_capacity_bytes=kv_bytes(cfg, n_ctx_seq, 1, type_k, type_v),
         compute_bytes=compute_buffer_bytes(cfg, n_ubatch, n_ctx_seq),
         metadata_bytes=_metadata_bytes(n_tensors),
         rss_bytes=None,

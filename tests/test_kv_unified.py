@@ -36,6 +36,9 @@ def test_kv_unified_allocates_one_pool_not_one_per_sequence(tiny):
     assert unified.n_ctx_seq == 64
     assert est.kv_bytes == unified.kv.nbytes == split.kv.nbytes
     assert unified.memory_report().kv_bytes == split.memory_report().kv_bytes
+    # what one slot may fill (the desktop's slot table): the whole pool, or its own quarter
+    assert unified.memory_report().kv_seq_capacity_bytes == est.kv_seq_capacity_bytes == unified.kv.nbytes
+    assert split.memory_report().kv_seq_capacity_bytes == split.kv.nbytes // 4
 
 
 def test_kv_unified_interleaved_sequences_match_separate_ones(tiny):

@@ -35,7 +35,8 @@ class SlotTableModel(ColumnTableModel):
 
     def set_figures(self, fig: MemoryFigures) -> None:
         used = tuple(fig.kv_per_seq_used)
-        per_slot = fig.kv_bytes // max(len(used), 1)
+        # what one slot may fill: with a unified cache (llama-server's default) the whole pool
+        per_slot = fig.kv_seq_capacity_bytes or fig.kv_bytes // max(len(used), 1)
         if len(used) != len(self._used):
             self.beginResetModel()
             self._used, self._per_slot_bytes = used, per_slot

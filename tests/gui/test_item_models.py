@@ -73,6 +73,9 @@ def test_slot_table_model_follows_report(qtmodeltester):
     assert model.index(0, 2).data() == "50.0 %"
     model.set_figures(MemoryFigures(kv_bytes=2000, kv_per_seq_used=(600, 10)))
     qtmodeltester.check(model, force_py=True)
+    # a unified pool: any slot may fill all of it, so a share never passes 100 %
+    model.set_figures(MemoryFigures(kv_bytes=2000, kv_seq_capacity_bytes=2000, kv_per_seq_used=(1500, 0)))
+    assert model.index(0, 2).data() == "75.0 %"
 
 
 def test_starter_list_model(qtmodeltester):
