@@ -156,6 +156,19 @@ class UnknownModelError(RouterError):
     """The router has no model of that name."""
 
 
+class RequestCancelled(RouterError):
+    """The client of a request waiting for its model went away."""
+
+
+class ModelLimitError(RouterError):
+    """--models-max models are running and none of them can be stopped now."""
+
+
+class PresetError(RouterError):
+    """The catalogue cannot be built: a malformed preset file, a missing --models-dir, a name
+    used twice."""
+
+
 # llama-server's error types by HTTP status (tools/server/utils.hpp format_error_response),
 # which are also OpenAI's names where OpenAI has one.
 HTTP_ERROR_TYPES = {

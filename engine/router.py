@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import EngineError, RouterError, UnknownModelError
+from .errors import EngineError, ModelLimitError, RequestCancelled, RouterError, UnknownModelError
 from .router_hub import HubAccess
 from .router_presets import DEFAULT_STOP_TIMEOUT_S, ModelSpec
 
@@ -64,14 +64,6 @@ class ModelStatus(enum.Enum):
 
 RUNNING = (ModelStatus.LOADING, ModelStatus.LOADED, ModelStatus.SLEEPING)
 SERVING = (ModelStatus.LOADED, ModelStatus.SLEEPING)  # takes requests
-
-
-class RequestCancelled(RouterError):
-    """The client of a request waiting for its model went away."""
-
-
-class ModelLimitError(RouterError):
-    """--models-max models are running and none of them can be stopped now."""
 
 
 @dataclass(eq=False)

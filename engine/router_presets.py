@@ -23,14 +23,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import RouterError
+from .errors import PresetError
 
 log = logging.getLogger(__name__)
 
-
-class PresetError(RouterError):
-    """The catalogue cannot be built: a malformed preset file, a missing --models-dir, a name
-    used twice."""
 
 GLOBAL_SECTION = "*"
 DEFAULT_SECTION = "default"  # keys before the first [section]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import RouterError
-from engine.router import ModelLimitError, ModelStatus, RequestCancelled, Router
+from engine.errors import ModelLimitError, RequestCancelled, RouterError
+from engine.router import ModelStatus, Router
 
 
 class _Pipe:

@@ -24,9 +24,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response, StreamingResponse
 
-from ..errors import APIError, RouterError, UnknownModelError
-from ..router import ChildServer, ModelLimitError, ModelStatus, RequestCancelled, Router
-from ..router_presets import PresetError
+from ..errors import APIError, ModelLimitError, PresetError, RequestCancelled, RouterError, UnknownModelError
+from ..router import ChildServer, ModelStatus, Router
 from ..version import __version__, git_commit
 from . import routes_cors_proxy, vertex
 from .bodies import load_json, read_body
