@@ -216,12 +216,12 @@ def test_empty_conversation_is_the_generation_prompt(client):
         {"type": "text", "text": "f"}, {"type": "image", "source": {"type": "url", "url": "http://x/y.png"}}]}]}]},
      500, "image input is not supported"),
     ({"messages": [{"role": "robot", "content": "beep"}]}, 400, "role"),
-    ({"messages": [], "stop_sequences": ["s"] * 17}, 400, "stop sequences"),
+    ({"messages": [], "stop_sequences": ["s"] * 17}, 400, "stop_sequences"),
 ])
 def test_errors(client, body, status, words):
     for path in ("/v1/messages", "/v1/messages/count_tokens"):
         r = client.post(path, json=body)
-        if path.endswith("count_tokens") and words in ("max_tokens", "temperature", "stop sequences"):
+        if path.endswith("count_tokens") and words in ("max_tokens", "temperature", "stop_sequences"):
             continue  # count_tokens does not read the generation fields
         assert r.status_code == status, (path, r.text)
         err = r.json()
@@ -339,3 +339,11 @@ def test_a_continued_assistant_message_starts_the_reply():
     ev = b.step_events(step)
     assert "".join(e["delta"]["text"] for e in ev if e["type"] == "content_block_delta") == "Hello, I am a bot"
     assert b.response()["content"] == [{"type": "text", "text": "Hello, I am a bot"}]
+
+
+def test_too_many_stop_sequences_is_a_400(client):
+    r = client.post("/v1/messages", json=ask(stop_sequences=[str(i) for i in range(17)]))
+    assert r.status_code == 400 and "at most 16 stop strings" in r.json()["error"]["message"]
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
+                                                   "stop": [str(i) for i in range(17)]})
+    assert r.status_code == 400 and "at most 16 stop strings" in r.json()["error"]["message"]

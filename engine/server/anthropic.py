@@ -42,7 +42,7 @@ from . import requests as rq
 from .bodies import parse_body
 from .errors import api_error, format_validation_errors, invalid
 from .routing import SSE_HEADERS, EventStream, body_schema, client_gone, collect, server_state, submit
-from .schemas import MAX_STOP, ChatCompletionRequest, ChatMessage
+from .schemas import ChatCompletionRequest, ChatMessage, few_stops
 from .tool_calls import ReplyReading, StreamParser, ToolCall, new_call_id
 
 router = APIRouter()
@@ -89,9 +89,7 @@ class MessagesRequest(CountTokensRequest):
     @field_validator("stop_sequences")
     @classmethod
     def _few_stops(cls, v):
-        if isinstance(v, list) and len(v) > MAX_STOP:
-            raise ValueError(f"at most {MAX_STOP} stop sequences are allowed")
-        return v
+        return few_stops(v)
 
 
 class _ChatBody(ChatCompletionRequest):

@@ -15,6 +15,13 @@ MAX_N_PROBS = 100  # llama.cpp has no limit; an n_vocab-wide reply per token is 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 MAX_STOP = 16
 
+
+def few_stops(v: Any) -> Any:
+    """A stop field's value, refused when it lists more than MAX_STOP strings."""
+    if isinstance(v, list) and len(v) > MAX_STOP:
+        raise ValueError(f"at most {MAX_STOP} stop strings are allowed")
+    return v
+
 # A prompt as llama-server takes it: text, token ids, ids mixed with text, an object
 # {"prompt_string": ..., "multimodal_data": [...]}, or a list of several of those (one result
 # each). requests.tokenize_prompts checks the shape and says what is wrong.
@@ -100,9 +107,7 @@ class SamplingFields(_Body):
     @field_validator("stop")
     @classmethod
     def _stop_list(cls, v):
-        if isinstance(v, list) and len(v) > MAX_STOP:
-            raise ValueError(f"at most {MAX_STOP} stop strings are allowed")
-        return v
+        return few_stops(v)
 
 
 
