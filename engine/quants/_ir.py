@@ -16,9 +16,14 @@ whose codes are centred in bytes, like Q4_0's q - 8, need none). The vector part
 in <16 x float> registers across the whole row (two accumulators, alternating blocks or
 groups), with a single horizontal sum at the end of the row.
 
-Only portable LLVM operations are used (no x86 intrinsics): vector zext/sitofp/fma, a `half`
--> float extension and llvm.prefetch, so the same code runs (slower) on AVX2-only machines.
-LLVM targets the host CPU (numba's default), e.g. AVX-512 on these EPYCs.
+Portable LLVM operations are used (vector zext/sitofp/fma, a `half` -> float extension,
+llvm.prefetch), so the same code runs (slower) on AVX2-only machines, with two exceptions chosen
+from the target's features when the kernel is compiled: F16C's half conversion, and SSSE3's
+pshufb for the 16-entry tables of the non-linear types (IQ4_NL, IQ4_XS, MXFP4; Emit.lut16).
+Each has a portable fallback (integer arithmetic; a tree of vector selects) that LLVM lowers on
+any target. LLVM targets the host CPU (numba's default, or NUMBA_CPU_NAME/NUMBA_CPU_FEATURES),
+e.g. AVX-512 on these EPYCs. GGSTATION_PORTABLE_LUT=1 (engine/jit.py) forces the portable table
+lookup, for tests and benchmarks.
 
 Measured alternatives (Q4_1, one core): numba loops 3.5-4 GMAC/s; this IR ~15-17; an int8
 activation path (vpdpbusd, llama.cpp-style) ~23-25 but 1-2 % normalised error; int16
@@ -37,6 +42,8 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
+from .. import jit
+
 F32 = ir.FloatType()
 I8 = ir.IntType(8)
 I16 = ir.IntType(16)
@@ -54,20 +61,28 @@ def _fast(ins):
     return ins
 
 
-def _has_f16c(context) -> bool:
-    """Whether the code being generated may use the F16C half<->float instructions."""
+def _target_features(context) -> str:
+    """The LLVM feature string ("+avx2,+f16c,...") of the code being generated."""
     try:
-        return "+f16c" in str(context.codegen()._tm_features)
+        return str(context.codegen()._tm_features)
     except Exception:  # pragma: no cover - other numba codegens
-        return False
+        return ""
+
+
+def make_emit(context, builder: ir.IRBuilder) -> Emit:
+    """An Emit for `builder` that uses what the compile target offers (F16C, SSSE3 pshufb)."""
+    feats = _target_features(context)
+    return Emit(builder, f16c="+f16c" in feats,
+                pshufb="+ssse3" in feats and not jit.PORTABLE_LUT)
 
 
 class Emit:
     """IR-building helpers bound to one builder; offsets are byte offsets from `base` (i8*)."""
 
-    def __init__(self, builder: ir.IRBuilder, f16c: bool = False):
+    def __init__(self, builder: ir.IRBuilder, f16c: bool = False, pshufb: bool = False):
         self.b = builder
         self.f16c = f16c
+        self.pshufb = pshufb
 
     def half_to_float(self, h):
         """IEEE half bits (i16 or <16 x i16>) -> float / <16 x float>.
@@ -164,6 +179,38 @@ class Emit:
         hi = self.b.shuffle_vector(sel, sel, ir.Constant(ir.VectorType(I32, 16), list(range(16, 32))))
         return lo, hi
 
+    def lut16(self, table, idx):
+        """table[idx] per lane: idx <16 x i8> with values 0..15, table 16 int8 constants.
+
+        With SSSE3 this is one pshufb (the table in a register, the nibbles as its byte
+        indices). Elsewhere a tree of selects on the index bits, 15 selects deep 4, which LLVM
+        lowers on any target (blends on SSE2, bsl on NEON).
+        """
+        b = self.b
+        if self.pshufb:
+            fn = cgutils.get_or_insert_function(
+                b.module, ir.FunctionType(V16I8, [V16I8, V16I8]), "llvm.x86.ssse3.pshuf.b.128")
+            return b.call(fn, [self.vconst8(table), idx])
+        level = [self.vconst8(v) for v in table]
+        bit = 1
+        while len(level) > 1:
+            m = b.icmp_unsigned("!=", b.and_(idx, self.vconst8(bit)), self.vconst8(0))
+            level = [b.select(m, level[i + 1], level[i]) for i in range(0, len(level), 2)]
+            bit <<= 1
+        return level[0]
+
+    def e8m0_half(self, base, off):
+        """The E8M0 byte at base+off as float, halved (2^(e - 128)), as ggml_e8m0_to_fp32_half.
+
+        e < 2 give the subnormals 2^-128 and 2^-127; e = 255 gives 2^127 (no NaN code).
+        """
+        b = self.b
+        e = self.u8(base, off)
+        small = b.shl(ir.Constant(I32, 0x00200000), b.and_(e, ir.Constant(I32, 1)))
+        normal = b.shl(b.sub(e, ir.Constant(I32, 1)), ir.Constant(I32, 23))
+        bits = b.select(b.icmp_unsigned("<", e, ir.Constant(I32, 2)), small, normal)
+        return b.bitcast(bits, F32)
+
     def sub8(self, q, k):
         """q - k on <16 x i8> (wrapping; used to centre unsigned codes, then read as signed)."""
         return self.b.sub(q, self.vconst8(k))
@@ -251,7 +298,7 @@ def make_row_dot(layout: Layout, n_tok: int):
 
         def codegen(context, builder, signature, args):
             rawv, rv, xv, xsv, outv, t0v = args
-            em = Emit(builder, _has_f16c(context))
+            em = make_emit(context, builder)
             ra = _arr(context, builder, signature.args[0], rawv)
             xa = _arr(context, builder, signature.args[2], xv)
             sa = _arr(context, builder, signature.args[3], xsv)
@@ -337,7 +384,7 @@ def make_row_dequant(layout: Layout):
 
         def codegen(context, builder, signature, args):
             rawv, rv, outv, ov = args
-            em = Emit(builder, _has_f16c(context))
+            em = make_emit(context, builder)
             ra = _arr(context, builder, signature.args[0], rawv)
             oa = _arr(context, builder, signature.args[2], outv)
             rstride = cgutils.unpack_tuple(builder, ra.strides)[0]
