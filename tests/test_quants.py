@@ -262,12 +262,17 @@ def _fresh_kernels(layout):
 _LAYOUTS = {T.IQ4_NL: iq4.IQ4_NLLayout, T.IQ4_XS: iq4.IQ4_XSLayout, T.MXFP4: mxfp4.MXFP4Layout}
 
 
-@pytest.mark.parametrize("portable", [False, True], ids=["native", "portable"])
+_SSSE3 = "+ssse3" in _ir._target_features(numba.core.registry.cpu_target.target_context)
+
+
+@pytest.mark.parametrize("pshufb", [False, True], ids=["portable", "pshufb"])
 @pytest.mark.parametrize("qtype", TABLES, ids=lambda t: t.name)
-def test_table_lookup_paths(qtype, portable, monkeypatch):
-    """Both table lookups (pshufb where SSSE3 exists, the select tree elsewhere) against gguf-py:
-    the dequantised weights bit for bit, the dot products to float tolerance."""
-    monkeypatch.setattr(jit, "PORTABLE_LUT", portable)
+def test_table_lookup_paths(qtype, pshufb, monkeypatch):
+    """Both table lookups (the select tree, pshufb) against gguf-py: the dequantised weights
+    bit for bit, the dot products to float tolerance."""
+    if pshufb and not _SSSE3:
+        pytest.skip("this CPU has no SSSE3")
+    monkeypatch.setattr(_ir, "_use_pshufb", lambda feats: pshufb)
     layout = _LAYOUTS[qtype]()
     w = make_tensor(qtype, 19, _cols(qtype), seed=41)
     x = np.random.default_rng(42).standard_normal((2, w.n_cols)).astype(np.float32)
@@ -279,10 +284,19 @@ def test_table_lookup_paths(qtype, portable, monkeypatch):
     y = np.full((2, w.n_rows), np.nan, np.float32)
     dot(w.raw, x, _kern.group_sums(x, layout.group), y)
     assert nerr(y, x.astype(np.float64) @ ref.astype(np.float64).T) < 1e-5
-    native = "+ssse3" in _ir._target_features(numba.core.registry.cpu_target.target_context)
     for kernel in (dequant, dot):
         ir = kernel.inspect_llvm(kernel.signatures[0])
-        assert ("llvm.x86.ssse3.pshuf.b.128" in ir) == (native and not portable)
+        assert ("llvm.x86.ssse3.pshuf.b.128" in ir) == pshufb
+
+
+def test_lookup_follows_target_and_switch(monkeypatch):
+    """pshufb where the compile target has SSSE3, unless GGSTATION_PORTABLE_LUT
+    (jit.PORTABLE_LUT) asks for the portable lookup."""
+    assert _ir._use_pshufb("+sse2,+ssse3,+avx2")
+    assert not _ir._use_pshufb("+sse2,-ssse3")
+    assert not _ir._use_pshufb("+neon")
+    monkeypatch.setattr(jit, "PORTABLE_LUT", True)
+    assert not _ir._use_pshufb("+sse2,+ssse3,+avx2")
 
 
 def test_portable_lut_compiles_uncached(monkeypatch):

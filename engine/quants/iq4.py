@@ -21,11 +21,14 @@ def _c(v):
     return ir.Constant(I32, v)
 
 
-def _codes(em, p, off):
-    """The 32 codes packed in the 16 bytes at p + off as two <16 x float> of table values:
-    weight j (j < 16) is the low nibble of byte j, weight j + 16 its high nibble."""
-    q = em.bytes16(p, off)
-    return [em.s8f(em.lut16(KVALUES, em.nib_lo(q))), em.s8f(em.lut16(KVALUES, em.nib_hi(q)))]
+def _codes(em, p, off, n):
+    """The 32 * n codes packed in the 16 * n bytes at p + off, as 2n <16 x float> table values:
+    in each 16 bytes weight j (j < 16) is the low nibble of byte j, weight j + 16 its high one."""
+    nibs = []
+    for k in range(n):
+        q = em.bytes16(p, off + 16 * k)
+        nibs += [em.nib_lo(q), em.nib_hi(q)]
+    return [em.s8f(v) for v in em.lut16(KVALUES, nibs)]
 
 
 # IQ4_NL block (18 bytes), laid out as Q4_0:
@@ -36,7 +39,7 @@ class IQ4_NLLayout(Layout):
     block_elems, block_bytes, group = 32, 18, 0
 
     def groups(self, em, p):
-        return [Group(0, _codes(em, p, 2), em.f16(p, 0))]
+        return [Group(0, _codes(em, p, 2, 1), em.f16(p, 0))]
 
 
 # IQ4_XS super-block (136 bytes), 8 groups of 32 weights:
@@ -54,8 +57,11 @@ class IQ4_XSLayout(Layout):
         scales_h = b.zext(em.load(p, 2, I16), I32)
         out = []
         for g in range(8):
+            if g % 2 == 0:  # two groups' codes at a time: one 64-lane portable lookup
+                q = _codes(em, p, 8 + 16 * g, 2)
+            k = 2 * (g % 2)
             lo = b.and_(b.lshr(em.u8(p, 4 + g // 2), _c(4 * (g % 2))), _c(15))
             hi = b.and_(b.lshr(scales_h, _c(2 * g)), _c(3))
             scale = b.sub(b.or_(lo, b.shl(hi, _c(4))), _c(32))
-            out.append(Group(32 * g, _codes(em, p, 8 + 16 * g), em.fmul(d, b.sitofp(scale, F32))))
+            out.append(Group(32 * g, q[k : k + 2], em.fmul(d, b.sitofp(scale, F32))))
         return out

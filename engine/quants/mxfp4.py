@@ -23,6 +23,5 @@ class MXFP4Layout(Layout):
 
     def groups(self, em, p):
         q = em.bytes16(p, 1)
-        lo = em.s8f(em.lut16(KVALUES, em.nib_lo(q)))
-        hi = em.s8f(em.lut16(KVALUES, em.nib_hi(q)))
-        return [Group(0, [lo, hi], em.e8m0_half(p, 0))]
+        codes = em.lut16(KVALUES, [em.nib_lo(q), em.nib_hi(q)])
+        return [Group(0, [em.s8f(v) for v in codes], em.e8m0_half(p, 0))]
