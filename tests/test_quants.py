@@ -311,3 +311,41 @@ def test_portable_lut_compiles_uncached(monkeypatch):
     decorate = jit.generated_kernel(iq4_nl.__file__, deps, digest)
     assert decorate is not jit.parallel_kernel
     assert type(decorate(lambda a: a + 1)._cache).__name__ == "NullCache"
+
+
+@pytest.mark.parametrize("triple, cpu, features", [
+    ("aarch64-unknown-linux-gnu", "generic", "+neon"),  # an ARM build: NEON, no pshufb
+    ("x86_64-unknown-linux-gnu", "x86-64", "+sse2"),   # the x86-64 baseline: no SSSE3
+], ids=["aarch64", "x86-64-sse2"])
+@pytest.mark.parametrize("qtype", TABLES, ids=lambda t: t.name)
+def test_portable_lookup_lowers_on_other_targets(qtype, triple, cpu, features):
+    """A block's portable IR (select-tree lookups, integer half conversion) compiles for
+    targets this machine is not, to straight-line code: no calls into runtime helpers."""
+    import llvmlite.binding as llvm
+    from llvmlite import ir
+
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+    try:
+        target = llvm.Target.from_triple(triple)
+    except RuntimeError:
+        pytest.skip(f"this llvmlite has no {triple} target")
+    mod = ir.Module()
+    mod.triple = triple
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [_ir.I8.as_pointer(),
+                                                           _ir.V16F.as_pointer()]), "block")
+    builder = ir.IRBuilder(fn.append_basic_block())
+    em = _ir.Emit(builder)  # no F16C, no pshufb
+    acc = em.splat(em.fconst(0.0))
+    for g in _LAYOUTS[qtype]().groups(em, fn.args[0]):
+        for q in g.q:
+            acc = em.fadd(acc, em.fmul(em.splat(g.d), q))
+    builder.store(acc, fn.args[1], align=4)
+    builder.ret_void()
+    tm = target.create_target_machine(cpu=cpu, features=features, opt=3)
+    m = llvm.parse_assembly(str(mod))
+    m.data_layout = str(tm.target_data)
+    asm = tm.emit_assembly(m)
+    body = [ln.split()[0] for ln in asm.splitlines() if ln.startswith("\t") and ln.split()]
+    calls = [op for op in body if op.startswith("call") or op in ("bl", "blr")]
+    assert len(body) > 100 and not calls
