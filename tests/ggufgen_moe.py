@@ -27,7 +27,7 @@ MOE_ARCHS = ("qwen3moe", "qwen2moe")
 
 def write_tiny_moe(path, arch: str = "qwen3moe", n_layer: int = 2, n_embd: int = 64, n_head: int = 4,
                    n_head_kv: int = 2, n_ff: int = 96, n_expert: int = 8, n_expert_used: int = 2,
-                   n_ff_exp: int = 32, n_ff_shexp: int = 48, qtype: T = T.Q8_0, expert_qtype: T | None = None,
+                   n_ff_exp: int = 32, n_ff_shexp: int = 64, qtype: T = T.Q8_0, expert_qtype: T | None = None,
                    seed: int = 0, n_ctx_train: int = 256, omit: tuple[str, ...] = (),
                    keys: dict | None = None) -> Path:
     """Write a random tiny MoE model; returns the path.
