@@ -14,6 +14,10 @@ API (stable; extend it, do not change it):
     SharedExpert            an always-on dense expert, optionally gated by sigmoid(h . gate_inp)
     ffn(s, h, w, spec, shared=None) -> s.o      the layer's MoE output for the ubatch
     route(logits, spec, ...) -> (experts, weights)   gating, top-k, weight normalisation
+    top_k(p, k)             ggml_argsort_top_k: indices of the k largest per row, llama.cpp's ties
+    run_experts(s, h, w, spec, experts, weights, out)   out += the weighted experts' outputs
+    shared_ffn(s, h, shared) -> s.o                     the shared expert alone
+    warm_up()               compile the routing kernels (kernels_warmup calls it for MoE models)
     ACTIVATIONS             act name -> fn(gate, up, out): out = act(gate, up); add entries
                             for new activations (gpt-oss's "swiglu_oai")
 
