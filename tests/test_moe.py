@@ -259,6 +259,18 @@ def test_info_reports_experts_and_active_parameters(tiny_moe):
     assert 0 < info.active_bytes < info.weights_bytes
 
 
+def test_desktop_app_shows_active_parameters(tiny_moe):
+    """The app's file info carries the experts, and the load panel's line names them."""
+    from app.engine_adapter import EngineAdapter
+
+    info = EngineAdapter().inspect(tiny_moe.path)
+    assert (info.n_expert, info.n_expert_used) == (8, 2) and 0 < info.active_params < info.n_params
+    pytest.importorskip("PySide6")
+    from app.widgets.load_panel import _experts_words
+
+    assert _experts_words(info).endswith("active: 2 of 8 experts)")
+
+
 # --- bad input --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kw, words", [
