@@ -167,6 +167,14 @@ def swa_layers(f: GGUFFile, default_period: int) -> tuple[bool, ...]:
     return tuple(il % period < period - 1 for il in range(n_layer))
 
 
+def require_whole_head_rope(f: GGUFFile, cfg: ModelConfig) -> None:
+    """For architectures whose llama.cpp graph asserts n_rot == head size == value head size
+    (smollm3, olmo2, granite): a file breaking that is rejected here, not run differently."""
+    if cfg.rope_dim != cfg.head_dim or cfg.head_dim_v != cfg.head_dim:
+        raise GGUFError(f"{f.path}: architecture {cfg.arch} rotates whole heads: rope.dimension_count "
+                        f"{cfg.rope_dim}, key_length {cfg.head_dim} and value_length {cfg.head_dim_v} must be equal")
+
+
 def _check(f: GGUFFile, cfg: ModelConfig) -> None:
     """What must hold between the hyper-parameters, and between them and the vocabulary."""
     for name in ("n_layer", "n_embd", "n_head", "n_head_kv", "head_dim", "head_dim_v", "n_ff", "n_vocab",

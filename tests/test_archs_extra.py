@@ -1,0 +1,112 @@
+"""smollm3 against its float64 oracle (tests/oracles), and checks that its distinctive feature
+shows in the logits: its NoPE layers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import oracles.smollm3
+from engine.batch import Batch
+from engine.context import Context, ContextParams
+from engine.memory import estimate_memory
+from engine.model import load_model
+from engine.model_info import inspect_model
+from ggufgen import write_tiny_model
+from oracles import oracle_logits
+
+F32 = dict(type_k="f32", type_v="f32")
+TOKENS = [5, 17, 42, 9, 100, 3, 77, 250, 31, 8, 64, 200, 12, 7, 150, 99, 23, 45, 61, 2, 11, 19]
+VARIANTS = {  # test id -> (architecture, write_tiny_model keywords)
+    "smollm3": ("smollm3", {}),
+}
+
+
+def _err(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def _close(a, b, tol=2e-3):
+    err = _err(a, b)
+    assert err < tol, f"max relative error {err:.2e}"
+
+
+def _differs(a, b, tol=5e-3):
+    err = _err(a, b)
+    assert err > tol, f"max relative difference only {err:.2e}"
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def model(request, tiny_model_dir):
+    arch, kw = VARIANTS[request.param]
+    return load_model(write_tiny_model(tiny_model_dir / f"extra-{request.param}.gguf", arch=arch, **kw))
+
+
+def _prefill(model, tokens=TOKENS, n_ctx=64):
+    ctx = Context(model, ContextParams(n_ctx=n_ctx, **F32))
+    return ctx.decode(Batch.for_sequence(tokens, 0, logits_all=True))
+
+
+def test_prefill_matches_oracle(model):
+    _close(_prefill(model), oracle_logits(model.path, TOKENS, 64))
+
+
+def test_decode_token_by_token_matches_oracle(model):
+    ctx = Context(model, ContextParams(n_ctx=64, **F32))
+    steps = np.stack([ctx.decode(Batch.for_sequence([t], i))[0] for i, t in enumerate(TOKENS)])
+    _close(steps, oracle_logits(model.path, TOKENS, ctx.n_ctx_seq))
+
+
+def test_two_sequences_in_one_batch_match_oracle(model):
+    """A 22-token prompt (batch attention) and a 9-token one (per-token kernel) in one batch,
+    then one decode token of each in the next."""
+    a, b = TOKENS, TOKENS[5:14][::-1]
+    ctx = Context(model, ContextParams(n_ctx=128, n_seq_max=2, **F32))
+    out = ctx.decode(Batch.concat([Batch.for_sequence(a, 0, seq_id=0, logits_all=True),
+                                   Batch.for_sequence(b, 0, seq_id=1, logits_all=True)]))
+    _close(out[: len(a)], oracle_logits(model.path, a, ctx.n_ctx_seq))
+    _close(out[len(a) :], oracle_logits(model.path, b, ctx.n_ctx_seq))
+    nxt = ctx.decode(Batch.concat([Batch.for_sequence([60], len(a), seq_id=0),
+                                   Batch.for_sequence([70], len(b), seq_id=1)]))
+    _close(nxt[0], oracle_logits(model.path, a + [60], ctx.n_ctx_seq)[-1])
+    _close(nxt[1], oracle_logits(model.path, b + [70], ctx.n_ctx_seq)[-1])
+
+
+def test_memory_report_matches_estimate(model):
+    ctx = Context(model, ContextParams(n_ctx=96, n_seq_max=3, n_ubatch=32))
+    ctx.decode(Batch.for_sequence(TOKENS[:7], 0, seq_id=1))
+    rep = ctx.memory_report()
+    est = estimate_memory(model.cfg, model.weights_bytes, len(model.gguf.tensors), n_ctx=96, n_seq_max=3,
+                          n_ubatch=32)
+    assert rep.kv_bytes == est.kv_bytes == ctx.kv.nbytes > 0
+    assert rep.compute_bytes == est.compute_bytes == ctx.buf.nbytes
+
+
+def test_info_names_the_architecture(model):
+    info = inspect_model(model.path)
+    assert info.ok, info.error
+    assert info.arch == model.cfg.arch and info.n_layer == model.cfg.n_layer
+
+
+# --- smollm3 ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def smollm3(tiny_model_dir):
+    return load_model(write_tiny_model(tiny_model_dir / "smollm3.gguf", arch="smollm3"))
+
+
+def test_smollm3_fourth_layer_has_no_rope(smollm3, monkeypatch):
+    """Layer 3 attends unrotated: rotating it too (a step past the last layer) is another model."""
+    assert [smollm3.cfg.uses_rope(il) for il in range(4)] == [True, True, True, False]
+    logits = _prefill(smollm3)
+    monkeypatch.setattr(oracles.smollm3, "NO_ROPE_LAYER_STEP", 1 << 20)
+    _differs(logits, oracle_logits(smollm3.path, TOKENS, 64))
+
+
+def test_smollm3_context_shift_keeps_nope_keys(smollm3):
+    """The context shift re-rotates the keys of RoPE layers only: layer 3's keys move as they are."""
+    ctx = Context(smollm3, ContextParams(n_ctx=64, **F32))
+    ctx.decode(Batch.for_sequence(TOKENS[:16], 0))
+    nope_before, rope_before = ctx.kv.k[3][0, 10:16].copy(), ctx.kv.k[0][0, 10:16].copy()
+    ctx.kv.seq_shift_discard(0, 4, 6)
+    np.testing.assert_array_equal(ctx.kv.k[3][0, 4:10], nope_before)
+    assert np.abs(ctx.kv.k[0][0, 4:10] - rope_before).max() > 1e-3
