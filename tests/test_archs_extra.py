@@ -1,5 +1,6 @@
-"""smollm3 against its float64 oracle (tests/oracles), and checks that its distinctive feature
-shows in the logits: its NoPE layers."""
+"""smollm3, olmo2 (as OLMo 2 and with OLMo 3's sliding window) against their float64
+oracles (tests/oracles), and checks that each one's distinctive feature shows in the logits:
+smollm3's NoPE layers, olmo2's sliding layers."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ F32 = dict(type_k="f32", type_v="f32")
 TOKENS = [5, 17, 42, 9, 100, 3, 77, 250, 31, 8, 64, 200, 12, 7, 150, 99, 23, 45, 61, 2, 11, 19]
 VARIANTS = {  # test id -> (architecture, write_tiny_model keywords)
     "smollm3": ("smollm3", {}),
+    "olmo2": ("olmo2", {}),
+    "olmo3": ("olmo2", {"sliding": True}),
 }
 
 
@@ -110,3 +113,16 @@ def test_smollm3_context_shift_keeps_nope_keys(smollm3):
     ctx.kv.seq_shift_discard(0, 4, 6)
     np.testing.assert_array_equal(ctx.kv.k[3][0, 4:10], nope_before)
     assert np.abs(ctx.kv.k[0][0, 4:10] - rope_before).max() > 1e-3
+
+
+# --- olmo2 --------------------------------------------------------------------------------------
+def test_olmo3_sliding_window_keys_matter(tiny_model_dir):
+    """OLMo 3's keys (window, sliding layers' own base, scaling on global layers only) change the
+    model: the same weights without them give other logits; the pattern reads as written."""
+    path = write_tiny_model(tiny_model_dir / "olmo3-keys.gguf", arch="olmo2", sliding=True)
+    model = load_model(path)
+    assert [model.cfg.layer_window(il) for il in range(4)] == [6, 6, 6, 0]
+    logits = _prefill(model)
+    _close(logits, oracle_logits(path, TOKENS, 64))
+    plain = write_tiny_model(tiny_model_dir / "olmo2-same-weights.gguf", arch="olmo2")
+    _differs(logits, oracle_logits(plain, TOKENS, 64))
