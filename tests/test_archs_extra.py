@@ -1,6 +1,6 @@
-"""smollm3, olmo2 (as OLMo 2 and with OLMo 3's sliding window) against their float64
+"""smollm3, olmo2 (as OLMo 2 and with OLMo 3's sliding window) and granite against their float64
 oracles (tests/oracles), and checks that each one's distinctive feature shows in the logits:
-smollm3's NoPE layers, olmo2's sliding layers."""
+smollm3's NoPE layers, olmo2's sliding layers, granite's four multipliers."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import pytest
 import oracles.smollm3
 from engine.batch import Batch
 from engine.context import Context, ContextParams
+from engine.errors import EngineError
 from engine.memory import estimate_memory
 from engine.model import load_model
 from engine.model_info import inspect_model
-from ggufgen import write_tiny_model
+from ggufgen import GRANITE_SCALES, write_tiny_model
 from oracles import oracle_logits
 
 F32 = dict(type_k="f32", type_v="f32")
@@ -22,6 +23,7 @@ VARIANTS = {  # test id -> (architecture, write_tiny_model keywords)
     "smollm3": ("smollm3", {}),
     "olmo2": ("olmo2", {}),
     "olmo3": ("olmo2", {"sliding": True}),
+    "granite": ("granite", {}),
 }
 
 
@@ -126,3 +128,28 @@ def test_olmo3_sliding_window_keys_matter(tiny_model_dir):
     _close(logits, oracle_logits(path, TOKENS, 64))
     plain = write_tiny_model(tiny_model_dir / "olmo2-same-weights.gguf", arch="olmo2")
     _differs(logits, oracle_logits(plain, TOKENS, 64))
+
+
+# --- granite ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("left_out", list(GRANITE_SCALES))
+def test_granite_each_multiplier_matters(tiny_model_dir, left_out):
+    """Every multiplier is applied: the oracle of the same weights without it disagrees."""
+    model = load_model(write_tiny_model(tiny_model_dir / "granite.gguf", arch="granite"))
+    logits = _prefill(model)
+    scales = {k: v for k, v in GRANITE_SCALES.items() if k != left_out}
+    other = write_tiny_model(tiny_model_dir / f"granite-no-{left_out}.gguf", arch="granite", granite_scales=scales)
+    _differs(logits, oracle_logits(other, TOKENS, 64))
+
+
+def test_granite_bad_multipliers_are_clear_errors(tmp_path):
+    path = write_tiny_model(tmp_path / "g.gguf", arch="granite")
+    missing = tmp_path / "no-logit-scale.gguf"
+    missing.write_bytes(path.read_bytes().replace(b"granite.logit_scale", b"granite.logit_scalX"))
+    with pytest.raises(EngineError, match="granite.logit_scale"):
+        load_model(missing)
+    zero = write_tiny_model(tmp_path / "zero.gguf", arch="granite", granite_scales={"logit_scale": 0.0})
+    with pytest.raises(EngineError, match="logit_scale.*out of range"):
+        load_model(zero)
+    negative = write_tiny_model(tmp_path / "neg.gguf", arch="granite", granite_scales={"residual_scale": -1.0})
+    with pytest.raises(EngineError, match="residual_scale.*out of range"):
+        load_model(negative)
