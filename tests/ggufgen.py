@@ -80,10 +80,11 @@ N_LAYER = {"smollm3": 4, "olmo2": 4}
 # 8 or 16; with those a 0.5 attention scale here would move them by 0.1 % only).
 GRANITE_SCALES = dict(embedding_scale=4.0, residual_scale=2.5, attention_scale=4.0, logit_scale=8.0)
 
-# olmo2 with OLMo 3's sliding window: layers 0-2 slide over 6 positions turning by their own
-# base, layer 3 is global with linear rope scaling and an attention factor (which the sliding
-# layers must not take).
-OLMO3_WINDOW, OLMO3_PATTERN, OLMO3_BASE_SWA = 6, [True, True, True, False], 500.0
+# olmo2 as OLMo 3's converter writes it: layers 0-2 slide over 6 positions, layer 3 is global
+# with YaRN (factor 4 over an original context of 64: pairs 1 and 2 of 8 are part-interpolated),
+# which the sliding layers must not take; the yarn_* keys llama.cpp ignores for olmo2 are
+# written too (OLMo 3: factor 8 over 8192, attention factor 1.2079), no rope.freq_base_swa.
+OLMO3_WINDOW, OLMO3_PATTERN, OLMO3_YARN, OLMO3_ORIG_CTX = 6, [True, True, True, False], 4.0, 64
 
 # phi3: LongRoPE as Phi-3.5/Phi-4-mini: 3/4 of each head rotated, an original context of 32
 # (tests use contexts on both sides of it) and the attention factor the converter writes.
@@ -143,10 +144,12 @@ def write_tiny_model(path, arch: str = "llama", n_layer: int | None = None, n_em
         if sliding:
             w.add_sliding_window(OLMO3_WINDOW)
             w.add_sliding_window_pattern(OLMO3_PATTERN)
-            w.add_rope_freq_base_swa(OLMO3_BASE_SWA)
-            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-            w.add_rope_scaling_factor(2.0)
-            w.add_rope_scaling_attn_factors(1.5)
+            w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+            w.add_rope_scaling_factor(OLMO3_YARN)
+            w.add_rope_scaling_orig_ctx_len(OLMO3_ORIG_CTX)
+            w.add_rope_scaling_yarn_attn_factor(1 + 0.1 * math.log(OLMO3_YARN))
+            w.add_rope_scaling_yarn_beta_fast(32.0)
+            w.add_rope_scaling_yarn_beta_slow(1.0)
     if arch == "granite":
         scales = GRANITE_SCALES if granite_scales is None else granite_scales
         adders = {"embedding_scale": w.add_embedding_scale, "residual_scale": w.add_residual_scale,

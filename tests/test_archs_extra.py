@@ -119,8 +119,8 @@ def test_smollm3_context_shift_keeps_nope_keys(smollm3):
 
 # --- olmo2 --------------------------------------------------------------------------------------
 def test_olmo3_sliding_window_keys_matter(tiny_model_dir):
-    """OLMo 3's keys (window, sliding layers' own base, scaling on global layers only) change the
-    model: the same weights without them give other logits; the pattern reads as written."""
+    """OLMo 3's keys (window and pattern, YaRN on the global layer only) change the model: the
+    same weights without them give other logits; the pattern reads as written."""
     path = write_tiny_model(tiny_model_dir / "olmo3-keys.gguf", arch="olmo2", sliding=True)
     model = load_model(path)
     assert [model.cfg.layer_window(il) for il in range(4)] == [6, 6, 6, 0]

@@ -3,12 +3,29 @@ Q and K RMSNorm over the whole projection width, NEOX RoPE, attention (1/sqrt(he
 post_attention_norm on its output before the residual add, SwiGLU on the residual stream,
 post_ffw_norm before the second add. With attention.sliding_window > 0 (OLMo 3), the layers of
 sliding_window_pattern (array, or period default 4: il % 4 < 3) see only the window and turn
-by rope.freq_base_swa (default rope.freq_base) without position scaling or attention factor;
-the other layers use linear rope scaling and rope.scaling.attn_factor."""
+by rope.freq_base (the graph's freq_base, not rope.freq_base_swa) without position scaling or
+attention factor; the other layers use the rope scaling: linear, or YaRN as ggml_rope_ext runs
+it with ext_factor 1, beta_fast 32, beta_slow 1 and llama_context's attention factor."""
+
+import math
 
 import numpy as np
 
 from .common import attention, rms_norm, rope, silu, swa_layers
+
+
+def yarn(n_rot, base, factor, n_ctx_orig, beta_fast=32.0, beta_slow=1.0):
+    """(per-pair frequency divisors, cos/sin multiplier) of YaRN: ggml's rope_yarn with
+    freq_scale 1/factor; llama_context's attention factor get_mscale(factor) / (1 + 0.1 ln
+    factor) times ggml's own (1 + 0.1 ln factor)."""
+    corr = lambda beta: n_rot * math.log(n_ctx_orig / (beta * 2 * math.pi)) / (2 * math.log(base))
+    lo, hi = max(0, math.floor(corr(beta_fast))), min(n_rot - 1, math.ceil(corr(beta_slow)))
+    divisors = []
+    for i in range(n_rot // 2):
+        ramp = 1 - min(1.0, max(0.0, (i - lo) / max(0.001, hi - lo)))
+        divisors.append(1.0 / ((1 - ramp) / factor + ramp))  # theta_interp mixed with theta_extrap
+    mscale = 1 + 0.1 * math.log(factor) if factor > 1 else 1.0
+    return np.array(divisors), mscale
 
 
 def forward(m, tokens, n_ctx_seq):
@@ -18,16 +35,21 @@ def forward(m, tokens, n_ctx_seq):
     window = m.key("attention.sliding_window", 0)
     swa = swa_layers(m, L, 4) if window > 0 else [False] * L
     scaling = m.key("rope.scaling.type", "none")
-    freq_scale = 1.0 / m.key("rope.scaling.factor", 1.0) if scaling == "linear" else 1.0
-    attn_factor = m.key("rope.scaling.attn_factor", 1.0)
+    freq_scale, factors, attn_factor = 1.0, None, m.key("rope.scaling.attn_factor", 1.0)
+    if scaling == "linear":
+        freq_scale = 1.0 / m.key("rope.scaling.factor", 1.0)
+    if scaling == "yarn":
+        n_ctx_orig = m.key("rope.scaling.original_context_length", m.key("context_length"))
+        factors, mscale = yarn(z["n_rot"], z["rope_base"], m.key("rope.scaling.factor", 1.0), n_ctx_orig)
+        attn_factor *= mscale
     x = m.tensor("token_embd.weight")[tokens]
     for il in range(L):
         W = lambda name, il=il: m.layer(il, name + ".weight")
         if swa[il]:
-            turn = lambda a: rope(a, pos, z["n_rot"], m.key("rope.freq_base_swa", z["rope_base"]), neox=True)
+            turn = lambda a: rope(a, pos, z["n_rot"], z["rope_base"], neox=True)
         else:
             turn = lambda a: rope(a, pos, z["n_rot"], z["rope_base"], neox=True, freq_scale=freq_scale,
-                                  attn_factor=attn_factor)
+                                  factors=factors, attn_factor=attn_factor)
         q = rms_norm(x @ W("attn_q").T, W("attn_q_norm"), eps)
         k = rms_norm(x @ W("attn_k").T, W("attn_k_norm"), eps)
         v = (x @ W("attn_v").T).reshape(T, G, -1)
