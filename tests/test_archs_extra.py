@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gguf import GGUFValueType
 
 import oracles.smollm3
 from engine.batch import Batch
@@ -15,6 +16,7 @@ from engine.memory import estimate_memory
 from engine.model import load_model
 from engine.model_info import inspect_model
 from ggufgen import GRANITE_SCALES, write_tiny_model
+from hostile_gguf import KV, build_layout, parse_layout
 from oracles import oracle_logits
 
 F32 = dict(type_k="f32", type_v="f32")
@@ -139,6 +141,27 @@ def test_granite_each_multiplier_matters(tiny_model_dir, left_out):
     scales = {k: v for k, v in GRANITE_SCALES.items() if k != left_out}
     other = write_tiny_model(tiny_model_dir / f"granite-no-{left_out}.gguf", arch="granite", granite_scales=scales)
     _differs(logits, oracle_logits(other, TOKENS, 64))
+
+
+def test_granite_rope_freqs_divide_the_frequencies(tiny_model_dir):
+    path = write_tiny_model(tiny_model_dir / "granite-rope-freqs.gguf", arch="granite", rope_freqs=True)
+    logits = _prefill(load_model(path))
+    _close(logits, oracle_logits(path, TOKENS, 64))
+    _differs(logits, oracle_logits(write_tiny_model(tiny_model_dir / "granite.gguf", arch="granite"), TOKENS, 64))
+
+
+def test_granite_rope_finetuned_false_turns_rope_off(tiny_model_dir):
+    """llama.cpp's granite takes rope.scaling.finetuned as its RoPE switch (default on)."""
+    plain = write_tiny_model(tiny_model_dir / "granite.gguf", arch="granite")
+    layout = parse_layout(plain.read_bytes())
+    layout.kvs.append(KV("granite.rope.scaling.finetuned", GGUFValueType.BOOL, False))
+    path = tiny_model_dir / "granite-no-rope.gguf"
+    path.write_bytes(build_layout(layout))
+    model = load_model(path)
+    assert model.cfg.layer_rope(0, 64).n_rot == 0
+    logits = _prefill(model)
+    _close(logits, oracle_logits(path, TOKENS, 64))
+    _differs(logits, oracle_logits(plain, TOKENS, 64))
 
 
 def test_granite_bad_multipliers_are_clear_errors(tmp_path):
