@@ -79,6 +79,18 @@ def test_two_sequences_in_one_batch_match_oracle(model):
     _close(nxt[1], oracle_logits(model.path, b + [70], ctx.n_ctx_seq)[-1])
 
 
+def test_context_shift_rerotates_keys(model):
+    """After dropping positions 4..9, layer-0 keys of the moved tokens equal keys computed fresh
+    at their new positions."""
+    p = ContextParams(n_ctx=64, **F32)
+    ctx = Context(model, p)
+    ctx.decode(Batch.for_sequence(TOKENS[:16], 0))
+    ctx.kv.seq_shift_discard(0, 4, 6)
+    fresh = Context(model, p)
+    fresh.decode(Batch.for_sequence(TOKENS[:4] + TOKENS[10:16], 0))
+    np.testing.assert_allclose(ctx.kv.k[0][0, :10], fresh.kv.k[0][0, :10], rtol=1e-4, atol=1e-4)
+
+
 def test_memory_report_matches_estimate(model):
     ctx = Context(model, ContextParams(n_ctx=96, n_seq_max=3, n_ubatch=32))
     ctx.decode(Batch.for_sequence(TOKENS[:7], 0, seq_id=1))
