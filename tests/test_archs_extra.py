@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gguf import GGUFValueType
+from gguf import GGMLQuantizationType, GGUFValueType
 
 import oracles.smollm3
 from engine.batch import Batch
 from engine.context import Context, ContextParams
-from engine.errors import EngineError
+from engine.errors import EngineError, UnsupportedArchError
 from engine.memory import estimate_memory
 from engine.model import load_model
 from engine.model_info import inspect_model
 from ggufgen import GRANITE_SCALES, write_tiny_model
-from hostile_gguf import KV, build_layout, parse_layout
+from hostile_gguf import KV, TensorEntry, build_layout, parse_layout
 from oracles import oracle_logits
 
 F32 = dict(type_k="f32", type_v="f32")
@@ -174,6 +174,18 @@ def test_granite_rope_finetuned_false_turns_rope_off(tiny_model_dir):
     logits = _prefill(model)
     _close(logits, oracle_logits(path, TOKENS, 64))
     _differs(logits, oracle_logits(plain, TOKENS, 64))
+
+
+def test_granite_bias_tensors_are_refused(tmp_path):
+    """llama.cpp's granite takes optional biases; a file with them is refused, not run without."""
+    layout = parse_layout(write_tiny_model(tmp_path / "g.gguf", arch="granite").read_bytes())
+    start = -(-len(layout.data) // layout.alignment) * layout.alignment
+    layout.data += bytes(start - len(layout.data) + 64 * 4)
+    layout.tensors.append(TensorEntry("blk.0.ffn_down.bias", [64], GGMLQuantizationType.F32, start))
+    path = tmp_path / "bias.gguf"
+    path.write_bytes(build_layout(layout))
+    with pytest.raises(UnsupportedArchError, match="blk.0.ffn_down.bias"):
+        load_model(path)
 
 
 def test_granite_bad_multipliers_are_clear_errors(tmp_path):
