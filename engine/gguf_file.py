@@ -42,7 +42,7 @@ from .metadata import (  # noqa: F401 - the typed readers are also imported from
     meta_int,
     meta_str,
 )
-from .quants import QTensor, check_supported
+from .quants import ExpertTensor, QTensor, check_supported
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -531,6 +531,26 @@ class GGUFFile:
         else:
             raw = data.view(np.uint8).reshape(n_rows, n_cols // block * type_size)
         return QTensor(name, info.qtype, n_rows, n_cols, raw)
+
+    def expert_tensor(self, name: str, shape: tuple[int, int, int]) -> ExpertTensor:
+        """A 3-D MoE expert weight, ggml shape (n_cols, n_rows, n_expert), as an ExpertTensor
+        (zero-copy per-expert views); the shape must match exactly."""
+        info = self._info(name)
+        if len(info.shape) != 3 or tuple(info.shape) != tuple(shape):
+            raise GGUFError(
+                f"{self.path}: tensor '{name}' has shape {list(info.shape)}, expected the 3-D expert "
+                f"tensor {list(shape)} (columns, rows per expert, experts)"
+            )
+        w = self.qtensor(name)
+        return ExpertTensor(name, w.qtype, shape[2], shape[1], shape[0], w.raw)
+
+    def rows_f32(self, name: str, shape: tuple[int, int]) -> np.ndarray:
+        """A small 2-D tensor, ggml shape (n_cols, n_rows), as float32 (n_rows, n_cols), e.g.
+        per-expert biases (n_ff_exp, n_expert); the shape must match exactly."""
+        info = self._info(name)
+        if tuple(info.shape) != tuple(shape):
+            raise GGUFError(f"{self.path}: tensor '{name}' has shape {list(info.shape)}, expected {list(shape)}")
+        return self.vector(name).reshape(shape[1], shape[0])
 
     def vector(self, name: str, n: int | None = None) -> np.ndarray:
         """A 1-D F32 tensor (norm weights, biases) as float32 (small, may be copied)."""

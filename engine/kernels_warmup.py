@@ -9,7 +9,9 @@ import time
 import numpy as np
 
 from . import ops, sampling
+from .models import moe
 from .models.base import qtensors
+from .quants import ExpertTensor
 from .quants import warmup as warmup_quant
 
 log = logging.getLogger("ggstation.engine")
@@ -48,6 +50,8 @@ def warmup(model, report=None) -> float:
             ops.gated_act(act, x2, x2, x2)
         ops.swiglu_fused(np.ones((rows, 8), np.float32), x2)
     sampling.warm_up()
+    if any(isinstance(v, ExpertTensor) for lw in model.weights.layers for v in vars(lw).values()):
+        moe.warm_up()  # the router's top-k
     dt = time.perf_counter() - t0
     if dt > 2.0:
         log.warning("kernels ready in %.1f s (compiled ones are cached for the next start)", dt)

@@ -4,7 +4,8 @@ fills an architecture's per-layer dataclass from the GGUF by field name.
 
 A layer dataclass's attributes are GGUF tensor names: field `attn_q` of layer 3 is
 `blk.3.attn_q.weight`, field `attn_q_bias` is `blk.3.attn_q.bias`. Every field is required;
-its expected shape comes from `layer_shapes(cfg)` unless the architecture overrides it.
+its expected shape comes from `layer_shapes(cfg)` unless the architecture overrides it. A
+3-D shape binds an ExpertTensor (MoE experts), a 2-D bias a float32 (n_expert, n) array.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 from ..config import ModelConfig
 from ..errors import MissingTensorError
 from ..gguf_file import GGUFFile
-from ..quants import QTensor
+from ..quants import ExpertTensor, QTensor
 from . import layers
 
 
@@ -76,13 +77,18 @@ def bind_layer(f: GGUFFile, cfg: ModelConfig, il: int, cls, **shapes):
     """An instance of the layer dataclass `cls` for layer il: each field bound to its tensor
     (a QTensor for matrices, a float32 vector otherwise); `shapes` overrides expected shapes."""
     expected = layer_shapes(cfg) | shapes
-    values = {}
+    values: dict[str, Any] = {}
     for fld in fields(cls):
         base, kind = (fld.name[:-5], "bias") if fld.name.endswith("_bias") else (fld.name, "weight")
         name, shape = f"blk.{il}.{base}.{kind}", expected[fld.name]
         if name not in f.tensors:
             raise MissingTensorError(f"{f.path}: missing tensor '{name}' (architecture {cfg.arch})")
-        values[fld.name] = f.vector(name, shape[0]) if len(shape) == 1 else f.qtensor(name, shape)
+        if len(shape) == 3:  # MoE experts stacked (ffn_*_exps)
+            values[fld.name] = f.expert_tensor(name, (shape[0], shape[1], shape[2]))
+        elif len(shape) == 2 and kind == "bias":  # per-expert biases: (n_expert, n) float32
+            values[fld.name] = f.rows_f32(name, (shape[0], shape[1]))
+        else:
+            values[fld.name] = f.vector(name, shape[0]) if len(shape) == 1 else f.qtensor(name, shape)
     return cls(**values)
 
 
@@ -93,5 +99,7 @@ def rope_factors(f: GGUFFile, cfg: ModelConfig, name: str) -> tuple[float, ...]:
 
 
 def qtensors(lw) -> list[QTensor]:
-    """The matrices of one layer dataclass (for kernel warm-up)."""
-    return [v for v in vars(lw).values() if isinstance(v, QTensor)]
+    """The matrices of one layer dataclass (for kernel warm-up); of a stack of experts only
+    the first expert, so that nothing pages in the others."""
+    return [v.expert(0) if isinstance(v, ExpertTensor) else v for v in vars(lw).values()
+            if isinstance(v, (QTensor, ExpertTensor))]

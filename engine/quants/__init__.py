@@ -23,7 +23,7 @@ from gguf import GGMLQuantizationType
 
 from .. import parallel
 from ..errors import UnsupportedQuantError
-from .base import QTensor, QuantType
+from .base import ExpertTensor, QTensor, QuantType
 from .generated import ENTRIES
 from .reference import dequant_ref
 
@@ -190,7 +190,7 @@ def warmup(w: QTensor) -> None:
 
 
 __all__ = [
-    "QTensor", "QuantType", "QUANT_TYPES", "SUPPORTED", "check_supported", "dequant_rows",
+    "ExpertTensor", "QTensor", "QuantType", "QUANT_TYPES", "SUPPORTED", "check_supported", "dequant_rows",
     "get_rows", "matvec", "matvec_many", "matvec_multi", "matmul", "matmul_many", "tile_rows",
     "warmup", "TILE_ROWS", "MATVEC_MAX_TOKENS",
 ]

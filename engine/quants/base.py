@@ -1,4 +1,5 @@
-"""QTensor (a zero-copy view of one weight matrix's packed rows) and the QuantType table entry."""
+"""QTensor (a zero-copy view of one weight matrix's packed rows), ExpertTensor (a stack of
+them, one per MoE expert) and the QuantType table entry."""
 
 from __future__ import annotations
 
@@ -34,6 +35,38 @@ class QTensor:
     @property
     def type_size(self) -> int:
         return GGML_QUANT_SIZES[self.qtype][1]
+
+
+@dataclass(frozen=True)
+class ExpertTensor:
+    """The weights of n_expert experts stacked in one 3-D tensor (ggml ne = [n_cols, n_rows,
+    n_expert]), viewed from the mmap like a QTensor.
+
+    `expert(e)` is expert e's (n_rows, n_cols) matrix as a QTensor: a slice of `raw`, so it
+    neither copies nor touches the other experts' pages (a MoE keeps only the experts it
+    uses resident). `raw` is (n_expert * n_rows, row_bytes), expert e's rows at
+    [e * n_rows, (e + 1) * n_rows).
+    """
+
+    name: str
+    qtype: GGMLQuantizationType
+    n_expert: int
+    n_rows: int  # per expert
+    n_cols: int
+    raw: np.ndarray
+
+    def expert(self, e: int) -> QTensor:
+        r0 = int(e) * self.n_rows
+        return QTensor(f"{self.name}[{int(e)}]", self.qtype, self.n_rows, self.n_cols,
+                       self.raw[r0 : r0 + self.n_rows])
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.raw.nbytes)
+
+    @property
+    def expert_nbytes(self) -> int:
+        return self.nbytes // self.n_expert
 
 
 @dataclass(frozen=True)
