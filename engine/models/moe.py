@@ -41,7 +41,6 @@ from .. import ops
 from ..config import ModelConfig, base_config
 from ..errors import GGUFError
 from ..gguf_file import GGUFFile
-from ..jit import exact_kernel
 from ..quants import ExpertTensor, QTensor, matmul, matmul_many
 from ..sampling import _std_sort  # libstdc++'s std::sort, step for step: ggml_argsort's ties
 from . import layers as L
@@ -60,9 +59,13 @@ def _gelu(g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
     ops.gated_act("gelu", g, u, out)
 
 
+def _swiglu_oai(g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
+    ops.swiglu_oai(g, u, out)  # gpt-oss: clamped gate and up, alpha 1.702, up + 1
+
+
 # act(gate, up) of one expert's tokens: gate, up, out (n, n_ff_exp) float32, out may be gate
 ACTIVATIONS: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray], None]] = {
-    "silu": _silu, "gelu": _gelu,
+    "silu": _silu, "gelu": _gelu, "swiglu_oai": _swiglu_oai,
 }
 
 
@@ -154,21 +157,17 @@ def moe_shapes(cfg: MoeConfig) -> dict[str, tuple[int, ...]]:
 
 # --- routing -----------------------------------------------------------------------------------
 
-@exact_kernel
-def _top_k_rows(p: np.ndarray, k: int, out: np.ndarray) -> None:  # pragma: no cover - numba
-    """out[t] = the first k of ggml_argsort(p[t], DESC): std::sort with comp p[a] > p[b]."""
-    n = p.shape[1]
-    for t in range(p.shape[0]):
-        h = np.arange(n)
-        _std_sort(p[t], h, 0, n)
-        out[t, :] = h[:k]
-
-
 def top_k(p: np.ndarray, k: int) -> np.ndarray:
     """(T, k) int64 indices of the k largest of each row of p (T, n) float32, in the order
     ggml_argsort_top_k gives them (ties as libstdc++'s std::sort leaves them)."""
+    p = np.ascontiguousarray(p, np.float32)
     out = np.empty((p.shape[0], k), np.int64)
-    _top_k_rows(np.ascontiguousarray(p, np.float32), k, out)
+    for t in range(p.shape[0]):
+        # one call per row: a numba kernel calling _std_sort (recursive, another module's)
+        # crashed when loaded from numba's cache
+        h = np.arange(p.shape[1])
+        _std_sort(p[t], h, 0, p.shape[1])
+        out[t] = h[:k]
     return out
 
 
