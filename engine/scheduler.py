@@ -51,7 +51,6 @@ from .tasks import (
     Request,
     RequestHandle,
 )
-from .tokenizer.detokenizer import StreamingDetokenizer
 
 log = logging.getLogger(__name__)
 
@@ -428,10 +427,9 @@ class Scheduler:
         slot.n_keep = self.n_keep if req.n_keep is None else req.n_keep
         # llama-server: without a context shift a reply ends when prompt + reply fill the slot
         n_room = -1 if self.context_shift else self.n_ctx_seq - len(req.prompt)
-        detok = StreamingDetokenizer(self.tokenizer, preserved=req.preserved_tokens) if req.preserved_tokens else None
         slot.generator = SequenceGenerator(self.tokenizer, req.params, req.n_predict, req.stop,
                                            n_room=n_room, prompt_tokens=req.prompt, n_cached=n_reuse,
-                                           grammar=req.grammar, detokenizer=detok)
+                                           grammar=req.grammar)
         slot.state = SlotState.PROMPT
         if req.return_progress:  # llama-server's first report: the reused prefix, nothing decoded yet
             handle.put(PromptProgress(len(req.prompt), n_reuse, n_reuse))

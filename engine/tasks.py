@@ -41,8 +41,6 @@ class GenerationRequest:
         return_progress: also put `PromptProgress` items in the handle: one when the request
             takes its slot, one after each decoded prompt chunk (llama-server's
             return_progress); the consumer must expect them among the steps.
-        preserved_tokens: control tokens whose text the reply keeps (llama.cpp's
-            preserved_tokens: gpt-oss's channel markup, which the chat reply parser reads).
     """
 
     prompt: list[int]
@@ -54,7 +52,6 @@ class GenerationRequest:
     n_keep: int | None = None
     grammar: Grammar | None = None
     return_progress: bool = False
-    preserved_tokens: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,9 @@
 `write_tiny_gptoss(path, ...)` writes every metadata key and tensor llama.cpp's loader
 requires for LLM_ARCH_OPENAI_MOE (src/models/openai-moe.cpp: attention.sliding_window,
 expert_feed_forward_length, the RMS epsilon; output.weight, attn_sinks, post_attention_norm,
-the attention and expert biases), YaRN keys as the converter writes them, and the gpt2 BPE
-vocabulary of tests/ggufgen.py. The features that make gpt-oss differ can be switched off one
+the attention and expert biases), YaRN keys as the converter writes them, the gpt2 BPE
+vocabulary of tests/ggufgen.py with harmony's control tokens, and llama.cpp's gpt-oss chat
+template. The features that make gpt-oss differ can be switched off one
 at a time (same weights otherwise) so tests can show each one matters.
 """
 
@@ -16,9 +17,13 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter, RopeScalingType
 from gguf.quants import quantize
 
-from ggufgen import _add_vocab
+from ggufgen import _bpe_vocab
 
 SLIDING_WINDOW = 4
+# o200k_harmony's special tokens (control), as gpt-oss files have them
+HARMONY_SPECIALS = ("<|startoftext|>", "<|return|>", "<|constrain|>", "<|channel|>", "<|start|>", "<|end|>",
+                    "<|message|>", "<|call|>")
+TEMPLATE = Path(__file__).resolve().parent / "data" / "templates" / "openai-gpt-oss-120b.jinja"
 YARN_FACTOR, YARN_ORIG_CTX = 4.0, 16
 
 
@@ -54,7 +59,7 @@ def write_tiny_gptoss(path, *, n_layer: int = 4, n_embd: int = 64, n_head: int =
     w.add_expert_used_count(n_expert_used)
     if "expert_feed_forward_length" not in skip:
         w.add_expert_feed_forward_length(n_ff_exp)
-    n_vocab = _add_vocab(w, False, "gpt-oss")
+    n_vocab = _add_vocab(w)
     w.add_vocab_size(n_vocab)
 
     def tensor(name, data):
@@ -98,3 +103,21 @@ def write_tiny_gptoss(path, *, n_layer: int = 4, n_embd: int = 64, n_head: int =
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def _add_vocab(w: GGUFWriter) -> int:
+    """tests/ggufgen.py's byte-level BPE vocabulary plus harmony's control tokens, BOS/EOS as
+    gpt-oss has them, and llama.cpp's gpt-oss chat template; returns the vocabulary size."""
+    tokens, types, merges = _bpe_vocab()
+    tokens, types = tokens + list(HARMONY_SPECIALS), types + [3] * len(HARMONY_SPECIALS)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")  # real files say "gpt-4o"
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(tokens.index("<|startoftext|>"))
+    w.add_eos_token_id(tokens.index("<|return|>"))
+    w.add_pad_token_id(0)
+    w.add_add_bos_token(False)
+    w.add_chat_template(TEMPLATE.read_text(encoding="utf-8"))
+    return len(tokens)

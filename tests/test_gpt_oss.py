@@ -106,3 +106,23 @@ def test_missing_metadata_or_tensor_is_clear_error(tmp_path, skip, error, text):
     path = write_tiny_gptoss(tmp_path / "broken.gguf", skip=(skip,))
     with pytest.raises(error, match=text.replace(".", r"\.")):
         load_model(path)
+
+
+def test_harmony_vocabulary_and_template(tiny):
+    """The file's tokenizer and template as a server sees them: <|return|> and <|call|> end
+    generation and <|end|> does not, and the markup the reply parser reads is rendered as
+    text although the file marks it control (llama.cpp's o200k_harmony rules: llama-vocab.cpp
+    makes these tokens user-defined); the template is read as harmony."""
+    from engine.server.tool_calls import is_harmony_template
+    from engine.tokenizer.chat_template import ChatTemplate
+
+    tok, ids = tiny.tokenizer, tiny.tokenizer.token_to_id
+    assert tok.is_eog(ids["<|return|>"]) and tok.is_eog(ids["<|call|>"]) and not tok.is_eog(ids["<|end|>"])
+    for t in ("<|channel|>", "<|constrain|>", "<|message|>", "<|start|>", "<|end|>"):
+        assert tok.token_to_piece(ids[t], special=False) == t.encode()
+    assert tok.token_to_piece(ids["<|return|>"], special=False) == b""
+    tmpl = ChatTemplate.from_gguf(tiny.path)
+    assert is_harmony_template(tmpl.source)
+    prompt = tmpl.render([{"role": "user", "content": "Hi"}])
+    assert prompt.endswith("<|start|>user<|message|>Hi<|end|><|start|>assistant")
+    assert tok.encode("<|start|>assistant", add_special=False, parse_special=True)[0] == ids["<|start|>"]

@@ -407,19 +407,8 @@ def chat_request(state: ServerState, body: ChatCompletionRequest) -> tuple[Gener
         id_slot=-1 if body.id_slot is None else body.id_slot,
         n_keep=body.n_keep,
         grammar=grammar,
-        preserved_tokens=harmony_tokens(state.tokenizer) if is_harmony_template(template.source) else frozenset(),
     )
     return req, text
-
-
-# gpt-oss's markup, kept in the reply's text for the harmony parser (llama.cpp gpt-oss.cpp)
-HARMONY_TOKENS = ("<|channel|>", "<|constrain|>", "<|message|>", "<|start|>", "<|end|>")
-
-
-def harmony_tokens(tok) -> frozenset[int]:
-    """The ids of HARMONY_TOKENS that are single tokens of this vocabulary."""
-    ids = (tok.encode(t, add_special=False, parse_special=True) for t in HARMONY_TOKENS)
-    return frozenset(x[0] for x in ids if len(x) == 1)
 
 
 def completion_requests(state: ServerState, body: CompletionRequest) -> list[GenerationRequest]:

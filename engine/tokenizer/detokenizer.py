@@ -8,26 +8,22 @@ bytes that can never become valid UTF-8 with U+FFFD.
 from __future__ import annotations
 
 import codecs
-from collections.abc import Collection
 
 
 class StreamingDetokenizer:
     """add(token_id) -> the newly complete text; flush() -> whatever is left (at the end).
 
     special=False (the default, like llama-server) renders control tokens such as
-    <|im_end|> as nothing; special=True renders their text. `preserved`: ids rendered as
-    text even so (llama.cpp's preserved_tokens: the markup a reply parser reads, such as
-    gpt-oss's <|channel|>).
+    <|im_end|> as nothing; special=True renders their text.
     """
 
-    def __init__(self, tokenizer, special: bool = False, preserved: Collection[int] = ()):
+    def __init__(self, tokenizer, special: bool = False):
         self._tok = tokenizer
         self._special = special
-        self._preserved = frozenset(preserved)
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def add(self, token_id: int) -> str:
-        piece = self._tok.token_to_piece(int(token_id), self._special or int(token_id) in self._preserved)
+        piece = self._tok.token_to_piece(int(token_id), self._special)
         return self._decoder.decode(piece) if piece else ""
 
     def flush(self) -> str:
