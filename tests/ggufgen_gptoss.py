@@ -31,7 +31,7 @@ def write_tiny_gptoss(path, *, n_layer: int = 4, n_embd: int = 64, n_head: int =
                       head_dim: int = 16, n_expert: int = 4, n_expert_used: int = 2, n_ff_exp: int = 32,
                       qtype: GGMLQuantizationType = GGMLQuantizationType.Q8_0, seed: int = 0,
                       sinks: bool = True, yarn: bool = True, sliding_window: int = SLIDING_WINDOW,
-                      rope_base: float = 10000.0, skip: tuple[str, ...] = ()) -> Path:
+                      rope_base: float = 10000.0, n_ctx_train: int = 256, skip: tuple[str, ...] = ()) -> Path:
     """Write the model to `path` and return it. sinks=False writes sink logits of -1e4 (no
     effect); yarn=False leaves out the rope scaling keys; sliding_window as written; `skip`:
     metadata keys (without the "gpt-oss." prefix) and tensor names to leave out."""
@@ -40,7 +40,7 @@ def write_tiny_gptoss(path, *, n_layer: int = 4, n_embd: int = 64, n_head: int =
     w = GGUFWriter(str(path), "gpt-oss")
     w.add_name("tiny-gpt-oss")
     w.add_block_count(n_layer)
-    w.add_context_length(256)
+    w.add_context_length(n_ctx_train)
     w.add_embedding_length(n_embd)
     w.add_feed_forward_length(n_ff_exp)  # the converter writes intermediate_size here too
     w.add_head_count(n_head)

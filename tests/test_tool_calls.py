@@ -208,7 +208,10 @@ def test_harmony_without_markup_is_plain_content():
     assert harmony("Just text.") == ParsedMessage(content="Just text.")
 
 
-def test_harmony_tool_arguments_that_are_not_json_are_kept_as_written():
+def test_harmony_tool_arguments_are_kept_as_written():
+    """As llama.cpp returns them: the JSON text with the model's spacing, not re-serialised."""
+    msg = harmony(CALL.replace('{"location": "Paris"}', '{\n \t"location"\n:"Paris"}'), parse_tools=True)
+    assert msg.tool_calls[0].arguments == '{\n \t"location"\n:"Paris"}'
     msg = harmony(CALL.replace('{"location": "Paris"}', "location=Paris"), parse_tools=True)
     assert msg.tool_calls[0].arguments == "location=Paris"
 

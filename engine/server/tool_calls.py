@@ -390,10 +390,8 @@ def parse_harmony(text: str, *, tool_names: Collection[str] | None = None, parse
 
 
 def _harmony_call(name: str, body: str) -> ToolCall:
-    parsed = _json_at(body, 0)
-    if parsed is None or body[parsed[1]:].strip():
-        return ToolCall(name, body.strip())  # not JSON: passed on as the model wrote it
-    return ToolCall(name, json.dumps(parsed[0], ensure_ascii=False))
+    """The arguments as the model wrote them (llama.cpp keeps the JSON text, spacing included)."""
+    return ToolCall(name, body.strip())
 
 
 # -- streaming ------------------------------------------------------------------------------
