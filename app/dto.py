@@ -31,6 +31,9 @@ class LlmFileInfo:
     quant: str = ""  # the quantised type most tensors use (what the file name says)
     title: str = ""  # general.name from the metadata
     template_name: str = ""  # the chat template family the engine detected (or its fallback)
+    n_expert: int = 0  # mixture of experts: experts per layer (0: a dense model)
+    n_expert_used: int = 0  # experts each token runs through
+    active_params: int = 0  # parameters one token runs through
 
     @property
     def main_quant(self) -> str:

@@ -260,6 +260,8 @@ class EngineAdapter(EngineApi):
             file_size=int(info.file_size), n_ctx_train=int(info.n_ctx_train),
             has_chat_template=bool(info.has_chat_template),
             template_name=info.chat_template_name, tokenizer=info.tokenizer,
+            n_expert=int(info.n_expert), n_expert_used=int(info.n_expert_used),
+            active_params=int(info.active_params),
         )
 
     def estimate(self, path: str, params: LoadParams) -> MemoryFigures:

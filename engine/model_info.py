@@ -16,6 +16,7 @@ from .gguf_file import GGUFFile, closing_on_error
 from .gguf_split import files_size, open_gguf
 from .memory import MemoryReport, estimate_memory
 from .model import check_model
+from .models.moe import MoeConfig
 
 
 @dataclass
@@ -38,6 +39,12 @@ class ModelInfo:
     chat_template_name: str = ""
     weights_bytes: int = 0
     n_tensors: int = 0
+    # mixture of experts: experts per layer and per token; parameters and weight bytes a token
+    # runs through (everything but the experts it did not choose); the totals for dense models
+    n_expert: int = 0
+    n_expert_used: int = 0
+    active_params: int = 0
+    active_bytes: int = 0
     error: str | None = None
     cfg: ModelConfig | None = None
 
@@ -110,4 +117,22 @@ def _fill(info: ModelInfo, f: GGUFFile) -> None:
         info.chat_template_name = "gguf" if info.has_chat_template else ""
     _arch, cfg, _weights, _tokenizer = check_model(f)  # what load_model checks, no more, no less
     info.cfg = cfg
+    _fill_experts(info, f, cfg)
     info.n_ctx_train, info.n_layer, info.n_embd, info.n_vocab = cfg.n_ctx_train, cfg.n_layer, cfg.n_embd, cfg.n_vocab
+
+
+def _fill_experts(info: ModelInfo, f: GGUFFile, cfg: ModelConfig) -> None:
+    """Active parameters and bytes per token: a MoE token uses n_expert_used of the n_expert
+    slices of each expert tensor (ffn_*_exps and their biases)."""
+    info.active_params, info.active_bytes = info.n_params, info.weights_bytes
+    if not isinstance(cfg, MoeConfig):
+        return
+    info.n_expert, info.n_expert_used = cfg.moe.n_expert, cfg.moe.n_expert_used
+    unused = 1.0 - cfg.moe.n_expert_used / cfg.moe.n_expert
+    for t in f.tensors.values():
+        if "_exps." in t.name:
+            n = 1
+            for d in t.shape:
+                n *= int(d)
+            info.active_params -= round(n * unused)
+            info.active_bytes -= round(t.nbytes * unused)

@@ -132,7 +132,7 @@ class LoadPanel(QWidget):
             self.details.setText(f"Cannot be loaded: {info.error}")
         else:
             self.details.setText(
-                f"{info.arch} · {human_count(info.n_params)} parameters · {info.main_quant} · "
+                f"{info.arch} · {human_count(info.n_params)} parameters{_experts_words(info)} · {info.main_quant} · "
                 f"{human_bytes(info.file_size)} · trained on {info.n_ctx_train:,} tokens · "
                 f"chat template: {_template_words(info)}")
         self._update_buttons()
@@ -206,3 +206,10 @@ def _template_words(info: LlmFileInfo) -> str:
     if info.has_chat_template:
         return "from the file"
     return f"none in the file; built-in '{info.template_name}' used" if info.template_name else "none"
+
+
+def _experts_words(info: LlmFileInfo) -> str:
+    """For a mixture of experts, what one token runs through: " (3.3B active: 8 of 128 experts)"."""
+    if not info.n_expert:
+        return ""
+    return f" ({human_count(info.active_params)} active: {info.n_expert_used} of {info.n_expert} experts)"

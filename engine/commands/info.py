@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
         ("name", info.name),
         ("architecture", info.arch),
         ("parameters", f"{info.n_params / 1e6:.2f} M"),
+        *_expert_rows(info),
         ("file size", _mib(info.file_size)),
         ("file type", info.file_type or "unknown"),
         ("quant types", quant),
@@ -95,3 +96,12 @@ def run(args: argparse.Namespace) -> int:
     for k, v in rows:
         print(f"{k:<{w}}  {v}")
     return 0
+
+
+def _expert_rows(info) -> list[tuple[str, str]]:
+    """A mixture of experts: how many experts, and what one token runs through of the total."""
+    if not info.n_expert:
+        return []
+    return [("experts", f"{info.n_expert} per layer, {info.n_expert_used} used per token"),
+            ("active per token", f"{info.active_params / 1e6:.2f} M parameters, {_mib(info.active_bytes)} "
+                                 f"of the {_mib(info.weights_bytes)} of weights")]

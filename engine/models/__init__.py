@@ -9,11 +9,11 @@ below.
 from __future__ import annotations
 
 from ..errors import UnsupportedArchError
-from . import gemma2, gemma3, gpt_oss, llama, phi3, qwen2, qwen3
+from . import gemma2, gemma3, gpt_oss, llama, phi3, qwen2, qwen2moe, qwen3, qwen3moe
 from .base import Architecture
 
 ARCHITECTURES: dict[str, Architecture] = {
-    m.ARCH.name: m.ARCH for m in (llama, qwen2, qwen3, gemma2, gemma3, phi3, gpt_oss)
+    m.ARCH.name: m.ARCH for m in (llama, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, qwen2moe, gpt_oss)
 }
 ARCH_ALIASES = {"mistral": "llama"}
 

@@ -14,6 +14,10 @@ API (stable; extend it, do not change it):
     SharedExpert            an always-on dense expert, optionally gated by sigmoid(h . gate_inp)
     ffn(s, h, w, spec, shared=None) -> s.o      the layer's MoE output for the ubatch
     route(logits, spec, ...) -> (experts, weights)   gating, top-k, weight normalisation
+    top_k(p, k)             ggml_argsort_top_k: indices of the k largest per row, llama.cpp's ties
+    run_experts(s, h, w, spec, experts, weights, out)   out += the weighted experts' outputs
+    shared_ffn(s, h, shared) -> s.o                     the shared expert alone
+    warm_up()               compile the routing kernels (kernels_warmup calls it for MoE models)
     ACTIVATIONS             act name -> fn(gate, up, out): out = act(gate, up); add entries
                             for new activations (gpt-oss's "swiglu_oai")
 
@@ -161,12 +165,16 @@ def top_k(p: np.ndarray, k: int) -> np.ndarray:
     """(T, k) int64 indices of the k largest of each row of p (T, n) float32, in the order
     ggml_argsort_top_k gives them (ties as libstdc++'s std::sort leaves them)."""
     p = np.ascontiguousarray(p, np.float32)
-    out = np.empty((p.shape[0], k), np.int64)
-    for t in range(p.shape[0]):
-        # one call per row: a numba kernel calling _std_sort (recursive, another module's)
-        # crashed when loaded from numba's cache
-        h = np.arange(p.shape[1])
-        _std_sort(p[t], h, 0, p.shape[1])
+    n = p.shape[1]
+    # Without ties among the k+1 largest every sort agrees: one vectorised argsort. Rows
+    # with such ties replay std::sort, one call per row (a numba kernel calling _std_sort,
+    # recursive and another module's, crashed when loaded from numba's cache).
+    order = np.argsort(-p, axis=1, kind="stable")[:, : min(k + 1, n)]
+    top = np.take_along_axis(p, order, axis=1)
+    out = order[:, :k].astype(np.int64)
+    for t in np.flatnonzero((top[:, 1:] == top[:, :-1]).any(axis=1)):
+        h = np.arange(n)
+        _std_sort(p[t], h, 0, n)
         out[t] = h[:k]
     return out
 

@@ -1,0 +1,55 @@
+"""qwen3moe (Qwen3-30B-A3B, Qwen3-235B-A22B): qwen3's attention (per-head Q/K RMSNorm, NEOX
+RoPE) with a mixture-of-experts feed-forward: softmax gating, top-k, the k weights
+normalised to sum 1 (llama.cpp src/models/qwen3moe.cpp passes norm_w = true; it reads no
+expert_weights_scale for this architecture).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..gguf_file import GGUFFile
+from ..quants import ExpertTensor, QTensor
+from . import layers as L
+from . import moe
+from .base import Architecture, bind_layer
+
+
+def config_from_gguf(f: GGUFFile) -> moe.MoeConfig:
+    cfg = moe.moe_config(f, gating="softmax", norm_weights=True, rope_neox=True)
+    # no dense feed-forward: its buffers are unused
+    return replace(cfg, extra_acts=cfg.extra_acts + (("gate", 0), ("up", 0)))
+
+
+@dataclass
+class Layer:
+    attn_norm: np.ndarray
+    attn_q: QTensor
+    attn_k: QTensor
+    attn_v: QTensor
+    attn_q_norm: np.ndarray
+    attn_k_norm: np.ndarray
+    attn_output: QTensor
+    ffn_norm: np.ndarray
+    ffn_gate_inp: QTensor
+    ffn_gate_exps: ExpertTensor
+    ffn_up_exps: ExpertTensor
+    ffn_down_exps: ExpertTensor
+
+
+def load_layer(f: GGUFFile, cfg: moe.MoeConfig, il: int) -> Layer:
+    return bind_layer(f, cfg, il, Layer, **moe.moe_shapes(cfg))
+
+
+def block(s: L.UbatchState, il: int, lw: Layer) -> None:
+    q, k, v = L.qkv(s, L.norm(s, s.x, lw.attn_norm), lw.attn_q, lw.attn_k, lw.attn_v)
+    L.norm_heads(s, q, lw.attn_q_norm)
+    L.norm_heads(s, k, lw.attn_k_norm)
+    s.x += L.attention(s, il, q, k, v, lw.attn_output)
+    experts = moe.MoeWeights(lw.ffn_gate_inp, lw.ffn_gate_exps, lw.ffn_up_exps, lw.ffn_down_exps)
+    s.x += moe.ffn(s, L.norm(s, s.x, lw.ffn_norm), experts, s.cfg.moe)
+
+
+ARCH = Architecture("qwen3moe", config_from_gguf, load_layer, block)
