@@ -20,6 +20,43 @@ from .errors import GGUFError, MetadataError
 from .gguf_file import GGUFFile, describe_value
 
 
+@dataclass(frozen=True)
+class Yarn:
+    """YaRN scaling (rope.scaling.type "yarn"): each rotated pair turns at a mix of its
+    interpolated (position-scaled) and extrapolated (unscaled) frequency, by a ramp over the
+    pair index, and cos/sin grow by 1 + 0.1 ln(scale). llama.cpp's cparams.yarn_* and ggml's
+    rope_yarn / ggml_rope_yarn_corr_dims.
+
+    llama.cpp reads beta_fast/beta_slow/ext_factor from the GGUF for a few architectures only
+    (grok, mistral3); the others, ours included, take these defaults.
+    """
+
+    n_ctx_orig: int  # rope.scaling.original_context_length (default: the training context)
+    ext_factor: float = 1.0  # weight of the ramp; 0 = plain linear interpolation
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    log_mul: float = 0.0  # rope.scaling.yarn_log_multiplier (DeepSeek's mscale_all_dim)
+
+    def corr_dims(self, n_rot: int, base: float) -> tuple[float, float]:
+        """The pair indices where the ramp starts and ends (ggml_rope_yarn_corr_dims): pairs
+        below start keep their unscaled angle, pairs above end are fully interpolated."""
+
+        def dim(n_turns: float) -> float:
+            return n_rot * math.log(self.n_ctx_orig / (n_turns * 2 * math.pi)) / (2 * math.log(base))
+
+        return max(0.0, math.floor(dim(self.beta_fast))), min(n_rot - 1.0, math.ceil(dim(self.beta_slow)))
+
+    def context_attn_factor(self, factor: float) -> float:
+        """llama_context's yarn_attn_factor before rope.scaling.attn_factor: ggml multiplies
+        cos/sin by 1 + 0.1 ln(factor) itself, which this cancels unless log_mul asks for
+        DeepSeek's mscale ratio."""
+        if not self.ext_factor:
+            return 1.0
+        mscale = lambda m: 1.0 if factor <= 1.0 else 0.1 * m * math.log(factor) + 1.0
+        attn = mscale(1.0) / mscale(self.log_mul) if self.log_mul else mscale(1.0)
+        return attn / (1.0 + 0.1 * math.log(factor))
+
+
 @dataclass(frozen=True, eq=False)
 class Rope:
     """How one layer rotates queries and keys (ggml_rope_ext's parameters, precomputed)."""
@@ -30,33 +67,25 @@ class Rope:
 
     @classmethod
     def make(cls, n_rot: int, base: float, neox: bool, scale: float = 1.0, factors: Sequence[float] = (),
-             attn_factor: float = 1.0) -> Rope:
+             attn_factor: float = 1.0, yarn: Yarn | None = None) -> Rope:
         """Pair i turns by pos * base^(-2i/n_rot) / (scale * factors[i]): `scale` is linear
-        position scaling, `factors` per-pair frequency divisors (LongRoPE, Llama 3)."""
-        inv = float(base) ** (-np.arange(n_rot // 2, dtype=np.float64) * 2.0 / n_rot) / float(scale)
+        position scaling, `factors` per-pair frequency divisors (LongRoPE, Llama 3). With
+        YaRN the 1/scale becomes a mix of 1/scale and 1 (still linear in the position, so an
+        angle per position holds it exactly) and cos/sin grow by 1 + 0.1 ln(scale)."""
+        i = np.arange(n_rot // 2, dtype=np.float64)
+        inv = float(base) ** (-i * 2.0 / n_rot)
         if len(factors):
             inv /= np.asarray(factors, np.float64)
+        freq_scale = 1.0 / float(scale)
+        if yarn is not None and yarn.ext_factor:
+            lo, hi = yarn.corr_dims(n_rot, base)
+            ramp = 1.0 - np.clip((i - lo) / max(0.001, hi - lo), 0.0, 1.0)  # 1: keep unscaled
+            mix = ramp * yarn.ext_factor
+            inv *= freq_scale * (1.0 - mix) + mix
+            attn_factor *= 1.0 + 0.1 * math.log(1.0 / freq_scale)
+        else:
+            inv *= freq_scale
         return cls(inv, neox, float(attn_factor))
-
-    @classmethod
-    def yarn(cls, n_rot: int, base: float, neox: bool, factor: float, n_ctx_orig: int, attn_factor: float = 1.0,
-             beta_fast: float = 32.0, beta_slow: float = 1.0) -> Rope:
-        """YaRN as llama.cpp runs it (ggml_rope_ext with ext_factor 1, llama_context's attention
-        factor): pair i turns at base^(-2i/n_rot) times a mix of 1 (the fast pairs, kept) and
-        1/factor (the slow pairs, interpolated), ramping between the pairs ggml's
-        rope_yarn_corr_dims finds for beta_fast and beta_slow; cos and sin are multiplied by
-        attn_factor * (1 + 0.1 ln factor) (just attn_factor when factor <= 1)."""
-
-        def corr_dim(beta: float) -> float:
-            return n_rot * math.log(n_ctx_orig / (beta * 2 * math.pi)) / (2 * math.log(base))
-
-        lo = max(0.0, math.floor(corr_dim(beta_fast)))
-        hi = min(n_rot - 1.0, math.ceil(corr_dim(beta_slow)))
-        i = np.arange(n_rot // 2, dtype=np.float64)
-        keep = 1.0 - np.clip((i - lo) / max(0.001, hi - lo), 0.0, 1.0)
-        inv = float(base) ** (-i * 2.0 / n_rot) * (keep + (1.0 - keep) / factor)
-        mscale = 1.0 + 0.1 * math.log(factor) if factor > 1.0 else 1.0
-        return cls(inv, neox, float(attn_factor) * mscale)
 
     @property
     def n_rot(self) -> int:
@@ -83,6 +112,7 @@ class ModelConfig:
     rope_base_swa: float = 0.0  # 0 = same as rope_base
     rope_scale_swa: float = 0.0  # sliding-window layers; 0 = same as rope_scale
     rope_attn_factor: float = 1.0  # rope.scaling.attn_factor: multiplies cos/sin
+    rope_yarn: Yarn | None = None  # rope.scaling.type "yarn"
     sliding_window: int = 0  # 0 = every layer is global
     swa_layers: tuple[bool, ...] = field(default_factory=tuple)
     attn_scale: float = 0.0  # 0 = 1/sqrt(head_dim)
@@ -107,8 +137,11 @@ class ModelConfig:
         swa = self.is_swa(il)
         base = self.rope_base_swa if swa and self.rope_base_swa else self.rope_base
         scale = self.rope_scale_swa if swa and self.rope_scale_swa else self.rope_scale
-        return Rope.make(self.rope_dim, base, self.rope_neox, scale, self.rope_factors(n_ctx_seq),
-                         self.rope_attn_factor)
+        attn = self.rope_attn_factor
+        if self.rope_yarn is not None:  # from the model's scale, not the layer's (llama_context)
+            attn *= self.rope_yarn.context_attn_factor(self.rope_scale)
+        return Rope.make(self.rope_dim, base, self.rope_neox, scale, self.rope_factors(n_ctx_seq), attn,
+                         self.rope_yarn)
 
     def rope_factors(self, n_ctx_seq: int) -> tuple[float, ...]:
         """Per-pair frequency divisors (none by default; LongRoPE picks by context size)."""
@@ -140,10 +173,18 @@ def base_config(f: GGUFFile, cls: type[ModelConfig] = ModelConfig, **overrides: 
     if not n_vocab:
         tokens = f.get("tokenizer.ggml.tokens")
         n_vocab = len(tokens) if tokens else 0
-    scaling = f.get_str(k("rope.scaling.type"), "none")
-    rope_scale = 1.0
-    if scaling == "linear":
+    # llama.cpp: no type means linear; the factor divides positions for linear and YaRN
+    scaling = f.get_str(k("rope.scaling.type"), "linear")
+    rope_scale, yarn = 1.0, None
+    if scaling in ("linear", "yarn"):
         rope_scale = f.get_float(k("rope.scaling.factor"), 1.0) or 1.0
+    n_ctx_train = f.get_int(k("context_length"), 2048)
+    if scaling == "yarn":
+        yarn = Yarn(f.get_int(k("rope.scaling.original_context_length"), n_ctx_train, lo=0, hi=1 << 30)
+                    or n_ctx_train)
+        if f.get_float(k("rope.freq_base"), 10000.0) <= 1.0:  # corr_dims divides by ln(base)
+            raise GGUFError(f"{f.path}: YaRN needs rope.freq_base above 1, found "
+                            f"{f.get_float(k('rope.freq_base'), 10000.0):g}")
     values: dict[str, Any] = dict(
         arch=arch,
         n_layer=n_layer,
@@ -154,13 +195,14 @@ def base_config(f: GGUFFile, cls: type[ModelConfig] = ModelConfig, **overrides: 
         head_dim_v=head_dim_v,
         n_ff=f.get_int(k("feed_forward_length")),
         n_vocab=n_vocab,
-        n_ctx_train=f.get_int(k("context_length"), 2048),
+        n_ctx_train=n_ctx_train,
         norm_eps=f.get_float(k("attention.layer_norm_rms_epsilon"), 1e-5),
         rope_base=f.get_float(k("rope.freq_base"), 10000.0),
         rope_dim=f.get_int(k("rope.dimension_count"), head_dim),
         rope_neox=True,
         rope_scale=rope_scale,
         rope_attn_factor=f.get_float(k("rope.scaling.attn_factor"), 1.0) or 1.0,
+        rope_yarn=yarn,
         name=f.get_str("general.name", "") or "",
     )
     values.update(overrides)

@@ -87,11 +87,25 @@ def _swiglu_fused_rows(gu, out):  # gu (T, 2F): gate | up halves of one fused pr
             out[t, i] = v / (1.0 + math.exp(-v)) * gu[t, F + i]
 
 
+# ggml_swiglu_oai's constants as llama.cpp's gpt-oss graph passes them
+OAI_ALPHA, OAI_LIMIT = 1.702, 7.0
+
+
+def _swiglu_oai_rows(g, u, out, alpha, limit):  # (T, F); gate clipped above, up both ways
+    T, F = g.shape
+    for t in prange(T):
+        for i in range(F):
+            x = min(g[t, i], limit)
+            y = min(max(u[t, i], -limit), limit)
+            out[t, i] = x / (1.0 + math.exp(-alpha * x)) * (y + 1.0)
+
+
 _rmsnorm = kernel(_rmsnorm_rows)
 _rope = kernel(_rope_rows)
 _swiglu = kernel(_swiglu_rows)
 _geglu = kernel(_geglu_rows)
 _swiglu_fused = kernel(_swiglu_fused_rows)
+_swiglu_oai = kernel(_swiglu_oai_rows)
 
 # From this many rows on, rows are split over engine.parallel's workers (a thread wake-up
 # costs more than it saves below it).
@@ -118,14 +132,23 @@ def gated_act(act: str, g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
     _rows(_geglu if act == "gelu" else _swiglu, g.shape[0], g, u, out)
 
 
+def swiglu_oai(g: np.ndarray, u: np.ndarray, out: np.ndarray, alpha: float = OAI_ALPHA,
+               limit: float = OAI_LIMIT) -> None:
+    """out = x * sigmoid(alpha * x) * (y + 1) with x = min(g, limit), y = clamp(u, +-limit)
+    (ggml_swiglu_oai, gpt-oss's expert activation); out may alias g."""
+    a, lim = np.float32(alpha), np.float32(limit)
+    _rows(lambda g_, u_, o_: _swiglu_oai(g_, u_, o_, a, lim), g.shape[0], g, u, out)
+
+
 def swiglu_fused(gu: np.ndarray, out: np.ndarray) -> None:
     """out (T, F) = silu(gu[:, :F]) * gu[:, F:] for a fused gate|up projection (T, 2F)."""
     _rows(_swiglu_fused, gu.shape[0], gu, out)
 
 
-def _attn_f32_body(q, k, v, seq, pos, window, scale, softcap, out, scores):
+def _attn_f32_body(q, k, v, seq, pos, window, scale, softcap, sinks, out, scores):
     # q (T, H, D); k (S, C, G, D); v (S, C, G, Dv); out (T, H, Dv); scores (T*H, C) scratch
     # softcap > 0: scores -> softcap * tanh(scores / softcap) before the softmax (gemma2)
+    # sinks (H,) or (0,): a per-head logit that joins the softmax denominator only (gpt-oss)
     T, H, D = q.shape
     G = k.shape[2]
     Dv = v.shape[3]
@@ -150,11 +173,15 @@ def _attn_f32_body(q, k, v, seq, pos, window, scale, softcap, out, scores):
             scores[th, j] = acc
             if acc > mx:
                 mx = acc
+        if sinks.shape[0] and sinks[h] > mx:
+            mx = sinks[h]
         tot = 0.0
         for j in range(lo, p + 1):
             e = math.exp(scores[th, j] - mx)
             scores[th, j] = e
             tot += e
+        if sinks.shape[0]:
+            tot += math.exp(sinks[h] - mx)
         inv = 1.0 / tot
         for d in range(Dv):
             out[t, h, d] = 0.0
@@ -186,7 +213,7 @@ def _f16_block(src, s, j0, n, g, bits, vals):
             vals[jj, d] = vals[jj, d] * _TWO112 * sign
 
 
-def _attn_f16_body(q, k, v, seq, pos, window, scale, softcap, out, scores, kbits, kvals):
+def _attn_f16_body(q, k, v, seq, pos, window, scale, softcap, sinks, out, scores, kbits, kvals):
     # As _attn_f32 with k, v holding float16 bits (uint16). One iteration per (token, KV head):
     # each block of keys/values is converted once and used by all heads sharing that KV head.
     # kbits/kvals: per-thread (n_threads, KV_BLOCK, D) scratch, two views of one buffer.
@@ -223,11 +250,15 @@ def _attn_f16_body(q, k, v, seq, pos, window, scale, softcap, out, scores, kbits
             for j in range(lo, p + 1):
                 if scores[row0 + r, j] > mx:
                     mx = scores[row0 + r, j]
+            if sinks.shape[0] and sinks[h0 + r] > mx:
+                mx = sinks[h0 + r]
             tot = np.float32(0.0)
             for j in range(lo, p + 1):
                 e = np.float32(math.exp(scores[row0 + r, j] - mx))
                 scores[row0 + r, j] = e
                 tot += e
+            if sinks.shape[0]:
+                tot += np.float32(math.exp(sinks[h0 + r] - mx))
             inv = np.float32(1.0) / tot
             for j in range(lo, p + 1):
                 scores[row0 + r, j] *= inv
@@ -260,27 +291,36 @@ def _block_scratch(d: int) -> tuple[np.ndarray, np.ndarray]:
     return _scratch[d]
 
 
-def attention_tokens(q, k, v, seq, pos, window, scale, softcap, out, scores) -> None:
+_NO_SINKS = np.zeros(0, np.float32)
+
+
+def attention_tokens(q, k, v, seq, pos, window, scale, softcap, out, scores,
+                     sinks: np.ndarray | None = None) -> None:
     """Per-token attention over the cache (decode path): each token attends to its own
     sequence's positions [max(0, pos-window+1), pos]. k/v: float32 or float16 bits (uint16).
-    Scores are q.k * scale, then softcap * tanh(score / softcap) when softcap > 0."""
+    Scores are q.k * scale, then softcap * tanh(score / softcap) when softcap > 0. sinks
+    (n_head,) float32: head h's softmax denominator also holds exp(sinks[h]) (ggml_soft_max_ext
+    with sinks), so its weights may sum to less than one."""
+    sk = _NO_SINKS if sinks is None else sinks
     work = q.shape[0] * q.shape[1] * (int(pos.max()) + 1) * (k.shape[3] + v.shape[3])
     big = work >= ATTN_PARALLEL_MIN_WORK
     if k.dtype == np.uint16:
         kbits, kvals = _block_scratch(max(k.shape[3], v.shape[3]))
         fn = _attn_f16_p if big else _attn_f16_s
-        fn(q, k, v, seq, pos, window, np.float32(scale), np.float32(softcap), out, scores,
+        fn(q, k, v, seq, pos, window, np.float32(scale), np.float32(softcap), sk, out, scores,
            kbits, kvals)
     else:
         fn = _attn_f32_p if big else _attn_f32_s
-        fn(q, k, v, seq, pos, window, np.float32(scale), np.float32(softcap), out, scores)
+        fn(q, k, v, seq, pos, window, np.float32(scale), np.float32(softcap), sk, out, scores)
 
 
-def attention_chunk(q, kf, vf, pos, window, scale, softcap, out) -> None:
+def attention_chunk(q, kf, vf, pos, window, scale, softcap, out,
+                    sinks: np.ndarray | None = None) -> None:
     """Batch attention for one sequence's chunk with numpy BLAS (prefill path).
 
     q (m, H, D) queries at positions pos (m,); kf (L, G, D) and vf (L, G, Dv) float32 keys and
-    values for positions 0..L-1 of that sequence; out (m, H, Dv). softcap as attention_tokens.
+    values for positions 0..L-1 of that sequence; out (m, H, Dv). softcap and sinks as
+    attention_tokens.
     """
     m, H, D = q.shape
     L, G, _ = kf.shape
@@ -300,8 +340,15 @@ def attention_chunk(q, kf, vf, pos, window, scale, softcap, out) -> None:
             s *= softcap
         s = s.reshape(rep, m, L)
         s += neg[None]
-        s -= s.max(axis=2, keepdims=True)
+        mx = s.max(axis=2, keepdims=True)  # (rep, m, 1)
+        if sinks is not None:
+            sk = sinks[g * rep : (g + 1) * rep, None, None]
+            mx = np.maximum(mx, sk)
+        s -= mx
         np.exp(s, out=s)
-        s /= s.sum(axis=2, keepdims=True)
+        tot = s.sum(axis=2, keepdims=True)
+        if sinks is not None:
+            tot += np.exp(sk - mx)
+        s /= tot
         og = s.reshape(rep * m, L) @ vf[:, g, :]  # (rep*m, Dv)
         out[:, g * rep : (g + 1) * rep, :] = og.reshape(rep, m, -1).transpose(1, 0, 2)

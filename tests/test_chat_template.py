@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -136,3 +137,40 @@ def test_render_failures_are_template_errors_naming_the_template():
         ChatTemplate("{{ 1 / 0 }}", "t").render([])
     with pytest.raises(TemplateError):
         ChatTemplate.builtin("chatml").render(["not a dict"])
+
+
+GPT_OSS_TEMPLATE = Path(__file__).parent / "data" / "templates" / "openai-gpt-oss-120b.jinja"
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def test_gpt_oss_template_renders_harmony():
+    """llama.cpp's models/templates/openai-gpt-oss-120b.jinja through our sandbox: system and
+    developer headers, the tool namespace, channels, the reasoning of a tool-calling turn
+    (reasoning_content read as `thinking`, as llama.cpp passes it) and the tool's answer."""
+    tmpl = ChatTemplate(GPT_OSS_TEMPLATE.read_text(encoding="utf-8"), "gguf", bos_token="<|startoftext|>",
+                        eos_token="<|return|>")
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": "", "reasoning_content": "Need the tool.", "tool_calls": [
+                {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+            {"role": "tool", "content": "sunny"}]
+    out = tmpl.render(msgs, tools=[WEATHER_TOOL])
+    assert out.startswith("<|start|>system<|message|>You are ChatGPT")
+    assert "<|start|>developer<|message|># Instructions\n\nBe brief.\n\n# Tools" in out
+    assert "type get_weather = (_: {\ncity: string,\n}) => any;" in out
+    assert "<|start|>user<|message|>Weather?<|end|>" in out
+    assert "<|start|>assistant<|channel|>analysis<|message|>Need the tool.<|end|>" in out
+    assert ('<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>'
+            '{"city": "Paris"}<|call|>') in out
+    assert '<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"sunny"<|end|>' in out
+    assert out.endswith("<|start|>assistant")
+
+
+def test_gpt_oss_template_continues_a_final_answer_with_end():
+    """A prompt that ends in a finished answer has <|end|> where the template writes <|return|>
+    (llama.cpp common_chat_params_init_gpt_oss)."""
+    tmpl = ChatTemplate(GPT_OSS_TEMPLATE.read_text(encoding="utf-8"), "gguf")
+    out = tmpl.render([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}],
+                      add_generation_prompt=False)
+    assert out.endswith("<|start|>assistant<|channel|>final<|message|>Hello<|end|>")
+    assert "<|return|>" not in out

@@ -101,3 +101,27 @@ def test_openai_sdk_reads_the_tool_call(server, script):
     chunks = list(client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
                                                  tools=[TOOL], stream=True))
     assert any(c.choices and c.choices[0].delta.tool_calls for c in chunks)
+
+
+HARMONY_TEMPLATE = "{{ '<|start|>assistant<|channel|>' }}"  # what marks a gpt-oss template
+HARMONY_CALL = ["<|channel|>analysis<|message|>", "Need the ", "weather.<|end|>", "<|start|>assistant",
+                "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>",
+                '{"location": ', '"Paris"}']
+HARMONY_ANSWER = ["<|channel|>analysis<|message|>", "Easy.", "<|end|><|start|>assistant<|channel|>final",
+                  "<|message|>", "It is ", "sunny."]
+
+
+def test_gpt_oss_harmony_reply_is_read_with_and_without_tools(server, script):
+    script(HARMONY_CALL, template_source=HARMONY_TEMPLATE)
+    choice = chat(server, tools=[TOOL]).json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and not choice["message"].get("content")
+    assert choice["message"]["reasoning_content"] == "Need the weather."
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"location": "Paris"}
+    script(HARMONY_ANSWER, template_source=HARMONY_TEMPLATE)
+    msg = chat(server).json()["choices"][0]["message"]  # no tools: the channels are still markup
+    assert (msg["content"], msg["reasoning_content"]) == ("It is sunny.", "Easy.")
+    deltas, finish = stream_deltas(chat(server, stream=True))
+    assert "".join(d.get("content") or "" for d in deltas) == "It is sunny." and finish == "stop"
+    assert "".join(d.get("reasoning_content") or "" for d in deltas) == "Easy."

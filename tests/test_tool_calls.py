@@ -8,6 +8,7 @@ import json
 import pytest
 
 from engine.server.tool_calls import (
+    ParsedMessage,
     StreamParser,
     ToolCall,
     parse_message,
@@ -147,3 +148,105 @@ def test_stream_without_tools_sends_everything_at_once():
     sp = StreamParser()
     assert sp.feed("<tool_call>{") == [("content", "<tool_call>{")]
     assert sp.finish() == ([], parse_message("<tool_call>{"))
+
+
+# -- harmony (gpt-oss) ------------------------------------------------------------------------
+
+ANALYSIS = "<|channel|>analysis<|message|>The user wants the weather. Use the tool.<|end|>"
+FINAL = "<|start|>assistant<|channel|>final<|message|>It is sunny in Paris."
+CALL = ('<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>'
+        '{"location": "Paris"}')
+
+
+def harmony(text, **kw):
+    return parse_message(text, tool_names=TOOLS, harmony=True, **{"reasoning": True, **kw})
+
+
+def test_harmony_reasoning_and_final_answer():
+    msg = harmony(ANALYSIS + FINAL)
+    assert (msg.reasoning, msg.content, msg.tool_calls) == (
+        "The user wants the weather. Use the tool.", "It is sunny in Paris.", [])
+    assert harmony("<|channel|>final<|message|>Hi!").content == "Hi!"  # no analysis
+    assert harmony(ANALYSIS + FINAL + "<|return|>").content == "It is sunny in Paris."
+
+
+@pytest.mark.parametrize("call", [
+    CALL,
+    CALL + "<|call|>",
+    # the recipient in the role header, constraint without <|constrain|>
+    '<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"location": "Paris"}<|call|>',
+    # stray commentary before analysis-channel tool calls, as gpt-oss-20b writes them
+    '<|start|>assistant<|channel|>analysis to=functions.get_weather<|message|>{"location":"Paris"}',
+])
+def test_harmony_tool_call(call):
+    msg = harmony(ANALYSIS + call, parse_tools=True)
+    assert msg.reasoning.startswith("The user wants")
+    assert msg.content == ""
+    assert [(c.name, json.loads(c.arguments)) for c in msg.tool_calls] == [("get_weather", PARIS)]
+    assert msg.tool_calls[0].id.startswith("call_")
+
+
+def test_harmony_preamble_is_content_and_unsolicited_calls_are_dropped():
+    text = "<|channel|>commentary<|message|>Checking.<|end|>" + CALL
+    msg = harmony(text, parse_tools=True)
+    assert msg.content == "Checking." and len(msg.tool_calls) == 1
+    # tools not parsed (none declared) or undeclared: the call is dropped, as llama.cpp does
+    assert harmony(text) == ParsedMessage(content="Checking.")
+    other = text.replace("functions.get_weather", "functions.delete_all")
+    assert harmony(other, parse_tools=True).tool_calls == []
+    builtin = ANALYSIS + "<|start|>assistant<|channel|>analysis to=browser.search<|message|>{}<|call|>"
+    assert harmony(builtin, parse_tools=True) == ParsedMessage(reasoning="The user wants the weather. Use the tool.")
+
+
+def test_harmony_reasoning_format_none_keeps_the_analysis_in_the_content():
+    msg = harmony(ANALYSIS + FINAL, reasoning=False)
+    assert msg.reasoning == ""
+    assert msg.content == ANALYSIS + "It is sunny in Paris."
+
+
+def test_harmony_without_markup_is_plain_content():
+    assert harmony("Just text.") == ParsedMessage(content="Just text.")
+
+
+def test_harmony_tool_arguments_are_kept_as_written():
+    """As llama.cpp returns them: the JSON text with the model's spacing, not re-serialised."""
+    msg = harmony(CALL.replace('{"location": "Paris"}', '{\n \t"location"\n:"Paris"}'), parse_tools=True)
+    assert msg.tool_calls[0].arguments == '{\n \t"location"\n:"Paris"}'
+    msg = harmony(CALL.replace('{"location": "Paris"}', "location=Paris"), parse_tools=True)
+    assert msg.tool_calls[0].arguments == "location=Paris"
+
+
+@pytest.mark.parametrize("text,kw", [
+    (ANALYSIS + FINAL, {}),
+    (ANALYSIS + FINAL, dict(reasoning=False)),
+    (ANALYSIS + CALL + "<|call|>", dict(parse_tools=True)),
+    ("<|channel|>commentary<|message|>Checking.<|end|>" + CALL, dict(parse_tools=True)),
+    ('<|start|>assistant to=functions.search<|channel|>commentary json<|message|>{"q": "a"}', dict(parse_tools=True)),
+    ("<|channel|>final<|message|>A <|en answer with a near-marker", {}),
+    ("Plain text without markup.", {}),
+])
+@pytest.mark.parametrize("chunk", [1, 4, 1000])
+def test_harmony_streamed_reply_matches_the_whole_one(text, kw, chunk):
+    kw = {"reasoning": True, **kw}
+    whole = parse_message(text, tool_names=TOOLS, harmony=True, **kw)
+    sp = StreamParser(tool_names=TOOLS, harmony=True, **kw)
+    deltas = []
+    for i in range(0, len(text), chunk):
+        deltas += sp.feed(text[i:i + chunk])
+    rest, msg = sp.finish()
+    deltas += rest
+    assert "".join(t for k, t in deltas if k == "content") == msg.content == whole.content
+    assert "".join(t for k, t in deltas if k == "reasoning") == msg.reasoning == whole.reasoning
+    assert [(c.name, c.arguments) for c in msg.tool_calls] == [(c.name, c.arguments) for c in whole.tool_calls]
+    if kw["reasoning"]:  # no markup reaches the client
+        assert not any(m in t for _, t in deltas for m in ("<|channel|>", "<|message|>", "<|end|>", "<|start|>"))
+
+
+def test_harmony_stream_sends_reasoning_and_answer_as_they_come():
+    sp = StreamParser(harmony=True, reasoning=True)
+    assert sp.feed("<|channel|>analysis<|mess") == []
+    assert sp.feed("age|>Thinking") == [("reasoning", "Thinking")]
+    assert sp.feed(" more<|end|>") == [("reasoning", " more")]
+    assert sp.feed("<|start|>assistant<|channel|>final<|message|>Ans") == [("content", "Ans")]
+    assert sp.feed("wer") == [("content", "wer")]
+    assert sp.finish() == ([], ParsedMessage(content="Answer", reasoning="Thinking more"))

@@ -9,12 +9,12 @@ below.
 from __future__ import annotations
 
 from ..errors import UnsupportedArchError
-from . import gemma2, gemma3, granite, llama, olmo2, phi3, qwen2, qwen2moe, qwen3, qwen3moe, smollm3
+from . import gemma2, gemma3, gpt_oss, granite, llama, olmo2, phi3, qwen2, qwen2moe, qwen3, qwen3moe, smollm3
 from .base import Architecture
 
 ARCHITECTURES: dict[str, Architecture] = {
     m.ARCH.name: m.ARCH
-    for m in (llama, qwen2, qwen3, gemma2, gemma3, phi3, smollm3, olmo2, granite, qwen3moe, qwen2moe)
+    for m in (llama, qwen2, qwen3, gemma2, gemma3, phi3, smollm3, olmo2, granite, qwen3moe, qwen2moe, gpt_oss)
 }
 ARCH_ALIASES = {"mistral": "llama"}
 

@@ -86,13 +86,15 @@ def qkv_fused(s: UbatchState, h: np.ndarray, wqkv: QTensor):
 
 
 def attention(s: UbatchState, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, wo: QTensor,
-              softcap: float = 0.0) -> np.ndarray:
+              softcap: float = 0.0, sinks: np.ndarray | None = None,
+              bo: np.ndarray | None = None) -> np.ndarray:
     """Self-attention of layer il; returns the output projection (T, n_embd) in s.o.
 
     RoPE on q and k (the cache's rotation for this layer), k and v stored in the KV cache, then
     each token attends to its own sequence's cached positions: causal, within the layer's
     sliding window, scores q.k * cfg.kq_scale, capped to softcap * tanh(score / softcap) when
-    softcap > 0, grouped-query heads sharing KV heads.
+    softcap > 0, grouped-query heads sharing KV heads. sinks (n_head,): a learned logit per
+    head in its softmax denominator (attn_sinks, gpt-oss); bo: the output projection's bias.
     """
     kv, rope = s.kv, s.kv.rope[il]
     ops.rope(q, s.pos, rope.inv_freq, rope.neox, rope.attn_factor)
@@ -110,7 +112,7 @@ def attention(s: UbatchState, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarr
 
             def rows(p, _w, qs=qs, ps=ps, res=res, kf=kf, vf=vf, parts=parts):
                 a, e = parts[p]
-                ops.attention_chunk(qs[a:e], kf, vf, ps[a:e], window, scale, softcap, res[a:e])
+                ops.attention_chunk(qs[a:e], kf, vf, ps[a:e], window, scale, softcap, res[a:e], sinks)
 
             parallel.run_parts(rows, len(parts))
             attn[idx] = res
@@ -121,9 +123,11 @@ def attention(s: UbatchState, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarr
                 ts = sel[part]
                 res = np.empty((len(ts), H, Dv), np.float32)
                 ops.attention_tokens(np.ascontiguousarray(q[ts]), kc, vc, rows, s.pos[ts], window, scale,
-                                     softcap, res, s.buf.scores)
+                                     softcap, res, s.buf.scores, sinks)
                 attn[ts] = res
     matmul(wo, s.attn, s.o, s.tile)
+    if bo is not None:
+        s.o += bo
     return s.o
 
 

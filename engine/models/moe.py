@@ -63,9 +63,13 @@ def _gelu(g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
     ops.gated_act("gelu", g, u, out)
 
 
+def _swiglu_oai(g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
+    ops.swiglu_oai(g, u, out)  # gpt-oss: clamped gate and up, alpha 1.702, up + 1
+
+
 # act(gate, up) of one expert's tokens: gate, up, out (n, n_ff_exp) float32, out may be gate
 ACTIVATIONS: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray], None]] = {
-    "silu": _silu, "gelu": _gelu,
+    "silu": _silu, "gelu": _gelu, "swiglu_oai": _swiglu_oai,
 }
 
 

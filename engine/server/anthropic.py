@@ -273,11 +273,11 @@ class MessageBuilder:
     """The Anthropic message (or its stream events) of one request's steps."""
 
     def __init__(self, model: str, *, tool_names: list[str], parse_tools: bool, reasoning: bool,
-                 starts_inside: bool, stop_sequences: list[str], n_prompt: int):
+                 starts_inside: bool, stop_sequences: list[str], n_prompt: int, harmony: bool = False):
         self.id = "msg_" + uuid.uuid4().hex[:24]
         self.model = model
         self.parser = StreamParser(tool_names=tool_names, parse_tools=parse_tools, reasoning=reasoning,
-                                   starts_inside=starts_inside)
+                                   starts_inside=starts_inside, harmony=harmony)
         self.stop_sequences = stop_sequences
         self.n_prompt, self.n_cached, self.n_decoded = n_prompt, 0, 0
         self.last: GenerationStep | None = None
@@ -408,7 +408,7 @@ def _prepare(s, body: MessagesRequest):
     builder = MessageBuilder(
         body.model or s.model_alias, tool_names=list(reading.tool_names), parse_tools=reading.parse_tools,
         reasoning=reading.reasoning, starts_inside=reading.starts_inside,
-        stop_sequences=rq.stop_list(body.stop_sequences), n_prompt=len(req.prompt))
+        stop_sequences=rq.stop_list(body.stop_sequences), n_prompt=len(req.prompt), harmony=reading.harmony)
     builder.prefill(_prefill_text(chat, prompt_text))
     return req, builder
 

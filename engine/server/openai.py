@@ -292,7 +292,7 @@ class ChatFormatter(Formatter):
             else:
                 self._message = parse_message(self.acc.content, tool_names=self.reader.tool_names,
                                               parse_tools=self.reader.parse_tools, reasoning=self.reader.reasoning,
-                                              starts_inside=self.reader.starts_inside)
+                                              starts_inside=self.reader.starts_inside, harmony=self.reader.harmony)
         return self._message
 
     @staticmethod

@@ -30,7 +30,7 @@ from .constraints import request_grammar
 from .errors import exceed_context, invalid
 from .schemas import ApplyTemplateRequest, ChatCompletionRequest, CompletionRequest, SamplingFields
 from .settings import generation_settings
-from .tool_calls import THINK_OPEN, ReplyReading, prompt_opens_reasoning
+from .tool_calls import THINK_OPEN, ReplyReading, is_harmony_template, prompt_opens_reasoning
 
 if TYPE_CHECKING:
     from ..seams import PromptTemplate
@@ -373,10 +373,14 @@ def _check_template_kwargs(kwargs: dict) -> None:
 def reply_reading(state: ServerState, body: ChatCompletionRequest, prompt_text: str) -> ReplyReading | None:
     """How the reply to a chat body is read: tool calls split out when the body declares tools
     (and neither tool_choice "none" nor parse_tool_calls false says otherwise), reasoning when
-    the template knows `<think>` (unless reasoning_format "none"); None when neither applies."""
+    the template knows `<think>` (unless reasoning_format "none"); None when neither applies.
+    A gpt-oss (harmony) template's replies are always read: their channels are markup."""
     tool_names = tuple(str((t.get("function") or {}).get("name") or t.get("name") or "") for t in body.tools or [])
     parse_tools = bool(tool_names) and body.tool_choice != "none" and body.parse_tool_calls is not False
     source = state.chat_template.source if state.chat_template is not None else ""
+    if is_harmony_template(source):
+        return ReplyReading(tool_names=tool_names, parse_tools=parse_tools,
+                            reasoning=body.reasoning_format != "none", harmony=True)
     reasoning = THINK_OPEN in source and body.reasoning_format != "none"
     if not (parse_tools or reasoning):
         return None

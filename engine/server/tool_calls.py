@@ -13,6 +13,15 @@ Models write tool calls as text, each family in its own syntax; the API shapes (
 Reasoning is the `<think>...</think>` span at the start of a reply (DeepSeek R1, Qwen 3 and
 their kin); a template whose generation prompt already opens it makes the reply start inside.
 
+gpt-oss writes the harmony format instead (llama.cpp common/parsers/gpt-oss.cpp), messages
+after the prompt's `<|start|>assistant`, each `<|channel|>NAME<|message|>BODY<|end|>`:
+
+    analysis                                         reasoning
+    commentary (a preamble) / final                  the answer
+    commentary to=functions.f <|constrain|>json      a tool call, its body the arguments, ended
+                                                     by <|call|> (the recipient may also sit in
+                                                     the role: `<|start|>assistant to=functions.f`)
+
 `parse_message` reads a finished reply. `StreamParser` reads one as it arrives: it releases
 reasoning and answer text as soon as it cannot be the start of a tool call or a closing tag,
 and keeps tool calls back until the end, when `finish` parses the whole text; so a streamed
@@ -68,13 +77,14 @@ class ParsedMessage:
 @dataclass(frozen=True)
 class ReplyReading:
     """How a chat reply is read (StreamParser's options): the declared tools a bare-JSON call
-    may name, whether tool calls and reasoning are split out, and whether the reply starts
-    inside a `<think>` the prompt opened."""
+    may name, whether tool calls and reasoning are split out, whether the reply starts
+    inside a `<think>` the prompt opened, and whether it is in gpt-oss's harmony format."""
 
     tool_names: tuple[str, ...] = ()
     parse_tools: bool = False
     reasoning: bool = False
     starts_inside: bool = False
+    harmony: bool = False
 
 
 def new_call_id(prefix: str = "call_") -> str:
@@ -123,8 +133,10 @@ def parse_tool_calls(text: str, tool_names: Collection[str] | None = None) -> tu
 
 
 def parse_message(text: str, *, tool_names: Collection[str] | None = None, parse_tools: bool = False,
-                  reasoning: bool = False, starts_inside: bool = False) -> ParsedMessage:
+                  reasoning: bool = False, starts_inside: bool = False, harmony: bool = False) -> ParsedMessage:
     """A finished reply read as reasoning, content and tool calls (each only when asked for)."""
+    if harmony:
+        return parse_harmony(text, tool_names=tool_names, parse_tools=parse_tools, reasoning=reasoning)
     thought = ""
     if reasoning:
         thought, text = split_reasoning(text, starts_inside)
@@ -309,6 +321,79 @@ def _parse_bare_json(text: str, tool_names: Collection[str] | None):
         return "", calls
 
 
+# -- harmony (gpt-oss) ----------------------------------------------------------------------
+
+HARMONY_MARKER = "<|channel|>"  # a template that writes it is gpt-oss's (llama.cpp's detection)
+_H_START, _H_MESSAGE = "<|start|>", "<|message|>"
+_H_ENDS = ("<|end|>", "<|call|>", "<|return|>")
+_H_CHANNEL = re.compile(r"<\|channel\|>([A-Za-z0-9_-]*)")
+_H_RECIPIENT = re.compile(r"(?:^|\s)to=([^\s<]+)")
+
+
+def is_harmony_template(source: str) -> bool:
+    return HARMONY_MARKER in source
+
+
+def _harmony_messages(text: str) -> list[tuple[str, str, bool]]:
+    """(header, body, ended) of each message of a reply that continues `<|start|>assistant`.
+    A last message whose header is not finished yet is left out."""
+    out = []
+    segments = text.split(_H_START)
+    for i, seg in enumerate(segments):
+        if i:  # "<|start|>ROLE...": the role word, then the header as in the first message
+            seg = seg[len("assistant"):] if seg.startswith("assistant") else seg
+        m = seg.find(_H_MESSAGE)
+        if m < 0:
+            continue  # header still arriving (or stray text between messages)
+        header, rest = seg[:m], seg[m + len(_H_MESSAGE):]
+        ends = [j for j in (rest.find(e) for e in _H_ENDS) if j >= 0]
+        end = min(ends) if ends else len(rest)
+        out.append((header, rest[:end], bool(ends)))
+    return out
+
+
+def parse_harmony(text: str, *, tool_names: Collection[str] | None = None, parse_tools: bool = False,
+                  reasoning: bool = True, partial: bool = False) -> ParsedMessage:
+    """A harmony reply as reasoning (analysis), content (commentary preambles and final) and
+    tool calls (messages to functions.NAME). Messages to other recipients, or to tools when
+    none are parsed, are dropped (llama.cpp's "unsolicited" rule). Without reasoning the
+    analysis stays in the content with its markers, as llama.cpp's reasoning_format none.
+    partial: the text is still arriving; the unfinished tail that could be the start of an
+    end token is held back and tool calls are left for the end."""
+    if HARMONY_MARKER not in text and _H_MESSAGE not in text:
+        # no header at all: the model ignored the format (or its first header is arriving)
+        opening = partial and any(h.startswith(text[: len(h)]) for h in (HARMONY_MARKER, _H_START, " to="))
+        return ParsedMessage(content="" if opening else text)
+    msg = ParsedMessage()
+    thoughts: list[str] = []
+    content: list[str] = []
+    for header, body, ended in _harmony_messages(text):
+        if partial and not ended:
+            body = body[: len(body) - _held_tail(body, _H_ENDS + (_H_START,))]
+        channel = m.group(1) if (m := _H_CHANNEL.search(header)) else ""
+        recipient = r.group(1) if (r := _H_RECIPIENT.search(header)) else ""
+        if recipient:
+            name = recipient[len("functions."):] if recipient.startswith("functions.") else ""
+            if name and parse_tools and (tool_names is None or name in tool_names) and not partial:
+                msg.tool_calls.append(_harmony_call(name, body))
+        elif channel == "analysis":
+            if reasoning:
+                thoughts.append(body)
+            else:
+                content.append(f"{HARMONY_MARKER}analysis{_H_MESSAGE}{body}" + ("<|end|>" if ended else ""))
+        else:  # final, commentary (a preamble), or no channel at all
+            content.append(body)
+    msg.reasoning, msg.content = "".join(thoughts), "".join(content)
+    for c in msg.tool_calls:
+        c.id = c.id or new_call_id()
+    return msg
+
+
+def _harmony_call(name: str, body: str) -> ToolCall:
+    """The arguments as the model wrote them (llama.cpp keeps the JSON text, spacing included)."""
+    return ToolCall(name, body.strip())
+
+
 # -- streaming ------------------------------------------------------------------------------
 
 
@@ -335,11 +420,12 @@ class StreamParser:
     """
 
     def __init__(self, *, tool_names: Collection[str] | None = None, parse_tools: bool = False,
-                 reasoning: bool = False, starts_inside: bool = False):
+                 reasoning: bool = False, starts_inside: bool = False, harmony: bool = False):
         self.tool_names = tool_names
         self.parse_tools = parse_tools
         self.reasoning = reasoning
         self.starts_inside = starts_inside
+        self.harmony = harmony
         self.text = ""  # everything fed
         self._pending = ""  # fed but not yet released
         self._mode = "reasoning" if (reasoning and starts_inside) else ("start" if reasoning else "content")
@@ -348,6 +434,8 @@ class StreamParser:
 
     def feed(self, delta: str) -> list[tuple[str, str]]:
         self.text += delta
+        if self.harmony:
+            return self._feed_harmony()
         self._pending += delta
         out: list[tuple[str, str]] = []
         while True:
@@ -355,6 +443,18 @@ class StreamParser:
             self._step(out)
             if (self._mode, len(self._pending)) == before:
                 return [(k, t) for k, t in out if t]
+
+    def _feed_harmony(self) -> list[tuple[str, str]]:
+        """Harmony replies are re-read whole as they grow (they are short next to the work of
+        generating them): what a partial read adds to each part is sent."""
+        msg = parse_harmony(self.text, tool_names=self.tool_names, parse_tools=self.parse_tools,
+                            reasoning=self.reasoning, partial=True)
+        out: list[tuple[str, str]] = []
+        for kind, now, sent in (("reasoning", msg.reasoning, self.sent_reasoning),
+                                ("content", msg.content, self.sent_content)):
+            if len(now) > len(sent) and now.startswith(sent):
+                self._emit(out, kind, now[len(sent):], strip=False)
+        return out
 
     def _step(self, out: list[tuple[str, str]]) -> None:
         p = self._pending
@@ -401,11 +501,11 @@ class StreamParser:
             self._pending = p[len(p) - keep:]
         # "tools": everything waits for finish()
 
-    def _emit(self, out: list[tuple[str, str]], kind: str, text: str) -> None:
+    def _emit(self, out: list[tuple[str, str]], kind: str, text: str, strip: bool = True) -> None:
         if not text:
             return
         if kind == "reasoning":
-            if not self.sent_reasoning:
+            if strip and not self.sent_reasoning:
                 text = text.lstrip()
             self.sent_reasoning += text
         else:
@@ -417,7 +517,7 @@ class StreamParser:
         if the final parse disagrees with it (a tag that turned out not to be a call), the
         message keeps what the client already has."""
         msg = parse_message(self.text, tool_names=self.tool_names, parse_tools=self.parse_tools,
-                            reasoning=self.reasoning, starts_inside=self.starts_inside)
+                            reasoning=self.reasoning, starts_inside=self.starts_inside, harmony=self.harmony)
         out: list[tuple[str, str]] = []
         for kind, final, sent in (("reasoning", msg.reasoning, self.sent_reasoning),
                                   ("content", msg.content, self.sent_content)):

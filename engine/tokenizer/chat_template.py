@@ -526,9 +526,10 @@ class ChatTemplate:
 
     def _prepare_messages(self, messages: list[dict]) -> list[dict]:
         """llama.cpp's workarounds before rendering: 'developer' is 'system' (except for
-        gpt-oss's channel format, which has its own), a system message the template cannot
-        show is merged into the next message, and tool-call arguments sent as JSON text are
-        parsed for templates that format them as objects."""
+        gpt-oss's channel format, which has its own and reads reasoning_content as
+        `thinking`), a system message the template cannot show is merged into the next
+        message, and tool-call arguments sent as JSON text are parsed for templates that
+        format them as objects."""
         out = _normalize_messages(messages)
         calls = [c for m in out for c in m.get("tool_calls") or () if isinstance(c, Mapping)]
         if any(isinstance((c.get("function") or {}).get("arguments"), str) for c in calls) \
@@ -540,6 +541,12 @@ class ChatTemplate:
             for m in out:
                 if m.get("role") == "developer":
                     m["role"] = "system"
+        else:  # gpt-oss's template reads an assistant's reasoning as `thinking`
+            for m in out:
+                if isinstance(m.get("reasoning_content"), str):
+                    m["thinking"] = m["reasoning_content"]
+                    if m.get("tool_calls"):
+                        m.pop("content", None)
         if out and out[0].get("role") == "system" and not self.supports_system_role:
             first = out.pop(0)
             if out:
@@ -585,7 +592,14 @@ class ChatTemplate:
         if "enable_thinking" not in variables:
             variables["enable_thinking"] = self.supports_thinking
         _reasoning_variables(variables)
-        return self._render(template, variables)
+        text = self._render(template, variables)
+        if not add_generation_prompt and "<|channel|>" in self.source:
+            # gpt-oss ends a finished final answer with <|return|>; a prompt that goes on from
+            # it needs <|end|> (llama.cpp common_chat_params_init_gpt_oss, issue 15417)
+            i = text.rfind("<|return|>")
+            if i >= 0:
+                text = text[:i] + "<|end|>" + text[i + len("<|return|>"):]
+        return text
 
     def _render(self, template: jinja2.Template, variables: dict) -> str:
         try:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import gemma2, gemma3, granite, llama, olmo2, phi3, qwen2, qwen2moe, qwen3, qwen3moe, smollm3
+from . import gemma2, gemma3, gpt_oss, granite, llama, olmo2, phi3, qwen2, qwen2moe, qwen3, qwen3moe, smollm3
 from .common import GGUFModel
 
 ORACLES = {
     "llama": llama, "qwen2": qwen2, "qwen3": qwen3, "gemma2": gemma2, "gemma3": gemma3, "phi3": phi3,
     "smollm3": smollm3, "olmo2": olmo2, "granite": granite, "qwen3moe": qwen3moe, "qwen2moe": qwen2moe,
+    "gpt-oss": gpt_oss,
 }
 
 
