@@ -281,3 +281,27 @@ def dequantize_to_f32(src, dst) -> Path:
     w.write_tensors_to_file()
     w.close()
     return Path(dst)
+
+
+def vocab_only_copy(src, dst, pre: str) -> Path:
+    """Copy a GGUF's metadata only (no tensors, like llama.cpp's models/ggml-vocab-*.gguf) with
+    tokenizer.ggml.pre set to `pre` and without the add_bos/add_eos keys, so that the
+    pre-tokenizer's own defaults apply. llama-tokenize and our tokenizer both load it."""
+    from gguf import GGUFReader
+
+    drop = {"general.architecture", gguf.Keys.Tokenizer.PRE, gguf.Keys.Tokenizer.ADD_BOS,
+            gguf.Keys.Tokenizer.ADD_EOS}
+    r = GGUFReader(str(src))
+    w = GGUFWriter(str(dst), r.fields["general.architecture"].contents())
+    for key, field in r.fields.items():
+        if key.startswith("GGUF.") or key in drop:
+            continue
+        vtype = field.types[0]
+        sub = field.types[1] if vtype == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(key, field.contents(), vtype, sub_type=sub)
+    w.add_tokenizer_pre(pre)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(dst)

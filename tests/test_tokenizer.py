@@ -15,7 +15,7 @@ NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = 1, 2, 3, 4, 6
 
 
 # --- vocabularies -----------------------------------------------------------------------------
-def bpe_meta(pre="gpt2", **extra):
+def bpe_meta(pre="gpt-2", **extra):
     specials = [("<|endoftext|>", CONTROL), ("<|im_start|>", CONTROL), ("<|im_end|>", CONTROL),
                 ("<tool>", USER_DEFINED)]
     merges = ["h e", "l l", "ll o", "he llo", "Ġ w", "o r", "Ġw or", "Ġwor l", "Ġworl d", "Ġ Ġ", "ĠĠ ĠĠ",
@@ -92,7 +92,7 @@ def test_pre_tokenizers_required_by_the_issue_are_known():
 
 
 def test_bpe_special_ids_flags_and_eog(bpe):
-    assert bpe.kind == "gpt2" and bpe.pre == "gpt2"
+    assert bpe.kind == "gpt2" and bpe.pre == "gpt-2"
     assert (bpe.bos_id, bpe.eos_id, bpe.unk_id, bpe.pad_id) == (0, 0, None, None)
     assert bpe.add_bos is False and bpe.add_eos is False
     assert bpe.eot_id == bpe.token_to_id["<|im_end|>"]  # found by its text, like llama.cpp
