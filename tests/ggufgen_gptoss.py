@@ -111,7 +111,7 @@ def _add_vocab(w: GGUFWriter) -> int:
     tokens, types, merges = _bpe_vocab()
     tokens, types = tokens + list(HARMONY_SPECIALS), types + [3] * len(HARMONY_SPECIALS)
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")  # real files say "gpt-4o"
+    w.add_tokenizer_pre("gpt-4o")  # as real gpt-oss files
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(merges)

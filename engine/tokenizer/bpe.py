@@ -281,6 +281,12 @@ def pre_tokenizer_regexes(pre: str) -> list[PreSplit]:
     return _COMPILED[pre]
 
 
+def pre_tokenizer_adds_bos(pre: str) -> bool:
+    """Whether a BPE vocabulary with this tokenizer.ggml.pre adds BOS when its metadata does not say."""
+    settings = _PRE.get(pre or "default")
+    return settings is not None and settings.add_bos
+
+
 def split_words(text: str, splits: list[PreSplit]) -> list[str]:
     """unicode_regex_split: each regex splits every current piece into matches and gaps."""
     ascii_text = text.isascii()

@@ -25,6 +25,7 @@ from jinja2 import nodes
 
 from ..errors import TemplateError, TemplateLimitError, TemplateRefusedError
 from . import template_sandbox
+from .bpe import pre_tokenizer_adds_bos
 from .template_sandbox import LimitedSandbox, RenderBudget, input_size, render_limited
 
 if TYPE_CHECKING:
@@ -685,8 +686,7 @@ def _special_kw(get, tokens: list[str]) -> dict:
         return tokens[i] if isinstance(i, int) and 0 <= i < len(tokens) else ""
 
     model = get("tokenizer.ggml.model")
-    add_bos_default = model == "llama" or (model == "gpt2" and get("tokenizer.ggml.pre") in (
-        "llama3", "llama-v3", "llama-bpe", "falcon3", "tekken"))
+    add_bos_default = model == "llama" or (model == "gpt2" and pre_tokenizer_adds_bos(get("tokenizer.ggml.pre")))
     add_bos = get("tokenizer.ggml.add_bos_token")
     add_eos = get("tokenizer.ggml.add_eos_token")
     return dict(bos_token=text("tokenizer.ggml.bos_token_id"), eos_token=text("tokenizer.ggml.eos_token_id"),
