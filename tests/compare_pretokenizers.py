@@ -2,7 +2,9 @@
 local llama.cpp build). Writes tests/data/pretok-smollm2.json, which test_pretokenizers.py checks
 our tokenizer against without llama.cpp.
 
-    python tests/compare_pretokenizers.py LLAMA_CPP_DIR [--check-only]
+    python tests/compare_pretokenizers.py LLAMA_CPP_DIR [--check-only] [--only NAME,NAME]
+
+--only runs the given names and adds them to the existing file.
 
 SmolLM2's vocabulary (starter model) is copied without tensors for each tokenizer.ggml.pre
 (ggufgen.vocab_only_copy). Each text is given to llama-tokenize in a file of its own
@@ -84,10 +86,15 @@ def main() -> None:
     reps = representatives()
     src = model_store.ensure("smollm2")
     rows = [{"text": t, "variants": [], "pre": {}} for t in texts]
+    names = sorted(_PRE)
+    if "--only" in sys.argv:
+        names = sys.argv[sys.argv.index("--only") + 1].split(",")
+        rows = json.loads(OUT.read_text(encoding="utf-8"))["results"]
+        assert [r["text"] for r in rows] == texts, "the corpus changed: run without --only"
     n_cmp = n_bad = 0
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        for name in sorted(_PRE):
+        for name in names:
             vocab = vocab_only_copy(src, tmp / "vocab.gguf", name)
             tok = load_tokenizer(str(vocab))
             for i, row in enumerate(rows):
@@ -103,7 +110,7 @@ def main() -> None:
                     row["variants"].append(ids)
                 row["pre"][name] = row["variants"].index(ids)
             print(f"{name}: done", flush=True)
-    print(f"{n_cmp} comparisons over {len(_PRE)} names and {len(texts)} texts, {n_bad} differ")
+    print(f"{n_cmp} comparisons over {len(names)} names and {len(texts)} texts, {n_bad} differ")
     if "--check-only" not in sys.argv:
         data = {"model": src.name, "source": "llama-tokenize (llama.cpp 0c1e570) via tests/compare_pretokenizers.py",
                 "results": rows}

@@ -288,3 +288,18 @@ def test_streaming_detokenizer_never_splits_a_character(spm):
     assert detok.flush() == "\ufffd"  # an unfinished character at the end becomes U+FFFD
     assert detok.add(spm.token_to_id["<s>"]) == ""  # control tokens are not shown by default
     assert StreamingDetokenizer(spm, special=True).add(spm.token_to_id["<s>"]) == "<s>"
+
+
+def test_gemma4_bpe_escapes_spaces_merges_raw_text_and_falls_back_to_byte_tokens():
+    tokens = ["<pad>", "<eos>", "<bos>", "\n", "\n\n", "▁", "h", "e", "l", "o", "he", "ll", "llo", "hello", "▁hello",
+              "<0xC3>", "<0xA9>"]
+    types = [CONTROL, CONTROL, CONTROL] + [NORMAL] * 12 + [BYTE, BYTE]
+    tok = load_tokenizer({"tokenizer.ggml.model": "gemma4", "tokenizer.ggml.pre": "ignored",
+                          "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types,
+                          "tokenizer.ggml.bos_token_id": 2,
+                          "tokenizer.ggml.add_bos_token": False,  # llama.cpp turns it on for Gemma 4
+                          "tokenizer.ggml.merges": ["h e", "l l", "ll o", "he llo", "▁ hello"]})
+    ids = tok.encode("hello\n\n hello é")
+    assert ids == [2, *ids_of(tok, "hello", "\n\n", "▁hello", "▁", "<0xC3>", "<0xA9>")]
+    assert tok.pre == "gemma4" and tok.decode(ids, skip_special=True) == "hello\n\n hello é"
+    assert tok.encode("\n\n\n", add_special=False) == ids_of(tok, "\n", "\n", "\n")  # no such run: one by one

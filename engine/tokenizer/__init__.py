@@ -21,7 +21,7 @@ from .spm import SPMTokenizer
 __all__ = ["BPETokenizer", "PRE_TOKENIZERS", "SPMTokenizer", "StreamingDetokenizer", "TokenAttr",
            "Tokenizer", "load_tokenizer"]
 
-TOKENIZER_MODELS = {"gpt2": BPETokenizer, "llama": SPMTokenizer}
+TOKENIZER_MODELS = {"gpt2": BPETokenizer, "gemma4": BPETokenizer, "llama": SPMTokenizer}
 
 
 def load_tokenizer(gguf_file: Any) -> Tokenizer:

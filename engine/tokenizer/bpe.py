@@ -217,6 +217,7 @@ class _Pre(NamedTuple):
     ignore_merges: bool
     add_bos: bool
     has_bos: bool  # False: no default BOS id (chatglm-bpe, glm4)
+    raw: bool  # SPM-style BPE (gemma4): spaces as U+2581, merges on the text itself, <0xXX> byte tokens
 
 
 # tokenizer.ggml.pre -> settings, as llama_vocab::impl::load sets them for a BPE vocabulary
@@ -224,9 +225,9 @@ _PRE: dict[str, _Pre] = {}
 
 
 def _register(names: str, exprs: list[str], clean_spaces: bool = True, ignore_merges: bool = False,
-              add_bos: bool = False, has_bos: bool = True) -> None:
+              add_bos: bool = False, has_bos: bool = True, raw: bool = False) -> None:
     for name in names.split():
-        _PRE[name] = _Pre(exprs, clean_spaces, ignore_merges, add_bos, has_bos)
+        _PRE[name] = _Pre(exprs, clean_spaces, ignore_merges, add_bos, has_bos, raw)
 
 
 _register("default", _DEFAULT)
@@ -267,6 +268,10 @@ _register("kimi-k2", [_KIMI_K2], clean_spaces=False)
 _register("ufakzeka", [_UFAKZEKA], clean_spaces=False)
 _register("afmoe", _AFMOE, clean_spaces=False)
 _register("laguna", [_NEWLINES, _QWEN2], clean_spaces=False)
+# llama.cpp forces add_bos on for gemma4 whatever the metadata says
+_register("gemma4 granite-embed-multi-311m", [_NEWLINES], add_bos=True, raw=True)
+_register("sarvam-moe", [_NEWLINES], clean_spaces=False, raw=True)
+_GEMMA4 = ("gemma4", "granite-embed-multi-311m")  # LLAMA_VOCAB_PRE_TYPE_GEMMA4
 
 PRE_TOKENIZERS: tuple[str, ...] = tuple(sorted(_PRE))
 _COMPILED: dict[str, list[PreSplit]] = {}
@@ -338,15 +343,20 @@ class BPETokenizer(Tokenizer):
     _CACHE_LIMIT = 200_000
 
     def __init__(self, meta: Any):
-        pre = meta_str(meta, K.PRE, None) or "default"
+        gemma4_model = meta_str(meta, K.MODEL, None) == "gemma4"  # tokenizer.ggml.model "gemma4" means pre gemma4
+        pre = "gemma4" if gemma4_model else meta_str(meta, K.PRE, None) or "default"
         if pre not in _PRE:
             raise TokenizerError(f"unknown pre-tokenizer type: '{pre}' (known: {', '.join(PRE_TOKENIZERS)})")
         settings = _PRE[pre]
-        super().__init__(meta, default_bos=11 if settings.has_bos else None, default_eos=11, default_unk=None,
+        default_bos = 11 if settings.has_bos and not gemma4_model else None
+        super().__init__(meta, default_bos=default_bos, default_eos=None if gemma4_model else 11, default_unk=None,
                          add_space_prefix=False, add_bos=settings.add_bos, add_eos=False,
                          clean_spaces=settings.clean_spaces)
         self.pre = pre
         self.ignore_merges = settings.ignore_merges
+        self.raw = settings.raw
+        if pre in _GEMMA4:
+            self.add_bos = True  # llama.cpp overrides a false add_bos_token for Gemma 4
         self._patterns = pre_tokenizer_regexes(pre)
         merges = meta_array(meta, K.MERGES, None, "string")
         if merges is None and pre != "kimi-k2":  # llama.cpp lets Kimi-K2 go without merges
@@ -365,13 +375,18 @@ class BPETokenizer(Tokenizer):
         cache = self._cache
         if len(cache) > self._CACHE_LIMIT:
             cache.clear()
-        for word in split_words(llama_codepoints(text), self._patterns):
+        text = llama_codepoints(text)
+        if self.raw:
+            text = text.replace(" ", "\u2581")  # llama_escape_whitespace
+        for word in split_words(text, self._patterns):
             ids = cache.get(word)
             if ids is None:
                 ids = cache[word] = self._bpe_word(word)
             out.extend(ids)
 
     def _bpe_word(self, word: str) -> tuple[int, ...]:
+        if self.raw:
+            return self._raw_word(word)
         chars = word.encode("utf-8", "surrogatepass").decode("latin-1").translate(_LATIN1_TO_BYTE_LEVEL)
         vocab = self.token_to_id
         if self.ignore_merges and chars in vocab:
@@ -387,6 +402,23 @@ class BPETokenizer(Tokenizer):
                 continue
             for b in s.encode("utf-8"):  # llama.cpp tries every byte on its own
                 tid = vocab.get(chr(b)) if b < 0x80 else None
+                if tid is not None:
+                    ids.append(tid)
+        return tuple(ids)
+
+    def _raw_word(self, word: str) -> tuple[int, ...]:
+        """SPM-style BPE (byte_encode false): merges on the text itself, <0xXX> tokens for the rest."""
+        vocab = self.token_to_id
+        if self.pre in _GEMMA4 and word.strip("\n") == "" and word in vocab:  # a run of newlines as one token
+            return (vocab[word],)
+        ids = []
+        for s in self._merge(list(word)):
+            tid = vocab.get(s)
+            if tid is not None:
+                ids.append(tid)
+                continue
+            for b in s.encode("utf-8"):
+                tid = vocab.get(f"<0x{b:02X}>")
                 if tid is not None:
                     ids.append(tid)
         return tuple(ids)
@@ -451,6 +483,8 @@ class BPETokenizer(Tokenizer):
         if attr & (TokenAttr.UNKNOWN | TokenAttr.CONTROL | TokenAttr.USER_DEFINED):
             return text.encode("utf-8", "surrogatepass")
         if attr & TokenAttr.NORMAL:
+            if self.raw:
+                return text.replace("\u2581", " ").encode("utf-8", "surrogatepass")
             return _decode_byte_level(text)
         if attr & TokenAttr.BYTE and len(text) == 6 and text.startswith("<0x"):
             return bytes([int(text[3:5], 16)])
