@@ -76,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     also exit fast: see _exit_without_collecting)."""
     own = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
+    if own and argv[:1] in (["generate"], ["chat"]):  # collecting again once the model loaded
+        from .commands.common import pause_collector
+
+        pause_collector()
     parser = build_parser()
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         argv = ["gui", *argv]
