@@ -7,6 +7,8 @@ Each subcommand lives in engine/commands/<name>.py and exposes `add_parser(subpa
 from __future__ import annotations
 
 import argparse
+import atexit
+import gc
 import importlib
 import sys
 
@@ -70,11 +72,20 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Nam
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line `argv` (default: this process's own, whose headless commands
+    also exit fast: see _exit_without_collecting)."""
+    own = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
+    if own and argv[:1] in (["generate"], ["chat"]):  # collecting again once the model loaded
+        from .commands.common import pause_collector
+
+        pause_collector()
     parser = build_parser()
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         argv = ["gui", *argv]
     args = parse_args(parser, argv)
+    if own and args.command != "gui":  # Qt's teardown keeps the collector it was tested with
+        atexit.register(_exit_without_collecting)
     try:
         return int(args.run(args) or 0)
     except EngineError as e:
@@ -85,6 +96,15 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+
+
+def _exit_without_collecting() -> None:
+    """Run last among the exit handlers registered after the command starts: the interpreter's
+    shutdown then skips the garbage collections that would walk every object numba, the
+    tokenizer and the model loaded. They cost 0.2-0.3 s of CPU (0.7-0.9 s of wall time on a
+    busy machine) after a generate's last token; the memory goes back to the system anyway.
+    Only for the process's own command line: a caller of main(argv) keeps its collector."""
+    gc.freeze()
 
 
 if __name__ == "__main__":

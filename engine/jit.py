@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import threading
 import warnings
 from collections.abc import Callable
@@ -54,6 +55,42 @@ def set_num_threads(n_threads: int) -> int:
     parallel.limit_blas_threads()
     parallel.set_pool_size(n)
     return n
+
+
+_target_ready = False
+_SCIPY_BLAS = "scipy.linalg.cython_blas"
+
+
+def init_target() -> None:
+    """Load numba's CPU target (its typing and lowering registries) without importing SciPy.
+
+    The first kernel call in a process, cached or not, loads those registries; one of them
+    (numba.np.arraymath) imports scipy.linalg, when SciPy is installed, only to decide whether
+    np.convolve/np.correlate may call BLAS, which no engine kernel does. With SciPy 1.17 that
+    import cost 0.13-0.25 s of CPU and ~20 MB of a generate's start-up (numpy.f2py and
+    array_api_compat come with it). Here the target loads with that one import refused, which numba treats as
+    "no SciPy" (a pure loop for those two functions); np.dot and np.linalg, were a kernel ever
+    to use them, still import SciPy when they compile. Nothing is refused once SciPy's BLAS is
+    already loaded, or once the target has loaded.
+    """
+    global _target_ready
+    if _target_ready:
+        return
+    from numba.core.compiler_lock import global_compiler_lock
+    from numba.core.registry import cpu_target
+
+    with global_compiler_lock:  # the lock numba holds when a first call loads the target
+        if _target_ready:
+            return
+        refuse = _SCIPY_BLAS not in sys.modules and "numba.np.arraymath" not in sys.modules
+        if refuse:
+            sys.modules[_SCIPY_BLAS] = None  # type: ignore[assignment]  # None: `import` raises ImportError
+        try:
+            cpu_target.target_context.refresh()
+        finally:
+            if refuse and sys.modules.get(_SCIPY_BLAS, 0) is None:
+                del sys.modules[_SCIPY_BLAS]
+        _target_ready = True
 
 
 def on_passing_thread(fn: Callable[..., T], *args: Any) -> T:

@@ -8,7 +8,6 @@ event loop, or let the scheduler step inline and read what is ready with `drain(
 
 from __future__ import annotations
 
-import asyncio
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -21,6 +20,8 @@ from .sampling import SamplingParams
 from .sequence import GenerationStep
 
 if TYPE_CHECKING:
+    import asyncio
+
     from .grammar import Grammar
 
 
@@ -164,6 +165,8 @@ class RequestHandle(Generic[ItemT]):
 
     async def astream(self) -> AsyncIterator[ItemT]:
         """Async iterator over the items; never blocks the event loop."""
+        import asyncio  # here: `ggstation generate` and chat never load asyncio
+
         self._loop = asyncio.get_running_loop()
         self._event = asyncio.Event()
         while not self.done:

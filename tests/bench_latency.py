@@ -3,9 +3,10 @@
 Runs the tests marked `perf` and prints what each one measured beside the loose bound the
 test holds it to: GUI event-loop p95 while a reply streams, `ggstation serve` start-up to
 the first /health answer, /health while decoding, SIGINT/SIGTERM to exit, GGUF open time,
-and the 4-client server speed-up. Extra arguments go to pytest (`-k serve`, a test file).
-The starter models are fetched on first use. Figures are of this machine at this moment:
-run it on a quiet machine and compare runs, not machines.
+the 4-client server speed-up, and a whole SmolLM2 `generate -n 16` with its peak RSS.
+Extra arguments go to pytest (`-k serve`, a test file). The starter models are fetched on
+first use. Figures are of this machine at this moment: run it on a quiet machine and compare
+runs, not machines.
 """
 
 from __future__ import annotations

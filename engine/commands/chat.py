@@ -27,7 +27,6 @@ from ..sampling import SamplingParams, resolve_seed
 from ..scheduler import GenerationRequest, Scheduler
 from ..seams import ChatTokenizer, DecodeContext, PromptTemplate
 from ..sequence import GenerationStep
-from ..tokenizer.chat_template import ChatTemplate, chat_prompt_tokens
 from .common import add_mem_check_arg
 from .generate import InterruptFlag, load_for_generation, timings_text
 
@@ -116,6 +115,8 @@ class ChatSession:
 
     def prompt_tokens(self) -> list[int]:
         """The rendered conversation, tokenized, ready for the assistant's turn."""
+        from ..tokenizer.chat_template import chat_prompt_tokens
+
         return chat_prompt_tokens(self.template, self.tokenizer, self.messages)
 
     def _reply(self, on_delta: Callable[[str], None],
@@ -151,6 +152,8 @@ def load_messages(path: str) -> list[dict]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..tokenizer.chat_template import ChatTemplate  # jinja2: not loaded for the other commands
+
     template_override = params.chat_template_override(args)
     model, ctx = load_for_generation(args)
     template = ChatTemplate.from_gguf(model.gguf, override=template_override)

@@ -1,9 +1,11 @@
-"""What the model-running commands share beyond engine/params.py: the memory-check switch and
-the thread count's sanity check (one clear line for -t 0 or -t 100000)."""
+"""What the model-running commands share beyond engine/params.py: the memory-check switch, the
+thread count's sanity check (one clear line for -t 0 or -t 100000) and the garbage collector's
+pause while `generate` and `chat` start."""
 
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 
 from .. import params
@@ -35,3 +37,29 @@ def init_threads(n_threads: int) -> int:
         print(f"warning: -t {n_threads} is more than the {n} hardware threads available; using {n}",
               file=sys.stderr)
     return n
+
+
+_collector_paused = False
+
+
+def pause_collector() -> None:
+    """No garbage collection until resume_collector(): engine.cli.main calls it when the
+    process's own command line is `generate` or `chat`. Importing numba and loading its
+    target and kernels made ~270 collections, ~0.1 s of CPU, that found almost nothing to
+    free (the peak RSS is the same without them)."""
+    global _collector_paused
+    gc.disable()
+    _collector_paused = True
+
+
+def resume_collector() -> None:
+    """After the model has loaded: collect again, but leave out everything made so far
+    (gc.freeze: imports, numba's registries, the tokenizer, which live as long as the
+    process), so that a collection during generation does not walk them either; the ~1000
+    objects start-up left in reference cycles stay until exit. Does nothing unless
+    pause_collector() ran."""
+    global _collector_paused
+    if _collector_paused:
+        _collector_paused = False
+        gc.freeze()
+        gc.enable()

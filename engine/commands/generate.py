@@ -15,7 +15,7 @@ import threading
 
 from .. import params
 from ..errors import EngineError
-from .common import add_mem_check_arg, init_threads, mem_check
+from .common import add_mem_check_arg, init_threads, mem_check, resume_collector
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -66,14 +66,17 @@ def load_for_generation(args: argparse.Namespace):
     from ..context import Context
     from ..model import load_model
 
-    n_threads = init_threads(args.threads)
-    path = params.resolve_model_path(args)
-    model = load_model(path, n_threads=n_threads)
     try:
-        ctx = Context(model, params.to_context_params(args, check_memory=mem_check(args)))
-    except BaseException:
-        model.close()
-        raise
+        n_threads = init_threads(args.threads)
+        path = params.resolve_model_path(args)
+        model = load_model(path, n_threads=n_threads)
+        try:
+            ctx = Context(model, params.to_context_params(args, check_memory=mem_check(args)))
+        except BaseException:
+            model.close()
+            raise
+    finally:
+        resume_collector()  # paused by engine.cli.main for the process's own generate/chat
     if args.verbose:
         cfg = model.cfg
         print(
