@@ -176,7 +176,7 @@ class HubFitInfo:
     filename: str
     verdict: str  # FIT_OK, FIT_TIGHT or FIT_NO against available RAM
     supported: bool
-    why_unsupported: str = ""  # "architecture 'mamba'", "tensor type(s) IQ4_XS", ...
+    why_unsupported: str = ""  # "architecture 'mamba'", "tensor type(s) IQ2_XXS", ...
     arch: str = "?"
     n_params: int = 0
     n_ctx_train: int = 0

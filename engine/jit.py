@@ -8,6 +8,7 @@ kernels: with `generated_kernel`, which knows when their cache can be trusted) s
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 import warnings
 from collections.abc import Callable
@@ -25,6 +26,12 @@ parallel_kernel = numba.njit(parallel=True, **_OPTS)
 # For kernels that must round exactly as C compiled without -ffast-math does (the sampler's
 # float32 softmax, which has to match llama.cpp's bit for bit to pick the same tokens).
 exact_kernel = numba.njit(**{**_OPTS, "fastmath": False})
+
+# GGSTATION_PORTABLE_LUT=1: the 16-entry table lookups of IQ4_NL/IQ4_XS/MXFP4 use the portable
+# select tree even where pshufb exists (engine/quants/_ir.py, Emit.lut16), to test and time
+# the path non-x86 machines take. numba's cache does not know this choice, so the generated
+# kernels then compile without it (generated_kernel).
+PORTABLE_LUT = os.environ.get("GGSTATION_PORTABLE_LUT", "") not in ("", "0")
 
 _n_threads = 0  # set by set_num_threads (0: numba's default, every core)
 _stale_warned = False  # generated_kernel's warning is given once per process
@@ -111,7 +118,8 @@ def source_digest(paths) -> str:
 
 def generated_kernel(module_file: str, sources, digest: str, parallel: bool = True):
     """The decorator for the kernels of a generated module: `parallel_kernel` (or `kernel`)
-    when `digest` matches the current `sources`, an uncached variant (with a warning) when not.
+    when `digest` matches the current `sources`, an uncached variant (with a warning) when not;
+    uncached too (no warning) under GGSTATION_PORTABLE_LUT.
 
     Args:
         module_file: the generated module's __file__ (for the message).
@@ -124,8 +132,10 @@ def generated_kernel(module_file: str, sources, digest: str, parallel: bool = Tr
         current = source_digest(m.__file__ for m in sources)
     except (OSError, TypeError):  # no sources beside the code (frozen bundle): nothing can drift
         current = digest
+    uncached = numba.njit(parallel=parallel, **{**_OPTS, "cache": False})
     if current == digest:
-        return parallel_kernel if parallel else kernel
+        # PORTABLE_LUT: right sources, but machine code the cache must not mix with the usual
+        return uncached if PORTABLE_LUT else (parallel_kernel if parallel else kernel)
     global _stale_warned
     if not _stale_warned:  # once: after an edit to _ir.py every generated module is stale
         _stale_warned = True
@@ -134,4 +144,4 @@ def generated_kernel(module_file: str, sources, digest: str, parallel: bool = Tr
             "kernels older than their sources compile without numba's cache until you run "
             "`python -m engine.quants.codegen`", RuntimeWarning, stacklevel=2,
         )
-    return numba.njit(parallel=parallel, **{**_OPTS, "cache": False})
+    return uncached

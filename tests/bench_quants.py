@@ -1,12 +1,16 @@
-"""Benchmark the quant kernels (not collected by pytest): python tests/bench_quants.py [threads]
+"""Benchmark the quant kernels (not collected by pytest):
+
+    python tests/bench_quants.py [threads] [--types Q4_0,IQ4_NL] [--no-models]
 
 Prints per type: mat-vec GMAC/s (1 token), mat-vec-multi GMAC/s (4 tokens), dequant G weights/s;
 then, for each starter model present, the weight time of one decode step (every 2-D weight
 mat-vec'd once, output head included). Timings are the best of several runs.
+GGSTATION_PORTABLE_LUT=1 times the table types (IQ4_NL, IQ4_XS, MXFP4) without pshufb.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from functools import partial
@@ -58,13 +62,23 @@ def decode_step(calls, ws, xs, outs, head):
 
 
 def main():
-    n = jit.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else 2)
-    print(f"threads: {n}")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("threads", nargs="?", type=int, default=2)
+    ap.add_argument("--types", default="", help="comma-separated GGML type names (default: all)")
+    ap.add_argument("--no-models", action="store_true", help="skip the starter-model decode steps")
+    args = ap.parse_args()
+    n = jit.set_num_threads(args.threads)
+    wanted = {t.strip().upper() for t in args.types.split(",") if t.strip()}
+    print(f"threads: {n}, portable table lookup: {jit.PORTABLE_LUT}")
     print(f"{'type':6} {'shape':>12} {'matvec GMAC/s':>14} {'x4 GMAC/s':>10} {'dequant Gw/s':>13}")
     for qt in ALL:
+        if wanted and qt.name not in wanted:
+            continue
         w = make_tensor(qt, 2048, 2048)
         a, b, c = bench_type(w)
         print(f"{qt.name:6} {'2048x2048':>12} {a:14.1f} {b:10.1f} {c:13.2f}")
+    if args.no_models:
+        return
     from engine.gguf_file import GGUFFile
 
     for model in model_store.STARTER_MODELS:

@@ -15,6 +15,8 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
 
+from quantize_iq4 import quantize_iq4_nl, quantize_iq4_xs
+
 CHATML = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content']"
     " + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
@@ -107,7 +109,7 @@ def write_tiny_model(path, arch: str = "llama", n_layer: int = 2, n_embd: int = 
         if qtype == GGMLQuantizationType.F32:
             w.add_tensor(name, data)
         else:
-            w.add_tensor(name, quantize(data, qtype), raw_dtype=qtype)
+            w.add_tensor(name, quantize_weights(data, qtype), raw_dtype=qtype)
 
     def vec(name, n, base=1.0, spread=0.05):
         w.add_tensor(name, (base + spread * rng.standard_normal(n)).astype(np.float32))
@@ -169,6 +171,15 @@ def write_tiny_model(path, arch: str = "llama", n_layer: int = 2, n_embd: int = 
     if split_max_tensors:
         return sorted(path.parent.glob(f"{path.stem}-00001-of-*.gguf"))[0]
     return path
+
+
+def quantize_weights(data: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
+    """(rows, cols) f32 -> packed qtype rows: gguf-py's quantiser, or ours where it has none."""
+    if qtype == GGMLQuantizationType.IQ4_NL:
+        return quantize_iq4_nl(data)
+    if qtype == GGMLQuantizationType.IQ4_XS:
+        return quantize_iq4_xs(data)
+    return quantize(data, qtype)
 
 
 def _add_vocab(w: GGUFWriter, spm: bool, arch: str) -> int:

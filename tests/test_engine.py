@@ -208,3 +208,24 @@ def test_supported_architectures_are_listed_in_the_error(tmp_path):
     bad.write_bytes(path.read_bytes().replace(b"phi3", b"phiz"))
     with pytest.raises(UnsupportedArchError, match="'phiz'.*gemma2.*gemma3.*llama.*phi3.*qwen2.*qwen3"):
         load_model(bad)
+
+
+@pytest.mark.parametrize("qtype", ["IQ4_NL", "IQ4_XS", "MXFP4"])
+def test_table_quant_weights_match_oracle(qtype, tiny_model_dir):
+    """A llama whose every matrix (embeddings too) is one of the non-linear 4-bit types, read
+    through the lookup kernels, against the oracle reading the same file with gguf-py.
+    n_embd and n_ff are multiples of 256: IQ4_XS rows are whole 256-weight super-blocks."""
+    from gguf import GGMLQuantizationType
+
+    from ggufgen import write_tiny_model
+
+    path = write_tiny_model(tiny_model_dir / f"llama-{qtype}.gguf", arch="llama", n_embd=256,
+                            n_ff=512, qtype=GGMLQuantizationType[qtype])
+    model = load_model(path)
+    assert model.gguf.tensors["blk.0.ffn_down.weight"].qtype.name == qtype
+    ctx = Context(model, ContextParams(n_ctx=64, **F32))
+    want = oracle_logits(path, TOKENS, ctx.n_ctx_seq)
+    _close(ctx.decode(Batch.for_sequence(TOKENS, 0, logits_all=True)), want)
+    ctx = Context(model, ContextParams(n_ctx=64, **F32))
+    steps = np.stack([ctx.decode(Batch.for_sequence([t], i))[0] for i, t in enumerate(TOKENS)])
+    _close(steps, want)

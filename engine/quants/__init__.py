@@ -10,10 +10,10 @@ Public API used by the models (never call per-type kernels directly):
     dequant_rows(w, r0, r1, out)      out (r1-r0, n_cols) float32
     get_rows(w, ids, out)             embedding lookup, out (len(ids), n_cols)
 
-Every type has a hand-written bit layout (q4_0.py ... k_quants.py, dense.py) from which _ir.py
-builds the row loops as LLVM vector IR; the kernels running them under numba `prange` over
-output rows are generated per type from one template (codegen.py -> generated/<qtype>.py, with
-greppable entry points such as `matvec_q4_k`, `dequant_q6_k`).
+Every type has a hand-written bit layout (q4_0.py ... k_quants.py, iq4.py, mxfp4.py, dense.py)
+from which _ir.py builds the row loops as LLVM vector IR; the kernels running them under numba
+`prange` over output rows are generated per type from one template (codegen.py ->
+generated/<qtype>.py, with greppable entry points such as `matvec_q4_k`, `dequant_q6_k`).
 """
 
 from __future__ import annotations

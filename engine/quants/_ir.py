@@ -16,9 +16,14 @@ whose codes are centred in bytes, like Q4_0's q - 8, need none). The vector part
 in <16 x float> registers across the whole row (two accumulators, alternating blocks or
 groups), with a single horizontal sum at the end of the row.
 
-Only portable LLVM operations are used (no x86 intrinsics): vector zext/sitofp/fma, a `half`
--> float extension and llvm.prefetch, so the same code runs (slower) on AVX2-only machines.
-LLVM targets the host CPU (numba's default), e.g. AVX-512 on these EPYCs.
+Portable LLVM operations are used (vector zext/sitofp/fma, a `half` -> float extension,
+llvm.prefetch), so the same code runs (slower) on AVX2-only machines, with two exceptions chosen
+from the target's features when the kernel is compiled: F16C's half conversion, and SSSE3's
+pshufb for the 16-entry tables of the non-linear types (IQ4_NL, IQ4_XS, MXFP4; Emit.lut16).
+Each has a portable fallback (integer arithmetic; a tree of vector selects) that LLVM lowers on
+any target. LLVM targets the host CPU (numba's default, or NUMBA_CPU_NAME/NUMBA_CPU_FEATURES),
+e.g. AVX-512 on these EPYCs. GGSTATION_PORTABLE_LUT=1 (engine/jit.py) forces the portable table
+lookup, for tests and benchmarks.
 
 Measured alternatives (Q4_1, one core): numba loops 3.5-4 GMAC/s; this IR ~15-17; an int8
 activation path (vpdpbusd, llama.cpp-style) ~23-25 but 1-2 % normalised error; int16
@@ -37,6 +42,8 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
+from .. import jit
+
 F32 = ir.FloatType()
 I8 = ir.IntType(8)
 I16 = ir.IntType(16)
@@ -54,20 +61,32 @@ def _fast(ins):
     return ins
 
 
-def _has_f16c(context) -> bool:
-    """Whether the code being generated may use the F16C half<->float instructions."""
+def _target_features(context) -> str:
+    """The LLVM feature string ("+avx2,+f16c,...") of the code being generated."""
     try:
-        return "+f16c" in str(context.codegen()._tm_features)
+        return str(context.codegen()._tm_features)
     except Exception:  # pragma: no cover - other numba codegens
-        return False
+        return ""
+
+
+def _use_pshufb(feats: str) -> bool:
+    """Whether table lookups may use SSSE3's pshufb (not under GGSTATION_PORTABLE_LUT)."""
+    return "+ssse3" in feats and not jit.PORTABLE_LUT
+
+
+def make_emit(context, builder: ir.IRBuilder) -> Emit:
+    """An Emit for `builder` that uses what the compile target offers (F16C, pshufb)."""
+    feats = _target_features(context)
+    return Emit(builder, f16c="+f16c" in feats, pshufb=_use_pshufb(feats))
 
 
 class Emit:
     """IR-building helpers bound to one builder; offsets are byte offsets from `base` (i8*)."""
 
-    def __init__(self, builder: ir.IRBuilder, f16c: bool = False):
+    def __init__(self, builder: ir.IRBuilder, f16c: bool = False, pshufb: bool = False):
         self.b = builder
         self.f16c = f16c
+        self.pshufb = pshufb
 
     def half_to_float(self, h):
         """IEEE half bits (i16 or <16 x i16>) -> float / <16 x float>.
@@ -164,6 +183,67 @@ class Emit:
         hi = self.b.shuffle_vector(sel, sel, ir.Constant(ir.VectorType(I32, 16), list(range(16, 32))))
         return lo, hi
 
+    def lut16(self, table, idxs):
+        """[table[i] for i in idxs]: each i a <16 x i8> of values 0..15, table 16 int8 constants.
+
+        With SSSE3 each lookup is one 128-bit pshufb (the table in a register, the codes as its
+        byte indices; measured faster here than joining them for the 256/512-bit forms).
+        Elsewhere a tree of selects on the index bits (15 selects, 4 deep), which LLVM lowers
+        on any target (blends on SSE2, bsl on NEON); it runs on the vectors joined 4 at a time,
+        which LLVM splits to the target's width (one 512-bit blend per select on AVX-512).
+        """
+        if self.pshufb:
+            fn = cgutils.get_or_insert_function(
+                self.b.module, ir.FunctionType(V16I8, [V16I8, V16I8]), "llvm.x86.ssse3.pshuf.b.128")
+            return [self.b.call(fn, [self.vconst8(table), i]) for i in idxs]
+        out = []
+        for k in range(0, len(idxs), 4):
+            part = idxs[k : k + 4]
+            v = self._select_tree(table, self._concat(part))
+            out += [self.b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, 16),
+                                                            list(range(16 * j, 16 * j + 16))))
+                    for j in range(len(part))]
+        return out
+
+    def _concat(self, vs):
+        """Vectors of equal length, end to end (padded with copies of the first to 2^k)."""
+        while len(vs) & (len(vs) - 1):
+            vs = [*vs, vs[0]]
+        while len(vs) > 1:
+            n = 2 * vs[0].type.count
+            mask = ir.Constant(ir.VectorType(I32, n), list(range(n)))
+            vs = [self.b.shuffle_vector(vs[i], vs[i + 1], mask) for i in range(0, len(vs), 2)]
+        return vs[0]
+
+    def _select_tree(self, table, idx):
+        """table[idx] per lane of an <n x i8> idx, portably: at level k a select on index bit k
+        halves the candidates (table values as constant vectors)."""
+        b, n = self.b, idx.type.count
+        vty = ir.VectorType(I8, n)
+
+        def const(v):
+            return ir.Constant(vty, [v] * n)
+
+        level = [const(v) for v in table]
+        bit = 1
+        while len(level) > 1:
+            m = b.icmp_unsigned("!=", b.and_(idx, const(bit)), const(0))
+            level = [b.select(m, level[i + 1], level[i]) for i in range(0, len(level), 2)]
+            bit <<= 1
+        return level[0]
+
+    def e8m0_half(self, base, off):
+        """The E8M0 byte at base+off as float, halved (2^(e - 128)), as ggml_e8m0_to_fp32_half.
+
+        e < 2 give the subnormals 2^-128 and 2^-127; e = 255 gives 2^127 (no NaN code).
+        """
+        b = self.b
+        e = self.u8(base, off)
+        small = b.shl(ir.Constant(I32, 0x00200000), b.and_(e, ir.Constant(I32, 1)))
+        normal = b.shl(b.sub(e, ir.Constant(I32, 1)), ir.Constant(I32, 23))
+        bits = b.select(b.icmp_unsigned("<", e, ir.Constant(I32, 2)), small, normal)
+        return b.bitcast(bits, F32)
+
     def sub8(self, q, k):
         """q - k on <16 x i8> (wrapping; used to centre unsigned codes, then read as signed)."""
         return self.b.sub(q, self.vconst8(k))
@@ -251,7 +331,7 @@ def make_row_dot(layout: Layout, n_tok: int):
 
         def codegen(context, builder, signature, args):
             rawv, rv, xv, xsv, outv, t0v = args
-            em = Emit(builder, _has_f16c(context))
+            em = make_emit(context, builder)
             ra = _arr(context, builder, signature.args[0], rawv)
             xa = _arr(context, builder, signature.args[2], xv)
             sa = _arr(context, builder, signature.args[3], xsv)
@@ -337,7 +417,7 @@ def make_row_dequant(layout: Layout):
 
         def codegen(context, builder, signature, args):
             rawv, rv, outv, ov = args
-            em = Emit(builder, _has_f16c(context))
+            em = make_emit(context, builder)
             ra = _arr(context, builder, signature.args[0], rawv)
             oa = _arr(context, builder, signature.args[2], outv)
             rstride = cgutils.unpack_tuple(builder, ra.strides)[0]

@@ -67,6 +67,7 @@ TYPES = (
     TypeSpec("Q5_1", "q5_1"), TypeSpec("Q8_0", "q8_0"),
     TypeSpec("Q2_K", "k_quants"), TypeSpec("Q3_K", "k_quants"), TypeSpec("Q4_K", "k_quants"),
     TypeSpec("Q5_K", "k_quants"), TypeSpec("Q6_K", "k_quants"),
+    TypeSpec("IQ4_NL", "iq4"), TypeSpec("IQ4_XS", "iq4"), TypeSpec("MXFP4", "mxfp4"),
 )
 
 

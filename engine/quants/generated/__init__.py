@@ -5,6 +5,9 @@
 from .bf16 import BF16
 from .f16 import F16
 from .f32 import F32
+from .iq4_nl import IQ4_NL
+from .iq4_xs import IQ4_XS
+from .mxfp4 import MXFP4
 from .q2_k import Q2_K
 from .q3_k import Q3_K
 from .q4_0 import Q4_0
@@ -16,4 +19,4 @@ from .q5_k import Q5_K
 from .q6_k import Q6_K
 from .q8_0 import Q8_0
 
-ENTRIES = (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)
+ENTRIES = (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4)
