@@ -38,6 +38,26 @@ class Rope:
             inv /= np.asarray(factors, np.float64)
         return cls(inv, neox, float(attn_factor))
 
+    @classmethod
+    def yarn(cls, n_rot: int, base: float, neox: bool, factor: float, n_ctx_orig: int, attn_factor: float = 1.0,
+             beta_fast: float = 32.0, beta_slow: float = 1.0) -> Rope:
+        """YaRN as llama.cpp runs it (ggml_rope_ext with ext_factor 1, llama_context's attention
+        factor): pair i turns at base^(-2i/n_rot) times a mix of 1 (the fast pairs, kept) and
+        1/factor (the slow pairs, interpolated), ramping between the pairs ggml's
+        rope_yarn_corr_dims finds for beta_fast and beta_slow; cos and sin are multiplied by
+        attn_factor * (1 + 0.1 ln factor) (just attn_factor when factor <= 1)."""
+
+        def corr_dim(beta: float) -> float:
+            return n_rot * math.log(n_ctx_orig / (beta * 2 * math.pi)) / (2 * math.log(base))
+
+        lo = max(0.0, math.floor(corr_dim(beta_fast)))
+        hi = min(n_rot - 1.0, math.ceil(corr_dim(beta_slow)))
+        i = np.arange(n_rot // 2, dtype=np.float64)
+        keep = 1.0 - np.clip((i - lo) / max(0.001, hi - lo), 0.0, 1.0)
+        inv = float(base) ** (-i * 2.0 / n_rot) * (keep + (1.0 - keep) / factor)
+        mscale = 1.0 + 0.1 * math.log(factor) if factor > 1.0 else 1.0
+        return cls(inv, neox, float(attn_factor) * mscale)
+
     @property
     def n_rot(self) -> int:
         return 2 * len(self.inv_freq)
@@ -165,6 +185,14 @@ def swa_layers(f: GGUFFile, default_period: int) -> tuple[bool, ...]:
     else:
         period = f.get_int(key, default_period, lo=0, hi=1 << 24) or default_period
     return tuple(il % period < period - 1 for il in range(n_layer))
+
+
+def require_whole_head_rope(f: GGUFFile, cfg: ModelConfig) -> None:
+    """For architectures whose llama.cpp graph asserts n_rot == head size == value head size
+    (smollm3, olmo2, granite): a file breaking that is rejected here, not run differently."""
+    if cfg.rope_dim != cfg.head_dim or cfg.head_dim_v != cfg.head_dim:
+        raise GGUFError(f"{f.path}: architecture {cfg.arch} rotates whole heads: rope.dimension_count "
+                        f"{cfg.rope_dim}, key_length {cfg.head_dim} and value_length {cfg.head_dim_v} must be equal")
 
 
 def _check(f: GGUFFile, cfg: ModelConfig) -> None:

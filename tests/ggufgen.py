@@ -1,9 +1,10 @@
 """Tiny random GGUF models for fast tests: every supported architecture, a real tokenizer.
 
-`write_tiny_model(path, arch=...)` writes a 2-layer model (dim 64, vocab ~300) with a gpt2
-byte-level BPE vocabulary (llama, qwen2, qwen3) or a SentencePiece-style one (gemma2, gemma3,
-phi3), and a chat template, with the metadata keys and tensors llama.cpp's converter writes
-for that architecture (gguf.GGUFWriter).
+`write_tiny_model(path, arch=...)` writes a 2-layer model (4 for smollm3 and olmo2; dim 64,
+vocab ~300) with a gpt2 byte-level BPE vocabulary (llama, qwen2, qwen3, smollm3, olmo2,
+granite) or a SentencePiece-style one (gemma2, gemma3, phi3), and a chat template, with the
+metadata keys and tensors llama.cpp's converter writes for that architecture
+(gguf.GGUFWriter), so llama.cpp loads these files too.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import gguf
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
@@ -68,21 +70,43 @@ def _spm_vocab():
 
 SPM_ARCHS = ("gemma2", "gemma3", "phi3")  # SentencePiece vocabulary; the others gpt2 BPE
 
+# tokenizer.ggml.pre of each gpt2-vocabulary architecture, as its real models have it
+BPE_PRE = {"llama": "smollm", "smollm3": "llama-bpe", "olmo2": "dbrx", "granite": "refact"}
+
+# Default layer counts: smollm3's 4th layer is its first without RoPE; olmo2's 4th its first
+# global one when sliding.
+N_LAYER = {"smollm3": 4, "olmo2": 4}
+
+# granite's multipliers, far from 1 so that each one moves this tiny model's logits by over
+# 25 % (Granite 3.x: embedding 12, residual 0.22, attention 1/128 with head size 128, logits
+# 8 or 16; with those a 0.5 attention scale here would move them by 0.1 % only).
+GRANITE_SCALES = dict(embedding_scale=4.0, residual_scale=2.5, attention_scale=4.0, logit_scale=8.0)
+
+# olmo2 as OLMo 3's converter writes it: layers 0-2 slide over 6 positions, layer 3 is global
+# with YaRN (factor 4 over an original context of 64: pairs 1 and 2 of 8 are part-interpolated),
+# which the sliding layers must not take; the yarn_* keys llama.cpp ignores for olmo2 are
+# written too (OLMo 3: factor 8 over 8192, attention factor 1.2079), no rope.freq_base_swa.
+OLMO3_WINDOW, OLMO3_PATTERN, OLMO3_YARN, OLMO3_ORIG_CTX = 6, [True, True, True, False], 4.0, 64
+
 # phi3: LongRoPE as Phi-3.5/Phi-4-mini: 3/4 of each head rotated, an original context of 32
 # (tests use contexts on both sides of it) and the attention factor the converter writes.
 PHI3_ORIG_CTX, PHI3_ROTARY = 32, 0.75
 
 
-def write_tiny_model(path, arch: str = "llama", n_layer: int = 2, n_embd: int = 64, n_head: int = 4,
+def write_tiny_model(path, arch: str = "llama", n_layer: int | None = None, n_embd: int = 64, n_head: int = 4,
                      n_head_kv: int = 2, n_ff: int = 128, head_dim: int | None = None,
                      qtype: GGMLQuantizationType = GGMLQuantizationType.Q8_0, seed: int = 0,
                      n_ctx_train: int = 256, chat_template: str | None = CHATML,
-                     rope_freqs: bool = False, split_max_tensors: int = 0) -> Path:
+                     rope_freqs: bool = False, split_max_tensors: int = 0, sliding: bool = False,
+                     granite_scales: dict[str, float] | None = None) -> Path:
     """Write a random tiny model of `arch` to `path`; returns the path. rope_freqs (llama): a
     Llama 3.1-style `rope_freqs.weight` of per-pair frequency divisors. split_max_tensors: write a
     split set (llama.cpp's gguf-split naming, `<stem>-00001-of-0000N.gguf` beside `path`) with at
-    most that many tensors per file; the first file's path is returned."""
+    most that many tensors per file; the first file's path is returned. sliding (olmo2): OLMo 3's
+    sliding-window keys (OLMO3_*). granite_scales: granite's multipliers (default GRANITE_SCALES;
+    a key left out is not written, logit_scale then 1)."""
     path = Path(path)
+    n_layer = n_layer or N_LAYER.get(arch, 2)
     rng = np.random.default_rng(seed)
     head_dim = head_dim or n_embd // n_head
     spm = arch in SPM_ARCHS
@@ -117,6 +141,25 @@ def write_tiny_model(path, arch: str = "llama", n_layer: int = 2, n_embd: int = 
     q_dim, kv_dim = n_head * head_dim, n_head_kv * head_dim
     mat("token_embd.weight", n_vocab, n_embd, 0.5)
     vec("output_norm.weight", n_embd)
+    if arch == "olmo2":  # llama.cpp requires it for olmo2 (no tied embeddings)
+        mat("output.weight", n_vocab, n_embd, 0.5)
+        if sliding:
+            w.add_sliding_window(OLMO3_WINDOW)
+            w.add_sliding_window_pattern(OLMO3_PATTERN)
+            w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+            w.add_rope_scaling_factor(OLMO3_YARN)
+            w.add_rope_scaling_orig_ctx_len(OLMO3_ORIG_CTX)
+            w.add_rope_scaling_yarn_attn_factor(1 + 0.1 * math.log(OLMO3_YARN))
+            w.add_rope_scaling_yarn_beta_fast(32.0)
+            w.add_rope_scaling_yarn_beta_slow(1.0)
+    if arch == "granite":
+        scales = GRANITE_SCALES if granite_scales is None else granite_scales
+        adders = {"embedding_scale": w.add_embedding_scale, "residual_scale": w.add_residual_scale,
+                  "attention_scale": w.add_attention_scale}
+        for key, add in adders.items():
+            if key in scales:
+                add(scales[key])
+        w.add_logit_scale(scales.get("logit_scale", 1.0))
     if arch == "gemma2":
         w.add_sliding_window(8)  # pattern: llama.cpp's default 2 (layer 0 slides)
         # caps low enough to bend this tiny model's scores (|s| < 1) and logits (|l| ~ 30);
@@ -140,7 +183,8 @@ def write_tiny_model(path, arch: str = "llama", n_layer: int = 2, n_embd: int = 
         w.add_tensor("rope_freqs.weight", np.linspace(1.0, 8.0, head_dim // 2).astype(np.float32))
     for il in range(n_layer):
         p = f"blk.{il}."
-        vec(p + "attn_norm.weight", n_embd)
+        if arch != "olmo2":  # olmo2 normalises after its sublayers only
+            vec(p + "attn_norm.weight", n_embd)
         if arch == "phi3":
             mat(p + "attn_qkv.weight", q_dim + 2 * kv_dim, n_embd)
         else:
@@ -148,7 +192,8 @@ def write_tiny_model(path, arch: str = "llama", n_layer: int = 2, n_embd: int = 
             mat(p + "attn_k.weight", kv_dim, n_embd)
             mat(p + "attn_v.weight", kv_dim, n_embd)
         mat(p + "attn_output.weight", n_embd, q_dim)
-        vec(p + "ffn_norm.weight", n_embd)
+        if arch != "olmo2":
+            vec(p + "ffn_norm.weight", n_embd)
         if arch == "phi3":
             mat(p + "ffn_up.weight", 2 * n_ff, n_embd)  # gate | up
         else:
@@ -161,7 +206,10 @@ def write_tiny_model(path, arch: str = "llama", n_layer: int = 2, n_embd: int = 
         if arch in ("qwen3", "gemma3"):
             vec(p + "attn_q_norm.weight", head_dim)
             vec(p + "attn_k_norm.weight", head_dim)
-        if arch in ("gemma2", "gemma3"):
+        if arch == "olmo2":  # over the whole projection, not per head
+            vec(p + "attn_q_norm.weight", q_dim)
+            vec(p + "attn_k_norm.weight", kv_dim)
+        if arch in ("gemma2", "gemma3", "olmo2"):
             vec(p + "post_attention_norm.weight", n_embd)
             vec(p + "post_ffw_norm.weight", n_embd)
     w.write_header_to_file()
@@ -199,7 +247,7 @@ def _add_vocab(w: GGUFWriter, spm: bool, arch: str) -> int:
         w.add_add_space_prefix(False)
     else:
         w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("smollm" if arch == "llama" else "qwen2")
+        w.add_tokenizer_pre(BPE_PRE.get(arch, "qwen2"))
         w.add_token_list(tokens)
         w.add_token_types(types)
         w.add_token_merges(extra)
@@ -213,7 +261,6 @@ def _add_vocab(w: GGUFWriter, spm: bool, arch: str) -> int:
 def dequantize_to_f32(src, dst) -> Path:
     """Copy a GGUF with every tensor dequantised to F32 (same metadata): a model on which
     llama.cpp does no activation quantisation, so engines can be compared exactly."""
-    import gguf
     from gguf import GGUFReader
     from gguf.quants import dequantize
 

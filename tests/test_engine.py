@@ -206,7 +206,8 @@ def test_supported_architectures_are_listed_in_the_error(tmp_path):
     path = write_tiny_model(tmp_path / "x.gguf", arch="phi3")
     bad = tmp_path / "phi4mm.gguf"
     bad.write_bytes(path.read_bytes().replace(b"phi3", b"phiz"))
-    with pytest.raises(UnsupportedArchError, match="'phiz'.*gemma2.*gemma3.*llama.*phi3.*qwen2.*qwen3"):
+    with pytest.raises(UnsupportedArchError,
+                       match="'phiz'.*gemma2.*gemma3.*granite.*llama.*olmo2.*phi3.*qwen2.*qwen3.*smollm3"):
         load_model(bad)
 
 

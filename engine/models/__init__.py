@@ -9,11 +9,11 @@ below.
 from __future__ import annotations
 
 from ..errors import UnsupportedArchError
-from . import gemma2, gemma3, llama, phi3, qwen2, qwen3
+from . import gemma2, gemma3, granite, llama, olmo2, phi3, qwen2, qwen3, smollm3
 from .base import Architecture
 
 ARCHITECTURES: dict[str, Architecture] = {
-    m.ARCH.name: m.ARCH for m in (llama, qwen2, qwen3, gemma2, gemma3, phi3)
+    m.ARCH.name: m.ARCH for m in (llama, qwen2, qwen3, gemma2, gemma3, phi3, smollm3, olmo2, granite)
 }
 ARCH_ALIASES = {"mistral": "llama"}
 

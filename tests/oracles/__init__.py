@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import gemma2, gemma3, llama, phi3, qwen2, qwen3
+from . import gemma2, gemma3, granite, llama, olmo2, phi3, qwen2, qwen3, smollm3
 from .common import GGUFModel
 
 ORACLES = {
     "llama": llama, "qwen2": qwen2, "qwen3": qwen3, "gemma2": gemma2, "gemma3": gemma3, "phi3": phi3,
+    "smollm3": smollm3, "olmo2": olmo2, "granite": granite,
 }
 
 

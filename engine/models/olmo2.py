@@ -1,0 +1,95 @@
+"""olmo2: OLMo 2 and OLMo 3. Norms after the sublayers instead of before them: the attention
+output goes through post_attention_norm, the FFN output through post_ffw_norm, each before its
+residual add, and the sublayers read the residual stream unnormalised. RMSNorm of Q and of K
+over the whole projection (n_head * head_dim and n_head_kv * head_dim weights, not per head)
+before NEOX RoPE, SwiGLU, queries scaled by 1/sqrt(head_dim).
+
+OLMo 3 files carry attention.sliding_window (and a per-layer sliding_window_pattern, else
+llama.cpp's period 4: every 4th layer global) and YaRN rope scaling. As llama.cpp's graph
+(src/models/olmo2.cpp), sliding layers turn by rope.freq_base with no position scaling and no
+attention factor, and global layers use the file's rope scaling: YaRN (config.Rope.yarn) or
+linear. llama.cpp reads rope.freq_base_swa for olmo2 but its graph does not use it (only its
+context shift does); OLMo 3's converter does not write it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..config import ModelConfig, Rope, base_config, require_whole_head_rope, swa_layers
+from ..errors import GGUFError
+from ..gguf_file import GGUFFile
+from ..quants import QTensor
+from . import layers as L
+from .base import Architecture, bind_layer
+
+SWA_PATTERN = 4  # llama.cpp load_swa_pattern(ml, 4): layers 3, 7, ... are global
+
+
+@dataclass(frozen=True)
+class Olmo2Config(ModelConfig):
+    yarn_factor: float = 0.0  # rope.scaling.factor when rope.scaling.type is yarn; 0: no YaRN
+    n_ctx_orig: int = 0  # rope.scaling.original_context_length (YaRN's)
+
+    def layer_rope(self, il: int, n_ctx_seq: int) -> Rope:
+        if self.is_swa(il):  # plain RoPE: freq_scale 1, ext_factor 0, attn_factor 1 (olmo2.cpp)
+            return Rope.make(self.rope_dim, self.rope_base, self.rope_neox)
+        if self.yarn_factor:
+            return Rope.yarn(self.rope_dim, self.rope_base, self.rope_neox, self.yarn_factor, self.n_ctx_orig,
+                             self.rope_attn_factor)
+        return super().layer_rope(il, n_ctx_seq)
+
+
+def config_from_gguf(f: GGUFFile) -> Olmo2Config:
+    k = lambda s: f"{f.arch}.{s}"
+    window = f.get_int(k("attention.sliding_window"), 0)
+    extra: dict[str, Any] = {}
+    if window > 0:
+        extra.update(sliding_window=window, swa_layers=swa_layers(f, SWA_PATTERN), rope_scale_swa=1.0)
+    if f.get_str(k("rope.scaling.type"), "none") == "yarn":
+        # llama.cpp reads no yarn_* keys for olmo2: beta_fast 32, beta_slow 1, and the attention
+        # factor from rope.scaling.attn_factor only (rope.scaling.yarn_attn_factor is ignored)
+        n_ctx_train = f.get_int(k("context_length"), 2048)
+        extra.update(yarn_factor=f.get_float(k("rope.scaling.factor"), 0.0) or 1.0,
+                     n_ctx_orig=f.get_int(k("rope.scaling.original_context_length"), 0) or n_ctx_train)
+    cfg = base_config(f, Olmo2Config, rope_neox=True, **extra)
+    require_whole_head_rope(f, cfg)
+    if cfg.yarn_factor and cfg.rope_base <= 1.0:
+        raise GGUFError(f"{f.path}: YaRN needs rope.freq_base above 1, found {cfg.rope_base:g}")
+    return cfg
+
+
+@dataclass
+class Layer:
+    attn_q: QTensor
+    attn_k: QTensor
+    attn_v: QTensor
+    attn_q_norm: np.ndarray  # n_head * head_dim
+    attn_k_norm: np.ndarray  # n_head_kv * head_dim
+    attn_output: QTensor
+    post_attention_norm: np.ndarray
+    ffn_gate: QTensor
+    ffn_up: QTensor
+    ffn_down: QTensor
+    post_ffw_norm: np.ndarray
+
+
+def load_layer(f: GGUFFile, cfg: ModelConfig, il: int) -> Layer:
+    D = cfg.head_dim
+    return bind_layer(f, cfg, il, Layer, attn_q_norm=(cfg.n_head * D,), attn_k_norm=(cfg.n_head_kv * D,))
+
+
+def block(s: L.UbatchState, il: int, lw: Layer) -> None:
+    q, k, v = L.qkv(s, s.x, lw.attn_q, lw.attn_k, lw.attn_v)
+    L.norm(s, s.q, lw.attn_q_norm, s.q)  # s.q, s.k: the (T, width) buffers behind q and k
+    L.norm(s, s.k, lw.attn_k_norm, s.k)
+    o = L.attention(s, il, q, k, v, lw.attn_output)
+    s.x += L.norm(s, o, lw.post_attention_norm, o)
+    o = L.ffn(s, s.x, lw.ffn_gate, lw.ffn_up, lw.ffn_down, "silu")
+    s.x += L.norm(s, o, lw.post_ffw_norm, o)
+
+
+ARCH = Architecture("olmo2", config_from_gguf, load_layer, block)
