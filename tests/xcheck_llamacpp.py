@@ -48,6 +48,7 @@ class Generator:
     function: str  # (path, arch=..., qtype=..., **kwargs) -> path of the written GGUF
     contexts: tuple[int, ...] = (64,)  # -c values to check (phi3: both sides of its original context)
     kwargs: tuple[tuple[str, object], ...] = ()
+    arch: str | None = None  # the arch to pass when the table's name is a variant
     # general.name to give the file instead of the generator's (same length; see phi3)
     rename: str | None = None
 
@@ -65,6 +66,7 @@ GENERATORS: dict[str, Generator] = {
     "phi3": Generator("ggufgen", "write_tiny_model", (16, 32, 64), rename="tiny-phi_"),
     "smollm3": Generator("ggufgen", "write_tiny_model"),
     "olmo2": Generator("ggufgen", "write_tiny_model"),
+    "olmo3": Generator("ggufgen", "write_tiny_model", kwargs=(("sliding", True),), arch="olmo2"),
     "granite": Generator("ggufgen", "write_tiny_model"),
     "qwen2moe": Generator("ggufgen_moe", "write_tiny_moe_model"),
     "qwen3moe": Generator("ggufgen_moe", "write_tiny_moe_model"),
@@ -120,6 +122,7 @@ class Result:
     dlogp_max: float = float("nan")  # over llama.cpp's top 10, where not clamped
     same_tokens: bool | None = None  # our tokenizer gives llama.cpp's tokens for the text
     error: str = ""
+    note: str = ""
     seconds_llama: float = 0.0
     seconds_ours: float = 0.0
 
@@ -127,21 +130,23 @@ class Result:
 def run_llama(model: Path, text: Path, n_ctx: int, n_chunk: int, out: Path, kv: str,
               threads: int) -> tuple[float, str]:
     """llama-perplexity writing `out`; returns (its final PPL, its log)."""
-    cmd = ["nice", "-n", "10", str(LLAMA_BIN / "llama-perplexity"), "-m", str(model), "-f", str(text),
+    cmd = [str(LLAMA_BIN / "llama-perplexity"), "-m", str(model), "-f", str(text),
            "-c", str(n_ctx), "-b", str(n_ctx), "--chunks", str(n_chunk), "-t", str(threads), "-fa", "off",
            "-ctk", kv, "-ctv", kv, "--kl-divergence-base", str(out)]
-    for _ in range(3):  # its asynchronous logger sometimes loses the last lines at exit
+    for _ in range(5):  # its asynchronous logger sometimes loses the last lines at exit (under load)
         p = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
         log = p.stdout + p.stderr
-        m = re.search(r"Final estimate: PPL = ([0-9.eE+inf-]+)", log)
+        # the final estimate, else the running one after the last chunk ("[N]ppl,")
+        m = (re.search(r"Final estimate: PPL = ([0-9.eE+inf-]+)", log)
+             or re.search(rf"\[{n_chunk}\]([0-9.eE+inf-]+),", log))
         if p.returncode != 0 or m:
             break
-    if p.returncode != 0 or not m or not out.exists():
+    if p.returncode != 0 or not out.exists():
         bad = [ln for ln in log.splitlines()
                if re.search(r"error|failed|unknown|missing|not supported|invalid|assert", ln, re.I)]
         why = " | ".join(bad[-6:]) or log[-800:]
         raise RuntimeError(f"llama-perplexity failed (rc {p.returncode}): {why}")
-    return float(m.group(1)), log
+    return float(m.group(1)) if m else float("nan"), log
 
 
 def our_logprobs(model, base: LlamaLogits, kv: str, pad_ctx: bool = True) -> np.ndarray:
@@ -179,14 +184,20 @@ def tokenizer_agrees(model, text: Path, want: np.ndarray) -> bool:
 
 
 def compare(case: str, model: Path, text: Path, n_ctx: int, n_chunk: int, work: Path, kv: str,
-            threads: int, pad_ctx: bool) -> Result:
+            threads: int, pad_ctx: bool, base_file: Path | None = None) -> Result:
+    """One case; base_file: an existing --kl-divergence-base file (e.g. llama.cpp on the F32
+    model) to measure our run of `model` against, instead of running llama.cpp on `model`."""
     res = Result(case)
-    kld_file = work / (model.stem + f"-c{n_ctx}.kld")
+    kld_file = base_file or work / (model.stem + f"-c{n_ctx}.kld")
     try:
         t0 = time.perf_counter()
-        res.ppl_llama, _ = run_llama(model, text, n_ctx, n_chunk, kld_file, kv, threads)
+        if base_file is None:
+            res.ppl_llama, _ = run_llama(model, text, n_ctx, n_chunk, kld_file, kv, threads)
         res.seconds_llama = time.perf_counter() - t0
         base = read_kld_base(kld_file)
+        if base_file is not None:
+            base = LlamaLogits(base.n_ctx, base.n_vocab, base.tokens[:n_chunk], base.logp[:n_chunk],
+                               base.clamped[:n_chunk])
         from engine.model import load_model
 
         t0 = time.perf_counter()
@@ -202,6 +213,10 @@ def compare(case: str, model: Path, text: Path, n_ctx: int, n_chunk: int, work: 
     targets = base.tokens[:, first + 1 : first + 1 + n_row]
     nll = -np.take_along_axis(ours, targets[..., None], 2)[..., 0]
     res.n_scored = nll.size
+    if np.isnan(res.ppl_llama):  # from the file (clamped 16 nats below the top)
+        res.ppl_llama = float(np.exp(-np.take_along_axis(base.logp, targets[..., None], 2).mean()))
+        res.note = ("llama.cpp's PPL from the logits file" + (f" {base_file.name}" if base_file else
+                    " (its log was lost): clamped, too low on random models"))
     res.ppl_ours = float(np.exp(nll.mean()))
     # as llama-perplexity --kl-divergence: terms where llama.cpp's log p > -16 (the file's
     # clamped tail would otherwise add ~1e-4 of rounding on a wide random distribution)
@@ -235,28 +250,49 @@ def use_ggml_gelu() -> None:
     ops.gated_act = gated_act
 
 
+def _q8_0_round(x: np.ndarray) -> np.ndarray:
+    """x rounded as ggml-cpu's x86 quantize_row_q8_0 (and q8_1) store it: blocks of 32,
+    id = 127/amax in float32 (not 1/d), round half to even, d kept as f16."""
+    b = np.ascontiguousarray(x, np.float32).reshape(-1, 32)
+    amax = np.abs(b).max(1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    d = (amax / np.float32(127)).astype(np.float16).astype(np.float32)
+    return (np.rint(b * inv) * d).reshape(x.shape)
+
+
+def _q8_k_round(x: np.ndarray) -> np.ndarray:
+    """x rounded as quantize_row_q8_K: blocks of 256, scale -127/max by the element of largest
+    magnitude (signed), q capped at 127, d = 1/scale in float32."""
+    b = np.ascontiguousarray(x, np.float32).reshape(-1, 256)
+    big = np.take_along_axis(b, np.abs(b).argmax(1)[:, None], 1)
+    with np.errstate(divide="ignore"):
+        iscale = np.where(big != 0, np.float32(-127) / big, np.float32(0)).astype(np.float32)
+        d = np.where(iscale != 0, np.float32(1) / iscale, np.float32(0)).astype(np.float32)
+    q = np.minimum(np.float32(127), np.rint(b * iscale))
+    return (q * d).reshape(x.shape)
+
+
 def use_ggml_q8_activations() -> None:
-    """Diagnostic: round the input of every Q8_0-weight matmul to Q8_0 blocks first, as
-    llama.cpp's CPU dot products do (its vec_dot_type for Q8_0), so what remains is summation
-    order."""
+    """Diagnostic: round the input of every matmul as llama.cpp's CPU dot product does for the
+    weight's type (its vec_dot_type: Q8_0/Q8_1 for the 32-blocks, Q8_K for the k-quants and
+    IQ4_XS, f16 for F16 weights), so what remains is summation order."""
     from gguf import GGMLQuantizationType as T
 
     from engine.models import layers
 
+    by_8_0 = {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL, T.MXFP4}
+    by_8_k = {T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS}
     plain = layers.matmul
 
     def q8(w, x: np.ndarray) -> np.ndarray:
-        if w.qtype != T.Q8_0:
-            return x
-        # ggml-cpu's x86 quantize_row_q8_0 in float32: id = 127/amax (not 1/d), round half to
-        # even, d stored as f16
-        b = np.ascontiguousarray(x, np.float32).reshape(-1, 32)
-        amax = np.abs(b).max(1, keepdims=True)
-        with np.errstate(divide="ignore"):
-            inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
-        q = np.rint(b * inv)
-        d = (amax / np.float32(127)).astype(np.float16).astype(np.float32)
-        return (q * d).reshape(x.shape)
+        if w.qtype in by_8_0:
+            return _q8_0_round(x)
+        if w.qtype in by_8_k:
+            return _q8_k_round(x)
+        if w.qtype == T.F16:
+            return x.astype(np.float16).astype(np.float32)
+        return x
 
     def matmul(w, x, out, scratch=None):
         plain(w, q8(w, x), out, scratch)
@@ -266,6 +302,34 @@ def use_ggml_q8_activations() -> None:
             plain(w, q8(w, x), o, scratch)
 
     layers.matmul, layers.matmul_many = matmul, matmul_many
+
+
+def use_ggml_f16_attention() -> None:
+    """Diagnostic (prefill path): with an f16 KV cache and flash attention off, ggml multiplies
+    f16 K by the queries rounded to f16, and f16 V by the softmax rounded to f16 (the f16
+    matmul's vec_dot_type); do the same in our chunk attention."""
+    from engine import ops
+
+    def attention_chunk(q, kf, vf, pos, window, scale, softcap, out) -> None:
+        f16 = np.float16
+        m, H, D = q.shape
+        L, G, _ = kf.shape
+        rep = H // G
+        kpos = np.arange(L)
+        mask = kpos[None, :] > pos[:, None]
+        if window > 0:
+            mask |= kpos[None, :] <= (pos[:, None] - window)
+        q16 = q.astype(f16).astype(np.float32)
+        for g in range(G):
+            s = q16[:, g * rep : (g + 1) * rep].transpose(1, 0, 2).reshape(rep * m, D) @ kf[:, g].T * scale
+            if softcap > 0:
+                s = softcap * np.tanh(s / softcap)
+            s = s.reshape(rep, m, L) + np.where(mask, -np.inf, 0).astype(np.float32)[None]
+            s = np.exp(s - s.max(2, keepdims=True))
+            s = (s / s.sum(2, keepdims=True)).astype(f16).astype(np.float32)
+            out[:, g * rep : (g + 1) * rep] = (s.reshape(rep * m, L) @ vf[:, g]).reshape(rep, m, -1).transpose(1, 0, 2)
+
+    ops.attention_chunk = attention_chunk
 
 
 def rename_in_place(path: Path, name: str) -> None:
@@ -298,7 +362,7 @@ def tiny_cases(archs: list[str], qtypes: list[str], contexts: list[int] | None, 
             path = work / f"tiny-{arch}-{qt}.gguf"
             try:
                 fn = getattr(importlib.import_module(gen.module), gen.function)
-                path = fn(path, arch=arch, qtype=GGMLQuantizationType[qt], **dict(gen.kwargs))
+                path = fn(path, arch=gen.arch or arch, qtype=GGMLQuantizationType[qt], **dict(gen.kwargs))
                 if gen.rename:
                     rename_in_place(path, gen.rename)
             except Exception as e:
@@ -315,7 +379,8 @@ def fmt(r: Result) -> str:
     tok = {True: "same", False: "DIFF", None: "?"}[r.same_tokens]
     shape = f"{r.n_chunk:>3}x{r.n_scored // max(r.n_chunk, 1):<4}"
     return (f"{r.case:<24} {shape} {r.ppl_llama:>14.6g} {r.ppl_ours:>14.6g} "
-            f"{rel:>+10.2e} {r.kld_mean:>9.2e} {r.kld_max:>9.2e} {100 * r.top1:>7.2f} {r.dlogp_max:>9.2e}  {tok}")
+            f"{rel:>+10.2e} {r.kld_mean:>9.2e} {r.kld_max:>9.2e} {100 * r.top1:>7.2f} {r.dlogp_max:>9.2e}  {tok}"
+            + (f"  [{r.note}]" if r.note else ""))
 
 
 HEADER = (f"{'case':<24} {'chunks':<8} {'PPL llama.cpp':>14} {'PPL ours':>14} {'rel diff':>10} "
@@ -326,6 +391,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", nargs="*", default=[], help=f"tiny models to check ({', '.join(GENERATORS)})")
     ap.add_argument("--model", nargs="*", default=[], type=Path, help="GGUF files to check as they are")
+    ap.add_argument("--base", type=Path,
+                    help="with --model: compare with this existing --kl-divergence-base file (e.g. llama.cpp "
+                         "on the F32 model) instead of running llama.cpp on each model")
     ap.add_argument("--qtype", nargs="+", default=["F32", "Q8_0"], help="weight types of the tiny models")
     ap.add_argument("-c", "--ctx", nargs="+", type=int, help="context sizes (default: per generator; 128 for --model)")
     ap.add_argument("--chunks", type=int, default=4)
@@ -337,13 +405,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="our context of exactly -c positions (llama.cpp rounds it up to a multiple of 256)")
     ap.add_argument("--ggml-gelu", action="store_true", help="diagnostic: round our GELU as ggml's CPU table does")
     ap.add_argument("--ggml-q8", action="store_true",
-                    help="diagnostic: round activations to Q8_0 before Q8_0 matmuls, as ggml's CPU kernels do")
+                    help="diagnostic: round matmul inputs to Q8_0/Q8_K/f16 by weight type, as ggml's CPU kernels do")
+    ap.add_argument("--ggml-f16-attn", action="store_true",
+                    help="diagnostic: round queries and attention weights to f16 as ggml does with an f16 cache")
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args(argv)
     if not (LLAMA_BIN / "llama-perplexity").exists():
         ap.error(f"no llama-perplexity in {LLAMA_BIN} (set LLAMA_CPP_BIN)")
     if args.ggml_gelu:
         use_ggml_gelu()
+    if args.ggml_f16_attn:
+        use_ggml_f16_attention()
     if args.ggml_q8:
         use_ggml_q8_activations()
     work = args.work or Path(tempfile.mkdtemp(prefix="xcheck-"))
@@ -351,10 +423,12 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     print(HEADER, flush=True)
     cases = list(tiny_cases(args.arch, args.qtype, args.ctx, work))
+    if args.base:
+        args.ctx = [read_kld_base(args.base).n_ctx]
     cases += [(m.name + f" c{c}", m, c, "") for m in args.model for c in (args.ctx or [128])]
     for name, path, n_ctx, err in cases:
         r = Result(name, error=err) if err else compare(name, path, args.file, n_ctx, args.chunks, work,
-                                                         args.kv, args.threads, args.pad_ctx)
+                                                         args.kv, args.threads, args.pad_ctx, args.base)
         results.append(r)
         print(fmt(r), flush=True)
     if args.json:
