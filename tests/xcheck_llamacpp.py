@@ -49,6 +49,7 @@ class Generator:
     contexts: tuple[int, ...] = (64,)  # -c values to check (phi3: both sides of its original context)
     kwargs: tuple[tuple[str, object], ...] = ()
     arch: str | None = None  # the arch to pass when the table's name is a variant
+    pass_arch: bool = True  # the function takes arch= (one-arch generators do not)
     # general.name to give the file instead of the generator's (same length; see phi3)
     rename: str | None = None
 
@@ -68,9 +69,9 @@ GENERATORS: dict[str, Generator] = {
     "olmo2": Generator("ggufgen", "write_tiny_model"),
     "olmo3": Generator("ggufgen", "write_tiny_model", kwargs=(("sliding", True),), arch="olmo2"),
     "granite": Generator("ggufgen", "write_tiny_model"),
-    "qwen2moe": Generator("ggufgen_moe", "write_tiny_moe_model"),
-    "qwen3moe": Generator("ggufgen_moe", "write_tiny_moe_model"),
-    "gpt-oss": Generator("ggufgen_gptoss", "write_tiny_gptoss_model"),
+    "qwen2moe": Generator("ggufgen_moe", "write_tiny_moe"),
+    "qwen3moe": Generator("ggufgen_moe", "write_tiny_moe"),
+    "gpt-oss": Generator("ggufgen_gptoss", "write_tiny_gptoss", pass_arch=False),
 }
 
 
@@ -277,13 +278,17 @@ def use_ggml_q8_activations() -> None:
     """Diagnostic: round the input of every matmul as llama.cpp's CPU dot product does for the
     weight's type (its vec_dot_type: Q8_0/Q8_1 for the 32-blocks, Q8_K for the k-quants and
     IQ4_XS, f16 for F16 weights), so what remains is summation order."""
+    import importlib
+    import pkgutil
+
     from gguf import GGMLQuantizationType as T
 
-    from engine.models import layers
+    import engine.models
+    from engine import quants
 
     by_8_0 = {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL, T.MXFP4}
     by_8_k = {T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS}
-    plain = layers.matmul
+    plain = quants.matmul
 
     def q8(w, x: np.ndarray) -> np.ndarray:
         if w.qtype in by_8_0:
@@ -301,7 +306,13 @@ def use_ggml_q8_activations() -> None:
         for w, o in zip(ws, outs, strict=True):
             plain(w, q8(w, x), o, scratch)
 
-    layers.matmul, layers.matmul_many = matmul, matmul_many
+    # every model module that imported them (layers, moe, ...)
+    for info in pkgutil.iter_modules(engine.models.__path__):
+        mod = importlib.import_module(f"engine.models.{info.name}")
+        if getattr(mod, "matmul", None) is plain:
+            mod.matmul = matmul  # type: ignore[attr-defined]
+        if getattr(mod, "matmul_many", None) is quants.matmul_many:
+            mod.matmul_many = matmul_many  # type: ignore[attr-defined]
 
 
 def use_ggml_f16_attention() -> None:
@@ -310,7 +321,7 @@ def use_ggml_f16_attention() -> None:
     matmul's vec_dot_type); do the same in our chunk attention."""
     from engine import ops
 
-    def attention_chunk(q, kf, vf, pos, window, scale, softcap, out) -> None:
+    def attention_chunk(q, kf, vf, pos, window, scale, softcap, out, sinks=None) -> None:
         f16 = np.float16
         m, H, D = q.shape
         L, G, _ = kf.shape
@@ -325,8 +336,13 @@ def use_ggml_f16_attention() -> None:
             if softcap > 0:
                 s = softcap * np.tanh(s / softcap)
             s = s.reshape(rep, m, L) + np.where(mask, -np.inf, 0).astype(np.float32)[None]
-            s = np.exp(s - s.max(2, keepdims=True))
-            s = (s / s.sum(2, keepdims=True)).astype(f16).astype(np.float32)
+            mx = s.max(2, keepdims=True)
+            if sinks is not None:  # gpt-oss: one more logit per head in the softmax, no value
+                sk = sinks[g * rep : (g + 1) * rep, None, None]
+                mx = np.maximum(mx, sk)
+            s = np.exp(s - mx)
+            tot = s.sum(2, keepdims=True) + (np.exp(sk - mx) if sinks is not None else 0)
+            s = (s / tot).astype(f16).astype(np.float32)
             out[:, g * rep : (g + 1) * rep] = (s.reshape(rep * m, L) @ vf[:, g]).reshape(rep, m, -1).transpose(1, 0, 2)
 
     ops.attention_chunk = attention_chunk
@@ -362,7 +378,10 @@ def tiny_cases(archs: list[str], qtypes: list[str], contexts: list[int] | None, 
             path = work / f"tiny-{arch}-{qt}.gguf"
             try:
                 fn = getattr(importlib.import_module(gen.module), gen.function)
-                path = fn(path, arch=gen.arch or arch, qtype=GGMLQuantizationType[qt], **dict(gen.kwargs))
+                kw = dict(gen.kwargs, qtype=GGMLQuantizationType[qt])
+                if gen.pass_arch:
+                    kw["arch"] = gen.arch or arch
+                path = fn(path, **kw)
                 if gen.rename:
                     rename_in_place(path, gen.rename)
             except Exception as e:
