@@ -135,8 +135,11 @@ def run_llama(model: Path, text: Path, n_ctx: int, n_chunk: int, out: Path, kv: 
            "-c", str(n_ctx), "-b", str(n_ctx), "--chunks", str(n_chunk), "-t", str(threads), "-fa", "off",
            "-ctk", kv, "-ctv", kv, "--kl-divergence-base", str(out)]
     for _ in range(5):  # its asynchronous logger sometimes loses the last lines at exit (under load)
-        p = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
-        log = p.stdout + p.stderr
+        # to a file, not a pipe: through a pipe its logger loses the final lines far more often
+        log_file = out.with_suffix(".log")
+        with open(log_file, "wb") as f:
+            p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
+        log = log_file.read_text(errors="replace")
         # the final estimate, else the running one after the last chunk ("[N]ppl,")
         m = (re.search(r"Final estimate: PPL = ([0-9.eE+inf-]+)", log)
              or re.search(rf"\[{n_chunk}\]([0-9.eE+inf-]+),", log))
