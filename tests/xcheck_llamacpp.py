@@ -367,7 +367,8 @@ def rename_in_place(path: Path, name: str) -> None:
         f.write(name.encode())
 
 
-def tiny_cases(archs: list[str], qtypes: list[str], contexts: list[int] | None, work: Path):
+def tiny_cases(archs: list[str], qtypes: list[str], contexts: list[int] | None, work: Path,
+               extra: dict[str, object] | None = None):
     """(case name, model path, n_ctx) for each arch x weight type x context; generator errors
     become cases with a path of None and the message as the name's tail."""
     from gguf import GGMLQuantizationType
@@ -381,7 +382,7 @@ def tiny_cases(archs: list[str], qtypes: list[str], contexts: list[int] | None, 
             path = work / f"tiny-{arch}-{qt}.gguf"
             try:
                 fn = getattr(importlib.import_module(gen.module), gen.function)
-                kw = dict(gen.kwargs, qtype=GGMLQuantizationType[qt])
+                kw = dict(gen.kwargs, qtype=GGMLQuantizationType[qt], **(extra or {}))
                 if gen.pass_arch:
                     kw["arch"] = gen.arch or arch
                 path = fn(path, **kw)
@@ -418,6 +419,8 @@ def main(argv: list[str] | None = None) -> int:
                          "on the F32 model) instead of running llama.cpp on each model")
     ap.add_argument("--qtype", nargs="+", default=["F32", "Q8_0"], help="weight types of the tiny models")
     ap.add_argument("-c", "--ctx", nargs="+", type=int, help="context sizes (default: per generator; 128 for --model)")
+    ap.add_argument("--gen", nargs="*", default=[], metavar="KEY=JSON",
+                    help="extra generator arguments, e.g. n_embd=256 n_ff=512 (IQ4_XS needs rows of 256)")
     ap.add_argument("--chunks", type=int, default=4)
     ap.add_argument("-f", "--file", type=Path, default=TEXT, help="text (default: tests/data/gpl-3.txt)")
     ap.add_argument("--kv", default="f16", choices=["f16", "f32"], help="KV cache type on both sides")
@@ -444,7 +447,8 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     results = []
     print(HEADER, flush=True)
-    cases = list(tiny_cases(args.arch, args.qtype, args.ctx, work))
+    extra = {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in args.gen)}
+    cases = list(tiny_cases(args.arch, args.qtype, args.ctx, work, extra))
     if args.base:
         args.ctx = [read_kld_base(args.base).n_ctx]
     cases += [(m.name + f" c{c}", m, c, "") for m in args.model for c in (args.ctx or [128])]
