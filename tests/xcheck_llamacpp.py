@@ -134,7 +134,7 @@ def run_llama(model: Path, text: Path, n_ctx: int, n_chunk: int, out: Path, kv: 
     cmd = [str(LLAMA_BIN / "llama-perplexity"), "-m", str(model), "-f", str(text),
            "-c", str(n_ctx), "-b", str(n_ctx), "--chunks", str(n_chunk), "-t", str(threads), "-fa", "off",
            "-ctk", kv, "-ctv", kv, "--kl-divergence-base", str(out)]
-    for _ in range(5):  # its asynchronous logger sometimes loses the last lines at exit (under load)
+    for _ in range(8):  # its asynchronous logger sometimes loses the last lines at exit (under load)
         # to a file, not a pipe: through a pipe its logger loses the final lines far more often
         log_file = out.with_suffix(".log")
         with open(log_file, "wb") as f:
@@ -217,10 +217,12 @@ def compare(case: str, model: Path, text: Path, n_ctx: int, n_chunk: int, work: 
     targets = base.tokens[:, first + 1 : first + 1 + n_row]
     nll = -np.take_along_axis(ours, targets[..., None], 2)[..., 0]
     res.n_scored = nll.size
-    if np.isnan(res.ppl_llama):  # from the file (clamped 16 nats below the top)
+    if np.isnan(res.ppl_llama):  # from the file: 16-bit, and clamped 16 nats below the top
         res.ppl_llama = float(np.exp(-np.take_along_axis(base.logp, targets[..., None], 2).mean()))
-        res.note = ("llama.cpp's PPL from the logits file" + (f" {base_file.name}" if base_file else
-                    " (its log was lost): clamped, too low on random models"))
+        n_clamped = int(np.take_along_axis(base.clamped, targets[..., None], 2).sum())
+        res.note = (f"llama.cpp's PPL from the logits file {kld_file.name}"
+                    + ("" if base_file else " (its log lost the final estimate)")
+                    + (f": {n_clamped} targets clamped, so too low" if n_clamped else ""))
     res.ppl_ours = float(np.exp(nll.mean()))
     # as llama-perplexity --kl-divergence: terms where llama.cpp's log p > -16 (the file's
     # clamped tail would otherwise add ~1e-4 of rounding on a wide random distribution)
