@@ -397,6 +397,15 @@ def tiny_cases(archs: list[str], qtypes: list[str], contexts: list[int] | None, 
                 yield f"{arch} {qt} c{c}", path, c, ""
 
 
+def gen_value(text: str) -> object:
+    """A --gen value: a weight type's name (expert_qtype=MXFP4), else JSON."""
+    from gguf import GGMLQuantizationType
+
+    if text in GGMLQuantizationType.__members__:
+        return GGMLQuantizationType[text]
+    return json.loads(text)
+
+
 def fmt(r: Result) -> str:
     if r.error:
         return f"{r.case:<24} ERROR {r.error}"
@@ -422,7 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--qtype", nargs="+", default=["F32", "Q8_0"], help="weight types of the tiny models")
     ap.add_argument("-c", "--ctx", nargs="+", type=int, help="context sizes (default: per generator; 128 for --model)")
     ap.add_argument("--gen", nargs="*", default=[], metavar="KEY=JSON",
-                    help="extra generator arguments, e.g. n_embd=256 n_ff=512 (IQ4_XS needs rows of 256)")
+                    help="extra generator arguments (JSON or a weight type's name), e.g. n_embd=256 n_ff=512 "
+                         "(IQ4_XS needs rows of 256) or expert_qtype=MXFP4")
     ap.add_argument("--chunks", type=int, default=4)
     ap.add_argument("-f", "--file", type=Path, default=TEXT, help="text (default: tests/data/gpl-3.txt)")
     ap.add_argument("--kv", default="f16", choices=["f16", "f32"], help="KV cache type on both sides")
@@ -449,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     results = []
     print(HEADER, flush=True)
-    extra = {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in args.gen)}
+    extra = {k: gen_value(v) for k, v in (kv.split("=", 1) for kv in args.gen)}
     cases = list(tiny_cases(args.arch, args.qtype, args.ctx, work, extra))
     if args.base:
         args.ctx = [read_kld_base(args.base).n_ctx]
