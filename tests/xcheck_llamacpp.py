@@ -10,9 +10,12 @@ KL divergence (llama.cpp's distribution as the base), top-1 agreement and the la
     python tests/xcheck_llamacpp.py --arch llama qwen2 qwen3 gemma2 gemma3 phi3
     python tests/xcheck_llamacpp.py --model /tmp/x/smollm2-f32.gguf -c 128 --chunks 8
 
-Expect KLD ~1e-7 and |delta log p| ~1e-4 (the file's 16-bit log-prob resolution) on F32 models,
-and KLD ~1e-4 on Q8_0 ones (llama.cpp rounds activations to 8 bits before quantised matmuls).
+Expect on F32 models KLD ~1e-7 and |delta log p| ~1e-3 (llama.cpp rounds queries and softmax to
+f16 against the f16 KV cache; `--kv f32` brings it to the file's 16-bit resolution, ~1.2e-4),
+and on quantised ones KLD ~1e-6..1e-3 with |delta log p| ~0.1 (llama.cpp rounds activations to
+8 bits before quantised matmuls; `--ggml-q8` does the same to ours; MoE routing amplifies it).
 llama.cpp runs with flash attention off (its CPU flash attention accumulates V in f16).
+tests/data/README.md records the results and what each diagnostic flag explains.
 """
 
 from __future__ import annotations
