@@ -2,7 +2,7 @@
 
 These pin the float path (weights unpacked to float32, exact to float rounding), which decode
 runs under GGSTATION_NO_INT8=1 and which is the oracle of the int8 path
-(tests/test_quants_int8.py): every test here runs with the int8 path off.
+(tests/test_quants_int8.py): tests/conftest.py runs these with the int8 path off.
 """
 
 from __future__ import annotations
@@ -58,14 +58,6 @@ def make_tensor(qtype: T, n_rows: int, n_cols: int, seed: int = 0) -> QTensor:
     raw = np.ascontiguousarray(raw)
     raw.flags.writeable = False  # the mmap views the model gives us are read-only
     return QTensor("test.weight", qtype, n_rows, n_cols, raw)
-
-
-@pytest.fixture(autouse=True)
-def _float_path():
-    was = quants.int8_enabled()
-    quants.use_int8(False)
-    yield
-    quants.use_int8(was)
 
 
 def nerr(y, ref):

@@ -151,21 +151,14 @@ def test_f16_round_matches_numpy():
 
 
 # --- integer mat-vecs ---------------------------------------------------------------------------
-@pytest.fixture
-def int8_on():
-    was = quants.int8_enabled()
-    quants.use_int8(True)
-    yield
-    quants.use_int8(was)
-
-
 def _ref_scale(w, x):
     """Sum over the terms of ref_vec_dot of their magnitude (the float rounding's scale)."""
     return np.abs(x).astype(np.float64) @ np.abs(dequant_ref(w.raw, w.qtype).astype(np.float64)).T
 
 
+@pytest.mark.int8
 @pytest.mark.parametrize("qtype", BLOCK_TYPES, ids=lambda t: t.name)
-def test_int8_matvec_matches_ggml(qtype, int8_on):
+def test_int8_matvec_matches_ggml(qtype):
     """matvec, matvec_many and matvec_multi (1..7 tokens) equal ggml's vec_dot to float rounding."""
     w = make_tensor(qtype, 37, _cols(qtype), seed=11)
     x = _activations(7, w.n_cols, seed=12)
@@ -204,6 +197,7 @@ def test_int8_close_to_float_path(qtype):
 
 
 def test_no_int8_switch():
+    """GGSTATION_NO_INT8 (the default is int8 on; tests/conftest.py sets it for the tests)."""
     code = ("from engine import quants, jit; print(jit.INT8, quants.int8_enabled())")
     for env, want in (("1", "False False"), ("0", "True True"), ("", "True True")):
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -211,7 +205,7 @@ def test_no_int8_switch():
         assert r.stdout.split() == want.split()
 
 
-def test_dense_types_keep_the_float_path(int8_on):
+def test_dense_types_keep_the_float_path():
     for qtype in DENSE:
         assert quants.QUANT_TYPES[qtype].matvec_i8 is None
 
@@ -297,3 +291,18 @@ def test_portable_int8_lowers_on_other_targets(qtype, triple, cpu, features):
     body = [ln.split()[0] for ln in asm.splitlines() if ln.startswith("\t") and ln.split()]
     calls = [op for op in body if op.startswith("call") or op in ("bl", "blr")]
     assert len(body) > 20 and not calls
+
+
+@pytest.mark.int8
+def test_no_int8_flag():
+    """`--no-int8` on the model-running commands switches decode to the float path."""
+    from engine.cli import build_parser, parse_args
+
+    parser = build_parser()
+    args = parse_args(parser, ["bench", "-m", "smollm2"])
+    assert not args.no_int8 and quants.int8_enabled()
+    for cmd in ("bench", "generate", "perplexity", "serve", "chat"):
+        quants.use_int8(True)
+        extra = ["-f", "text.txt"] if cmd == "perplexity" else []
+        args = parse_args(parser, [cmd, "-m", "smollm2", "--no-int8", *extra])
+        assert args.no_int8 and not quants.int8_enabled(), cmd
