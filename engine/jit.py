@@ -28,7 +28,8 @@ parallel_kernel = numba.njit(parallel=True, **_OPTS)
 exact_kernel = numba.njit(**{**_OPTS, "fastmath": False})
 
 # GGSTATION_PORTABLE_LUT=1: the 16-entry table lookups of IQ4_NL/IQ4_XS/MXFP4 use the portable
-# select tree even where pshufb exists (engine/quants/_ir.py, Emit.lut16), to test and time
+# select tree even where pshufb exists (engine/quants/_ir.py, Emit.lut16), and the int8 dots
+# widening multiplies instead of AVX2's pmaddubsw (Emit.idot), to test and time
 # the path non-x86 machines take. numba's cache does not know this choice, so the generated
 # kernels then compile without it (generated_kernel).
 PORTABLE_LUT = os.environ.get("GGSTATION_PORTABLE_LUT", "") not in ("", "0")

@@ -23,12 +23,19 @@ pshufb for the 16-entry tables of the non-linear types (IQ4_NL, IQ4_XS, MXFP4; E
 Each has a portable fallback (integer arithmetic; a tree of vector selects) that LLVM lowers on
 any target. LLVM targets the host CPU (numba's default, or NUMBA_CPU_NAME/NUMBA_CPU_FEATURES),
 e.g. AVX-512 on these EPYCs. GGSTATION_PORTABLE_LUT=1 (engine/jit.py) forces the portable table
-lookup, for tests and benchmarks.
+lookup and the portable int8 dot, for tests and benchmarks.
 
-Measured alternatives (Q4_1, one core): numba loops 3.5-4 GMAC/s; this IR ~15-17; an int8
-activation path (vpdpbusd, llama.cpp-style) ~23-25 but 1-2 % normalised error; int16
-activations (vpdpwssd) ~17-18 at ~3e-5 error. Decode is close to memory-bound on 2 threads, so
-the exact float path was kept.
+Decode uses a second form, llama.cpp's (make_row_dot_i8): x quantised once per mat-vec to the
+type's vec_dot_type (_q8.py), each Layout's int_block() giving its codes as <32 x i8> and its
+sub-block scales as integers (IntBlock), integer dots per block (Emit.idot: pmaddubsw +
+pmaddwd where the target has AVX2, chosen at compile time like pshufb; otherwise portable
+widening multiplies, from which LLVM forms pmaddwd but not pmaddubsw, nor vpdpbusd even with
+VNNI), float scales per block as ggml's vec_dot_* apply them. It gives llama.cpp's numerics
+(tests/compare_int8_llama_cpp.py) and, one core, 1.3-2.6x the float form's GMAC/s on an AVX2
+target and 1.05-1.9x on AVX-512 (tests/bench_quants.py --int8-vs-float); on AVX-512 the float
+form's 512-bit FMAs stay faster for 4 tokens of the 32-weight types (vpdpbusd and 512-bit
+integer dots are not used yet). The float form (make_row_dot) is the oracle and serves
+GGSTATION_NO_INT8=1 and the dense types.
 
 Caching: numba keys a cached kernel on its own module's source, not on this file, so the
 generated kernel modules (engine/quants/generated/) embed a digest of this file, _kern.py and
