@@ -211,7 +211,8 @@ def test_dense_types_keep_the_float_path():
 
 
 # --- instruction selection ----------------------------------------------------------------------
-_AVX2 = "+avx2" in _ir._target_features(numba.core.registry.cpu_target.target_context)
+_FEATS = _ir._target_features(numba.core.registry.cpu_target.target_context)
+_AVX2 = "+avx2" in _FEATS
 
 
 def _dot_kernel(row):
@@ -225,30 +226,37 @@ def _dot_kernel(row):
     return dot
 
 
-def test_int8_uses_pmaddubsw_where_avx2(monkeypatch):
-    """On AVX2 targets the dots are pmaddubsw + pmaddwd; the portable IR (no x86 intrinsics)
-    gives the same integers, hence the same results bit for bit."""
+def test_int8_instruction_paths(monkeypatch):
+    """vpdpbusd (VNNI, unscaled parts), pmaddubsw + pmaddwd (AVX2) and the portable IR (no x86
+    intrinsics) give the same integers in the same lanes, hence the same results bit for bit."""
     if not _AVX2:
         pytest.skip("this CPU has no AVX2")
     from engine.quants import k_quants, q4_0
 
+    modes = {"portable": (False, False), "avx2": (True, False)}
+    if _ir._use_vnni(_FEATS):
+        modes["vnni"] = (True, True)
     for layout, qtype in ((q4_0.Q4_0Layout(), T.Q4_0), (k_quants.Q6_KLayout(), T.Q6_K)):
         w = make_tensor(qtype, 9, _cols(qtype), seed=2)
         x = np.random.default_rng(1).standard_normal((1, w.n_cols)).astype(F32)
         quant = _q8.quantize_q8_0 if VEC_DOT[qtype] == "q8_0" else _q8.quantize_q8_k
         xq, xd, xs = quant(x)
         res = {}
-        for avx2 in (True, False):
+        for mode, (avx2, vnni) in modes.items():
             monkeypatch.setattr(_ir, "_use_avx2", lambda feats, a=avx2: a)
+            monkeypatch.setattr(_ir, "_use_vnni", lambda feats, v=vnni: v)
             dot = _dot_kernel(_ir.make_row_dot_i8(layout, 1))
             out = np.empty((1, w.n_rows), F32)
             dot(w.raw, xq, xd, xs, out)
-            res[avx2] = out
+            res[mode] = out
             ir_text = dot.inspect_llvm(dot.signatures[0])
-            assert ("llvm.x86.avx2.pmadd.ub.sw" in ir_text) == avx2
-            if avx2:
-                assert "vpmaddubsw" in dot.inspect_asm(dot.signatures[0])
-        np.testing.assert_allclose(res[True], res[False], rtol=1e-6, atol=1e-6)
+            asm = dot.inspect_asm(dot.signatures[0])
+            assert ("llvm.x86.avx2.pmadd.ub.sw" in ir_text) == (avx2 and (not vnni or qtype == T.Q6_K))
+            assert ("vpdpbusd" in asm) == (vnni and qtype == T.Q4_0)  # Q6_K's parts are scaled
+            if avx2 and not vnni:
+                assert "vpmaddubsw" in asm
+        for mode in modes:
+            np.testing.assert_array_equal(res[mode], res["portable"], err_msg=mode)
 
 
 @pytest.mark.parametrize("triple, cpu, features", [

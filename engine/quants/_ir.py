@@ -28,14 +28,14 @@ lookup and the portable int8 dot, for tests and benchmarks.
 Decode uses a second form, llama.cpp's (make_row_dot_i8): x quantised once per mat-vec to the
 type's vec_dot_type (_q8.py), each Layout's int_block() giving its codes as <32 x i8> and its
 sub-block scales as integers (IntBlock), integer dots per block (Emit.idot: pmaddubsw +
-pmaddwd where the target has AVX2, chosen at compile time like pshufb; otherwise portable
-widening multiplies, from which LLVM forms pmaddwd but not pmaddubsw, nor vpdpbusd even with
-VNNI), float scales per block as ggml's vec_dot_* apply them. It gives llama.cpp's numerics
-(tests/compare_int8_llama_cpp.py) and, one core, 1.3-2.6x the float form's GMAC/s on an AVX2
-target and 1.05-1.9x on AVX-512 (tests/bench_quants.py --int8-vs-float); on AVX-512 the float
-form's 512-bit FMAs stay faster for 4 tokens of the 32-weight types (vpdpbusd and 512-bit
-integer dots are not used yet). The float form (make_row_dot) is the oracle and serves
-GGSTATION_NO_INT8=1 and the dense types.
+pmaddwd where the target has AVX2, vpdpbusd for unscaled parts with VNNI, chosen at compile
+time like pshufb; otherwise portable widening multiplies, from which LLVM forms pmaddwd but not
+pmaddubsw, nor vpdpbusd), float scales per block as ggml's vec_dot_* apply them. It gives
+llama.cpp's numerics (tests/compare_int8_llama_cpp.py) and, one core, 1.3-2.6x the float
+form's GMAC/s on an AVX2 target and 1.1-1.9x on AVX-512 with VNNI for one token (tests/
+bench_quants.py --int8-vs-float); for 4 tokens on AVX-512 the float form's 512-bit FMAs are
+as fast for the 32-weight types (the integer dots are 256-bit). The float form (make_row_dot)
+is the oracle and serves GGSTATION_NO_INT8=1 and the dense types.
 
 Caching: numba keys a cached kernel on its own module's source, not on this file, so the
 generated kernel modules (engine/quants/generated/) embed a digest of this file, _kern.py and
@@ -90,21 +90,29 @@ def _use_avx2(feats: str) -> bool:
     return "+avx2" in feats and not jit.PORTABLE_LUT
 
 
+def _use_vnni(feats: str) -> bool:
+    """Whether unscaled int8 dots may use vpdpbusd (AVX-VNNI, or AVX512-VNNI with AVX512VL)."""
+    vnni = "+avxvnni" in feats or "+avx512vnni" in feats and "+avx512vl" in feats
+    return vnni and _use_avx2(feats)
+
+
 def make_emit(context, builder: ir.IRBuilder) -> Emit:
-    """An Emit for `builder` that uses what the compile target offers (F16C, pshufb, AVX2)."""
+    """An Emit for `builder` that uses what the compile target offers (F16C, pshufb, AVX2, VNNI)."""
     feats = _target_features(context)
-    return Emit(builder, f16c="+f16c" in feats, pshufb=_use_pshufb(feats), avx2=_use_avx2(feats))
+    return Emit(builder, f16c="+f16c" in feats, pshufb=_use_pshufb(feats), avx2=_use_avx2(feats),
+                vnni=_use_vnni(feats))
 
 
 class Emit:
     """IR-building helpers bound to one builder; offsets are byte offsets from `base` (i8*)."""
 
     def __init__(self, builder: ir.IRBuilder, f16c: bool = False, pshufb: bool = False,
-                 avx2: bool = False):
+                 avx2: bool = False, vnni: bool = False):
         self.b = builder
         self.f16c = f16c
         self.pshufb = pshufb
         self.avx2 = avx2
+        self.vnni = vnni
 
     def half_to_float(self, h):
         """IEEE half bits (i16 or <16 x i16>) -> float / <16 x float>.
@@ -296,25 +304,31 @@ class Emit:
         part of two 16-weight groups gets its two sub-block scales in lanes 0..7 and 8..15.
 
         AVX2: pmaddubsw (unsigned x signed bytes: signed codes go in as |w| with y given w's
-        sign, as ggml does) then pmaddwd. Elsewhere the same integers through widening
+        sign, as ggml does) then pmaddwd; with VNNI and no scales one vpdpbusd, whose lane i
+        is the same sum of bytes 4i..4i+3. Elsewhere the same integers through widening
         multiplies and adds, which LLVM lowers on any target.
         """
         b = self.b
-        if scales is None:
-            scales = ir.Constant(V16I16, [1] * 16)
         if self.avx2:
             if signed:
                 neg = b.icmp_signed("<", w, ir.Constant(V32I8, [0] * 32))
                 w = b.select(neg, b.sub(ir.Constant(V32I8, [0] * 32), w), w)
                 y = b.select(neg, b.sub(ir.Constant(V32I8, [0] * 32), y), y)
+            if self.vnni and scales is None:
+                dp = cgutils.get_or_insert_function(
+                    b.module, ir.FunctionType(V8I32, [V8I32, V32I8, V32I8]), "llvm.x86.avx512.vpdpbusd.256")
+                return b.call(dp, [ir.Constant(V8I32, [0] * 8), w, y])
             mub = cgutils.get_or_insert_function(
                 b.module, ir.FunctionType(V16I16, [V32I8, V32I8]), "llvm.x86.avx2.pmadd.ub.sw")
             mwd = cgutils.get_or_insert_function(
                 b.module, ir.FunctionType(V8I32, [V16I16, V16I16]), "llvm.x86.avx2.pmadd.wd")
-            return b.call(mwd, [b.call(mub, [w, y]), scales])
+            ones = ir.Constant(V16I16, [1] * 16)
+            return b.call(mwd, [b.call(mub, [w, y]), ones if scales is None else scales])
         wi = b.sext(w, V32I16) if signed else b.zext(w, V32I16)
         ev, od = self._evens_odds(b.mul(wi, b.sext(y, V32I16)))
-        p = b.mul(b.sext(b.add(ev, od), V16I32), b.sext(scales, V16I32))
+        p = b.sext(b.add(ev, od), V16I32)
+        if scales is not None:
+            p = b.mul(p, b.sext(scales, V16I32))
         ev, od = self._evens_odds(p)
         return b.add(ev, od)
 
