@@ -29,10 +29,16 @@ parallel_kernel = numba.njit(parallel=True, **_OPTS)
 exact_kernel = numba.njit(**{**_OPTS, "fastmath": False})
 
 # GGSTATION_PORTABLE_LUT=1: the 16-entry table lookups of IQ4_NL/IQ4_XS/MXFP4 use the portable
-# select tree even where pshufb exists (engine/quants/_ir.py, Emit.lut16), to test and time
+# select tree even where pshufb exists (engine/quants/_ir.py, Emit.lut16), and the int8 dots
+# widening multiplies instead of AVX2's pmaddubsw (Emit.idot), to test and time
 # the path non-x86 machines take. numba's cache does not know this choice, so the generated
 # kernels then compile without it (generated_kernel).
 PORTABLE_LUT = os.environ.get("GGSTATION_PORTABLE_LUT", "") not in ("", "0")
+
+# GGSTATION_NO_INT8=1: decode mat-vecs multiply float32 x by the weights unpacked to float
+# (the exact float path, kept as the oracle) instead of llama.cpp's int8 dot products against x
+# quantised to Q8_0/Q8_1/Q8_K (engine/quants/__init__.py, use_int8).
+INT8 = os.environ.get("GGSTATION_NO_INT8", "") in ("", "0")
 
 _n_threads = 0  # set by set_num_threads (0: numba's default, every core)
 _stale_warned = False  # generated_kernel's warning is given once per process

@@ -1,11 +1,13 @@
 """Benchmark the quant kernels (not collected by pytest):
 
-    python tests/bench_quants.py [threads] [--types Q4_0,IQ4_NL] [--no-models]
+    python tests/bench_quants.py [threads] [--types Q4_0,IQ4_NL] [--no-models] [--int8-vs-float]
 
 Prints per type: mat-vec GMAC/s (1 token), mat-vec-multi GMAC/s (4 tokens), dequant G weights/s;
 then, for each starter model present, the weight time of one decode step (every 2-D weight
 mat-vec'd once, output head included). Timings are the best of several runs.
 GGSTATION_PORTABLE_LUT=1 times the table types (IQ4_NL, IQ4_XS, MXFP4) without pshufb.
+Decode runs the int8 path unless GGSTATION_NO_INT8=1; --int8-vs-float times the mat-vecs on
+both paths, alternating runs (on a shared machine the best of many runs is the figure to read).
 """
 
 from __future__ import annotations
@@ -49,6 +51,24 @@ def bench_type(w):
     return macs / t1 / 1e9, 4 * macs / t4 / 1e9, deq.size / td / 1e9
 
 
+def bench_int8_vs_float(w, rounds=5):
+    """(int8 1-token, float 1-token, int8 4-token, float 4-token) GMAC/s, best over rounds of
+    alternating runs."""
+    x = np.random.default_rng(0).standard_normal((4, w.n_cols)).astype(np.float32)
+    out = np.empty(w.n_rows, np.float32)
+    out4 = np.empty((4, w.n_rows), np.float32)
+    macs = w.n_rows * w.n_cols
+    best_t = [np.inf] * 4
+    for _ in range(rounds):
+        for k, int8 in enumerate((True, False)):
+            quants.use_int8(int8)
+            best_t[k] = min(best_t[k], best(lambda: quants.matvec(w, x[0], out), reps=20, min_time=0.05))
+            best_t[2 + k] = min(best_t[2 + k], best(lambda: quants.matvec_multi(w, x, out4), reps=10,
+                                                      min_time=0.05))
+    quants.use_int8(True)
+    return macs / best_t[0] / 1e9, macs / best_t[1] / 1e9, 4 * macs / best_t[2] / 1e9, 4 * macs / best_t[3] / 1e9
+
+
 def decode_step(calls, ws, xs, outs, head):
     """One decode step's weight mat-vecs in the model's order: calls holds ("many", names) or ("one", name)."""
     for kind, arg in calls:
@@ -66,10 +86,20 @@ def main():
     ap.add_argument("threads", nargs="?", type=int, default=2)
     ap.add_argument("--types", default="", help="comma-separated GGML type names (default: all)")
     ap.add_argument("--no-models", action="store_true", help="skip the starter-model decode steps")
+    ap.add_argument("--int8-vs-float", action="store_true",
+                    help="mat-vec GMAC/s of the int8 and the float path per type, nothing else")
     args = ap.parse_args()
     n = jit.set_num_threads(args.threads)
     wanted = {t.strip().upper() for t in args.types.split(",") if t.strip()}
-    print(f"threads: {n}, portable table lookup: {jit.PORTABLE_LUT}")
+    print(f"threads: {n}, portable table lookup: {jit.PORTABLE_LUT}, int8: {quants.int8_enabled()}")
+    if args.int8_vs_float:
+        print(f"{'type':6} {'shape':>12} {'1 tok int8':>11} {'float':>6} {'4 tok int8':>11} {'float':>6}  GMAC/s")
+        for qt in ALL:
+            if quants.QUANT_TYPES[qt].matvec_i8 is None or wanted and qt.name not in wanted:
+                continue
+            r = bench_int8_vs_float(make_tensor(qt, 2048, 2048))
+            print(f"{qt.name:6} {'2048x2048':>12} {r[0]:11.1f} {r[1]:6.1f} {r[2]:11.1f} {r[3]:6.1f}", flush=True)
+        return
     print(f"{'type':6} {'shape':>12} {'matvec GMAC/s':>14} {'x4 GMAC/s':>10} {'dequant Gw/s':>13}")
     for qt in ALL:
         if wanted and qt.name not in wanted:

@@ -1,10 +1,28 @@
-"""Shared fixtures. Real starter models are fetched once into the model cache (see engine/model_store.py)."""
+"""Shared fixtures. Real starter models are fetched once into the model cache (see engine/model_store.py).
 
+Decode runs the float path in tests (GGSTATION_NO_INT8=1, for the engines the tests start too):
+the oracles compute with float activations, and the int8 path's 8-bit activations move logits
+by ~0.5 %. Tests of the int8 path are marked `int8` (tests/test_quants_int8.py,
+tests/test_reference_models.py, the int8 tests in tests/test_engine.py).
+"""
+
+import os
 from pathlib import Path
 
 import pytest
 
-from engine import model_store
+os.environ.setdefault("GGSTATION_NO_INT8", "1")
+
+from engine import model_store, quants  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _decode_path(request):
+    """The float decode path, or the int8 one for tests marked `int8`."""
+    was = quants.int8_enabled()
+    quants.use_int8(request.node.get_closest_marker("int8") is not None)
+    yield
+    quants.use_int8(was)
 
 # llama.cpp's own output on the starter models, copied byte for byte (tests/data/README.md).
 REFERENCE_DIR = Path(__file__).resolve().parent / "data"

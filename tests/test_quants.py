@@ -1,4 +1,9 @@
-"""Fast kernels in engine.quants against the gguf-py oracle (engine.quants.reference)."""
+"""Fast kernels in engine.quants against the gguf-py oracle (engine.quants.reference).
+
+These pin the float path (weights unpacked to float32, exact to float rounding), which decode
+runs under GGSTATION_NO_INT8=1 and which is the oracle of the int8 path
+(tests/test_quants_int8.py): tests/conftest.py runs these with the int8 path off.
+"""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import sys
 
 from .. import params
 from ..errors import EngineError
-from .common import add_mem_check_arg, init_threads, mem_check
+from .common import add_int8_arg, add_mem_check_arg, init_threads, mem_check
 
 
 def _int_list(text: str) -> list[int]:
@@ -39,6 +39,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("-ctv", "--cache-type-v", default="f16", help="KV cache type for V (default: f16)")
     g.add_argument("-o", "--output", choices=["md", "json", "jsonl"], default="md", help="output format (default: md)")
     add_mem_check_arg(p)
+    add_int8_arg(p)
     p.set_defaults(run=run)
     return p
 

@@ -1,6 +1,6 @@
-"""What the model-running commands share beyond engine/params.py: the memory-check switch, the
-thread count's sanity check (one clear line for -t 0 or -t 100000) and the garbage collector's
-pause while `generate` and `chat` start."""
+"""What the model-running commands share beyond engine/params.py: the memory-check and int8
+switches, the thread count's sanity check (one clear line for -t 0 or -t 100000) and the
+garbage collector's pause while `generate` and `chat` start."""
 
 from __future__ import annotations
 
@@ -17,6 +17,28 @@ def add_mem_check_arg(parser: argparse.ArgumentParser) -> None:
         "--no-mem-check", action="store_true",
         help="load even when the estimated memory use (weights, KV cache, buffers) is clearly more than "
         "the RAM and swap available (also: GGSTATION_NO_MEM_CHECK=1)",
+    )
+
+
+class _NoInt8Action(argparse.Action):
+    """`--no-int8`: switch decode to the float path as soon as the flag is parsed (before any
+    kernel runs; the same as GGSTATION_NO_INT8=1)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=False, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from .. import quants
+
+        quants.use_int8(False)
+        setattr(namespace, self.dest, True)
+
+
+def add_int8_arg(parser: argparse.ArgumentParser) -> None:
+    params.group(parser, params.COMMON).add_argument(
+        "--no-int8", action=_NoInt8Action,
+        help="decode with float32 activations (weights unpacked to float) instead of llama.cpp's "
+        "int8 dot products against Q8-quantised activations (also: GGSTATION_NO_INT8=1)",
     )
 
 

@@ -15,7 +15,7 @@ import threading
 
 from .. import params
 from ..errors import EngineError
-from .common import add_mem_check_arg, init_threads, mem_check, resume_collector
+from .common import add_int8_arg, add_mem_check_arg, init_threads, mem_check, resume_collector
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -26,6 +26,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     params.add_common_args(p)
     add_mem_check_arg(p)
+    add_int8_arg(p)
     p.set_defaults(run=run)
     return p
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .. import params
 from ..errors import EngineError
-from .common import add_mem_check_arg, init_threads, mem_check
+from .common import add_int8_arg, add_mem_check_arg, init_threads, mem_check
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -25,6 +25,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("-ctk", "--cache-type-k", default="f16", help="KV cache type for K (f16, f32)")
     g.add_argument("-ctv", "--cache-type-v", default="f16", help="KV cache type for V (f16, f32)")
     add_mem_check_arg(p)
+    add_int8_arg(p)
     p.set_defaults(run=run)
     return p
 

@@ -24,7 +24,7 @@ import time
 from .. import params
 from ..errors import EngineError
 from ..server import flags
-from .common import add_mem_check_arg, init_threads, mem_check
+from .common import add_int8_arg, add_mem_check_arg, init_threads, mem_check
 
 log = logging.getLogger("ggstation.serve")
 
@@ -44,6 +44,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     params.add_chat_args(p)
     flags.add_server_args(p)
     add_mem_check_arg(p)
+    add_int8_arg(p)
     p.set_defaults(parallel=-1, ignored=[], refused=[], env_error=None, accepts_unknown_flags=True, run=run)
     _apply_env_defaults(p)
     return p

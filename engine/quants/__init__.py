@@ -14,6 +14,12 @@ Every type has a hand-written bit layout (q4_0.py ... k_quants.py, iq4.py, mxfp4
 from which _ir.py builds the row loops as LLVM vector IR; the kernels running them under numba
 `prange` over output rows are generated per type from one template (codegen.py ->
 generated/<qtype>.py, with greppable entry points such as `matvec_q4_k`, `dequant_q6_k`).
+
+Decode (matvec, matvec_many, matvec_multi) runs llama.cpp's int8 formulation for the block
+types: x quantised once per mat-vec to the type's vec_dot_type (_q8.py), integer dots per
+block, float scales per block (matvec_i8_<qtype>). use_int8(False), GGSTATION_NO_INT8=1 or
+`--no-int8` select the float path instead (weights unpacked to float32, one FMA per weight),
+which is kept as the tested oracle. Prefill (matmul beyond MATVEC_MAX_TOKENS) is unchanged.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from .. import parallel
+from .. import jit, parallel
 from ..errors import UnsupportedQuantError
 from .base import ExpertTensor, QTensor, QuantType
 from .generated import ENTRIES
@@ -39,6 +45,19 @@ TILE_ROWS = 1024
 # Tile size in bytes of float32 weights: small tiles for thin batches, ~L2-sized for prefill.
 _TILE_BYTES_THIN = 1 << 18
 _TILE_BYTES = 1 << 20
+
+
+_int8 = jit.INT8
+
+
+def use_int8(on: bool) -> None:
+    """Whether decode mat-vecs use the int8 path (default: on unless GGSTATION_NO_INT8=1)."""
+    global _int8
+    _int8 = bool(on)
+
+
+def int8_enabled() -> bool:
+    return _int8
 
 
 def check_supported(name: str, qtype: GGMLQuantizationType) -> None:
@@ -80,6 +99,8 @@ def matvec(w: QTensor, x: np.ndarray, out: np.ndarray) -> None:
     qt = _qt(w)
     if qt is None:
         out[:] = dequant_ref(w.raw, w.qtype) @ x
+    elif _int8 and qt.matvec_i8 is not None:
+        qt.matvec_i8(w.raw, x, out)
     else:
         qt.matvec(w.raw, x, out)
 
@@ -90,7 +111,7 @@ def matvec_many(ws: list[QTensor], x: np.ndarray, outs: list[np.ndarray]) -> Non
     qt = _qt(ws[0]) if ws else None
     if qt is not None and len(ws) <= 3 and len(outs) == len(ws) and all(
             w.qtype == qt.qtype and _qt(w) is not None for w in ws):
-        qt.matvec_same_x([w.raw for w in ws], x, outs)  # common case: one launch
+        _same_x(qt)([w.raw for w in ws], x, outs)  # common case: one launch
         return
     groups: dict = {}
     for w, o in zip(ws, outs, strict=True):
@@ -104,7 +125,11 @@ def matvec_many(ws: list[QTensor], x: np.ndarray, outs: list[np.ndarray]) -> Non
             g[2].append(o)
     for qt, raws, os_ in groups.values():
         for i in range(0, len(raws), 3):
-            qt.matvec_same_x(raws[i : i + 3], x, os_[i : i + 3])
+            _same_x(qt)(raws[i : i + 3], x, os_[i : i + 3])
+
+
+def _same_x(qt: QuantType):
+    return qt.matvec_same_x_i8 if _int8 and qt.matvec_same_x_i8 is not None else qt.matvec_same_x
 
 
 def matvec_multi(w: QTensor, x: np.ndarray, out: np.ndarray) -> None:
@@ -112,6 +137,8 @@ def matvec_multi(w: QTensor, x: np.ndarray, out: np.ndarray) -> None:
     qt = _qt(w)
     if qt is None:
         out[:] = x @ dequant_ref(w.raw, w.qtype).T
+    elif _int8 and qt.matvec_multi_i8 is not None:
+        qt.matvec_multi_i8(w.raw, x, out)
     else:
         qt.matvec_multi(w.raw, x, out)
 
@@ -192,5 +219,5 @@ def warmup(w: QTensor) -> None:
 __all__ = [
     "ExpertTensor", "QTensor", "QuantType", "QUANT_TYPES", "SUPPORTED", "check_supported", "dequant_rows",
     "get_rows", "matvec", "matvec_many", "matvec_multi", "matmul", "matmul_many", "tile_rows",
-    "warmup", "TILE_ROWS", "MATVEC_MAX_TOKENS",
+    "warmup", "TILE_ROWS", "MATVEC_MAX_TOKENS", "use_int8", "int8_enabled",
 ]

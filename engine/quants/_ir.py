@@ -23,12 +23,19 @@ pshufb for the 16-entry tables of the non-linear types (IQ4_NL, IQ4_XS, MXFP4; E
 Each has a portable fallback (integer arithmetic; a tree of vector selects) that LLVM lowers on
 any target. LLVM targets the host CPU (numba's default, or NUMBA_CPU_NAME/NUMBA_CPU_FEATURES),
 e.g. AVX-512 on these EPYCs. GGSTATION_PORTABLE_LUT=1 (engine/jit.py) forces the portable table
-lookup, for tests and benchmarks.
+lookup and the portable int8 dot, for tests and benchmarks.
 
-Measured alternatives (Q4_1, one core): numba loops 3.5-4 GMAC/s; this IR ~15-17; an int8
-activation path (vpdpbusd, llama.cpp-style) ~23-25 but 1-2 % normalised error; int16
-activations (vpdpwssd) ~17-18 at ~3e-5 error. Decode is close to memory-bound on 2 threads, so
-the exact float path was kept.
+Decode uses a second form, llama.cpp's (make_row_dot_i8): x quantised once per mat-vec to the
+type's vec_dot_type (_q8.py), each Layout's int_block() giving its codes as <32 x i8> and its
+sub-block scales as integers (IntBlock), integer dots per block (Emit.idot: pmaddubsw +
+pmaddwd where the target has AVX2, vpdpbusd for unscaled parts with VNNI, chosen at compile
+time like pshufb; otherwise portable widening multiplies, from which LLVM forms pmaddwd but not
+pmaddubsw, nor vpdpbusd), float scales per block as ggml's vec_dot_* apply them. It gives
+llama.cpp's numerics (tests/compare_int8_llama_cpp.py) and, one core, 1.3-2.6x the float
+form's GMAC/s on an AVX2 target and 1.1-1.9x on AVX-512 with VNNI for one token (tests/
+bench_quants.py --int8-vs-float); for 4 tokens on AVX-512 the float form's 512-bit FMAs are
+as fast for the 32-weight types (the integer dots are 256-bit). The float form (make_row_dot)
+is the oracle and serves GGSTATION_NO_INT8=1 and the dense types.
 
 Caching: numba keys a cached kernel on its own module's source, not on this file, so the
 generated kernel modules (engine/quants/generated/) embed a digest of this file, _kern.py and
@@ -54,6 +61,10 @@ V16I8 = ir.VectorType(I8, 16)
 V16I16 = ir.VectorType(I16, 16)
 V16I32 = ir.VectorType(I32, 16)
 V16H = ir.VectorType(ir.HalfType(), 16)
+V32I8 = ir.VectorType(I8, 32)
+V32I16 = ir.VectorType(I16, 32)
+V8I32 = ir.VectorType(I32, 8)
+V8F = ir.VectorType(F32, 8)
 
 
 def _fast(ins):
@@ -74,19 +85,34 @@ def _use_pshufb(feats: str) -> bool:
     return "+ssse3" in feats and not jit.PORTABLE_LUT
 
 
+def _use_avx2(feats: str) -> bool:
+    """Whether int8 dots may use AVX2's pmaddubsw/pmaddwd (not under GGSTATION_PORTABLE_LUT)."""
+    return "+avx2" in feats and not jit.PORTABLE_LUT
+
+
+def _use_vnni(feats: str) -> bool:
+    """Whether unscaled int8 dots may use vpdpbusd (AVX-VNNI, or AVX512-VNNI with AVX512VL)."""
+    vnni = "+avxvnni" in feats or "+avx512vnni" in feats and "+avx512vl" in feats
+    return vnni and _use_avx2(feats)
+
+
 def make_emit(context, builder: ir.IRBuilder) -> Emit:
-    """An Emit for `builder` that uses what the compile target offers (F16C, pshufb)."""
+    """An Emit for `builder` that uses what the compile target offers (F16C, pshufb, AVX2, VNNI)."""
     feats = _target_features(context)
-    return Emit(builder, f16c="+f16c" in feats, pshufb=_use_pshufb(feats))
+    return Emit(builder, f16c="+f16c" in feats, pshufb=_use_pshufb(feats), avx2=_use_avx2(feats),
+                vnni=_use_vnni(feats))
 
 
 class Emit:
     """IR-building helpers bound to one builder; offsets are byte offsets from `base` (i8*)."""
 
-    def __init__(self, builder: ir.IRBuilder, f16c: bool = False, pshufb: bool = False):
+    def __init__(self, builder: ir.IRBuilder, f16c: bool = False, pshufb: bool = False,
+                 avx2: bool = False, vnni: bool = False):
         self.b = builder
         self.f16c = f16c
         self.pshufb = pshufb
+        self.avx2 = avx2
+        self.vnni = vnni
 
     def half_to_float(self, h):
         """IEEE half bits (i16 or <16 x i16>) -> float / <16 x float>.
@@ -248,6 +274,64 @@ class Emit:
         """q - k on <16 x i8> (wrapping; used to centre unsigned codes, then read as signed)."""
         return self.b.sub(q, self.vconst8(k))
 
+    # --- int8 dot products (llama.cpp's formulation) ------------------------------------------
+    def join(self, a, b):
+        """Two vectors of equal length end to end (two <16 x i8> -> <32 x i8>)."""
+        n = 2 * a.type.count
+        return self.b.shuffle_vector(a, b, ir.Constant(ir.VectorType(I32, n), list(range(n))))
+
+    def pair_scales(self, sc16, g, signed):
+        """<16 x i16> scales for a 32-weight part covering groups g and g + 1 of 16 weights:
+        lanes 0..7 = sc16[g], 8..15 = sc16[g + 1] (sc16: <16 x i8>, one lane per group)."""
+        v = self.b.shuffle_vector(sc16, sc16, ir.Constant(ir.VectorType(I32, 16), [g] * 8 + [g + 1] * 8))
+        return self.b.sext(v, V16I16) if signed else self.b.zext(v, V16I16)
+
+    def splat_scale(self, sc):
+        """An i32 scale as <16 x i16> (one scale for a whole 32-weight part)."""
+        return self.splat(self.b.trunc(sc, I16), V16I16)
+
+    def _evens_odds(self, v):
+        n = v.type.count // 2
+        ev = self.b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, n), list(range(0, 2 * n, 2))))
+        od = self.b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, n), list(range(1, 2 * n, 2))))
+        return ev, od
+
+    def idot(self, w, y, signed, scales=None):
+        """Integer dot of 32 weight codes w (<32 x i8>, signed or unsigned) with 32 activation
+        codes y (<32 x i8>, -127..127) as <8 x i32> partial sums, llama.cpp's AVX2 order:
+        pair sums p_j = w_2j y_2j + w_2j+1 y_2j+1 (16 x i16, no overflow: |p| <= 2 * 128 * 127),
+        then lane i = p_2i s_2i + p_2i+1 s_2i+1 with s = scales (<16 x i16>, None: all 1), so a
+        part of two 16-weight groups gets its two sub-block scales in lanes 0..7 and 8..15.
+
+        AVX2: pmaddubsw (unsigned x signed bytes: signed codes go in as |w| with y given w's
+        sign, as ggml does) then pmaddwd; with VNNI and no scales one vpdpbusd, whose lane i
+        is the same sum of bytes 4i..4i+3. Elsewhere the same integers through widening
+        multiplies and adds, which LLVM lowers on any target.
+        """
+        b = self.b
+        if self.avx2:
+            if signed:
+                neg = b.icmp_signed("<", w, ir.Constant(V32I8, [0] * 32))
+                w = b.select(neg, b.sub(ir.Constant(V32I8, [0] * 32), w), w)
+                y = b.select(neg, b.sub(ir.Constant(V32I8, [0] * 32), y), y)
+            if self.vnni and scales is None:
+                dp = cgutils.get_or_insert_function(
+                    b.module, ir.FunctionType(V8I32, [V8I32, V32I8, V32I8]), "llvm.x86.avx512.vpdpbusd.256")
+                return b.call(dp, [ir.Constant(V8I32, [0] * 8), w, y])
+            mub = cgutils.get_or_insert_function(
+                b.module, ir.FunctionType(V16I16, [V32I8, V32I8]), "llvm.x86.avx2.pmadd.ub.sw")
+            mwd = cgutils.get_or_insert_function(
+                b.module, ir.FunctionType(V8I32, [V16I16, V16I16]), "llvm.x86.avx2.pmadd.wd")
+            ones = ir.Constant(V16I16, [1] * 16)
+            return b.call(mwd, [b.call(mub, [w, y]), ones if scales is None else scales])
+        wi = b.sext(w, V32I16) if signed else b.zext(w, V32I16)
+        ev, od = self._evens_odds(b.mul(wi, b.sext(y, V32I16)))
+        p = b.sext(b.add(ev, od), V16I32)
+        if scales is not None:
+            p = b.mul(p, b.sext(scales, V16I32))
+        ev, od = self._evens_odds(p)
+        return b.add(ev, od)
+
     def fmul(self, a, b):
         return _fast(self.b.fmul(a, b))
 
@@ -280,8 +364,34 @@ class Group:
         self.e0, self.q, self.d, self.c = e0, q, d, c
 
 
+class IntPart:
+    """32 consecutive weights of a block as integer codes, for the int8 dot: w[e0 + i] is code
+    w[i] (<32 x i8>, `signed` or unsigned) times the part's integer scales (<16 x i16>, lanes
+    0..7 for weights 0..15, 8..15 for 16..31; None: 1) times the block's float scale."""
+
+    __slots__ = ("e0", "w", "signed", "scales")
+
+    def __init__(self, e0, w, signed, scales=None):
+        self.e0, self.w, self.signed, self.scales = e0, w, signed, scales
+
+
+class IntBlock:
+    """A block as llama.cpp's vec_dot_* sees it: dot(block, x) =
+        d * d_x * isum                       isum = sum over parts of scale * (w . x_codes)
+      + m * s_x                              (Q8_1 activations: s_x = d_x * sum of x's codes)
+      - dmin * d_x * sum_g mins[g] * bsums_x[g]   (Q8_K activations: bsums over 16 weights)
+    d, m, dmin: float values; mins: <16 x float> (integers), one lane per group of 16 weights.
+    """
+
+    __slots__ = ("d", "parts", "m", "mins", "dmin")
+
+    def __init__(self, d, parts, m=None, mins=None, dmin=None):
+        self.d, self.parts, self.m, self.mins, self.dmin = d, parts, m, mins, dmin
+
+
 class Layout:
-    """How one GGML type packs a block. Subclasses set the sizes and implement groups()."""
+    """How one GGML type packs a block. Subclasses set the sizes and implement groups() (float
+    weights for the float path) and int_block() (integer codes for the int8 path)."""
 
     block_elems = 32   # weights per block
     block_bytes = 0    # bytes per block
@@ -289,6 +399,9 @@ class Layout:
                        # 0 when no group has one (then no sums are computed)
 
     def groups(self, em: Emit, p) -> list[Group]:
+        raise NotImplementedError
+
+    def int_block(self, em: Emit, p) -> IntBlock:
         raise NotImplementedError
 
 
@@ -445,3 +558,99 @@ def make_row_dequant(layout: Layout):
         return sig, codegen
 
     return row_dequant
+
+
+def make_row_dot_i8(layout: Layout, n_tok: int):
+    """Intrinsic row_dot_i8(raw, r, xq, xd, xs, out, t0): out[t0 + t, r] = raw[r] . x[t0 + t]
+    for t < n_tok, by llama.cpp's integer formulation (see IntBlock) against x quantised by
+    _q8: xq (T, n_cols) int8 codes, xd (T, n_blocks) f32 scales, xs (T, k) f32 extras (Q8_1's
+    s per block, Q8_K's bsums per 16); out (T, n_rows) f32. Per block the <8 x i32> integer
+    sums are converted once and scaled into <8 x float> accumulators (as ggml's AVX2 code
+    does), with one horizontal sum per row.
+    """
+    BE, BB = layout.block_elems, layout.block_bytes
+
+    @intrinsic
+    def row_dot_i8(typingctx, raw, r, xq, xd, xs, out, t0):
+        sig = types.void(raw, r, xq, xd, xs, out, t0)
+
+        def codegen(context, builder, signature, args):
+            rawv, rv, xqv, xdv, xsv, outv, t0v = args
+            em = make_emit(context, builder)
+            ra = _arr(context, builder, signature.args[0], rawv)
+            qa = _arr(context, builder, signature.args[2], xqv)
+            da = _arr(context, builder, signature.args[3], xdv)
+            sa = _arr(context, builder, signature.args[4], xsv)
+            oa = _arr(context, builder, signature.args[5], outv)
+            rstride = cgutils.unpack_tuple(builder, ra.strides)[0]
+            n_cols = cgutils.unpack_tuple(builder, qa.shape)[1]
+            n_xd = cgutils.unpack_tuple(builder, da.shape)[1]
+            n_xs = cgutils.unpack_tuple(builder, sa.shape)[1]
+            n_rows = cgutils.unpack_tuple(builder, oa.shape)[1]
+            base = builder.gep(builder.bitcast(ra.data, I8.as_pointer()), [builder.mul(rv, rstride)])
+            qp0 = builder.bitcast(qa.data, I8.as_pointer())
+            dp0 = builder.bitcast(da.data, F32.as_pointer())
+            sp0 = builder.bitcast(sa.data, F32.as_pointer())
+            op0 = builder.bitcast(oa.data, F32.as_pointer())
+            qps, dps, sps = [], [], []
+            for t in range(n_tok):
+                tt = builder.add(t0v, ir.Constant(I64, t))
+                qps.append(builder.gep(qp0, [builder.mul(tt, n_cols)]))
+                dps.append(builder.gep(dp0, [builder.mul(tt, n_xd)]))
+                sps.append(builder.gep(sp0, [builder.mul(tt, n_xs)]))
+            zero = ir.Constant(V8F, [0.0] * 8)
+            accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(2)] for _ in range(n_tok)]
+            saccs = [[cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0)) for _ in range(2)]
+                     for _ in range(n_tok)]
+
+            def emit_block(blk, parity):
+                p = builder.gep(base, [builder.mul(blk, ir.Constant(I64, BB))])
+                e_base = builder.mul(blk, ir.Constant(I64, BE))
+                ib = layout.int_block(em, p)
+                for t in range(n_tok):
+                    isum = None
+                    for part in ib.parts:
+                        yp = builder.gep(qps[t], [builder.add(e_base, ir.Constant(I64, part.e0))])
+                        y = builder.load(builder.bitcast(yp, V32I8.as_pointer()), align=1)
+                        v = em.idot(part.w, y, part.signed, part.scales)
+                        isum = v if isum is None else builder.add(isum, v)
+                    dx = builder.load(builder.gep(dps[t], [blk]))
+                    acc = accs[t][parity]
+                    scaled = em.fmul(em.splat(em.fmul(ib.d, dx), V8F), builder.sitofp(isum, V8F))
+                    builder.store(em.fadd(builder.load(acc), scaled), acc)
+                    extra = None
+                    if ib.m is not None:  # + m * s_x
+                        extra = em.fmul(ib.m, builder.load(builder.gep(sps[t], [blk])))
+                    if ib.mins is not None:  # - dmin * d_x * sum(mins * bsums): exact integers
+                        bp = builder.gep(sps[t], [builder.mul(blk, ir.Constant(I64, BE // 16))])
+                        bs = builder.load(builder.bitcast(bp, V16F.as_pointer()), align=4)
+                        summs = em.hsum(em.fmul(ib.mins, bs))
+                        extra = em.fmul(em.fmul(em.fmul(ib.dmin, dx), summs), em.fconst(-1.0))
+                    if extra is not None:
+                        sacc = saccs[t][parity]
+                        builder.store(em.fadd(builder.load(sacc), extra), sacc)
+
+            nb = builder.udiv(n_cols, ir.Constant(I64, BE))
+            _prefetch_row(builder, base, rstride, nb, BB)
+            if BE > 32:  # a super-block is long enough for one accumulator chain
+                with cgutils.for_range(builder, nb) as loop:
+                    emit_block(loop.index, 0)
+            else:
+                with cgutils.for_range(builder, builder.udiv(nb, ir.Constant(I64, 2))) as loop:
+                    blk = builder.mul(loop.index, ir.Constant(I64, 2))
+                    emit_block(blk, 0)
+                    emit_block(builder.add(blk, ir.Constant(I64, 1)), 1)
+                odd = builder.icmp_unsigned("!=", builder.urem(nb, ir.Constant(I64, 2)), ir.Constant(I64, 0))
+                with builder.if_then(odd, likely=False):
+                    emit_block(builder.sub(nb, ir.Constant(I64, 1)), 0)
+            for t in range(n_tok):
+                v = em.fadd(builder.load(accs[t][0]), builder.load(accs[t][1]))
+                sc = em.fadd(builder.load(saccs[t][0]), builder.load(saccs[t][1]))
+                res = em.fadd(em.hsum(v), sc)
+                tt = builder.add(t0v, ir.Constant(I64, t))
+                builder.store(res, builder.gep(op0, [builder.add(builder.mul(tt, n_rows), rv)]))
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return row_dot_i8

@@ -49,6 +49,9 @@ class TypeSpec:
 
     name: str  # "Q4_K"
     module: str  # "k_quants" (engine/quants/k_quants.py)
+    # llama.cpp's vec_dot_type: the activation quantiser of the int8 path (_q8.quantize_<it>);
+    # "" for the dense types, which have no int8 path
+    vec_dot: str = ""
 
     @property
     def t(self) -> str:
@@ -58,16 +61,19 @@ class TypeSpec:
     @property
     def deps(self) -> tuple[str, ...]:
         """Modules (in engine/quants) whose code is compiled into this type's kernels."""
-        return ("_ir", "_kern", self.module)
+        return ("_ir", "_kern", "_q8", self.module) if self.vec_dot else ("_ir", "_kern", self.module)
 
 
 TYPES = (
     TypeSpec("F32", "dense"), TypeSpec("F16", "dense"), TypeSpec("BF16", "dense"),
-    TypeSpec("Q4_0", "q4_0"), TypeSpec("Q4_1", "q4_1"), TypeSpec("Q5_0", "q5_0"),
-    TypeSpec("Q5_1", "q5_1"), TypeSpec("Q8_0", "q8_0"),
-    TypeSpec("Q2_K", "k_quants"), TypeSpec("Q3_K", "k_quants"), TypeSpec("Q4_K", "k_quants"),
-    TypeSpec("Q5_K", "k_quants"), TypeSpec("Q6_K", "k_quants"),
-    TypeSpec("IQ4_NL", "iq4"), TypeSpec("IQ4_XS", "iq4"), TypeSpec("MXFP4", "mxfp4"),
+    TypeSpec("Q4_0", "q4_0", "q8_0"), TypeSpec("Q4_1", "q4_1", "q8_1"),
+    TypeSpec("Q5_0", "q5_0", "q8_0"), TypeSpec("Q5_1", "q5_1", "q8_1"),
+    TypeSpec("Q8_0", "q8_0", "q8_0"),
+    TypeSpec("Q2_K", "k_quants", "q8_k"), TypeSpec("Q3_K", "k_quants", "q8_k"),
+    TypeSpec("Q4_K", "k_quants", "q8_k"), TypeSpec("Q5_K", "k_quants", "q8_k"),
+    TypeSpec("Q6_K", "k_quants", "q8_k"),
+    TypeSpec("IQ4_NL", "iq4", "q8_0"), TypeSpec("IQ4_XS", "iq4", "q8_k"),
+    TypeSpec("MXFP4", "mxfp4", "q8_0"),
 )
 
 
@@ -79,6 +85,7 @@ class Family:
 
     ops: tuple[str, ...]
     template: str
+    int8: bool = False  # only for types with a vec_dot (the others get None for its ops)
 
 
 PREAMBLE = '''\
@@ -189,6 +196,68 @@ def get_rows_$t(raw, ids, out):
     _kern.launch_get_rows(_dequant_$t, raw, ids, out)
 '''
 
+MATVEC_I8 = '''\
+
+
+_idot1 = _ir.make_row_dot_i8(_layout, 1)  # llama.cpp's integer dots, x quantised to $vec_dot
+_idot2 = _ir.make_row_dot_i8(_layout, 2)
+_idot4 = _ir.make_row_dot_i8(_layout, 4)
+
+
+@_parallel_kernel
+def _matvec_i8_$t(raw0, raw1, raw2, x, out0, out1, out2):
+    """out_i = W_i @ x for three $T weights sharing x, by integer dots against x quantised once
+    to $vec_dot (llama.cpp's ggml_vec_dot_${t}_$vec_dot)."""
+    n0, n1, n2 = raw0.shape[0], raw1.shape[0], raw2.shape[0]
+    check_shapes(n0, raw0.shape[1], x.shape[0], out0.shape[0], 1, 1, _BB, _BE)
+    check_shapes(n1, raw1.shape[1], x.shape[0], out1.shape[0], 1, 1, _BB, _BE)
+    check_shapes(n2, raw2.shape[1], x.shape[0], out2.shape[0], 1, 1, _BB, _BE)
+    x2 = x.reshape((1, x.shape[0]))
+    o0 = out0.reshape((1, n0))
+    o1 = out1.reshape((1, n1))
+    o2 = out2.reshape((1, n2))
+    xq, xd, xs = _q8.quantize_$vec_dot(x2)
+    for r in prange(n0 + n1 + n2):
+        if r < n0:
+            _idot1(raw0, r, xq, xd, xs, o0, 0)
+        elif r < n0 + n1:
+            _idot1(raw1, r - n0, xq, xd, xs, o1, 0)
+        else:
+            _idot1(raw2, r - n0 - n1, xq, xd, xs, o2, 0)
+
+
+def matvec_i8_$t(raw, x, out):
+    _kern.launch_matvec(_matvec_i8_$t, raw, x, out)
+
+
+def matvec_same_x_i8_$t(raws, x, outs):
+    _kern.launch_matvec_same_x(_matvec_i8_$t, raws, x, outs)
+
+
+@_parallel_kernel
+def _matvec_multi_i8_$t(raw, x, out):
+    """out (T, n_rows) = x (T, n_cols) @ W.T by integer dots, each token quantised to $vec_dot."""
+    check_shapes(raw.shape[0], raw.shape[1], x.shape[1], out.shape[1], x.shape[0], out.shape[0],
+                 _BB, _BE)
+    n_tok = x.shape[0]
+    xq, xd, xs = _q8.quantize_$vec_dot(x)
+    for r in prange(raw.shape[0]):
+        t0 = 0
+        while n_tok - t0 >= 4:
+            _idot4(raw, r, xq, xd, xs, out, t0)
+            t0 += 4
+        rem = n_tok - t0
+        if rem >= 2:
+            _idot2(raw, r, xq, xd, xs, out, t0)
+            t0 += 2
+        if rem & 1:
+            _idot1(raw, r, xq, xd, xs, out, t0)
+
+
+def matvec_multi_i8_$t(raw, x, out):
+    _kern.launch_matvec_multi(_matvec_multi_i8_$t, raw, x, out)
+'''
+
 ENTRY = '''\
 
 
@@ -201,6 +270,7 @@ FAMILIES = (
     Family(("matvec", "matvec_same_x"), MATVEC),
     Family(("matvec_multi",), MATVEC_MULTI),
     Family(("dequant", "get_rows"), DEQUANT),
+    Family(("matvec_i8", "matvec_same_x_i8", "matvec_multi_i8"), MATVEC_I8, int8=True),
 )
 
 
@@ -209,9 +279,10 @@ def render_type(spec: TypeSpec) -> str:
     digest = source_digest(PACKAGE / f"{m}.py" for m in spec.deps)
     fields = dict(asdict(spec), t=spec.t, T=spec.name, deps=", ".join(spec.deps), digest=digest)
     # QuantType fields, one line per family: "    matvec=matvec_q4_k, matvec_same_x=...,\n"
+    fams = [f for f in FAMILIES if spec.vec_dot or not f.int8]
     fields["ops"] = "".join(
-        "    " + ", ".join(f"{op}={op}_{spec.t}" for op in f.ops) + ",\n" for f in FAMILIES)
-    templates = [PREAMBLE, *(f.template for f in FAMILIES), ENTRY]
+        "    " + ", ".join(f"{op}={op}_{spec.t}" for op in f.ops) + ",\n" for f in fams)
+    templates = [PREAMBLE, *(f.template for f in fams), ENTRY]
     return HEADER + "".join(Template(t).substitute(fields) for t in templates)
 
 

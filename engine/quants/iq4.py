@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from ._ir import F32, I16, I32, Group, Layout
+from ._ir import F32, I16, I32, Group, IntBlock, IntPart, Layout
 
 # ggml-common.h kvalues_iq4nl: the value of each 4-bit code.
 KVALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
@@ -22,13 +22,21 @@ def _c(v):
 
 
 def _codes(em, p, off, n):
-    """The 32 * n codes packed in the 16 * n bytes at p + off, as 2n <16 x float> table values:
+    """The 32 * n codes packed in the 16 * n bytes at p + off, as 2n <16 x i8> table values:
     in each 16 bytes weight j (j < 16) is the low nibble of byte j, weight j + 16 its high one."""
     nibs = []
     for k in range(n):
         q = em.bytes16(p, off + 16 * k)
         nibs += [em.nib_lo(q), em.nib_hi(q)]
-    return [em.s8f(v) for v in em.lut16(KVALUES, nibs)]
+    return em.lut16(KVALUES, nibs)
+
+
+def _xs_scale(em, p, scales_h, g):
+    """The 6-bit scale of IQ4_XS group g, minus 32 (i32)."""
+    b = em.b
+    lo = b.and_(b.lshr(em.u8(p, 4 + g // 2), _c(4 * (g % 2))), _c(15))
+    hi = b.and_(b.lshr(scales_h, _c(2 * g)), _c(3))
+    return b.sub(b.or_(lo, b.shl(hi, _c(4))), _c(32))
 
 
 # IQ4_NL block (18 bytes), laid out as Q4_0:
@@ -39,7 +47,10 @@ class IQ4_NLLayout(Layout):
     block_elems, block_bytes, group = 32, 18, 0
 
     def groups(self, em, p):
-        return [Group(0, _codes(em, p, 2, 1), em.f16(p, 0))]
+        return [Group(0, [em.s8f(v) for v in _codes(em, p, 2, 1)], em.f16(p, 0))]
+
+    def int_block(self, em, p):  # ggml_vec_dot_iq4_nl_q8_0
+        return IntBlock(em.f16(p, 0), [IntPart(0, em.join(*_codes(em, p, 2, 1)), True)])
 
 
 # IQ4_XS super-block (136 bytes), 8 groups of 32 weights:
@@ -58,10 +69,19 @@ class IQ4_XSLayout(Layout):
         out = []
         for g in range(8):
             if g % 2 == 0:  # two groups' codes at a time: one 64-lane portable lookup
-                q = _codes(em, p, 8 + 16 * g, 2)
+                q = [em.s8f(v) for v in _codes(em, p, 8 + 16 * g, 2)]
             k = 2 * (g % 2)
-            lo = b.and_(b.lshr(em.u8(p, 4 + g // 2), _c(4 * (g % 2))), _c(15))
-            hi = b.and_(b.lshr(scales_h, _c(2 * g)), _c(3))
-            scale = b.sub(b.or_(lo, b.shl(hi, _c(4))), _c(32))
+            scale = _xs_scale(em, p, scales_h, g)
             out.append(Group(32 * g, q[k : k + 2], em.fmul(d, b.sitofp(scale, F32))))
         return out
+
+    def int_block(self, em, p):  # ggml_vec_dot_iq4_xs_q8_K
+        scales_h = em.b.zext(em.load(p, 2, I16), I32)
+        parts = []
+        for g in range(8):
+            if g % 2 == 0:
+                q = _codes(em, p, 8 + 16 * g, 2)
+            k = 2 * (g % 2)
+            sc = em.splat_scale(_xs_scale(em, p, scales_h, g))
+            parts.append(IntPart(32 * g, em.join(q[k], q[k + 1]), True, sc))
+        return IntBlock(em.f16(p, 0), parts)

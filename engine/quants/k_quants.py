@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from ._ir import F32, I32, Group, Layout
+from ._ir import F32, I32, V16F, Group, IntBlock, IntPart, Layout
 
 
 def _c(v):
@@ -25,7 +25,24 @@ def _idx(lanes):
 
 
 def _k4_scale_min(em, p, off, j):
-    """6-bit scale and min of sub-block j (0..7), packed in the 12 bytes at p + off:
+    """_k4_scale_min_int as floats."""
+    sc, mn = _k4_scale_min_int(em, p, off, j)
+    return em.b.uitofp(sc, F32), em.b.uitofp(mn, F32)
+
+
+def _k4_mins16(em, p, off):
+    """The 8 mins of a Q4_K/Q5_K super-block as <16 x float>, each twice (lanes 2j, 2j + 1:
+    the two Q8_K bsums of 16 weights in sub-block j)."""
+    v = ir.Constant(V16F, None)
+    for j in range(8):
+        mn = em.b.uitofp(_k4_scale_min_int(em, p, off, j)[1], F32)
+        for k in (2 * j, 2 * j + 1):
+            v = em.b.insert_element(v, mn, _c(k))
+    return v
+
+
+def _k4_scale_min_int(em, p, off, j):
+    """6-bit scale and min (i32) of sub-block j (0..7), packed in the 12 bytes at p + off:
 
     bytes 0..3 : low 6 bits = scale j=0..3, top 2 bits = bits 4..5 of scale j=4..7
     bytes 4..7 : low 6 bits = min   j=0..3, top 2 bits = bits 4..5 of min   j=4..7
@@ -42,7 +59,7 @@ def _k4_scale_min(em, p, off, j):
     else:
         sc = b.or_(b.and_(u(j + 4), _c(15)), b.shl(b.lshr(u(j - 4), _c(6)), _c(4)))
         mn = b.or_(b.lshr(u(j + 4), _c(4)), b.shl(b.lshr(u(j), _c(6)), _c(4)))
-    return b.uitofp(sc, F32), b.uitofp(mn, F32)
+    return sc, mn
 
 
 # Q2_K super-block (84 bytes):
@@ -73,6 +90,18 @@ class Q2_KLayout(Layout):
                     out.append(Group(e0, [q], b.extract_element(dsc, g), b.extract_element(dmn, g)))
         return out
 
+    def int_block(self, em, p):  # ggml_vec_dot_q2_K_q8_K
+        sb = em.bytes16(p, 0)
+        sc = em.nib_lo(sb)
+        parts = []
+        for h in range(2):
+            qa, qb = em.bytes16(p, 16 + h * 32), em.bytes16(p, 32 + h * 32)
+            for s in range(4):
+                e0 = h * 128 + s * 32
+                w = em.join(em.bits(qa, 2 * s, 3), em.bits(qb, 2 * s, 3))
+                parts.append(IntPart(e0, w, False, em.pair_scales(sc, e0 // 16, False)))
+        return IntBlock(em.f16(p, 80), parts, mins=em.u8f(em.nib_hi(sb)), dmin=em.f16(p, 82))
+
 
 # Q3_K super-block (110 bytes):
 #   [0:32]    hmask   high bit of e = h*128 + s*32 + l is bit (4h + s) of hmask[l]
@@ -87,15 +116,7 @@ class Q3_KLayout(Layout):
 
     def groups(self, em, p):
         b = em.b
-        # All 16 scales at once, lane g = scale of group g.
-        v8 = em.load(p, 96, ir.VectorType(ir.IntType(8), 8))
-        lo4 = b.shuffle_vector(b.and_(v8, ir.Constant(v8.type, [15] * 8)),
-                               b.lshr(v8, ir.Constant(v8.type, [4] * 8)), _idx(range(16)))
-        v4 = em.load(p, 104, ir.VectorType(ir.IntType(8), 4))
-        hi2 = b.shuffle_vector(v4, v4, _idx([0, 1, 2, 3] * 4))
-        hi2 = b.and_(b.lshr(hi2, em.vconst8([2 * (g // 4) for g in range(16)])), em.vconst8(3))
-        sc = em.sub8(b.or_(lo4, b.shl(hi2, em.vconst8(4))), 32)
-        dsc = em.fmul(em.splat(em.f16(p, 108)), em.s8f(sc))
+        dsc = em.fmul(em.splat(em.f16(p, 108)), em.s8f(self._scales(em, p)))
         out = []
         for k in range(2):
             hm = em.bytes16(p, 16 * k)
@@ -103,10 +124,39 @@ class Q3_KLayout(Layout):
                 q8 = em.bytes16(p, 32 + h * 32 + 16 * k)
                 for s in range(4):
                     e0 = h * 128 + s * 32 + 16 * k
-                    hbit = b.shl(em.bits(hm, 4 * h + s, 1), em.vconst8(2))
-                    q = em.s8f(em.sub8(b.or_(em.bits(q8, 2 * s, 3), hbit), 4))
+                    q = em.s8f(self._codes(em, hm, q8, h, s))
                     out.append(Group(e0, [q], b.extract_element(dsc, _c(e0 // 16))))
         return out
+
+    def int_block(self, em, p):  # ggml_vec_dot_q3_K_q8_K
+        sc = self._scales(em, p)
+        hm = [em.bytes16(p, 0), em.bytes16(p, 16)]
+        parts = []
+        for h in range(2):
+            q8 = [em.bytes16(p, 32 + h * 32), em.bytes16(p, 48 + h * 32)]
+            for s in range(4):
+                e0 = h * 128 + s * 32
+                w = em.join(*(self._codes(em, hm[k], q8[k], h, s) for k in range(2)))
+                parts.append(IntPart(e0, w, True, em.pair_scales(sc, e0 // 16, True)))
+        return IntBlock(em.f16(p, 108), parts)
+
+    @staticmethod
+    def _scales(em, p):
+        """All 16 scales minus 32 as <16 x i8>, lane g = scale of group g."""
+        b = em.b
+        v8 = em.load(p, 96, ir.VectorType(ir.IntType(8), 8))
+        lo4 = b.shuffle_vector(b.and_(v8, ir.Constant(v8.type, [15] * 8)),
+                               b.lshr(v8, ir.Constant(v8.type, [4] * 8)), _idx(range(16)))
+        v4 = em.load(p, 104, ir.VectorType(ir.IntType(8), 4))
+        hi2 = b.shuffle_vector(v4, v4, _idx([0, 1, 2, 3] * 4))
+        hi2 = b.and_(b.lshr(hi2, em.vconst8([2 * (g // 4) for g in range(16)])), em.vconst8(3))
+        return em.sub8(b.or_(lo4, b.shl(hi2, em.vconst8(4))), 32)
+
+    @staticmethod
+    def _codes(em, hm, q8, h, s):
+        """Signed codes q - 4 (<16 x i8>) of 16 weights from their hmask and qs bytes."""
+        hbit = em.b.shl(em.bits(hm, 4 * h + s, 1), em.vconst8(2))
+        return em.sub8(em.b.or_(em.bits(q8, 2 * s, 3), hbit), 4)
 
 
 # Q4_K super-block (144 bytes):
@@ -132,6 +182,17 @@ class Q4_KLayout(Layout):
                     q = [em.u8f(em.nib_hi(qa)), em.u8f(em.nib_hi(qb))]
                 out.append(Group(32 * g, q, em.fmul(d, sc), em.fmul(em.fmul(dmin, mn), em.fconst(-1.0))))
         return out
+
+    def int_block(self, em, p):  # ggml_vec_dot_q4_K_q8_K
+        parts = []
+        for j in range(4):
+            qa, qb = em.bytes16(p, 16 + 32 * j), em.bytes16(p, 32 + 32 * j)
+            for n in range(2):
+                g = 2 * j + n
+                nib = em.nib_lo if n == 0 else em.nib_hi
+                sc = em.splat_scale(_k4_scale_min_int(em, p, 4, g)[0])
+                parts.append(IntPart(32 * g, em.join(nib(qa), nib(qb)), False, sc))
+        return IntBlock(em.f16(p, 0), parts, mins=_k4_mins16(em, p, 4), dmin=em.f16(p, 2))
 
 
 # Q5_K super-block (176 bytes):
@@ -164,6 +225,22 @@ class Q5_KLayout(Layout):
                 out.append(Group(32 * g, q, em.fmul(d, sc), em.fmul(em.fmul(dmin, mn), em.fconst(-1.0))))
         return out
 
+    def int_block(self, em, p):  # ggml_vec_dot_q5_K_q8_K
+        b = em.b
+        ha, hb = em.bytes16(p, 16), em.bytes16(p, 32)
+        sh = em.vconst8(4)
+        parts = []
+        for j in range(4):
+            qa, qb = em.bytes16(p, 48 + 32 * j), em.bytes16(p, 64 + 32 * j)
+            for n in range(2):
+                g = 2 * j + n
+                nib = em.nib_lo if n == 0 else em.nib_hi
+                w = em.join(b.or_(nib(qa), b.shl(em.bits(ha, g, 1), sh)),
+                            b.or_(nib(qb), b.shl(em.bits(hb, g, 1), sh)))
+                sc = em.splat_scale(_k4_scale_min_int(em, p, 4, g)[0])
+                parts.append(IntPart(32 * g, w, False, sc))
+        return IntBlock(em.f16(p, 0), parts, mins=_k4_mins16(em, p, 4), dmin=em.f16(p, 2))
+
 
 # Q6_K super-block (210 bytes):
 #   [0:128]   ql      low 4 bits of e = h*128 + c*32 + l (h < 2, c < 4, l < 32) are nibble c // 2
@@ -191,3 +268,19 @@ class Q6_KLayout(Layout):
                     q = em.s8f(em.sub8(b.or_(lo, b.shl(em.bits(qh, 2 * c, 3), em.vconst8(4))), 32))
                     out.append(Group(e0, [q], b.extract_element(dsc, _c(g))))
         return out
+
+    def int_block(self, em, p):  # ggml_vec_dot_q6_K_q8_K
+        b = em.b
+        sc = em.bytes16(p, 192)
+        parts = []
+        for h in range(2):
+            qh = [em.bytes16(p, 128 + h * 32 + 16 * k) for k in range(2)]
+            for c in range(4):
+                e0 = h * 128 + c * 32
+                codes = []
+                for k in range(2):
+                    ql = em.bytes16(p, h * 64 + (c % 2) * 32 + 16 * k)
+                    lo = em.nib_lo(ql) if c < 2 else em.nib_hi(ql)
+                    codes.append(em.sub8(b.or_(lo, b.shl(em.bits(qh[k], 2 * c, 3), em.vconst8(4))), 32))
+                parts.append(IntPart(e0, em.join(*codes), True, em.pair_scales(sc, e0 // 16, True)))
+        return IntBlock(em.f16(p, 208), parts)

@@ -8,7 +8,7 @@ The layout only: the kernels are generated into generated/mxfp4.py by codegen.py
 
 from __future__ import annotations
 
-from ._ir import Group, Layout
+from ._ir import Group, IntBlock, IntPart, Layout
 
 # ggml-common.h kvalues_mxfp4: 2 * the e2m1 value of each code (bit 3 is the sign).
 KVALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
@@ -25,3 +25,8 @@ class MXFP4Layout(Layout):
         q = em.bytes16(p, 1)
         codes = em.lut16(KVALUES, [em.nib_lo(q), em.nib_hi(q)])
         return [Group(0, [em.s8f(v) for v in codes], em.e8m0_half(p, 0))]
+
+    def int_block(self, em, p):  # ggml_vec_dot_mxfp4_q8_0
+        q = em.bytes16(p, 1)
+        codes = em.lut16(KVALUES, [em.nib_lo(q), em.nib_hi(q)])
+        return IntBlock(em.e8m0_half(p, 0), [IntPart(0, em.join(*codes), True)])

@@ -5,7 +5,7 @@ The bit layout only: its kernels are generated into generated/q4_0.py by codegen
 
 from __future__ import annotations
 
-from ._ir import Group, Layout
+from ._ir import Group, IntBlock, IntPart, Layout
 
 
 # Block layout (18 bytes):
@@ -20,3 +20,8 @@ class Q4_0Layout(Layout):
         q = em.bytes16(p, 2)
         lo, hi = em.s8f(em.sub8(em.nib_lo(q), 8)), em.s8f(em.sub8(em.nib_hi(q), 8))
         return [Group(0, [lo, hi], d)]
+
+    def int_block(self, em, p):  # ggml_vec_dot_q4_0_q8_0
+        q = em.bytes16(p, 2)
+        w = em.join(em.sub8(em.nib_lo(q), 8), em.sub8(em.nib_hi(q), 8))
+        return IntBlock(em.f16(p, 0), [IntPart(0, w, True)])

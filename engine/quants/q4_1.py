@@ -5,7 +5,7 @@ The bit layout only: its kernels are generated into generated/q4_1.py by codegen
 
 from __future__ import annotations
 
-from ._ir import Group, Layout
+from ._ir import Group, IntBlock, IntPart, Layout
 
 
 # Block layout (20 bytes):
@@ -20,3 +20,8 @@ class Q4_1Layout(Layout):
         q = em.bytes16(p, 4)
         lo, hi = em.u8f(em.nib_lo(q)), em.u8f(em.nib_hi(q))
         return [Group(0, [lo, hi], d, m)]
+
+    def int_block(self, em, p):  # ggml_vec_dot_q4_1_q8_1
+        q = em.bytes16(p, 4)
+        w = em.join(em.nib_lo(q), em.nib_hi(q))
+        return IntBlock(em.f16(p, 0), [IntPart(0, w, False)], m=em.f16(p, 2))

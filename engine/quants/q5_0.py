@@ -5,7 +5,7 @@ The bit layout only: its kernels are generated into generated/q5_0.py by codegen
 
 from __future__ import annotations
 
-from ._ir import I32, Group, Layout
+from ._ir import I32, Group, IntBlock, IntPart, Layout
 
 
 # Block layout (22 bytes):
@@ -24,3 +24,9 @@ class Q5_0Layout(Layout):
         lo = em.s8f(em.sub8(em.b.or_(em.nib_lo(q), h0), 16))
         hi = em.s8f(em.sub8(em.b.or_(em.nib_hi(q), h1), 16))
         return [Group(0, [lo, hi], d)]
+
+    def int_block(self, em, p):  # ggml_vec_dot_q5_0_q8_0
+        h0, h1 = em.bit_bytes(em.load(p, 2, I32), 16)
+        q = em.bytes16(p, 6)
+        w = em.join(em.sub8(em.b.or_(em.nib_lo(q), h0), 16), em.sub8(em.b.or_(em.nib_hi(q), h1), 16))
+        return IntBlock(em.f16(p, 0), [IntPart(0, w, True)])

@@ -5,7 +5,7 @@ The bit layout only: its kernels are generated into generated/q5_1.py by codegen
 
 from __future__ import annotations
 
-from ._ir import I32, Group, Layout
+from ._ir import I32, Group, IntBlock, IntPart, Layout
 
 
 # Block layout (24 bytes):
@@ -24,3 +24,9 @@ class Q5_1Layout(Layout):
         lo = em.u8f(em.b.or_(em.nib_lo(q), h0))
         hi = em.u8f(em.b.or_(em.nib_hi(q), h1))
         return [Group(0, [lo, hi], d, m)]
+
+    def int_block(self, em, p):  # ggml_vec_dot_q5_1_q8_1
+        h0, h1 = em.bit_bytes(em.load(p, 4, I32), 16)
+        q = em.bytes16(p, 8)
+        w = em.join(em.b.or_(em.nib_lo(q), h0), em.b.or_(em.nib_hi(q), h1))
+        return IntBlock(em.f16(p, 0), [IntPart(0, w, False)], m=em.f16(p, 2))

@@ -5,7 +5,7 @@ The bit layout only: its kernels are generated into generated/q8_0.py by codegen
 
 from __future__ import annotations
 
-from ._ir import Group, Layout
+from ._ir import Group, IntBlock, IntPart, Layout
 
 
 # Block layout (34 bytes):
@@ -18,3 +18,6 @@ class Q8_0Layout(Layout):
         d = em.f16(p, 0)
         q0, q1 = em.s8f(em.bytes16(p, 2)), em.s8f(em.bytes16(p, 18))
         return [Group(0, [q0, q1], d, None)]
+
+    def int_block(self, em, p):  # ggml_vec_dot_q8_0_q8_0
+        return IntBlock(em.f16(p, 0), [IntPart(0, em.join(em.bytes16(p, 2), em.bytes16(p, 18)), True)])

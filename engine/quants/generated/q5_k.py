@@ -12,12 +12,12 @@ from gguf import GGMLQuantizationType
 from numba import prange
 
 from ... import jit
-from .. import _ir, _kern, k_quants
+from .. import _ir, _kern, _q8, k_quants
 from .._kern import check_shapes, group_sums
 
 # These kernels contain code from those modules too: whether numba's cache may serve them
 # depends on their digest when this file was generated (see jit.generated_kernel).
-_parallel_kernel = jit.generated_kernel(__file__, (_ir, _kern, k_quants), "139c3fddeeb86eb5")
+_parallel_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, k_quants), "7801a32702af9cbd")
 
 _layout = k_quants.Q5_KLayout()
 _G, _BB, _BE = _layout.group, _layout.block_bytes, _layout.block_elems
@@ -98,9 +98,69 @@ def get_rows_q5_k(raw, ids, out):
     _kern.launch_get_rows(_dequant_q5_k, raw, ids, out)
 
 
+_idot1 = _ir.make_row_dot_i8(_layout, 1)  # llama.cpp's integer dots, x quantised to q8_k
+_idot2 = _ir.make_row_dot_i8(_layout, 2)
+_idot4 = _ir.make_row_dot_i8(_layout, 4)
+
+
+@_parallel_kernel
+def _matvec_i8_q5_k(raw0, raw1, raw2, x, out0, out1, out2):
+    """out_i = W_i @ x for three Q5_K weights sharing x, by integer dots against x quantised once
+    to q8_k (llama.cpp's ggml_vec_dot_q5_k_q8_k)."""
+    n0, n1, n2 = raw0.shape[0], raw1.shape[0], raw2.shape[0]
+    check_shapes(n0, raw0.shape[1], x.shape[0], out0.shape[0], 1, 1, _BB, _BE)
+    check_shapes(n1, raw1.shape[1], x.shape[0], out1.shape[0], 1, 1, _BB, _BE)
+    check_shapes(n2, raw2.shape[1], x.shape[0], out2.shape[0], 1, 1, _BB, _BE)
+    x2 = x.reshape((1, x.shape[0]))
+    o0 = out0.reshape((1, n0))
+    o1 = out1.reshape((1, n1))
+    o2 = out2.reshape((1, n2))
+    xq, xd, xs = _q8.quantize_q8_k(x2)
+    for r in prange(n0 + n1 + n2):
+        if r < n0:
+            _idot1(raw0, r, xq, xd, xs, o0, 0)
+        elif r < n0 + n1:
+            _idot1(raw1, r - n0, xq, xd, xs, o1, 0)
+        else:
+            _idot1(raw2, r - n0 - n1, xq, xd, xs, o2, 0)
+
+
+def matvec_i8_q5_k(raw, x, out):
+    _kern.launch_matvec(_matvec_i8_q5_k, raw, x, out)
+
+
+def matvec_same_x_i8_q5_k(raws, x, outs):
+    _kern.launch_matvec_same_x(_matvec_i8_q5_k, raws, x, outs)
+
+
+@_parallel_kernel
+def _matvec_multi_i8_q5_k(raw, x, out):
+    """out (T, n_rows) = x (T, n_cols) @ W.T by integer dots, each token quantised to q8_k."""
+    check_shapes(raw.shape[0], raw.shape[1], x.shape[1], out.shape[1], x.shape[0], out.shape[0],
+                 _BB, _BE)
+    n_tok = x.shape[0]
+    xq, xd, xs = _q8.quantize_q8_k(x)
+    for r in prange(raw.shape[0]):
+        t0 = 0
+        while n_tok - t0 >= 4:
+            _idot4(raw, r, xq, xd, xs, out, t0)
+            t0 += 4
+        rem = n_tok - t0
+        if rem >= 2:
+            _idot2(raw, r, xq, xd, xs, out, t0)
+            t0 += 2
+        if rem & 1:
+            _idot1(raw, r, xq, xd, xs, out, t0)
+
+
+def matvec_multi_i8_q5_k(raw, x, out):
+    _kern.launch_matvec_multi(_matvec_multi_i8_q5_k, raw, x, out)
+
+
 Q5_K = _kern.quant_type(
     GGMLQuantizationType.Q5_K, _layout,
     matvec=matvec_q5_k, matvec_same_x=matvec_same_x_q5_k,
     matvec_multi=matvec_multi_q5_k,
     dequant=dequant_q5_k, get_rows=get_rows_q5_k,
+    matvec_i8=matvec_i8_q5_k, matvec_same_x_i8=matvec_same_x_i8_q5_k, matvec_multi_i8=matvec_multi_i8_q5_k,
 )
