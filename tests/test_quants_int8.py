@@ -197,7 +197,7 @@ def test_int8_close_to_float_path(qtype):
 
 
 def test_no_int8_switch():
-    """GGSTATION_NO_INT8 (the default is int8 on; tests/conftest.py sets it for the tests)."""
+    """GGSTATION_NO_INT8 (the default is int8 on; tests/conftest.py picks the path per module)."""
     code = ("from engine import quants, jit; print(jit.INT8, quants.int8_enabled())")
     for env, want in (("1", "False False"), ("0", "True True"), ("", "True True")):
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
