@@ -302,7 +302,7 @@ _attn_s, _attn_p = kernel(_attn_body), parallel_kernel(_attn_body)
 # Below this many multiply-adds a parallel region's thread wake-up costs more than it saves.
 ATTN_PARALLEL_MIN_WORK = 1 << 20
 # A split (parallel path) covers at least this many positions: each has a merge to pay for.
-SPLIT_MIN = 256
+SPLIT_MIN = 512
 # Work items per thread the splits aim at (the prange is statically scheduled: more items
 # even out the remainder).
 ITEMS_PER_THREAD = 4
