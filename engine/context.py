@@ -53,7 +53,7 @@ MAX_CTX = (1 << 31) - 1  # positions are int32, as llama_pos is
 
 class Buffers:
     """Activations for one ubatch of n_ubatch tokens, allocated once: the arrays named by
-    memory.buffer_shapes (x, h, o, q, k, v, attn, gate, up, tile, scores and any the
+    memory.buffer_shapes (x, h, o, q, k, v, attn, gate, up, tile and any the
     architecture adds), as float32 attributes."""
 
     def __init__(self, cfg: ModelConfig, n_ubatch: int, n_ctx_seq: int):

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from .context import Context
 
 # Sequences with at most this many tokens in a ubatch use the per-token attention kernel
-# (models/layers.py attention); longer chunks use BLAS. Also sizes that kernel's score scratch.
+# (models/layers.py attention); longer chunks use BLAS.
 DECODE_TOKENS = 16
 
 
@@ -51,7 +51,8 @@ class MemoryReport:
 
 def buffer_shapes(cfg: ModelConfig, n_ubatch: int, n_ctx_seq: int) -> dict[str, tuple[int, ...]]:
     """The float32 arrays of context.Buffers by name: the one formula for the real allocation
-    and the estimate before loading."""
+    and the estimate before loading. (None grows with n_ctx_seq since the decode attention
+    kernel stopped keeping a row of scores per head and position.)"""
     from .quants import TILE_ROWS
 
     U, E, F = n_ubatch, cfg.n_embd, cfg.n_ff
@@ -65,8 +66,6 @@ def buffer_shapes(cfg: ModelConfig, n_ubatch: int, n_ctx_seq: int) -> dict[str, 
         attn=(U, attn_dim),  # attention output, before the output projection
         gate=(U, F), up=(U, F),
         tile=(TILE_ROWS * max(E, F, attn_dim),),  # dequantised weight tile for BLAS
-        # scores of the per-token attention kernel
-        scores=(DECODE_TOKENS * cfg.n_head, n_ctx_seq),
     )
     shapes.update((name, (U, width)) for name, width in cfg.extra_acts)
     return shapes

@@ -29,6 +29,26 @@ def test_bench_json_has_llama_bench_fields(tiny_llama_path, capsys):
         assert r["avg_ts"] > 0 and len(r["samples_ts"]) == 2
 
 
+def test_bench_depth_measures_on_top_of_a_prefilled_context(tiny_llama_path, capsys):
+    assert main(["bench", "-m", str(tiny_llama_path), "-p", "8", "-n", "4", "-d", "0,40", "-r", "1", "-t", "1",
+                 "-o", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["test"] for r in rows] == ["pp8", "pp8 @ d40", "tg4", "tg4 @ d40"]
+    assert [r["n_depth"] for r in rows] == [0, 40, 0, 40]
+
+
+def test_bench_depth_continues_after_the_depth_positions(tiny_llama_path):
+    from engine.bench import bench
+    from engine.context import Context, ContextParams
+    from engine.model import load_model
+
+    ctx = Context(load_model(tiny_llama_path), ContextParams(n_ctx=64))
+    bench(ctx, 0, 5, 1, 1, n_depth=40)
+    assert ctx.kv.seq_len(0) == 45
+    bench(ctx, 7, 0, 1, 1, n_depth=20)
+    assert ctx.kv.seq_len(0) == 27
+
+
 def test_perplexity_prints_final_estimate(tiny_llama_path, tmp_path, capsys):
     text = tmp_path / "t.txt"
     text.write_text("the world is in the hall, and the wind is on the shore. " * 20)

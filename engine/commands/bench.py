@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -30,6 +31,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     params.add_hf_args(p)
     g.add_argument("-p", "--n-prompt", metavar="N", type=_int_list, default=[512], help="prompt tokens (default: 512)")
     g.add_argument("-n", "--n-gen", metavar="N", type=_int_list, default=[128], help="generated tokens (default: 128)")
+    g.add_argument("-d", "--n-depth", metavar="N", type=_int_list, default=[0],
+                   help="context depth: positions prefilled, untimed, before each test (default: 0)")
     g.add_argument("-b", "--batch-size", metavar="N", type=int, default=2048, help="batch size (default: 2048)")
     g.add_argument("-ub", "--ubatch-size", metavar="N", type=int, default=512, help="ubatch size (default: 512)")
     g.add_argument("-t", "--threads", metavar="N", type=_int_list, default=[os.cpu_count() or 1],
@@ -55,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         init_threads(n_threads)  # each -t value checked before anything runs
     model = load_model(params.resolve_model_path(args))
     tests = [(n, 0) for n in args.n_prompt if n] + [(0, n) for n in args.n_gen if n]
-    n_ctx = max([p + g for p, g in tests] + [16])
+    n_ctx = max([p + g + d for p, g in tests for d in args.n_depth] + [16])
     ctx = Context(model, ContextParams(n_ctx=n_ctx, n_batch=args.batch_size, n_ubatch=args.ubatch_size,
                                        type_k=args.cache_type_k, type_v=args.cache_type_v,
                                        check_memory=mem_check(args)))
@@ -67,8 +70,8 @@ def run(args: argparse.Namespace) -> int:
         print("| --- | ---: | ---: | --- | ---: | ---: | ---: |")
     for n_threads in args.threads:
         n_threads = init_threads(n_threads)
-        for n_prompt, n_gen in tests:
-            r = bench(ctx, n_prompt, n_gen, args.repetitions, n_threads)
+        for (n_prompt, n_gen), n_depth in itertools.product(tests, args.n_depth):
+            r = bench(ctx, n_prompt, n_gen, args.repetitions, n_threads, n_depth=n_depth)
             row = dict(model_filename=model.path, model_type=desc, model_size=model.weights_bytes,
                        model_n_params=model.n_params, backends="CPU (numba)", **r.as_dict())
             results.append(row)

@@ -123,7 +123,7 @@ def attention(s: UbatchState, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarr
                 ts = sel[part]
                 res = np.empty((len(ts), H, Dv), np.float32)
                 ops.attention_tokens(np.ascontiguousarray(q[ts]), kc, vc, rows, s.pos[ts], window, scale,
-                                     softcap, res, s.buf.scores, sinks)
+                                     softcap, res, sinks)
                 attn[ts] = res
     matmul(wo, s.attn, s.o, s.tile)
     if bo is not None:

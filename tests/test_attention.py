@@ -1,0 +1,110 @@
+"""The fused decode attention kernel (ops.attention_tokens) against a float64 numpy reference
+and the BLAS chunk path: long contexts split over threads, grouped-query heads, value heads
+wider than key heads, float16 and float32 caches, windows, soft-capping and sinks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine import ops
+
+
+def _ref(q, k, v, pos, window, scale, softcap, sinks):
+    """q (T, H, D) at positions pos; k (L, G, D), v (L, G, Dv) of one sequence; float64."""
+    T, H, _ = q.shape
+    rep = H // k.shape[1]
+    out = np.zeros((T, H, v.shape[2]))
+    for t in range(T):
+        p = int(pos[t])
+        lo = max(0, p - window + 1) if window else 0
+        for h in range(H):
+            g = h // rep
+            s = k[lo : p + 1, g].astype(np.float64) @ q[t, h].astype(np.float64) * scale
+            if softcap:
+                s = softcap * np.tanh(s / softcap)
+            mx = max(s.max(), sinks[h]) if sinks is not None else s.max()
+            e = np.exp(s - mx)
+            tot = e.sum() + (np.exp(float(sinks[h]) - mx) if sinks is not None else 0.0)
+            out[t, h] = (e / tot) @ v[lo : p + 1, g].astype(np.float64)
+    return out
+
+
+def _case(H, G, D, Dv, L, n_seq=2, seed=0):
+    rng = np.random.default_rng(seed)
+    kc = (rng.standard_normal((n_seq, L, G, D)) * 1.5).astype(np.float32)
+    vc = rng.standard_normal((n_seq, L, G, Dv)).astype(np.float32)
+    sinks = rng.uniform(-2, 3, H).astype(np.float32)
+    return kc, vc, sinks
+
+
+def _run(kc, vc, q, seq, pos, window, scale, softcap, sinks, f16):
+    if f16:
+        kc, vc = kc.astype(np.float16), vc.astype(np.float16)
+        kr, vr = kc.astype(np.float32), vc.astype(np.float32)
+        kc, vc = kc.view(np.uint16), vc.view(np.uint16)
+    else:
+        kr, vr = kc, vc
+    out = np.full((q.shape[0], q.shape[1], vc.shape[3]), np.nan, np.float32)
+    ops.attention_tokens(q, kc, vc, seq, pos, window, scale, softcap, out, sinks)
+    want = np.stack([_ref(q[t : t + 1], kr[seq[t]], vr[seq[t]], pos[t : t + 1], window, scale, softcap, sinks)[0]
+                     for t in range(q.shape[0])])
+    return out, want
+
+
+@pytest.mark.parametrize("H,G,D,Dv", [(9, 3, 64, 64), (4, 1, 256, 256), (8, 8, 32, 32), (6, 2, 48, 32)])
+@pytest.mark.parametrize("f16", [True, False])
+@pytest.mark.parametrize("window,softcap,with_sinks", [(0, 0.0, False), (300, 0.0, True), (0, 30.0, True)])
+def test_long_context_split_matches_reference(H, G, D, Dv, f16, window, softcap, with_sinks):
+    """Contexts long enough for the parallel path and its splits (positions 1..1100)."""
+    L = 1100
+    kc, vc, sinks = _case(H, G, D, Dv, L)
+    rng = np.random.default_rng(1)
+    pos = np.array([L - 1, 700, 1, 257, 1023], np.int32)
+    seq = np.array([1, 0, 1, 0, 0], np.int32)
+    q = rng.standard_normal((len(pos), H, D)).astype(np.float32)
+    out, want = _run(kc, vc, q, seq, pos, window, D**-0.5, softcap, sinks if with_sinks else None, f16)
+    np.testing.assert_allclose(out, want, rtol=2e-4, atol=2e-5)
+
+
+def test_single_decode_token_is_split_over_threads(monkeypatch):
+    """One token, one KV head, 4096 positions: several splits, merged exactly."""
+    calls = []
+    real = ops._attn_p
+
+    def spy(*a):
+        calls.append(a[11])  # n_split
+        return real(*a)
+
+    monkeypatch.setattr(ops, "_attn_p", spy)
+    kc, vc, sinks = _case(4, 1, 64, 64, 4096, n_seq=1)
+    q = np.random.default_rng(2).standard_normal((1, 4, 64)).astype(np.float32) * 3
+    out, want = _run(kc, vc, q, np.zeros(1, np.int32), np.array([4095], np.int32), 0, 0.125, 0.0, sinks, True)
+    assert calls and calls[0] > 1
+    np.testing.assert_allclose(out, want, rtol=2e-4, atol=2e-5)
+
+
+def test_large_scores_do_not_overflow():
+    """Scores in the hundreds, growing along the context: the running max must rescale."""
+    L, H, G, D = 600, 2, 1, 16
+    k = np.linspace(0.1, 8.0, L, dtype=np.float32)[:, None, None] * np.ones((1, G, D), np.float32)
+    v = np.random.default_rng(3).standard_normal((1, L, G, D)).astype(np.float32)
+    q = np.full((1, H, D), 2.0, np.float32)
+    out, want = _run(k[None], v, q, np.zeros(1, np.int32), np.array([L - 1], np.int32), 0, 1.0, 0.0, None, False)
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("window,softcap", [(0, 0.0), (100, 0.0), (0, 20.0)])
+def test_agrees_with_chunk_path(window, softcap):
+    """The decode kernel and the BLAS prefill path give the same attention."""
+    H, G, D, L = 8, 2, 32, 400
+    kc, vc, sinks = _case(H, G, D, D, L, n_seq=1)
+    rng = np.random.default_rng(4)
+    pos = np.arange(L - 12, L, dtype=np.int32)
+    q = rng.standard_normal((12, H, D)).astype(np.float32)
+    a = np.empty((12, H, D), np.float32)
+    b = np.empty((12, H, D), np.float32)
+    ops.attention_tokens(q, kc, vc, np.zeros(12, np.int32), pos, window, 0.2, softcap, a, sinks)
+    ops.attention_chunk(q, kc[0], vc[0], pos, window, 0.2, softcap, b, sinks)
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
