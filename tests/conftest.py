@@ -6,7 +6,6 @@ activations, and the int8 path's 8-bit activations move logits by ~0.5 %, past t
 tolerances. Tests there that exercise the int8 path are marked `int8`.
 """
 
-import os
 from pathlib import Path
 
 import pytest
