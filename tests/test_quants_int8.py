@@ -178,6 +178,24 @@ def test_int8_matvec_matches_ggml(qtype):
         assert (om[0] == out).all()  # one token the same bits alone or in a batch
 
 
+@pytest.mark.int8
+@pytest.mark.parametrize("qtype", BLOCK_TYPES, ids=lambda t: t.name)
+def test_prefill_sees_the_activations_decode_sees(qtype):
+    """The BLAS prefill (more than MATVEC_MAX_TOKENS tokens) multiplies x rounded to the type's
+    vec_dot grid, so each token's result equals its int8 mat-vec to summation order: a prompt
+    prefilled or a cached prefix plus one decoded token give the same logits. Without the
+    rounding the two differ by x's 8-bit quantisation error (~0.5 %)."""
+    w = make_tensor(qtype, 64, _cols(qtype) * 2, seed=5)
+    n_tok = quants.MATVEC_MAX_TOKENS + 4
+    x = np.random.default_rng(6).standard_normal((n_tok, w.n_cols)).astype(F32)
+    prefill = np.empty((n_tok, w.n_rows), F32)
+    quants.matmul(w, x, prefill)
+    decode = np.empty((n_tok, w.n_rows), F32)
+    for t in range(n_tok):
+        quants.matvec_multi(w, x[t : t + 1], decode[t : t + 1])
+    assert nerr(prefill, decode) < 1e-5
+
+
 @pytest.mark.parametrize("qtype", BLOCK_TYPES, ids=lambda t: t.name)
 def test_int8_close_to_float_path(qtype):
     """The int8 path differs from the exact float path by x's quantisation error only."""

@@ -24,11 +24,14 @@ which is kept as the tested oracle. Prefill (matmul beyond MATVEC_MAX_TOKENS) is
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from gguf import GGMLQuantizationType
 
 from .. import jit, parallel
 from ..errors import UnsupportedQuantError
+from . import _q8
 from .base import ExpertTensor, QTensor, QuantType
 from .generated import ENTRIES
 from .reference import dequant_ref
@@ -50,6 +53,15 @@ _TILE_BYTES = 1 << 20
 _int8 = jit.INT8
 
 
+
+@functools.cache
+def vec_dot_types() -> dict[GGMLQuantizationType, str]:
+    """llama.cpp's vec_dot_type of each type with an int8 path: "q8_0", "q8_1" or "q8_k"."""
+    from .codegen import TYPES  # not at import: `python -m engine.quants.codegen` imports this package
+
+    return {GGMLQuantizationType[s.name]: s.vec_dot for s in TYPES if s.vec_dot}
+
+
 def use_int8(on: bool) -> None:
     """Whether decode mat-vecs use the int8 path (default: on unless GGSTATION_NO_INT8=1)."""
     global _int8
@@ -58,6 +70,35 @@ def use_int8(on: bool) -> None:
 
 def int8_enabled() -> bool:
     return _int8
+
+
+def round_to_vec_dot(x: np.ndarray, vec_dot: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """x (T, n) rounded onto the grid the int8 mat-vec sees: each block's codes times its
+    scale, from the same quantiser (_q8.quantize_q8_0, q8_1 or q8_k). The BLAS prefill
+    multiplies this instead of x, so that a token's logits are the same (to summation order)
+    whether it was prefilled or decoded, as llama.cpp's are (its GEMM also quantises the
+    activations to the weight's vec_dot_type): a cached prompt prefix then changes no greedy
+    reply.
+
+    Q8_1's dot adds min * s per block with s = d * sum(codes) rounded to f16, not the sum of
+    the rounded x; the second result (T, n // 32) is that difference s - sum(x), for the
+    caller to multiply by the weight's block minimums (None for the other grids)."""
+    x = np.ascontiguousarray(x, np.float32)
+    quantize = {"q8_0": _q8.quantize_q8_0, "q8_1": _q8.quantize_q8_1, "q8_k": _q8.quantize_q8_k}[vec_dot]
+    xq, xd, xs = quantize(x)
+    T, n = x.shape
+    nb = xd.shape[1]
+    codes = xq.reshape(T, nb, n // nb).astype(np.float32)
+    xr = (codes * xd[:, :, None]).reshape(T, n)
+    if vec_dot != "q8_1":
+        return xr, None
+    return xr, xs - xd * codes.sum(axis=2)
+
+
+def _block_mins(w: QTensor, r0: int, r1: int) -> np.ndarray:
+    """(r1 - r0, n_cols // 32) float32 block minimums of Q4_1/Q5_1 rows (f16 at bytes 2..4)."""
+    blocks = w.raw[r0:r1].reshape(r1 - r0, w.n_cols // 32, -1)
+    return np.ascontiguousarray(blocks[:, :, 2:4]).view(np.float16)[:, :, 0].astype(np.float32)
 
 
 def check_supported(name: str, qtype: GGMLQuantizationType) -> None:
@@ -163,6 +204,9 @@ def matmul(w: QTensor, x: np.ndarray, out: np.ndarray, scratch: np.ndarray | Non
     if w.qtype == GGMLQuantizationType.F32:
         parallel.run_parts(lambda p, _: _gemm_f32(w, x, out, p), parallel.pool_size())
         return
+    s_err = None
+    if _int8 and w.qtype in vec_dot_types():
+        x, s_err = round_to_vec_dot(x, vec_dot_types()[w.qtype])
     n_workers = parallel.pool_size()
     tile = tile_rows(w.n_cols, n_tok)
     if scratch is None:
@@ -176,6 +220,8 @@ def matmul(w: QTensor, x: np.ndarray, out: np.ndarray, scratch: np.ndarray | Non
         wt = scratch[worker * size : worker * size + (r1 - r0) * w.n_cols].reshape(r1 - r0, w.n_cols)
         dequant_rows(w, r0, r1, wt)
         np.matmul(x, wt.T, out=out[:, r0:r1])
+        if s_err is not None:
+            out[:, r0:r1] += s_err @ _block_mins(w, r0, r1).T
 
     parallel.run_parts(part, n_tiles)
 
