@@ -89,7 +89,7 @@ def test_load_failure_is_shown_in_plain_words(window, qtbot, tmp_path):
     qtbot.waitUntil(lambda: window.picker.load_panel.info is not None, timeout=3000)
     panel = window.picker.load_panel
     panel.start_load()
-    qtbot.waitUntil(lambda: "Not enough memory" in panel.error.text(), timeout=3000)
+    qtbot.waitUntil(lambda: "Not enough memory" in panel.error.text(), timeout=15000)
     assert "needs 80 GiB" in panel.error.text() and window.ctx.session is None
 
 
