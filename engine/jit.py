@@ -35,10 +35,13 @@ exact_kernel = numba.njit(**{**_OPTS, "fastmath": False})
 # kernels then compile without it (generated_kernel).
 PORTABLE_LUT = os.environ.get("GGSTATION_PORTABLE_LUT", "") not in ("", "0")
 
-# GGSTATION_NO_INT8=1: decode mat-vecs multiply float32 x by the weights unpacked to float
-# (the exact float path, kept as the oracle) instead of llama.cpp's int8 dot products against x
-# quantised to Q8_0/Q8_1/Q8_K (engine/quants/__init__.py, use_int8).
-INT8 = os.environ.get("GGSTATION_NO_INT8", "") in ("", "0")
+# GGSTATION_INT8=1: mat-vecs use llama.cpp's int8 dot products against x quantised to
+# Q8_0/Q8_1/Q8_K (engine/quants/__init__.py, use_int8) instead of float32 x times the weights
+# unpacked to float. Off by default: the 8-bit rounding is a per-logit draw, and two independent
+# draws (ours, llama.cpp's) put us further from llama.cpp's logits than float activations do
+# (README, "Decode paths"). GGSTATION_NO_INT8=1 forces the float path.
+INT8 = (os.environ.get("GGSTATION_INT8", "") not in ("", "0")
+        and os.environ.get("GGSTATION_NO_INT8", "") in ("", "0"))
 
 _n_threads = 0  # set by set_num_threads (0: numba's default, every core)
 _stale_warned = False  # generated_kernel's warning is given once per process

@@ -1,9 +1,7 @@
 """Shared fixtures. Real starter models are fetched once into the model cache (see engine/model_store.py).
 
-Decode runs the product's path, the int8 mat-vecs, everywhere except in the modules that
-compare the engine with float64 numpy oracles (FLOAT_MODULES): the oracles compute with float
-activations, and the int8 path's 8-bit activations move logits by ~0.5 %, past their
-tolerances. Tests there that exercise the int8 path are marked `int8`.
+Decode runs the product's default path, float32 activations, everywhere except in the modules
+that test the int8 path (INT8_MODULES) and in tests marked `int8`.
 """
 
 from pathlib import Path
@@ -12,19 +10,16 @@ import pytest
 
 from engine import model_store, quants
 
-# Test modules whose checks are float64 oracles or the float kernels themselves.
-FLOAT_MODULES = frozenset({
-    "test_engine", "test_archs_extra", "test_moe", "test_gpt_oss", "test_quants", "test_rope_yarn",
-    "test_reference_models", "test_llama_cpp_f32",
-})
+# Test modules about the int8 path (`--int8`).
+INT8_MODULES = frozenset({"test_quants_int8"})
 
 
 @pytest.fixture(autouse=True)
 def _decode_path(request):
-    """The int8 decode path, or the float one in FLOAT_MODULES unless a test is marked `int8`."""
+    """The float decode path, or the int8 one in INT8_MODULES and in tests marked `int8`."""
     was = quants.int8_enabled()
     module = request.node.module.__name__.rsplit(".", 1)[-1] if request.node.module else ""
-    quants.use_int8(module not in FLOAT_MODULES or request.node.get_closest_marker("int8") is not None)
+    quants.use_int8(module in INT8_MODULES or request.node.get_closest_marker("int8") is not None)
     yield
     quants.use_int8(was)
 

@@ -214,13 +214,15 @@ def test_int8_close_to_float_path(qtype):
     assert 1e-4 < err < 2e-2  # Q8 has 8 bits: ~0.5 %; 0 would mean the float path ran
 
 
-def test_no_int8_switch():
-    """GGSTATION_NO_INT8 (the default is int8 on; tests/conftest.py picks the path per module)."""
+def test_int8_switch():
+    """GGSTATION_INT8 turns the int8 path on (the default is off), GGSTATION_NO_INT8 forces it off."""
     code = ("from engine import quants, jit; print(jit.INT8, quants.int8_enabled())")
-    for env, want in (("1", "False False"), ("0", "True True"), ("", "True True")):
+    for on, off, want in (("", "", "False False"), ("1", "", "True True"), ("0", "", "False False"),
+                          ("1", "1", "False False"), ("1", "0", "True True"), ("", "1", "False False")):
+        env = {k: v for k, v in os.environ.items() if k not in ("GGSTATION_INT8", "GGSTATION_NO_INT8")}
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                           env={**os.environ, "GGSTATION_NO_INT8": env}, check=True)
-        assert r.stdout.split() == want.split()
+                           env={**env, "GGSTATION_INT8": on, "GGSTATION_NO_INT8": off}, check=True)
+        assert r.stdout.split() == want.split(), (on, off)
 
 
 def test_dense_types_keep_the_float_path():
@@ -319,16 +321,17 @@ def test_portable_int8_lowers_on_other_targets(qtype, triple, cpu, features):
     assert len(body) > 20 and not calls
 
 
-@pytest.mark.int8
-def test_no_int8_flag():
-    """`--no-int8` on the model-running commands switches decode to the float path."""
+def test_int8_flags():
+    """`--int8` / `--no-int8` on the model-running commands choose the decode path; the last wins."""
     from engine.cli import build_parser, parse_args
 
     parser = build_parser()
+    quants.use_int8(False)
     args = parse_args(parser, ["bench", "-m", "smollm2"])
-    assert not args.no_int8 and quants.int8_enabled()
+    assert args.int8 is None and not quants.int8_enabled()
     for cmd in ("bench", "generate", "perplexity", "serve", "chat"):
-        quants.use_int8(True)
         extra = ["-f", "text.txt"] if cmd == "perplexity" else []
-        args = parse_args(parser, [cmd, "-m", "smollm2", "--no-int8", *extra])
-        assert args.no_int8 and not quants.int8_enabled(), cmd
+        args = parse_args(parser, [cmd, "-m", "smollm2", "--int8", *extra])
+        assert args.int8 is True and quants.int8_enabled(), cmd
+        args = parse_args(parser, [cmd, "-m", "smollm2", "--int8", "--no-int8", *extra])
+        assert args.int8 is False and not quants.int8_enabled(), cmd

@@ -20,25 +20,32 @@ def add_mem_check_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
-class _NoInt8Action(argparse.Action):
-    """`--no-int8`: switch decode to the float path as soon as the flag is parsed (before any
-    kernel runs; the same as GGSTATION_NO_INT8=1)."""
+class _Int8Action(argparse.Action):
+    """`--int8` / `--no-int8`: choose the decode path as soon as the flag is parsed (before any
+    kernel runs; the same as GGSTATION_INT8=1 / GGSTATION_NO_INT8=1). The last one given wins."""
 
     def __init__(self, option_strings, dest, **kwargs):
-        super().__init__(option_strings, dest, nargs=0, default=False, **kwargs)
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
 
     def __call__(self, parser, namespace, values, option_string=None):
         from .. import quants
 
-        quants.use_int8(False)
-        setattr(namespace, self.dest, True)
+        on = option_string == "--int8"
+        quants.use_int8(on)
+        setattr(namespace, self.dest, on)
 
 
 def add_int8_arg(parser: argparse.ArgumentParser) -> None:
-    params.group(parser, params.COMMON).add_argument(
-        "--no-int8", action=_NoInt8Action,
-        help="decode with float32 activations (weights unpacked to float) instead of llama.cpp's "
-        "int8 dot products against Q8-quantised activations (also: GGSTATION_NO_INT8=1)",
+    group = params.group(parser, params.COMMON)
+    group.add_argument(
+        "--int8", dest="int8", action=_Int8Action, default=None,
+        help="llama.cpp's int8 dot products against Q8-quantised activations (faster decode; the "
+        "8-bit rounding moves each logit by a draw of ~0.5 %%) instead of float32 activations "
+        "(also: GGSTATION_INT8=1)",
+    )
+    group.add_argument(
+        "--no-int8", dest="int8", action=_Int8Action, default=None,
+        help="float32 activations, weights unpacked to float (the default; also: GGSTATION_NO_INT8=1)",
     )
 
 

@@ -15,11 +15,12 @@ from which _ir.py builds the row loops as LLVM vector IR; the kernels running th
 `prange` over output rows are generated per type from one template (codegen.py ->
 generated/<qtype>.py, with greppable entry points such as `matvec_q4_k`, `dequant_q6_k`).
 
-Decode (matvec, matvec_many, matvec_multi) runs llama.cpp's int8 formulation for the block
-types: x quantised once per mat-vec to the type's vec_dot_type (_q8.py), integer dots per
-block, float scales per block (matvec_i8_<qtype>). use_int8(False), GGSTATION_NO_INT8=1 or
-`--no-int8` select the float path instead (weights unpacked to float32, one FMA per weight),
-which is kept as the tested oracle. Prefill (matmul beyond MATVEC_MAX_TOKENS) is unchanged.
+Decode (matvec, matvec_many, matvec_multi) runs the float path by default (weights unpacked
+to float32, one FMA per weight; the tested oracle). use_int8(True), GGSTATION_INT8=1 or `--int8`
+select llama.cpp's int8 formulation for the block types instead: x quantised once per mat-vec
+to the type's vec_dot_type (_q8.py), integer dots per block, float scales per block
+(matvec_i8_<qtype>); prefill (matmul beyond MATVEC_MAX_TOKENS) then rounds its activations to
+the same grid, so prefilled and decoded tokens see the same numbers.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def vec_dot_types() -> dict[GGMLQuantizationType, str]:
 
 
 def use_int8(on: bool) -> None:
-    """Whether decode mat-vecs use the int8 path (default: on unless GGSTATION_NO_INT8=1)."""
+    """Whether mat-vecs use the int8 path (default: off; GGSTATION_INT8=1 or `--int8` turn it on)."""
     global _int8
     _int8 = bool(on)
 
