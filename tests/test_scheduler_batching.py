@@ -57,22 +57,29 @@ def test_four_token_step_runs_the_multi_token_matvec(scheduler, monkeypatch):
     handles = [scheduler.submit(r) for r in _requests(4)]
     scheduler.step()  # the prompts
     seen: list[tuple[str, int]] = []
-    real_multi, real_many = quants.matvec_multi, quants.matvec_many
+    real_multi, real_fused, real_many = quants.matvec_multi, quants.matvec_multi_many, quants.matvec_many
 
     def multi(w, x, out):
         seen.append(("multi", x.shape[0]))
         real_multi(w, x, out)
+
+    def fused(ws, x, outs):
+        seen.append((f"fused x{len(ws)}", x.shape[0]))
+        real_fused(ws, x, outs)
 
     def many(ws, x, outs):
         seen.append(("single", 1))
         real_many(ws, x, outs)
 
     monkeypatch.setattr(quants, "matvec_multi", multi)
+    monkeypatch.setattr(quants, "matvec_multi_many", fused)
     monkeypatch.setattr(quants, "matvec_many", many)
     scheduler.step()  # one token for each of the four slots
     n_layer = scheduler.ctx.cfg.n_layer
-    # q, k, v, output, gate, up, down per layer, then the logits of the four rows
-    assert seen == [("multi", 4)] * (7 * n_layer + 1)
+    # per layer: q, k, v in one launch, the output projection, gate and up in one launch, down;
+    # then the logits of the four rows
+    layer = [("fused x3", 4), ("multi", 4), ("fused x2", 4), ("multi", 4)]
+    assert seen == layer * n_layer + [("multi", 4)]
     for h in handles:
         h.cancel()
     scheduler.step()
