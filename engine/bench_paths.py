@@ -8,8 +8,9 @@
 
 Like llama-bench's tg, the http path times decoding only: a client's tokens/s is its tokens
 after the first over the time from its first token to its last (the first token's wait is
-the prompt). With several clients the aggregate is every client's tokens after its first over
-the span from the earliest first token to the latest last one.
+the prompt). With several clients the aggregate counts the span in which all of them stream
+(from the last client's first token to the first client's last one): N slots decoding together,
+without a late client's prefill or an early client's absence at the end (aggregate_ts).
 """
 
 from __future__ import annotations
@@ -100,13 +101,20 @@ class StreamTiming:
 
 
 def aggregate_ts(streams: list[StreamTiming]) -> float:
-    """Tokens after each client's first, over the span from the earliest first to the latest last."""
-    live = [s for s in streams if s.n]
+    """Tokens/s of every client together while all of them stream: the tokens arriving after
+    the last client's first token and up to the first client's last one, over that span. The
+    clients' prompts, and a prefill of late ones batched with the others' decode steps, fall
+    before it; a finished client's absence after it. With one client: its decode_ts()."""
+    live = [s for s in streams if s.n >= 2]
     if not live:
         return 0.0
-    span = max(s.t_tokens[-1] for s in live) - min(s.t_tokens[0] for s in live)
-    n = sum(s.n - 1 for s in live)
-    return n / span if span > 0 else 0.0
+    t_a = max(s.t_tokens[0] for s in live)
+    t_b = min(s.t_tokens[-1] for s in live)
+    if t_b <= t_a:  # the streams did not overlap: every token after each first, over the whole span
+        t_a, t_b = min(s.t_tokens[0] for s in live), max(s.t_tokens[-1] for s in live)
+        return sum(s.n - 1 for s in live) / (t_b - t_a) if t_b > t_a else 0.0
+    n = sum(sum(1 for t in s.t_tokens if t_a < t <= t_b) for s in live)
+    return n / (t_b - t_a)
 
 
 def stream_completion(host: str, port: int, n_gen: int, seed: int, timeout_s: float = 600.0) -> StreamTiming:

@@ -31,10 +31,17 @@ def test_bench_refuses_a_bad_path_and_zero_clients(tiny_llama_path, capsys):
 def test_stream_rates_exclude_the_first_token():
     # tokens at 1.0, 1.1, 1.2, 1.3: three intervals of 0.1 s after the first token
     a = StreamTiming([1.0, 1.1, 1.2, 1.3])
-    assert a.decode_ts() == pytest.approx(10.0)
-    b = StreamTiming([1.2, 1.7])  # one token after its first, the span grows to 1.0..1.7
-    assert aggregate_ts([a, b]) == pytest.approx(4 / 0.7)
+    assert a.decode_ts() == pytest.approx(10.0) and aggregate_ts([a]) == pytest.approx(10.0)
     assert StreamTiming([2.0]).decode_ts() == 0.0 and aggregate_ts([]) == 0.0
+
+
+def test_aggregate_counts_the_span_all_clients_stream():
+    a = StreamTiming([1.0, 1.1, 1.2, 1.3, 1.4])
+    b = StreamTiming([1.15, 1.25, 1.35, 1.45, 1.55])  # starts late (its prompt), ends late
+    # both stream from 1.15 (b's first) to 1.4 (a's last): a's 1.2, 1.3, 1.4 and b's 1.25, 1.35
+    assert aggregate_ts([a, b]) == pytest.approx(5 / 0.25)
+    c = StreamTiming([2.0, 2.5])  # no overlap with a: every token after each first, whole span
+    assert aggregate_ts([a, c]) == pytest.approx(5 / 1.5)
 
 
 def test_http_path_rows_next_to_the_engine_row(tiny_llama_path, capsys):
