@@ -33,9 +33,10 @@ time like pshufb; otherwise portable widening multiplies, from which LLVM forms 
 pmaddubsw, nor vpdpbusd), float scales per block as ggml's vec_dot_* apply them. It gives
 llama.cpp's numerics (tests/compare_int8_llama_cpp.py) and, one core, 1.3-2.6x the float
 form's GMAC/s on an AVX2 target and 1.1-1.9x on AVX-512 with VNNI for one token (tests/
-bench_quants.py --int8-vs-float); for 4 tokens on AVX-512 the float form's 512-bit FMAs are
-as fast for the 32-weight types (the integer dots are 256-bit). The float form (make_row_dot)
-is the oracle and serves GGSTATION_NO_INT8=1 and the dense types.
+bench_quants.py --int8-vs-float). With AVX-512 (AVX512BW) the integer dots run on two
+32-weight blocks or parts at once (512-bit vpdpbusd / pmaddubsw), which halves what each token
+adds to a row: several slots decoding together cost less per token (make_row_dot_i8). The
+float form (make_row_dot) is the oracle and serves GGSTATION_NO_INT8=1 and the dense types.
 
 Caching: numba keys a cached kernel on its own module's source, not on this file, so the
 generated kernel modules (engine/quants/generated/) embed a digest of this file, _kern.py and
