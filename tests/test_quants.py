@@ -141,7 +141,7 @@ def test_matvec_multi_many_matches_matvec_multi(qtype, int8):
         for n_tok, n_w in ((2, 3), (3, 1), (4, 3), (5, 2), (8, 3)):
             outs = [np.full((n_tok, w.n_rows), np.nan, np.float32) for w in ws[:n_w]]
             quants.matvec_multi_many(ws[:n_w], x[:n_tok], outs)
-            for w, o in zip(ws, outs):
+            for w, o in zip(ws[:n_w], outs, strict=True):
                 alone = np.full((n_tok, w.n_rows), np.nan, np.float32)
                 quants.matvec_multi(w, x[:n_tok], alone)
                 np.testing.assert_array_equal(o, alone, err_msg=f"{n_tok} tokens, {n_w} weights")
@@ -166,7 +166,7 @@ def test_matmul_many_fuses_few_tokens_and_mixed_types(monkeypatch):
     outs = [np.empty((4, w.n_rows), np.float32) for w in ws]
     quants.matmul_many(ws, x, outs)
     assert launches == [T.Q4_K, T.Q8_0]
-    for w, o in zip(ws, outs):
+    for w, o in zip(ws, outs, strict=True):
         alone = np.empty((4, w.n_rows), np.float32)
         quants.matmul(w, x, alone)
         np.testing.assert_array_equal(o, alone)
