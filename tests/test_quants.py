@@ -128,6 +128,50 @@ def test_matvec_multi_matches_single(qtype):
         np.testing.assert_allclose(out[t], one, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("int8", [True, False], ids=["int8", "float"])
+@pytest.mark.parametrize("qtype", ALL, ids=lambda t: t.name)
+def test_matvec_multi_many_matches_matvec_multi(qtype, int8):
+    """The fused launch for weights sharing x (Q/K/V, gate/up of several slots' tokens) gives
+    each weight the bits matvec_multi gives it alone, for 2..8 tokens and 1..3 weights."""
+    ws = [make_tensor(qtype, n, _cols(qtype), seed=20 + n) for n in (37, 16, 5)]
+    x = np.random.default_rng(8).standard_normal((8, ws[0].n_cols)).astype(np.float32)
+    was = quants.int8_enabled()
+    quants.use_int8(int8)
+    try:
+        for n_tok, n_w in ((2, 3), (3, 1), (4, 3), (5, 2), (8, 3)):
+            outs = [np.full((n_tok, w.n_rows), np.nan, np.float32) for w in ws[:n_w]]
+            quants.matvec_multi_many(ws[:n_w], x[:n_tok], outs)
+            for w, o in zip(ws[:n_w], outs, strict=True):
+                alone = np.full((n_tok, w.n_rows), np.nan, np.float32)
+                quants.matvec_multi(w, x[:n_tok], alone)
+                np.testing.assert_array_equal(o, alone, err_msg=f"{n_tok} tokens, {n_w} weights")
+    finally:
+        quants.use_int8(was)
+
+
+def test_matmul_many_fuses_few_tokens_and_mixed_types(monkeypatch):
+    """matmul_many of 2..8 tokens: one fused launch per type (a Q8_0 V beside Q4_K Q/K: two),
+    the same results as matmul on each."""
+    ws = [make_tensor(T.Q4_K, 24, 512, seed=1), make_tensor(T.Q4_K, 8, 512, seed=2),
+          make_tensor(T.Q8_0, 8, 512, seed=3)]
+    x = np.random.default_rng(9).standard_normal((4, 512)).astype(np.float32)
+    launches = []
+    real = quants._multi_same_x
+
+    def spy(qt):
+        launches.append(qt.qtype)
+        return real(qt)
+
+    monkeypatch.setattr(quants, "_multi_same_x", spy)
+    outs = [np.empty((4, w.n_rows), np.float32) for w in ws]
+    quants.matmul_many(ws, x, outs)
+    assert launches == [T.Q4_K, T.Q8_0]
+    for w, o in zip(ws, outs, strict=True):
+        alone = np.empty((4, w.n_rows), np.float32)
+        quants.matmul(w, x, alone)
+        np.testing.assert_array_equal(o, alone)
+
+
 def test_check_supported():
     for qt in ALL:
         quants.check_supported("ok.weight", qt)

@@ -247,36 +247,49 @@ def _dot_kernel(row):
 
 
 def test_int8_instruction_paths(monkeypatch):
-    """vpdpbusd (VNNI, unscaled parts), pmaddubsw + pmaddwd (AVX2) and the portable IR (no x86
-    intrinsics) give the same integers in the same lanes, hence the same results bit for bit."""
+    """vpdpbusd (VNNI, unscaled parts), pmaddubsw + pmaddwd (AVX2), their 512-bit forms on two
+    blocks or parts at once (AVX-512) and the portable IR (no x86 intrinsics) give the same
+    integers in the same lanes and the same float operations, hence the same results bit for
+    bit, for one token and for several."""
     if not _AVX2:
         pytest.skip("this CPU has no AVX2")
-    from engine.quants import k_quants, q4_0
+    from engine.quants import k_quants, q4_0, q4_1
 
-    modes = {"portable": (False, False), "avx2": (True, False)}
+    modes = {"portable": (False, False, False), "avx2": (True, False, False)}
     if _ir._use_vnni(_FEATS):
-        modes["vnni"] = (True, True)
-    for layout, qtype in ((q4_0.Q4_0Layout(), T.Q4_0), (k_quants.Q6_KLayout(), T.Q6_K)):
-        w = make_tensor(qtype, 9, _cols(qtype), seed=2)
-        x = np.random.default_rng(1).standard_normal((1, w.n_cols)).astype(F32)
-        quant = _q8.quantize_q8_0 if VEC_DOT[qtype] == "q8_0" else _q8.quantize_q8_k
+        modes["vnni"] = (True, True, False)
+    if _ir._use_avx512(_FEATS):
+        modes["avx512"] = (True, False, True)
+        if "+avx512vnni" in _FEATS:
+            modes["avx512-vnni"] = (True, True, True)
+    for layout, qtype in ((q4_0.Q4_0Layout(), T.Q4_0), (q4_1.Q4_1Layout(), T.Q4_1), (k_quants.Q6_KLayout(), T.Q6_K)):
+        w = make_tensor(qtype, 9, 224 if qtype != T.Q6_K else 768, seed=2)  # 7 blocks: a pair left over
+        x = np.random.default_rng(1).standard_normal((3, w.n_cols)).astype(F32)
+        quant = {"q8_0": _q8.quantize_q8_0, "q8_1": _q8.quantize_q8_1, "q8_k": _q8.quantize_q8_k}[VEC_DOT[qtype]]
         xq, xd, xs = quant(x)
         res = {}
-        for mode, (avx2, vnni) in modes.items():
+        for mode, (avx2, vnni, wide) in modes.items():
             monkeypatch.setattr(_ir, "_use_avx2", lambda feats, a=avx2: a)
             monkeypatch.setattr(_ir, "_use_vnni", lambda feats, v=vnni: v)
-            dot = _dot_kernel(_ir.make_row_dot_i8(layout, 1))
-            out = np.empty((1, w.n_rows), F32)
-            dot(w.raw, xq, xd, xs, out)
-            res[mode] = out
+            monkeypatch.setattr(_ir, "_use_avx512", lambda feats, z=wide: z)
+            for n_tok in (1, 3):
+                dot = _dot_kernel(_ir.make_row_dot_i8(layout, n_tok))
+                out = np.empty((3, w.n_rows), F32)
+                dot(w.raw, xq[:n_tok], xd[:n_tok], xs[:n_tok], out[:n_tok])
+                res[mode, n_tok] = out[:n_tok]
             ir_text = dot.inspect_llvm(dot.signatures[0])
             asm = dot.inspect_asm(dot.signatures[0])
-            assert ("llvm.x86.avx2.pmadd.ub.sw" in ir_text) == (avx2 and (not vnni or qtype == T.Q6_K))
-            assert ("vpdpbusd" in asm) == (vnni and qtype == T.Q4_0)  # Q6_K's parts are scaled
+            maddubs = avx2 and (not vnni or qtype == T.Q6_K)
+            # (the 7th 32-weight block has no partner: the 256-bit form serves it)
+            assert ("llvm.x86.avx2.pmadd.ub.sw" in ir_text) == (maddubs and (not wide or qtype != T.Q6_K))
+            assert ("llvm.x86.avx512.pmaddubs.w.512" in ir_text) == (maddubs and wide)
+            assert ("vpdpbusd" in asm) == (vnni and qtype != T.Q6_K)  # Q6_K's parts are scaled
             if avx2 and not vnni:
                 assert "vpmaddubsw" in asm
         for mode in modes:
-            np.testing.assert_array_equal(res[mode], res["portable"], err_msg=mode)
+            np.testing.assert_array_equal(res[mode, 1], res["portable", 1], err_msg=mode)
+            np.testing.assert_array_equal(res[mode, 3], res["portable", 3], err_msg=mode)
+            np.testing.assert_array_equal(res[mode, 3][0], res[mode, 1][0], err_msg=mode)
 
 
 @pytest.mark.parametrize("triple, cpu, features", [

@@ -1,4 +1,5 @@
-"""`ggstation bench`: llama-bench's pp/tg tests, markdown or json output."""
+"""`ggstation bench`: llama-bench's pp/tg tests, markdown or json output; with --path, the
+decode speed through the HTTP server and the desktop app beside the engine's (bench_paths.py)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,15 @@ def _int_list(text: str) -> list[int]:
     return vals
 
 
+def _paths(text: str) -> list[str]:
+    from ..bench_paths import parse_paths
+
+    try:
+        return parse_paths(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("bench", help="prompt/generation throughput (llama-bench)",
                               description="Measure prompt processing (ppN) and generation (tgN) tokens/s.")
@@ -41,6 +51,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("-ctk", "--cache-type-k", default="f16", help="KV cache type for K (default: f16)")
     g.add_argument("-ctv", "--cache-type-v", default="f16", help="KV cache type for V (default: f16)")
     g.add_argument("-o", "--output", choices=["md", "json", "jsonl"], default="md", help="output format (default: md)")
+    g.add_argument("--path", type=_paths, default=["engine"], metavar="PATHS",
+                   help="what to measure, comma-separated: engine (the context itself), http (streaming "
+                   "/completion clients of a `serve` child process), gui (the desktop app's chat, "
+                   "python -m app.bench_gui); http and gui run the tgN tests only (default: engine)")
+    g.add_argument("--clients", metavar="N", type=_int_list, default=[1],
+                   help="http path: concurrent streaming clients, the server started with -np N; "
+                   "a comma list gives one row each (default: 1)")
     add_mem_check_arg(p)
     add_int8_arg(p)
     p.set_defaults(run=run)
@@ -48,42 +65,89 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..bench import bench
-    from ..context import Context, ContextParams
     from ..model import load_model
 
     if args.repetitions < 1:
         raise EngineError("-r must be at least 1")
+    if any(c < 1 for c in args.clients):
+        raise EngineError("--clients must be at least 1")
     for n_threads in args.threads:
         init_threads(n_threads)  # each -t value checked before anything runs
     model = load_model(params.resolve_model_path(args))
+    out = _Output(args.output, model)
+    failed = False
+    for path in args.path:
+        try:
+            if path == "engine":
+                _run_engine(args, model, out)
+            else:
+                _run_path(args, model, path, out)
+        except EngineError as e:  # one path failing (no GUI module, say) leaves the others' rows
+            print(f"error: {path} path: {e}", file=sys.stderr, flush=True)
+            failed = True
+    out.finish()
+    return 1 if failed else 0
+
+
+class _Output:
+    """Rows as llama-bench prints them: a markdown table, a json array at the end, or jsonl."""
+
+    def __init__(self, fmt: str, model):
+        self.fmt = fmt
+        self.size_mib = model.weights_bytes / 2**20
+        self.n_params = model.n_params
+        self.desc = f"{model.cfg.arch} {model.gguf.get('general.size_label', '') or ''} {_ftype(model)}".replace(
+            "  ", " ")
+        self.base = dict(model_filename=model.path, model_type=self.desc, model_size=model.weights_bytes,
+                         model_n_params=model.n_params, backends="CPU (numba)")
+        self.rows: list[dict] = []
+        if fmt == "md":
+            print("| model | size | params | backend | threads | test | t/s |")
+            print("| --- | ---: | ---: | --- | ---: | ---: | ---: |")
+
+    def add(self, result, n_threads: int) -> None:
+        row = dict(self.base, **result.as_dict())
+        self.rows.append(row)
+        if self.fmt == "md":
+            print(f"| {self.desc} | {self.size_mib:.2f} MiB | {self.n_params / 1e6:.2f} M | CPU (numba) | "
+                  f"{n_threads} | {result.test} | {result.avg_ts:.2f} ± {result.stddev_ts:.2f} |", flush=True)
+        elif self.fmt == "jsonl":
+            print(json.dumps(row), flush=True)
+
+    def finish(self) -> None:
+        if self.fmt == "json":
+            json.dump(self.rows, sys.stdout, indent=2)
+            print()
+
+
+def _run_engine(args: argparse.Namespace, model, out: _Output) -> None:
+    from ..bench import bench
+    from ..context import Context, ContextParams
+
     tests = [(n, 0) for n in args.n_prompt if n] + [(0, n) for n in args.n_gen if n]
     n_ctx = max([p + g + d for p, g in tests for d in args.n_depth] + [16])
     ctx = Context(model, ContextParams(n_ctx=n_ctx, n_batch=args.batch_size, n_ubatch=args.ubatch_size,
                                        type_k=args.cache_type_k, type_v=args.cache_type_v,
                                        check_memory=mem_check(args)))
-    size_mib = model.weights_bytes / 2**20
-    desc = f"{model.cfg.arch} {model.gguf.get('general.size_label', '') or ''} {_ftype(model)}".replace("  ", " ")
-    results = []
-    if args.output == "md":
-        print("| model | size | params | backend | threads | test | t/s |")
-        print("| --- | ---: | ---: | --- | ---: | ---: | ---: |")
     for n_threads in args.threads:
         n_threads = init_threads(n_threads)
         for (n_prompt, n_gen), n_depth in itertools.product(tests, args.n_depth):
-            r = bench(ctx, n_prompt, n_gen, args.repetitions, n_threads, n_depth=n_depth)
-            row = dict(model_filename=model.path, model_type=desc, model_size=model.weights_bytes,
-                       model_n_params=model.n_params, backends="CPU (numba)", **r.as_dict())
-            results.append(row)
-            if args.output == "md":
-                print(f"| {desc} | {size_mib:.2f} MiB | {model.n_params / 1e6:.2f} M | CPU (numba) | "
-                      f"{n_threads} | {r.test} | {r.avg_ts:.2f} ± {r.stddev_ts:.2f} |", flush=True)
-            elif args.output == "jsonl":
-                print(json.dumps(row), flush=True)
-    if args.output == "json":
-        json.dump(results, sys.stdout, indent=2)
-        print()
-    return 0
+            out.add(bench(ctx, n_prompt, n_gen, args.repetitions, n_threads, n_depth=n_depth), n_threads)
+
+
+def _run_path(args: argparse.Namespace, model, path: str, out: _Output) -> None:
+    """The http or gui path: tgN for each -n and -t (and --clients for http)."""
+    from .. import bench_paths, quants
+
+    for n_threads, n_gen in itertools.product(args.threads, [n for n in args.n_gen if n]):
+        n_threads = init_threads(n_threads)
+        if path == "gui":
+            out.add(bench_paths.bench_gui(model.path, n_gen, args.repetitions, n_threads), n_threads)
+            continue
+        for n_clients in args.clients:
+            r = bench_paths.bench_http(model.path, n_gen, args.repetitions, n_threads, n_clients,
+                                       int8=quants.int8_enabled())
+            out.add(r, n_threads)
 
 
 def _ftype(model) -> str:

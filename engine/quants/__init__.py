@@ -4,6 +4,7 @@ Public API used by the models (never call per-type kernels directly):
     matvec(w, x, out)                 out (n_rows,)  = W @ x          decode path
     matvec_many(ws, x, outs)          outs[i] = ws[i] @ x, same-type weights fused in one launch
     matvec_multi(w, x, out)           out (T, n_rows) = x @ W.T, each weight row read once (T small)
+    matvec_multi_many(ws, x, outs)    matvec_multi for weights sharing x, same-type ones in one launch
     matmul(w, x, out, scratch)        out (n_tok, n_rows) = x @ W.T   batch path
     matmul_many(ws, x, outs, scratch) matmul for weights sharing x (fused launch for 1 token)
     warmup(w)                         compile / load every kernel of w's type
@@ -174,6 +175,32 @@ def _same_x(qt: QuantType):
     return qt.matvec_same_x_i8 if _int8 and qt.matvec_same_x_i8 is not None else qt.matvec_same_x
 
 
+def _multi_same_x(qt: QuantType):
+    fused = qt.matvec_multi_same_x_i8 if _int8 and qt.matvec_multi_same_x_i8 is not None else qt.matvec_multi_same_x
+    assert fused is not None, f"{qt.qtype.name} has no fused multi-token mat-vec"
+    return fused
+
+
+def matvec_multi_many(ws: list[QTensor], x: np.ndarray, outs: list[np.ndarray]) -> None:
+    """outs[i] (T, n_i) = x (T, n_cols) @ ws[i].T for weights sharing x (Q/K/V, gate/up of a
+    few tokens: slots decoding together): weights of one type go through one launch, which
+    quantises x once (int8 path) and wakes the threads once; the same results as matvec_multi
+    on each."""
+    groups: dict = {}
+    for w, o in zip(ws, outs, strict=True):
+        qt = _qt(w)
+        if qt is None or qt.matvec_multi_same_x is None:
+            matvec_multi(w, x, o)
+        else:
+            groups.setdefault(qt.qtype, (qt, [], []))
+            g = groups[qt.qtype]
+            g[1].append(w.raw)
+            g[2].append(o)
+    for qt, raws, os_ in groups.values():
+        for i in range(0, len(raws), 3):
+            _multi_same_x(qt)(raws[i : i + 3], x, os_[i : i + 3])
+
+
 def matvec_multi(w: QTensor, x: np.ndarray, out: np.ndarray) -> None:
     """out (T, n_rows) = x (T, n_cols) @ W.T; one pass over the weights for all T tokens."""
     qt = _qt(w)
@@ -236,11 +263,13 @@ def matmul_many(ws: list[QTensor], x: np.ndarray, outs: list[np.ndarray],
                 scratch: np.ndarray | None = None) -> None:
     """outs[i] = x @ ws[i].T for weights sharing the input x (Q/K/V, gate/up).
 
-    Same result as calling matmul for each; for one token (decode) the weights of one type
-    run in a single fused kernel launch.
+    Same result as calling matmul for each; for up to MATVEC_MAX_TOKENS tokens (decode, one
+    or several slots) the weights of one type run in a single fused kernel launch.
     """
     if x.shape[0] == 1:
         matvec_many(ws, x.reshape(-1), [o.reshape(-1) for o in outs])
+    elif x.shape[0] <= MATVEC_MAX_TOKENS:
+        matvec_multi_many(ws, x, outs)
     else:
         for w, o in zip(ws, outs, strict=True):
             matmul(w, x, o, scratch)
@@ -260,11 +289,12 @@ def warmup(w: QTensor) -> None:
     out = np.zeros((1, 1), np.float32)
     matvec(row, x[0], out[0])            # fused 1..3-weight mat-vec kernel (decode)
     matvec_multi(row, x, out)            # 1..8 tokens
+    matvec_multi_many([row], x, [out])   # fused Q/K/V, gate/up of 2..8 tokens
     dequant_rows(row, 0, 1, np.zeros((1, w.n_cols), np.float32))  # prefill tiles, get_rows
 
 
 __all__ = [
     "ExpertTensor", "QTensor", "QuantType", "QUANT_TYPES", "SUPPORTED", "check_supported", "dequant_rows",
-    "get_rows", "matvec", "matvec_many", "matvec_multi", "matmul", "matmul_many", "tile_rows",
+    "get_rows", "matvec", "matvec_many", "matvec_multi", "matvec_multi_many", "matmul", "matmul_many", "tile_rows",
     "warmup", "TILE_ROWS", "MATVEC_MAX_TOKENS", "use_int8", "int8_enabled",
 ]

@@ -33,9 +33,10 @@ time like pshufb; otherwise portable widening multiplies, from which LLVM forms 
 pmaddubsw, nor vpdpbusd), float scales per block as ggml's vec_dot_* apply them. It gives
 llama.cpp's numerics (tests/compare_int8_llama_cpp.py) and, one core, 1.3-2.6x the float
 form's GMAC/s on an AVX2 target and 1.1-1.9x on AVX-512 with VNNI for one token (tests/
-bench_quants.py --int8-vs-float); for 4 tokens on AVX-512 the float form's 512-bit FMAs are
-as fast for the 32-weight types (the integer dots are 256-bit). The float form (make_row_dot)
-is the oracle and serves GGSTATION_NO_INT8=1 and the dense types.
+bench_quants.py --int8-vs-float). With AVX-512 (AVX512BW) the integer dots run on two
+32-weight blocks or parts at once (512-bit vpdpbusd / pmaddubsw), which halves what each token
+adds to a row: several slots decoding together cost less per token (make_row_dot_i8). The
+float form (make_row_dot) is the oracle and serves GGSTATION_NO_INT8=1 and the dense types.
 
 Caching: numba keys a cached kernel on its own module's source, not on this file, so the
 generated kernel modules (engine/quants/generated/) embed a digest of this file, _kern.py and
@@ -63,8 +64,10 @@ V16I32 = ir.VectorType(I32, 16)
 V16H = ir.VectorType(ir.HalfType(), 16)
 V32I8 = ir.VectorType(I8, 32)
 V32I16 = ir.VectorType(I16, 32)
+V64I8 = ir.VectorType(I8, 64)
 V8I32 = ir.VectorType(I32, 8)
 V8F = ir.VectorType(F32, 8)
+V2F = ir.VectorType(F32, 2)
 
 
 def _fast(ins):
@@ -96,23 +99,34 @@ def _use_vnni(feats: str) -> bool:
     return vnni and _use_avx2(feats)
 
 
+def _use_avx512(feats: str) -> bool:
+    """Whether int8 dots may run on 512-bit vectors (AVX512BW's pmaddubsw/pmaddwd, and
+    vpdpbusd when AVX512-VNNI is there too): two 32-byte blocks or parts per instruction."""
+    return "+avx512bw" in feats and _use_avx2(feats)
+
+
 def make_emit(context, builder: ir.IRBuilder) -> Emit:
-    """An Emit for `builder` that uses what the compile target offers (F16C, pshufb, AVX2, VNNI)."""
+    """An Emit for `builder` that uses what the compile target offers (F16C, pshufb, AVX2,
+    VNNI, AVX-512)."""
     feats = _target_features(context)
+    avx512 = _use_avx512(feats)
     return Emit(builder, f16c="+f16c" in feats, pshufb=_use_pshufb(feats), avx2=_use_avx2(feats),
-                vnni=_use_vnni(feats))
+                vnni=_use_vnni(feats), avx512=avx512,
+                vnni512=avx512 and _use_vnni(feats) and "+avx512vnni" in feats)
 
 
 class Emit:
     """IR-building helpers bound to one builder; offsets are byte offsets from `base` (i8*)."""
 
     def __init__(self, builder: ir.IRBuilder, f16c: bool = False, pshufb: bool = False,
-                 avx2: bool = False, vnni: bool = False):
+                 avx2: bool = False, vnni: bool = False, avx512: bool = False, vnni512: bool = False):
         self.b = builder
         self.f16c = f16c
         self.pshufb = pshufb
         self.avx2 = avx2
         self.vnni = vnni
+        self.avx512 = avx512  # idot takes 64-byte operands (two blocks or parts) as one
+        self.vnni512 = vnni512  # ... and those without scales go through one 512-bit vpdpbusd
 
     def half_to_float(self, h):
         """IEEE half bits (i16 or <16 x i16>) -> float / <16 x float>.
@@ -307,36 +321,68 @@ class Emit:
         sign, as ggml does) then pmaddwd; with VNNI and no scales one vpdpbusd, whose lane i
         is the same sum of bytes 4i..4i+3. Elsewhere the same integers through widening
         multiplies and adds, which LLVM lowers on any target.
+
+        With `avx512`, w and y may also be two such parts end to end (<64 x i8>, scales
+        <32 x i16>): the result is then <16 x i32>, lanes 0..7 the first part's, 8..15 the
+        second's, from one 512-bit instruction (or pair) instead of two.
         """
         b = self.b
-        if self.avx2:
+        n = w.type.count
+        wide = n == 64
+        if self.avx2 and (not wide or self.avx512):
+            vty = ir.VectorType(I8, n)
             if signed:
-                neg = b.icmp_signed("<", w, ir.Constant(V32I8, [0] * 32))
-                w = b.select(neg, b.sub(ir.Constant(V32I8, [0] * 32), w), w)
-                y = b.select(neg, b.sub(ir.Constant(V32I8, [0] * 32), y), y)
-            if self.vnni and scales is None:
-                dp = cgutils.get_or_insert_function(
-                    b.module, ir.FunctionType(V8I32, [V8I32, V32I8, V32I8]), "llvm.x86.avx512.vpdpbusd.256")
-                return b.call(dp, [ir.Constant(V8I32, [0] * 8), w, y])
+                neg = b.icmp_signed("<", w, ir.Constant(vty, [0] * n))
+                w = b.select(neg, b.sub(ir.Constant(vty, [0] * n), w), w)
+                y = b.select(neg, b.sub(ir.Constant(vty, [0] * n), y), y)
+            accty = ir.VectorType(I32, n // 4)
+            if scales is None and (self.vnni512 if wide else self.vnni):
+                name = "llvm.x86.avx512.vpdpbusd.512" if wide else "llvm.x86.avx512.vpdpbusd.256"
+                dp = cgutils.get_or_insert_function(b.module, ir.FunctionType(accty, [accty, vty, vty]), name)
+                return b.call(dp, [ir.Constant(accty, [0] * (n // 4)), w, y])
+            pty = ir.VectorType(I16, n // 2)
             mub = cgutils.get_or_insert_function(
-                b.module, ir.FunctionType(V16I16, [V32I8, V32I8]), "llvm.x86.avx2.pmadd.ub.sw")
+                b.module, ir.FunctionType(pty, [vty, vty]),
+                "llvm.x86.avx512.pmaddubs.w.512" if wide else "llvm.x86.avx2.pmadd.ub.sw")
             mwd = cgutils.get_or_insert_function(
-                b.module, ir.FunctionType(V8I32, [V16I16, V16I16]), "llvm.x86.avx2.pmadd.wd")
-            ones = ir.Constant(V16I16, [1] * 16)
+                b.module, ir.FunctionType(accty, [pty, pty]),
+                "llvm.x86.avx512.pmaddw.d.512" if wide else "llvm.x86.avx2.pmadd.wd")
+            ones = ir.Constant(pty, [1] * (n // 2))
             return b.call(mwd, [b.call(mub, [w, y]), ones if scales is None else scales])
-        wi = b.sext(w, V32I16) if signed else b.zext(w, V32I16)
-        ev, od = self._evens_odds(b.mul(wi, b.sext(y, V32I16)))
-        p = b.sext(b.add(ev, od), V16I32)
+        ity = ir.VectorType(I16, n)
+        wi = b.sext(w, ity) if signed else b.zext(w, ity)
+        ev, od = self._evens_odds(b.mul(wi, b.sext(y, ity)))
+        p = b.sext(b.add(ev, od), ir.VectorType(I32, n // 2))
         if scales is not None:
-            p = b.mul(p, b.sext(scales, V16I32))
+            p = b.mul(p, b.sext(scales, ir.VectorType(I32, n // 2)))
         ev, od = self._evens_odds(p)
         return b.add(ev, od)
+
+    def halves(self, v):
+        """The low and high halves of a vector."""
+        n = v.type.count // 2
+        lo = self.b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, n), list(range(n))))
+        hi = self.b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, n), list(range(n, 2 * n))))
+        return lo, hi
+
+    def vec2(self, a, b):
+        """Two floats as <2 x float>."""
+        v = self.b.insert_element(ir.Constant(V2F, None), a, ir.Constant(I32, 0))
+        return self.b.insert_element(v, b, ir.Constant(I32, 1))
 
     def fmul(self, a, b):
         return _fast(self.b.fmul(a, b))
 
     def fadd(self, a, b):
         return _fast(self.b.fadd(a, b))
+
+    def fma(self, a, b, c):
+        """a * b + c rounded once, always: an accumulation that must round the same whatever
+        the code around it (fast-math contraction of fmul + fadd depends on the shape)."""
+        ty = a.type
+        suffix = f"v{ty.count}f32" if isinstance(ty, ir.VectorType) else "f32"
+        fn = cgutils.get_or_insert_function(self.b.module, ir.FunctionType(ty, [ty, ty, ty]), f"llvm.fma.{suffix}")
+        return self.b.call(fn, [a, b, c])
 
     def fconst(self, v):
         return ir.Constant(F32, float(v))
@@ -567,6 +613,15 @@ def make_row_dot_i8(layout: Layout, n_tok: int):
     s per block, Q8_K's bsums per 16); out (T, n_rows) f32. Per block the <8 x i32> integer
     sums are converted once and scaled into <8 x float> accumulators (as ggml's AVX2 code
     does), with one horizontal sum per row.
+
+    With AVX-512 (Emit.avx512) two 32-weight units go through each 512-bit instruction: the
+    two blocks of a pair (32-weight types), whose token codes and scales sit side by side in
+    xq and xd, or two parts of a super-block. A pair's <16 x float> accumulator holds in its
+    halves what the two alternating <8 x float> accumulators hold otherwise, lane for lane
+    the same operations, so the result is the same either way, and a token's result is the
+    same alone or among others (each unpacked block serves every token of the call). Per
+    token that halves the instructions of the dot, the scaling and the accumulation, which is
+    what several tokens (slots decoding together) cost beyond the first.
     """
     BE, BB = layout.block_elems, layout.block_bytes
 
@@ -598,37 +653,107 @@ def make_row_dot_i8(layout: Layout, n_tok: int):
                 qps.append(builder.gep(qp0, [builder.mul(tt, n_cols)]))
                 dps.append(builder.gep(dp0, [builder.mul(tt, n_xd)]))
                 sps.append(builder.gep(sp0, [builder.mul(tt, n_xs)]))
-            zero = ir.Constant(V8F, [0.0] * 8)
-            accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(2)] for _ in range(n_tok)]
-            saccs = [[cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0)) for _ in range(2)]
-                     for _ in range(n_tok)]
+            pairs = em.avx512 and BE == 32  # blocks two by two in 512-bit vectors
+            # (n_tok, 2): the accumulators of even and odd blocks; with pairs, one <16 x float>
+            # per token whose low and high halves are those two, and a <2 x float> for the extras
+            if pairs:
+                accs = [cgutils.alloca_once_value(builder, ir.Constant(V16F, [0.0] * 16)) for _ in range(n_tok)]
+                saccs = [cgutils.alloca_once_value(builder, ir.Constant(V2F, [0.0] * 2)) for _ in range(n_tok)]
+            else:
+                zero = ir.Constant(V8F, [0.0] * 8)
+                accs2 = [[cgutils.alloca_once_value(builder, zero) for _ in range(2)] for _ in range(n_tok)]
+                saccs2 = [[cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0)) for _ in range(2)]
+                          for _ in range(n_tok)]
+
+            def load(ptr, off, ty, align=1):
+                return builder.load(builder.bitcast(builder.gep(ptr, [off]), ty.as_pointer()), align=align)
+
+            def block_sums(ib, e_base, t):
+                """The block's <8 x i32> integer sums for token t (parts two by two with avx512)."""
+                isum = wide = None
+                parts, i = ib.parts, 0
+                while i < len(parts):
+                    a = parts[i]
+                    b2 = parts[i + 1] if i + 1 < len(parts) else None
+                    if (em.avx512 and b2 is not None and b2.e0 == a.e0 + 32 and b2.signed == a.signed
+                            and (a.scales is None) == (b2.scales is None)):
+                        y = load(qps[t], builder.add(e_base, ir.Constant(I64, a.e0)), V64I8)
+                        sc = None if a.scales is None else em.join(a.scales, b2.scales)
+                        v = em.idot(em.join(a.w, b2.w), y, a.signed, sc)
+                        wide = v if wide is None else builder.add(wide, v)
+                        i += 2
+                        continue
+                    y = load(qps[t], builder.add(e_base, ir.Constant(I64, a.e0)), V32I8)
+                    v = em.idot(a.w, y, a.signed, a.scales)
+                    isum = v if isum is None else builder.add(isum, v)
+                    i += 1
+                if wide is not None:  # integer sums: any order gives the same
+                    lo, hi = em.halves(wide)
+                    folded = builder.add(lo, hi)
+                    isum = folded if isum is None else builder.add(isum, folded)
+                return isum
+
+            def block_extra(ib, blk, dx, t):
+                """The factors (a, b) of the block's extra term a * b: m * s_x (Q8_1) or
+                -dmin * d_x * sum(mins * bsums) (Q8_K); None when it has none."""
+                if ib.m is not None:  # + m * s_x
+                    return ib.m, builder.load(builder.gep(sps[t], [blk]))
+                if ib.mins is not None:  # - dmin * d_x * sum(mins * bsums): exact integers
+                    bp = builder.gep(sps[t], [builder.mul(blk, ir.Constant(I64, BE // 16))])
+                    bs = builder.load(builder.bitcast(bp, V16F.as_pointer()), align=4)
+                    summs = em.hsum(em.fmul(ib.mins, bs))
+                    return em.fmul(em.fmul(ib.dmin, dx), summs), em.fconst(-1.0)
+                return None
 
             def emit_block(blk, parity):
+                """One block into the accumulators of its parity (with pairs: the low half)."""
                 p = builder.gep(base, [builder.mul(blk, ir.Constant(I64, BB))])
                 e_base = builder.mul(blk, ir.Constant(I64, BE))
                 ib = layout.int_block(em, p)
                 for t in range(n_tok):
-                    isum = None
-                    for part in ib.parts:
-                        yp = builder.gep(qps[t], [builder.add(e_base, ir.Constant(I64, part.e0))])
-                        y = builder.load(builder.bitcast(yp, V32I8.as_pointer()), align=1)
-                        v = em.idot(part.w, y, part.signed, part.scales)
-                        isum = v if isum is None else builder.add(isum, v)
+                    isum = block_sums(ib, e_base, t)
                     dx = builder.load(builder.gep(dps[t], [blk]))
-                    acc = accs[t][parity]
-                    scaled = em.fmul(em.splat(em.fmul(ib.d, dx), V8F), builder.sitofp(isum, V8F))
-                    builder.store(em.fadd(builder.load(acc), scaled), acc)
-                    extra = None
-                    if ib.m is not None:  # + m * s_x
-                        extra = em.fmul(ib.m, builder.load(builder.gep(sps[t], [blk])))
-                    if ib.mins is not None:  # - dmin * d_x * sum(mins * bsums): exact integers
-                        bp = builder.gep(sps[t], [builder.mul(blk, ir.Constant(I64, BE // 16))])
-                        bs = builder.load(builder.bitcast(bp, V16F.as_pointer()), align=4)
-                        summs = em.hsum(em.fmul(ib.mins, bs))
-                        extra = em.fmul(em.fmul(em.fmul(ib.dmin, dx), summs), em.fconst(-1.0))
+                    scale = em.splat(em.fmul(ib.d, dx), V8F)
+                    extra = block_extra(ib, blk, dx, t)
+                    if pairs:  # an odd last block: the low half (parity 0); the high one gets 0 * 0
+                        acc = accs[t]
+                        pad = ir.Constant(ir.VectorType(I32, 16), list(range(16)))
+                        zeros = ir.Constant(V8F, [0.0] * 8)
+                        scale16 = builder.shuffle_vector(scale, zeros, pad)
+                        sums16 = builder.shuffle_vector(builder.sitofp(isum, V8F), zeros, pad)
+                        builder.store(em.fma(scale16, sums16, builder.load(acc)), acc)
+                        if extra is not None:
+                            sacc, zero = saccs[t], em.fconst(0.0)
+                            builder.store(em.fma(em.vec2(extra[0], zero), em.vec2(extra[1], zero),
+                                                 builder.load(sacc)), sacc)
+                        continue
+                    acc = accs2[t][parity]
+                    builder.store(em.fma(scale, builder.sitofp(isum, V8F), builder.load(acc)), acc)
                     if extra is not None:
-                        sacc = saccs[t][parity]
-                        builder.store(em.fadd(builder.load(sacc), extra), sacc)
+                        sacc = saccs2[t][parity]
+                        builder.store(em.fma(extra[0], extra[1], builder.load(sacc)), sacc)
+
+            def emit_pair(blk):
+                """Blocks blk and blk + 1 (32 weights each) as one 64-weight unit."""
+                p0 = builder.gep(base, [builder.mul(blk, ir.Constant(I64, BB))])
+                p1 = builder.gep(p0, [ir.Constant(I64, BB)])
+                ib0, ib1 = layout.int_block(em, p0), layout.int_block(em, p1)
+                (a,), (b2,) = ib0.parts, ib1.parts
+                assert a.scales is None and b2.scales is None and ib0.mins is None
+                w = em.join(a.w, b2.w)
+                d2 = em.vec2(ib0.d, ib1.d)
+                m2 = em.vec2(ib0.m, ib1.m) if ib0.m is not None else None
+                e_base = builder.mul(blk, ir.Constant(I64, BE))
+                spread = ir.Constant(ir.VectorType(I32, 16), [0] * 8 + [1] * 8)
+                for t in range(n_tok):
+                    v = em.idot(w, load(qps[t], e_base, V64I8), a.signed)  # <16 x i32>
+                    dx2 = load(dps[t], blk, V2F, align=4)
+                    sc = em.fmul(d2, dx2)
+                    scale = builder.shuffle_vector(sc, sc, spread)
+                    builder.store(em.fma(scale, builder.sitofp(v, V16F), builder.load(accs[t])), accs[t])
+                    if m2 is not None:
+                        s2 = load(sps[t], blk, V2F, align=4)
+                        builder.store(em.fma(m2, s2, builder.load(saccs[t])), saccs[t])
 
             nb = builder.udiv(n_cols, ir.Constant(I64, BE))
             _prefetch_row(builder, base, rstride, nb, BB)
@@ -638,14 +763,24 @@ def make_row_dot_i8(layout: Layout, n_tok: int):
             else:
                 with cgutils.for_range(builder, builder.udiv(nb, ir.Constant(I64, 2))) as loop:
                     blk = builder.mul(loop.index, ir.Constant(I64, 2))
-                    emit_block(blk, 0)
-                    emit_block(builder.add(blk, ir.Constant(I64, 1)), 1)
+                    if pairs:
+                        emit_pair(blk)
+                    else:
+                        emit_block(blk, 0)
+                        emit_block(builder.add(blk, ir.Constant(I64, 1)), 1)
                 odd = builder.icmp_unsigned("!=", builder.urem(nb, ir.Constant(I64, 2)), ir.Constant(I64, 0))
                 with builder.if_then(odd, likely=False):
                     emit_block(builder.sub(nb, ir.Constant(I64, 1)), 0)
             for t in range(n_tok):
-                v = em.fadd(builder.load(accs[t][0]), builder.load(accs[t][1]))
-                sc = em.fadd(builder.load(saccs[t][0]), builder.load(saccs[t][1]))
+                if pairs:
+                    lo, hi = em.halves(builder.load(accs[t]))
+                    v = em.fadd(lo, hi)
+                    s2 = builder.load(saccs[t])
+                    sc = em.fadd(builder.extract_element(s2, ir.Constant(I32, 0)),
+                                 builder.extract_element(s2, ir.Constant(I32, 1)))
+                else:
+                    v = em.fadd(builder.load(accs2[t][0]), builder.load(accs2[t][1]))
+                    sc = em.fadd(builder.load(saccs2[t][0]), builder.load(saccs2[t][1]))
                 res = em.fadd(em.hsum(v), sc)
                 tt = builder.add(t0v, ir.Constant(I64, t))
                 builder.store(res, builder.gep(op0, [builder.add(builder.mul(tt, n_rows), rv)]))

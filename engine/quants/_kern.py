@@ -102,6 +102,24 @@ def launch_matvec_multi(kernel, raw: np.ndarray, x: np.ndarray, out: np.ndarray)
         kernel(_raw_rows(raw), _f32c(x, "x"), _f32c(out, "out"))
 
 
+def launch_matvec_multi_same_x(kernel, raws, x: np.ndarray, outs) -> None:
+    """outs[i] (T, n_i) = x (T, n_cols) @ W_i.T for 1..3 weights of one type sharing x, in one
+    parallel launch: x is quantised once, and the three mat-vecs cost one thread wake-up."""
+    n = len(raws)
+    if not 1 <= n <= 3 or len(outs) != n:
+        raise ValueError("matvec_multi_same_x takes 1 to 3 weights and as many outputs")
+    if x.ndim != 2 or any(o.ndim != 2 for o in outs):
+        raise ValueError("matvec_multi_same_x takes 2-D x (n_tok, n_cols) and outs (n_tok, n_rows)")
+    if not x.shape[0]:
+        return
+    r = [_raw_rows(a) for a in raws]
+    o = [_f32c(a, "out") for a in outs]
+    while len(r) < 3:  # pad with an empty weight of the same array type
+        r.append(r[0][:0])
+        o.append(np.empty((x.shape[0], 0), np.float32))
+    kernel(r[0], r[1], r[2], _f32c(x, "x"), o[0], o[1], o[2])
+
+
 def launch_dequant(kernel, raw: np.ndarray, out: np.ndarray) -> None:
     """out (n_rows, n_cols) = the weights of the packed rows raw, as float32."""
     if out.ndim != 2:

@@ -78,7 +78,10 @@ class QuantType:
     matvec_multi(raw, x, out): x (T, n_cols) f32 -> out (T, n_rows) f32, weights read once
     get_rows(raw, ids, out): out (len(ids), n_cols) f32 = rows ids dequantised
     matvec_same_x(raws, x, outs): outs[i] = W_i @ x for 1..3 weights, one parallel launch
-    matvec_i8, matvec_same_x_i8, matvec_multi_i8: the same by llama.cpp's integer dots against
+    matvec_multi_same_x(raws, x, outs): outs[i] (T, n_i) = x (T, n_cols) @ W_i.T for 1..3
+                            weights, one launch (Q/K/V, gate/up of a few tokens)
+    matvec_i8, matvec_same_x_i8, matvec_multi_i8, matvec_multi_same_x_i8: the same by
+                            llama.cpp's integer dots against
                             x quantised to the type's vec_dot_type (None for F32/F16/BF16)
     block_elems:            n_cols must be a multiple of this (32, 256, or 16 for dense)
     """
@@ -95,3 +98,5 @@ class QuantType:
     matvec_i8: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None
     matvec_same_x_i8: Callable[[list, np.ndarray, list], None] | None = None
     matvec_multi_i8: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None
+    matvec_multi_same_x: Callable[[list, np.ndarray, list], None] | None = None
+    matvec_multi_same_x_i8: Callable[[list, np.ndarray, list], None] | None = None

@@ -173,6 +173,55 @@ def _matvec_multi_$t(raw, x, out):
 
 def matvec_multi_$t(raw, x, out):
     _kern.launch_matvec_multi(_matvec_multi_$t, raw, x, out)
+
+
+@_parallel_kernel
+def _matvec_multi_same_x_$t(raw0, raw1, raw2, x, out0, out1, out2):
+    """out_i (T, n_i) = x (T, n_cols) @ W_i.T for three $T weights sharing x, one launch."""
+    n0, n1, n2 = raw0.shape[0], raw1.shape[0], raw2.shape[0]
+    check_shapes(n0, raw0.shape[1], x.shape[1], out0.shape[1], x.shape[0], out0.shape[0], _BB, _BE)
+    check_shapes(n1, raw1.shape[1], x.shape[1], out1.shape[1], x.shape[0], out1.shape[0], _BB, _BE)
+    check_shapes(n2, raw2.shape[1], x.shape[1], out2.shape[1], x.shape[0], out2.shape[0], _BB, _BE)
+    n_tok = x.shape[0]
+    xs = group_sums(x, _G)
+    for r in prange(n0 + n1 + n2):
+        if r < n0:
+            t0 = 0
+            while n_tok - t0 >= 4:
+                _dot4(raw0, r, x, xs, out0, t0)
+                t0 += 4
+            rem = n_tok - t0
+            if rem >= 2:
+                _dot2(raw0, r, x, xs, out0, t0)
+                t0 += 2
+            if rem & 1:
+                _dot1(raw0, r, x, xs, out0, t0)
+        elif r < n0 + n1:
+            t0 = 0
+            while n_tok - t0 >= 4:
+                _dot4(raw1, r - n0, x, xs, out1, t0)
+                t0 += 4
+            rem = n_tok - t0
+            if rem >= 2:
+                _dot2(raw1, r - n0, x, xs, out1, t0)
+                t0 += 2
+            if rem & 1:
+                _dot1(raw1, r - n0, x, xs, out1, t0)
+        else:
+            t0 = 0
+            while n_tok - t0 >= 4:
+                _dot4(raw2, r - n0 - n1, x, xs, out2, t0)
+                t0 += 4
+            rem = n_tok - t0
+            if rem >= 2:
+                _dot2(raw2, r - n0 - n1, x, xs, out2, t0)
+                t0 += 2
+            if rem & 1:
+                _dot1(raw2, r - n0 - n1, x, xs, out2, t0)
+
+
+def matvec_multi_same_x_$t(raws, x, outs):
+    _kern.launch_matvec_multi_same_x(_matvec_multi_same_x_$t, raws, x, outs)
 '''
 
 DEQUANT = '''\
@@ -256,6 +305,60 @@ def _matvec_multi_i8_$t(raw, x, out):
 
 def matvec_multi_i8_$t(raw, x, out):
     _kern.launch_matvec_multi(_matvec_multi_i8_$t, raw, x, out)
+
+'''
+
+MATVEC_MULTI_SAME_X_I8 = '''\
+
+
+@_parallel_kernel
+def _matvec_multi_same_x_i8_$t(raw0, raw1, raw2, x, out0, out1, out2):
+    """out_i (T, n_i) = x (T, n_cols) @ W_i.T for three $T weights sharing x, by integer dots
+    against x quantised once to $vec_dot, one launch."""
+    n0, n1, n2 = raw0.shape[0], raw1.shape[0], raw2.shape[0]
+    check_shapes(n0, raw0.shape[1], x.shape[1], out0.shape[1], x.shape[0], out0.shape[0], _BB, _BE)
+    check_shapes(n1, raw1.shape[1], x.shape[1], out1.shape[1], x.shape[0], out1.shape[0], _BB, _BE)
+    check_shapes(n2, raw2.shape[1], x.shape[1], out2.shape[1], x.shape[0], out2.shape[0], _BB, _BE)
+    n_tok = x.shape[0]
+    xq, xd, xs = _q8.quantize_$vec_dot(x)
+    for r in prange(n0 + n1 + n2):
+        if r < n0:
+            t0 = 0
+            while n_tok - t0 >= 4:
+                _idot4(raw0, r, xq, xd, xs, out0, t0)
+                t0 += 4
+            rem = n_tok - t0
+            if rem >= 2:
+                _idot2(raw0, r, xq, xd, xs, out0, t0)
+                t0 += 2
+            if rem & 1:
+                _idot1(raw0, r, xq, xd, xs, out0, t0)
+        elif r < n0 + n1:
+            t0 = 0
+            while n_tok - t0 >= 4:
+                _idot4(raw1, r - n0, xq, xd, xs, out1, t0)
+                t0 += 4
+            rem = n_tok - t0
+            if rem >= 2:
+                _idot2(raw1, r - n0, xq, xd, xs, out1, t0)
+                t0 += 2
+            if rem & 1:
+                _idot1(raw1, r - n0, xq, xd, xs, out1, t0)
+        else:
+            t0 = 0
+            while n_tok - t0 >= 4:
+                _idot4(raw2, r - n0 - n1, xq, xd, xs, out2, t0)
+                t0 += 4
+            rem = n_tok - t0
+            if rem >= 2:
+                _idot2(raw2, r - n0 - n1, xq, xd, xs, out2, t0)
+                t0 += 2
+            if rem & 1:
+                _idot1(raw2, r - n0 - n1, xq, xd, xs, out2, t0)
+
+
+def matvec_multi_same_x_i8_$t(raws, x, outs):
+    _kern.launch_matvec_multi_same_x(_matvec_multi_same_x_i8_$t, raws, x, outs)
 '''
 
 ENTRY = '''\
@@ -268,9 +371,10 @@ $ops)
 
 FAMILIES = (
     Family(("matvec", "matvec_same_x"), MATVEC),
-    Family(("matvec_multi",), MATVEC_MULTI),
+    Family(("matvec_multi", "matvec_multi_same_x"), MATVEC_MULTI),
     Family(("dequant", "get_rows"), DEQUANT),
     Family(("matvec_i8", "matvec_same_x_i8", "matvec_multi_i8"), MATVEC_I8, int8=True),
+    Family(("matvec_multi_same_x_i8",), MATVEC_MULTI_SAME_X_I8, int8=True),
 )
 
 

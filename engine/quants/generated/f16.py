@@ -17,7 +17,7 @@ from .._kern import check_shapes, group_sums
 
 # These kernels contain code from those modules too: whether numba's cache may serve them
 # depends on their digest when this file was generated (see jit.generated_kernel).
-_parallel_kernel = jit.generated_kernel(__file__, (_ir, _kern, dense), "c32196f3f7ef11b8")
+_parallel_kernel = jit.generated_kernel(__file__, (_ir, _kern, dense), "3453f3b2307e6191")
 
 _layout = dense.F16Layout()
 _G, _BB, _BE = _layout.group, _layout.block_bytes, _layout.block_elems
@@ -81,6 +81,55 @@ def matvec_multi_f16(raw, x, out):
 
 
 @_parallel_kernel
+def _matvec_multi_same_x_f16(raw0, raw1, raw2, x, out0, out1, out2):
+    """out_i (T, n_i) = x (T, n_cols) @ W_i.T for three F16 weights sharing x, one launch."""
+    n0, n1, n2 = raw0.shape[0], raw1.shape[0], raw2.shape[0]
+    check_shapes(n0, raw0.shape[1], x.shape[1], out0.shape[1], x.shape[0], out0.shape[0], _BB, _BE)
+    check_shapes(n1, raw1.shape[1], x.shape[1], out1.shape[1], x.shape[0], out1.shape[0], _BB, _BE)
+    check_shapes(n2, raw2.shape[1], x.shape[1], out2.shape[1], x.shape[0], out2.shape[0], _BB, _BE)
+    n_tok = x.shape[0]
+    xs = group_sums(x, _G)
+    for r in prange(n0 + n1 + n2):
+        if r < n0:
+            t0 = 0
+            while n_tok - t0 >= 4:
+                _dot4(raw0, r, x, xs, out0, t0)
+                t0 += 4
+            rem = n_tok - t0
+            if rem >= 2:
+                _dot2(raw0, r, x, xs, out0, t0)
+                t0 += 2
+            if rem & 1:
+                _dot1(raw0, r, x, xs, out0, t0)
+        elif r < n0 + n1:
+            t0 = 0
+            while n_tok - t0 >= 4:
+                _dot4(raw1, r - n0, x, xs, out1, t0)
+                t0 += 4
+            rem = n_tok - t0
+            if rem >= 2:
+                _dot2(raw1, r - n0, x, xs, out1, t0)
+                t0 += 2
+            if rem & 1:
+                _dot1(raw1, r - n0, x, xs, out1, t0)
+        else:
+            t0 = 0
+            while n_tok - t0 >= 4:
+                _dot4(raw2, r - n0 - n1, x, xs, out2, t0)
+                t0 += 4
+            rem = n_tok - t0
+            if rem >= 2:
+                _dot2(raw2, r - n0 - n1, x, xs, out2, t0)
+                t0 += 2
+            if rem & 1:
+                _dot1(raw2, r - n0 - n1, x, xs, out2, t0)
+
+
+def matvec_multi_same_x_f16(raws, x, outs):
+    _kern.launch_matvec_multi_same_x(_matvec_multi_same_x_f16, raws, x, outs)
+
+
+@_parallel_kernel
 def _dequant_f16(raw, out):
     """out (n_rows, n_cols) = the F16 rows raw as float32."""
     check_shapes(raw.shape[0], raw.shape[1], out.shape[1], raw.shape[0], 1, 1, _BB, _BE)
@@ -101,6 +150,6 @@ def get_rows_f16(raw, ids, out):
 F16 = _kern.quant_type(
     GGMLQuantizationType.F16, _layout,
     matvec=matvec_f16, matvec_same_x=matvec_same_x_f16,
-    matvec_multi=matvec_multi_f16,
+    matvec_multi=matvec_multi_f16, matvec_multi_same_x=matvec_multi_same_x_f16,
     dequant=dequant_f16, get_rows=get_rows_f16,
 )

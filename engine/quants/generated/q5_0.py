@@ -17,7 +17,7 @@ from .._kern import check_shapes, group_sums
 
 # These kernels contain code from those modules too: whether numba's cache may serve them
 # depends on their digest when this file was generated (see jit.generated_kernel).
-_parallel_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, q5_0), "780fde341315199f")
+_parallel_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, q5_0), "e2fce5c7870208f0")
 
 _layout = q5_0.Q5_0Layout()
 _G, _BB, _BE = _layout.group, _layout.block_bytes, _layout.block_elems
@@ -78,6 +78,55 @@ def _matvec_multi_q5_0(raw, x, out):
 
 def matvec_multi_q5_0(raw, x, out):
     _kern.launch_matvec_multi(_matvec_multi_q5_0, raw, x, out)
+
+
+@_parallel_kernel
+def _matvec_multi_same_x_q5_0(raw0, raw1, raw2, x, out0, out1, out2):
+    """out_i (T, n_i) = x (T, n_cols) @ W_i.T for three Q5_0 weights sharing x, one launch."""
+    n0, n1, n2 = raw0.shape[0], raw1.shape[0], raw2.shape[0]
+    check_shapes(n0, raw0.shape[1], x.shape[1], out0.shape[1], x.shape[0], out0.shape[0], _BB, _BE)
+    check_shapes(n1, raw1.shape[1], x.shape[1], out1.shape[1], x.shape[0], out1.shape[0], _BB, _BE)
+    check_shapes(n2, raw2.shape[1], x.shape[1], out2.shape[1], x.shape[0], out2.shape[0], _BB, _BE)
+    n_tok = x.shape[0]
+    xs = group_sums(x, _G)
+    for r in prange(n0 + n1 + n2):
+        if r < n0:
+            t0 = 0
+            while n_tok - t0 >= 4:
+                _dot4(raw0, r, x, xs, out0, t0)
+                t0 += 4
+            rem = n_tok - t0
+            if rem >= 2:
+                _dot2(raw0, r, x, xs, out0, t0)
+                t0 += 2
+            if rem & 1:
+                _dot1(raw0, r, x, xs, out0, t0)
+        elif r < n0 + n1:
+            t0 = 0
+            while n_tok - t0 >= 4:
+                _dot4(raw1, r - n0, x, xs, out1, t0)
+                t0 += 4
+            rem = n_tok - t0
+            if rem >= 2:
+                _dot2(raw1, r - n0, x, xs, out1, t0)
+                t0 += 2
+            if rem & 1:
+                _dot1(raw1, r - n0, x, xs, out1, t0)
+        else:
+            t0 = 0
+            while n_tok - t0 >= 4:
+                _dot4(raw2, r - n0 - n1, x, xs, out2, t0)
+                t0 += 4
+            rem = n_tok - t0
+            if rem >= 2:
+                _dot2(raw2, r - n0 - n1, x, xs, out2, t0)
+                t0 += 2
+            if rem & 1:
+                _dot1(raw2, r - n0 - n1, x, xs, out2, t0)
+
+
+def matvec_multi_same_x_q5_0(raws, x, outs):
+    _kern.launch_matvec_multi_same_x(_matvec_multi_same_x_q5_0, raws, x, outs)
 
 
 @_parallel_kernel
@@ -157,10 +206,62 @@ def matvec_multi_i8_q5_0(raw, x, out):
     _kern.launch_matvec_multi(_matvec_multi_i8_q5_0, raw, x, out)
 
 
+
+@_parallel_kernel
+def _matvec_multi_same_x_i8_q5_0(raw0, raw1, raw2, x, out0, out1, out2):
+    """out_i (T, n_i) = x (T, n_cols) @ W_i.T for three Q5_0 weights sharing x, by integer dots
+    against x quantised once to q8_0, one launch."""
+    n0, n1, n2 = raw0.shape[0], raw1.shape[0], raw2.shape[0]
+    check_shapes(n0, raw0.shape[1], x.shape[1], out0.shape[1], x.shape[0], out0.shape[0], _BB, _BE)
+    check_shapes(n1, raw1.shape[1], x.shape[1], out1.shape[1], x.shape[0], out1.shape[0], _BB, _BE)
+    check_shapes(n2, raw2.shape[1], x.shape[1], out2.shape[1], x.shape[0], out2.shape[0], _BB, _BE)
+    n_tok = x.shape[0]
+    xq, xd, xs = _q8.quantize_q8_0(x)
+    for r in prange(n0 + n1 + n2):
+        if r < n0:
+            t0 = 0
+            while n_tok - t0 >= 4:
+                _idot4(raw0, r, xq, xd, xs, out0, t0)
+                t0 += 4
+            rem = n_tok - t0
+            if rem >= 2:
+                _idot2(raw0, r, xq, xd, xs, out0, t0)
+                t0 += 2
+            if rem & 1:
+                _idot1(raw0, r, xq, xd, xs, out0, t0)
+        elif r < n0 + n1:
+            t0 = 0
+            while n_tok - t0 >= 4:
+                _idot4(raw1, r - n0, xq, xd, xs, out1, t0)
+                t0 += 4
+            rem = n_tok - t0
+            if rem >= 2:
+                _idot2(raw1, r - n0, xq, xd, xs, out1, t0)
+                t0 += 2
+            if rem & 1:
+                _idot1(raw1, r - n0, xq, xd, xs, out1, t0)
+        else:
+            t0 = 0
+            while n_tok - t0 >= 4:
+                _idot4(raw2, r - n0 - n1, xq, xd, xs, out2, t0)
+                t0 += 4
+            rem = n_tok - t0
+            if rem >= 2:
+                _idot2(raw2, r - n0 - n1, xq, xd, xs, out2, t0)
+                t0 += 2
+            if rem & 1:
+                _idot1(raw2, r - n0 - n1, xq, xd, xs, out2, t0)
+
+
+def matvec_multi_same_x_i8_q5_0(raws, x, outs):
+    _kern.launch_matvec_multi_same_x(_matvec_multi_same_x_i8_q5_0, raws, x, outs)
+
+
 Q5_0 = _kern.quant_type(
     GGMLQuantizationType.Q5_0, _layout,
     matvec=matvec_q5_0, matvec_same_x=matvec_same_x_q5_0,
-    matvec_multi=matvec_multi_q5_0,
+    matvec_multi=matvec_multi_q5_0, matvec_multi_same_x=matvec_multi_same_x_q5_0,
     dequant=dequant_q5_0, get_rows=get_rows_q5_0,
     matvec_i8=matvec_i8_q5_0, matvec_same_x_i8=matvec_same_x_i8_q5_0, matvec_multi_i8=matvec_multi_i8_q5_0,
+    matvec_multi_same_x_i8=matvec_multi_same_x_i8_q5_0,
 )
