@@ -15,11 +15,11 @@ from PySide6.QtCore import QObject, QTimer, Signal
 
 from .context import AppContext
 from .data_folder import STORE_ERRORS, describe_storage_error
-from .dto import ReplyStep
 from .engine_api import SessionApi
 from .item_models.chat_list_model import ChatListModel
 from .item_models.conversation_list_model import ConversationListModel
 from .storage import Message
+from .stream_buffer import FramePacer, StepBuffer, merge_steps
 from .workers import GenerationWorker
 
 SAVE_INTERVAL_S = 1.0  # a streaming reply is rewritten in the store at most this often
@@ -46,6 +46,11 @@ class ChatController(QObject):
         self._worker: GenerationWorker | None = None
         self._reply: Message | None = None  # the streaming reply; _reply_id 0: not in the store
         self._reply_id, self._saved_at = 0, 0.0
+        self._buffer = StepBuffer()  # the streaming reply's steps, drained once per frame
+        self._pacer = FramePacer()
+        self._frame = QTimer(self)
+        self._frame.setSingleShot(True)
+        self._frame.timeout.connect(self._on_frame)
         self._search = ""
         self.refresh_conversations()
 
@@ -203,30 +208,40 @@ class ChatController(QObject):
                 self._reply_id = self.ctx.store.add_message(self.conversation_id, reply)
         except STORE_ERRORS as e:
             self._not_saved(reply, "The reply will not be saved", e)
-        worker = GenerationWorker(session, history, self.ctx.settings.sampling)
-        worker.token_received.connect(self._on_token)
-        worker.step_received.connect(self._on_step)
+        self._buffer = StepBuffer()
+        worker = GenerationWorker(session, history, self.ctx.settings.sampling, self._buffer)
         worker.replied.connect(self._on_replied)
         worker.failed.connect(self._on_failed)
         worker.finished.connect(self._on_finished)
         self._worker = self.ctx.pool.start(worker)
+        self._frame.start(self._pacer.start())
         self.busy_changed.emit(True)
 
-    def _on_token(self, text: str) -> None:
-        self.chat_model.append_delta(text)
-        if time.monotonic() - self._saved_at > SAVE_INTERVAL_S:
-            self._saved_at = time.monotonic()
-            self._save_reply()
+    def _on_frame(self) -> None:
+        self._show_steps()
+        if self._worker is not None:
+            self._frame.start(self._pacer.next_ms())
 
-    def _on_step(self, step: ReplyStep) -> None:
-        self.step_received.emit(step)
+    def _show_steps(self) -> None:
+        """Everything the worker streamed since the last frame, as one update of each view."""
+        text, step = merge_steps(self._buffer.drain())
+        if step is None:
+            return
+        if text:
+            self.chat_model.append_delta(text)
+            if time.monotonic() - self._saved_at > SAVE_INTERVAL_S:
+                self._saved_at = time.monotonic()
+                self._save_reply()
+        self.step_received.emit(step)  # after the text: a receiver sees the step's tokens shown
         self.context_changed.emit(step.n_prompt + step.n_generated, self.n_ctx())
 
     def _on_replied(self, stats: dict) -> None:
+        self._show_steps()  # the last steps, put before `replied` was emitted
         self._save_reply(stats)
         self.chat_model.finish_streaming(stats)
 
     def _on_failed(self, error: str) -> None:
+        self._show_steps()
         self._save_reply()
         self.chat_model.finish_streaming(error=error)
         self.failed.emit(error)
@@ -242,6 +257,7 @@ class ChatController(QObject):
             self._not_saved(reply, "The reply was not saved", e)
 
     def _on_finished(self) -> None:
+        self._frame.stop()
         self._worker = None
         self.refresh_conversations()
         self.busy_changed.emit(False)

@@ -26,16 +26,21 @@ class ChatListModel(QAbstractListModel):
     def data(self, index, role=Qt.ItemDataRole.DisplayRole):
         if not index.isValid() or not 0 <= index.row() < len(self._messages):
             return None
+        # called several times per row for every layout and paint: no per-call dict
         m = self._messages[index.row()]
         if role in (Qt.ItemDataRole.DisplayRole, Qt.ItemDataRole.EditRole):
             return m.content
-        return {
-            ROLE_ROLE: m.role,
-            STATS_ROLE: m.stats,
-            STREAMING_ROLE: index.row() == self._streaming_row,
-            ID_ROLE: m.id,
-            ERROR_ROLE: self._errors.get(index.row(), ""),
-        }.get(role)
+        if role == ROLE_ROLE:
+            return m.role
+        if role == STREAMING_ROLE:
+            return index.row() == self._streaming_row
+        if role == ERROR_ROLE:
+            return self._errors.get(index.row(), "")
+        if role == STATS_ROLE:
+            return m.stats
+        if role == ID_ROLE:
+            return m.id
+        return None
 
     def roleNames(self):  # noqa: N802
         return {**super().roleNames(), ROLE_ROLE: b"role", STATS_ROLE: b"stats",

@@ -1,7 +1,8 @@
 """ChatDelegate: paints one message as a bubble with Markdown, code blocks, stats and actions.
 
-Layout is computed once per (text, width) and cached, so painting a long conversation stays cheap;
-a streaming reply re-lays out only its own row.
+Layout is computed once per (text, width, state) and cached, so painting a long conversation stays
+cheap: the view asks for a row's size and layout several times per paint. A streaming reply
+re-lays out only its own row, and its superseded versions are not kept.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from PySide6.QtGui import (
     QTextDocument,
     QTextFormat,
 )
-from PySide6.QtWidgets import QStyledItemDelegate, QToolTip
+from PySide6.QtWidgets import QStyledItemDelegate, QStyleOptionViewItem, QToolTip
 
 from ..format import replay_record, reply_summary
 from ..item_models.chat_list_model import ERROR_ROLE, ROLE_ROLE, STATS_ROLE, STREAMING_ROLE
@@ -42,6 +43,14 @@ class _Layout:
     actions: list[tuple[str, QRect]] = field(default_factory=list)
     code_copies: list[tuple[str, QRect]] = field(default_factory=list)
 
+    def moved(self, dx: int, dy: int) -> _Layout:
+        if not dx and not dy:
+            return self
+        return _Layout(self.bubble.translated(dx, dy), self.doc, self.doc_origin + QPointF(dx, dy),
+                       self.header.translated(dx, dy), self.footer.translated(dx, dy),
+                       [(n, r.translated(dx, dy)) for n, r in self.actions],
+                       [(t, r.translated(dx, dy)) for t, r in self.code_copies])
+
 
 class ChatDelegate(QStyledItemDelegate):
     copy_requested = Signal(int)
@@ -52,35 +61,74 @@ class ChatDelegate(QStyledItemDelegate):
     def __init__(self, parent=None):
         super().__init__(parent)
         self._docs: OrderedDict[tuple, tuple[QTextDocument, float]] = OrderedDict()
+        self._layouts: OrderedDict[tuple, _Layout] = OrderedDict()  # at the origin, by _layout's key
+        # the streaming row's current document and layout (key, value): it grows every frame, so
+        # its earlier versions are never asked for again and are not kept
+        self._live_doc: tuple[tuple, tuple[QTextDocument, float]] | None = None
+        self._live_layout: tuple[tuple, _Layout] | None = None
         self.hover_row = -1
 
     # documents ------------------------------------------------------------------------------
-    def _document(self, text: str, width: int, palette: QPalette, font: QFont) -> tuple[QTextDocument, float]:
+    def _document(self, text: str, width: int, palette: QPalette, font: QFont,
+                  streaming: bool = False) -> tuple[QTextDocument, float]:
         """The laid-out document and its ideal width at `width` (before a user bubble shrinks it)."""
         key = (text, width, palette.color(QPalette.ColorRole.Text).rgb(), font.pointSizeF())
+        if streaming:
+            if self._live_doc is None or self._live_doc[0] != key:
+                self._live_doc = (key, self._new_document(text, width, palette, font))
+            return self._live_doc[1]
         cached = self._docs.get(key)
         if cached is not None:
             self._docs.move_to_end(key)
             return cached
+        self._docs[key] = self._new_document(text, width, palette, font)
+        if len(self._docs) > CACHE_SIZE:
+            self._docs.popitem(last=False)
+        return self._docs[key]
+
+    @staticmethod
+    def _new_document(text: str, width: int, palette: QPalette, font: QFont) -> tuple[QTextDocument, float]:
         doc = QTextDocument()
         doc.setDefaultFont(font)
         doc.setDocumentMargin(0)
         doc.setMarkdown(text or "…")
         _style_code_blocks(doc, palette)
         doc.setTextWidth(width)
-        self._docs[key] = (doc, doc.idealWidth())
-        if len(self._docs) > CACHE_SIZE:
-            self._docs.popitem(last=False)
-        return self._docs[key]
+        return doc, doc.idealWidth()
 
     # layout ---------------------------------------------------------------------------------
     def _layout(self, option, index) -> _Layout:
+        """The row's layout in option.rect: computed at the origin once per key, then moved."""
+        rect = option.rect
+        streaming = bool(index.data(STREAMING_ROLE))
+        key = (index.data() or "", rect.width(), index.data(ROLE_ROLE), streaming, self._footer_text(index),
+               tuple(self._action_names(index)), option.palette.color(QPalette.ColorRole.Text).rgb(),
+               option.font.pointSizeF())
+        if streaming:
+            lay = self._live_layout[1] if self._live_layout and self._live_layout[0] == key else None
+        else:
+            lay = self._layouts.get(key)
+        if lay is None:
+            at_origin = QStyleOptionViewItem(option)
+            at_origin.rect = QRect(0, 0, rect.width(), rect.height())
+            lay = self._compute_layout(at_origin, index, streaming)
+            if streaming:
+                self._live_layout = (key, lay)
+            else:
+                self._layouts[key] = lay
+                if len(self._layouts) > CACHE_SIZE:
+                    self._layouts.popitem(last=False)
+        elif not streaming:
+            self._layouts.move_to_end(key)
+        return lay.moved(rect.left(), rect.top())
+
+    def _compute_layout(self, option, index, streaming: bool) -> _Layout:
         role = index.data(ROLE_ROLE)
         is_user = role == "user"
         avail = max(option.rect.width() - 2 * MARGIN, 120)
         max_w = int(avail * (0.78 if is_user else 0.92))
         fm = option.fontMetrics
-        doc, ideal = self._document(index.data() or "", max_w - 2 * PAD, option.palette, option.font)
+        doc, ideal = self._document(index.data() or "", max_w - 2 * PAD, option.palette, option.font, streaming)
         content_w = int(ideal) + 1 if is_user else max_w - 2 * PAD
         actions = self._action_names(index)
         actions_w = sum(fm.horizontalAdvance(a) + 18 for a in actions)
