@@ -23,6 +23,9 @@ from .stream_buffer import FramePacer, StepBuffer, merge_steps
 from .workers import GenerationWorker
 
 SAVE_INTERVAL_S = 1.0  # a streaming reply is rewritten in the store at most this often
+# the context gauge and the status bar follow a streaming reply this often (and at its end): a
+# new count in the status bar relayouts it, which cost as much as the reply's own frame
+CONTEXT_INTERVAL_S = 0.25
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +48,7 @@ class ChatController(QObject):
         self.conversation_id = 0
         self._worker: GenerationWorker | None = None
         self._reply: Message | None = None  # the streaming reply; _reply_id 0: not in the store
-        self._reply_id, self._saved_at = 0, 0.0
+        self._reply_id, self._saved_at, self._context_at = 0, 0.0, 0.0
         self._buffer = StepBuffer()  # the streaming reply's steps, drained once per frame
         self._pacer = FramePacer()
         self._frame = QTimer(self)
@@ -222,26 +225,29 @@ class ChatController(QObject):
         if self._worker is not None:
             self._frame.start(self._pacer.next_ms())
 
-    def _show_steps(self) -> None:
+    def _show_steps(self, last: bool = False) -> None:
         """Everything the worker streamed since the last frame, as one update of each view."""
         text, step = merge_steps(self._buffer.drain())
         if step is None:
             return
+        now = time.monotonic()
         if text:
             self.chat_model.append_delta(text)
-            if time.monotonic() - self._saved_at > SAVE_INTERVAL_S:
-                self._saved_at = time.monotonic()
+            if now - self._saved_at > SAVE_INTERVAL_S:
+                self._saved_at = now
                 self._save_reply()
         self.step_received.emit(step)  # after the text: a receiver sees the step's tokens shown
-        self.context_changed.emit(step.n_prompt + step.n_generated, self.n_ctx())
+        if last or now - self._context_at >= CONTEXT_INTERVAL_S:
+            self._context_at = now
+            self.context_changed.emit(step.n_prompt + step.n_generated, self.n_ctx())
 
     def _on_replied(self, stats: dict) -> None:
-        self._show_steps()  # the last steps, put before `replied` was emitted
+        self._show_steps(last=True)  # the last steps, put before `replied` was emitted
         self._save_reply(stats)
         self.chat_model.finish_streaming(stats)
 
     def _on_failed(self, error: str) -> None:
-        self._show_steps()
+        self._show_steps(last=True)
         self._save_reply()
         self.chat_model.finish_streaming(error=error)
         self.failed.emit(error)
