@@ -221,15 +221,18 @@ class ChatController(QObject):
         self.busy_changed.emit(True)
 
     def _on_frame(self) -> None:
-        self._show_steps()
+        shown = self._show_steps()
         if self._worker is not None:
-            self._frame.start(self._pacer.next_ms())
+            # paced by the GUI's work since the last frame that showed something; before the
+            # first token that is sending the message, not streaming: the clock restarts
+            self._frame.start(self._pacer.next_ms() if shown else self._pacer.start())
 
-    def _show_steps(self, last: bool = False) -> None:
-        """Everything the worker streamed since the last frame, as one update of each view."""
+    def _show_steps(self, last: bool = False) -> bool:
+        """Everything the worker streamed since the last frame, as one update of each view;
+        False when nothing came."""
         text, step = merge_steps(self._buffer.drain())
         if step is None:
-            return
+            return False
         now = time.monotonic()
         if text:
             self.chat_model.append_delta(text)
@@ -240,6 +243,7 @@ class ChatController(QObject):
         if last or now - self._context_at >= CONTEXT_INTERVAL_S:
             self._context_at = now
             self.context_changed.emit(step.n_prompt + step.n_generated, self.n_ctx())
+        return True
 
     def _on_replied(self, stats: dict) -> None:
         self._show_steps(last=True)  # the last steps, put before `replied` was emitted

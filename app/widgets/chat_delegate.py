@@ -26,7 +26,14 @@ from PySide6.QtGui import (
 from PySide6.QtWidgets import QStyledItemDelegate, QStyleOptionViewItem, QToolTip
 
 from ..format import replay_record, reply_summary
-from ..item_models.chat_list_model import ERROR_ROLE, ROLE_ROLE, STATS_ROLE, STREAMING_ROLE
+from ..item_models.chat_list_model import (
+    ERROR_ROLE,
+    ROLE_ROLE,
+    STATS_ROLE,
+    STREAMING_ROLE,
+    ChatListModel,
+    RowView,
+)
 from ..theme import is_dark, mix
 
 MARGIN, GAP, PAD, RADIUS = 16, 10, 12, 10
@@ -97,13 +104,21 @@ class ChatDelegate(QStyledItemDelegate):
         return doc, doc.idealWidth()
 
     # layout ---------------------------------------------------------------------------------
+    @staticmethod
+    def _row(index) -> RowView:
+        model = index.model()
+        if isinstance(model, ChatListModel):  # one Python call instead of six data() round trips
+            return model.row_view(index.row())
+        return RowView(index.data() or "", index.data(ROLE_ROLE), index.data(STATS_ROLE),
+                       bool(index.data(STREAMING_ROLE)), index.data(ERROR_ROLE) or "",
+                       index.row() == model.rowCount() - 1)
+
     def _layout(self, option, index) -> _Layout:
         """The row's layout in option.rect: computed at the origin once per key, then moved."""
-        rect = option.rect
-        streaming = bool(index.data(STREAMING_ROLE))
-        key = (index.data() or "", rect.width(), index.data(ROLE_ROLE), streaming, self._footer_text(index),
-               tuple(self._action_names(index)), option.palette.color(QPalette.ColorRole.Text).rgb(),
-               option.font.pointSizeF())
+        rect, v = option.rect, self._row(index)
+        streaming = v.streaming
+        key = (v.text, rect.width(), v.role, streaming, self._footer_text(v), tuple(self._action_names(v)),
+               option.palette.color(QPalette.ColorRole.Text).rgb(), option.font.pointSizeF())
         if streaming:
             lay = self._live_layout[1] if self._live_layout and self._live_layout[0] == key else None
         else:
@@ -111,7 +126,7 @@ class ChatDelegate(QStyledItemDelegate):
         if lay is None:
             at_origin = QStyleOptionViewItem(option)
             at_origin.rect = QRect(0, 0, rect.width(), rect.height())
-            lay = self._compute_layout(at_origin, index, streaming)
+            lay = self._compute_layout(at_origin, v)
             if streaming:
                 self._live_layout = (key, lay)
             else:
@@ -122,17 +137,16 @@ class ChatDelegate(QStyledItemDelegate):
             self._layouts.move_to_end(key)
         return lay.moved(rect.left(), rect.top())
 
-    def _compute_layout(self, option, index, streaming: bool) -> _Layout:
-        role = index.data(ROLE_ROLE)
-        is_user = role == "user"
+    def _compute_layout(self, option, v: RowView) -> _Layout:
+        is_user = v.role == "user"
         avail = max(option.rect.width() - 2 * MARGIN, 120)
         max_w = int(avail * (0.78 if is_user else 0.92))
         fm = option.fontMetrics
-        doc, ideal = self._document(index.data() or "", max_w - 2 * PAD, option.palette, option.font, streaming)
+        doc, ideal = self._document(v.text, max_w - 2 * PAD, option.palette, option.font, v.streaming)
         content_w = int(ideal) + 1 if is_user else max_w - 2 * PAD
-        actions = self._action_names(index)
+        actions = self._action_names(v)
         actions_w = sum(fm.horizontalAdvance(a) + 18 for a in actions)
-        stats = self._footer_text(index)  # a short user message still shows all of "⚠ Not saved: …"
+        stats = self._footer_text(v)  # a short user message still shows all of "⚠ Not saved: …"
         width = min(max(content_w + 2 * PAD, actions_w + 2 * PAD, fm.horizontalAdvance(stats) + 2 * PAD, 120), max_w)
         if is_user and doc.textWidth() != width - 2 * PAD:
             doc.setTextWidth(width - 2 * PAD)
@@ -154,21 +168,21 @@ class ChatDelegate(QStyledItemDelegate):
         lay.code_copies = _code_copy_rects(doc, doc_origin, fm)
         return lay
 
-    def _action_names(self, index) -> list[str]:
-        if index.data(STREAMING_ROLE):
+    @staticmethod
+    def _action_names(v: RowView) -> list[str]:
+        if v.streaming:
             return []
-        if index.data(ROLE_ROLE) == "user":
+        if v.role == "user":
             return ["Copy", "Edit"]
-        is_last = index.row() == index.model().rowCount() - 1
-        return ["Copy", "Regenerate"] if is_last else ["Copy"]
+        return ["Copy", "Regenerate"] if v.is_last else ["Copy"]
 
     @staticmethod
-    def _footer_text(index) -> str:
-        if index.data(ERROR_ROLE):
-            return "⚠ " + index.data(ERROR_ROLE).splitlines()[0]
-        if index.data(ROLE_ROLE) != "assistant" or index.data(STREAMING_ROLE):
+    def _footer_text(v: RowView) -> str:
+        if v.error:
+            return "⚠ " + v.error.splitlines()[0]
+        if v.role != "assistant" or v.streaming:
             return ""
-        return reply_summary(index.data(STATS_ROLE) or {})
+        return reply_summary(v.stats or {})
 
     def sizeHint(self, option, index) -> QSize:  # noqa: N802
         lay = self._layout(option, index)
@@ -211,7 +225,7 @@ class ChatDelegate(QStyledItemDelegate):
         small.setPointSizeF(max(option.font.pointSizeF() - 1, 7))
         painter.setFont(small)
         dim = mix(pal.color(QPalette.ColorRole.Text), pal.color(QPalette.ColorRole.Base), 0.45)
-        text = self._footer_text(index)
+        text = self._footer_text(self._row(index))
         if text:
             painter.setPen(QColor("#d9534f") if index.data(ERROR_ROLE) else dim)
             elided = painter.fontMetrics().elidedText(text, Qt.TextElideMode.ElideRight, lay.footer.width())
