@@ -15,14 +15,17 @@ from PySide6.QtCore import QObject, QTimer, Signal
 
 from .context import AppContext
 from .data_folder import STORE_ERRORS, describe_storage_error
-from .dto import ReplyStep
 from .engine_api import SessionApi
 from .item_models.chat_list_model import ChatListModel
 from .item_models.conversation_list_model import ConversationListModel
 from .storage import Message
+from .stream_buffer import FramePacer, StepBuffer, merge_steps
 from .workers import GenerationWorker
 
 SAVE_INTERVAL_S = 1.0  # a streaming reply is rewritten in the store at most this often
+# the context gauge and the status bar follow a streaming reply this often (and at its end): a
+# new count in the status bar relayouts it, which cost as much as the reply's own frame
+CONTEXT_INTERVAL_S = 0.25
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +48,12 @@ class ChatController(QObject):
         self.conversation_id = 0
         self._worker: GenerationWorker | None = None
         self._reply: Message | None = None  # the streaming reply; _reply_id 0: not in the store
-        self._reply_id, self._saved_at = 0, 0.0
+        self._reply_id, self._saved_at, self._context_at = 0, 0.0, 0.0
+        self._buffer = StepBuffer()  # the streaming reply's steps, drained once per frame
+        self._pacer = FramePacer()
+        self._frame = QTimer(self)
+        self._frame.setSingleShot(True)
+        self._frame.timeout.connect(self._on_frame)
         self._search = ""
         self.refresh_conversations()
 
@@ -203,30 +211,47 @@ class ChatController(QObject):
                 self._reply_id = self.ctx.store.add_message(self.conversation_id, reply)
         except STORE_ERRORS as e:
             self._not_saved(reply, "The reply will not be saved", e)
-        worker = GenerationWorker(session, history, self.ctx.settings.sampling)
-        worker.token_received.connect(self._on_token)
-        worker.step_received.connect(self._on_step)
+        self._buffer = StepBuffer()
+        worker = GenerationWorker(session, history, self.ctx.settings.sampling, self._buffer)
         worker.replied.connect(self._on_replied)
         worker.failed.connect(self._on_failed)
         worker.finished.connect(self._on_finished)
         self._worker = self.ctx.pool.start(worker)
+        self._frame.start(self._pacer.start())
         self.busy_changed.emit(True)
 
-    def _on_token(self, text: str) -> None:
-        self.chat_model.append_delta(text)
-        if time.monotonic() - self._saved_at > SAVE_INTERVAL_S:
-            self._saved_at = time.monotonic()
-            self._save_reply()
+    def _on_frame(self) -> None:
+        shown = self._show_steps()
+        if self._worker is not None:
+            # paced by the GUI's work since the last frame that showed something; before the
+            # first token that is sending the message, not streaming: the clock restarts
+            self._frame.start(self._pacer.next_ms() if shown else self._pacer.start())
 
-    def _on_step(self, step: ReplyStep) -> None:
-        self.step_received.emit(step)
-        self.context_changed.emit(step.n_prompt + step.n_generated, self.n_ctx())
+    def _show_steps(self, last: bool = False) -> bool:
+        """Everything the worker streamed since the last frame, as one update of each view;
+        False when nothing came."""
+        text, step = merge_steps(self._buffer.drain())
+        if step is None:
+            return False
+        now = time.monotonic()
+        if text:
+            self.chat_model.append_delta(text)
+            if now - self._saved_at > SAVE_INTERVAL_S:
+                self._saved_at = now
+                self._save_reply()
+        self.step_received.emit(step)  # after the text: a receiver sees the step's tokens shown
+        if last or now - self._context_at >= CONTEXT_INTERVAL_S:
+            self._context_at = now
+            self.context_changed.emit(step.n_prompt + step.n_generated, self.n_ctx())
+        return True
 
     def _on_replied(self, stats: dict) -> None:
+        self._show_steps(last=True)  # the last steps, put before `replied` was emitted
         self._save_reply(stats)
         self.chat_model.finish_streaming(stats)
 
     def _on_failed(self, error: str) -> None:
+        self._show_steps(last=True)
         self._save_reply()
         self.chat_model.finish_streaming(error=error)
         self.failed.emit(error)
@@ -242,6 +267,7 @@ class ChatController(QObject):
             self._not_saved(reply, "The reply was not saved", e)
 
     def _on_finished(self) -> None:
+        self._frame.stop()
         self._worker = None
         self.refresh_conversations()
         self.busy_changed.emit(False)

@@ -100,6 +100,9 @@ class SamplingSettings:
     repeat_penalty: float = 1.1
     seed: int = -1  # -1 = pick a fresh seed per reply (and record it)
     max_tokens: int = 512
+    # Ban end-of-generation tokens so a reply is exactly max_tokens long (llama.cpp's
+    # ignore_eos). Not in the sampling panel: app/bench_gui.py sets it to time fixed replies.
+    ignore_eos: bool = False
 
     def as_dict(self) -> dict:
         return asdict(self)

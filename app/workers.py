@@ -21,6 +21,7 @@ from .dto import LoadParams, ReplyStep, SamplingSettings
 from .engine_api import EngineApi, ReplyStream, SessionApi
 from .errors import AppError, LoadCancelled, plain_error
 from .machine import now_ms
+from .stream_buffer import StepBuffer
 
 
 class TaskWorker(QObject):
@@ -166,19 +167,18 @@ class PullWorker(TaskWorker):
 class GenerationWorker(TaskWorker):
     """Fits the conversation into the context, streams one reply, and reports its stats.
 
-    Text and counts are sent to the GUI at most every EMIT_INTERVAL_MS (plus once at the end):
-    fewer queued events and relayouts leave the GIL to the engine thread.
+    Each step goes into `buffer` (app/stream_buffer.py), which the GUI thread drains once per
+    frame: no signal per token, so the GUI thread wakes at its frame rate, not the engine's.
+    `replied` (or `failed`) is emitted after the last step is in the buffer.
     """
 
-    EMIT_INTERVAL_MS = 40.0
-
-    token_received = Signal(str)
-    step_received = Signal(object)  # ReplyStep (counts and timings while streaming)
     replied = Signal(dict)  # stats + replay record
 
-    def __init__(self, session: SessionApi, messages: list[dict], sampling: SamplingSettings):
+    def __init__(self, session: SessionApi, messages: list[dict], sampling: SamplingSettings,
+                 buffer: StepBuffer):
         super().__init__()
         self._session, self._messages, self._sampling = session, messages, sampling
+        self._buffer = buffer
         self._stream: ReplyStream | None = None
 
     def cancel(self) -> None:
@@ -200,28 +200,18 @@ class GenerationWorker(TaskWorker):
         self._stream = stream = self._session.generate(messages, s)
         if self._cancel.is_set():
             stream.cancel()
-        pending, emitted_at = [], 0.0
+        put = self._buffer.put
         for step in stream:
-            if step.text_delta:
-                ttft = ttft if ttft is not None else now_ms() - t0
-                pending.append(step.text_delta)
-            if step.finish_reason or now_ms() - emitted_at >= self.EMIT_INTERVAL_MS:
-                self._flush(pending, step)
-                pending, emitted_at = [], now_ms()
+            if ttft is None and step.text_delta:
+                ttft = now_ms() - t0
+            put(step)
             if step.finish_reason:
                 break
-        if pending and step is not None:  # text is pending only after a step
-            self._flush(pending, step)
         if step is None:
             if not self._cancel.is_set():
                 raise AppError("The engine returned no tokens")
             step = ReplyStep("", "stopped", 0, 0)
         self.replied.emit(self._stats(step, ttft, s, dropped))
-
-    def _flush(self, pending: list[str], step: ReplyStep) -> None:
-        if pending:
-            self.token_received.emit("".join(pending))
-        self.step_received.emit(step)
 
     def _stats(self, step: ReplyStep, ttft: float | None, s: SamplingSettings, dropped: int) -> dict:
         tmpl = self._session.template_source

@@ -55,7 +55,12 @@ def make_engine(args, tmp: Path):
     from app.engine_adapter import EngineAdapter
 
     engine = EngineAdapter()
-    model = args.model or next((s.cached_path for s in engine.starter_models() if s.cached_path), None)
+    if args.model:  # a path or a starter model's name, as `ggstation -m` takes it
+        try:
+            return engine, str(Path(engine.resolve_model(args.model)).resolve())
+        except Exception as e:
+            sys.exit(f"-m {args.model}: {e}")
+    model = next((s.cached_path for s in engine.starter_models() if s.cached_path), None)
     if not model:
         sys.exit("no model: pass -m MODEL.gguf or --fake")
     return engine, model
@@ -85,15 +90,21 @@ def main() -> int:
     window.show()
     broken = tmp / "downloaded-page-not-a-model.gguf"  # shows how unusable files are listed
     broken.write_bytes(b"<html>404</html>" + bytes(64))
-    window.picker.add_paths([model, str(broken)])
-    wait_until(lambda: window.picker.files.rowCount() >= 1)
-    window.picker.select_path(model)
-    window.picker.load_panel.set_params(LoadParams(n_ctx=2048, n_seq_max=2))
+    window.picker.add_paths([str(broken)])
+    # open_path selects the model once it is inspected; other files (the models folder, the
+    # broken one) may be listed first, and the first listed would be selected and loaded
+    window.picker.open_path(model)
+    panel = window.picker.load_panel
+    if not wait_until(lambda: panel.info is not None and panel.info.path == model):
+        sys.exit(f"{model} was not listed")
+    panel.set_params(LoadParams(n_ctx=2048, n_seq_max=2))
     wait_until(lambda: False, 1.0)
     shoot(window, TAB_MODELS, "models")
     window.picker.load_panel.start_load()
     if not wait_until(lambda: ctx.session is not None, 300):
         sys.exit("model did not load: " + window.picker.load_panel.error.text())
+    if ctx.session.path != model:
+        sys.exit(f"loaded {ctx.session.path}, not {model}")
     for q in QUESTIONS:
         window.chat.send(q)
         wait_until(lambda: not window.chat.busy(), 300)

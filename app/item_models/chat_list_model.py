@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from PySide6.QtCore import QAbstractListModel, QModelIndex, Qt
 
 from ..storage import Message
@@ -11,6 +13,18 @@ STATS_ROLE = Qt.ItemDataRole.UserRole + 2  # dict: speed, counts, replay record
 STREAMING_ROLE = Qt.ItemDataRole.UserRole + 3  # bool: the reply is still growing
 ID_ROLE = Qt.ItemDataRole.UserRole + 4  # storage message id
 ERROR_ROLE = Qt.ItemDataRole.UserRole + 5  # str: why a reply failed
+
+
+class RowView(NamedTuple):
+    """Everything the chat delegate draws for one row, read in one call: it lays rows out
+    several times per paint, and each data() call crosses into C++ and back."""
+
+    text: str
+    role: str
+    stats: dict | None
+    streaming: bool
+    error: str
+    is_last: bool
 
 
 class ChatListModel(QAbstractListModel):
@@ -26,16 +40,21 @@ class ChatListModel(QAbstractListModel):
     def data(self, index, role=Qt.ItemDataRole.DisplayRole):
         if not index.isValid() or not 0 <= index.row() < len(self._messages):
             return None
+        # called several times per row for every layout and paint: no per-call dict
         m = self._messages[index.row()]
         if role in (Qt.ItemDataRole.DisplayRole, Qt.ItemDataRole.EditRole):
             return m.content
-        return {
-            ROLE_ROLE: m.role,
-            STATS_ROLE: m.stats,
-            STREAMING_ROLE: index.row() == self._streaming_row,
-            ID_ROLE: m.id,
-            ERROR_ROLE: self._errors.get(index.row(), ""),
-        }.get(role)
+        if role == ROLE_ROLE:
+            return m.role
+        if role == STREAMING_ROLE:
+            return index.row() == self._streaming_row
+        if role == ERROR_ROLE:
+            return self._errors.get(index.row(), "")
+        if role == STATS_ROLE:
+            return m.stats
+        if role == ID_ROLE:
+            return m.id
+        return None
 
     def roleNames(self):  # noqa: N802
         return {**super().roleNames(), ROLE_ROLE: b"role", STATS_ROLE: b"stats",
@@ -95,6 +114,11 @@ class ChatListModel(QAbstractListModel):
         self.endRemoveRows()
 
     # reading --------------------------------------------------------------------------------
+    def row_view(self, row: int) -> RowView:
+        m = self._messages[row]
+        return RowView(m.content, m.role, m.stats, row == self._streaming_row, self._errors.get(row, ""),
+                       row == len(self._messages) - 1)
+
     def message(self, row: int) -> Message:
         return self._messages[row]
 

@@ -1,7 +1,8 @@
 """ChatDelegate: paints one message as a bubble with Markdown, code blocks, stats and actions.
 
-Layout is computed once per (text, width) and cached, so painting a long conversation stays cheap;
-a streaming reply re-lays out only its own row.
+Layout is computed once per (text, width, state) and cached, so painting a long conversation stays
+cheap: the view asks for a row's size and layout several times per paint. A streaming reply
+re-lays out only its own row, and its superseded versions are not kept.
 """
 
 from __future__ import annotations
@@ -22,10 +23,17 @@ from PySide6.QtGui import (
     QTextDocument,
     QTextFormat,
 )
-from PySide6.QtWidgets import QStyledItemDelegate, QToolTip
+from PySide6.QtWidgets import QStyledItemDelegate, QStyleOptionViewItem, QToolTip
 
 from ..format import replay_record, reply_summary
-from ..item_models.chat_list_model import ERROR_ROLE, ROLE_ROLE, STATS_ROLE, STREAMING_ROLE
+from ..item_models.chat_list_model import (
+    ERROR_ROLE,
+    ROLE_ROLE,
+    STATS_ROLE,
+    STREAMING_ROLE,
+    ChatListModel,
+    RowView,
+)
 from ..theme import is_dark, mix
 
 MARGIN, GAP, PAD, RADIUS = 16, 10, 12, 10
@@ -42,6 +50,14 @@ class _Layout:
     actions: list[tuple[str, QRect]] = field(default_factory=list)
     code_copies: list[tuple[str, QRect]] = field(default_factory=list)
 
+    def moved(self, dx: int, dy: int) -> _Layout:
+        if not dx and not dy:
+            return self
+        return _Layout(self.bubble.translated(dx, dy), self.doc, self.doc_origin + QPointF(dx, dy),
+                       self.header.translated(dx, dy), self.footer.translated(dx, dy),
+                       [(n, r.translated(dx, dy)) for n, r in self.actions],
+                       [(t, r.translated(dx, dy)) for t, r in self.code_copies])
+
 
 class ChatDelegate(QStyledItemDelegate):
     copy_requested = Signal(int)
@@ -52,39 +68,85 @@ class ChatDelegate(QStyledItemDelegate):
     def __init__(self, parent=None):
         super().__init__(parent)
         self._docs: OrderedDict[tuple, tuple[QTextDocument, float]] = OrderedDict()
+        self._layouts: OrderedDict[tuple, _Layout] = OrderedDict()  # at the origin, by _layout's key
+        # the streaming row's current document and layout (key, value): it grows every frame, so
+        # its earlier versions are never asked for again and are not kept
+        self._live_doc: tuple[tuple, tuple[QTextDocument, float]] | None = None
+        self._live_layout: tuple[tuple, _Layout] | None = None
         self.hover_row = -1
 
     # documents ------------------------------------------------------------------------------
-    def _document(self, text: str, width: int, palette: QPalette, font: QFont) -> tuple[QTextDocument, float]:
+    def _document(self, text: str, width: int, palette: QPalette, font: QFont,
+                  streaming: bool = False) -> tuple[QTextDocument, float]:
         """The laid-out document and its ideal width at `width` (before a user bubble shrinks it)."""
         key = (text, width, palette.color(QPalette.ColorRole.Text).rgb(), font.pointSizeF())
+        if streaming:
+            if self._live_doc is None or self._live_doc[0] != key:
+                self._live_doc = (key, self._new_document(text, width, palette, font))
+            return self._live_doc[1]
         cached = self._docs.get(key)
         if cached is not None:
             self._docs.move_to_end(key)
             return cached
+        self._docs[key] = self._new_document(text, width, palette, font)
+        if len(self._docs) > CACHE_SIZE:
+            self._docs.popitem(last=False)
+        return self._docs[key]
+
+    @staticmethod
+    def _new_document(text: str, width: int, palette: QPalette, font: QFont) -> tuple[QTextDocument, float]:
         doc = QTextDocument()
         doc.setDefaultFont(font)
         doc.setDocumentMargin(0)
         doc.setMarkdown(text or "…")
         _style_code_blocks(doc, palette)
         doc.setTextWidth(width)
-        self._docs[key] = (doc, doc.idealWidth())
-        if len(self._docs) > CACHE_SIZE:
-            self._docs.popitem(last=False)
-        return self._docs[key]
+        return doc, doc.idealWidth()
 
     # layout ---------------------------------------------------------------------------------
+    @staticmethod
+    def _row(index) -> RowView:
+        model = index.model()
+        if isinstance(model, ChatListModel):  # one Python call instead of six data() round trips
+            return model.row_view(index.row())
+        return RowView(index.data() or "", index.data(ROLE_ROLE), index.data(STATS_ROLE),
+                       bool(index.data(STREAMING_ROLE)), index.data(ERROR_ROLE) or "",
+                       index.row() == model.rowCount() - 1)
+
     def _layout(self, option, index) -> _Layout:
-        role = index.data(ROLE_ROLE)
-        is_user = role == "user"
+        """The row's layout in option.rect: computed at the origin once per key, then moved."""
+        rect, v = option.rect, self._row(index)
+        streaming = v.streaming
+        key = (v.text, rect.width(), v.role, streaming, self._footer_text(v), tuple(self._action_names(v)),
+               option.palette.color(QPalette.ColorRole.Text).rgb(), option.font.pointSizeF())
+        if streaming:
+            lay = self._live_layout[1] if self._live_layout and self._live_layout[0] == key else None
+        else:
+            lay = self._layouts.get(key)
+        if lay is None:
+            at_origin = QStyleOptionViewItem(option)
+            at_origin.rect = QRect(0, 0, rect.width(), rect.height())
+            lay = self._compute_layout(at_origin, v)
+            if streaming:
+                self._live_layout = (key, lay)
+            else:
+                self._layouts[key] = lay
+                if len(self._layouts) > CACHE_SIZE:
+                    self._layouts.popitem(last=False)
+        elif not streaming:
+            self._layouts.move_to_end(key)
+        return lay.moved(rect.left(), rect.top())
+
+    def _compute_layout(self, option, v: RowView) -> _Layout:
+        is_user = v.role == "user"
         avail = max(option.rect.width() - 2 * MARGIN, 120)
         max_w = int(avail * (0.78 if is_user else 0.92))
         fm = option.fontMetrics
-        doc, ideal = self._document(index.data() or "", max_w - 2 * PAD, option.palette, option.font)
+        doc, ideal = self._document(v.text, max_w - 2 * PAD, option.palette, option.font, v.streaming)
         content_w = int(ideal) + 1 if is_user else max_w - 2 * PAD
-        actions = self._action_names(index)
+        actions = self._action_names(v)
         actions_w = sum(fm.horizontalAdvance(a) + 18 for a in actions)
-        stats = self._footer_text(index)  # a short user message still shows all of "⚠ Not saved: …"
+        stats = self._footer_text(v)  # a short user message still shows all of "⚠ Not saved: …"
         width = min(max(content_w + 2 * PAD, actions_w + 2 * PAD, fm.horizontalAdvance(stats) + 2 * PAD, 120), max_w)
         if is_user and doc.textWidth() != width - 2 * PAD:
             doc.setTextWidth(width - 2 * PAD)
@@ -106,21 +168,21 @@ class ChatDelegate(QStyledItemDelegate):
         lay.code_copies = _code_copy_rects(doc, doc_origin, fm)
         return lay
 
-    def _action_names(self, index) -> list[str]:
-        if index.data(STREAMING_ROLE):
+    @staticmethod
+    def _action_names(v: RowView) -> list[str]:
+        if v.streaming:
             return []
-        if index.data(ROLE_ROLE) == "user":
+        if v.role == "user":
             return ["Copy", "Edit"]
-        is_last = index.row() == index.model().rowCount() - 1
-        return ["Copy", "Regenerate"] if is_last else ["Copy"]
+        return ["Copy", "Regenerate"] if v.is_last else ["Copy"]
 
     @staticmethod
-    def _footer_text(index) -> str:
-        if index.data(ERROR_ROLE):
-            return "⚠ " + index.data(ERROR_ROLE).splitlines()[0]
-        if index.data(ROLE_ROLE) != "assistant" or index.data(STREAMING_ROLE):
+    def _footer_text(v: RowView) -> str:
+        if v.error:
+            return "⚠ " + v.error.splitlines()[0]
+        if v.role != "assistant" or v.streaming:
             return ""
-        return reply_summary(index.data(STATS_ROLE) or {})
+        return reply_summary(v.stats or {})
 
     def sizeHint(self, option, index) -> QSize:  # noqa: N802
         lay = self._layout(option, index)
@@ -163,7 +225,7 @@ class ChatDelegate(QStyledItemDelegate):
         small.setPointSizeF(max(option.font.pointSizeF() - 1, 7))
         painter.setFont(small)
         dim = mix(pal.color(QPalette.ColorRole.Text), pal.color(QPalette.ColorRole.Base), 0.45)
-        text = self._footer_text(index)
+        text = self._footer_text(self._row(index))
         if text:
             painter.setPen(QColor("#d9534f") if index.data(ERROR_ROLE) else dim)
             elided = painter.fontMetrics().elidedText(text, Qt.TextElideMode.ElideRight, lay.footer.width())

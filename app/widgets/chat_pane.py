@@ -11,6 +11,7 @@ from PySide6.QtWidgets import (
     QListView,
     QPlainTextEdit,
     QPushButton,
+    QStyleOptionViewItem,
     QVBoxLayout,
     QWidget,
 )
@@ -106,6 +107,9 @@ class ChatPane(QWidget):
         self.delegate.code_copy_requested.connect(lambda text: QGuiApplication.clipboard().setText(text))
         self.delegate.edit_requested.connect(self.begin_edit)
         self.delegate.regenerate_requested.connect(lambda _row: self.regenerate_requested.emit())
+        self._heights: dict[int, int] = {}  # row -> the height the view was last told of
+        for change in (self.chat_model.modelReset, self.chat_model.rowsInserted, self.chat_model.rowsRemoved):
+            change.connect(lambda *_: self._heights.clear())
         self.chat_model.dataChanged.connect(self._on_rows_changed)
         self.chat_model.rowsInserted.connect(lambda *_: self._scroll_if_following(force=True))
         self.view.verticalScrollBar().valueChanged.connect(self._on_scrolled)
@@ -200,9 +204,25 @@ class ChatPane(QWidget):
         QGuiApplication.clipboard().setText(self.chat_model.message(row).content)
 
     def _on_rows_changed(self, top: QModelIndex, bottom: QModelIndex, _roles=()) -> None:
+        """Relayout only rows whose height changed: a streaming reply changes every frame but
+        needs a new line only every few frames, and a relayout asks the delegate for every
+        row's size. The view repaints a changed row by itself."""
+        grown = False
         for row in range(top.row(), bottom.row() + 1):
-            self.delegate.sizeHintChanged.emit(self.chat_model.index(row))
-        self._scroll_if_following()
+            index = self.chat_model.index(row)
+            height = self._row_height(index)
+            if self._heights.get(row) != height:
+                self._heights[row] = height
+                self.delegate.sizeHintChanged.emit(index)
+                grown = True
+        if grown:
+            self._scroll_if_following()
+
+    def _row_height(self, index: QModelIndex) -> int:
+        option = QStyleOptionViewItem()
+        option.rect = self.view.visualRect(index)
+        option.font, option.palette, option.fontMetrics = self.view.font(), self.view.palette(), self.view.fontMetrics()
+        return self.delegate.sizeHint(option, index).height()
 
     def _on_scrolled(self, _value: int) -> None:
         self._follow = self.view.at_bottom()

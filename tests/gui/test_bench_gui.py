@@ -1,0 +1,31 @@
+"""app/bench_gui.py on a tiny generated llama: the one JSON line `ggstation bench --path gui`
+parses, with every field it reads (figures not checked: they are this machine's, now)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app import bench_gui
+
+
+def test_bench_gui_prints_one_json_line_with_the_fields(tiny_llama_path, capsys, qapp):
+    n_gen, reps = 96, 2
+    assert bench_gui.main(["-m", str(tiny_llama_path), "-p", "8", "-n", str(n_gen), "-r", str(reps),
+                           "-t", "1", "--json"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1
+    r = json.loads(lines[0])
+    assert r["path"] == "gui" and r["model"] == str(tiny_llama_path.resolve())
+    assert r["n_gen"] == n_gen and r["threads"] == 1 and r["n_prompt"] >= 8
+    assert len(r["samples_ts"]) == reps and all(s > 0 for s in r["samples_ts"])
+    assert abs(r["avg_ts"] - sum(r["samples_ts"]) / reps) < 1e-6
+    assert 0 <= r["event_loop_p50_ms"] <= r["event_loop_p95_ms"] <= r["event_loop_max_ms"]
+    assert set(r["cpu_ms_per_token"]) == {"gui", "engine", "app_threads", "native"}
+
+
+def test_bench_gui_refuses_a_missing_model(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench_gui.main(["-m", str(tmp_path / "none.gguf"), "--json"])
+    assert e.value.code == 2 and "no such model file" in capsys.readouterr().err
