@@ -17,15 +17,9 @@ import numpy as np
 from .batch import Batch
 
 
-@dataclass(frozen=True)
-class BenchResult:
-    test: str  # "pp512" / "tg128" / "tg128 @ d4096"
-    n_prompt: int
-    n_gen: int
-    n_depth: int
-    n_threads: int
-    n_batch: int
-    n_ubatch: int
+class TimedSamples:
+    """Mean and spread of a result's samples_ts (tokens/s per repetition), as llama-bench prints them."""
+
     samples_ts: list[float]
 
     @property
@@ -35,6 +29,18 @@ class BenchResult:
     @property
     def stddev_ts(self) -> float:
         return statistics.stdev(self.samples_ts) if len(self.samples_ts) > 1 else 0.0
+
+
+@dataclass(frozen=True)
+class BenchResult(TimedSamples):
+    test: str  # "pp512" / "tg128" / "tg128 @ d4096"
+    n_prompt: int
+    n_gen: int
+    n_depth: int
+    n_threads: int
+    n_batch: int
+    n_ubatch: int
+    samples_ts: list[float]
 
     def as_dict(self) -> dict:
         d = asdict(self)

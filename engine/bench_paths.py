@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from http.client import HTTPConnection
 from typing import Any
 
+from .bench import TimedSamples
 from .errors import EngineError
 
 PATHS = ("engine", "http", "gui")
@@ -36,7 +37,7 @@ GUI_MODULE = "app.bench_gui"
 
 
 @dataclass(frozen=True)
-class PathResult:
+class PathResult(TimedSamples):
     """One path's decode speed: samples_ts is the (aggregate) tokens/s of each repetition."""
 
     path: str  # "http", "gui"
@@ -51,14 +52,6 @@ class PathResult:
     def test(self) -> str:
         clients = f", {self.n_clients} clients" if self.n_clients > 1 else ""
         return f"tg{self.n_gen} ({self.path}{clients})"
-
-    @property
-    def avg_ts(self) -> float:
-        return statistics.fmean(self.samples_ts)
-
-    @property
-    def stddev_ts(self) -> float:
-        return statistics.stdev(self.samples_ts) if len(self.samples_ts) > 1 else 0.0
 
     def as_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = dict(path=self.path, test=self.test, n_prompt=0, n_gen=self.n_gen, n_depth=0,
@@ -177,11 +170,11 @@ class ServeProcess:
     closes, so it cannot outlive this process.
     """
 
-    def __init__(self, model: str, n_slots: int, n_threads: int, n_ctx: int, int8: bool = True,
+    def __init__(self, model: str, n_slots: int, n_threads: int, n_ctx: int, int8: bool = False,
                  extra_args: tuple[str, ...] = ()):
         cmd = [sys.executable, "-m", "engine", "serve", "-m", model, "--host", "127.0.0.1", "--port", "0",
                "--ready-json", "-np", str(n_slots), "-t", str(n_threads), "-c", str(n_ctx), "--no-slots",
-               *(() if int8 else ("--no-int8",)), *extra_args]
+               "--int8" if int8 else "--no-int8", *extra_args]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, cwd=os.getcwd())
         self._events: queue.Queue[dict | None] = queue.Queue()
@@ -233,7 +226,7 @@ class ServeProcess:
                 self.proc.wait()
 
 
-def bench_http(model: str, n_gen: int, reps: int, n_threads: int, n_clients: int = 1, int8: bool = True,
+def bench_http(model: str, n_gen: int, reps: int, n_threads: int, n_clients: int = 1, int8: bool = False,
                server: tuple[str, int] | None = None) -> PathResult:
     """Decode tokens/s of n_clients concurrent streaming clients, reps timed rounds after a
     warm-up round. Starts a server with -np n_clients unless `server` (host, port) is given."""
@@ -271,7 +264,7 @@ def gui_command(model: str, n_gen: int, reps: int, n_threads: int) -> list[str]:
 
 
 def bench_gui(model: str, n_gen: int, reps: int, n_threads: int, timeout_s: float = 1800.0,
-              command: list[str] | None = None) -> PathResult:
+              command: list[str] | None = None, int8: bool = False) -> PathResult:
     """The desktop app's chat decode speed, from `python -m app.bench_gui ... --json`.
 
     Raises:
@@ -279,6 +272,8 @@ def bench_gui(model: str, n_gen: int, reps: int, n_threads: int, timeout_s: floa
     """
     cmd = command or gui_command(model, n_gen, reps, n_threads)
     env = dict(os.environ)
+    env.pop("GGSTATION_NO_INT8", None)
+    env["GGSTATION_INT8"] = "1" if int8 else "0"  # the decode path of this bench, not the shell's
     if not env.get("DISPLAY") and not env.get("WAYLAND_DISPLAY"):
         env.setdefault("QT_QPA_PLATFORM", "offscreen")
     try:

@@ -3,6 +3,7 @@ tokens/s arithmetic (no timing assertions: the numbers only have to be there and
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 
@@ -96,3 +97,26 @@ def test_gui_path_without_the_module_says_so(tiny_llama_path, monkeypatch, capsy
     assert "| tg4 |" in out  # the engine row is still printed
     assert "error: gui path: the gui path needs the desktop app's benchmark (app.no_such_bench_module)" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_child_processes_run_the_benchs_decode_path(tmp_path, monkeypatch, int8):
+    """The serve child and the gui child decode on the path the bench was asked for, whatever
+    the shell's GGSTATION_INT8 / GGSTATION_NO_INT8 say (the default path differs from --int8)."""
+    started = []
+    with monkeypatch.context() as m:
+        m.setattr(bench_paths.subprocess, "Popen", lambda cmd, **kw: started.append(cmd) or _NoProcess())
+        bench_paths.ServeProcess("m.gguf", 1, 1, 128, int8=int8)
+    assert ("--int8" if int8 else "--no-int8") in started[0]
+    assert ("--no-int8" if int8 else "--int8") not in started[0]
+    monkeypatch.setenv("GGSTATION_NO_INT8", "1")
+    monkeypatch.setenv("GGSTATION_INT8", "0" if int8 else "1")
+    body = ("import os, sys\n"
+            "sys.exit('INT8=' + os.environ.get('GGSTATION_INT8', '') + os.environ.get('GGSTATION_NO_INT8', '-'))\n")
+    with pytest.raises(EngineError, match="INT8=1-" if int8 else "INT8=0-"):
+        bench_paths.bench_gui("m.gguf", 4, 1, 1, command=_fake_gui(tmp_path, body), int8=int8)
+
+
+class _NoProcess:
+    def __init__(self):
+        self.stdin, self.stdout, self.stderr = io.StringIO(), io.StringIO(), io.StringIO()

@@ -93,13 +93,17 @@ class _Output:
     """Rows as llama-bench prints them: a markdown table, a json array at the end, or jsonl."""
 
     def __init__(self, fmt: str, model):
+        from .. import quants
+
         self.fmt = fmt
+        # which decode path ran: the numbers of the two differ by ~10 %
+        self.backend = "CPU (numba, int8)" if quants.int8_enabled() else "CPU (numba)"
         self.size_mib = model.weights_bytes / 2**20
         self.n_params = model.n_params
         self.desc = f"{model.cfg.arch} {model.gguf.get('general.size_label', '') or ''} {_ftype(model)}".replace(
             "  ", " ")
         self.base = dict(model_filename=model.path, model_type=self.desc, model_size=model.weights_bytes,
-                         model_n_params=model.n_params, backends="CPU (numba)")
+                         model_n_params=model.n_params, backends=self.backend)
         self.rows: list[dict] = []
         if fmt == "md":
             print("| model | size | params | backend | threads | test | t/s |")
@@ -109,7 +113,7 @@ class _Output:
         row = dict(self.base, **result.as_dict())
         self.rows.append(row)
         if self.fmt == "md":
-            print(f"| {self.desc} | {self.size_mib:.2f} MiB | {self.n_params / 1e6:.2f} M | CPU (numba) | "
+            print(f"| {self.desc} | {self.size_mib:.2f} MiB | {self.n_params / 1e6:.2f} M | {self.backend} | "
                   f"{n_threads} | {result.test} | {result.avg_ts:.2f} ± {result.stddev_ts:.2f} |", flush=True)
         elif self.fmt == "jsonl":
             print(json.dumps(row), flush=True)
@@ -142,7 +146,8 @@ def _run_path(args: argparse.Namespace, model, path: str, out: _Output) -> None:
     for n_threads, n_gen in itertools.product(args.threads, [n for n in args.n_gen if n]):
         n_threads = init_threads(n_threads)
         if path == "gui":
-            out.add(bench_paths.bench_gui(model.path, n_gen, args.repetitions, n_threads), n_threads)
+            out.add(bench_paths.bench_gui(model.path, n_gen, args.repetitions, n_threads,
+                                          int8=quants.int8_enabled()), n_threads)
             continue
         for n_clients in args.clients:
             r = bench_paths.bench_http(model.path, n_gen, args.repetitions, n_threads, n_clients,

@@ -27,6 +27,7 @@ the same grid, so prefilled and decoded tokens see the same numbers.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Iterator
 
 import numpy as np
 from gguf import GGMLQuantizationType
@@ -156,19 +157,26 @@ def matvec_many(ws: list[QTensor], x: np.ndarray, outs: list[np.ndarray]) -> Non
             w.qtype == qt.qtype and _qt(w) is not None for w in ws):
         _same_x(qt)([w.raw for w in ws], x, outs)  # common case: one launch
         return
-    groups: dict = {}
+    for qt, raws, os_ in _by_type(ws, x, outs, lambda qt: True, matvec):
+        _same_x(qt)(raws, x, os_)
+
+
+def _by_type(ws: list[QTensor], x: np.ndarray, outs: list[np.ndarray], fusable: Callable[[QuantType], bool],
+             alone: Callable[[QTensor, np.ndarray, np.ndarray], None]) -> Iterator[tuple[QuantType, list, list]]:
+    """Weights sharing x grouped by type, at most 3 a group (the fused kernels' arity), for one
+    launch each; a weight whose type has no fused kernel runs through `alone` first."""
+    groups: dict[GGMLQuantizationType, tuple[QuantType, list, list]] = {}
     for w, o in zip(ws, outs, strict=True):
         qt = _qt(w)
-        if qt is None:
-            matvec(w, x, o)
+        if qt is None or not fusable(qt):
+            alone(w, x, o)
         else:
-            groups.setdefault(qt.qtype, (qt, [], []))
-            g = groups[qt.qtype]
+            g = groups.setdefault(qt.qtype, (qt, [], []))
             g[1].append(w.raw)
             g[2].append(o)
     for qt, raws, os_ in groups.values():
         for i in range(0, len(raws), 3):
-            _same_x(qt)(raws[i : i + 3], x, os_[i : i + 3])
+            yield qt, raws[i : i + 3], os_[i : i + 3]
 
 
 def _same_x(qt: QuantType):
@@ -186,19 +194,8 @@ def matvec_multi_many(ws: list[QTensor], x: np.ndarray, outs: list[np.ndarray]) 
     few tokens: slots decoding together): weights of one type go through one launch, which
     quantises x once (int8 path) and wakes the threads once; the same results as matvec_multi
     on each."""
-    groups: dict = {}
-    for w, o in zip(ws, outs, strict=True):
-        qt = _qt(w)
-        if qt is None or qt.matvec_multi_same_x is None:
-            matvec_multi(w, x, o)
-        else:
-            groups.setdefault(qt.qtype, (qt, [], []))
-            g = groups[qt.qtype]
-            g[1].append(w.raw)
-            g[2].append(o)
-    for qt, raws, os_ in groups.values():
-        for i in range(0, len(raws), 3):
-            _multi_same_x(qt)(raws[i : i + 3], x, os_[i : i + 3])
+    for qt, raws, os_ in _by_type(ws, x, outs, lambda qt: qt.matvec_multi_same_x is not None, matvec_multi):
+        _multi_same_x(qt)(raws, x, os_)
 
 
 def matvec_multi(w: QTensor, x: np.ndarray, out: np.ndarray) -> None:
