@@ -246,19 +246,30 @@ class KVCache:
             v = v.view(np.float16).astype(np.float32)
         return k, v
 
-    def token_views(self, il: int, seq_ids: np.ndarray) -> Iterator[tuple[np.ndarray | slice, np.ndarray,
-                                                                          np.ndarray, np.ndarray]]:
-        """For the per-token attention kernel: (which tokens, k, v, their row in k and v) such
-        that k[row[t], p] is position p of token t's sequence. Split cache: one group, the
-        whole cache. Unified: one group per sequence, a C-contiguous (1, cap, G, D) view of
-        its run (so the kernel reads it with no gather and no new specialisation)."""
+    def token_groups(self, seq_ids: np.ndarray) -> list[tuple[np.ndarray | slice, int, int, np.ndarray]]:
+        """token_views' grouping of decode tokens by sequence: (which tokens, first cell, cells,
+        their row in k and v); base -1 for the split cache (one group, the whole cache). The
+        same for every layer of a ubatch once its cells are reserved: computed once per ubatch."""
         if not self.unified:
-            yield slice(None), self.k[il], self.v[il], seq_ids
-            return
+            return [(slice(None), -1, 0, seq_ids)]
+        groups: list[tuple[np.ndarray | slice, int, int, np.ndarray]] = []
         for s in np.unique(seq_ids):
-            b, c = int(self._base[s]), int(self._cap[s])
             idx = np.flatnonzero(seq_ids == s)
-            yield idx, self.k[il][0, b : b + c][None], self.v[il][0, b : b + c][None], np.zeros(len(idx), seq_ids.dtype)
+            groups.append((idx, int(self._base[s]), int(self._cap[s]), np.zeros(len(idx), seq_ids.dtype)))
+        return groups
+
+    def token_views(self, il: int, groups: list[tuple[np.ndarray | slice, int, int, np.ndarray]]
+                    ) -> Iterator[tuple[np.ndarray | slice, np.ndarray, np.ndarray, np.ndarray]]:
+        """For the per-token attention kernel, per group of token_groups: (which tokens, k, v,
+        their row in k and v) such that k[row[t], p] is position p of token t's sequence. Split
+        cache: the whole cache. Unified: a C-contiguous (1, cap, G, D) view of the sequence's run
+        (so the kernel reads it with no gather and no new specialisation)."""
+        kl, vl = self.k[il], self.v[il]
+        for part, b, c, rows in groups:
+            if b < 0:
+                yield part, kl, vl, rows
+            else:
+                yield part, kl[0, b : b + c][None], vl[0, b : b + c][None], rows
 
     # whole-sequence state (slot save / restore) ----------------------------------------------
     def seq_state(self, seq: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
