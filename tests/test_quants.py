@@ -362,14 +362,15 @@ def test_portable_lut_compiles_uncached(monkeypatch):
     assert type(decorate(lambda a: a + 1)._cache).__name__ == "NullCache"
 
 
-@pytest.mark.parametrize("triple, cpu, features", [
+# Targets this machine is not, for the portable IR paths.
+OTHER_TARGETS = pytest.mark.parametrize("triple, cpu, features", [
     ("aarch64-unknown-linux-gnu", "generic", "+neon"),  # an ARM build: NEON, no pshufb
     ("x86_64-unknown-linux-gnu", "x86-64", "+sse2"),   # the x86-64 baseline: no SSSE3
 ], ids=["aarch64", "x86-64-sse2"])
-@pytest.mark.parametrize("qtype", TABLES, ids=lambda t: t.name)
-def test_portable_lookup_lowers_on_other_targets(qtype, triple, cpu, features):
-    """A block's portable IR (select-tree lookups, integer half conversion) compiles for
-    targets this machine is not, to straight-line code: no calls into runtime helpers."""
+
+
+def module_for(triple: str):
+    """(llvmlite target, empty IR module) for `triple`; skips where llvmlite lacks the target."""
     import llvmlite.binding as llvm
     from llvmlite import ir
 
@@ -381,6 +382,29 @@ def test_portable_lookup_lowers_on_other_targets(qtype, triple, cpu, features):
         pytest.skip(f"this llvmlite has no {triple} target")
     mod = ir.Module()
     mod.triple = triple
+    return target, mod
+
+
+def lowered_ops(target, mod, cpu: str, features: str) -> tuple[list[str], list[str]]:
+    """The instruction mnemonics `mod` compiles to for the target, and the calls among them."""
+    import llvmlite.binding as llvm
+
+    tm = target.create_target_machine(cpu=cpu, features=features, opt=3)
+    m = llvm.parse_assembly(str(mod))
+    m.data_layout = str(tm.target_data)
+    asm = tm.emit_assembly(m)
+    body = [ln.split()[0] for ln in asm.splitlines() if ln.startswith("\t") and ln.split()]
+    return body, [op for op in body if op.startswith("call") or op in ("bl", "blr")]
+
+
+@OTHER_TARGETS
+@pytest.mark.parametrize("qtype", TABLES, ids=lambda t: t.name)
+def test_portable_lookup_lowers_on_other_targets(qtype, triple, cpu, features):
+    """A block's portable IR (select-tree lookups, integer half conversion) compiles for
+    targets this machine is not, to straight-line code: no calls into runtime helpers."""
+    from llvmlite import ir
+
+    target, mod = module_for(triple)
     fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [_ir.I8.as_pointer(),
                                                            _ir.V16F.as_pointer()]), "block")
     builder = ir.IRBuilder(fn.append_basic_block())
@@ -391,10 +415,5 @@ def test_portable_lookup_lowers_on_other_targets(qtype, triple, cpu, features):
             acc = em.fadd(acc, em.fmul(em.splat(g.d), q))
     builder.store(acc, fn.args[1], align=4)
     builder.ret_void()
-    tm = target.create_target_machine(cpu=cpu, features=features, opt=3)
-    m = llvm.parse_assembly(str(mod))
-    m.data_layout = str(tm.target_data)
-    asm = tm.emit_assembly(m)
-    body = [ln.split()[0] for ln in asm.splitlines() if ln.startswith("\t") and ln.split()]
-    calls = [op for op in body if op.startswith("call") or op in ("bl", "blr")]
+    body, calls = lowered_ops(target, mod, cpu, features)
     assert len(body) > 100 and not calls

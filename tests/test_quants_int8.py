@@ -23,7 +23,7 @@ from gguf.quants import quantize as gguf_quantize
 from engine import quants
 from engine.quants import _ir, _q8, codegen
 from engine.quants.reference import dequant_ref
-from tests.test_quants import ALL, DENSE, _cols, make_tensor, nerr
+from tests.test_quants import ALL, DENSE, OTHER_TARGETS, _cols, lowered_ops, make_tensor, module_for, nerr
 
 BLOCK_TYPES = [t for t in ALL if t not in DENSE]
 VEC_DOT = {T[s.name]: s.vec_dot for s in codegen.TYPES if s.vec_dot}
@@ -292,25 +292,14 @@ def test_int8_instruction_paths(monkeypatch):
             np.testing.assert_array_equal(res[mode, 3][0], res[mode, 1][0], err_msg=mode)
 
 
-@pytest.mark.parametrize("triple, cpu, features", [
-    ("aarch64-unknown-linux-gnu", "generic", "+neon"),
-    ("x86_64-unknown-linux-gnu", "x86-64", "+sse2"),
-], ids=["aarch64", "x86-64-sse2"])
+@OTHER_TARGETS
 @pytest.mark.parametrize("qtype", BLOCK_TYPES, ids=lambda t: t.name)
 def test_portable_int8_lowers_on_other_targets(qtype, triple, cpu, features):
     """A block's portable int8 IR (widening multiplies, no x86 intrinsics) compiles for other
     targets to straight-line code."""
-    import llvmlite.binding as llvm
     from llvmlite import ir
 
-    llvm.initialize_all_targets()
-    llvm.initialize_all_asmprinters()
-    try:
-        target = llvm.Target.from_triple(triple)
-    except RuntimeError:
-        pytest.skip(f"this llvmlite has no {triple} target")
-    mod = ir.Module()
-    mod.triple = triple
+    target, mod = module_for(triple)
     fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [_ir.I8.as_pointer(), _ir.I8.as_pointer(),
                                                            _ir.V8F.as_pointer()]), "block")
     builder = ir.IRBuilder(fn.append_basic_block())
@@ -325,12 +314,7 @@ def test_portable_int8_lowers_on_other_targets(qtype, triple, cpu, features):
     res = em.fmul(em.splat(ib.d, _ir.V8F), builder.sitofp(isum, _ir.V8F))
     builder.store(res, fn.args[2], align=4)
     builder.ret_void()
-    tm = target.create_target_machine(cpu=cpu, features=features, opt=3)
-    m = llvm.parse_assembly(str(mod))
-    m.data_layout = str(tm.target_data)
-    asm = tm.emit_assembly(m)
-    body = [ln.split()[0] for ln in asm.splitlines() if ln.startswith("\t") and ln.split()]
-    calls = [op for op in body if op.startswith("call") or op in ("bl", "blr")]
+    body, calls = lowered_ops(target, mod, cpu, features)
     assert len(body) > 20 and not calls
 
 

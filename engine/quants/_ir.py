@@ -455,6 +455,27 @@ def _arr(context, builder, ty, val):
     return context.make_array(ty)(context, builder, val)
 
 
+def _emit_blocks(builder, nb, super_blocks: bool, emit_block, emit_pair=None) -> None:
+    """The loop over a row's nb blocks: one after another for super-blocks (long enough for one
+    accumulator chain each), else in pairs on alternating accumulator sets (two independent
+    FMA chains; emit_pair(blk) takes blocks blk and blk+1 at once where given), the odd last
+    block on set 0."""
+    if super_blocks:
+        with cgutils.for_range(builder, nb) as loop:
+            emit_block(loop.index, 0)
+        return
+    with cgutils.for_range(builder, builder.udiv(nb, ir.Constant(I64, 2))) as loop:
+        blk = builder.mul(loop.index, ir.Constant(I64, 2))
+        if emit_pair is not None:
+            emit_pair(blk)
+        else:
+            emit_block(blk, 0)
+            emit_block(builder.add(blk, ir.Constant(I64, 1)), 1)
+    odd = builder.icmp_unsigned("!=", builder.urem(nb, ir.Constant(I64, 2)), ir.Constant(I64, 0))
+    with builder.if_then(odd, likely=False):
+        emit_block(builder.sub(nb, ir.Constant(I64, 1)), 0)
+
+
 PREFETCH_ROWS = 4  # rows ahead whose bytes row_dot asks the cache to fetch
 
 
@@ -540,19 +561,8 @@ def make_row_dot(layout: Layout, n_tok: int):
 
             nb = builder.udiv(n_cols, ir.Constant(I64, BE))
             _prefetch_row(builder, base, rstride, nb, BB)
-            if BE > 32:
-                # Super-blocks already alternate the two accumulators between their groups.
-                with cgutils.for_range(builder, nb) as loop:
-                    emit_block(loop.index, 0)
-            else:
-                # Blocks in pairs, alternating accumulator sets (two independent FMA chains).
-                with cgutils.for_range(builder, builder.udiv(nb, ir.Constant(I64, 2))) as loop:
-                    blk = builder.mul(loop.index, ir.Constant(I64, 2))
-                    emit_block(blk, 0)
-                    emit_block(builder.add(blk, ir.Constant(I64, 1)), 1)
-                odd = builder.icmp_unsigned("!=", builder.urem(nb, ir.Constant(I64, 2)), ir.Constant(I64, 0))
-                with builder.if_then(odd, likely=False):
-                    emit_block(builder.sub(nb, ir.Constant(I64, 1)), 0)
+            # super-blocks already alternate the two accumulators between their groups
+            _emit_blocks(builder, nb, BE > 32, emit_block)
             for t in range(n_tok):
                 v = em.fadd(builder.load(accs[t][0]), builder.load(accs[t][1]))
                 sc = em.fadd(builder.load(saccs[t][0]), builder.load(saccs[t][1]))
@@ -757,20 +767,7 @@ def make_row_dot_i8(layout: Layout, n_tok: int):
 
             nb = builder.udiv(n_cols, ir.Constant(I64, BE))
             _prefetch_row(builder, base, rstride, nb, BB)
-            if BE > 32:  # a super-block is long enough for one accumulator chain
-                with cgutils.for_range(builder, nb) as loop:
-                    emit_block(loop.index, 0)
-            else:
-                with cgutils.for_range(builder, builder.udiv(nb, ir.Constant(I64, 2))) as loop:
-                    blk = builder.mul(loop.index, ir.Constant(I64, 2))
-                    if pairs:
-                        emit_pair(blk)
-                    else:
-                        emit_block(blk, 0)
-                        emit_block(builder.add(blk, ir.Constant(I64, 1)), 1)
-                odd = builder.icmp_unsigned("!=", builder.urem(nb, ir.Constant(I64, 2)), ir.Constant(I64, 0))
-                with builder.if_then(odd, likely=False):
-                    emit_block(builder.sub(nb, ir.Constant(I64, 1)), 0)
+            _emit_blocks(builder, nb, BE > 32, emit_block, emit_pair if pairs else None)
             for t in range(n_tok):
                 if pairs:
                     lo, hi = em.halves(builder.load(accs[t]))
