@@ -54,21 +54,23 @@ class RepResult:
 
 
 class LagProbe:
-    """A PROBE_MS timer on the GUI thread: how late each tick comes is the event loop's lag."""
+    """A timer of interval_ms on the GUI thread: how late each tick comes is the event loop's
+    lag. Ticks are kept in gaps_ms while `recording`."""
 
-    def __init__(self) -> None:
+    def __init__(self, interval_ms: int = PROBE_MS, recording: bool = False) -> None:
         from PySide6.QtCore import Qt, QTimer
 
+        self.interval_ms = interval_ms
         self.gaps_ms: list[float] = []
-        self.recording = False
+        self.recording = recording
         self._last = time.perf_counter()
-        self.timer = QTimer(interval=PROBE_MS, timerType=Qt.TimerType.PreciseTimer)
+        self.timer = QTimer(interval=interval_ms, timerType=Qt.TimerType.PreciseTimer)
         self.timer.timeout.connect(self._tick)
 
     def _tick(self) -> None:
         now = time.perf_counter()
         if self.recording:
-            self.gaps_ms.append(max((now - self._last) * 1000.0 - PROBE_MS, 0.0))
+            self.gaps_ms.append(max((now - self._last) * 1000.0 - self.interval_ms, 0.0))
         self._last = now
 
     def start(self) -> None:
