@@ -163,9 +163,10 @@ class _HubHandler(BaseHTTPRequestHandler):
         for k, v in (headers or {}).items():
             self.send_header(k, v)
         self.end_headers()
+        # recorded before the body goes out: a client that has the response may read the log
+        self._record(status, len(body) if self.command != "HEAD" else 0)
         if self.command != "HEAD":
             self.wfile.write(body)
-        self._record(status, len(body) if self.command != "HEAD" else 0)
 
     def _json(self, obj, status: int = 200, headers: dict[str, str] | None = None) -> None:
         self._send(status, json.dumps(obj).encode(), headers)
