@@ -58,6 +58,13 @@ def test_http_path_rows_next_to_the_engine_row(tiny_llama_path, capsys):
     assert [r["n_clients"] for r in rows[1:]] == [1, 2]
 
 
+@pytest.mark.parametrize("flag, backend", [([], "CPU (numba)"), (["--int8"], "CPU (numba, int8)")])
+def test_bench_rows_name_the_decode_path(tiny_llama_path, capsys, flag, backend):
+    argv = ["bench", "-m", str(tiny_llama_path), "-p", "0", "-n", "4", "-r", "1", "-t", "1", "-o", "jsonl", *flag]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["backends"] == backend
+
+
 def test_http_path_markdown_row(tiny_llama_path, capsys):
     assert main(["bench", "-m", str(tiny_llama_path), "-n", "4", "-r", "1", "-t", "1", "--path", "http"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
