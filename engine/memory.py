@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from .backends import CPU, DeviceMemory
 from .config import ModelConfig
 from .kv_cache import kv_bytes
 
@@ -38,6 +39,9 @@ class MemoryReport:
     metadata_bytes: int = 0
     rss_bytes: int | None = None
     estimate: bool = False
+    # per device: the CPU's share, and a GPU's when layers are offloaded (-ngl); the top-level
+    # byte counts above are the totals over all devices
+    devices: tuple[DeviceMemory, ...] = ()
 
     @property
     def total_bytes(self) -> int:
@@ -109,6 +113,7 @@ def memory_report(ctx: Context) -> MemoryReport:
         compute_bytes=ctx.buf.nbytes,
         metadata_bytes=_metadata_bytes(len(model.gguf.tensors)),
         rss_bytes=psutil.Process().memory_info().rss,
+        devices=(DeviceMemory(CPU, model.weights_bytes, kv.nbytes, ctx.buf.nbytes, model.cfg.n_layer),),
     )
 
 
@@ -130,17 +135,20 @@ def estimate_memory(cfg: ModelConfig, weights_bytes: int, n_tensors: int, n_ctx:
     n_ctx = n_ctx or cfg.n_ctx_train
     n_ctx_seq = ctx_per_seq(n_ctx, n_seq_max, kv_unified)
     n_ubatch = min(n_ubatch, n_batch)
+    kv_total = kv_bytes(cfg, n_ctx_seq, kv_streams(n_seq_max, kv_unified), type_k, type_v)
+    compute = compute_buffer_bytes(cfg, n_ubatch, n_ctx_seq)
     return MemoryReport(
         weights_bytes=weights_bytes,
         weights_resident_bytes=None,
-        kv_bytes=kv_bytes(cfg, n_ctx_seq, kv_streams(n_seq_max, kv_unified), type_k, type_v),
+        kv_bytes=kv_total,
         kv_used_bytes=0,
         kv_per_seq_used=[0] * n_seq_max,
         kv_seq_capacity_bytes=kv_bytes(cfg, n_ctx_seq, 1, type_k, type_v),
-        compute_bytes=compute_buffer_bytes(cfg, n_ubatch, n_ctx_seq),
+        compute_bytes=compute,
         metadata_bytes=_metadata_bytes(n_tensors),
         rss_bytes=None,
         estimate=True,
+        devices=(DeviceMemory(CPU, weights_bytes, kv_total, compute, cfg.n_layer),),
     )
 
 

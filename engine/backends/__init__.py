@@ -1,0 +1,39 @@
+"""Compute backends: what a device is, what it holds, and which devices this machine has.
+
+The seam between the engine and its backends (issue 15). `DeviceInfo` is what discovery
+reports for one device (llama.cpp's `--list-devices` line); `DeviceMemory` is what one device
+holds for a loaded model (weights, KV cache, compute scratch), real or estimated. The CPU
+(numba) device is always present; an OpenGL compute device is added when a GL 4.3 context can
+be made headlessly (engine/backends/gl/).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CPU = "CPU"  # the CPU device's name, as llama.cpp names it
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    name: str  # llama.cpp-style id: "CPU", "GL0"
+    backend: str  # "CPU" or "OpenGL"
+    description: str  # the CPU model, or the GL renderer and version
+    total_bytes: int | None  # memory the driver reports (None: it does not say)
+    free_bytes: int | None
+    caps: tuple[str, ...] = ()  # what it can run: SIMD features, "GL 4.5", "compute", ...
+    available: bool = True
+    reason: str = ""  # why it is not available ("" when it is)
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    device: str  # DeviceInfo.name
+    weights_bytes: int
+    kv_bytes: int
+    compute_bytes: int
+    n_layers: int  # repeating layers placed on this device
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.kv_bytes + self.compute_bytes
