@@ -66,19 +66,30 @@ def _n_elements(shape: Iterable[int]) -> int:
 
 
 def load_model(path: str | os.PathLike, n_threads: int | None = None,
-               progress: ProgressFn | None = None) -> Model:
+               progress: ProgressFn | None = None, *, n_gpu_layers: int = 0,
+               device: str | None = None) -> Model:
     """Memory-map a GGUF, check it, bind its weights and build its tokenizer.
 
     Args:
         path: the .gguf file.
         n_threads: numba thread-pool size (None: all cores).
         progress: optional callback(fraction, message).
+        n_gpu_layers: repeating layers to offload to a GPU device, the last ones first as in
+            llama.cpp's -ngl (more than the model has: the output head too).
+        device: the GPU device's name (engine.backends.list_devices), None for the first.
     Raises:
         GGUFError (MetadataError, MissingTensorError), UnsupportedArchError,
         UnsupportedQuantError, TokenizerError on bad or unsupported files. The file is unmapped
         before the error leaves, whatever raised (the progress callback included).
     """
     report = progress or (lambda frac, msg: None)
+    if n_gpu_layers > 0:
+        # the seam for issue 15's OpenGL backend; until a GPU backend exists llama.cpp's CPU
+        # build answers -ngl the same way: a warning, then the CPU
+        import logging
+
+        logging.getLogger(__name__).warning(
+            "no GPU backend: --n-gpu-layers %d ignored, every layer runs on the CPU", n_gpu_layers)
     t0 = time.perf_counter()
     set_num_threads(n_threads or 0)
     report(0.0, f"mapping {os.path.basename(os.fspath(path))}")

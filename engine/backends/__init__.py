@@ -37,3 +37,38 @@ class DeviceMemory:
     @property
     def total_bytes(self) -> int:
         return self.weights_bytes + self.kv_bytes + self.compute_bytes
+
+
+def list_devices(refresh: bool = False) -> list[DeviceInfo]:
+    """The CPU first, then every GPU device discovery finds (found once, then cached;
+    `refresh` looks again). Never raises: a device that cannot be used is listed with
+    available=False and the reason."""
+    global _devices
+    if _devices is None or refresh:
+        _devices = [_cpu_device(), *_gpu_devices()]
+    return list(_devices)
+
+
+_devices: list[DeviceInfo] | None = None
+
+
+def _cpu_device() -> DeviceInfo:
+    import platform
+
+    import psutil
+
+    from ..version import cpu_target
+
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            model = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), model)
+    except OSError:
+        pass
+    vm = psutil.virtual_memory()
+    return DeviceInfo(CPU, "CPU", f"{model}, numba target {cpu_target()}", int(vm.total), int(vm.available))
+
+
+def _gpu_devices() -> list[DeviceInfo]:
+    """GPU devices from the backends that exist (engine/backends/gl: OpenGL compute)."""
+    return []
