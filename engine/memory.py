@@ -10,12 +10,13 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from .backends import CPU, DeviceMemory
+from .backends import CPU, DeviceInfo, DeviceMemory
 from .config import ModelConfig
 from .kv_cache import kv_bytes
 
@@ -46,6 +47,11 @@ class MemoryReport:
     @property
     def total_bytes(self) -> int:
         return self.weights_bytes + self.kv_bytes + self.compute_bytes + self.metadata_bytes
+
+    @property
+    def host_bytes(self) -> int:
+        """What stays in RAM: the total less every GPU device's share (the total on the CPU alone)."""
+        return self.total_bytes - sum(d.total_bytes for d in self.devices if d.device != CPU)
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -130,26 +136,72 @@ def kv_streams(n_seq_max: int, kv_unified: bool) -> int:
 
 def estimate_memory(cfg: ModelConfig, weights_bytes: int, n_tensors: int, n_ctx: int = 4096,
                     n_seq_max: int = 1, type_k: str = "f16", type_v: str = "f16",
-                    n_ubatch: int = 512, n_batch: int = 2048, kv_unified: bool = False) -> MemoryReport:
-    """What Context(model, ContextParams(...)) will allocate, before loading anything."""
+                    n_ubatch: int = 512, n_batch: int = 2048, kv_unified: bool = False, *,
+                    n_gpu_layers: int = 0, gpu_device: str = "GL0",
+                    layer_weights_bytes: Sequence[int] | None = None, output_weights_bytes: int = 0,
+                    output_tied_bytes: int = 0) -> MemoryReport:
+    """What Context(model, ContextParams(...)) will allocate, before loading anything.
+
+    Args:
+        n_gpu_layers: -ngl: the last n_gpu_layers repeating layers go to `gpu_device` (more
+            than n_layer: the output head too), see split_devices.
+        layer_weights_bytes: tensor bytes of each repeating layer (blk.N.*), needed when
+            n_gpu_layers > 0 (ModelInfo.estimate passes them).
+        output_weights_bytes: the output head's bytes (output_norm and output, or the tied
+            token embedding standing in for output).
+        output_tied_bytes: of those, the tied token embedding's, which the CPU keeps as well
+            for the input lookup (0 when the file has its own output.weight).
+    Returns:
+        the totals over all devices, and `devices` with each one's share.
+    """
     n_ctx = n_ctx or cfg.n_ctx_train
     n_ctx_seq = ctx_per_seq(n_ctx, n_seq_max, kv_unified)
     n_ubatch = min(n_ubatch, n_batch)
     kv_total = kv_bytes(cfg, n_ctx_seq, kv_streams(n_seq_max, kv_unified), type_k, type_v)
     compute = compute_buffer_bytes(cfg, n_ubatch, n_ctx_seq)
+    devices = split_devices(cfg, weights_bytes, kv_total, compute, n_gpu_layers, gpu_device,
+                            layer_weights_bytes, output_weights_bytes, output_tied_bytes)
     return MemoryReport(
-        weights_bytes=weights_bytes,
+        weights_bytes=sum(d.weights_bytes for d in devices),
         weights_resident_bytes=None,
         kv_bytes=kv_total,
         kv_used_bytes=0,
         kv_per_seq_used=[0] * n_seq_max,
         kv_seq_capacity_bytes=kv_bytes(cfg, n_ctx_seq, 1, type_k, type_v),
-        compute_bytes=compute,
+        compute_bytes=sum(d.compute_bytes for d in devices),
         metadata_bytes=_metadata_bytes(n_tensors),
         rss_bytes=None,
         estimate=True,
-        devices=(DeviceMemory(CPU, weights_bytes, kv_total, compute, cfg.n_layer),),
+        devices=devices,
     )
+
+
+def split_devices(cfg: ModelConfig, weights_bytes: int, kv_total: int, compute: int,
+                  n_gpu_layers: int, gpu_device: str, layer_weights_bytes: Sequence[int] | None,
+                  output_weights_bytes: int, output_tied_bytes: int) -> tuple[DeviceMemory, ...]:
+    """Each device's share under the placement contract of issue 15: layers n_layer - n_gpu ..
+    n_layer - 1 on the GPU with their weights and KV cache, plus the output head when
+    n_gpu_layers > n_layer, plus one compute scratch of the CPU's size; the CPU keeps the rest
+    (token embedding, earlier layers) and its own compute buffer.
+
+    (llama.cpp counts the output layer first instead: its -ngl 1 offloads the head alone,
+    i_gpu_start = n_layer + 1 - ngl in llama_model::load_tensors.)
+    """
+    if n_gpu_layers <= 0:
+        return (DeviceMemory(CPU, weights_bytes, kv_total, compute, cfg.n_layer),)
+    if layer_weights_bytes is None or len(layer_weights_bytes) != cfg.n_layer:
+        got = "none" if layer_weights_bytes is None else len(layer_weights_bytes)
+        raise ValueError(f"splitting {cfg.n_layer} layers across devices needs each layer's weight "
+                         f"bytes (got {got})")
+    n_gpu = min(n_gpu_layers, cfg.n_layer)
+    head = n_gpu_layers > cfg.n_layer
+    gpu_weights = sum(layer_weights_bytes[cfg.n_layer - n_gpu:]) + (output_weights_bytes if head else 0)
+    # the cache gives every layer the same (n_stream, n_cells, n_head_kv, head_dim) arrays,
+    # sliding-window layers included (kv_cache.KVCache), so a layer's share is exact
+    gpu_kv = kv_total // cfg.n_layer * n_gpu
+    cpu_weights = weights_bytes - gpu_weights + (output_tied_bytes if head else 0)
+    return (DeviceMemory(CPU, cpu_weights, kv_total - gpu_kv, compute, cfg.n_layer - n_gpu),
+            DeviceMemory(gpu_device, gpu_weights, gpu_kv, compute, n_gpu))
 
 
 # --- will it fit? ------------------------------------------------------------------------------
@@ -196,8 +248,63 @@ def available_memory() -> tuple[int, int]:
 
 
 def memory_fit(est: MemoryReport, available: tuple[int, int] | None = None) -> MemoryFit:
+    """The estimate's RAM share (every device but the GPUs') against available RAM and swap."""
     ram, swap = available if available is not None else available_memory()
-    return MemoryFit(est.total_bytes, ram, swap)
+    return MemoryFit(est.host_bytes, ram, swap)
+
+
+# A GPU has no swap to spill into: a share above its free memory fails at allocation, and the
+# driver's own use (other contexts, the desktop) moves by a few percent between query and load.
+VRAM_WARN_FACTOR = 0.9
+
+
+@dataclass(frozen=True)
+class DeviceFit:
+    """A GPU device's share of an estimate against its memory: `verdict` is "fits", "tight",
+    "too big", or "unknown" when the driver reports no memory size at all."""
+
+    device: str
+    needed_bytes: int  # weights + KV cache + compute scratch placed on the device
+    free_bytes: int | None  # what the driver says is free (None: it does not say)
+    total_bytes: int | None
+
+    @property
+    def capacity_bytes(self) -> int | None:
+        """Free memory, else the total when the driver reports only that."""
+        return self.free_bytes if self.free_bytes is not None else self.total_bytes
+
+    @property
+    def verdict(self) -> str:
+        cap = self.capacity_bytes
+        if cap is None:
+            return "unknown"
+        if self.needed_bytes > cap:
+            return "too big"
+        return "tight" if self.needed_bytes > VRAM_WARN_FACTOR * cap else "fits"
+
+    def summary(self) -> str:
+        """e.g. "GL0 needs 310.2 MiB, 7.6 GiB free: fits"."""
+        if self.free_bytes is not None:
+            room = f"{fmt_bytes(self.free_bytes)} free"
+        elif self.total_bytes is not None:
+            room = f"{fmt_bytes(self.total_bytes)} total (free not reported)"
+        else:
+            room = "memory size not reported"
+        return f"{self.device} needs {fmt_bytes(self.needed_bytes)}, {room}: {self.verdict}"
+
+
+def device_fits(est: MemoryReport, devices: Sequence[DeviceInfo]) -> list[DeviceFit]:
+    """One DeviceFit for each GPU device holding a share of `est` (none on the CPU alone). A
+    device the estimate names but `devices` lacks is checked against unknown memory."""
+    known = {d.name: d for d in devices}
+    fits = []
+    for share in est.devices:
+        if share.device == CPU:
+            continue
+        info = known.get(share.device)
+        fits.append(DeviceFit(share.device, share.total_bytes, info.free_bytes if info else None,
+                              info.total_bytes if info else None))
+    return fits
 
 
 def mem_check_disabled() -> bool:
@@ -209,7 +316,7 @@ def largest_fitting_ctx(cfg: ModelConfig, weights_bytes: int, n_tensors: int, li
     """The largest n_ctx (a multiple of 256, at least 0) whose estimate stays under limit_bytes,
     all else in `kw` (estimate_memory's keywords) as given."""
     def total(n_ctx: int) -> int:
-        return estimate_memory(cfg, weights_bytes, n_tensors, n_ctx=n_ctx, **kw).total_bytes
+        return estimate_memory(cfg, weights_bytes, n_tensors, n_ctx=n_ctx, **kw).host_bytes
 
     lo, hi = 0, 256
     while hi <= 1 << 31 and total(hi) <= limit_bytes:
@@ -231,17 +338,23 @@ def check_fits(est: MemoryReport, cfg: ModelConfig, n_tensors: int, what: str,
     fit = memory_fit(est, available)
     if fit.verdict == "too big":
         limit = fit.available_bytes + fit.swap_free_bytes
-        n_fit = largest_fitting_ctx(cfg, est.weights_bytes, n_tensors, WARN_FACTOR * fit.available_bytes, **kw)
+        # the file's weights: an offloaded tied output counts twice in the devices' sum
+        tied = kw.get("output_tied_bytes", 0) if kw.get("n_gpu_layers", 0) > cfg.n_layer else 0
+        n_fit = largest_fitting_ctx(cfg, est.weights_bytes - tied, n_tensors,
+                                    WARN_FACTOR * fit.available_bytes, **kw)
         advice = (f"lower the context size (-c {n_fit} or less would fit)" if n_fit >= 256 else
                   "the weights alone leave too little room: free memory or use a smaller model")
+        host = next((d for d in est.devices if d.device == CPU), None)
+        w, kv, compute = ((host.weights_bytes, host.kv_bytes, host.compute_bytes) if host else
+                          (est.weights_bytes, est.kv_bytes, est.compute_bytes))
         raise InsufficientMemoryError(
-            f"not enough memory for {what}: it needs {fmt_bytes(est.total_bytes)} (weights "
-            f"{fmt_bytes(est.weights_bytes)}, KV cache {fmt_bytes(est.kv_bytes)}, compute buffers "
-            f"{fmt_bytes(est.compute_bytes)}) but {fmt_bytes(fit.available_bytes)} of RAM and "
+            f"not enough memory for {what}: it needs {fmt_bytes(fit.needed_bytes)} (weights "
+            f"{fmt_bytes(w)}, KV cache {fmt_bytes(kv)}, compute buffers "
+            f"{fmt_bytes(compute)}) but {fmt_bytes(fit.available_bytes)} of RAM and "
             f"{fmt_bytes(fit.swap_free_bytes)} of swap are free; {advice}, or set "
             f"{NO_MEM_CHECK_ENV}=1 (--no-mem-check) to try anyway",
-            est.total_bytes, limit)
+            fit.needed_bytes, limit)
     if fit.verdict == "tight" and log is not None:
         log.warning("%s needs %s of the %s of RAM available: expect swapping; a smaller context (-c) "
-                    "would leave room", what, fmt_bytes(est.total_bytes), fmt_bytes(fit.available_bytes))
+                    "would leave room", what, fmt_bytes(fit.needed_bytes), fmt_bytes(fit.available_bytes))
     return fit

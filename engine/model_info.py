@@ -7,6 +7,7 @@ Files that cannot be used are reported with the reason in `error`, not raised.
 from __future__ import annotations
 
 import os
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -17,6 +18,8 @@ from .gguf_split import files_size, open_gguf
 from .memory import MemoryReport, estimate_memory
 from .model import check_model
 from .models.moe import MoeConfig
+
+_BLOCK = re.compile(r"^blk\.(\d+)\.")
 
 
 @dataclass
@@ -45,6 +48,12 @@ class ModelInfo:
     n_expert_used: int = 0
     active_params: int = 0
     active_bytes: int = 0
+    # for the CPU / GPU split (-ngl): tensor bytes of each repeating layer (blk.N.*), of the
+    # output head (output_norm + output, or the tied token_embd standing in for output), and of
+    # the tied token_embd alone (0 when the file has an output.weight)
+    layer_weights_bytes: list[int] = field(default_factory=list)
+    output_weights_bytes: int = 0
+    output_tied_bytes: int = 0
     error: str | None = None
     cfg: ModelConfig | None = None
 
@@ -53,9 +62,13 @@ class ModelInfo:
         return self.error is None
 
     def estimate(self, **kw) -> MemoryReport:
-        """Memory estimate for ContextParams-like keyword arguments (n_ctx, n_seq_max, ...)."""
+        """Memory estimate for ContextParams-like keyword arguments (n_ctx, n_seq_max, ...,
+        n_gpu_layers and gpu_device for the per-device split)."""
         if self.cfg is None:
             raise EngineError(f"{self.path}: cannot estimate memory: {self.error}")
+        kw.setdefault("layer_weights_bytes", self.layer_weights_bytes)
+        kw.setdefault("output_weights_bytes", self.output_weights_bytes)
+        kw.setdefault("output_tied_bytes", self.output_tied_bytes)
         return estimate_memory(self.cfg, self.weights_bytes, self.n_tensors, **kw)
 
 
@@ -117,8 +130,27 @@ def _fill(info: ModelInfo, f: GGUFFile) -> None:
         info.chat_template_name = "gguf" if info.has_chat_template else ""
     _arch, cfg, _weights, _tokenizer = check_model(f)  # what load_model checks, no more, no less
     info.cfg = cfg
+    _fill_placement(info, f, cfg.n_layer)
     _fill_experts(info, f, cfg)
     info.n_ctx_train, info.n_layer, info.n_embd, info.n_vocab = cfg.n_ctx_train, cfg.n_layer, cfg.n_embd, cfg.n_vocab
+
+
+def _fill_placement(info: ModelInfo, f: GGUFFile, n_layer: int) -> None:
+    """The bytes -ngl moves: each repeating layer's and the output head's (engine/memory.py
+    split_devices). Tensors of blocks past n_layer (e.g. next-token-prediction heads) stay on
+    the CPU with the token embedding."""
+    per_layer = [0] * n_layer
+    head = 0
+    for t in f.tensors.values():
+        m = _BLOCK.match(t.name)
+        if m and int(m.group(1)) < n_layer:
+            per_layer[int(m.group(1))] += t.nbytes
+        elif t.name.startswith(("output_norm.", "output.")):
+            head += t.nbytes
+    tied = 0
+    if "output.weight" not in f.tensors and "token_embd.weight" in f.tensors:
+        tied = f.tensors["token_embd.weight"].nbytes  # the embedding doubles as the output matrix
+    info.layer_weights_bytes, info.output_weights_bytes, info.output_tied_bytes = per_layer, head + tied, tied
 
 
 def _fill_experts(info: ModelInfo, f: GGUFFile, cfg: ModelConfig) -> None:
