@@ -11,7 +11,7 @@ import sqlite3
 
 from PySide6.QtCore import QObject, QSettings, Signal
 
-from .dto import LoadParams, MemoryFigures, ServerSettings
+from .dto import DeviceDesc, LoadParams, MemoryFigures, ServerSettings
 from .engine_api import EngineApi, ServerHandle, SessionApi
 from .machine import free_port, port_in_use
 from .settings import load_settings, save_settings
@@ -29,6 +29,7 @@ class AppContext(QObject):
     server_stopped = Signal()
     server_failed = Signal(str)
     request_logged = Signal(str)  # emitted from server threads; receivers get it queued
+    devices_found = Signal(object)  # list[DeviceDesc], the CPU first
 
     def __init__(self, engine: EngineApi, store: ConversationStore, qsettings: QSettings,
                  notices: list[str] | None = None):
@@ -40,7 +41,25 @@ class AppContext(QObject):
         self.session: SessionApi | None = None
         self.server: ServerHandle | None = None
         self.last_memory = MemoryFigures()
+        self.devices: list[DeviceDesc] = []  # empty until refresh_devices() answers
         self._poller: MemoryPoller | None = None
+
+    # devices --------------------------------------------------------------------------------
+    def refresh_devices(self, refresh: bool = False) -> None:
+        """Asks the engine for its devices on a worker (a GPU probe may take a moment);
+        devices_found follows. `refresh`: look again rather than reuse the first answer."""
+        worker = CallWorker(self.engine.devices, refresh)
+        worker.result.connect(self._on_devices)
+        worker.failed.connect(lambda msg: log.warning("listing compute devices: %s", msg))
+        self.pool.start(worker)
+
+    def _on_devices(self, devices: list[DeviceDesc]) -> None:
+        self.devices = list(devices)
+        self.devices_found.emit(self.devices)
+
+    def gpu_device(self) -> DeviceDesc | None:
+        """The GPU that offloaded layers go to: the first usable one, as the engine picks."""
+        return next((d for d in self.devices if d.is_gpu and d.available), None)
 
     # model ----------------------------------------------------------------------------------
     def load(self, path: str, params: LoadParams) -> ModelLoadWorker:

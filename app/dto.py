@@ -34,6 +34,7 @@ class LlmFileInfo:
     n_expert: int = 0  # mixture of experts: experts per layer (0: a dense model)
     n_expert_used: int = 0  # experts each token runs through
     active_params: int = 0  # parameters one token runs through
+    n_layer: int = 0  # repeating layers (the GPU layers control goes to n_layer + 1: the head)
 
     @property
     def main_quant(self) -> str:
@@ -50,6 +51,43 @@ class LoadParams:
     type_k: str = "f16"
     n_batch: int = 512
     n_ubatch: int = 512
+    n_gpu_layers: int = 0  # -ngl: the last N layers on the GPU (N > n_layer: the head too); -1 = all
+
+
+@dataclass(frozen=True)
+class DeviceDesc:
+    """One compute device the engine found (engine.backends.DeviceInfo, as plain values)."""
+
+    name: str  # "CPU", "GL0"
+    backend: str  # "CPU", "OpenGL"
+    description: str
+    total_bytes: int | None = None  # None: the driver does not say
+    free_bytes: int | None = None
+    caps: tuple[str, ...] = ()
+    available: bool = True
+    reason: str = ""  # why it cannot be used
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.backend != "CPU"
+
+
+@dataclass(frozen=True)
+class DeviceShare:
+    """What one device holds (or would hold) of a model: engine.backends.DeviceMemory, plus for
+    an estimate the device's room and the engine's verdict on it."""
+
+    device: str
+    weights_bytes: int
+    kv_bytes: int
+    compute_bytes: int
+    n_layers: int
+    capacity_bytes: int = 0  # free memory (else total) the device reports; 0: unknown
+    verdict: str = ""  # a GPU share's "fits" / "tight" / "too big" / "unknown"; "" otherwise
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.kv_bytes + self.compute_bytes
 
 
 @dataclass(frozen=True)
@@ -64,10 +102,25 @@ class MemoryFigures:
     metadata_bytes: int = 0
     rss_bytes: int = 0
     total_bytes: int = 0
+    devices: tuple[DeviceShare, ...] = ()  # per device; the figures above are the sums
+
+    @property
+    def gpu_shares(self) -> tuple[DeviceShare, ...]:
+        return tuple(d for d in self.devices if d.device != "CPU")
+
+    @property
+    def host_bytes(self) -> int:
+        """What stays in RAM: the total less the GPUs' shares."""
+        return self.total_bytes - sum(d.total_bytes for d in self.gpu_shares)
 
     @classmethod
-    def from_report(cls, report: MemoryReport) -> MemoryFigures:
-        """The engine's report with its "not known" Nones shown as 0."""
+    def from_report(cls, report: MemoryReport,
+                    devices: tuple[DeviceShare, ...] | None = None) -> MemoryFigures:
+        """The engine's report with its "not known" Nones shown as 0; `devices` replaces the
+        report's own per-device shares (to add capacities and verdicts)."""
+        if devices is None:
+            devices = tuple(DeviceShare(d.device, int(d.weights_bytes), int(d.kv_bytes),
+                                        int(d.compute_bytes), int(d.n_layers)) for d in report.devices)
         return cls(
             weights_bytes=int(report.weights_bytes),
             weights_resident_bytes=int(report.weights_resident_bytes or 0),
@@ -79,6 +132,7 @@ class MemoryFigures:
             metadata_bytes=int(report.metadata_bytes),
             rss_bytes=int(report.rss_bytes or 0),
             total_bytes=int(report.total_bytes),
+            devices=devices,
         )
 
 

@@ -20,6 +20,8 @@ from .dto import (
     FIT_OK,
     FIT_TIGHT,
     BackendInfo,
+    DeviceDesc,
+    DeviceShare,
     HubFileInfo,
     HubFitInfo,
     HubRepoInfo,
@@ -47,7 +49,8 @@ from .errors import LoadCancelled
 from .machine import backend_info, file_sha256
 
 if TYPE_CHECKING:
-    from engine import ChatTemplate, Context, HubFile, Model, ModelInfo, RequestHandle, Scheduler
+    from engine import ChatTemplate, Context, HubFile, MemoryReport, Model, ModelInfo, RequestHandle, Scheduler
+    from engine.backends import DeviceInfo
 
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.")
 _FLOAT_TYPES = {"F32", "F16", "BF16", "F64"}
@@ -231,6 +234,20 @@ class HubAdapter(HubApi):
         return known or hub.resolve(repo_id, filename=filename, token=token or None)
 
 
+def _estimated_shares(report: MemoryReport, gpus: list[DeviceInfo]) -> tuple[DeviceShare, ...]:
+    """The estimate's per-device shares, each GPU's with its room and the engine's verdict."""
+    from engine.memory import device_fits
+
+    fits = {f.device: f for f in device_fits(report, gpus)}
+    shares = []
+    for d in report.devices:
+        fit = fits.get(d.device)
+        shares.append(DeviceShare(d.device, int(d.weights_bytes), int(d.kv_bytes), int(d.compute_bytes),
+                                  int(d.n_layers), int(fit.capacity_bytes or 0) if fit else 0,
+                                  fit.verdict if fit else ""))
+    return tuple(shares)
+
+
 def _hub_file_info(f: HubFile, local_path: Path | None, default: bool = False) -> HubFileInfo:
     return HubFileInfo(f.repo_id, f.filename, f.quant or "", f.size, len(f.parts),
                        str(local_path) if local_path else None, default)
@@ -262,14 +279,27 @@ class EngineAdapter(EngineApi):
             has_chat_template=bool(info.has_chat_template),
             template_name=info.chat_template_name, tokenizer=info.tokenizer,
             n_expert=int(info.n_expert), n_expert_used=int(info.n_expert_used),
-            active_params=int(info.active_params),
+            active_params=int(info.active_params), n_layer=int(info.n_layer),
         )
 
     def estimate(self, path: str, params: LoadParams) -> MemoryFigures:
         info = self._infos.get(path) or self._model_info(path)
+        gpu, n_gpu = self._placement(info, params)
         report = info.estimate(n_ctx=params.n_ctx, n_seq_max=params.n_seq_max, type_k=params.type_k,
-                               type_v=params.type_k, n_ubatch=params.n_ubatch, n_batch=params.n_batch)
-        return MemoryFigures.from_report(report)
+                               type_v=params.type_k, n_ubatch=params.n_ubatch, n_batch=params.n_batch,
+                               n_gpu_layers=n_gpu, gpu_device=gpu.name if gpu else "GL0")
+        return MemoryFigures.from_report(report, _estimated_shares(report, [gpu] if gpu else []))
+
+    def _placement(self, info: ModelInfo, params: LoadParams) -> tuple[DeviceInfo | None, int]:
+        """The GPU device layers go to (the first usable one) and -ngl for this model: "all"
+        (-1) is every layer and the head; no usable GPU means the CPU runs everything."""
+        from engine.backends import list_devices
+
+        gpu = next((d for d in list_devices() if d.backend != "CPU" and d.available), None)
+        if gpu is None or params.n_gpu_layers == 0:
+            return gpu, 0
+        top = info.n_layer + 1
+        return gpu, top if params.n_gpu_layers < 0 else min(params.n_gpu_layers, top)
 
     def load(self, path: str, params: LoadParams, progress: ProgressFn,
              cancel: threading.Event) -> SessionApi:
@@ -283,7 +313,11 @@ class EngineAdapter(EngineApi):
             return report
 
         report = stage(0.0, 0.8)
-        llm = load_model(path, n_threads=params.n_threads or None, progress=report)
+        gpu, n_gpu = (None, 0)
+        if params.n_gpu_layers:
+            gpu, n_gpu = self._placement(self._infos.get(path) or self._model_info(path), params)
+        llm = load_model(path, n_threads=params.n_threads or None, progress=report,
+                         n_gpu_layers=n_gpu, device=gpu.name if gpu and n_gpu else None)
         try:
             report(1.0, "allocating the KV cache and compute buffers")
             ctx = Context(llm, ContextParams(
@@ -329,6 +363,12 @@ class EngineAdapter(EngineApi):
 
     def backends(self, n_threads: int = 0) -> BackendInfo:
         return backend_info(n_threads)
+
+    def devices(self, refresh: bool = False) -> list[DeviceDesc]:
+        from engine.backends import list_devices
+
+        return [DeviceDesc(d.name, d.backend, d.description, d.total_bytes, d.free_bytes, tuple(d.caps),
+                           d.available, d.reason) for d in list_devices(refresh)]
 
     def hub(self) -> HubApi:
         return self._hub

@@ -15,6 +15,7 @@ from typing import Protocol
 
 from .dto import (
     BackendInfo,
+    DeviceDesc,
     HubFileInfo,
     HubFitInfo,
     HubRepoInfo,
@@ -135,6 +136,11 @@ class EngineApi(Protocol):
         ...
 
     def backends(self, n_threads: int = 0) -> BackendInfo: ...
+
+    def devices(self, refresh: bool = False) -> list[DeviceDesc]:
+        """Every compute device, the CPU first (engine.backends.list_devices); found once, then
+        cached; `refresh` looks again (a GPU probe may take a moment: call from a worker)."""
+        ...
 
     def hub(self) -> HubApi:
         """The Hugging Face Hub client; cheap (no network, no import) on the GUI thread."""

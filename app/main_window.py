@@ -53,6 +53,7 @@ class MainWindow(QMainWindow):
         self._restore_state()
         self.dashboard.backends.set_backend(ctx.engine.backends())
         self.dashboard.backends.set_opengl(*opengl_info())
+        ctx.refresh_devices()
         for notice in ctx.notices:  # what went wrong with the data folder at start
             self.banner.show_notice(notice)
 
@@ -119,6 +120,8 @@ class MainWindow(QMainWindow):
         ctx.server_stopped.connect(lambda: self._show_server(None))
         ctx.server_failed.connect(self.on_ctx_server_failed)
         ctx.request_logged.connect(self.server_panel.append_log)
+        ctx.devices_found.connect(self.dashboard.set_devices)
+        self.dashboard.backends.refresh_requested.connect(lambda: ctx.refresh_devices(refresh=True))
         self.server_panel.start_requested.connect(ctx.start_server)
         self.server_panel.stop_requested.connect(ctx.stop_server)
 

@@ -1,23 +1,47 @@
-"""BackendsPanel: the CPU the numba engine targets, its SIMD features, and OpenGL if readable."""
+"""BackendsPanel: the CPU the numba engine targets, its SIMD features, and every compute device
+the engine found (engine.backends.list_devices): memory, and whether it can be used or why not."""
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import QFormLayout, QLabel, QWidget
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import QFormLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
-from ..dto import BackendInfo
+from ..dto import BackendInfo, DeviceDesc
+from ..format import human_bytes
+
+CPU_ROWS = ("CPU", "Cores / threads", "numba target", "SIMD")
+GL_ROWS = ("OpenGL renderer", "OpenGL version")  # what the display's GL says, when no GL device is listed
 
 
 class BackendsPanel(QWidget):
+    refresh_requested = Signal()
+
     def __init__(self, parent=None):
         super().__init__(parent)
-        self.form = QFormLayout(self)
-        self.form.setContentsMargins(0, 0, 0, 0)
+        col = QVBoxLayout(self)
+        col.setContentsMargins(0, 0, 0, 0)
+        self.form = QFormLayout()
         self.labels: dict[str, QLabel] = {}
-        for key in ("CPU", "Cores / threads", "numba target", "SIMD", "OpenGL renderer", "OpenGL version"):
-            label = QLabel("…", wordWrap=True)
-            label.setTextInteractionFlags(label.textInteractionFlags().TextSelectableByMouse)
-            self.labels[key] = label
-            self.form.addRow(key, label)
+        for key in CPU_ROWS + GL_ROWS:
+            self.labels[key] = self._add_row(self.form, key)
+        col.addLayout(self.form)
+        col.addWidget(QLabel("Compute devices", objectName="sectionTitle"))
+        self.device_form = QFormLayout()
+        self.device_labels: dict[str, QLabel] = {}
+        self.devices: list[DeviceDesc] = []
+        col.addLayout(self.device_form)
+        self.refresh_button = QPushButton("Look again", clicked=self.refresh_requested)
+        self.refresh_button.setToolTip("Probe the GPU devices again (free memory changes)")
+        col.addWidget(self.refresh_button)
+        col.addStretch(1)
+        self._show_devices([])
+
+    @staticmethod
+    def _add_row(form: QFormLayout, key: str) -> QLabel:
+        label = QLabel("…", wordWrap=True)
+        label.setTextInteractionFlags(label.textInteractionFlags().TextSelectableByMouse)
+        form.addRow(key, label)
+        return label
 
     def set_backend(self, info: BackendInfo) -> None:
         self.labels["CPU"].setText(info.cpu_model)
@@ -29,3 +53,40 @@ class BackendsPanel(QWidget):
     def set_opengl(self, renderer: str, version: str) -> None:
         self.labels["OpenGL renderer"].setText(renderer)
         self.labels["OpenGL version"].setText(version)
+
+    def set_devices(self, devices: list[DeviceDesc]) -> None:
+        self.devices = list(devices)
+        self._show_devices(self.devices)
+
+    def _show_devices(self, devices: list[DeviceDesc]) -> None:
+        while self.device_form.rowCount():
+            self.device_form.removeRow(0)
+        self.device_labels = {}
+        for d in devices:
+            label = self._add_row(self.device_form, f"{d.name} · {d.backend}")
+            label.setText(device_text(d))
+            label.setObjectName("" if d.available else "dim")  # new label: styled when first shown
+            self.device_labels[d.name] = label
+        if not any(d.is_gpu for d in devices):
+            note = self._add_row(self.device_form, "GPU")
+            note.setText("none found: every layer runs on the CPU" if devices else "looking…")
+            self.device_labels["GPU"] = note
+        # a listed GL device names its renderer and version itself
+        has_gl = any(d.backend == "OpenGL" for d in devices)
+        for key in GL_ROWS:
+            self.form.setRowVisible(self.labels[key], not has_gl)
+
+
+def device_text(d: DeviceDesc) -> str:
+    """Three lines: what it is, its memory, and whether it can be used."""
+    if d.total_bytes is None and d.free_bytes is None:
+        memory = "memory size not reported"
+    elif d.free_bytes is None:
+        memory = f"{human_bytes(d.total_bytes or 0)} total, free not reported"
+    else:
+        total = human_bytes(d.total_bytes) if d.total_bytes is not None else "?"
+        memory = f"{total} total · {human_bytes(d.free_bytes)} free"
+    if d.caps:
+        memory += " · " + ", ".join(d.caps)
+    state = "available" if d.available else f"not available: {d.reason or 'no reason given'}"
+    return f"{d.description}\n{memory}\n{state}"

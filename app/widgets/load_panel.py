@@ -1,9 +1,11 @@
-"""LoadPanel: load settings with a live memory estimate against free RAM; load with progress/cancel."""
+"""LoadPanel: load settings (GPU layers included) with a live memory estimate against free RAM
+and, when layers are offloaded, the GPU's free memory; load with progress/cancel."""
 
 from __future__ import annotations
 
 from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import (
+    QCheckBox,
     QComboBox,
     QFormLayout,
     QHBoxLayout,
@@ -16,7 +18,7 @@ from PySide6.QtWidgets import (
 )
 
 from ..context import AppContext
-from ..dto import LlmFileInfo, LoadParams, MemoryFigures
+from ..dto import DeviceShare, LlmFileInfo, LoadParams, MemoryFigures
 from ..format import human_bytes, human_count
 from ..machine import available_ram
 from ..workers import CallWorker, ModelLoadWorker
@@ -53,6 +55,8 @@ class LoadPanel(QWidget):
         layout.addStretch(1)
         self.set_params(ctx.settings.load)
         self._update_buttons()
+        self._update_gpu_control()
+        ctx.devices_found.connect(self._on_devices_found)
 
     # building -------------------------------------------------------------------------------
     def _build_form(self) -> QFormLayout:
@@ -71,7 +75,24 @@ class LoadPanel(QWidget):
         form.addRow("Slots", self.n_seq_max)
         form.addRow("Threads", self.n_threads)
         form.addRow("KV cache type", self.type_k)
+        self.gpu_label = QLabel("GPU layers")
+        form.addRow(self.gpu_label, self._build_gpu_control())
         return form
+
+    def _build_gpu_control(self) -> QWidget:
+        box = QWidget()
+        row = QHBoxLayout(box)
+        row.setContentsMargins(0, 0, 0, 0)
+        self.n_gpu_layers = QSpinBox(minimum=0, maximum=999)
+        self.gpu_all = QCheckBox("all")
+        self.gpu_hint = QLabel("", objectName="dim")
+        self.n_gpu_layers.valueChanged.connect(self._schedule_estimate)
+        self.gpu_all.toggled.connect(self._on_gpu_all_toggled)
+        row.addWidget(self.n_gpu_layers)
+        row.addWidget(self.gpu_all)
+        row.addWidget(self.gpu_hint)
+        row.addStretch(1)
+        return box
 
     def _build_estimate(self) -> QWidget:
         box = QWidget()
@@ -80,8 +101,17 @@ class LoadPanel(QWidget):
         col.addWidget(QLabel("Memory estimate", objectName="sectionTitle"))
         self.estimate_bar = StackedBar()
         self.estimate_label = QLabel("", wordWrap=True)
+        # with layers offloaded: the bar above is the CPU's share, this one the GPU's
+        self.ram_title = QLabel("CPU (RAM)", objectName="dim")
+        self.gpu_title = QLabel("", objectName="dim")
+        self.gpu_bar = StackedBar()
+        col.addWidget(self.ram_title)
         col.addWidget(self.estimate_bar)
+        col.addWidget(self.gpu_title)
+        col.addWidget(self.gpu_bar)
         col.addWidget(self.estimate_label)
+        for w in (self.ram_title, self.gpu_title, self.gpu_bar):
+            w.hide()
         return box
 
     def _build_buttons(self) -> QHBoxLayout:
@@ -113,14 +143,46 @@ class LoadPanel(QWidget):
     # state ----------------------------------------------------------------------------------
     def params(self) -> LoadParams:
         base = self.ctx.settings.load
+        n_gpu = -1 if self.gpu_all.isChecked() else self.n_gpu_layers.value()
         return LoadParams(self.n_ctx.value(), self.n_seq_max.value(), self.n_threads.value(),
-                          self.type_k.currentText(), base.n_batch, base.n_ubatch)
+                          self.type_k.currentText(), base.n_batch, base.n_ubatch, n_gpu)
 
     def set_params(self, p: LoadParams) -> None:
         self.n_ctx.setValue(p.n_ctx)
         self.n_seq_max.setValue(p.n_seq_max)
         self.n_threads.setValue(p.n_threads)
         self.type_k.setCurrentText(p.type_k)
+        self.gpu_all.setChecked(p.n_gpu_layers < 0)
+        if p.n_gpu_layers >= 0:
+            self.n_gpu_layers.setValue(p.n_gpu_layers)
+
+    # GPU layers -----------------------------------------------------------------------------
+    def _on_devices_found(self, _devices) -> None:
+        self._update_gpu_control()
+        self._schedule_estimate()
+
+    def _on_gpu_all_toggled(self, checked: bool) -> None:
+        self._update_gpu_control()
+        self._schedule_estimate()
+
+    def _update_gpu_control(self) -> None:
+        """Range from the model's layer count; enabled only with a usable GPU, else a tooltip
+        says why the CPU runs everything."""
+        n_layer = self.info.n_layer if self.info is not None and not self.info.error else 0
+        if n_layer:
+            self.n_gpu_layers.setMaximum(n_layer + 1)
+            self.gpu_hint.setText(f"of {n_layer} (+1: the output layer)")
+        else:
+            self.gpu_hint.setText("")
+        gpu = self.ctx.gpu_device()
+        tip = _gpu_tooltip(self.ctx.devices, n_layer) if gpu is None else (
+            f"Layers to run on {gpu.name} ({gpu.description}): the last ones first, with their KV "
+            f"cache, as llama.cpp's -ngl" + (f"; {n_layer + 1} puts the output layer there too" if n_layer
+                                             else "") + ". 'all': every layer and the output.")
+        for w in (self.gpu_label, self.n_gpu_layers, self.gpu_all, self.gpu_hint):
+            w.setToolTip(tip)
+            w.setEnabled(gpu is not None)
+        self.n_gpu_layers.setEnabled(gpu is not None and not self.gpu_all.isChecked())
 
     def set_info(self, info: LlmFileInfo | None) -> None:
         self.info = info
@@ -136,6 +198,7 @@ class LoadPanel(QWidget):
                 f"{human_bytes(info.file_size)} · trained on {info.n_ctx_train:,} tokens · "
                 f"chat template: {_template_words(info)}")
         self._update_buttons()
+        self._update_gpu_control()
         self._schedule_estimate()
 
     def _update_buttons(self) -> None:
@@ -159,18 +222,49 @@ class LoadPanel(QWidget):
 
     def _show_estimate(self, fig: MemoryFigures) -> None:
         free = available_ram()
+        host = next((d for d in fig.devices if d.device == "CPU"), None)
+        w, kv, compute = ((host.weights_bytes, host.kv_bytes, host.compute_bytes) if host else
+                          (fig.weights_bytes, fig.kv_bytes, fig.compute_bytes))
         self.estimate_bar.set_segments([
-            Segment("Weights", fig.weights_bytes, COLOURS["weights"]),
-            Segment("KV cache", fig.kv_bytes, COLOURS["kv"]),
-            Segment("Compute", fig.compute_bytes, COLOURS["compute"]),
+            Segment("Weights", w, COLOURS["weights"]),
+            Segment("KV cache", kv, COLOURS["kv"]),
+            Segment("Compute", compute, COLOURS["compute"]),
         ], capacity=free, capacity_label="Free RAM")
-        fits = fig.total_bytes < free
+        fits = fig.host_bytes < free
+        gpu = fig.gpu_shares[0] if fig.gpu_shares else None
+        who = "The CPU needs" if gpu is not None else "Needs"
+        words = [f"{who} about {human_bytes(fig.host_bytes)}; {human_bytes(free)} of RAM is free."]
+        if not fits:
+            words.append("It will not fit: lower the context size or slots, or use a smaller "
+                         "quantisation.")
+        if gpu is not None:
+            words.append(self._show_gpu_share(gpu))
+            fits = fits and gpu.verdict != "too big"
+        for widget in (self.ram_title, self.gpu_title, self.gpu_bar):
+            widget.setVisible(gpu is not None)
         self.estimate_label.setObjectName("" if fits else "error")
         self.estimate_label.setStyleSheet("" if fits else "color: #d9534f;")
-        self.estimate_label.setText(
-            f"Needs about {human_bytes(fig.total_bytes)}; {human_bytes(free)} of RAM is free."
-            + ("" if fits else " It will not fit: lower the context size or slots, or use a "
-               "smaller quantisation."))
+        self.estimate_label.setText(" ".join(words))
+
+    def _show_gpu_share(self, gpu: DeviceShare) -> str:
+        """Draws the GPU's bar; returns the sentence on whether its share fits."""
+        layers = "layer" if gpu.n_layers == 1 else "layers"
+        self.gpu_title.setText(f"{gpu.device} (GPU memory): {gpu.n_layers} {layers}")
+        self.gpu_bar.set_segments([
+            Segment("Weights", gpu.weights_bytes, COLOURS["weights"]),
+            Segment("KV cache", gpu.kv_bytes, COLOURS["kv"]),
+            Segment("Compute", gpu.compute_bytes, COLOURS["compute"]),
+        ], capacity=gpu.capacity_bytes, capacity_label=f"Free on {gpu.device}")
+        need = f"{gpu.device} needs about {human_bytes(gpu.total_bytes)}"
+        room = f"{human_bytes(gpu.capacity_bytes)} is free"
+        if gpu.verdict == "too big":
+            return (f"{need}; only {room}. It will not fit in GPU memory: use fewer GPU layers or "
+                    f"a smaller context.")
+        if gpu.verdict == "tight":
+            return f"{need}; {room}: it is close, other programs' use of the GPU may tip it over."
+        if gpu.verdict == "unknown":
+            return f"{need}; the driver does not report its memory, so the fit cannot be checked."
+        return f"{need}; {room}."
 
     # loading --------------------------------------------------------------------------------
     def start_load(self) -> None:
@@ -200,6 +294,17 @@ class LoadPanel(QWidget):
         self._load_worker = None
         self.progress.hide()
         self._update_buttons()
+
+
+def _gpu_tooltip(devices, n_layer: int) -> str:
+    """Why the GPU layers control is off."""
+    if not devices:
+        return "Looking for GPU devices…"
+    gpus = [d for d in devices if d.is_gpu]
+    if not gpus:
+        return "No GPU device found: every layer runs on the CPU."
+    return "No usable GPU: " + "; ".join(f"{d.name} ({d.backend}): {d.reason or 'not available'}"
+                                          for d in gpus)
 
 
 def _template_words(info: LlmFileInfo) -> str:

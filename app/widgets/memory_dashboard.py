@@ -1,5 +1,6 @@
-"""MemoryDashboard: the engine's live memory report as figures, a stacked bar and a timeline,
-plus the per-layer tensor table, KV use per slot, and the backends panel."""
+"""MemoryDashboard: the engine's live memory report as figures, a stacked bar (one more per
+device when layers are offloaded to a GPU) and a timeline, plus the per-layer tensor table, KV
+use per slot, and the backends panel."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ..dto import MemoryFigures, ReplyStep
+from ..dto import DeviceDesc, DeviceShare, MemoryFigures, ReplyStep
 from ..format import human_bytes
 from ..item_models.layer_table_model import SORT_ROLE, LayerTableModel
 from ..item_models.slot_table_model import SlotTableModel
@@ -45,6 +46,7 @@ class MemoryDashboard(QWidget):
         layout.setSpacing(10)
         layout.addWidget(self._build_figures())
         layout.addWidget(self._build_bar())
+        layout.addWidget(self._build_device_bars())
         splitter = QSplitter(Qt.Orientation.Vertical)
         splitter.addWidget(self._build_timeline())
         splitter.addWidget(self._build_tables())
@@ -76,6 +78,18 @@ class MemoryDashboard(QWidget):
     def _build_bar(self) -> QWidget:
         self.bar = StackedBar()
         return self.bar
+
+    def _build_device_bars(self) -> QWidget:
+        """One row per device (title, bar of its weights / KV / compute), shown when the loaded
+        context spans more than one device."""
+        self.device_box = QGroupBox("By device")
+        self.device_grid = QGridLayout(self.device_box)
+        self.device_grid.setColumnStretch(1, 1)
+        self.device_titles: dict[str, QLabel] = {}
+        self.device_bars: dict[str, StackedBar] = {}
+        self.device_list: list[DeviceDesc] = []
+        self.device_box.hide()
+        return self.device_box
 
     def _build_timeline(self) -> QWidget:
         self.timeline = TimelineChart([
@@ -145,10 +159,47 @@ class MemoryDashboard(QWidget):
             Segment("Compute", fig.compute_bytes, COLOURS["compute"]),
             Segment("Metadata", fig.metadata_bytes, COLOURS["metadata"]),
         ])
+        self._set_device_bars(fig.devices)
         self.slot_model.set_figures(fig)
         self.timeline.add("Process RSS", fig.rss_bytes)
         self.timeline.add("Weights resident", fig.weights_resident_bytes)
         self.timeline.add("KV in use", fig.kv_used_bytes)
+
+    def set_devices(self, devices: list[DeviceDesc]) -> None:
+        self.device_list = list(devices)
+        self.backends.set_devices(devices)
+        self._set_device_bars(self.figures.devices)
+
+    def _set_device_bars(self, shares: tuple[DeviceShare, ...]) -> None:
+        if len(shares) <= 1:  # the CPU alone: the bar above says it all
+            self.device_box.hide()
+            return
+        if [d.device for d in shares] != list(self.device_bars):
+            self._rebuild_device_rows([d.device for d in shares])
+        known = {d.name: d for d in self.device_list}
+        for d in shares:
+            desc = known.get(d.device)
+            capacity = (desc.total_bytes or 0) if desc is not None and desc.is_gpu else 0
+            layers = "layer" if d.n_layers == 1 else "layers"
+            self.device_titles[d.device].setText(f"{d.device}\n{d.n_layers} {layers} · "
+                                                 f"{human_bytes(d.total_bytes)}")
+            self.device_bars[d.device].set_segments([
+                Segment("Weights", d.weights_bytes, COLOURS["weights"]),
+                Segment("KV cache", d.kv_bytes, COLOURS["kv"]),
+                Segment("Compute", d.compute_bytes, COLOURS["compute"]),
+            ], capacity=capacity, capacity_label="Device memory")
+        self.device_box.show()
+
+    def _rebuild_device_rows(self, names: list[str]) -> None:
+        for widget in [*self.device_titles.values(), *self.device_bars.values()]:
+            self.device_grid.removeWidget(widget)
+            widget.deleteLater()
+        self.device_titles, self.device_bars = {}, {}
+        for row, name in enumerate(names):
+            self.device_titles[name] = title = QLabel(name, objectName="cardTitle")
+            self.device_bars[name] = bar = StackedBar()
+            self.device_grid.addWidget(title, row, 0)
+            self.device_grid.addWidget(bar, row, 1)
 
     def add_step(self, step: ReplyStep) -> None:
         if step.t_gen_ms > 0 and step.n_generated >= 4:  # the first tokens' rate is noise

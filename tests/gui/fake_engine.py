@@ -19,6 +19,8 @@ from app.dto import (
     FIT_NO,
     FIT_OK,
     BackendInfo,
+    DeviceDesc,
+    DeviceShare,
     HubFileInfo,
     HubFitInfo,
     HubRepoInfo,
@@ -48,6 +50,43 @@ from engine.errors import HubError
 
 REPLY = "Hello! Here is some **bold** text and code:\n\n```python\nprint('hi')\n```\n\nDone."
 N_LAYER = 4
+# the fake model's bytes: token_embd, N_LAYER equal layers, the output head
+EMBD_BYTES, LAYER_BYTES, HEAD_BYTES = 20_000, 15_000, 10_000
+WEIGHTS_BYTES = EMBD_BYTES + N_LAYER * LAYER_BYTES + HEAD_BYTES
+COMPUTE_BYTES, METADATA_BYTES = 300_000, 4_000
+
+FAKE_CPU = DeviceDesc("CPU", "CPU", "Fake CPU @ 3.0 GHz, numba target fake", 16 << 30, 8 << 30)
+FAKE_GL0 = DeviceDesc("GL0", "OpenGL", "llvmpipe (LLVM 15.0.7, 256 bits) (4.5 (Core Profile) Mesa 23.2.1)",
+                      8 << 30, 6 << 30, ("GL 4.5", "compute"))
+FAKE_GL0_MISSING = DeviceDesc("GL0", "OpenGL", "EGL (Mesa)", None, None, (), False,
+                              "OpenGL 3.3 only: compute shaders need 4.3")
+
+
+def fake_shares(params: LoadParams, kv: int, gpu: DeviceDesc | None,
+                capacity: bool = False) -> tuple[DeviceShare, ...]:
+    """The CPU / GPU split of the fake model under -ngl (the engine's placement contract)."""
+    n = params.n_gpu_layers if params.n_gpu_layers >= 0 else N_LAYER + 1
+    if gpu is None or not gpu.available or n == 0:
+        return (DeviceShare("CPU", WEIGHTS_BYTES, kv, COMPUTE_BYTES, N_LAYER),)
+    on, head = min(n, N_LAYER), n > N_LAYER
+    gpu_w, gpu_kv = on * LAYER_BYTES + (HEAD_BYTES if head else 0), kv // N_LAYER * on
+    room = (gpu.free_bytes if gpu.free_bytes is not None else gpu.total_bytes) or 0
+    need = gpu_w + gpu_kv + COMPUTE_BYTES
+    verdict = ("" if not capacity else "unknown" if not room else "too big" if need > room else
+               "tight" if need > 0.9 * room else "fits")
+    return (DeviceShare("CPU", WEIGHTS_BYTES - gpu_w, kv - gpu_kv, COMPUTE_BYTES, N_LAYER - on),
+            DeviceShare(gpu.name, gpu_w, gpu_kv, COMPUTE_BYTES, on, room if capacity else 0, verdict))
+
+
+def fake_figures(params: LoadParams, kv: int, gpu: DeviceDesc | None, estimate: bool,
+                 **kw) -> MemoryFigures:
+    shares = fake_shares(params, kv, gpu, capacity=estimate)
+    weights = sum(d.weights_bytes for d in shares)
+    compute = sum(d.compute_bytes for d in shares)
+    return MemoryFigures(weights_bytes=weights, kv_bytes=kv, compute_bytes=compute,
+                         kv_seq_capacity_bytes=kv // max(1, params.n_seq_max),
+                         metadata_bytes=METADATA_BYTES,
+                         total_bytes=weights + kv + compute + METADATA_BYTES, devices=shares, **kw)
 
 
 _WORK = np.linspace(0.0, 1.0, 1 << 16)
@@ -101,8 +140,10 @@ class FakeSession(SessionApi):
     template_source: str
     template_name: str
 
-    def __init__(self, path: str, params: LoadParams, reply: str, delay: float, busy: bool = False):
+    def __init__(self, path: str, params: LoadParams, reply: str, delay: float, busy: bool = False,
+                 gpu: DeviceDesc | None = None):
         self.path, self.params, self.reply, self.delay, self.busy = path, params, reply, delay, busy
+        self.gpu = gpu
         self.name = Path(path).stem
         self.arch, self.n_params = "llama", 1_234_567
         self.n_ctx = self.n_ctx_seq = params.n_ctx  # one unified cache, as the chat pane sees it
@@ -124,8 +165,8 @@ class FakeSession(SessionApi):
         kv = self.params.n_ctx * N_LAYER * 2 * 64 * 2 * self.params.n_seq_max
         used = self._used * N_LAYER * 2 * 64 * 2
         per_seq = tuple([used] + [0] * (self.params.n_seq_max - 1))
-        return MemoryFigures(90_000, 60_000, kv, used, per_seq, 300_000, 4_000, process_rss(),
-                             90_000 + kv + 304_000)
+        return fake_figures(self.params, kv, self.gpu, estimate=False, weights_resident_bytes=60_000,
+                            kv_used_bytes=used, kv_per_seq_used=per_seq, rss_bytes=process_rss())
 
     def count_tokens(self, messages: list[dict]) -> int:
         return sum(len(m["content"].split()) + 4 for m in messages) + 1
@@ -254,8 +295,10 @@ class FakeHub(HubApi):
 
 class FakeEngine(EngineApi):
     def __init__(self, reply: str = REPLY, delay: float = 0.01, load_time: float = 0.05,
-                 busy: bool = False, hub: HubApi | None = None):
+                 busy: bool = False, hub: HubApi | None = None,
+                 devices: list[DeviceDesc] | None = None):
         self.reply, self.delay, self.load_time, self.busy = reply, delay, load_time, busy
+        self.device_list = devices or [FAKE_CPU]  # add FAKE_GL0 for a GPU
         self.sessions: list[FakeSession] = []
         self._hub = hub or FakeHub()
 
@@ -265,11 +308,14 @@ class FakeEngine(EngineApi):
             return LlmFileInfo(str(p), p.stem, file_size=p.stat().st_size,
                                error="not a GGUF file (bad magic)")
         return LlmFileInfo(str(p), p.stem, "llama", 1_234_567, {"Q4_1": 60_000, "F32": 30_000},
-                           p.stat().st_size, 2048, True, "gpt2")
+                           p.stat().st_size, 2048, True, "gpt2", n_layer=N_LAYER)
+
+    def _gpu(self) -> DeviceDesc | None:
+        return next((d for d in self.device_list if d.is_gpu and d.available), None)
 
     def estimate(self, path: str, params: LoadParams) -> MemoryFigures:
         kv = params.n_ctx * N_LAYER * 2 * 64 * 2 * params.n_seq_max
-        return MemoryFigures(90_000, 0, kv, 0, (), 300_000, 4_000, 0, 90_000 + kv + 304_000)
+        return fake_figures(params, kv, self._gpu(), estimate=True)
 
     def load(self, path: str, params: LoadParams, progress: ProgressFn,
              cancel: threading.Event) -> FakeSession:
@@ -280,7 +326,7 @@ class FakeEngine(EngineApi):
             spin(self.load_time / 5) if self.busy else time.sleep(self.load_time / 5)
         if Path(path).read_bytes()[:4] != b"GGUF":
             raise ValueError(f"{path}: not a GGUF file")
-        s = FakeSession(path, params, self.reply, self.delay, self.busy)
+        s = FakeSession(path, params, self.reply, self.delay, self.busy, self._gpu())
         self.sessions.append(s)
         return s
 
@@ -303,6 +349,9 @@ class FakeEngine(EngineApi):
 
     def backends(self, n_threads: int = 0) -> BackendInfo:
         return backend_info(n_threads)
+
+    def devices(self, refresh: bool = False) -> list[DeviceDesc]:
+        return list(self.device_list)
 
     def hub(self) -> HubApi:
         return self._hub
