@@ -1,9 +1,11 @@
 """Offscreen screenshots of the main window for the README: docs/screenshots/*.png.
 
-    QT_QPA_PLATFORM=offscreen python scripts/screenshots.py [-m MODEL.gguf] [--fake]
+    QT_QPA_PLATFORM=offscreen python scripts/screenshots.py [-m MODEL.gguf] [--fake [--gpu]] [--out DIR]
 
 With a model (default: the cached SmolLM2 starter) the real engine runs; --fake uses the test
-FakeEngine so the script works before/without the engine.
+FakeEngine so the script works before/without the engine; --gpu adds the fake's GL0 device and
+offloads 2 layers to it (the load panel's CPU / GPU estimate, the dashboard's per-device bars),
+and also saves the load panel and the backends panel on their own.
 """
 
 from __future__ import annotations
@@ -47,11 +49,12 @@ def wait_until(cond, timeout: float = 120.0) -> bool:
 def make_engine(args, tmp: Path):
     if args.fake:
         sys.path.insert(0, str(ROOT / "tests"))
-        from gui.fake_engine import FakeEngine
+        from gui.fake_engine import FAKE_CPU, FAKE_GL0, FakeEngine
 
         path = tmp / "tiny-llama-Q4_1.gguf"
         path.write_bytes(b"GGUF" + bytes(4096))
-        return FakeEngine(delay=0.003), str(path)
+        devices = [FAKE_CPU, FAKE_GL0] if args.gpu else None
+        return FakeEngine(delay=0.003, devices=devices), str(path)
     from app.engine_adapter import EngineAdapter
 
     engine = EngineAdapter()
@@ -66,18 +69,25 @@ def make_engine(args, tmp: Path):
     return engine, model
 
 
-def shoot(window, tab: int, name: str) -> None:
+def shoot(window, tab: int, name: str, widget=None) -> None:
+    """The window with `tab` current, or only `widget` (which that tab shows)."""
     window.tabs.setCurrentIndex(tab)
     wait_until(lambda: False, 0.3)
-    window.grab().save(str(OUT / f"{name}.png"))
+    (widget or window).grab().save(str(OUT / f"{name}.png"))
     print("saved", OUT / f"{name}.png")
 
 
 def main() -> int:
+    global OUT
     parser = argparse.ArgumentParser()
     parser.add_argument("-m", "--model")
     parser.add_argument("--fake", action="store_true")
+    parser.add_argument("--gpu", action="store_true", help="with --fake: a GL0 device, 2 layers on it")
+    parser.add_argument("--out", help=f"folder for the PNGs (default {OUT})")
     args = parser.parse_args()
+    if args.gpu and not args.fake:
+        parser.error("--gpu needs --fake (the fake engine's GL0 device)")
+    OUT = Path(args.out) if args.out else OUT
     OUT.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="ggstation-shots-"))
     app = QApplication([sys.argv[0]])
@@ -97,9 +107,11 @@ def main() -> int:
     panel = window.picker.load_panel
     if not wait_until(lambda: panel.info is not None and panel.info.path == model):
         sys.exit(f"{model} was not listed")
-    panel.set_params(LoadParams(n_ctx=2048, n_seq_max=2))
+    panel.set_params(LoadParams(n_ctx=2048, n_seq_max=2, n_gpu_layers=2 if args.gpu else 0))
     wait_until(lambda: False, 1.0)
     shoot(window, TAB_MODELS, "models")
+    if args.gpu:
+        shoot(window, TAB_MODELS, "load-panel", panel)
     window.picker.load_panel.start_load()
     if not wait_until(lambda: ctx.session is not None, 300):
         sys.exit("model did not load: " + window.picker.load_panel.error.text())
@@ -117,6 +129,12 @@ def main() -> int:
     shoot(window, TAB_SERVER, "server")
     wait_until(lambda: False, 2.0)
     shoot(window, TAB_MEMORY, "memory")
+    if args.gpu:
+        sides = window.dashboard.side_tabs
+        sides.setCurrentIndex(1)
+        shoot(window, TAB_MEMORY, "memory-backends")
+        shoot(window, TAB_MEMORY, "backends", sides)
+        sides.setCurrentIndex(0)
     apply_theme(app, "dark")
     shoot(window, TAB_CHAT, "chat-dark")
     shoot(window, TAB_MEMORY, "memory-dark")

@@ -4,7 +4,7 @@ the engine found (engine.backends.list_devices): memory, and whether it can be u
 from __future__ import annotations
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import QFormLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QFormLayout, QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
 from ..dto import BackendInfo, DeviceDesc
 from ..format import human_bytes
@@ -25,14 +25,18 @@ class BackendsPanel(QWidget):
         for key in CPU_ROWS + GL_ROWS:
             self.labels[key] = self._add_row(self.form, key)
         col.addLayout(self.form)
-        col.addWidget(QLabel("Compute devices", objectName="sectionTitle"))
+        title = QHBoxLayout()
+        title.addWidget(QLabel("Compute devices", objectName="sectionTitle"))
+        title.addStretch(1)
+        self.refresh_link = QLabel('<a href="#refresh">look again</a>')
+        self.refresh_link.setToolTip("Probe the GPU devices again (free memory changes)")
+        self.refresh_link.linkActivated.connect(lambda _href: self.refresh_requested.emit())
+        title.addWidget(self.refresh_link)
+        col.addLayout(title)
         self.device_form = QFormLayout()
         self.device_labels: dict[str, QLabel] = {}
         self.devices: list[DeviceDesc] = []
         col.addLayout(self.device_form)
-        self.refresh_button = QPushButton("Look again", clicked=self.refresh_requested)
-        self.refresh_button.setToolTip("Probe the GPU devices again (free memory changes)")
-        col.addWidget(self.refresh_button)
         col.addStretch(1)
         self._show_devices([])
 
@@ -78,7 +82,8 @@ class BackendsPanel(QWidget):
 
 
 def device_text(d: DeviceDesc) -> str:
-    """Three lines: what it is, its memory, and whether it can be used."""
+    """Two lines: what it is; its memory, capabilities and whether it can be used. (The CPU's
+    one: the rows above describe it already.)"""
     if d.total_bytes is None and d.free_bytes is None:
         memory = "memory size not reported"
     elif d.free_bytes is None:
@@ -89,4 +94,4 @@ def device_text(d: DeviceDesc) -> str:
     if d.caps:
         memory += " · " + ", ".join(d.caps)
     state = "available" if d.available else f"not available: {d.reason or 'no reason given'}"
-    return f"{d.description}\n{memory}\n{state}"
+    return f"{memory} · {state}" if not d.is_gpu else f"{d.description}\n{memory} · {state}"

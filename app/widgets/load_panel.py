@@ -238,6 +238,8 @@ class LoadPanel(QWidget):
             words.append("It will not fit: lower the context size or slots, or use a smaller "
                          "quantisation.")
         if gpu is not None:
+            n_cpu = host.n_layers if host is not None else 0
+            self.ram_title.setText(f"CPU (RAM): {n_cpu} {_layers(n_cpu)}")
             words.append(self._show_gpu_share(gpu))
             fits = fits and gpu.verdict != "too big"
         for widget in (self.ram_title, self.gpu_title, self.gpu_bar):
@@ -248,8 +250,7 @@ class LoadPanel(QWidget):
 
     def _show_gpu_share(self, gpu: DeviceShare) -> str:
         """Draws the GPU's bar; returns the sentence on whether its share fits."""
-        layers = "layer" if gpu.n_layers == 1 else "layers"
-        self.gpu_title.setText(f"{gpu.device} (GPU memory): {gpu.n_layers} {layers}")
+        self.gpu_title.setText(f"{gpu.device} (GPU memory): {gpu.n_layers} {_layers(gpu.n_layers)}")
         self.gpu_bar.set_segments([
             Segment("Weights", gpu.weights_bytes, COLOURS["weights"]),
             Segment("KV cache", gpu.kv_bytes, COLOURS["kv"]),
@@ -294,6 +295,10 @@ class LoadPanel(QWidget):
         self._load_worker = None
         self.progress.hide()
         self._update_buttons()
+
+
+def _layers(n: int) -> str:
+    return "layer" if n == 1 else "layers"
 
 
 def _gpu_tooltip(devices, n_layer: int) -> str:

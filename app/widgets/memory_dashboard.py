@@ -13,8 +13,10 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QLabel,
     QLineEdit,
+    QScrollArea,
     QSplitter,
     QTableView,
+    QTabWidget,
     QVBoxLayout,
     QWidget,
 )
@@ -80,11 +82,13 @@ class MemoryDashboard(QWidget):
         return self.bar
 
     def _build_device_bars(self) -> QWidget:
-        """One row per device (title, bar of its weights / KV / compute), shown when the loaded
-        context spans more than one device."""
-        self.device_box = QGroupBox("By device")
+        """One column per device (title over a bar of its weights / KV / compute), shown when
+        the loaded context spans more than one device. Side by side: the tab is tall enough."""
+        self.device_box = QWidget()
         self.device_grid = QGridLayout(self.device_box)
-        self.device_grid.setColumnStretch(1, 1)
+        self.device_grid.setContentsMargins(0, 0, 0, 0)
+        self.device_grid.setHorizontalSpacing(24)
+        self.device_grid.setVerticalSpacing(2)
         self.device_titles: dict[str, QLabel] = {}
         self.device_bars: dict[str, StackedBar] = {}
         self.device_list: list[DeviceDesc] = []
@@ -120,18 +124,17 @@ class MemoryDashboard(QWidget):
         splitter.setSizes([620, 380])
         return splitter
 
-    def _build_side(self) -> QWidget:
-        side = QWidget()
-        col = QVBoxLayout(side)
-        col.setContentsMargins(0, 0, 0, 0)
-        slots = QGroupBox("KV cache per slot")
-        QVBoxLayout(slots).addWidget(_table(self.slot_model, stretch=1, max_rows=6))
-        backends = QGroupBox("Backends")
+    def _build_side(self) -> QTabWidget:
+        """KV use per slot and the backends, one tab each: with GPU devices listed the two do
+        not fit one above the other in a window of ordinary height."""
+        self.side_tabs = QTabWidget()
+        self.side_tabs.addTab(_table(self.slot_model, stretch=1), "KV cache per slot")
         self.backends = BackendsPanel()
-        QVBoxLayout(backends).addWidget(self.backends)
-        col.addWidget(slots)
-        col.addWidget(backends, 1)
-        return side
+        scroll = QScrollArea(widgetResizable=True, frameShape=QFrame.Shape.NoFrame)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        scroll.setWidget(self.backends)
+        self.side_tabs.addTab(scroll, "Backends")
+        return self.side_tabs
 
     # updates --------------------------------------------------------------------------------
     def set_layers(self, rows) -> None:
@@ -181,7 +184,7 @@ class MemoryDashboard(QWidget):
             desc = known.get(d.device)
             capacity = (desc.total_bytes or 0) if desc is not None and desc.is_gpu else 0
             layers = "layer" if d.n_layers == 1 else "layers"
-            self.device_titles[d.device].setText(f"{d.device}\n{d.n_layers} {layers} · "
+            self.device_titles[d.device].setText(f"{d.device}: {d.n_layers} {layers} · "
                                                  f"{human_bytes(d.total_bytes)}")
             self.device_bars[d.device].set_segments([
                 Segment("Weights", d.weights_bytes, COLOURS["weights"]),
@@ -195,11 +198,12 @@ class MemoryDashboard(QWidget):
             self.device_grid.removeWidget(widget)
             widget.deleteLater()
         self.device_titles, self.device_bars = {}, {}
-        for row, name in enumerate(names):
+        for col, name in enumerate(names):
             self.device_titles[name] = title = QLabel(name, objectName="cardTitle")
             self.device_bars[name] = bar = StackedBar()
-            self.device_grid.addWidget(title, row, 0)
-            self.device_grid.addWidget(bar, row, 1)
+            self.device_grid.addWidget(title, 0, col)
+            self.device_grid.addWidget(bar, 1, col)
+            self.device_grid.setColumnStretch(col, 1)
 
     def add_step(self, step: ReplyStep) -> None:
         if step.t_gen_ms > 0 and step.n_generated >= 4:  # the first tokens' rate is noise

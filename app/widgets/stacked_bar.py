@@ -27,17 +27,44 @@ class StackedBar(QWidget):
         self.segments: list[Segment] = []
         self.capacity = 0.0  # draw a marker (e.g. free RAM) when > 0
         self.capacity_label = ""
+        self._laid_out = False  # until the first resize, the width is not the layout's
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
 
     def sizeHint(self) -> QSize:  # noqa: N802
-        return QSize(400, BAR_H + 2 * (self.fontMetrics().height() + 8) + 4)
+        # as tall as the legend wraps at the current width (one line or two before the first
+        # layout): a bar whose legend fits on one line takes no room for a second
+        lines = self._legend_lines(self.width()) if self._laid_out else 2
+        return QSize(400, BAR_H + 8 + lines * (self.fontMetrics().height() + 6) + 4)
 
     def minimumSizeHint(self) -> QSize:  # noqa: N802
         return QSize(200, self.sizeHint().height())
 
     def set_segments(self, segments: list[Segment], capacity: float = 0.0, capacity_label: str = "") -> None:
         self.segments, self.capacity, self.capacity_label = segments, capacity, capacity_label
+        self.updateGeometry()
         self.update()
+
+    def resizeEvent(self, event) -> None:  # noqa: N802
+        self._laid_out = True
+        if self._legend_lines(event.size().width()) != self._legend_lines(event.oldSize().width()):
+            self.updateGeometry()
+        super().resizeEvent(event)
+
+    def _legend_items(self) -> list[tuple[QColor, str]]:
+        items = [(s.colour, f"{s.label} {human_bytes(s.value)}") for s in self.segments]
+        if self.capacity > 0:
+            items.append((QColor("#f85149"), f"{self.capacity_label} {human_bytes(self.capacity)}"))
+        return items
+
+    def _legend_lines(self, width: int) -> int:
+        """Lines the legend takes at `width`, wrapped as _paint_legend wraps it."""
+        fm, x, lines = self.fontMetrics(), 0, 1
+        for _colour, text in self._legend_items():
+            w = SWATCH + 6 + fm.horizontalAdvance(text)
+            if x + w > width and x > 0:
+                x, lines = 0, lines + 1
+            x += w + LEGEND_GAP
+        return lines
 
     def total(self) -> float:
         return sum(s.value for s in self.segments)
@@ -73,9 +100,7 @@ class StackedBar(QWidget):
     def _paint_legend(self, p: QPainter, top: int) -> None:
         fm = self.fontMetrics()
         x, y = 0, top
-        items = [(s.colour, f"{s.label} {human_bytes(s.value)}") for s in self.segments]
-        if self.capacity > 0:
-            items.append((QColor("#f85149"), f"{self.capacity_label} {human_bytes(self.capacity)}"))
+        items = self._legend_items()
         p.setPen(self.palette().color(QPalette.ColorRole.WindowText))
         for colour, text in items:
             w = SWATCH + 6 + fm.horizontalAdvance(text)

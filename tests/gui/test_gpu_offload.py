@@ -50,7 +50,7 @@ def test_backends_panel_lists_every_device(make_window, qtbot):
     panel = w.dashboard.backends
     assert list(panel.device_labels) == ["CPU", "GL0"]
     gl = panel.device_labels["GL0"].text()
-    assert FAKE_GL0.description in gl and "8.0 GiB total · 6.0 GiB free" in gl and "\navailable" in gl
+    assert FAKE_GL0.description in gl and "8.0 GiB total · 6.0 GiB free" in gl and gl.endswith("· available")
     assert "GL 4.5, compute" in gl
     assert panel.labels["CPU"].text() not in ("", "…")  # the CPU rows stay
     # a listed GL device names its renderer: the display's renderer rows step aside
@@ -105,6 +105,7 @@ def test_estimate_shows_the_cpu_gpu_split(make_window, qtbot, gguf_path, n_gpu):
     head = HEAD_BYTES if n_gpu < 0 or n_gpu > N_LAYER else 0
     qtbot.waitUntil(lambda: _segments(panel.gpu_bar).get("Weights") == on * LAYER_BYTES + head, timeout=3000)
     assert panel.gpu_bar.isVisibleTo(panel) and panel.ram_title.isVisibleTo(panel)
+    assert panel.ram_title.text() == f"CPU (RAM): {N_LAYER - on} layer" + ("" if N_LAYER - on == 1 else "s")
     gpu, cpu = _segments(panel.gpu_bar), _segments(panel.estimate_bar)
     assert gpu["Compute"] == cpu["Compute"] == COMPUTE_BYTES
     assert cpu["KV cache"] + gpu["KV cache"] == w.ctx.engine.estimate(gguf_path, panel.params()).kv_bytes
@@ -167,7 +168,7 @@ def test_dashboard_shows_one_bar_per_device(make_window, qtbot, gguf_path):
             shares[name].weights_bytes, shares[name].kv_bytes, shares[name].compute_bytes)
     assert d.device_bars["GL0"].capacity == FAKE_GL0.total_bytes
     assert d.device_bars["CPU"].capacity == 0
-    assert d.device_titles["GL0"].text().startswith("GL0\n2 layers")
+    assert d.device_titles["GL0"].text().startswith("GL0: 2 layers")
     assert _segments(d.bar)["Compute"] == 2 * COMPUTE_BYTES  # the totals stay the sums
 
 
