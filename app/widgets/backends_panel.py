@@ -19,7 +19,7 @@ class BackendsPanel(QWidget):
     def __init__(self, parent=None):
         super().__init__(parent)
         col = QVBoxLayout(self)
-        col.setContentsMargins(0, 0, 0, 0)
+        col.setContentsMargins(8, 6, 8, 6)
         self.form = QFormLayout()
         self.labels: dict[str, QLabel] = {}
         for key in CPU_ROWS + GL_ROWS:
@@ -67,7 +67,7 @@ class BackendsPanel(QWidget):
             self.device_form.removeRow(0)
         self.device_labels = {}
         for d in devices:
-            label = self._add_row(self.device_form, f"{d.name} · {d.backend}")
+            label = self._add_row(self.device_form, d.name if d.name == d.backend else f"{d.name} · {d.backend}")
             label.setText(device_text(d))
             label.setObjectName("" if d.available else "dim")  # new label: styled when first shown
             self.device_labels[d.name] = label

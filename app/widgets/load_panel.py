@@ -171,10 +171,11 @@ class LoadPanel(QWidget):
         n_layer = self.info.n_layer if self.info is not None and not self.info.error else 0
         if n_layer:
             self.n_gpu_layers.setMaximum(n_layer + 1)
-            self.gpu_hint.setText(f"of {n_layer} (+1: the output layer)")
-        else:
-            self.gpu_hint.setText("")
         gpu = self.ctx.gpu_device()
+        if gpu is None:  # the tooltip has the whole reason
+            self.gpu_hint.setText("CPU only: no usable GPU" if self.ctx.devices else "")
+        else:
+            self.gpu_hint.setText(f"of {n_layer} on {gpu.name} (+1: the output layer)" if n_layer else "")
         tip = _gpu_tooltip(self.ctx.devices, n_layer) if gpu is None else (
             f"Layers to run on {gpu.name} ({gpu.description}): the last ones first, with their KV "
             f"cache, as llama.cpp's -ngl" + (f"; {n_layer + 1} puts the output layer there too" if n_layer
