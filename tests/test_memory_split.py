@@ -153,3 +153,41 @@ def test_estimate_split_takes_the_last_layers_not_the_first(info):
     est = estimate_memory(info.cfg, sum(sizes) + 7, info.n_tensors, n_gpu_layers=1,
                           layer_weights_bytes=sizes, output_weights_bytes=7)
     assert [d.weights_bytes for d in est.devices] == [sum(sizes[:-1]) + 7, sizes[-1]]
+
+
+@pytest.fixture
+def fake_gl0(monkeypatch):
+    """engine.backends lists a GL0 with 8 GiB, 6 GiB free (the OpenGL backend is another's)."""
+    import engine.backends as backends
+
+    monkeypatch.setattr(backends, "_gpu_devices", lambda: [_gl0(6 << 30)])
+    backends.list_devices(refresh=True)
+    yield
+    monkeypatch.undo()
+    backends.list_devices(refresh=True)
+
+
+def test_info_prints_the_split_with_ngl(tiny_llama_path, fake_gl0, capsys):
+    import json
+
+    from engine.cli import main
+
+    assert main(["info", "-m", str(tiny_llama_path), "-c", "128", "-ngl", "1"]) == 0
+    out = capsys.readouterr().out
+    lines = {ln.split(None, 2)[1]: ln for ln in out.splitlines() if ln.startswith("  on ")}
+    assert list(lines) == [CPU, "GL0"] and all(" 1 layer: weights " in ln for ln in lines.values())
+    assert "GL0 needs" in out and "6.0 GiB free: fits" in out
+    assert main(["info", "-m", str(tiny_llama_path), "-c", "128", "-ngl", "-1", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    devices = d["memory_estimate"]["devices"]
+    assert [x["device"] for x in devices] == [CPU, "GL0"] and devices[1]["n_layers"] == 2
+    assert d["gpu_fit"][0]["verdict"] == "fits"
+    assert main(["info", "-m", str(tiny_llama_path), "-c", "128"]) == 0
+    assert "on GL0" not in capsys.readouterr().out  # no -ngl: the CPU alone
+
+
+def test_info_ngl_without_a_gpu_says_so(tiny_llama_path, capsys):
+    from engine.cli import main
+
+    assert main(["info", "-m", str(tiny_llama_path), "-c", "128", "-ngl", "2", "-dev", "GL7"]) == 0
+    assert "-ngl 2 ignored" in capsys.readouterr().out

@@ -22,6 +22,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("-kvu", "--kv-unified", action="store_true", help="every sequence may use the whole context")
     g.add_argument("-ctk", "--cache-type-k", default="f16", help="KV cache type for K (default: f16)")
     g.add_argument("-ctv", "--cache-type-v", default="f16", help="KV cache type for V (default: f16)")
+    g.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="n_gpu_layers", metavar="N", type=int,
+                   default=0, help="estimate with the last N layers on the GPU (N > layers: the output "
+                                   "layer too; -1: all) (default: 0)")
+    g.add_argument("-dev", "--device", metavar="NAME", default=None,
+                   help="the GPU device the estimate offloads to (default: the first usable one)")
     g.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(run=run)
     return p
@@ -33,7 +38,7 @@ def _mib(n: int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from ..context import ContextParams, check_params
-    from ..memory import ctx_per_seq, fmt_bytes, memory_fit
+    from ..memory import ctx_per_seq, device_fits, fmt_bytes, memory_fit
     from ..model_info import inspect_model
 
     if args.ctx_size < 0:
@@ -47,9 +52,12 @@ def run(args: argparse.Namespace) -> int:
     unified = args.parallel < 0 or args.kv_unified
     n_ctx = args.ctx_size or info.n_ctx_train
     check_params(ContextParams(n_ctx=n_ctx, n_ubatch=args.ubatch_size, n_seq_max=n_seq, kv_unified=unified), n_ctx)
+    gpu, n_gpu = _placement(args, info.n_layer)
     est = info.estimate(n_ctx=n_ctx, n_seq_max=n_seq, type_k=args.cache_type_k,
-                        type_v=args.cache_type_v, n_ubatch=args.ubatch_size, kv_unified=unified)
+                        type_v=args.cache_type_v, n_ubatch=args.ubatch_size, kv_unified=unified,
+                        n_gpu_layers=n_gpu, gpu_device=gpu.name if gpu else "GL0")
     fit = memory_fit(est)
+    gpu_fits = device_fits(est, [gpu] if gpu else [])
     n_ctx_seq = ctx_per_seq(n_ctx, n_seq, unified)
     beyond = f" (beyond the training context {info.n_ctx_train})" if n_ctx_seq > info.n_ctx_train else ""
     if args.json:
@@ -57,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
         d["memory_estimate"] = est.as_dict()
         d["memory_available"] = {"ram_bytes": fit.available_bytes, "swap_free_bytes": fit.swap_free_bytes,
                                  "verdict": fit.verdict}
+        d["gpu_fit"] = [{"device": f.device, "needed_bytes": f.needed_bytes, "free_bytes": f.free_bytes,
+                         "total_bytes": f.total_bytes, "verdict": f.verdict} for f in gpu_fits]
         d["n_ctx"] = n_ctx
         print(json.dumps(d, indent=2))
         return 0
@@ -88,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         ("  compute buffer", _mib(est.compute_bytes)),
         ("  metadata", _mib(est.metadata_bytes)),
         ("  total", _mib(est.total_bytes)),
+        *_device_rows(est, gpu_fits, args.n_gpu_layers, gpu),
         ("memory available", f"{fmt_bytes(fit.available_bytes)} RAM + {fmt_bytes(fit.swap_free_bytes)} free swap"),
         ("fit", {"fits": "fits", "tight": "tight: expect swapping, a smaller -c would leave room",
                  "too big": "too big: loading with these settings is refused (--no-mem-check to try)"}[fit.verdict]),
@@ -96,6 +107,37 @@ def run(args: argparse.Namespace) -> int:
     for k, v in rows:
         print(f"{k:<{w}}  {v}")
     return 0
+
+
+def _placement(args: argparse.Namespace, n_layer: int):
+    """(the GPU DeviceInfo, -ngl for the estimate): -1 is every layer and the output; with no
+    usable GPU, or -dev naming none, the CPU holds everything (0)."""
+    from ..backends import list_devices
+
+    if not args.n_gpu_layers:
+        return None, 0
+    gpus = [d for d in list_devices() if d.backend != "CPU" and d.available]
+    if args.device is not None:
+        gpus = [d for d in gpus if d.name == args.device]
+    if not gpus:
+        return None, 0
+    return gpus[0], n_layer + 1 if args.n_gpu_layers < 0 else args.n_gpu_layers
+
+
+def _device_rows(est, gpu_fits, n_gpu_layers: int, gpu) -> list[tuple[str, str]]:
+    """Each device's share when layers are offloaded, and whether the GPU's fits its memory."""
+    from ..memory import fmt_bytes
+
+    if n_gpu_layers and gpu is None:
+        return [("  GPU", f"none usable: -ngl {n_gpu_layers} ignored, every layer on the CPU")]
+    if len(est.devices) < 2:
+        return []
+    rows = []
+    for d in est.devices:
+        layers = f"{d.n_layers} layer{'' if d.n_layers == 1 else 's'}"
+        rows.append((f"  on {d.device}", f"{layers}: weights {_mib(d.weights_bytes)}, KV {_mib(d.kv_bytes)}, "
+                                         f"compute {_mib(d.compute_bytes)} = {fmt_bytes(d.total_bytes)}"))
+    return rows + [("  GPU fit", f.summary()) for f in gpu_fits]
 
 
 def _expert_rows(info) -> list[tuple[str, str]]:
