@@ -34,7 +34,7 @@ class LlmFileInfo:
     n_expert: int = 0  # mixture of experts: experts per layer (0: a dense model)
     n_expert_used: int = 0  # experts each token runs through
     active_params: int = 0  # parameters one token runs through
-    n_layer: int = 0  # repeating layers (the GPU layers control goes to n_layer + 1: the head)
+    n_layer: int = 0  # repeating layers (the GPU layers control goes to n_layer + 1: with the head)
 
     @property
     def main_quant(self) -> str:
@@ -51,7 +51,7 @@ class LoadParams:
     type_k: str = "f16"
     n_batch: int = 512
     n_ubatch: int = 512
-    n_gpu_layers: int = 0  # -ngl: the last N layers on the GPU (N > n_layer: the head too); -1 = all
+    n_gpu_layers: int = 0  # -ngl: the last N layers on the GPU, the head counting as the last; -1 = all
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from .backends import CPU, DeviceInfo, DeviceMemory
+from .backends import CPU, DeviceInfo, DeviceMemory, gpu_placement
 from .config import ModelConfig
 from .kv_cache import kv_bytes
 
@@ -143,8 +143,8 @@ def estimate_memory(cfg: ModelConfig, weights_bytes: int, n_tensors: int, n_ctx:
     """What Context(model, ContextParams(...)) will allocate, before loading anything.
 
     Args:
-        n_gpu_layers: -ngl: the last n_gpu_layers repeating layers go to `gpu_device` (more
-            than n_layer: the output head too), see split_devices.
+        n_gpu_layers: -ngl: the last n_gpu_layers of the layers, the output head counting as
+            the last one, go to `gpu_device` (backends.gpu_placement, llama.cpp's rule).
         layer_weights_bytes: tensor bytes of each repeating layer (blk.N.*), needed when
             n_gpu_layers > 0 (ModelInfo.estimate passes them).
         output_weights_bytes: the output head's bytes (output_norm and output, or the tied
@@ -179,22 +179,19 @@ def estimate_memory(cfg: ModelConfig, weights_bytes: int, n_tensors: int, n_ctx:
 def split_devices(cfg: ModelConfig, weights_bytes: int, kv_total: int, compute: int,
                   n_gpu_layers: int, gpu_device: str, layer_weights_bytes: Sequence[int] | None,
                   output_weights_bytes: int, output_tied_bytes: int) -> tuple[DeviceMemory, ...]:
-    """Each device's share under the placement contract of issue 15: layers n_layer - n_gpu ..
-    n_layer - 1 on the GPU with their weights and KV cache, plus the output head when
-    n_gpu_layers > n_layer, plus one compute scratch of the CPU's size; the CPU keeps the rest
-    (token embedding, earlier layers) and its own compute buffer.
-
-    (llama.cpp counts the output layer first instead: its -ngl 1 offloads the head alone,
-    i_gpu_start = n_layer + 1 - ngl in llama_model::load_tensors.)
+    """Each device's share under llama.cpp's placement (backends.gpu_placement): the GPU gets
+    the last repeating layers with their weights and KV cache, the output head from -ngl 1 on,
+    and one compute scratch of the CPU's size; the CPU keeps the rest (token embedding,
+    earlier layers) and its own compute buffer.
     """
-    if n_gpu_layers <= 0:
+    if n_gpu_layers == 0:
         return (DeviceMemory(CPU, weights_bytes, kv_total, compute, cfg.n_layer),)
     if layer_weights_bytes is None or len(layer_weights_bytes) != cfg.n_layer:
         got = "none" if layer_weights_bytes is None else len(layer_weights_bytes)
         raise ValueError(f"splitting {cfg.n_layer} layers across devices needs each layer's weight "
                          f"bytes (got {got})")
-    n_gpu = min(n_gpu_layers, cfg.n_layer)
-    head = n_gpu_layers > cfg.n_layer
+    first, head = gpu_placement(cfg.n_layer, n_gpu_layers)
+    n_gpu = cfg.n_layer - first
     gpu_weights = sum(layer_weights_bytes[cfg.n_layer - n_gpu:]) + (output_weights_bytes if head else 0)
     # the cache gives every layer the same (n_stream, n_cells, n_head_kv, head_dim) arrays,
     # sliding-window layers included (kv_cache.KVCache), so a layer's share is exact
@@ -339,7 +336,7 @@ def check_fits(est: MemoryReport, cfg: ModelConfig, n_tensors: int, what: str,
     if fit.verdict == "too big":
         limit = fit.available_bytes + fit.swap_free_bytes
         # the file's weights: an offloaded tied output counts twice in the devices' sum
-        tied = kw.get("output_tied_bytes", 0) if kw.get("n_gpu_layers", 0) > cfg.n_layer else 0
+        tied = kw.get("output_tied_bytes", 0) if gpu_placement(cfg.n_layer, kw.get("n_gpu_layers", 0))[1] else 0
         n_fit = largest_fitting_ctx(cfg, est.weights_bytes - tied, n_tensors,
                                     WARN_FACTOR * fit.available_bytes, **kw)
         advice = (f"lower the context size (-c {n_fit} or less would fit)" if n_fit >= 256 else

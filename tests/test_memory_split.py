@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.backends import CPU, DeviceInfo
+from engine.backends import CPU, DeviceInfo, gpu_placement
 from engine.kv_cache import KVCache
 from engine.memory import (
     DeviceFit,
@@ -54,13 +54,14 @@ def test_estimate_split_none_offloaded_is_the_cpu_alone(info):
     assert dev[CPU].n_layers == info.n_layer
 
 
-@pytest.mark.parametrize("extra", [0, 1, 2, 100])  # n_gpu_layers = 1, n_layer, n_layer + 1, many
-def test_estimate_split_places_the_last_layers_on_the_gpu(info, extra):
-    n_gpu_layers = 1 if extra == 0 else info.n_layer + extra - 1
-    est, dev = _split(info, n_gpu_layers)
+@pytest.mark.parametrize("ngl", [1, 2, "n_layer", "n_layer+1", 100, -1])
+def test_estimate_split_places_the_last_layers_on_the_gpu(info, ngl):
+    # llama.cpp's rule: the head counts as layer n_layer, the last N of 0..n_layer go to the GPU
     n_layer, cfg = info.n_layer, info.cfg
-    on_gpu = min(n_gpu_layers, n_layer)
-    head = n_gpu_layers > n_layer
+    n_gpu_layers = {"n_layer": n_layer, "n_layer+1": n_layer + 1}.get(ngl, ngl)
+    est, dev = _split(info, n_gpu_layers)
+    on_gpu = n_layer if n_gpu_layers < 0 else min(n_gpu_layers - 1, n_layer)
+    head = True
     cpu, gpu = dev[CPU], dev["GL0"]
     assert list(dev) == [CPU, "GL0"]
     assert (cpu.n_layers, gpu.n_layers) == (n_layer - on_gpu, on_gpu)
@@ -150,9 +151,17 @@ def test_vram_verdict_for_a_device_not_listed(info):
 
 def test_estimate_split_takes_the_last_layers_not_the_first(info):
     sizes = [1000 * (il + 1) for il in range(info.n_layer)]  # every layer a different size
-    est = estimate_memory(info.cfg, sum(sizes) + 7, info.n_tensors, n_gpu_layers=1,
+    est = estimate_memory(info.cfg, sum(sizes) + 7, info.n_tensors, n_gpu_layers=2,
                           layer_weights_bytes=sizes, output_weights_bytes=7)
-    assert [d.weights_bytes for d in est.devices] == [sum(sizes[:-1]) + 7, sizes[-1]]
+    assert [d.weights_bytes for d in est.devices] == [sum(sizes[:-1]), sizes[-1] + 7]
+
+
+def test_gpu_placement_is_llama_cpp_s():
+    # llama_model::load_tensors: i_gpu_start = max(n_layer + 1 - ngl, 0), the head is layer n_layer
+    assert gpu_placement(30, 0) == (30, False)
+    assert gpu_placement(30, 1) == (30, True)  # the head alone
+    assert gpu_placement(30, 2) == (29, True)
+    assert gpu_placement(30, 31) == gpu_placement(30, 99) == gpu_placement(30, -1) == (0, True)
 
 
 @pytest.fixture
@@ -172,10 +181,11 @@ def test_info_prints_the_split_with_ngl(tiny_llama_path, fake_gl0, capsys):
 
     from engine.cli import main
 
-    assert main(["info", "-m", str(tiny_llama_path), "-c", "128", "-ngl", "1"]) == 0
+    assert main(["info", "-m", str(tiny_llama_path), "-c", "128", "-ngl", "2"]) == 0  # of 2 layers + output
     out = capsys.readouterr().out
     lines = {ln.split(None, 2)[1]: ln for ln in out.splitlines() if ln.startswith("  on ")}
-    assert list(lines) == [CPU, "GL0"] and all(" 1 layer: weights " in ln for ln in lines.values())
+    assert list(lines) == [CPU, "GL0"]
+    assert " 1 layer: weights " in lines[CPU] and " 1 layer + output: weights " in lines["GL0"]
     assert "GL0 needs" in out and "6.0 GiB free: fits" in out
     assert main(["info", "-m", str(tiny_llama_path), "-c", "128", "-ngl", "-1", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)

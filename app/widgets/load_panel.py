@@ -175,11 +175,12 @@ class LoadPanel(QWidget):
         if gpu is None:  # the tooltip has the whole reason
             self.gpu_hint.setText("CPU only: no usable GPU" if self.ctx.devices else "")
         else:
-            self.gpu_hint.setText(f"of {n_layer} on {gpu.name} (+1: the output layer)" if n_layer else "")
+            self.gpu_hint.setText(
+                f"of {n_layer + 1} on {gpu.name} (the output layer counts as the last)" if n_layer else "")
         tip = _gpu_tooltip(self.ctx.devices, n_layer) if gpu is None else (
             f"Layers to run on {gpu.name} ({gpu.description}): the last ones first, with their KV "
-            f"cache, as llama.cpp's -ngl" + (f"; {n_layer + 1} puts the output layer there too" if n_layer
-                                             else "") + ". 'all': every layer and the output.")
+            f"cache, as llama.cpp's -ngl, where the output layer counts as the last: 1 moves it "
+            f"alone" + (f", {n_layer + 1} every layer" if n_layer else "") + ". 'all': every layer and the output.")
         for w in (self.gpu_label, self.n_gpu_layers, self.gpu_all, self.gpu_hint):
             w.setToolTip(tip)
             w.setEnabled(gpu is not None)

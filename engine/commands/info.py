@@ -126,6 +126,7 @@ def _placement(args: argparse.Namespace, n_layer: int):
 
 def _device_rows(est, gpu_fits, n_gpu_layers: int, gpu) -> list[tuple[str, str]]:
     """Each device's share when layers are offloaded, and whether the GPU's fits its memory."""
+    from ..backends import CPU
     from ..memory import fmt_bytes
 
     if n_gpu_layers and gpu is None:
@@ -135,6 +136,8 @@ def _device_rows(est, gpu_fits, n_gpu_layers: int, gpu) -> list[tuple[str, str]]
     rows = []
     for d in est.devices:
         layers = f"{d.n_layers} layer{'' if d.n_layers == 1 else 's'}"
+        if d.device != CPU:  # -ngl counts the output layer first (backends.gpu_placement)
+            layers += " + output"
         rows.append((f"  on {d.device}", f"{layers}: weights {_mib(d.weights_bytes)}, KV {_mib(d.kv_bytes)}, "
                                          f"compute {_mib(d.compute_bytes)} = {fmt_bytes(d.total_bytes)}"))
     return rows + [("  GPU fit", f.summary()) for f in gpu_fits]

@@ -200,15 +200,15 @@ def test_adapter_lists_devices_and_splits_the_estimate(gl0_registry, tiny_llama_
     info = adapter.inspect(str(tiny_llama_path))
     base = LoadParams(n_ctx=256, n_seq_max=1, n_batch=64, n_ubatch=64)
     assert [s.device for s in adapter.estimate(info.path, base).devices] == ["CPU"]
-    fig = adapter.estimate(info.path, replace(base, n_gpu_layers=1))
+    fig = adapter.estimate(info.path, replace(base, n_gpu_layers=2))  # the head and the last layer
     cpu, gl0 = fig.devices
     assert (gl0.device, gl0.n_layers, cpu.n_layers) == ("GL0", 1, info.n_layer - 1)
     assert gl0.capacity_bytes == 6 << 30 and gl0.verdict == "fits" and cpu.verdict == ""
     assert fig.compute_bytes == 2 * gl0.compute_bytes and fig.kv_bytes == cpu.kv_bytes + gl0.kv_bytes
     every = adapter.estimate(info.path, replace(base, n_gpu_layers=-1)).devices
     assert every[1].n_layers == info.n_layer and every[0].n_layers == 0
-    layers_only = adapter.estimate(info.path, replace(base, n_gpu_layers=info.n_layer)).devices
-    assert every[1].weights_bytes > layers_only[1].weights_bytes  # "all" moves the head too
+    but_first = adapter.estimate(info.path, replace(base, n_gpu_layers=info.n_layer)).devices
+    assert every[1].weights_bytes > but_first[1].weights_bytes  # "all" moves the first layer too
 
 
 def test_adapter_without_a_usable_gpu_estimates_the_cpu_alone(tiny_llama_path, monkeypatch):
