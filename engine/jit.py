@@ -11,6 +11,7 @@ import hashlib
 import os
 import sys
 import threading
+import types
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +25,25 @@ _OPTS: dict[str, Any] = dict(cache=True, fastmath=True, nogil=True, error_model=
 
 kernel = numba.njit(**_OPTS)
 parallel_kernel = numba.njit(parallel=True, **_OPTS)
+
+
+def serial_and_parallel(fn: Callable[..., Any]) -> tuple[Any, Any]:
+    """(kernel, parallel_kernel) of one body, each with its own cache entry.
+
+    numba names a cache entry after the function's module, qualified name and line, and keys
+    it by signature and target machine, not by its flags: the serial and the parallel kernel
+    of one function would load each other's machine code, whichever was compiled first. A
+    parallel region loaded into the serial kernel then ran where a thread wake-up costs more
+    than the work, or crashed in a process whose OpenMP runtime was not started yet; the
+    serial code in the parallel kernel ran long attention on one core. The parallel one is
+    compiled from a copy of the function under another qualified name.
+    """
+    twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    twin.__qualname__ = fn.__qualname__ + "__parallel"
+    twin.__module__, twin.__doc__ = fn.__module__, fn.__doc__
+    return kernel(fn), parallel_kernel(twin)
+
+
 # For kernels that must round exactly as C compiled without -ffast-math does (the sampler's
 # float32 softmax, which has to match llama.cpp's bit for bit to pick the same tokens).
 exact_kernel = numba.njit(**{**_OPTS, "fastmath": False})

@@ -13,9 +13,10 @@ import numba
 import numpy as np
 from numba import prange, types
 from numba.extending import overload
+from numba.np.ufunc.parallel import _launch_threads
 
 from . import parallel
-from .jit import kernel, parallel_kernel
+from .jit import kernel, serial_and_parallel
 
 
 def _rmsnorm_rows(x, w, eps, out):  # x, out (T, E); w (E,)
@@ -298,7 +299,7 @@ def _attn_body(q, k, v, seq, pos, window, scale, softcap, sinks, out, n_split, s
     _merge_splits(pm, pl, pacc, n_split, G, sinks, out)
 
 
-_attn_s, _attn_p = kernel(_attn_body), parallel_kernel(_attn_body)
+_attn_s, _attn_p = serial_and_parallel(_attn_body)
 # Below this many multiply-adds a parallel region's thread wake-up costs more than it saves.
 ATTN_PARALLEL_MIN_WORK = 1 << 20
 # A split (parallel path) covers at least this many positions: each has a merge to pay for.
@@ -315,6 +316,10 @@ def _block_scratch(d: int, rep: int) -> tuple[np.ndarray, np.ndarray, np.ndarray
     and (rep, KV_BLOCK) score blocks (allocated once per shape; 17 KiB a thread for d = 64)."""
     key = (d, rep)
     if key not in _scratch:
+        # the kernels read numba.get_thread_id(), which needs the threading layer started: a
+        # freshly compiled kernel starts it, one loaded from the cache does not (a crash when
+        # attention was a process's first kernel)
+        _launch_threads()
         n = numba.config.NUMBA_NUM_THREADS
         buf = np.zeros((n, KV_BLOCK, d), np.float32)
         _scratch[key] = (buf.view(np.uint32), buf, np.zeros((n, rep, KV_BLOCK), np.float32))
