@@ -1,5 +1,7 @@
 """MemoryDashboard: the engine's live memory report as figures, a stacked bar and a timeline,
-plus the per-layer tensor table, KV use per slot, and the backends panel."""
+plus the per-layer tensor table, KV use per slot, and the backends panel. While the chat talks
+to a remote server that serves /slots or /metrics, the slot table shows its slots and the
+timeline its throughput."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ..dto import MemoryFigures, ReplyStep
+from ..dto import MemoryFigures, RemoteLoad, ReplyStep
 from ..format import human_bytes
 from ..item_models.layer_table_model import SORT_ROLE, LayerTableModel
 from ..item_models.slot_table_model import SlotTableModel
@@ -29,8 +31,10 @@ from .timeline_chart import Series, TimelineChart
 COLOURS = {
     "weights": QColor("#3d7eff"), "kv": QColor("#a371f7"), "kv_free": QColor("#d2bdfb"),
     "compute": QColor("#3fb950"), "metadata": QColor("#d29922"), "rss": QColor("#8b949e"),
-    "tok_s": QColor("#f0883e"),
+    "tok_s": QColor("#f0883e"), "server_tok_s": QColor("#db61a2"),
 }
+SLOTS_TITLE = "KV cache per slot"
+SERVER_TOK_S = "server tokens/s"
 FIGURES = ("Weights", "KV cache", "Compute buffer", "Metadata", "Process RSS", "Engine total")
 
 
@@ -81,6 +85,7 @@ class MemoryDashboard(QWidget):
         self.timeline = TimelineChart([
             Series("Process RSS", COLOURS["rss"]), Series("Weights resident", COLOURS["weights"]),
             Series("KV in use", COLOURS["kv"]), Series("tokens/s", COLOURS["tok_s"], right_axis=True),
+            Series(SERVER_TOK_S, COLOURS["server_tok_s"], right_axis=True),
         ])
         return self.timeline
 
@@ -110,8 +115,12 @@ class MemoryDashboard(QWidget):
         side = QWidget()
         col = QVBoxLayout(side)
         col.setContentsMargins(0, 0, 0, 0)
-        slots = QGroupBox("KV cache per slot")
-        QVBoxLayout(slots).addWidget(_table(self.slot_model, stretch=1, max_rows=6))
+        slots = self.slots_box = QGroupBox(SLOTS_TITLE)
+        slot_col = QVBoxLayout(slots)
+        slot_col.addWidget(_table(self.slot_model, stretch=1, max_rows=6))
+        self.remote_status = QLabel("", objectName="dim", wordWrap=True)
+        self.remote_status.hide()
+        slot_col.addWidget(self.remote_status)
         backends = QGroupBox("Backends")
         self.backends = BackendsPanel()
         QVBoxLayout(backends).addWidget(self.backends)
@@ -153,6 +162,30 @@ class MemoryDashboard(QWidget):
     def add_step(self, step: ReplyStep) -> None:
         if step.t_gen_ms > 0 and step.n_generated >= 4:  # the first tokens' rate is noise
             self.timeline.add("tokens/s", step.n_generated * 1000.0 / step.t_gen_ms)
+
+    def set_remote_load(self, load: RemoteLoad, label: str) -> None:
+        """A poll of the remote server the chat talks to."""
+        self.slots_box.setTitle(f"Slots on {label}")
+        if load.error:
+            self.remote_status.setText(f"Not answering: {load.error.splitlines()[-1]}")
+        else:
+            self.slot_model.set_remote_slots(load.slots)
+            busy = sum(s.busy for s in load.slots)
+            words = [f"{busy} of {len(load.slots)} slots busy"] if load.slots else ["no /slots"]
+            if load.tokens_per_s is not None:
+                words.append(f"{load.tokens_per_s:.1f} tokens/s generated")
+            self.remote_status.setText(" · ".join(words))
+        self.remote_status.show()
+        if load.tokens_per_s is not None:
+            self.timeline.add(SERVER_TOK_S, load.tokens_per_s)
+
+    def clear_remote(self, label: str = "") -> None:
+        """No remote server polled (`label`: one that serves neither /slots nor /metrics)."""
+        self.slot_model.clear_remote()
+        self.slot_model.set_figures(self.figures)
+        self.slots_box.setTitle(SLOTS_TITLE)
+        self.remote_status.setText(f"{label} serves no /slots or /metrics to show." if label else "")
+        self.remote_status.setVisible(bool(label))
 
     def _set_figure(self, name: str, value: int, detail: str) -> None:
         self.figure_labels[name].setText(human_bytes(value))

@@ -1,5 +1,6 @@
 """ModelPicker: GGUF files (open, drop, recent, folder scan, the Hugging Face cache) with what
-they are, starter models, the Discover panel (the Hub), and the load panel for the selected file."""
+they are, starter models, the Discover panel (the Hub), remote servers' models, and the load
+panel for the selected file."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from ..item_models.llm_file_table_model import INFO_ROLE, SORT_ROLE, LlmFileTabl
 from ..workers import CallWorker, InspectWorker
 from .discover_panel import DiscoverPanel
 from .load_panel import LoadPanel
+from .remote_panel import RemotePanel
 from .starter_panel import StarterPanel
 
 
@@ -67,6 +69,8 @@ class ModelPicker(QWidget):
         self.discover.load_requested.connect(self.open_and_load)
         col.addWidget(self.discover)
         self.sources.addTab(discover, "Discover on Hugging Face")
+        self.remote = RemotePanel(self.ctx)
+        self.sources.addTab(self.remote, "Remote servers")
         if self.discover.downloads.model.rowCount():  # unfinished downloads of the last session
             self.sources.setCurrentWidget(discover)
         return self.sources
