@@ -252,6 +252,26 @@ class MemoryPoller(TaskWorker):
             self._cancel.wait(self._interval)
 
 
+class RemoteConnectWorker(TaskWorker):
+    """Connects to a remote server (its models, what it speaks); the result or the failure
+    names the server's URL, so that one panel can connect to several at once."""
+
+    connected = Signal(object)  # RemoteServerState
+    connect_failed = Signal(str, str)  # url, what went wrong in words
+
+    def __init__(self, remote: RemoteApi, endpoint: EndpointInfo, api_key: str):
+        super().__init__()
+        self._remote, self._endpoint, self._key = remote, endpoint, api_key
+
+    def work(self) -> None:
+        try:
+            server = self._remote.connect(self._endpoint, self._key)
+        except Exception as e:  # reported in words beside the server's name
+            self.connect_failed.emit(self._endpoint.url, plain_error(e))
+            return
+        self.connected.emit(server)
+
+
 class RemotePoller(TaskWorker):
     """Polls a remote server's /slots and /metrics every `interval_s` until cancelled; a failed
     poll is reported in the RemoteLoad's `error` and the polling goes on."""

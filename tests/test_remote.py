@@ -176,6 +176,37 @@ def test_remote_cancel_from_another_thread_ends_the_stream_and_the_server_sees_i
     assert oai.cancelled.wait(5), "the server did not see the client leave"
 
 
+def test_remote_cancel_wakes_a_read_blocked_on_a_silent_server():
+    """Stop must work while the server sends nothing yet (reading a long prompt): cancel()
+    shuts the socket down, which wakes the blocked read long before its 300 s timeout."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    conns: list[socket.socket] = []
+
+    def answer_headers_then_nothing():
+        conn, _ = listener.accept()
+        conns.append(conn)
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+
+    threading.Thread(target=answer_headers_then_nothing, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        stream = ChatStream(RemoteEndpoint(url), chat_body("m", MESSAGES, RemoteSampling(), None))
+        done = threading.Event()
+        threading.Thread(target=lambda: (list(stream), done.set()), daemon=True).start()
+        time.sleep(0.5)
+        assert not done.is_set()  # blocked in the read
+        t0 = time.monotonic()
+        stream.cancel()
+        assert done.wait(3) and time.monotonic() - t0 < 3
+    finally:
+        listener.close()
+        for c in conns:
+            c.close()
+
+
 def test_parse_metrics_reads_llamacpp_samples():
     m = parse_metrics("# HELP x\nllamacpp:tokens_predicted_total 42\nllamacpp:requests_processing 1\n"
                       "llamacpp:predicted_tokens_seconds 12.5\nother_metric 3\nllamacpp:garbage x\n")

@@ -29,6 +29,7 @@ class EndpointDialog(QDialog):
                  endpoint: EndpointInfo | None = None, api_key: str = "", parent: QWidget | None = None):
         super().__init__(parent)
         self._remote, self._taken = remote, set(taken)
+        self.old = endpoint  # None: adding
         self.endpoint: EndpointInfo | None = None  # set on Save
         self.api_key = ""
         self.setWindowTitle("Edit remote server" if endpoint else "Add remote server")

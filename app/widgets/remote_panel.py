@@ -23,7 +23,7 @@ from ..context import AppContext
 from ..dto import EndpointInfo, RemoteServerState
 from ..item_models.endpoint_list_model import EndpointListModel
 from ..item_models.remote_model_list_model import MODEL_ID_ROLE, RemoteModelListModel
-from ..workers import CallWorker
+from ..workers import RemoteConnectWorker
 from .endpoint_dialog import EndpointDialog
 
 KIND_WORDS = {"openai": "OpenAI-compatible", "llama-server": "llama-server", "ggstation": "ggstation"}
@@ -39,6 +39,7 @@ class RemotePanel(QWidget):
         self.models = RemoteModelListModel(self)
         self.servers: dict[str, RemoteServerState] = {}  # url -> what the last connect found
         self._choose_when_connected: tuple[str, str] | None = None  # (url, model)
+        self.dialog: EndpointDialog | None = None  # the last add/edit dialog opened
         self._build_ui()
         self.endpoints.set_endpoints(ctx.settings.endpoints())
         if self.endpoints.rowCount():
@@ -100,23 +101,29 @@ class RemotePanel(QWidget):
         return self.endpoints.endpoint(index.row()) if index.isValid() else None
 
     def add_endpoint(self) -> None:
-        dialog = EndpointDialog(self.ctx.engine.remote(), self.ctx.keys,
-                                [e.url for e in self.endpoints.endpoints()], parent=self)
-        if dialog.exec() and dialog.endpoint is not None:
-            self._save(dialog.endpoint, dialog.api_key)
+        self._open_dialog(None)
 
     def edit_endpoint(self) -> None:
-        old = self.current_endpoint()
-        if old is None:
-            return
-        taken = [e.url for e in self.endpoints.endpoints() if e.url != old.url]
-        dialog = EndpointDialog(self.ctx.engine.remote(), self.ctx.keys, taken, old,
-                                self.ctx.keys.get(old.url), parent=self)
-        if dialog.exec() and dialog.endpoint is not None:
-            if dialog.endpoint.url != old.url:
-                self.ctx.keys.delete(old.url)
-                self.servers.pop(old.url, None)
-            self._save(dialog.endpoint, dialog.api_key, old.url)
+        if self.current_endpoint() is not None:
+            self._open_dialog(self.current_endpoint())
+
+    def _open_dialog(self, old: EndpointInfo | None) -> None:
+        """Window-modal and not blocking (open(), not exec()): no nested event loop."""
+        taken = [e.url for e in self.endpoints.endpoints() if old is None or e.url != old.url]
+        key = self.ctx.keys.get(old.url) if old is not None else ""
+        self.dialog = EndpointDialog(self.ctx.engine.remote(), self.ctx.keys, taken, old, key, parent=self)
+        self.dialog.accepted.connect(self._on_dialog_accepted)
+        self.dialog.finished.connect(self.dialog.deleteLater)
+        self.dialog.open()
+
+    def _on_dialog_accepted(self) -> None:
+        dialog = self.sender()
+        assert isinstance(dialog, EndpointDialog) and dialog.endpoint is not None
+        old = dialog.old
+        if old is not None and dialog.endpoint.url != old.url:
+            self.ctx.keys.delete(old.url)
+            self.servers.pop(old.url, None)
+        self._save(dialog.endpoint, dialog.api_key, old.url if old is not None else "")
 
     def _save(self, endpoint: EndpointInfo, api_key: str, old_url: str = "") -> None:
         kept = self.ctx.keys.set(endpoint.url, api_key)
@@ -168,12 +175,17 @@ class RemotePanel(QWidget):
             return
         self.endpoints.set_status(e.url, "connecting…")
         self._say(f"Connecting to {e.url}…")
-        worker = CallWorker(self.ctx.engine.remote().connect, e, self.ctx.keys.get(e.url))
-        worker.result.connect(lambda server, e=e: self._on_connected(e, server))
-        worker.failed.connect(lambda message, e=e: self._on_connect_failed(e, message))
+        # bound methods, not lambdas: a slot of this QObject runs on the GUI thread (queued)
+        worker = RemoteConnectWorker(self.ctx.engine.remote(), e, self.ctx.keys.get(e.url))
+        worker.connected.connect(self._on_connected)
+        worker.connect_failed.connect(self._on_connect_failed)
         self.ctx.pool.start(worker)
 
-    def _on_connected(self, e: EndpointInfo, server: RemoteServerState) -> None:
+    def _on_connected(self, server: RemoteServerState) -> None:
+        row = self.endpoints.row_of(server.url)
+        if row < 0:  # removed (or its URL edited) while connecting
+            return
+        e = self.endpoints.endpoint(row)
         self.servers[e.url] = server
         n = len(server.models)
         self.endpoints.set_status(e.url, f"{KIND_WORDS.get(server.kind, server.kind)} · {n} model{'s' * (n != 1)}")
@@ -189,11 +201,11 @@ class RemotePanel(QWidget):
             else:
                 self._say(f"{wanted[1]} is no longer listed by {e.label}.")
 
-    def _on_connect_failed(self, e: EndpointInfo, message: str) -> None:
-        self.servers.pop(e.url, None)
-        self.endpoints.set_status(e.url, "not connected")
+    def _on_connect_failed(self, url: str, message: str) -> None:
+        self.servers.pop(url, None)
+        self.endpoints.set_status(url, "not connected")
         current = self.current_endpoint()
-        if current is not None and current.url == e.url:
+        if current is not None and current.url == url:
             self.models.set_models(())
             self._say(message, error=True)
 
@@ -235,7 +247,7 @@ class RemotePanel(QWidget):
         if self.endpoint_view.currentIndex().row() != row:
             self.endpoint_view.setCurrentIndex(self.endpoints.index(row))  # connects, if not yet
         if url in self.servers:
-            self._on_connected(self.endpoints.endpoint(row), self.servers[url])
+            self._on_connected(self.servers[url])
         return True
 
     def _say(self, text: str, error: bool = False) -> None:
