@@ -47,6 +47,7 @@ class ModelPicker(QWidget):
         self.load_panel = LoadPanel(ctx)
         self.load_panel.load_started.connect(self.load_started)
         splitter.addWidget(self.load_panel)
+        self.sources.currentChanged.connect(self._on_source_changed)
         splitter.setStretchFactor(0, 3)
         splitter.setStretchFactor(1, 2)
         layout.addWidget(splitter)
@@ -126,6 +127,10 @@ class ModelPicker(QWidget):
         self.table.selectionModel().currentRowChanged.connect(self._on_current_changed)
         self.table.doubleClicked.connect(lambda _i: self.load_panel.start_load())
         return self.table
+
+    def _on_source_changed(self, _index: int) -> None:
+        # the load panel loads files: beside remote servers it would only confuse
+        self.load_panel.setVisible(self.sources.currentWidget() is not self.remote)
 
     # files ----------------------------------------------------------------------------------
     def add_paths(self, paths: list[str]) -> None:
