@@ -272,8 +272,7 @@ class ChatStream:
         url = self.endpoint.url + "/v1/chat/completions"
         acc = _Accumulator(time.perf_counter())
         try:
-            with self._http.stream("POST", url, json=self.body) as resp:
-                self._remember_socket(resp)
+            with self._http.stream("POST", url, json=self.body, extensions={"trace": self._trace}) as resp:
                 if resp.status_code >= 400:
                     raise _status_error(self.endpoint, "/v1/chat/completions", resp.status_code,
                                         resp.read().decode("utf-8", "replace"))
@@ -301,12 +300,18 @@ class ChatStream:
             raise _broken(self.endpoint)
         yield acc.final()
 
-    def _remember_socket(self, resp: httpx.Response) -> None:
-        stream = resp.extensions.get("network_stream")
+    def _trace(self, event: str, info: dict) -> None:
+        """httpcore's trace hook: keeps the socket as soon as it is connected (and again once
+        TLS wraps it), so that cancel() also works while the server has not answered yet."""
+        if event not in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
+            return
+        stream = info.get("return_value")
         sock = stream.get_extra_info("socket") if stream is not None else None
+        if not isinstance(sock, socket.socket):
+            return
         with self._lock:
-            self._sock = sock if isinstance(sock, socket.socket) else None
-        if self._cancelled.is_set() and self._sock is not None:  # cancelled while connecting
+            self._sock = sock
+        if self._cancelled.is_set():  # cancelled while connecting
             self.cancel()
 
 

@@ -176,9 +176,11 @@ def test_remote_cancel_from_another_thread_ends_the_stream_and_the_server_sees_i
     assert oai.cancelled.wait(5), "the server did not see the client leave"
 
 
-def test_remote_cancel_wakes_a_read_blocked_on_a_silent_server():
-    """Stop must work while the server sends nothing yet (reading a long prompt): cancel()
-    shuts the socket down, which wakes the blocked read long before its 300 s timeout."""
+@pytest.mark.parametrize("send_headers", [True, False])
+def test_remote_cancel_wakes_a_read_blocked_on_a_silent_server(send_headers):
+    """Stop must work while the server sends nothing yet (reading a long prompt), before or
+    after its headers: cancel() shuts the socket down, which wakes the blocked read long
+    before its 300 s timeout."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(4)
@@ -188,7 +190,8 @@ def test_remote_cancel_wakes_a_read_blocked_on_a_silent_server():
         conn, _ = listener.accept()
         conns.append(conn)
         conn.recv(65536)
-        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        if send_headers:
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
 
     threading.Thread(target=answer_headers_then_nothing, daemon=True).start()
     try:
