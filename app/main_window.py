@@ -35,6 +35,7 @@ from .widgets.server_toggle import ServerToggle
 from .widgets.status_bar import AppStatusBar
 
 TAB_CHAT, TAB_MODELS, TAB_MEMORY, TAB_SERVER = range(4)
+LLAMA_ONLY_FIELDS = {"top_k", "min_p", "repeat_penalty"}  # llama-server's, not OpenAI's
 
 
 class MainWindow(QMainWindow):
@@ -123,6 +124,7 @@ class MainWindow(QMainWindow):
         ctx.chat_llm_changed.connect(self.on_ctx_chat_llm_changed)
         ctx.remote_polled.connect(self.on_ctx_remote_polled)
         self.picker.remote.chosen.connect(self.on_remote_chosen)
+        self.picker.remote.choose_failed.connect(lambda msg: self.status.showMessage(msg, 10000))
         self.server_panel.start_requested.connect(ctx.start_server)
         self.server_panel.stop_requested.connect(ctx.stop_server)
 
@@ -196,6 +198,9 @@ class MainWindow(QMainWindow):
             self.chat_pane.view.placeholder = f"{llm.name} is ready. Type a message below."
         server = self.picker.remote.servers.get(remote.url) if remote is not None else None
         self.dashboard.clear_remote(remote.label if remote is not None and not (server and server.monitored) else "")
+        plain = remote is not None and server is not None and server.kind == "openai"
+        self.sampling.set_unsupported(LLAMA_ONLY_FIELDS if plain else set(),
+                                      f"Not sent: {remote.label} speaks plain OpenAI" if remote is not None else "")
         self.chat_pane.set_context(0, self.chat.n_ctx())
         self.chat_pane.view.viewport().update()
 

@@ -31,6 +31,7 @@ KIND_WORDS = {"openai": "OpenAI-compatible", "llama-server": "llama-server", "gg
 
 class RemotePanel(QWidget):
     chosen = Signal(str)  # the model now used for the chat
+    choose_failed = Signal(str)  # a conversation's remote model could not be brought back: why
 
     def __init__(self, ctx: AppContext, parent=None):
         super().__init__(parent)
@@ -199,9 +200,13 @@ class RemotePanel(QWidget):
                 self.ctx.choose_remote(e, server, wanted[1])
                 self.chosen.emit(wanted[1])
             else:
-                self._say(f"{wanted[1]} is no longer listed by {e.label}.")
+                self._say(f"{wanted[1]} is no longer listed by {e.label}.", error=True)
+                self.choose_failed.emit(f"{wanted[1]} is no longer listed by {e.label}.")
 
     def _on_connect_failed(self, url: str, message: str) -> None:
+        if self._choose_when_connected is not None and self._choose_when_connected[0] == url:
+            self._choose_when_connected = None
+            self.choose_failed.emit(message.replace("\n\n", " "))
         self.servers.pop(url, None)
         self.endpoints.set_status(url, "not connected")
         current = self.current_endpoint()
@@ -238,16 +243,18 @@ class RemotePanel(QWidget):
         self.chosen.emit(model)
 
     def select(self, url: str, model: str) -> bool:
-        """Choose `model` on the server at `url` once connected (a conversation's own LLM);
-        False when no server in the list has that URL."""
+        """Choose `model` on the server at `url` once connected again (a conversation's own
+        LLM: the server is asked afresh whether it still has it); False when no server in the
+        list has that URL."""
         row = self.endpoints.row_of(url)
         if row < 0:
             return False
         self._choose_when_connected = (url, model)
         if self.endpoint_view.currentIndex().row() != row:
-            self.endpoint_view.setCurrentIndex(self.endpoints.index(row))  # connects, if not yet
-        if url in self.servers:
-            self._on_connected(self.servers[url])
+            self.servers.pop(url, None)  # so that selecting the row connects
+            self.endpoint_view.setCurrentIndex(self.endpoints.index(row))
+        else:
+            self.refresh()
         return True
 
     def _say(self, text: str, error: bool = False) -> None:

@@ -179,6 +179,8 @@ def test_remote_chat_streams_into_the_chat_view_and_is_remembered(window, qtbot,
     assert body["model"] == "beta" and body["messages"][-1] == {"role": "user", "content": "Hello remote"}
     assert (body["temperature"], body["top_p"], body["seed"], body["max_tokens"]) == (0.25, 0.5, 9, 77)
     assert "top_k" not in body  # a plain OpenAI server gets OpenAI's fields only
+    assert not window.sampling.inputs["top_k"].isEnabled() and "Not sent" in window.sampling.inputs["min_p"].toolTip()
+    assert window.sampling.inputs["temperature"].isEnabled()
     replay = reply.stats["replay"]
     assert (replay["endpoint"], replay["model"]) == (oai.url, "beta")
     assert reply.stats["n_generated"] == len(openai_server.REPLY.split(" "))
@@ -191,6 +193,15 @@ def test_remote_chat_streams_into_the_chat_view_and_is_remembered(window, qtbot,
     assert window.ctx.chat_llm is None
     window.chat.open_conversation(conversation_id)
     qtbot.waitUntil(lambda: window.ctx.chat_llm is not None and window.ctx.chat_llm.name == "beta", timeout=10000)
+    assert window.ctx.remote_endpoint is not None and window.ctx.remote_endpoint.url == oai.url
+    # the server gone: opening the conversation says so, and nothing crashes
+    window.chat.new_conversation()
+    window.ctx.clear_remote()
+    assert window.sampling.inputs["top_k"].isEnabled()  # back to no remote: every field applies
+    oai.stop()
+    window.chat.open_conversation(conversation_id)
+    qtbot.waitUntil(lambda: "Cannot reach" in window.status.currentMessage(), timeout=10000)
+    assert window.ctx.chat_llm is None
 
 
 def test_remote_stop_closes_the_stream_and_the_server_sees_it(window, qtbot, oai, memory_keyring):
@@ -249,6 +260,7 @@ def test_remote_ggstation_slots_and_throughput_in_the_dashboard(window, qtbot, g
     assert "ggstation server · 2 slots · dashboard from /slots and /metrics" in panel.status.text()
     assert panel.models.ids() == ["tiny"]
     choose(window, qtbot, "tiny")
+    assert window.sampling.inputs["top_k"].isEnabled()  # ggstation takes llama-server's fields
     qtbot.waitUntil(lambda: dash.slot_model.rowCount() == 2, timeout=10000)
     assert dash.slots_box.title() == "Slots on ggstation box"
     assert dash.slot_model.index(0, 0).data() in ("0 · idle", "0 · busy")
