@@ -192,9 +192,11 @@ class RemoteClient:
         settings = props.get("default_generation_settings")
         n_ctx = settings.get("n_ctx", 0) if isinstance(settings, dict) else 0
         build = str(props.get("build_info") or "")
+        kind = KIND_GGSTATION if build.startswith("ggstation") else KIND_LLAMA
+        if props.get("role") == "router":  # its /slots and /metrics are per model (?model=)
+            return ServerInfo(kind=kind, build_info=build)
         return ServerInfo(
-            kind=KIND_GGSTATION if build.startswith("ggstation") else KIND_LLAMA,
-            n_ctx=_int(n_ctx), total_slots=_int(props.get("total_slots", 0)),
+            kind=kind, n_ctx=_int(n_ctx), total_slots=_int(props.get("total_slots", 0)),
             # llama-server has served /slots by default since 2025 and /metrics only with --metrics
             has_slots=bool(props.get("endpoint_slots", True)),
             has_metrics=bool(props.get("endpoint_metrics", False)),

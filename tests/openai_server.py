@@ -9,7 +9,8 @@ nothing of llama-server's (/props, /slots and /metrics answer 404), as vLLM or a
 
 Faults: `server.drop_after = n` ends the next stream after n chunks without finishing the HTTP
 response (a dead connection mid-stream); `server.endless = True` streams until the client
-leaves; `server.not_json = True` answers every route with an HTML page. A wrong or missing
+leaves; `server.not_json = True` answers every route with an HTML page; `server.props = {...}`
+makes GET /props answer (a llama-server look-alike). A wrong or missing
 key gets OpenAI's 401 body.
 """
 
@@ -37,6 +38,7 @@ class OpenAIServer:
     drop_after: int = 0
     endless: bool = False
     not_json: bool = False
+    props: dict | None = None  # GET /props answers this (else 404, as a plain OpenAI server)
     requests: list[dict] = field(default_factory=list)
     cancelled: threading.Event = field(default_factory=threading.Event)
     url: str = ""
@@ -72,6 +74,12 @@ def create_app(state: OpenAIServer) -> FastAPI:
         if state.api_key and request.headers.get("authorization") != f"Bearer {state.api_key}":
             return _unauthorized()
         return await call_next(request)
+
+    @app.get("/props")
+    async def props():
+        if state.props is None:
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
+        return state.props
 
     @app.get("/v1/models")
     async def models():

@@ -21,7 +21,7 @@ from engine import (
     normalize_url,
     stream_chat,
 )
-from engine.remote import KIND_GGSTATION, KIND_OPENAI, ChatStream, chat_body, parse_metrics
+from engine.remote import KIND_GGSTATION, KIND_LLAMA, KIND_OPENAI, ChatStream, chat_body, parse_metrics
 from test_server_process import ServeProcess
 
 MESSAGES = [{"role": "user", "content": "Hi"}]
@@ -100,6 +100,19 @@ def test_remote_stream_chat_yields_the_reply_and_usage(oai):
     assert (body["temperature"], body["top_p"], body["max_tokens"], body["seed"], body["stop"]) == (
         0.3, 0.8, 64, 5, ["##"])
     assert "top_k" not in body and "min_p" not in body  # a plain OpenAI server may reject them
+
+
+def test_remote_probe_reads_llama_server_props_and_a_router(oai):
+    oai.props = {"default_generation_settings": {"n_ctx": 4096, "params": {}}, "total_slots": 4,
+                 "endpoint_slots": True, "endpoint_metrics": False, "build_info": "b6000-abc"}
+    with RemoteClient(RemoteEndpoint(oai.url, "good-key")) as c:
+        info = c.probe()
+        assert (info.kind, info.n_ctx, info.total_slots, info.has_slots, info.has_metrics) == (
+            KIND_LLAMA, 4096, 4, True, False)
+        # llama-server's router: llama-server's fields, but /slots and /metrics are per model
+        oai.props = {"role": "router", "default_generation_settings": {"n_ctx": 0}, "build_info": "b6000"}
+        info = c.probe()
+        assert info.llama_like and not info.has_slots and not info.has_metrics
 
 
 def test_remote_chat_body_sends_llama_extras_only_to_llama_servers():
