@@ -128,6 +128,9 @@ class RemotePanel(QWidget):
 
     def _save(self, endpoint: EndpointInfo, api_key: str, old_url: str = "") -> None:
         kept = self.ctx.keys.set(endpoint.url, api_key)
+        chosen, llm = self.ctx.remote_endpoint, self.ctx.chat_llm
+        if chosen is not None and llm is not None and chosen.url == (old_url or endpoint.url):
+            self._choose_when_connected = (endpoint.url, llm.name)  # again, with the new key or URL
         row = self.endpoints.add_or_replace(endpoint, old_url)
         self._persist()
         self.servers.pop(endpoint.url, None)  # connect again: the key may have changed

@@ -204,6 +204,22 @@ def test_remote_chat_streams_into_the_chat_view_and_is_remembered(window, qtbot,
     assert window.ctx.chat_llm is None
 
 
+def test_remote_editing_the_chosen_server_chooses_its_model_again_with_the_new_key(window, qtbot, oai,
+                                                                                   memory_keyring):
+    add_server(window, qtbot, oai.url, "wrong-key", "Box")
+    qtbot.waitUntil(lambda: "refused the API key" in window.picker.remote.status.text(), timeout=10000)
+    fill_dialog(qtbot, window.picker.remote.edit_endpoint, oai.url, KEY, "Box")
+    qtbot.waitUntil(lambda: window.picker.remote.models.ids() == ["alpha", "beta"], timeout=10000)
+    choose(window, qtbot, "alpha")
+    oai.api_key = "rotated"
+    fill_dialog(qtbot, window.picker.remote.edit_endpoint, oai.url, "rotated", "Box 2")
+    qtbot.waitUntil(lambda: window.ctx.remote_endpoint is not None and window.ctx.remote_endpoint.name == "Box 2",
+                    timeout=10000)
+    assert memory_keyring.entries[(SERVICE, oai.url)] == "rotated"
+    send(window, qtbot, "hi")
+    assert window.chat.chat_model.message(1).content == openai_server.REPLY  # the new key was used
+
+
 def test_remote_stop_closes_the_stream_and_the_server_sees_it(window, qtbot, oai, memory_keyring):
     add_server(window, qtbot, oai.url, KEY)
     choose(window, qtbot, "alpha")
