@@ -15,7 +15,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 
 from .context import AppContext
 from .data_folder import STORE_ERRORS, describe_storage_error
-from .engine_api import SessionApi
+from .engine_api import ChatLlmApi
 from .item_models.chat_list_model import ChatListModel
 from .item_models.conversation_list_model import ConversationListModel
 from .storage import Message
@@ -38,6 +38,7 @@ class ChatController(QObject):
     conversation_opened = Signal(int, str)  # id, title
     storage_failed = Signal(str)  # a history read or write failed: what, and why, in words
     edit_refused = Signal(int, str)  # row, text: the edit was not applied; give the text back
+    conversation_llm = Signal(str, str)  # endpoint URL ('' for a local file), model: who answered last
 
     def __init__(self, ctx: AppContext, parent=None):
         super().__init__(parent)
@@ -86,6 +87,9 @@ class ChatController(QObject):
         self.conversation_opened.emit(conversation_id, title)
         last = next((m.stats for m in reversed(messages) if m.stats), {})
         self.context_changed.emit(last.get("n_prompt", 0) + last.get("n_generated", 0), self.n_ctx())
+        replay = last.get("replay")
+        if isinstance(replay, dict) and replay.get("model"):
+            self.conversation_llm.emit(str(replay.get("endpoint") or ""), str(replay["model"]))
 
     def _on_title_edited(self, conversation_id: int, title: str) -> None:
         try:
@@ -119,8 +123,8 @@ class ChatController(QObject):
         self.open_conversation(conversation_id)
 
     def n_ctx(self) -> int:
-        s = self.ctx.session
-        return s.n_ctx_seq if s is not None else 0
+        llm = self.ctx.chat_llm
+        return llm.n_ctx_seq if llm is not None else 0
 
     # chat -----------------------------------------------------------------------------------
     def busy(self) -> bool:
@@ -170,11 +174,13 @@ class ChatController(QObject):
             return
         self.send(text)
 
-    def _loaded_session(self) -> SessionApi | None:
-        """The loaded LLM, or None after telling the user to load one."""
-        if self.ctx.session is None:
-            self.failed.emit("Load a model first (Ctrl+O or the Models tab).")
-        return self.ctx.session
+    def _loaded_session(self) -> ChatLlmApi | None:
+        """The LLM to chat with (loaded, or on a remote server), or None after telling the user
+        to choose one."""
+        llm = self.ctx.chat_llm
+        if llm is None:
+            self.failed.emit("Load a model first (Ctrl+O or the Models tab), or choose one on a remote server.")
+        return llm
 
     def _truncate(self, row: int) -> bool:
         """Drop `row` and everything after it; False, with nothing changed, if the store refused."""
@@ -201,7 +207,7 @@ class ChatController(QObject):
         head = [{"role": "system", "content": system}] if system else []
         return head + [{"role": m.role, "content": m.content} for m in self.chat_model.messages()]
 
-    def _start_reply(self, session: SessionApi) -> None:
+    def _start_reply(self, session: ChatLlmApi) -> None:
         history = self._history()
         reply = self._reply = Message("assistant", "")
         self.chat_model.append(reply, streaming=True)

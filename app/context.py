@@ -11,12 +11,13 @@ import sqlite3
 
 from PySide6.QtCore import QObject, QSettings, Signal
 
-from .dto import DeviceDesc, LoadParams, MemoryFigures, ServerSettings
-from .engine_api import EngineApi, ServerHandle, SessionApi
+from .dto import DeviceDesc, EndpointInfo, LoadParams, MemoryFigures, RemoteLoad, RemoteServerState, ServerSettings
+from .engine_api import ChatLlmApi, EngineApi, ServerHandle, SessionApi
+from .key_store import KeyStore
 from .machine import free_port, port_in_use
 from .settings import load_settings, save_settings
 from .storage import ConversationStore
-from .workers import CallWorker, MemoryPoller, ModelLoadWorker, WorkerPool
+from .workers import CallWorker, MemoryPoller, ModelLoadWorker, RemotePoller, WorkerPool
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,8 @@ class AppContext(QObject):
     server_failed = Signal(str)
     request_logged = Signal(str)  # emitted from server threads; receivers get it queued
     devices_found = Signal(object)  # list[DeviceDesc], the CPU first
+    chat_llm_changed = Signal(object)  # ChatLlmApi | None: what the chat pane now talks to
+    remote_polled = Signal(object)  # RemoteLoad of the chosen remote server
 
     def __init__(self, engine: EngineApi, store: ConversationStore, qsettings: QSettings,
                  notices: list[str] | None = None):
@@ -43,6 +46,16 @@ class AppContext(QObject):
         self.last_memory = MemoryFigures()
         self.devices: list[DeviceDesc] = []  # empty until refresh_devices() answers
         self._poller: MemoryPoller | None = None
+        self.keys = KeyStore()
+        # a remote model chosen for the chat; the loaded model (if any) stays loaded for the server
+        self.remote_chat: ChatLlmApi | None = None
+        self.remote_endpoint: EndpointInfo | None = None
+        self._remote_poller: RemotePoller | None = None
+
+    @property
+    def chat_llm(self) -> ChatLlmApi | None:
+        """What the chat pane talks to: the chosen remote model, else the loaded one."""
+        return self.remote_chat or self.session
 
     # devices --------------------------------------------------------------------------------
     def refresh_devices(self, refresh: bool = False) -> None:
@@ -71,17 +84,19 @@ class AppContext(QObject):
         return self.pool.start(worker)
 
     def _set_session(self, session: SessionApi) -> None:
-        self.unload()
+        self.unload(announce=False)
+        self._stop_remote()  # a model loaded now is the one to chat with
         self.session = session
         self._poller = self.pool.start(MemoryPoller(session))
         self._poller.polled.connect(self._on_memory_polled)
         self.llm_loaded.emit(session)
+        self.chat_llm_changed.emit(session)
 
     def _on_memory_polled(self, fig: MemoryFigures) -> None:
         self.last_memory = fig
         self.memory_polled.emit(fig)
 
-    def unload(self) -> None:
+    def unload(self, announce: bool = True) -> None:
         if self.session is None:
             return
         self.stop_server()
@@ -91,6 +106,39 @@ class AppContext(QObject):
         self.session.close()
         self.session = None
         self.llm_unloaded.emit()
+        if announce:
+            self.chat_llm_changed.emit(self.chat_llm)
+
+    # remote servers -----------------------------------------------------------------------------
+    def choose_remote(self, endpoint: EndpointInfo, server: RemoteServerState, model: str) -> None:
+        """Chat with `model` on `endpoint` from now on; its slots and throughput are polled
+        while it is chosen, when the server serves /slots or /metrics."""
+        self._stop_remote()
+        remote = self.engine.remote()
+        key = self.keys.get(endpoint.url)
+        self.remote_chat = remote.open_chat(endpoint, key, model, server)
+        self.remote_endpoint = endpoint
+        if server.monitored:
+            self._remote_poller = self.pool.start(RemotePoller(remote, endpoint, key, server))
+            self._remote_poller.polled.connect(self._on_remote_polled)
+        self.chat_llm_changed.emit(self.remote_chat)
+
+    def clear_remote(self) -> None:
+        """Back to the loaded model (or none) for the chat."""
+        if self.remote_chat is None:
+            return
+        self._stop_remote()
+        self.chat_llm_changed.emit(self.session)
+
+    def _stop_remote(self) -> None:
+        if self._remote_poller is not None:
+            self._remote_poller.cancel()
+            self._remote_poller = None
+        self.remote_chat = self.remote_endpoint = None
+
+    def _on_remote_polled(self, load: RemoteLoad) -> None:
+        if self.remote_endpoint is not None and load.url == self.remote_endpoint.url:  # not a late one
+            self.remote_polled.emit(load)
 
     # server ---------------------------------------------------------------------------------
     def start_server(self, settings: ServerSettings) -> None:
@@ -129,6 +177,7 @@ class AppContext(QObject):
         return False
 
     def shutdown(self) -> None:
+        self._stop_remote()
         self.unload()
         self.pool.shutdown()
         self.save()

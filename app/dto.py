@@ -245,3 +245,61 @@ class HubFitInfo:
     needed_bytes: int = 0
     available_bytes: int = 0
     bytes_read: int = 0  # fetched from the Hub to decide (0 when the file was cached)
+
+
+# -- remote OpenAI-compatible servers (the Remote servers panel) --------------------------------
+
+
+@dataclass(frozen=True)
+class EndpointInfo:
+    """A remote server as the settings keep it: never its API key (that is in the keyring)."""
+
+    name: str
+    url: str  # normalised base URL, without /v1
+
+    @property
+    def label(self) -> str:
+        return self.name or self.url
+
+
+@dataclass(frozen=True)
+class RemoteModelInfo:
+    id: str
+    n_ctx: int = 0  # 0: the server did not say
+
+
+@dataclass(frozen=True)
+class RemoteServerState:
+    """What connecting to an endpoint found: its models and what it speaks besides OpenAI."""
+
+    url: str
+    kind: str  # "openai", "llama-server" or "ggstation"
+    models: tuple[RemoteModelInfo, ...] = ()
+    n_ctx: int = 0
+    total_slots: int = 0
+    has_slots: bool = False
+    has_metrics: bool = False
+
+    @property
+    def monitored(self) -> bool:
+        return self.has_slots or self.has_metrics
+
+
+@dataclass(frozen=True)
+class RemoteSlotRow:
+    id: int
+    n_ctx: int
+    busy: bool
+    n_tokens: int  # prompt + generated tokens of the slot's current task
+
+
+@dataclass(frozen=True)
+class RemoteLoad:
+    """One poll of a remote server's /slots and /metrics."""
+
+    url: str
+    slots: tuple[RemoteSlotRow, ...] = ()
+    tokens_predicted_total: float | None = None  # None: no /metrics
+    tokens_per_s: float | None = None  # from the counter's growth since the previous poll
+    requests_processing: int = 0
+    error: str = ""

@@ -41,12 +41,14 @@ from .engine_api import (
     LogFn,
     ProgressFn,
     PullProgressFn,
+    RemoteApi,
     ReplyStream,
     ServerHandle,
     SessionApi,
 )
 from .errors import LoadCancelled
 from .machine import backend_info, file_sha256
+from .remote_adapter import RemoteAdapter
 
 if TYPE_CHECKING:
     from engine import ChatTemplate, Context, HubFile, MemoryReport, Model, ModelInfo, RequestHandle, Scheduler
@@ -104,6 +106,7 @@ class LlmSession(SessionApi):
     sha256: str
     template_source: str
     template_name: str
+    endpoint: str = ""  # loaded here
 
     def __init__(self, llm: Model, ctx: Context, scheduler: Scheduler, params: LoadParams,
                  sha256: str):
@@ -259,6 +262,7 @@ class EngineAdapter(EngineApi):
     def __init__(self) -> None:
         self._infos: dict[str, ModelInfo] = {}  # path -> header-only info, reused by estimate()
         self._hub = HubAdapter()
+        self._remote = RemoteAdapter()
 
     def _model_info(self, path: str) -> ModelInfo:
         from engine import inspect_model
@@ -372,3 +376,6 @@ class EngineAdapter(EngineApi):
 
     def hub(self) -> HubApi:
         return self._hub
+
+    def remote(self) -> RemoteApi:
+        return self._remote

@@ -16,12 +16,15 @@ from typing import Protocol
 from .dto import (
     BackendInfo,
     DeviceDesc,
+    EndpointInfo,
     HubFileInfo,
     HubFitInfo,
     HubRepoInfo,
     LlmFileInfo,
     LoadParams,
     MemoryFigures,
+    RemoteLoad,
+    RemoteServerState,
     ReplyStep,
     SamplingSettings,
     ServerSettings,
@@ -52,28 +55,35 @@ class ServerHandle(Protocol):
     def stop(self) -> None: ...
 
 
-class SessionApi(Protocol):
-    """A loaded LLM, shared by the chat pane and the server. Methods may block: call them from
-    a worker thread (memory() and count_tokens() are cheap enough for the GUI thread)."""
+class ChatLlmApi(Protocol):
+    """What the chat pane needs of an LLM: one loaded here (SessionApi) or a remote server's
+    (app/remote_adapter.py). generate() may block; count_tokens() is cheap."""
 
-    path: str
-    name: str  # the file's stem, as the window title shows it
-    arch: str
-    n_params: int
-    n_ctx: int  # the whole KV cache, all slots together
-    n_ctx_seq: int  # what one conversation can use
-    n_threads: int
-    sha256: str  # of the GGUF, for the replay record
-    template_source: str  # the chat template text in use
+    path: str  # the GGUF file; for a remote model, its id
+    name: str  # the file's stem, as the window title shows it; for a remote model, its id
+    n_ctx: int  # the whole KV cache, all slots together (a remote model: as n_ctx_seq)
+    n_ctx_seq: int  # what one conversation can use; 0: not known (a remote server that does not say)
+    sha256: str  # of the GGUF, for the replay record ('' for a remote model)
+    template_source: str  # the chat template text in use ('' when the server applies its own)
     template_name: str  # 'gguf' for the model's own template, else the built-in's name
-
-    def layers(self) -> list[TensorRow]: ...
-
-    def memory(self) -> MemoryFigures: ...
+    endpoint: str  # '' for a model loaded here; else the remote server's base URL
 
     def count_tokens(self, messages: list[dict]) -> int: ...
 
     def generate(self, messages: list[dict], sampling: SamplingSettings) -> ReplyStream: ...
+
+
+class SessionApi(ChatLlmApi, Protocol):
+    """A loaded LLM, shared by the chat pane and the server. Methods may block: call them from
+    a worker thread (memory() and count_tokens() are cheap enough for the GUI thread)."""
+
+    arch: str
+    n_params: int
+    n_threads: int
+
+    def layers(self) -> list[TensorRow]: ...
+
+    def memory(self) -> MemoryFigures: ...
 
     def start_server(self, settings: ServerSettings, on_log: LogFn) -> ServerHandle: ...
 
@@ -111,6 +121,28 @@ class HubApi(Protocol):
         ...
 
 
+class RemoteApi(Protocol):
+    """Remote OpenAI-compatible servers (engine.remote). connect() and poll() block: call them
+    from a worker thread; they raise engine.errors.RemoteError, whose message names the server."""
+
+    def normalize_url(self, text: str) -> str:
+        """The base URL from what a user typed; RemoteError(BAD_URL) when it is not one."""
+        ...
+
+    def connect(self, endpoint: EndpointInfo, api_key: str) -> RemoteServerState:
+        """Lists the models (GET /v1/models) and probes /props."""
+        ...
+
+    def open_chat(self, endpoint: EndpointInfo, api_key: str, model: str,
+                  server: RemoteServerState) -> ChatLlmApi:
+        """A chat LLM for the chat pane; cheap, nothing is sent until it generates."""
+        ...
+
+    def poll(self, endpoint: EndpointInfo, api_key: str, server: RemoteServerState) -> RemoteLoad:
+        """The server's slots and counters, for what it serves of /slots and /metrics."""
+        ...
+
+
 class EngineApi(Protocol):
     """Everything the app asks of an engine before and while loading. Every method may block."""
 
@@ -144,4 +176,8 @@ class EngineApi(Protocol):
 
     def hub(self) -> HubApi:
         """The Hugging Face Hub client; cheap (no network, no import) on the GUI thread."""
+        ...
+
+    def remote(self) -> RemoteApi:
+        """The client of remote servers; cheap on the GUI thread."""
         ...

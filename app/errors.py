@@ -15,6 +15,7 @@ from engine.errors import (
     MissingTensorError,
     ModelStoreError,
     PortInUseError,
+    RemoteError,
     SchedulerStoppedError,
     TemplateError,
     TokenizerError,
@@ -49,6 +50,7 @@ _PLAIN: dict[type[BaseException], str] = {
     PortInUseError: "The server's port is already in use",
     SchedulerStoppedError: "The model is being unloaded",
     FileNotFoundError: "File not found",
+    RemoteError: "The remote server could not be used",
 }
 
 

@@ -52,6 +52,8 @@ def replay_record(stats: dict) -> str:
     if not r:
         return ""
     sampling = ", ".join(f"{k}={v}" for k, v in r.get("sampling", {}).items())
+    if r.get("endpoint"):
+        return f"model: {r.get('model')}\nserver: {r['endpoint']}\nn_ctx: {r.get('n_ctx') or 'not known'}\n{sampling}"
     return (
         f"model: {r.get('model')}\nsha256: {r.get('model_sha256')}\n"
         f"template: {r.get('template', '')} (sha256 {r.get('template_sha256')})\n"

@@ -20,7 +20,8 @@ from PySide6.QtWidgets import (
 from .chat_controller import ChatController
 from .context import AppContext
 from .data_folder import STORE_ERRORS, describe_storage_error
-from .engine_api import ServerHandle, SessionApi
+from .dto import RemoteLoad
+from .engine_api import ChatLlmApi, ServerHandle, SessionApi
 from .gl_info import opengl_info
 from .resources import icon
 from .widgets.chat_pane import ChatPane
@@ -34,6 +35,7 @@ from .widgets.server_toggle import ServerToggle
 from .widgets.status_bar import AppStatusBar
 
 TAB_CHAT, TAB_MODELS, TAB_MEMORY, TAB_SERVER = range(4)
+LLAMA_ONLY_FIELDS = {"top_k", "min_p", "repeat_penalty"}  # llama-server's, not OpenAI's
 
 
 class MainWindow(QMainWindow):
@@ -122,6 +124,10 @@ class MainWindow(QMainWindow):
         ctx.request_logged.connect(self.server_panel.append_log)
         ctx.devices_found.connect(self.dashboard.set_devices)
         self.dashboard.backends.refresh_requested.connect(lambda: ctx.refresh_devices(refresh=True))
+        ctx.chat_llm_changed.connect(self.on_ctx_chat_llm_changed)
+        ctx.remote_polled.connect(self.on_ctx_remote_polled)
+        self.picker.remote.chosen.connect(self.on_remote_chosen)
+        self.picker.remote.choose_failed.connect(lambda msg: self.status.showMessage(msg, 10000))
         self.server_panel.start_requested.connect(ctx.start_server)
         self.server_panel.stop_requested.connect(ctx.stop_server)
 
@@ -139,6 +145,7 @@ class MainWindow(QMainWindow):
         chat.conversation_opened.connect(self.on_chat_conversation_opened)
         chat.storage_failed.connect(self.banner.show_notice)
         chat.edit_refused.connect(pane.resume_edit)
+        chat.conversation_llm.connect(self.on_chat_conversation_llm)
         side.new_requested.connect(chat.new_conversation)
         side.conversation_selected.connect(chat.open_conversation)
         side.delete_requested.connect(chat.delete_conversation)
@@ -169,21 +176,54 @@ class MainWindow(QMainWindow):
 
     def on_ctx_llm_loaded(self, session: SessionApi) -> None:
         self.status.clearMessage()
-        self.llm_label.setText(f"{session.name}  ")
-        self.status.set_llm(session)
         self.dashboard.set_layers(session.layers())
         self.dashboard.backends.set_backend(self.ctx.engine.backends(session.n_threads))
-        self.chat_pane.view.placeholder = f"{session.name} is ready. Type a message below."
-        self.chat_pane.set_context(0, self.chat.n_ctx())
         self.tabs.setCurrentIndex(TAB_CHAT)
         self.chat_pane.input.setFocus()
 
     def on_ctx_llm_unloaded(self) -> None:
-        self.llm_label.setText("No model loaded")
-        self.status.set_llm(None)
         self.dashboard.set_layers([])
-        self.chat_pane.view.placeholder = "Load a model, then type a message below."
-        self.chat_pane.set_context(0, 0)
+
+    def on_ctx_chat_llm_changed(self, llm: ChatLlmApi | None) -> None:
+        """The toolbar, status bar, chat pane and dashboard follow what the chat talks to."""
+        remote = self.ctx.remote_endpoint
+        if llm is None:
+            self.llm_label.setText("No model loaded")
+            self.status.set_llm(None)
+            self.chat_pane.view.placeholder = "Load a model, then type a message below."
+        elif remote is not None:
+            self.llm_label.setText(f"{llm.name} @ {remote.label}  ")
+            self.status.set_remote_llm(llm.name, remote.label)
+            self.chat_pane.view.placeholder = f"{llm.name} on {remote.label} is ready. Type a message below."
+        else:
+            self.llm_label.setText(f"{llm.name}  ")
+            self.status.set_llm(self.ctx.session)
+            self.chat_pane.view.placeholder = f"{llm.name} is ready. Type a message below."
+        server = self.picker.remote.servers.get(remote.url) if remote is not None else None
+        self.dashboard.clear_remote(remote.label if remote is not None and not (server and server.monitored) else "")
+        plain = remote is not None and server is not None and server.kind == "openai"
+        self.sampling.set_unsupported(LLAMA_ONLY_FIELDS if plain else set(),
+                                      f"Not sent: {remote.label} speaks plain OpenAI" if remote is not None else "")
+        self.chat_pane.set_context(0, self.chat.n_ctx())
+        self.chat_pane.view.viewport().update()
+
+    def on_ctx_remote_polled(self, load: RemoteLoad) -> None:
+        remote = self.ctx.remote_endpoint
+        if remote is not None:
+            self.dashboard.set_remote_load(load, remote.label)
+
+    def on_remote_chosen(self, _model: str) -> None:
+        self.tabs.setCurrentIndex(TAB_CHAT)
+        self.chat_pane.input.setFocus()
+
+    def on_chat_conversation_llm(self, endpoint: str, model: str) -> None:
+        """Opening a conversation brings back the remote model that answered it."""
+        llm = self.ctx.chat_llm
+        if not endpoint or (llm is not None and llm.endpoint == endpoint and llm.name == model):
+            return
+        if not self.picker.remote.select(endpoint, model):
+            self.status.showMessage(f"This conversation used {model} on {endpoint}, which is not among "
+                                    "the remote servers.", 8000)
 
     def on_ctx_server_started(self, handle: ServerHandle) -> None:
         self._show_server(handle.url)

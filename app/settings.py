@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 from PySide6.QtCore import QSettings
 
-from .dto import LoadParams, SamplingSettings, ServerSettings
+from .dto import EndpointInfo, LoadParams, SamplingSettings, ServerSettings
 from .resources import resource_path
 
 BUILTIN_PRESETS: dict[str, SamplingSettings] = {
@@ -30,9 +30,19 @@ class AppSettings:
     models_folder: str = ""
     recent_files: list[str] = field(default_factory=list)
     theme: str = "system"  # system | light | dark
+    # remote servers: [{"name": ..., "url": ...}]; their API keys are in the keyring (app/key_store.py)
+    remote_endpoints: list[dict] = field(default_factory=list)
 
     def add_recent(self, path: str, limit: int = 8) -> None:
         self.recent_files = [path] + [p for p in self.recent_files if p != path][: limit - 1]
+
+    def endpoints(self) -> list[EndpointInfo]:
+        """The remote servers; entries that are not {name, url} strings are skipped."""
+        return [EndpointInfo(str(e.get("name") or ""), e["url"]) for e in self.remote_endpoints
+                if isinstance(e, dict) and isinstance(e.get("url"), str)]
+
+    def set_endpoints(self, endpoints: list[EndpointInfo]) -> None:
+        self.remote_endpoints = [{"name": e.name, "url": e.url} for e in endpoints]
 
     def presets(self) -> dict[str, SamplingSettings]:
         user = {k: SamplingSettings(**v) for k, v in self.user_presets.items()}

@@ -11,17 +11,20 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from .context_policy import fit_to_context
-from .dto import LoadParams, ReplyStep, SamplingSettings
-from .engine_api import EngineApi, ReplyStream, SessionApi
+from .dto import EndpointInfo, LoadParams, RemoteLoad, RemoteServerState, ReplyStep, SamplingSettings
+from .engine_api import ChatLlmApi, EngineApi, RemoteApi, ReplyStream, SessionApi
 from .errors import AppError, LoadCancelled, plain_error
 from .machine import now_ms
 from .stream_buffer import StepBuffer
+
+UNKNOWN_CTX = 1 << 30  # fit_to_context's bound for a remote model whose context size is not known
 
 
 class TaskWorker(QObject):
@@ -174,7 +177,7 @@ class GenerationWorker(TaskWorker):
 
     replied = Signal(dict)  # stats + replay record
 
-    def __init__(self, session: SessionApi, messages: list[dict], sampling: SamplingSettings,
+    def __init__(self, session: ChatLlmApi, messages: list[dict], sampling: SamplingSettings,
                  buffer: StepBuffer):
         super().__init__()
         self._session, self._messages, self._sampling = session, messages, sampling
@@ -192,8 +195,10 @@ class GenerationWorker(TaskWorker):
         s = self._sampling
         if s.seed < 0:
             s = SamplingSettings(**{**s.as_dict(), "seed": random.randrange(1 << 31)})
+        # a remote server that does not say its context size: it rejects what does not fit
+        n_ctx = self._session.n_ctx_seq or UNKNOWN_CTX
         messages, dropped, max_tokens = fit_to_context(
-            self._session.count_tokens, self._messages, self._session.n_ctx_seq, s.max_tokens
+            self._session.count_tokens, self._messages, n_ctx, s.max_tokens
         )
         s = SamplingSettings(**{**s.as_dict(), "max_tokens": max_tokens})
         t0, ttft, step = now_ms(), None, None
@@ -214,18 +219,20 @@ class GenerationWorker(TaskWorker):
         self.replied.emit(self._stats(step, ttft, s, dropped))
 
     def _stats(self, step: ReplyStep, ttft: float | None, s: SamplingSettings, dropped: int) -> dict:
-        tmpl = self._session.template_source
+        llm = self._session
+        tmpl = llm.template_source
         finish = "stopped" if self._cancel.is_set() else step.finish_reason
+        # a conversation remembers which LLM answered: the file, or the server and its model id
+        where = {"model": llm.name, "endpoint": llm.endpoint} if llm.endpoint else {"model": Path(llm.path).name}
         return {
             "n_prompt": step.n_prompt, "n_generated": step.n_generated, "n_cached": step.n_cached,
             "t_prompt_ms": round(step.t_prompt_ms, 2), "t_gen_ms": round(step.t_gen_ms, 2),
             "ttft_ms": round(ttft, 1) if ttft is not None else None,
             "finish_reason": finish, "dropped_messages": dropped,
             "replay": {
-                "model": Path(self._session.path).name, "model_sha256": self._session.sha256,
-                "template": self._session.template_name,
+                **where, "model_sha256": llm.sha256, "template": llm.template_name,
                 "template_sha256": hashlib.sha256(tmpl.encode()).hexdigest()[:16],
-                "sampling": s.as_dict(), "n_ctx": self._session.n_ctx,
+                "sampling": s.as_dict(), "n_ctx": llm.n_ctx,
             },
         }
 
@@ -242,6 +249,55 @@ class MemoryPoller(TaskWorker):
     def work(self) -> None:
         while not self._cancel.is_set():
             self.polled.emit(self._session.memory())
+            self._cancel.wait(self._interval)
+
+
+class RemoteConnectWorker(TaskWorker):
+    """Connects to a remote server (its models, what it speaks); the result or the failure
+    names the server's URL, so that one panel can connect to several at once."""
+
+    connected = Signal(object)  # RemoteServerState
+    connect_failed = Signal(str, str)  # url, what went wrong in words
+
+    def __init__(self, remote: RemoteApi, endpoint: EndpointInfo, api_key: str):
+        super().__init__()
+        self._remote, self._endpoint, self._key = remote, endpoint, api_key
+
+    def work(self) -> None:
+        try:
+            server = self._remote.connect(self._endpoint, self._key)
+        except Exception as e:  # reported in words beside the server's name
+            self.connect_failed.emit(self._endpoint.url, plain_error(e))
+            return
+        self.connected.emit(server)
+
+
+class RemotePoller(TaskWorker):
+    """Polls a remote server's /slots and /metrics every `interval_s` until cancelled; a failed
+    poll is reported in the RemoteLoad's `error` and the polling goes on."""
+
+    polled = Signal(object)  # RemoteLoad
+
+    def __init__(self, remote: RemoteApi, endpoint: EndpointInfo, api_key: str, server: RemoteServerState,
+                 interval_s: float = 1.0):
+        super().__init__()
+        self._remote, self._endpoint, self._key, self._server = remote, endpoint, api_key, server
+        self._interval = interval_s
+
+    def work(self) -> None:
+        last: tuple[float, float] | None = None  # (time, tokens_predicted_total)
+        while not self._cancel.is_set():
+            t = time.monotonic()
+            try:
+                load = self._remote.poll(self._endpoint, self._key, self._server)
+            except Exception as e:  # the server went away: say so, and try again next second
+                load, last = RemoteLoad(self._endpoint.url, error=plain_error(e)), None
+            total = load.tokens_predicted_total
+            if total is not None:
+                if last is not None and t > last[0]:
+                    load = replace(load, tokens_per_s=max(total - last[1], 0.0) / (t - last[0]))
+                last = (t, total)
+            self.polled.emit(load)
             self._cancel.wait(self._interval)
 
 

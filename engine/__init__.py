@@ -11,6 +11,9 @@ Public API (imported lazily so that `import engine` stays cheap):
     Hugging Face Hub (engine.hub): hub.search(), hub.repo(), hub.resolve("user/repo:Q4_K_M"),
         hub.fit(file) -> RemoteFit, hub.download(file, progress, cancel), hub.cached_models();
         HubFile, HubRepo, RemoteFit, HubError
+    Remote OpenAI-compatible servers (engine.remote): RemoteClient(RemoteEndpoint(url, api_key))
+        .list_models() / .probe() / .slots() / .metrics(); stream_chat(...) -> ChatStream of
+        ChatDelta (cancel() from any thread); normalize_url(); RemoteError
     EngineError and its subclasses (engine.errors)
 """
 
@@ -63,6 +66,18 @@ _EXPORTS = {
     "HubRepo": "engine.hub",
     "RemoteFit": "engine.hub_fit",
     "HubError": "engine.errors",
+    "RemoteError": "engine.errors",
+    "RemoteEndpoint": "engine.remote",
+    "RemoteClient": "engine.remote",
+    "RemoteModel": "engine.remote",
+    "ServerInfo": "engine.remote",
+    "RemoteSlot": "engine.remote",
+    "RemoteMetrics": "engine.remote",
+    "RemoteSampling": "engine.remote",
+    "ChatDelta": "engine.remote",
+    "ChatStream": "engine.remote",
+    "stream_chat": "engine.remote",
+    "normalize_url": "engine.remote",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -70,7 +85,7 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:  # what the lazy table resolves to, for type checkers
     from .batch import Batch
     from .context import Context, ContextParams
-    from .errors import EngineError, HubError
+    from .errors import EngineError, HubError, RemoteError
     from .generate import generate
     from .hub import HubFile, HubRepo
     from .hub_fit import RemoteFit
@@ -78,6 +93,19 @@ if TYPE_CHECKING:  # what the lazy table resolves to, for type checkers
     from .model import Model, load_model
     from .model_info import ModelInfo, inspect_model
     from .model_store import STARTER_MODELS, cached_path, models_dir, pull, resolve_model_arg
+    from .remote import (
+        ChatDelta,
+        ChatStream,
+        RemoteClient,
+        RemoteEndpoint,
+        RemoteMetrics,
+        RemoteModel,
+        RemoteSampling,
+        RemoteSlot,
+        ServerInfo,
+        normalize_url,
+        stream_chat,
+    )
     from .sampling import SamplingParams
     from .scheduler import Scheduler
     from .sequence import GenerationStep

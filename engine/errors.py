@@ -202,3 +202,22 @@ class APIError(EngineError):
 
     def body(self) -> dict[str, Any]:
         return {"error": {"code": self.status, "message": self.message, "type": self.type, **self.extra}}
+
+
+class RemoteError(EngineError):
+    """A remote OpenAI-compatible server could not be used (engine/remote.py). The message
+    names the endpoint and says what to do; `reason` says what kind of failure it was."""
+
+    BAD_URL = "bad_url"  # the URL is not an http(s) address
+    UNREACHABLE = "unreachable"  # connection refused, unknown host, TLS failure
+    TIMEOUT = "timeout"  # connected, but no answer in time
+    AUTH = "auth"  # 401/403: a missing or wrong API key
+    NOT_OPENAI = "not_openai"  # answered, but not with OpenAI-shaped JSON
+    NOT_FOUND = "not_found"  # 404: the model (or the route) does not exist
+    BROKEN = "broken"  # the connection died in the middle of a reply
+    SERVER = "server"  # any other error the server answered with
+
+    def __init__(self, message: str, reason: str = SERVER, status: int = 0):
+        super().__init__(message)
+        self.reason = reason
+        self.status = status

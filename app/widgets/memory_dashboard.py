@@ -1,6 +1,7 @@
 """MemoryDashboard: the engine's live memory report as figures, a stacked bar (one more per
 device when layers are offloaded to a GPU) and a timeline, plus the per-layer tensor table, KV
-use per slot, and the backends panel."""
+use per slot, and the backends panel. While the chat talks to a remote server that serves
+/slots or /metrics, the slot table shows its slots and the timeline its throughput."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ..dto import DeviceDesc, DeviceShare, MemoryFigures, ReplyStep
+from ..dto import DeviceDesc, DeviceShare, MemoryFigures, RemoteLoad, ReplyStep
 from ..format import human_bytes
 from ..item_models.layer_table_model import SORT_ROLE, LayerTableModel
 from ..item_models.slot_table_model import SlotTableModel
@@ -32,8 +33,10 @@ from .timeline_chart import Series, TimelineChart
 COLOURS = {
     "weights": QColor("#3d7eff"), "kv": QColor("#a371f7"), "kv_free": QColor("#d2bdfb"),
     "compute": QColor("#3fb950"), "metadata": QColor("#d29922"), "rss": QColor("#8b949e"),
-    "tok_s": QColor("#f0883e"),
+    "tok_s": QColor("#f0883e"), "server_tok_s": QColor("#db61a2"),
 }
+SLOTS_TITLE = "KV cache per slot"
+SERVER_TOK_S = "server tokens/s"
 FIGURES = ("Weights", "KV cache", "Compute buffer", "Metadata", "Process RSS", "Engine total")
 
 
@@ -99,6 +102,7 @@ class MemoryDashboard(QWidget):
         self.timeline = TimelineChart([
             Series("Process RSS", COLOURS["rss"]), Series("Weights resident", COLOURS["weights"]),
             Series("KV in use", COLOURS["kv"]), Series("tokens/s", COLOURS["tok_s"], right_axis=True),
+            Series(SERVER_TOK_S, COLOURS["server_tok_s"], right_axis=True),
         ])
         return self.timeline
 
@@ -125,10 +129,18 @@ class MemoryDashboard(QWidget):
         return splitter
 
     def _build_side(self) -> QTabWidget:
-        """KV use per slot and the backends, one tab each: with GPU devices listed the two do
-        not fit one above the other in a window of ordinary height."""
+        """KV use per slot (or a remote server's slots) and the backends, one tab each: with
+        GPU devices listed the two do not fit one above the other in a window of ordinary
+        height."""
         self.side_tabs = QTabWidget()
-        self.side_tabs.addTab(_table(self.slot_model, stretch=1), "KV cache per slot")
+        slots = QWidget()
+        slot_col = QVBoxLayout(slots)
+        slot_col.setContentsMargins(0, 0, 0, 0)
+        slot_col.addWidget(_table(self.slot_model, stretch=1))
+        self.remote_status = QLabel("", objectName="dim", wordWrap=True)
+        self.remote_status.hide()
+        slot_col.addWidget(self.remote_status)
+        self.side_tabs.addTab(slots, SLOTS_TITLE)
         self.backends = BackendsPanel()
         scroll = QScrollArea(widgetResizable=True, frameShape=QFrame.Shape.NoFrame)
         scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
@@ -208,6 +220,30 @@ class MemoryDashboard(QWidget):
     def add_step(self, step: ReplyStep) -> None:
         if step.t_gen_ms > 0 and step.n_generated >= 4:  # the first tokens' rate is noise
             self.timeline.add("tokens/s", step.n_generated * 1000.0 / step.t_gen_ms)
+
+    def set_remote_load(self, load: RemoteLoad, label: str) -> None:
+        """A poll of the remote server the chat talks to."""
+        self.side_tabs.setTabText(0, f"Slots on {label}")
+        if load.error:
+            self.remote_status.setText(f"Not answering: {load.error.splitlines()[-1]}")
+        else:
+            self.slot_model.set_remote_slots(load.slots)
+            busy = sum(s.busy for s in load.slots)
+            words = [f"{busy} of {len(load.slots)} slots busy"] if load.slots else ["no /slots"]
+            if load.tokens_per_s is not None:
+                words.append(f"{load.tokens_per_s:.1f} tokens/s generated")
+            self.remote_status.setText(" · ".join(words))
+        self.remote_status.show()
+        if load.tokens_per_s is not None:
+            self.timeline.add(SERVER_TOK_S, load.tokens_per_s)
+
+    def clear_remote(self, label: str = "") -> None:
+        """No remote server polled (`label`: one that serves neither /slots nor /metrics)."""
+        self.slot_model.clear_remote()
+        self.slot_model.set_figures(self.figures)
+        self.side_tabs.setTabText(0, SLOTS_TITLE)
+        self.remote_status.setText(f"{label} serves no /slots or /metrics to show." if label else "")
+        self.remote_status.setVisible(bool(label))
 
     def _set_figure(self, name: str, value: int, detail: str) -> None:
         self.figure_labels[name].setText(human_bytes(value))

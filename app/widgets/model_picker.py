@@ -1,5 +1,6 @@
 """ModelPicker: GGUF files (open, drop, recent, folder scan, the Hugging Face cache) with what
-they are, starter models, the Discover panel (the Hub), and the load panel for the selected file."""
+they are, starter models, the Discover panel (the Hub), remote servers' models, and the load
+panel for the selected file."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from ..item_models.llm_file_table_model import INFO_ROLE, SORT_ROLE, LlmFileTabl
 from ..workers import CallWorker, InspectWorker
 from .discover_panel import DiscoverPanel
 from .load_panel import LoadPanel
+from .remote_panel import RemotePanel
 from .starter_panel import StarterPanel
 
 
@@ -45,6 +47,7 @@ class ModelPicker(QWidget):
         self.load_panel = LoadPanel(ctx)
         self.load_panel.load_started.connect(self.load_started)
         splitter.addWidget(self.load_panel)
+        self.sources.currentChanged.connect(self._on_source_changed)
         splitter.setStretchFactor(0, 3)
         splitter.setStretchFactor(1, 2)
         layout.addWidget(splitter)
@@ -67,6 +70,8 @@ class ModelPicker(QWidget):
         self.discover.load_requested.connect(self.open_and_load)
         col.addWidget(self.discover)
         self.sources.addTab(discover, "Discover on Hugging Face")
+        self.remote = RemotePanel(self.ctx)
+        self.sources.addTab(self.remote, "Remote servers")
         if self.discover.downloads.model.rowCount():  # unfinished downloads of the last session
             self.sources.setCurrentWidget(discover)
         return self.sources
@@ -122,6 +127,10 @@ class ModelPicker(QWidget):
         self.table.selectionModel().currentRowChanged.connect(self._on_current_changed)
         self.table.doubleClicked.connect(lambda _i: self.load_panel.start_load())
         return self.table
+
+    def _on_source_changed(self, _index: int) -> None:
+        # the load panel loads files: beside remote servers it would only confuse
+        self.load_panel.setVisible(self.sources.currentWidget() is not self.remote)
 
     # files ----------------------------------------------------------------------------------
     def add_paths(self, paths: list[str]) -> None:

@@ -84,6 +84,14 @@ class SamplingPanel(QWidget):
             form.addRow(label, box)
         return form
 
+    def set_unsupported(self, names: set[str], why: str = "") -> None:
+        """Grey out the fields the chat's server ignores (a plain OpenAI server has no top-k,
+        min-p or repeat penalty); their values are kept for when it changes back."""
+        for name, box in self.inputs.items():
+            off = name in names
+            box.setEnabled(not off)
+            box.setToolTip(why if off else _FIELDS[name][6])
+
     def set_values(self, s: SamplingSettings, system_prompt: str | None = None, preset: str = "") -> None:
         self._loading = True
         values = s.as_dict()

@@ -29,6 +29,10 @@ class AppStatusBar(QStatusBar):
         self.llm_label.setText(f"{session.name} · {session.arch}")
         self.threads_label.setText(f"{session.n_threads} threads")
 
+    def set_remote_llm(self, name: str, where: str) -> None:
+        self.llm_label.setText(f"{name} · on {where}")
+        self.threads_label.setText("")
+
     def set_context(self, used: int, n_ctx: int) -> None:
         self.context_label.setText(f"context {used:,} / {n_ctx:,}" if n_ctx else "")
 

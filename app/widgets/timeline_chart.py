@@ -94,12 +94,17 @@ class TimelineChart(QWidget):
         span = self.span_s(now)
         t0 = now - span
         y_max, r_max = self._max(False, t0), self._max(True, t0)
-        self._paint_grid(p, plot, y_max, r_max, span)
+        self._paint_grid(p, plot, y_max, r_max, span, self._has_bytes())
         for s in self.series.values():
             self._paint_series(p, plot, s, t0, span, r_max if s.right_axis else y_max)
         self._paint_legend(p)
 
-    def _paint_grid(self, p: QPainter, plot: QRectF, y_max: float, r_max: float, span: float) -> None:
+    def _has_bytes(self) -> bool:
+        """Any point on the left (bytes) axis: without one (no local model) it has no scale."""
+        return any(s.points for s in self.series.values() if not s.right_axis)
+
+    def _paint_grid(self, p: QPainter, plot: QRectF, y_max: float, r_max: float, span: float,
+                    left_labels: bool = True) -> None:
         pal, fm = self.palette(), self.fontMetrics()
         grid = QPen(pal.color(QPalette.ColorRole.Midlight), 1)
         text = pal.color(QPalette.ColorRole.PlaceholderText)
@@ -108,9 +113,9 @@ class TimelineChart(QWidget):
             p.setPen(grid)
             p.drawLine(QPointF(plot.left(), y), QPointF(plot.right(), y))
             p.setPen(text)
-            left = human_bytes(y_max * i / 4)
-            p.drawText(QRectF(0, y - 9, LEFT - 6, 18),
-                       Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter, left)
+            if left_labels:
+                p.drawText(QRectF(0, y - 9, LEFT - 6, 18),
+                           Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter, human_bytes(y_max * i / 4))
             p.drawText(QRectF(plot.right() + 6, y - 9, RIGHT - 6, 18),
                        Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, _tick(r_max * i / 4))
         p.drawText(QRectF(plot.left(), plot.bottom() + 2, plot.width(), BOTTOM),

@@ -40,12 +40,14 @@ from app.engine_api import (
     LogFn,
     ProgressFn,
     PullProgressFn,
+    RemoteApi,
     ReplyStream,
     ServerHandle,
     SessionApi,
 )
 from app.errors import LoadCancelled
 from app.machine import backend_info, process_rss
+from app.remote_adapter import RemoteAdapter
 from engine.errors import HubError
 
 REPLY = "Hello! Here is some **bold** text and code:\n\n```python\nprint('hi')\n```\n\nDone."
@@ -139,6 +141,7 @@ class FakeSession(SessionApi):
     sha256: str
     template_source: str
     template_name: str
+    endpoint: str = ""
 
     def __init__(self, path: str, params: LoadParams, reply: str, delay: float, busy: bool = False,
                  gpu: DeviceDesc | None = None):
@@ -301,6 +304,8 @@ class FakeEngine(EngineApi):
         self.device_list = devices or [FAKE_CPU]  # add FAKE_GL0 for a GPU
         self.sessions: list[FakeSession] = []
         self._hub = hub or FakeHub()
+        # remote servers are network only: the real client, against local test servers
+        self._remote = RemoteAdapter()
 
     def inspect(self, path: str) -> LlmFileInfo:
         p = Path(path)
@@ -355,3 +360,6 @@ class FakeEngine(EngineApi):
 
     def hub(self) -> HubApi:
         return self._hub
+
+    def remote(self) -> RemoteApi:
+        return self._remote

@@ -18,7 +18,8 @@ import pytest
 
 from app.dto import LoadParams
 from app.engine_adapter import EngineAdapter, HubAdapter, LlmSession, _StepStream, layer_of
-from app.engine_api import EngineApi, HubApi, ReplyStream, ServerHandle, SessionApi
+from app.engine_api import ChatLlmApi, EngineApi, HubApi, RemoteApi, ReplyStream, ServerHandle, SessionApi
+from app.remote_adapter import RemoteAdapter, RemoteChat, RemoteReplyStream
 
 from .fake_engine import FakeEngine, FakeHub, FakeServer, FakeSession, FakeStream
 
@@ -28,6 +29,10 @@ ROOT = Path(__file__).resolve().parents[2]
 IMPLEMENTATIONS = [
     (EngineApi, EngineAdapter, FakeEngine),
     (SessionApi, LlmSession, FakeSession),
+    (ChatLlmApi, LlmSession, FakeSession),
+    (ChatLlmApi, RemoteChat, None),
+    (ReplyStream, RemoteReplyStream, None),
+    (RemoteApi, RemoteAdapter, None),  # the fake engine serves the real one (network only)
     (ReplyStream, _StepStream, FakeStream),
     (HubApi, HubAdapter, FakeHub),
     (ServerHandle, None, FakeServer),  # the real one is engine.server's ServerHandle
