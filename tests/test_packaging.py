@@ -24,6 +24,9 @@ BUILD = ROOT / "packaging" / "build.py"
 OPTIONAL_AT_RUN_TIME = {
     "scipy": "numba/__init__.py checks scipy's version if scipy is installed",
     "trio": "httpcore's and httpcore2's _synchronization, for callers on trio (ours run on asyncio)",
+    # installed with the cluster extra (ray[serve]); uvicorn falls back to its stat reloader,
+    # and the server never reloads
+    "watchfiles": "uvicorn.supervisors imports it for --reload when it is installed",
 }
 
 
