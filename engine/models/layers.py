@@ -124,10 +124,10 @@ def attention(s: UbatchState, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarr
             s.small_groups = [(sel, *kv.token_cells(s.seq_id[sel]))
                               for sel in (s.small[c0 : c0 + DECODE_TOKENS]
                                           for c0 in range(0, len(s.small), DECODE_TOKENS))]
-        for sel, rows, base in s.small_groups:
+        for sel, kv_rows, kv_base in s.small_groups:
             res = np.empty((len(sel), H, Dv), np.float32)
-            ops.attention_tokens(np.ascontiguousarray(q[sel]), kv.k[il], kv.v[il], rows, s.pos[sel], window,
-                                 scale, softcap, res, sinks, base)
+            ops.attention_tokens(np.ascontiguousarray(q[sel]), kv.k[il], kv.v[il], kv_rows, s.pos[sel], window,
+                                 scale, softcap, res, sinks, kv_base)
             attn[sel] = res
     matmul(wo, s.attn, s.o, s.tile)
     if bo is not None:
