@@ -18,7 +18,6 @@ ops._f16_block). Nothing grows later: memory is n_ctx cells in both layouts.
 from __future__ import annotations
 
 import mmap
-from collections.abc import Iterator
 
 import numpy as np
 
@@ -246,30 +245,15 @@ class KVCache:
             v = v.view(np.float16).astype(np.float32)
         return k, v
 
-    def token_groups(self, seq_ids: np.ndarray) -> list[tuple[np.ndarray | slice, int, int, np.ndarray]]:
-        """token_views' grouping of decode tokens by sequence: (which tokens, first cell, cells,
-        their row in k and v); base -1 for the split cache (one group, the whole cache). The
-        same for every layer of a ubatch once its cells are reserved: computed once per ubatch."""
+    def token_cells(self, seq_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Where the per-token attention kernel finds decode tokens' positions: (row, base)
+        per token such that position p of token t's sequence is cell base[t] + p of row
+        row[t] of a layer's k and v. Split cache: the sequence's own stream from cell 0;
+        unified: the one stream, from the sequence's run. The same for every layer of a
+        ubatch once its cells are reserved: computed once per ubatch."""
         if not self.unified:
-            return [(slice(None), -1, 0, seq_ids)]
-        groups: list[tuple[np.ndarray | slice, int, int, np.ndarray]] = []
-        for s in np.unique(seq_ids):
-            idx = np.flatnonzero(seq_ids == s)
-            groups.append((idx, int(self._base[s]), int(self._cap[s]), np.zeros(len(idx), seq_ids.dtype)))
-        return groups
-
-    def token_views(self, il: int, groups: list[tuple[np.ndarray | slice, int, int, np.ndarray]]
-                    ) -> Iterator[tuple[np.ndarray | slice, np.ndarray, np.ndarray, np.ndarray]]:
-        """For the per-token attention kernel, per group of token_groups: (which tokens, k, v,
-        their row in k and v) such that k[row[t], p] is position p of token t's sequence. Split
-        cache: the whole cache. Unified: a C-contiguous (1, cap, G, D) view of the sequence's run
-        (so the kernel reads it with no gather and no new specialisation)."""
-        kl, vl = self.k[il], self.v[il]
-        for part, b, c, rows in groups:
-            if b < 0:
-                yield part, kl, vl, rows
-            else:
-                yield part, kl[0, b : b + c][None], vl[0, b : b + c][None], rows
+            return seq_ids, np.zeros(len(seq_ids), np.int64)
+        return np.zeros(len(seq_ids), seq_ids.dtype), self._base[seq_ids]
 
     # whole-sequence state (slot save / restore) ----------------------------------------------
     def seq_state(self, seq: int) -> tuple[list[np.ndarray], list[np.ndarray]]:

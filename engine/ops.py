@@ -218,7 +218,7 @@ def _merge_splits(pm, pl, pacc, n_split, G, sinks, out):
 
 
 @kernel
-def _attn_item(q, k, v, seq, pos, window, scale, softcap, n_split, split_len, bits, vals, sc,
+def _attn_item(q, k, v, seq, base, pos, window, scale, softcap, n_split, split_len, bits, vals, sc,
                pm, pl, pacc, it):
     """Work item `it` of _attn_body: token t, KV head g, split sp of the token's positions.
 
@@ -236,6 +236,7 @@ def _attn_item(q, k, v, seq, pos, window, scale, softcap, n_split, split_len, bi
     t = it // n_split // G
     g = it // n_split % G
     s = seq[t]
+    c0 = base[t]  # the cell of the sequence's position 0 in row s
     p = pos[t]
     lo = 0
     if window > 0 and p - window + 1 > 0:
@@ -251,7 +252,7 @@ def _attn_item(q, k, v, seq, pos, window, scale, softcap, n_split, split_len, bi
     blk = min(KV_BLOCK, BLOCK_FLOATS // max(D, Dv))
     for j0 in range(a, e, blk):
         n = min(blk, e - j0)
-        _load_block(k, s, j0, n, g, bits, vals)
+        _load_block(k, s, c0 + j0, n, g, bits, vals)
         for r in range(rep):
             bm = _NEG
             for jj in range(n):
@@ -276,7 +277,7 @@ def _attn_item(q, k, v, seq, pos, window, scale, softcap, n_split, split_len, bi
             if m_new > m_old:
                 for d in range(Dv):
                     pacc[it, r, d] *= c
-        _load_block(v, s, j0, n, g, bits, vals)
+        _load_block(v, s, c0 + j0, n, g, bits, vals)
         for r in range(rep):
             for jj in range(n):
                 w = sc[r, jj]
@@ -284,9 +285,10 @@ def _attn_item(q, k, v, seq, pos, window, scale, softcap, n_split, split_len, bi
                     pacc[it, r, d] += w * vals[jj, d]
 
 
-def _attn_body(q, k, v, seq, pos, window, scale, softcap, sinks, out, n_split, split_len,
+def _attn_body(q, k, v, seq, base, pos, window, scale, softcap, sinks, out, n_split, split_len,
                kbits, kvals, sbuf, pm, pl, pacc):
     # q (T, H, D); k (S, C, G, D), v (S, C, G, Dv) float32 or float16 bits; out (T, H, Dv).
+    # Token t's position j is cell base[t] + j of row seq[t].
     # Work items (token, KV head, split) in parallel, each split covering split_len positions
     # of its token's range; their partial softmax states merge at the end (with the sinks).
     # kbits/kvals (n_threads, KV_BLOCK, max(D, Dv)), sbuf (n_threads, rep, KV_BLOCK): per
@@ -294,7 +296,7 @@ def _attn_body(q, k, v, seq, pos, window, scale, softcap, sinks, out, n_split, s
     T, G = q.shape[0], k.shape[2]
     for it in prange(T * G * n_split):
         tid = numba.get_thread_id()
-        _attn_item(q, k, v, seq, pos, window, scale, softcap, n_split, split_len,
+        _attn_item(q, k, v, seq, base, pos, window, scale, softcap, n_split, split_len,
                    kbits[tid], kvals[tid], sbuf[tid], pm, pl, pacc, it)
     _merge_splits(pm, pl, pacc, n_split, G, sinks, out)
 
@@ -330,9 +332,12 @@ _NO_SINKS = np.zeros(0, np.float32)
 
 
 def attention_tokens(q, k, v, seq, pos, window, scale, softcap, out,
-                     sinks: np.ndarray | None = None) -> None:
+                     sinks: np.ndarray | None = None, base: np.ndarray | None = None) -> None:
     """Per-token attention over the cache (decode path): each token attends to its own
-    sequence's positions [max(0, pos-window+1), pos]. k/v: float32 or float16 bits (uint16).
+    sequence's positions [max(0, pos-window+1), pos], position j of token t at k[seq[t],
+    base[t] + j] (base None: at cell j; a unified cache's sequences start at their run's first
+    cell, so one call serves the decode tokens of every sequence). k/v: float32 or float16
+    bits (uint16).
     Scores are q.k * scale, then softcap * tanh(score / softcap) when softcap > 0. sinks
     (n_head,) float32: head h's softmax denominator also holds exp(sinks[h]) (ggml_soft_max_ext
     with sinks), so its weights may sum to less than one."""
@@ -356,7 +361,8 @@ def attention_tokens(q, k, v, seq, pos, window, scale, softcap, out,
     pl = np.empty((n_items, H // G), np.float32)
     pacc = np.empty((n_items, H // G, Dv), np.float32)
     fn = _attn_p if big else _attn_s
-    fn(q, k, v, seq, pos, window, np.float32(scale), np.float32(softcap), sk, out, n_split, split_len,
+    cells0 = np.zeros(T, np.int64) if base is None else base
+    fn(q, k, v, seq, cells0, pos, window, np.float32(scale), np.float32(softcap), sk, out, n_split, split_len,
        kbits, kvals, sbuf, pm, pl, pacc)
 
 

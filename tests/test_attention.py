@@ -108,3 +108,29 @@ def test_agrees_with_chunk_path(window, softcap):
     ops.attention_tokens(q, kc, vc, np.zeros(12, np.int32), pos, window, 0.2, softcap, a, sinks)
     ops.attention_chunk(q, kc[0], vc[0], pos, window, 0.2, softcap, b, sinks)
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("L", [40, 1100])  # the serial kernel, the parallel one with splits
+@pytest.mark.parametrize("f16", [True, False])
+def test_tokens_of_several_sequences_in_one_pool(L, f16):
+    """A unified cache's layout: one row, each sequence a run of cells from its own base; one
+    call serves the decode tokens of every sequence, as separate per-sequence rows would."""
+    H, G, D = 9, 3, 32
+    kc, vc, sinks = _case(H, G, D, D, L, n_seq=3, seed=4)
+    bases = np.array([7, L + 20, 2 * L + 45], np.int64)  # runs with gaps between them
+    pool_k = np.zeros((1, 3 * L + 80, G, D), np.float32)
+    pool_v = np.zeros((1, 3 * L + 80, G, D), np.float32)
+    for s, b in enumerate(bases):
+        pool_k[0, b : b + L], pool_v[0, b : b + L] = kc[s], vc[s]
+    if f16:
+        kc, vc = kc.astype(np.float16).view(np.uint16), vc.astype(np.float16).view(np.uint16)
+        pool_k, pool_v = pool_k.astype(np.float16).view(np.uint16), pool_v.astype(np.float16).view(np.uint16)
+    rng = np.random.default_rng(5)
+    seq = np.array([2, 0, 1, 0], np.int32)
+    pos = np.array([L - 1, L // 2, L - 3, L - 1], np.int32)
+    q = rng.standard_normal((4, H, D)).astype(np.float32)
+    want = np.empty((4, H, D), np.float32)
+    ops.attention_tokens(q, kc, vc, seq, pos, 0, 0.2, 0.0, want, sinks)  # a row per sequence
+    got = np.full((4, H, D), np.nan, np.float32)
+    ops.attention_tokens(q, pool_k, pool_v, np.zeros(4, np.int32), pos, 0, 0.2, 0.0, got, sinks, bases[seq])
+    np.testing.assert_array_equal(got, want)

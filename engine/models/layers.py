@@ -46,9 +46,9 @@ class UbatchState:
         # tokens of sequences with few tokens here: the per-token attention kernel serves them
         small = [idx for _, idx in self.groups if len(idx) <= DECODE_TOKENS]
         self.small = np.concatenate(small) if small else None
-        # (tokens, kv.token_groups of them) per attention-kernel call, made at the first layer
+        # (tokens, kv.token_cells of them) per attention-kernel call, made at the first layer
         # (after the cells are reserved) and kept for the others
-        self.small_groups: list[tuple[np.ndarray, list]] | None = None
+        self.small_groups: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
 
 
 def norm(s: UbatchState, x: np.ndarray, w: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -121,16 +121,14 @@ def attention(s: UbatchState, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarr
             attn[idx] = res
     if s.small is not None:  # decode tokens (of any sequences): one kernel call per 16
         if s.small_groups is None:
-            s.small_groups = [(sel, kv.token_groups(s.seq_id[sel]))
+            s.small_groups = [(sel, *kv.token_cells(s.seq_id[sel]))
                               for sel in (s.small[c0 : c0 + DECODE_TOKENS]
                                           for c0 in range(0, len(s.small), DECODE_TOKENS))]
-        for sel, groups in s.small_groups:
-            for part, kc, vc, rows in kv.token_views(il, groups):  # unified: per sequence
-                ts = sel[part]
-                res = np.empty((len(ts), H, Dv), np.float32)
-                ops.attention_tokens(np.ascontiguousarray(q[ts]), kc, vc, rows, s.pos[ts], window, scale,
-                                     softcap, res, sinks)
-                attn[ts] = res
+        for sel, kv_rows, kv_base in s.small_groups:
+            res = np.empty((len(sel), H, Dv), np.float32)
+            ops.attention_tokens(np.ascontiguousarray(q[sel]), kv.k[il], kv.v[il], kv_rows, s.pos[sel], window,
+                                 scale, softcap, res, sinks, kv_base)
+            attn[sel] = res
     matmul(wo, s.attn, s.o, s.tile)
     if bo is not None:
         s.o += bo
