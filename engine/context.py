@@ -24,11 +24,15 @@ from .memory import (
     check_fits,
     ctx_per_seq,
     estimate_memory,
+    kv_streams,
     fmt_bytes,
     mem_check_disabled,
     memory_report,
 )
 from .model import Model
+
+if TYPE_CHECKING:
+    from .backends.gl.offload import GpuContext
 
 log = logging.getLogger("ggstation.engine")
 
@@ -98,14 +102,37 @@ class Context:
         what = f"n_ctx {n_ctx} with {params.n_seq_max} sequence(s)"
         if params.check_memory and not mem_check_disabled():
             check_fits(est, cfg, len(model.gguf.tensors), what, log, **kw)
+        self.gpu = self._gpu_context(model, params)
         try:
             self.kv = KVCache(cfg, self.n_ctx_seq, params.n_seq_max, params.type_k, params.type_v,
-                              unified=params.kv_unified)
+                              unified=params.kv_unified, device=self.gpu)
             self.buf = Buffers(cfg, self.n_ubatch, self.n_ctx_seq)
         except (MemoryError, ValueError) as e:  # numpy: "array is too big", or the OS refused
             raise InsufficientMemoryError(
                 f"cannot allocate {fmt_bytes(est.kv_bytes + est.compute_bytes)} for the KV cache and compute "
                 f"buffers ({what}): {e}; lower the context size (-c)", est.total_bytes, 0) from None
+
+    def _gpu_context(self, model: Model, params: ContextParams) -> GpuContext | None:
+        """The offloaded layers' KV cache and scratch on the model's GPU, or None (no layers
+        offloaded, or the GPU cannot hold them: logged, and every layer runs on the CPU)."""
+        if model.gpu is None:
+            return None
+        from .backends import gl
+        from .backends.gl.offload import GpuContext
+
+        n_stream = kv_streams(params.n_seq_max, params.kv_unified and params.n_seq_max > 1)
+        try:
+            return GpuContext(model.gpu, self.cfg, self.n_ubatch, self.n_ctx_seq, n_stream,
+                              params.type_k, params.type_v)
+        except (gl.GLOutOfMemoryError, gl.GLContextLostError, ValueError) as e:
+            log.warning("OpenGL: cannot hold the KV cache and compute buffer (%s); this context runs "
+                        "every layer on the CPU", e)
+            return None
+
+    def close_gpu(self) -> None:
+        """Free the context's GPU buffers (the context must not decode afterwards)."""
+        if self.gpu is not None:
+            self.gpu.close()
 
     @property
     def n_vocab(self) -> int:

@@ -71,4 +71,11 @@ def _cpu_device() -> DeviceInfo:
 
 def _gpu_devices() -> list[DeviceInfo]:
     """GPU devices from the backends that exist (engine/backends/gl: OpenGL compute)."""
-    return []
+    from . import gl
+
+    return [gl.probe()]
+
+
+def gpu_device_names() -> list[str]:
+    """Names of the GPU devices that can take layers (available ones)."""
+    return [d.name for d in list_devices() if d.name != CPU and d.available]

@@ -1,0 +1,357 @@
+"""GLSL 430 compute shaders: quantised mat-mul, RMSNorm, RoPE, KV store, attention, gated
+activations, residual add.
+
+Conventions shared by every shader: binding 0 is the context's compute scratch (`float s[]`;
+activations, and int data such as positions stored as float bits); weights and KV caches are
+`uint` arrays at bindings 1 and 2. Integer parameters come in `uniform int P[16]`, float ones
+in `uniform float F[4]`, offsets counted in floats of the scratch.
+
+Weights are the GGUF's packed blocks, unchanged. Blocks of 18, 22 or 34 bytes start at
+2-byte-aligned offsets, so every multi-byte field is read through rd16/rd32, which take a
+byte offset and combine the (at most two) uint words that hold it. The mat-mul asks each type
+for one 32-weight sub-block at a time (`dequant32`), so K-quants (256-weight super-blocks)
+and the legacy 32-weight blocks share one loop.
+"""
+
+from __future__ import annotations
+
+from gguf import GGMLQuantizationType as Q
+
+HEADER = """#version 430
+layout(local_size_x = LOCAL) in;
+uniform int P[16];
+uniform float F[4];
+layout(std430, binding = 0) buffer Scratch { float s[]; };
+int si(int i) { return floatBitsToInt(s[i]); }
+"""
+
+READERS = """
+layout(std430, binding = 1) readonly buffer Weights { uint W[]; };
+uint rd8(uint o) { return (W[o >> 2] >> ((o & 3u) * 8u)) & 255u; }
+uint rd32(uint o) {  // o even
+    uint w0 = W[o >> 2];
+    return (o & 2u) == 0u ? w0 : (w0 >> 16) | (W[(o >> 2) + 1u] << 16);
+}
+float rdh(uint o) { return unpackHalf2x16(W[o >> 2] >> ((o & 2u) * 8u)).x; }  // f16 at even o
+int i8(uint b) { return int(b << 24) >> 24; }
+"""
+
+# Each: void dequant32(uint rowb, uint sb, out float v[32]) -- weights sb*32 .. sb*32+31 of the
+# row starting at byte rowb.
+DEQUANT = {
+    # Q4_0 (18 B): d f16 | qs[16]: weight i<16 is low nibble of qs[i], i>=16 the high one; (q-8)*d
+    Q.Q4_0: """
+void dequant32(uint rowb, uint sb, out float v[32]) {
+    uint b = rowb + sb * 18u;
+    float d = rdh(b);
+    for (uint k = 0u; k < 4u; k++) {
+        uint q = rd32(b + 2u + 4u * k);
+        for (uint j = 0u; j < 4u; j++) {
+            uint c = (q >> (8u * j)) & 255u;
+            v[4u * k + j] = (float(c & 15u) - 8.0) * d;
+            v[16u + 4u * k + j] = (float(c >> 4) - 8.0) * d;
+        }
+    }
+}""",
+    # Q4_1 (20 B): d f16 | m f16 | qs[16]; q*d + m
+    Q.Q4_1: """
+void dequant32(uint rowb, uint sb, out float v[32]) {
+    uint b = rowb + sb * 20u;
+    float d = rdh(b), m = rdh(b + 2u);
+    for (uint k = 0u; k < 4u; k++) {
+        uint q = rd32(b + 4u + 4u * k);
+        for (uint j = 0u; j < 4u; j++) {
+            uint c = (q >> (8u * j)) & 255u;
+            v[4u * k + j] = float(c & 15u) * d + m;
+            v[16u + 4u * k + j] = float(c >> 4) * d + m;
+        }
+    }
+}""",
+    # Q5_0 (22 B): d f16 | qh u32 (bit i: 5th bit of weight i) | qs[16] as Q4_0; (q-16)*d
+    Q.Q5_0: """
+void dequant32(uint rowb, uint sb, out float v[32]) {
+    uint b = rowb + sb * 22u;
+    float d = rdh(b);
+    uint qh = rd32(b + 2u);
+    for (uint k = 0u; k < 4u; k++) {
+        uint q = rd32(b + 6u + 4u * k);
+        for (uint j = 0u; j < 4u; j++) {
+            uint i = 4u * k + j, c = (q >> (8u * j)) & 255u;
+            v[i] = (float((c & 15u) | (((qh >> i) & 1u) << 4)) - 16.0) * d;
+            v[16u + i] = (float((c >> 4) | (((qh >> (i + 16u)) & 1u) << 4)) - 16.0) * d;
+        }
+    }
+}""",
+    # Q8_0 (34 B): d f16 | qs int8[32]; q*d
+    Q.Q8_0: """
+void dequant32(uint rowb, uint sb, out float v[32]) {
+    uint b = rowb + sb * 34u;
+    float d = rdh(b);
+    for (uint k = 0u; k < 8u; k++) {
+        uint q = rd32(b + 2u + 4u * k);
+        for (uint j = 0u; j < 4u; j++) v[4u * k + j] = float(i8((q >> (8u * j)) & 255u)) * d;
+    }
+}""",
+    # Q4_K (144 B per 256): d f16 | dmin f16 | scales[12] (8 x 6-bit scale, 6-bit min) | qs[128].
+    # Sub-block j: 64-weight chunk j/2 of qs, low nibbles for even j, high for odd;
+    # weight = d * sc_j * q - dmin * m_j.
+    Q.Q4_K: """
+void dequant32(uint rowb, uint sb, out float v[32]) {
+    uint b = rowb + (sb >> 3) * 144u, j = sb & 7u;
+    float d = rdh(b), dmin = rdh(b + 2u);
+    uint sc, m;
+    if (j < 4u) {
+        sc = rd8(b + 4u + j) & 63u;
+        m = rd8(b + 8u + j) & 63u;
+    } else {
+        sc = (rd8(b + 8u + j) & 15u) | ((rd8(b + j) >> 6) << 4);
+        m = (rd8(b + 8u + j) >> 4) | ((rd8(b + 4u + j - 4u) >> 6) << 4);
+    }
+    float dl = d * float(sc), ml = dmin * float(m);
+    uint q0 = b + 16u + 32u * (j >> 1), sh = (j & 1u) * 4u;
+    for (uint k = 0u; k < 8u; k++) {
+        uint q = rd32(q0 + 4u * k);
+        for (uint i = 0u; i < 4u; i++) v[4u * k + i] = dl * float((q >> (8u * i + sh)) & 15u) - ml;
+    }
+}""",
+    # Q6_K (210 B per 256): ql[128] (low 4 bits) | qh[64] (high 2 bits) | scales int8[16] | d f16.
+    # Half n (128 weights) = 4 sub-blocks k of 32: ql[64n + 32(k&1) + l] nibble k>>1,
+    # qh[32n + l] bits 2k..2k+1, scale[8n + 2k + l/16]; weight = d * scale * (q - 32).
+    Q.Q6_K: """
+void dequant32(uint rowb, uint sb, out float v[32]) {
+    uint b = rowb + (sb >> 3) * 210u, j = sb & 7u, n = j >> 2, k = j & 3u;
+    float d = rdh(b + 208u);
+    float s0 = d * float(i8(rd8(b + 192u + 8u * n + 2u * k)));
+    float s1 = d * float(i8(rd8(b + 192u + 8u * n + 2u * k + 1u)));
+    uint l0 = b + 64u * n + 32u * (k & 1u), h0 = b + 128u + 32u * n, ls = (k >> 1) * 4u, hs = 2u * k;
+    for (uint w = 0u; w < 8u; w++) {
+        uint ql = rd32(l0 + 4u * w), qh = rd32(h0 + 4u * w);
+        for (uint i = 0u; i < 4u; i++) {
+            uint q = ((ql >> (8u * i + ls)) & 15u) | (((qh >> (8u * i + hs)) & 3u) << 4);
+            v[4u * w + i] = (w < 4u ? s0 : s1) * (float(q) - 32.0);
+        }
+    }
+}""",
+    Q.F16: """
+void dequant32(uint rowb, uint sb, out float v[32]) {
+    uint b = rowb + sb * 64u;
+    for (uint k = 0u; k < 16u; k++) {
+        vec2 h = unpackHalf2x16(rd32(b + 4u * k));
+        v[2u * k] = h.x;
+        v[2u * k + 1u] = h.y;
+    }
+}""",
+    Q.F32: """
+void dequant32(uint rowb, uint sb, out float v[32]) {
+    uint b = rowb + sb * 128u;
+    for (uint k = 0u; k < 32u; k++) v[k] = uintBitsToFloat(rd32(b + 4u * k));
+}""",
+}
+
+MATMUL_TOKENS = 8  # tokens one invocation serves: each weight sub-block is decoded once for them
+
+# out[t, r] (+)= sum_c W[r, c] x[t, c]. One invocation per (row, group of MATMUL_TOKENS tokens).
+# P: 0 n_rows, 1 n_cols, 2 row bytes, 3 T, 4 x offset, 5 x row stride, 6 out offset,
+#    7 out row stride, 8 accumulate (1: add into out, the residual stream)
+MATMUL = """
+#define TT %d
+void main() {
+    uint r = gl_GlobalInvocationID.x;
+    if (r >= uint(P[0])) return;
+    int t0 = int(gl_WorkGroupID.y) * TT;
+    int nt = min(TT, P[3] - t0);
+    float acc[TT];
+    for (int j = 0; j < TT; j++) acc[j] = 0.0;
+    uint nsub = uint(P[1]) / 32u, rowb = r * uint(P[2]);
+    float v[32];
+    for (uint sb = 0u; sb < nsub; sb++) {
+        dequant32(rowb, sb, v);
+        for (int j = 0; j < nt; j++) {
+            int xo = P[4] + (t0 + j) * P[5] + int(sb) * 32;
+            float a = 0.0;
+            for (int i = 0; i < 32; i++) a += v[i] * s[xo + i];
+            acc[j] += a;
+        }
+    }
+    for (int j = 0; j < nt; j++) {
+        int o = P[6] + (t0 + j) * P[7] + int(r);
+        s[o] = (P[8] != 0 ? s[o] : 0.0) + acc[j];
+    }
+}
+""" % MATMUL_TOKENS
+
+# out row = x row / rms(x row) * w, one invocation per row; mode 1 adds into out instead.
+# P: 0 rows, 1 n, 2 x offset, 3 x row stride, 4 out offset, 5 out row stride, 6 mode,
+#    7 gather (>= 0: offset of int row indices into x), F0 eps
+RMSNORM = """
+layout(std430, binding = 1) readonly buffer Norm { float nw[]; };
+void main() {
+    int r = int(gl_GlobalInvocationID.x);
+    if (r >= P[0]) return;
+    int n = P[1], xr = P[7] >= 0 ? si(P[7] + r) : r;
+    int x = P[2] + xr * P[3], o = P[4] + r * P[5];
+    float ss = 0.0;
+    for (int i = 0; i < n; i++) ss += s[x + i] * s[x + i];
+    float k = 1.0 / sqrt(ss / float(n) + F[0]);
+    for (int i = 0; i < n; i++) {
+        float y = s[x + i] * k * nw[i];
+        s[o + i] = P[6] == 1 ? s[o + i] + y : y;
+    }
+}
+"""
+
+# Rotate pair i of head h of token t in place by the precomputed cos/sin (T, half) tables.
+# P: 0 x offset, 1 T, 2 heads, 3 head_dim, 4 half (rotated pairs), 5 neox, 6 cos offset,
+#    7 sin offset
+ROPE = """
+void main() {
+    int idx = int(gl_GlobalInvocationID.x), half_ = P[4], H = P[2];
+    if (idx >= P[1] * H * half_) return;
+    int i = idx % half_, h = (idx / half_) % H, t = idx / (half_ * H);
+    int base = P[0] + (t * H + h) * P[3];
+    int i0 = P[5] != 0 ? i : 2 * i, i1 = P[5] != 0 ? i + half_ : 2 * i + 1;
+    float c = s[P[6] + t * half_ + i], sn = s[P[7] + t * half_ + i];
+    float a = s[base + i0], b = s[base + i1];
+    s[base + i0] = a * c - b * sn;
+    s[base + i1] = a * sn + b * c;
+}
+"""
+
+# k (T, kw) and v (T, vw) into the caches at (stream[t], cell[t]); two values per invocation.
+# P: 0 k offset, 1 v offset, 2 T, 3 kw, 4 vw, 5 stream offset (ints), 6 cell offset (ints),
+#    7 n_cells, 8 k is f16, 9 v is f16
+KV_STORE = """
+layout(std430, binding = 1) buffer KC { uint kc[]; };
+layout(std430, binding = 2) buffer VC { uint vc[]; };
+void put(bool f16, int src, int w, int t, int j, int row, bool isk) {
+    float a = s[src + t * w + 2 * j], b = s[src + t * w + 2 * j + 1];
+    int e = row * w + 2 * j;
+    if (f16) {
+        if (isk) kc[e >> 1] = packHalf2x16(vec2(a, b)); else vc[e >> 1] = packHalf2x16(vec2(a, b));
+    } else if (isk) {
+        kc[e] = floatBitsToUint(a); kc[e + 1] = floatBitsToUint(b);
+    } else {
+        vc[e] = floatBitsToUint(a); vc[e + 1] = floatBitsToUint(b);
+    }
+}
+void main() {
+    int idx = int(gl_GlobalInvocationID.x), kh = P[3] / 2, vh = P[4] / 2;
+    if (idx >= P[2] * (kh + vh)) return;
+    int t = idx / (kh + vh), j = idx % (kh + vh);
+    int row = si(P[5] + t) * P[7] + si(P[6] + t);
+    if (j < kh) put(P[8] != 0, P[0], P[3], t, j, row, true);
+    else put(P[9] != 0, P[1], P[4], t, j - kh, row, false);
+}
+"""
+
+ATTN_WG = 64
+ATTN_MAX_DIM = 512
+# One workgroup per (head, token): the token's own sequence, causal, within the window, scores
+# q.k * scale (soft-capped when F1 > 0), an online softmax over chunks of ATTN_WG positions.
+# Thread i scores position chunk + i; then each thread owns output dims i, i + ATTN_WG, ...
+# P: 0 q offset, 1 out offset, 2 n_head, 3 n_head_kv, 4 head_dim, 5 head_dim_v, 6 pos offset,
+#    7 stream offset, 8 base offset (cell of position 0), 9 n_cells, 10 window, 11 k f16,
+#    12 v f16; F0 scale, F1 softcap
+ATTENTION = """
+layout(std430, binding = 1) readonly buffer KC { uint kc[]; };
+layout(std430, binding = 2) readonly buffer VC { uint vc[]; };
+shared float qs[%(maxd)d];
+shared float pr[LOCAL];
+float kval(bool f16, int e) { return f16 ? unpackHalf2x16(kc[e >> 1])[e & 1] : uintBitsToFloat(kc[e]); }
+float vval(bool f16, int e) { return f16 ? unpackHalf2x16(vc[e >> 1])[e & 1] : uintBitsToFloat(vc[e]); }
+void main() {
+    int h = int(gl_WorkGroupID.x), t = int(gl_WorkGroupID.y), tid = int(gl_LocalInvocationID.x);
+    int H = P[2], G = P[3], D = P[4], Dv = P[5];
+    int g = h / (H / G);
+    int qo = P[0] + (t * H + h) * D;
+    for (int i = tid; i < D; i += LOCAL) qs[i] = s[qo + i];
+    barrier();
+    int pos = si(P[6] + t), row0 = si(P[7] + t) * P[9] + si(P[8] + t);
+    int lo = P[10] > 0 ? max(0, pos - P[10] + 1) : 0;
+    bool kf = P[11] != 0, vf = P[12] != 0;
+    float m = -1.0 / 0.0, l = 0.0;
+    float acc[%(nacc)d];
+    for (int a = 0; a < %(nacc)d; a++) acc[a] = 0.0;
+    for (int c0 = lo; c0 <= pos; c0 += LOCAL) {
+        int p = c0 + tid;
+        float sc = -1.0 / 0.0;
+        if (p <= pos) {
+            int kb = ((row0 + p) * G + g) * D;
+            float d = 0.0;
+            for (int i = 0; i < D; i++) d += qs[i] * kval(kf, kb + i);
+            sc = d * F[0];
+            if (F[1] > 0.0) sc = F[1] * tanh(sc / F[1]);
+        }
+        pr[tid] = sc;
+        barrier();
+        float cm = m;
+        for (int i = 0; i < LOCAL; i++) cm = max(cm, pr[i]);
+        barrier();
+        pr[tid] = exp(sc - cm);
+        barrier();
+        float f = exp(m - cm), sum = 0.0;
+        int n = min(LOCAL, pos - c0 + 1);
+        for (int i = 0; i < n; i++) sum += pr[i];
+        l = l * f + sum;
+        for (int a = 0; a * LOCAL + tid < Dv; a++) {
+            int dd = a * LOCAL + tid;
+            float y = acc[a] * f;
+            for (int i = 0; i < n; i++) y += pr[i] * vval(vf, ((row0 + c0 + i) * G + g) * Dv + dd);
+            acc[a] = y;
+        }
+        m = cm;
+        barrier();
+    }
+    int oo = P[1] + (t * H + h) * Dv;
+    for (int a = 0; a * LOCAL + tid < Dv; a++) s[oo + a * LOCAL + tid] = acc[a] / l;
+}
+""" % dict(maxd=ATTN_MAX_DIM, nacc=ATTN_MAX_DIM // ATTN_WG)
+
+# gate = act(gate) * up elementwise; P: 0 gate offset, 1 up offset, 2 n, 3 kind (0 silu,
+# 1 tanh-GELU as ggml_gelu); rows may be strided: 4 width, 5 gate stride, 6 up stride
+GATED_ACT = """
+void main() {
+    int idx = int(gl_GlobalInvocationID.x);
+    if (idx >= P[2]) return;
+    int t = idx / P[4], i = idx % P[4];
+    int go = P[0] + t * P[5] + i;
+    float v = s[go], u = s[P[1] + t * P[6] + i];
+    float z = P[3] == 0 ? v : 0.7978845608028654 * (v + 0.044715 * v * v * v) * 2.0;
+    s[go] = v / (1.0 + exp(-z)) * u;
+}
+"""
+
+# x[i] += y[i]; P: 0 x offset, 1 y offset, 2 n
+ADD = """
+void main() {
+    int i = int(gl_GlobalInvocationID.x);
+    if (i < P[2]) s[P[0] + i] += s[P[1] + i];
+}
+"""
+
+# x[i] *= F0; P: 0 x offset, 1 n
+SCALE = """
+void main() {
+    int i = int(gl_GlobalInvocationID.x);
+    if (i < P[1]) s[P[0] + i] *= F[0];
+}
+"""
+
+OPS = {"rmsnorm": RMSNORM, "rope": ROPE, "kv_store": KV_STORE, "attention": ATTENTION,
+       "gated_act": GATED_ACT, "add": ADD, "scale": SCALE}
+LOCAL_SIZE = {"attention": ATTN_WG}
+DEFAULT_LOCAL = 64
+
+
+def source(name: str) -> str:
+    """The full GLSL source of shader `name`: "matmul_<qtype name>" or an op name."""
+    local = LOCAL_SIZE.get(name, DEFAULT_LOCAL)
+    head = HEADER.replace("LOCAL) in", f"{local}) in").replace("LOCAL", str(local))
+    if name.startswith("matmul_"):
+        qtype = Q[name[len("matmul_"):].upper()]
+        return head + READERS + DEQUANT[qtype] + MATMUL
+    body = OPS[name]
+    return head + body.replace("LOCAL", str(local))
+
+
+MATMUL_TYPES = frozenset(DEQUANT)
