@@ -18,6 +18,7 @@ log = logging.getLogger("ggstation.engine")
 
 NAME = "GL0"
 BACKEND = "OpenGL"
+SOFTWARE_RENDERERS = ("llvmpipe", "softpipe", "lavapipe")
 _device: GLDevice | None = None
 
 
@@ -29,6 +30,11 @@ def probe() -> DeviceInfo:
         total, free = ctx.memory()
     except GLUnavailableError as e:
         return DeviceInfo(NAME, BACKEND, "not available", None, None, (), False, str(e))
+    if total is None and ctx.renderer.startswith(SOFTWARE_RENDERERS):
+        import psutil  # a software rasteriser's buffers are ordinary RAM
+
+        vm = psutil.virtual_memory()
+        total, free = int(vm.total), int(vm.available)
     caps = (f"GL {ctx.gl_version[0]}.{ctx.gl_version[1]}", "compute", f"EGL {ctx.platform}")
     return DeviceInfo(NAME, BACKEND, f"{ctx.renderer} ({ctx.version})", total, free, caps)
 

@@ -105,7 +105,7 @@ void dequant32(uint rowb, uint sb, out float v[32]) {
         m = rd8(b + 8u + j) & 63u;
     } else {
         sc = (rd8(b + 8u + j) & 15u) | ((rd8(b + j) >> 6) << 4);
-        m = (rd8(b + 8u + j) >> 4) | ((rd8(b + 4u + j - 4u) >> 6) << 4);
+        m = (rd8(b + 8u + j) >> 4) | ((rd8(b + 4u + j) >> 6) << 4);
     }
     float dl = d * float(sc), ml = dmin * float(m);
     uint q0 = b + 16u + 32u * (j >> 1), sh = (j & 1u) * 4u;
