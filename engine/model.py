@@ -101,7 +101,7 @@ def load_model(path: str | os.PathLike, n_threads: int | None = None,
         report(0.9, f"offloading {min(n_gpu_layers, model.cfg.n_layer)} layers to {gpu}")
         from .backends import gl
 
-        model.gpu = gl.offload(model, n_gpu_layers)
+        model.gpu = gl.offload_model(model, n_gpu_layers)
     report(1.0, f"loaded in {time.perf_counter() - t0:.2f} s")
     return model
 
@@ -114,7 +114,7 @@ def pick_gpu(device: str | None) -> str | None:
     Raises:
         EngineError: a device name list_devices does not know.
     """
-    from .backends import CPU, gpu_device_names, list_devices
+    from .backends import CPU, list_devices
     from .errors import EngineError
 
     log = logging.getLogger("ggstation.engine")
@@ -125,7 +125,7 @@ def pick_gpu(device: str | None) -> str | None:
     for n in names:
         if n not in known:
             raise EngineError(f"unknown device '{n}' (available: {', '.join(known)}; see --list-devices)")
-    gpus = [n for n in names if n != CPU] if names else gpu_device_names()
+    gpus = [n for n in (names or known) if n != CPU]
     for n in gpus:
         if known[n].available:
             return n

@@ -68,3 +68,112 @@ def test_gl_matmul_matches_dequantised_reference(qtype, T):
     base = RNG.standard_normal((T, n_rows)).astype(np.float32)
     got = gl_matmul(dev, qtype, raw, n_cols, x, acc=base)
     assert np.abs(got - (want + base)).max() <= 1e-4 * max(1.0, np.abs(want).max())
+
+
+def test_gl_rmsnorm_matches_ops_and_adds_in_mode_1():
+    dev = gl_device()
+    x = RNG.standard_normal((5, 96)).astype(np.float32)
+    w = RNG.standard_normal(96).astype(np.float32)
+    want = np.empty_like(x)
+    ops.rmsnorm(x, w, 1e-5, want)
+    base = RNG.standard_normal((5, 96)).astype(np.float32)
+
+    def fn(sc, offs, wb):
+        dev.dispatch("rmsnorm", (1, 1), (sc, wb), (5, 96, offs[0], 96, offs[1], 96, 0, -1), (1e-5,))
+        dev.dispatch("rmsnorm", (1, 1), (sc, wb), (5, 96, offs[0], 96, offs[2], 96, 1, -1), (1e-5,))
+
+    wb = dev.ctx.call(dev.alloc, w.nbytes, "weights", w)
+    try:
+        _, got, added = run_on_scratch(dev, [x, np.zeros_like(x), base], fn, (wb,))
+    finally:
+        dev.ctx.call(dev.free, wb)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(added, base + want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("neox", [False, True])
+def test_gl_rope_matches_ops(neox):
+    from engine.config import Rope
+
+    dev = gl_device()
+    T, H, D = 3, 4, 16
+    rope = Rope.make(12, 10000.0, neox, factors=np.linspace(1.0, 2.0, 6))  # partial rotation, factors
+    half = rope.n_rot // 2
+    x = RNG.standard_normal((T, H, D)).astype(np.float32)
+    pos = np.array([0, 7, 300])
+    want = x.copy()
+    ops.rope(want, pos, rope.inv_freq, neox)
+    theta = pos[:, None] * rope.inv_freq[None]
+    cs = np.concatenate([np.cos(theta), np.sin(theta)]).astype(np.float32)
+
+    def fn(sc, offs):
+        dev.dispatch("rope", (n_groups(T * H * half), 1), (sc,),
+                     (offs[0], T, H, D, half, int(neox), offs[1], offs[1] + T * half))
+
+    got = run_on_scratch(dev, [x, cs], fn)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["silu", "gelu"])
+def test_gl_gated_act_matches_ops(kind):
+    dev = gl_device()
+    g = (RNG.standard_normal((3, 40)) * 4).astype(np.float32)
+    u = RNG.standard_normal((3, 40)).astype(np.float32)
+    want = np.empty_like(g)
+    ops.gated_act(kind, g.copy(), u, want)
+
+    def fn(sc, offs):
+        dev.dispatch("gated_act", (n_groups(120), 1), (sc,), (offs[0], offs[1], 120, int(kind == "gelu"), 40, 40, 40))
+
+    got = run_on_scratch(dev, [g, u], fn)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def attention_ref(q, k, v, pos, window, scale):
+    """float64 attention of each token (T, H, D) over its sequence's cached k/v (L, G, D)."""
+    T, H, _ = q.shape
+    G = k.shape[1]
+    out = np.zeros((T, H, v.shape[2]))
+    for t in range(T):
+        lo = max(0, pos[t] - window + 1) if window else 0
+        for h in range(H):
+            g = h // (H // G)
+            sc = k[lo : pos[t] + 1, g].astype(np.float64) @ q[t, h] * scale
+            p = np.exp(sc - sc.max())
+            out[t, h] = p @ v[lo : pos[t] + 1, g] / p.sum()
+    return out
+
+
+@pytest.mark.parametrize("f16", [False, True])
+@pytest.mark.parametrize("window", [0, 5])
+def test_gl_attention_gqa_causal_window(f16, window):
+    dev = gl_device()
+    H, G, D, L, n_cells = 4, 2, 32, 150, 160  # 150 positions: three chunks of 64
+    k = RNG.standard_normal((L, G, D)).astype(np.float32)
+    v = RNG.standard_normal((L, G, D)).astype(np.float32)
+    pos = np.array([0, 63, 64, 149])
+    q = RNG.standard_normal((len(pos), H, D)).astype(np.float32)
+    kc, vc = np.zeros((n_cells, G, D), np.float32), np.zeros((n_cells, G, D), np.float32)
+    kc[:L], vc[:L] = k, v
+    if f16:
+        kc, vc = kc.astype(np.float16), vc.astype(np.float16)
+        k, v = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
+    want = attention_ref(q, k, v, pos, window, 0.17)
+    ints = np.zeros(3 * len(pos), np.int32)
+    ints[: len(pos)] = pos  # then stream 0 and base 0 for every token
+    out = np.zeros((len(pos), H, D), np.float32)
+
+    def fn(sc, offs, kb, vb):
+        T = len(pos)
+        dev.dispatch("attention", (H, T), (sc, kb, vb),
+                     (offs[0], offs[1], H, G, D, D, offs[2], offs[2] + T, offs[2] + 2 * T, n_cells, window,
+                      int(f16), int(f16)), (0.17, 0.0))
+
+    kb = dev.ctx.call(dev.alloc, kc.nbytes, "kv", kc)
+    vb = dev.ctx.call(dev.alloc, vc.nbytes, "kv", vc)
+    try:
+        got = run_on_scratch(dev, [q, out, ints.view(np.float32)], fn, (kb, vb))[1]
+    finally:
+        dev.ctx.call(dev.free, kb)
+        dev.ctx.call(dev.free, vb)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

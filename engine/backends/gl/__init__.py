@@ -1,7 +1,7 @@
 """The OpenGL 4.3 compute backend: one device, "GL0", the headless EGL context of
 context.py, running the offloaded layers of offload.py with the shaders of shaders.py.
 
-`probe()` describes the device for list_devices (never raises); `offload(model, n)` puts a
+`probe()` describes the device for list_devices (never raises); `offload_model(model, n)` puts a
 loaded model's last n layers on it, or returns None with the reason logged (the model then
 runs on the CPU).
 """
@@ -55,7 +55,7 @@ def _compile_all(dev: GLDevice) -> None:
         dev.program(name)
 
 
-def offload(model, n_gpu_layers: int):
+def offload_model(model, n_gpu_layers: int):
     """A GpuModel with model's last n_gpu_layers layers (and the head when n > n_layer) on
     GL0, or None when the model cannot offload (the reason is logged; it runs on the CPU)."""
     from .offload import GpuModel, unsupported_reason
@@ -77,4 +77,4 @@ def offload(model, n_gpu_layers: int):
 
 
 __all__ = ["BACKEND", "NAME", "GLContext", "GLContextLostError", "GLOutOfMemoryError",
-           "GLUnavailableError", "device", "offload", "probe"]
+           "GLUnavailableError", "device", "offload_model", "probe"]

@@ -113,6 +113,9 @@ class GpuModel:
                 self.output = self._place(w.output)
                 if tied:
                     self.host_bytes = before
+                if not isinstance(self.output, GpuTensor):  # the whole head stays then
+                    log.warning("OpenGL: the output head stays on the CPU")
+                    self.head = False
         except Exception:
             self.close()
             raise

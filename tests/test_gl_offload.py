@@ -1,0 +1,197 @@
+"""-ngl with the OpenGL backend: whole forward passes (prefill, then decode) on the GPU match
+the CPU's logits; the memory report per device; the fallbacks to the CPU (no GL, out of GPU
+memory, a tensor type without a shader); --list-devices."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+from engine.batch import Batch
+from engine.context import Context, ContextParams
+from engine.model import load_model
+from ggufgen import write_tiny_model
+from gl_helpers import gl_device
+
+TOKENS = np.array([1, 5, 9, 23, 7, 11, 3, 2, 8, 13, 17, 4, 6, 10], np.int32)
+
+
+def logits(path, ngl: int, n_prefill: int = 10, **ctx_kw) -> tuple[np.ndarray, Context]:
+    """All logits of a prefill of n_prefill tokens and of the decode steps after it."""
+    model = load_model(path, n_gpu_layers=ngl)
+    ctx = Context(model, ContextParams(n_ctx=64, **ctx_kw))
+    rows = [ctx.decode(Batch.for_sequence(TOKENS[:n_prefill], 0, 0, logits_all=True))]
+    rows += [ctx.decode(Batch.for_sequence(TOKENS[i : i + 1], i, 0)) for i in range(n_prefill, len(TOKENS))]
+    return np.concatenate(rows), ctx
+
+
+def assert_close(got: np.ndarray, want: np.ndarray, tol: float = 1e-3) -> None:
+    err = np.abs(got - want).max() / np.abs(want).max()
+    assert err < tol, f"max |GPU - CPU| / max |CPU| = {err:.2e}"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("gl-models")
+    return {
+        "llama": write_tiny_model(d / "llama.gguf", "llama", n_layer=3, qtype=Q.Q4_0),
+        "gemma3": write_tiny_model(d / "gemma3.gguf", "gemma3", n_layer=3, qtype=Q.Q8_0),
+    }
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("ngl", [1, 3, 99])
+def test_gl_forward_matches_cpu(tiny, arch, ngl):
+    gl_device()
+    want, _ = logits(tiny[arch], 0)
+    got, ctx = logits(tiny[arch], ngl)
+    assert ctx.gpu is not None and len(ctx.gpu.layers) == min(ngl, 3) and ctx.gpu.gm.head == (ngl > 3)
+    assert_close(got, want)
+
+
+def test_gl_forward_f32_kv_and_two_sequences(tiny):
+    gl_device()
+    for ngl in (0, 99):
+        model = load_model(tiny["llama"], n_gpu_layers=ngl)
+        ctx = Context(model, ContextParams(n_ctx=64, n_seq_max=2, type_k="f32", type_v="f32"))
+        b = Batch.concat([Batch.for_sequence(TOKENS[:5], 0, 0), Batch.for_sequence(TOKENS[5:9], 0, 1)])
+        first = ctx.decode(b)
+        nxt = ctx.decode(Batch.concat([Batch.for_sequence(TOKENS[9:10], 5, 0), Batch.for_sequence(TOKENS[10:11], 4, 1)]))
+        if ngl == 0:
+            want = np.concatenate([first, nxt])
+        else:
+            assert_close(np.concatenate([first, nxt]), want)
+
+
+def test_gl_kv_state_round_trips_through_the_gpu(tiny):
+    """Slot save/restore and context shift read and write the GPU's KV cache."""
+    gl_device()
+    _, ctx = logits(tiny["llama"], 99, n_prefill=6)
+    k, v = ctx.kv.seq_state(0)
+    assert k[0].shape[0] == len(TOKENS) and np.abs(k[-1].view(np.float16)).max() > 0
+    ctx.kv.seq_clear(0)
+    ctx.kv.set_seq_state(0, k, v)
+    k2, _ = ctx.kv.seq_state(0)
+    assert all(np.array_equal(a, b) for a, b in zip(k, k2, strict=True))
+
+
+def test_gl_memory_report_per_device(tiny):
+    gl_device()
+    _, ctx = logits(tiny["llama"], 2, n_prefill=3)
+    r = ctx.memory_report()
+    cpu, gpu = r.devices
+    assert (cpu.device, gpu.device) == ("CPU", "GL0") and (cpu.n_layers, gpu.n_layers) == (1, 2)
+    assert gpu.kv_bytes == ctx.gpu.nbytes > 0 and cpu.kv_bytes == ctx.kv.host_nbytes > 0
+    assert gpu.kv_bytes == 2 * cpu.kv_bytes  # two of three layers' caches
+    from engine.memory import compute_buffer_bytes
+
+    assert gpu.compute_bytes == compute_buffer_bytes(ctx.cfg, ctx.n_ubatch, ctx.n_ctx_seq)
+    assert gpu.weights_bytes >= ctx.model.gpu.host_bytes > 0
+    assert cpu.weights_bytes == ctx.model.weights_bytes - ctx.model.gpu.host_bytes
+    assert (r.weights_bytes, r.kv_bytes, r.compute_bytes) == (
+        cpu.weights_bytes + gpu.weights_bytes, cpu.kv_bytes + gpu.kv_bytes, cpu.compute_bytes + gpu.compute_bytes)
+
+
+def test_gl_unavailable_lists_reason_and_loads_on_cpu(tiny, monkeypatch, caplog):
+    from engine import backends
+    from engine.backends.gl import context as glc
+
+    def fail():
+        raise glc.GLUnavailableError("no EGL display (simulated)")
+
+    monkeypatch.setattr(glc, "GLContext", lambda: fail())
+    glc.reset_shared_context()
+    monkeypatch.setattr(backends, "_devices", None)
+    try:
+        gl0 = backends.list_devices(refresh=True)[1]
+        assert (gl0.name, gl0.available, gl0.reason) == ("GL0", False, "no EGL display (simulated)")
+        with caplog.at_level(logging.WARNING):
+            model = load_model(tiny["llama"], n_gpu_layers=99)
+        assert model.gpu is None and "not available" in caplog.text
+    finally:
+        monkeypatch.undo()
+        glc.reset_shared_context()
+        backends.list_devices(refresh=True)
+        from engine.backends import gl
+
+        gl._device = None
+
+
+def test_gl_out_of_memory_falls_back_to_cpu(tiny, monkeypatch, caplog):
+    dev = gl_device()
+    from engine.backends.gl.device import GLDevice, GLOutOfMemoryError
+
+    real = GLDevice.alloc
+
+    def alloc(self, nbytes, kind, data=None):
+        if kind == "kv":
+            raise GLOutOfMemoryError("cannot allocate (simulated): out of GPU memory")
+        return real(self, nbytes, kind, data)
+
+    want, _ = logits(tiny["llama"], 0)
+    monkeypatch.setattr(GLDevice, "alloc", alloc)
+    with caplog.at_level(logging.WARNING):
+        got, ctx = logits(tiny["llama"], 99)
+    assert ctx.gpu is None and "every layer on the CPU" in caplog.text
+    assert_close(got, want, 1e-6)
+    assert dev.bytes["kv"] == 0 and dev.bytes["compute"] == 0  # nothing left behind
+    monkeypatch.setattr(GLDevice, "alloc", lambda self, n, kind, data=None: (_ for _ in ()).throw(
+        GLOutOfMemoryError("simulated")))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        model = load_model(tiny["llama"], n_gpu_layers=99)
+    assert model.gpu is None and "every layer runs on the CPU" in caplog.text
+
+
+def test_gl_tensor_without_shader_stays_on_cpu(tiny, monkeypatch, caplog):
+    gl_device()
+    from engine.backends.gl import shaders
+
+    want, _ = logits(tiny["llama"], 0)
+    monkeypatch.setattr(shaders, "MATMUL_TYPES", frozenset({Q.F32}))  # Q4_0 has "no shader" now
+    with caplog.at_level(logging.WARNING):
+        got, ctx = logits(tiny["llama"], 99)
+    assert "blk.2.attn_q.weight stays on the CPU: Q4_0 has no OpenGL shader" in caplog.text
+    assert ctx.gpu is not None
+    assert_close(got, want)
+
+
+def test_gl_unsupported_arch_stays_on_cpu(tmp_path, caplog):
+    gl_device()
+    path = write_tiny_model(tmp_path / "qwen2.gguf", "qwen2")
+    with caplog.at_level(logging.WARNING):
+        model = load_model(path, n_gpu_layers=99)
+    assert model.gpu is None and "architecture qwen2 has no OpenGL implementation" in caplog.text
+
+
+def test_gl_list_devices_cli(capsys):
+    gl_device()
+    from engine.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--list-devices"])
+    assert e.value.code == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "Available devices:" and lines[1].startswith("  GL0: ")
+    assert lines[1].endswith(" MiB free)")
+
+
+def test_gl_split_mode_row_is_refused(capsys):
+    from engine.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["generate", "-sm", "row", "-p", "x"])
+    assert "split mode 'row'" in capsys.readouterr().err
+    assert build_parser().parse_args(["generate", "-sm", "none", "-ngl", "5", "-p", "x"]).n_gpu_layers == 5
+
+
+@pytest.mark.model
+def test_gl_smollm2_ngl_99_matches_cpu(smollm2_path):
+    gl_device()
+    want, _ = logits(smollm2_path, 0, n_prefill=4)
+    got, _ = logits(smollm2_path, 99, n_prefill=4)
+    assert_close(got, want)
+    assert (got.argmax(1) == want.argmax(1)).all()
