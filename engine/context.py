@@ -24,8 +24,8 @@ from .memory import (
     check_fits,
     ctx_per_seq,
     estimate_memory,
-    kv_streams,
     fmt_bytes,
+    kv_streams,
     mem_check_disabled,
     memory_report,
 )

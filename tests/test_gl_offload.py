@@ -59,7 +59,8 @@ def test_gl_forward_f32_kv_and_two_sequences(tiny):
         ctx = Context(model, ContextParams(n_ctx=64, n_seq_max=2, type_k="f32", type_v="f32"))
         b = Batch.concat([Batch.for_sequence(TOKENS[:5], 0, 0), Batch.for_sequence(TOKENS[5:9], 0, 1)])
         first = ctx.decode(b)
-        nxt = ctx.decode(Batch.concat([Batch.for_sequence(TOKENS[9:10], 5, 0), Batch.for_sequence(TOKENS[10:11], 4, 1)]))
+        nxt = ctx.decode(Batch.concat([Batch.for_sequence(TOKENS[9:10], 5, 0),
+                                       Batch.for_sequence(TOKENS[10:11], 4, 1)]))
         if ngl == 0:
             want = np.concatenate([first, nxt])
         else:

@@ -153,10 +153,12 @@ class GLDevice:
         prog, p_loc, f_loc = self.program(name)
         gl.glUseProgram(prog)
         if ints:
-            self._ints[: len(ints)] = ints
+            for i, v in enumerate(ints):
+                self._ints[i] = v
             gl.glUniform1iv(p_loc, 16, self._ints)
         if floats and f_loc >= 0:
-            self._floats[: len(floats)] = floats
+            for i, f in enumerate(floats):
+                self._floats[i] = f
             gl.glUniform1fv(f_loc, 4, self._floats)
         for i, b in enumerate(buffers):
             gl.glBindBufferBase(GL_SHADER_STORAGE_BUFFER, i, b.id)

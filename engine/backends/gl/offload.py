@@ -144,7 +144,7 @@ class GpuModel:
     def close(self) -> None:
         bufs, self._buffers = self._buffers, []
         if bufs and not self.ctx.lost:
-            self.ctx.call(lambda: [self.dev.free(b) for b in bufs])
+            self.ctx.call(_free_all, self.dev, bufs)
 
 
 class GpuContext:
@@ -165,7 +165,7 @@ class GpuContext:
         self._k: dict[int, Buffer] = {}
         self._v: dict[int, Buffer] = {}
         self._host: np.ndarray | None = None  # the CPU context's tile (fallback mat-muls)
-        self.scratch: Buffer | None = None
+        self.scratch = Buffer(0, 0, "compute")  # allocated below
         G = cfg.n_head_kv
         kbytes = n_stream * n_ctx_seq * G * cfg.head_dim * (2 if self.kf16 else 4)
         vbytes = n_stream * n_ctx_seq * G * cfg.head_dim_v * (2 if self.vf16 else 4)
@@ -215,7 +215,7 @@ class GpuContext:
 
     @property
     def scratch_bytes(self) -> int:
-        return self.scratch.nbytes if self.scratch is not None else 0
+        return self.scratch.nbytes
 
     def cos_off(self, il: int) -> int:
         return self.t_rope + self.rope_of[il] * 2 * self.U * self.half
@@ -225,7 +225,7 @@ class GpuContext:
     def nbytes(self) -> int:
         return sum(b.nbytes for b in (*self._k.values(), *self._v.values()))
 
-    def _geom(self, kind: str) -> tuple[Buffer, np.dtype, int]:
+    def _geom(self, kind: str) -> tuple[dict[int, Buffer], np.dtype, int]:
         f16 = self.kf16 if kind == "k" else self.vf16
         D = self.cfg.head_dim if kind == "k" else self.cfg.head_dim_v
         return (self._k if kind == "k" else self._v), np.dtype(np.uint16 if f16 else np.float32), D
@@ -250,7 +250,7 @@ class GpuContext:
     def run(self, s, out: np.ndarray, embeddings: bool) -> bool:
         """Run the offloaded layers on s.x (UbatchState); with the head on the GPU also the
         head into out and return True; else bring s.x back and return False."""
-        T, cfg = s.n_tokens, self.cfg
+        T = s.n_tokens
         stream, base = s.kv.token_cells(s.seq_id)
         ints = np.zeros((5, self.U), np.int32)
         ints[0, :T], ints[1, :T], ints[2, :T], ints[3, :T] = s.pos, stream, base + s.pos, base
@@ -404,9 +404,14 @@ class GpuContext:
 
     def close(self) -> None:
         bufs = [*self._k.values(), *self._v.values()]
-        if self.scratch is not None:
+        if self.scratch.id:
             bufs.append(self.scratch)
         self._k, self._v = {}, {}
         if bufs and not self.ctx.lost:
-            self.ctx.call(lambda: [self.dev.free(b) for b in bufs])
+            self.ctx.call(_free_all, self.dev, bufs)
 
+
+
+def _free_all(dev: GLDevice, bufs: list[Buffer]) -> None:
+    for b in bufs:
+        dev.free(b)

@@ -153,9 +153,9 @@ MATMUL_TOKENS = 8  # tokens one invocation serves: each weight sub-block is deco
 # out[t, r] (+)= sum_c W[r, c] x[t, c]. One invocation per (row, group of MATMUL_TOKENS tokens).
 # P: 0 n_rows, 1 n_cols, 2 row bytes, 3 T, 4 x offset, 5 x row stride, 6 out offset,
 #    7 out row stride, 8 accumulate (1: add into out, the residual stream)
-MATMUL = """
-#define TT %d
-void main() {
+MATMUL = f"""
+#define TT {MATMUL_TOKENS}
+void main() {{
     uint r = gl_GlobalInvocationID.x;
     if (r >= uint(P[0])) return;
     int t0 = int(gl_WorkGroupID.y) * TT;
@@ -164,21 +164,21 @@ void main() {
     for (int j = 0; j < TT; j++) acc[j] = 0.0;
     uint nsub = uint(P[1]) / 32u, rowb = r * uint(P[2]);
     float v[32];
-    for (uint sb = 0u; sb < nsub; sb++) {
+    for (uint sb = 0u; sb < nsub; sb++) {{
         dequant32(rowb, sb, v);
-        for (int j = 0; j < nt; j++) {
+        for (int j = 0; j < nt; j++) {{
             int xo = P[4] + (t0 + j) * P[5] + int(sb) * 32;
             float a = 0.0;
             for (int i = 0; i < 32; i++) a += v[i] * s[xo + i];
             acc[j] += a;
-        }
-    }
-    for (int j = 0; j < nt; j++) {
+        }}
+    }}
+    for (int j = 0; j < nt; j++) {{
         int o = P[6] + (t0 + j) * P[7] + int(r);
         s[o] = (P[8] != 0 ? s[o] : 0.0) + acc[j];
-    }
-}
-""" % MATMUL_TOKENS
+    }}
+}}
+"""
 
 # out row = x row / rms(x row) * w, one invocation per row; mode 1 adds into out instead.
 # P: 0 rows, 1 n, 2 x offset, 3 x row stride, 4 out offset, 5 out row stride, 6 mode,
@@ -255,7 +255,7 @@ ATTN_MAX_DIM = 512
 ATTENTION = """
 layout(std430, binding = 1) readonly buffer KC { uint kc[]; };
 layout(std430, binding = 2) readonly buffer VC { uint vc[]; };
-shared float qs[%(maxd)d];
+shared float qs[MAXD];
 shared float pr[LOCAL];
 float kval(bool f16, int e) { return f16 ? unpackHalf2x16(kc[e >> 1])[e & 1] : uintBitsToFloat(kc[e]); }
 float vval(bool f16, int e) { return f16 ? unpackHalf2x16(vc[e >> 1])[e & 1] : uintBitsToFloat(vc[e]); }
@@ -270,8 +270,8 @@ void main() {
     int lo = P[10] > 0 ? max(0, pos - P[10] + 1) : 0;
     bool kf = P[11] != 0, vf = P[12] != 0;
     float m = -1.0 / 0.0, l = 0.0;
-    float acc[%(nacc)d];
-    for (int a = 0; a < %(nacc)d; a++) acc[a] = 0.0;
+    float acc[NACC];
+    for (int a = 0; a < NACC; a++) acc[a] = 0.0;
     for (int c0 = lo; c0 <= pos; c0 += LOCAL) {
         int p = c0 + tid;
         float sc = -1.0 / 0.0;
@@ -305,7 +305,7 @@ void main() {
     int oo = P[1] + (t * H + h) * Dv;
     for (int a = 0; a * LOCAL + tid < Dv; a++) s[oo + a * LOCAL + tid] = acc[a] / l;
 }
-""" % dict(maxd=ATTN_MAX_DIM, nacc=ATTN_MAX_DIM // ATTN_WG)
+""".replace("MAXD", str(ATTN_MAX_DIM)).replace("NACC", str(ATTN_MAX_DIM // ATTN_WG))
 
 # gate = act(gate) * up elementwise; P: 0 gate offset, 1 up offset, 2 n, 3 kind (0 silu,
 # 1 tanh-GELU as ggml_gelu); rows may be strided: 4 width, 5 gate stride, 6 up stride
