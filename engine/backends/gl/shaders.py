@@ -9,7 +9,7 @@ in `uniform float F[4]`, offsets counted in floats of the scratch.
 Weights are the GGUF's packed blocks, unchanged. Blocks of 18, 22 or 34 bytes start at
 2-byte-aligned offsets, so every multi-byte field is read through rd16/rd32, which take a
 byte offset and combine the (at most two) uint words that hold it. The mat-mul asks each type
-for one 32-weight sub-block at a time (`dequant32`), so K-quants (256-weight super-blocks)
+for one 32-weight sub-block at a time (`dot32`), so K-quants (256-weight super-blocks)
 and the legacy 32-weight blocks share one loop.
 """
 
@@ -36,69 +36,69 @@ float rdh(uint o) { return unpackHalf2x16(W[o >> 2] >> ((o & 2u) * 8u)).x; }  //
 int i8(uint b) { return int(b << 24) >> 24; }
 """
 
-# Each: void dequant32(uint rowb, uint sb, out float v[32]) -- weights sb*32 .. sb*32+31 of the
-# row starting at byte rowb.
-DEQUANT = {
-    # Q4_0 (18 B): d f16 | qs[16]: weight i<16 is low nibble of qs[i], i>=16 the high one; (q-8)*d
+# Each: float dot32(uint rowb, uint sb, int xo) -- the dot product of weights sb*32 ..
+# sb*32+31 of the row starting at byte rowb with the 32 floats of the scratch at xo. (Scalar
+# code over vec4s, no local arrays: llvmpipe spills dynamically indexed arrays to memory.)
+VEC = """
+vec4 x4(int o) { return vec4(s[o], s[o + 1], s[o + 2], s[o + 3]); }
+vec4 nlo(uint q) { return vec4((uvec4(q) >> uvec4(0u, 8u, 16u, 24u)) & 15u); }
+vec4 nhi(uint q) { return vec4((uvec4(q) >> uvec4(4u, 12u, 20u, 28u)) & 15u); }
+vec4 bits4(uint h, uint i) { return vec4((uvec4(h) >> uvec4(i, i + 1u, i + 2u, i + 3u)) & 1u); }
+vec4 sbytes(uint q) { return vec4(ivec4(q << 24, q << 16, q << 8, q) >> 24); }
+"""
+
+DOT = {
+    # Q4_0 (18 B): d f16 | qs[16]: weight i<16 is the low nibble of qs[i], i>=16 the high one;
+    # w = (q - 8) * d
     Q.Q4_0: """
-void dequant32(uint rowb, uint sb, out float v[32]) {
+float dot32(uint rowb, uint sb, int xo) {
     uint b = rowb + sb * 18u;
-    float d = rdh(b);
+    vec4 a = vec4(0.0);
     for (uint k = 0u; k < 4u; k++) {
         uint q = rd32(b + 2u + 4u * k);
-        for (uint j = 0u; j < 4u; j++) {
-            uint c = (q >> (8u * j)) & 255u;
-            v[4u * k + j] = (float(c & 15u) - 8.0) * d;
-            v[16u + 4u * k + j] = (float(c >> 4) - 8.0) * d;
-        }
+        a += (nlo(q) - 8.0) * x4(xo + 4 * int(k)) + (nhi(q) - 8.0) * x4(xo + 16 + 4 * int(k));
     }
+    return rdh(b) * (a.x + a.y + a.z + a.w);
 }""",
-    # Q4_1 (20 B): d f16 | m f16 | qs[16]; q*d + m
+    # Q4_1 (20 B): d f16 | m f16 | qs[16] as Q4_0; w = q * d + m
     Q.Q4_1: """
-void dequant32(uint rowb, uint sb, out float v[32]) {
+float dot32(uint rowb, uint sb, int xo) {
     uint b = rowb + sb * 20u;
-    float d = rdh(b), m = rdh(b + 2u);
+    vec4 a = vec4(0.0), sx = vec4(0.0);
     for (uint k = 0u; k < 4u; k++) {
         uint q = rd32(b + 4u + 4u * k);
-        for (uint j = 0u; j < 4u; j++) {
-            uint c = (q >> (8u * j)) & 255u;
-            v[4u * k + j] = float(c & 15u) * d + m;
-            v[16u + 4u * k + j] = float(c >> 4) * d + m;
-        }
+        vec4 x0 = x4(xo + 4 * int(k)), x1 = x4(xo + 16 + 4 * int(k));
+        a += nlo(q) * x0 + nhi(q) * x1;
+        sx += x0 + x1;
     }
+    return rdh(b) * (a.x + a.y + a.z + a.w) + rdh(b + 2u) * (sx.x + sx.y + sx.z + sx.w);
 }""",
-    # Q5_0 (22 B): d f16 | qh u32 (bit i: 5th bit of weight i) | qs[16] as Q4_0; (q-16)*d
+    # Q5_0 (22 B): d f16 | qh u32 (bit i: 5th bit of weight i) | qs[16] as Q4_0; w = (q - 16) * d
     Q.Q5_0: """
-void dequant32(uint rowb, uint sb, out float v[32]) {
-    uint b = rowb + sb * 22u;
-    float d = rdh(b);
-    uint qh = rd32(b + 2u);
+float dot32(uint rowb, uint sb, int xo) {
+    uint b = rowb + sb * 22u, qh = rd32(b + 2u);
+    vec4 a = vec4(0.0);
     for (uint k = 0u; k < 4u; k++) {
         uint q = rd32(b + 6u + 4u * k);
-        for (uint j = 0u; j < 4u; j++) {
-            uint i = 4u * k + j, c = (q >> (8u * j)) & 255u;
-            v[i] = (float((c & 15u) | (((qh >> i) & 1u) << 4)) - 16.0) * d;
-            v[16u + i] = (float((c >> 4) | (((qh >> (i + 16u)) & 1u) << 4)) - 16.0) * d;
-        }
+        a += (nlo(q) + 16.0 * bits4(qh, 4u * k) - 16.0) * x4(xo + 4 * int(k))
+           + (nhi(q) + 16.0 * bits4(qh, 16u + 4u * k) - 16.0) * x4(xo + 16 + 4 * int(k));
     }
+    return rdh(b) * (a.x + a.y + a.z + a.w);
 }""",
-    # Q8_0 (34 B): d f16 | qs int8[32]; q*d
+    # Q8_0 (34 B): d f16 | qs int8[32]; w = q * d
     Q.Q8_0: """
-void dequant32(uint rowb, uint sb, out float v[32]) {
+float dot32(uint rowb, uint sb, int xo) {
     uint b = rowb + sb * 34u;
-    float d = rdh(b);
-    for (uint k = 0u; k < 8u; k++) {
-        uint q = rd32(b + 2u + 4u * k);
-        for (uint j = 0u; j < 4u; j++) v[4u * k + j] = float(i8((q >> (8u * j)) & 255u)) * d;
-    }
+    vec4 a = vec4(0.0);
+    for (uint k = 0u; k < 8u; k++) a += sbytes(rd32(b + 2u + 4u * k)) * x4(xo + 4 * int(k));
+    return rdh(b) * (a.x + a.y + a.z + a.w);
 }""",
     # Q4_K (144 B per 256): d f16 | dmin f16 | scales[12] (8 x 6-bit scale, 6-bit min) | qs[128].
     # Sub-block j: 64-weight chunk j/2 of qs, low nibbles for even j, high for odd;
-    # weight = d * sc_j * q - dmin * m_j.
+    # w = d * sc_j * q - dmin * m_j.
     Q.Q4_K: """
-void dequant32(uint rowb, uint sb, out float v[32]) {
+float dot32(uint rowb, uint sb, int xo) {
     uint b = rowb + (sb >> 3) * 144u, j = sb & 7u;
-    float d = rdh(b), dmin = rdh(b + 2u);
     uint sc, m;
     if (j < 4u) {
         sc = rd8(b + 4u + j) & 63u;
@@ -107,78 +107,73 @@ void dequant32(uint rowb, uint sb, out float v[32]) {
         sc = (rd8(b + 8u + j) & 15u) | ((rd8(b + j) >> 6) << 4);
         m = (rd8(b + 8u + j) >> 4) | ((rd8(b + 4u + j) >> 6) << 4);
     }
-    float dl = d * float(sc), ml = dmin * float(m);
-    uint q0 = b + 16u + 32u * (j >> 1), sh = (j & 1u) * 4u;
+    uint q0 = b + 16u + 32u * (j >> 1);
+    vec4 a = vec4(0.0), sx = vec4(0.0);
     for (uint k = 0u; k < 8u; k++) {
         uint q = rd32(q0 + 4u * k);
-        for (uint i = 0u; i < 4u; i++) v[4u * k + i] = dl * float((q >> (8u * i + sh)) & 15u) - ml;
+        vec4 x = x4(xo + 4 * int(k));
+        a += ((j & 1u) == 0u ? nlo(q) : nhi(q)) * x;
+        sx += x;
     }
+    return rdh(b) * float(sc) * (a.x + a.y + a.z + a.w) - rdh(b + 2u) * float(m) * (sx.x + sx.y + sx.z + sx.w);
 }""",
     # Q6_K (210 B per 256): ql[128] (low 4 bits) | qh[64] (high 2 bits) | scales int8[16] | d f16.
     # Half n (128 weights) = 4 sub-blocks k of 32: ql[64n + 32(k&1) + l] nibble k>>1,
-    # qh[32n + l] bits 2k..2k+1, scale[8n + 2k + l/16]; weight = d * scale * (q - 32).
+    # qh[32n + l] bits 2k..2k+1, scale[8n + 2k + l/16]; w = d * scale * (q - 32).
     Q.Q6_K: """
-void dequant32(uint rowb, uint sb, out float v[32]) {
+float dot32(uint rowb, uint sb, int xo) {
     uint b = rowb + (sb >> 3) * 210u, j = sb & 7u, n = j >> 2, k = j & 3u;
-    float d = rdh(b + 208u);
-    float s0 = d * float(i8(rd8(b + 192u + 8u * n + 2u * k)));
-    float s1 = d * float(i8(rd8(b + 192u + 8u * n + 2u * k + 1u)));
     uint l0 = b + 64u * n + 32u * (k & 1u), h0 = b + 128u + 32u * n, ls = (k >> 1) * 4u, hs = 2u * k;
+    uvec4 lsh = uvec4(0u, 8u, 16u, 24u) + ls, hsh = uvec4(0u, 8u, 16u, 24u) + hs;
+    vec4 a0 = vec4(0.0), a1 = vec4(0.0);
     for (uint w = 0u; w < 8u; w++) {
-        uint ql = rd32(l0 + 4u * w), qh = rd32(h0 + 4u * w);
-        for (uint i = 0u; i < 4u; i++) {
-            uint q = ((ql >> (8u * i + ls)) & 15u) | (((qh >> (8u * i + hs)) & 3u) << 4);
-            v[4u * w + i] = (w < 4u ? s0 : s1) * (float(q) - 32.0);
-        }
+        uvec4 q = ((uvec4(rd32(l0 + 4u * w)) >> lsh) & 15u) | (((uvec4(rd32(h0 + 4u * w)) >> hsh) & 3u) << 4);
+        vec4 p = (vec4(q) - 32.0) * x4(xo + 4 * int(w));
+        if (w < 4u) a0 += p; else a1 += p;
     }
+    float s0 = float(i8(rd8(b + 192u + 8u * n + 2u * k))), s1 = float(i8(rd8(b + 193u + 8u * n + 2u * k)));
+    return rdh(b + 208u) * (s0 * (a0.x + a0.y + a0.z + a0.w) + s1 * (a1.x + a1.y + a1.z + a1.w));
 }""",
     Q.F16: """
-void dequant32(uint rowb, uint sb, out float v[32]) {
+float dot32(uint rowb, uint sb, int xo) {
     uint b = rowb + sb * 64u;
-    for (uint k = 0u; k < 16u; k++) {
-        vec2 h = unpackHalf2x16(rd32(b + 4u * k));
-        v[2u * k] = h.x;
-        v[2u * k + 1u] = h.y;
-    }
+    vec4 a = vec4(0.0);
+    for (uint k = 0u; k < 8u; k++)
+        a += vec4(unpackHalf2x16(rd32(b + 8u * k)), unpackHalf2x16(rd32(b + 8u * k + 4u))) * x4(xo + 4 * int(k));
+    return a.x + a.y + a.z + a.w;
 }""",
     Q.F32: """
-void dequant32(uint rowb, uint sb, out float v[32]) {
+float dot32(uint rowb, uint sb, int xo) {
     uint b = rowb + sb * 128u;
-    for (uint k = 0u; k < 32u; k++) v[k] = uintBitsToFloat(rd32(b + 4u * k));
+    vec4 a = vec4(0.0);
+    for (uint k = 0u; k < 8u; k++) {
+        uint o = b + 16u * k;
+        a += uintBitsToFloat(uvec4(rd32(o), rd32(o + 4u), rd32(o + 8u), rd32(o + 12u))) * x4(xo + 4 * int(k));
+    }
+    return a.x + a.y + a.z + a.w;
 }""",
 }
 
-MATMUL_TOKENS = 8  # tokens one invocation serves: each weight sub-block is decoded once for them
+MATMUL_TOKENS = 8  # tokens one invocation serves (its weight row stays in cache between them)
 
 # out[t, r] (+)= sum_c W[r, c] x[t, c]. One invocation per (row, group of MATMUL_TOKENS tokens).
 # P: 0 n_rows, 1 n_cols, 2 row bytes, 3 T, 4 x offset, 5 x row stride, 6 out offset,
 #    7 out row stride, 8 accumulate (1: add into out, the residual stream)
-MATMUL = f"""
-#define TT {MATMUL_TOKENS}
-void main() {{
+MATMUL = """
+void main() {
     uint r = gl_GlobalInvocationID.x;
     if (r >= uint(P[0])) return;
-    int t0 = int(gl_WorkGroupID.y) * TT;
-    int nt = min(TT, P[3] - t0);
-    float acc[TT];
-    for (int j = 0; j < TT; j++) acc[j] = 0.0;
+    int t0 = int(gl_WorkGroupID.y) * TT, t1 = min(P[3], t0 + TT);
     uint nsub = uint(P[1]) / 32u, rowb = r * uint(P[2]);
-    float v[32];
-    for (uint sb = 0u; sb < nsub; sb++) {{
-        dequant32(rowb, sb, v);
-        for (int j = 0; j < nt; j++) {{
-            int xo = P[4] + (t0 + j) * P[5] + int(sb) * 32;
-            float a = 0.0;
-            for (int i = 0; i < 32; i++) a += v[i] * s[xo + i];
-            acc[j] += a;
-        }}
-    }}
-    for (int j = 0; j < nt; j++) {{
-        int o = P[6] + (t0 + j) * P[7] + int(r);
-        s[o] = (P[8] != 0 ? s[o] : 0.0) + acc[j];
-    }}
-}}
-"""
+    for (int t = t0; t < t1; t++) {
+        int xo = P[4] + t * P[5];
+        float acc = 0.0;
+        for (uint sb = 0u; sb < nsub; sb++) acc += dot32(rowb, sb, xo + 32 * int(sb));
+        int o = P[6] + t * P[7] + int(r);
+        s[o] = (P[8] != 0 ? s[o] : 0.0) + acc;
+    }
+}
+""".replace("TT", str(MATMUL_TOKENS))
 
 # out row = x row / rms(x row) * w, one invocation per row; mode 1 adds into out instead.
 # P: 0 rows, 1 n, 2 x offset, 3 x row stride, 4 out offset, 5 out row stride, 6 mode,
@@ -349,9 +344,9 @@ def source(name: str) -> str:
     head = HEADER.replace("LOCAL) in", f"{local}) in").replace("LOCAL", str(local))
     if name.startswith("matmul_"):
         qtype = Q[name[len("matmul_"):].upper()]
-        return head + READERS + DEQUANT[qtype] + MATMUL
+        return head + READERS + VEC + DOT[qtype] + MATMUL
     body = OPS[name]
     return head + body.replace("LOCAL", str(local))
 
 
-MATMUL_TYPES = frozenset(DEQUANT)
+MATMUL_TYPES = frozenset(DOT)
