@@ -196,3 +196,24 @@ def test_gl_smollm2_ngl_99_matches_cpu(smollm2_path):
     got, _ = logits(smollm2_path, 99, n_prefill=4)
     assert_close(got, want)
     assert (got.argmax(1) == want.argmax(1)).all()
+
+
+def test_gl_context_loss_is_a_clear_error_then_cpu(tiny, monkeypatch):
+    from engine.backends import DeviceLostError
+    from engine.backends.gl import context as glc
+
+    gl_device()
+    want, _ = logits(tiny["llama"], 0, n_prefill=3)
+    model = load_model(tiny["llama"], n_gpu_layers=99)
+    ctx = Context(model, ContextParams(n_ctx=64))
+    ctx.decode(Batch.for_sequence(TOKENS[:2], 0, 0))
+
+    def lost(self):
+        raise glc.GLContextLostError("the OpenGL context was lost (simulated)")
+
+    monkeypatch.setattr(glc.GLContext, "check_lost", lost)
+    with pytest.raises(DeviceLostError, match="runs on the CPU .* send the request again"):
+        ctx.decode(Batch.for_sequence(TOKENS[2:3], 2, 0))
+    assert ctx.gpu is None and model.gpu is None and ctx.kv.seq_len(0) == 0
+    got = ctx.decode(Batch.for_sequence(TOKENS[:3], 0, 0, logits_all=True))  # the prompt again
+    assert_close(got, want[:3], 1e-6)

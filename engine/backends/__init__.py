@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import EngineError
+
 CPU = "CPU"  # the CPU device's name, as llama.cpp names it
+
+
+class DeviceLostError(EngineError):
+    """A GPU device stopped working mid-run (context lost, reset): its buffers are gone."""
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ...errors import EngineError
+from .. import DeviceLostError
 
 T = TypeVar("T")
 
@@ -68,7 +69,7 @@ class GLUnavailableError(EngineError):
     """No usable OpenGL 4.3 context: no EGL, no display, or too old a GL."""
 
 
-class GLContextLostError(EngineError):
+class GLContextLostError(DeviceLostError):
     """The GL context was lost (GPU reset, driver crash): the GPU's buffers are gone."""
 
 
