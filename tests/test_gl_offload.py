@@ -52,11 +52,12 @@ def test_gl_forward_matches_cpu(tiny, arch, ngl):
     assert_close(got, want)
 
 
-def test_gl_forward_f32_kv_and_two_sequences(tiny):
+@pytest.mark.parametrize("unified", [False, True])
+def test_gl_forward_f32_kv_and_two_sequences(tiny, unified):
     gl_device()
     for ngl in (0, 99):
         model = load_model(tiny["llama"], n_gpu_layers=ngl)
-        ctx = Context(model, ContextParams(n_ctx=64, n_seq_max=2, type_k="f32", type_v="f32"))
+        ctx = Context(model, ContextParams(n_ctx=64, n_seq_max=2, type_k="f32", type_v="f32", kv_unified=unified))
         b = Batch.concat([Batch.for_sequence(TOKENS[:5], 0, 0), Batch.for_sequence(TOKENS[5:9], 0, 1)])
         first = ctx.decode(b)
         nxt = ctx.decode(Batch.concat([Batch.for_sequence(TOKENS[9:10], 5, 0),
@@ -74,6 +75,7 @@ def test_gl_kv_state_round_trips_through_the_gpu(tiny):
     k, v = ctx.kv.seq_state(0)
     assert k[0].shape[0] == len(TOKENS) and np.abs(k[-1].view(np.float16)).max() > 0
     ctx.kv.seq_clear(0)
+    ctx.decode(Batch.for_sequence(TOKENS[::-1], 0, 0))  # other keys in the same cells
     ctx.kv.set_seq_state(0, k, v)
     k2, _ = ctx.kv.seq_state(0)
     assert all(np.array_equal(a, b) for a, b in zip(k, k2, strict=True))
@@ -217,3 +219,20 @@ def test_gl_context_loss_is_a_clear_error_then_cpu(tiny, monkeypatch):
     assert ctx.gpu is None and model.gpu is None and ctx.kv.seq_len(0) == 0
     got = ctx.decode(Batch.for_sequence(TOKENS[:3], 0, 0, logits_all=True))  # the prompt again
     assert_close(got, want[:3], 1e-6)
+
+
+def test_gl_unified_cache_moves_runs_on_the_gpu(tiny):
+    """A unified pool moves a growing sequence's cells (KVCache._move/_compact): on the GPU
+    too, or its later logits would go wrong."""
+    gl_device()
+    rng = np.random.default_rng(3)
+    toks = rng.integers(1, 200, 48).astype(np.int32)
+    runs = []
+    for ngl in (0, 99):
+        model = load_model(tiny["gemma3"], n_gpu_layers=ngl)
+        ctx = Context(model, ContextParams(n_ctx=64, n_seq_max=2, kv_unified=True))
+        rows = [ctx.decode(Batch.for_sequence(toks[:30], 0, 0)), ctx.decode(Batch.for_sequence(toks[30:36], 0, 1))]
+        for i in range(30, 42):  # sequence 0 outgrows its run
+            rows.append(ctx.decode(Batch.for_sequence(toks[i : i + 1], i, 0)))
+        runs.append(np.concatenate(rows))
+    assert_close(runs[1], runs[0])
