@@ -236,3 +236,23 @@ def test_gl_unified_cache_moves_runs_on_the_gpu(tiny):
             rows.append(ctx.decode(Batch.for_sequence(toks[i : i + 1], i, 0)))
         runs.append(np.concatenate(rows))
     assert_close(runs[1], runs[0])
+
+
+def test_gl_tensor_past_the_block_size_stays_on_cpu(tiny, monkeypatch, caplog):
+    dev = gl_device()
+    want, _ = logits(tiny["llama"], 0)
+    real = dev.max_block_bytes
+    monkeypatch.setattr(dev, "max_block_bytes", 3000)  # the FFN matrices (> 4 KiB) do not fit now
+    with caplog.at_level(logging.WARNING):
+        model = load_model(tiny["llama"], n_gpu_layers=99)
+    assert "blk.0.ffn_up.weight stays on the CPU: its 0 MiB exceed the 0 MiB" in caplog.text
+    assert model.gpu is not None and not model.gpu.head  # the output matrix is too big too
+    with caplog.at_level(logging.WARNING):  # nor does the compute scratch: the context runs on the CPU
+        assert Context(model, ContextParams(n_ctx=64)).gpu is None
+    assert "this context runs every layer on the CPU" in caplog.text
+    monkeypatch.setattr(dev, "max_block_bytes", real)
+    ctx = Context(model, ContextParams(n_ctx=64))
+    rows = [ctx.decode(Batch.for_sequence(TOKENS[:10], 0, 0, logits_all=True))]
+    rows += [ctx.decode(Batch.for_sequence(TOKENS[i : i + 1], i, 0)) for i in range(10, len(TOKENS))]
+    assert ctx.gpu is not None
+    assert_close(np.concatenate(rows), want)

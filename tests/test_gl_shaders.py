@@ -177,3 +177,19 @@ def test_gl_attention_gqa_causal_window(f16, window):
         dev.ctx.call(dev.free, kb)
         dev.ctx.call(dev.free, vb)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_gl_one_dimensional_ops_cover_more_than_65535_workgroups():
+    """Past 65535 workgroups (the least a driver must allow per dimension) a 1-D op spreads
+    over a second dimension and still covers every element once."""
+    from engine.backends.gl.device import MAX_GROUPS, groups_1d
+
+    dev = gl_device()
+    n = MAX_GROUPS * shaders.DEFAULT_LOCAL + 1000
+    assert groups_1d(n)[1] == 2
+    x = np.ones(n, np.float32)
+
+    def fn(sc, offs):
+        dev.dispatch("scale", groups_1d(n), (sc,), (offs[0], n), (3.0,))
+
+    assert (run_on_scratch(dev, [x], fn)[0] == 3.0).all()

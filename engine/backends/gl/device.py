@@ -18,6 +18,8 @@ from .context import GL_CONTEXT_LOST, GL_OUT_OF_MEMORY, GLContext, GLContextLost
 GL_COMPUTE_SHADER, GL_COMPILE_STATUS, GL_LINK_STATUS, GL_INFO_LOG_LENGTH = 0x91B9, 0x8B81, 0x8B82, 0x8B84
 GL_SHADER_STORAGE_BUFFER, GL_COPY_READ_BUFFER, GL_COPY_WRITE_BUFFER = 0x90D2, 0x8F36, 0x8F37
 GL_STATIC_DRAW, GL_DYNAMIC_DRAW = 0x88E4, 0x88E8
+GL_MAX_SHADER_STORAGE_BLOCK_SIZE = 0x90DE
+MAX_GROUPS = 65535  # workgroups per dispatch dimension every GL 4.3 driver allows
 GL_SHADER_STORAGE_BARRIER_BIT, GL_BUFFER_UPDATE_BARRIER_BIT = 0x2000, 0x200
 KINDS = ("weights", "kv", "compute")
 
@@ -50,6 +52,9 @@ class GLDevice:
         self.bytes = dict.fromkeys(KINDS, 0)
         self._ints = (ctypes.c_int * 16)()
         self._floats = (ctypes.c_float * 4)()
+        size = ctypes.c_int64()
+        self.gl.glGetInteger64v(GL_MAX_SHADER_STORAGE_BLOCK_SIZE, ctypes.byref(size))
+        self.max_block_bytes = int(size.value)  # the most one shader may see of a buffer
 
     # buffers -------------------------------------------------------------------------------
     def alloc(self, nbytes: int, kind: str, data: np.ndarray | None = None) -> Buffer:
@@ -60,6 +65,9 @@ class GLDevice:
         """
         gl = self.gl
         size = max(4, -(-nbytes // 4) * 4)
+        if size > self.max_block_bytes:
+            raise GLOutOfMemoryError(f"{nbytes} bytes of {kind} exceed the {self.max_block_bytes} bytes a shader "
+                                     f"storage block may have on {self.ctx.renderer}")
         gl.glGetError()
         ids = (ctypes.c_uint * 1)()
         gl.glGenBuffers(1, ids)
@@ -168,3 +176,10 @@ class GLDevice:
 
 def n_groups(n: int, local: int = shaders.DEFAULT_LOCAL) -> int:
     return -(-n // local)
+
+
+def groups_1d(n: int, local: int = shaders.DEFAULT_LOCAL) -> tuple[int, int]:
+    """(x, y) workgroups covering n invocations of a 1-D shader (shaders.gid() flattens them):
+    past MAX_GROUPS the rest goes to the second dimension."""
+    g = n_groups(n, local)
+    return (g, 1) if g <= MAX_GROUPS else (MAX_GROUPS, -(-g // MAX_GROUPS))

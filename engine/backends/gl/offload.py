@@ -26,7 +26,7 @@ from ...memory import buffer_shapes, compute_buffer_bytes
 from ...quants import QTensor, matmul
 from . import shaders
 from .context import GLContext
-from .device import Buffer, GLDevice, n_groups
+from .device import Buffer, GLDevice, groups_1d, n_groups
 
 log = logging.getLogger("ggstation.engine")
 
@@ -75,8 +75,11 @@ class GpuTensor:
     row_bytes: int
 
 
-def tensor_reason(w: QTensor) -> str:
+def tensor_reason(w: QTensor, max_bytes: int) -> str:
     """Why w cannot be on the GPU ("" when it can)."""
+    if w.nbytes > max_bytes:
+        return (f"its {w.nbytes / 2**20:.0f} MiB exceed the {max_bytes / 2**20:.0f} MiB one shader storage "
+                "block may hold")
     if w.qtype not in shaders.MATMUL_TYPES:
         return f"{w.qtype.name} has no OpenGL shader"
     if w.n_cols % 32:
@@ -127,7 +130,7 @@ class GpuModel:
             self._buffers.append(buf)
             self.host_bytes += v.nbytes
             return buf
-        reason = tensor_reason(v)
+        reason = tensor_reason(v, self.dev.max_block_bytes)
         if reason:
             log.warning("OpenGL: %s stays on the CPU: %s", v.name, reason)
             return v
@@ -321,7 +324,7 @@ class GpuContext:
         n = n or self.cfg.n_embd
         so = self.off[src] if isinstance(src, str) else src
         do = self.off[dst] if isinstance(dst, str) else dst
-        self.dev.dispatch("rmsnorm", (n_groups(rows), 1), (self.scratch, w),
+        self.dev.dispatch("rmsnorm", groups_1d(rows), (self.scratch, w),
                           (rows, n, so, n, do, n, mode, gather), (self.cfg.norm_eps,))
 
     def _build_plan(self) -> list[tuple[bool, list[Op]]]:
@@ -373,10 +376,10 @@ class GpuContext:
 
         def rope(T: int) -> None:
             for name, heads in (("q", H), ("k", G)):
-                dev.dispatch("rope", (n_groups(T * heads * half), 1), (sc,),
+                dev.dispatch("rope", groups_1d(T * heads * half), (sc,),
                              (off[name], T, heads, D, half, neox, co, co + self.U * half))
             kw, vw = G * D, G * Dv
-            dev.dispatch("kv_store", (n_groups(T * (kw + vw) // 2), 1), (sc, kb, vb),
+            dev.dispatch("kv_store", groups_1d(T * (kw + vw) // 2), (sc, kb, vb),
                          (off["k"], off["v"], T, kw, vw, self.i_stream, self.i_cell, self.n_cells,
                           int(self.kf16), int(self.vf16)))
             dev.dispatch("attention", (H, T), (sc, kb, vb),
@@ -393,7 +396,7 @@ class GpuContext:
         ops.append(g(lambda T: self._norm_rows(T, "x", "h", lw["ffn_norm"])))
         ops += [self._mm(lw["ffn_gate"], "h", "gate"), self._mm(lw["ffn_up"], "h", "up")]
         F, kind = cfg.n_ff, 0 if plan.act == "silu" else 1
-        ops.append(g(lambda T: dev.dispatch("gated_act", (n_groups(T * F), 1), (sc,),
+        ops.append(g(lambda T: dev.dispatch("gated_act", groups_1d(T * F), (sc,),
                                             (off["gate"], off["up"], T * F, kind, F, F, F))))
         if plan.post_norms:
             ops.append(self._mm(lw["ffn_down"], "gate", "o"))

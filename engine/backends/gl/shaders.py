@@ -23,6 +23,11 @@ uniform int P[16];
 uniform float F[4];
 layout(std430, binding = 0) buffer Scratch { float s[]; };
 int si(int i) { return floatBitsToInt(s[i]); }
+// the flat invocation index of a 1-D shader dispatched over (x, y) workgroups (device.groups_1d)
+int gid() {
+    return int((gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x) * gl_WorkGroupSize.x
+               + gl_LocalInvocationID.x);
+}
 """
 
 READERS = """
@@ -181,7 +186,7 @@ void main() {
 RMSNORM = """
 layout(std430, binding = 1) readonly buffer Norm { float nw[]; };
 void main() {
-    int r = int(gl_GlobalInvocationID.x);
+    int r = gid();
     if (r >= P[0]) return;
     int n = P[1], xr = P[7] >= 0 ? si(P[7] + r) : r;
     int x = P[2] + xr * P[3], o = P[4] + r * P[5];
@@ -200,7 +205,7 @@ void main() {
 #    7 sin offset
 ROPE = """
 void main() {
-    int idx = int(gl_GlobalInvocationID.x), half_ = P[4], H = P[2];
+    int idx = gid(), half_ = P[4], H = P[2];
     if (idx >= P[1] * H * half_) return;
     int i = idx % half_, h = (idx / half_) % H, t = idx / (half_ * H);
     int base = P[0] + (t * H + h) * P[3];
@@ -230,7 +235,7 @@ void put(bool f16, int src, int w, int t, int j, int row, bool isk) {
     }
 }
 void main() {
-    int idx = int(gl_GlobalInvocationID.x), kh = P[3] / 2, vh = P[4] / 2;
+    int idx = gid(), kh = P[3] / 2, vh = P[4] / 2;
     if (idx >= P[2] * (kh + vh)) return;
     int t = idx / (kh + vh), j = idx % (kh + vh);
     int row = si(P[5] + t) * P[7] + si(P[6] + t);
@@ -306,7 +311,7 @@ void main() {
 # 1 tanh-GELU as ggml_gelu); rows may be strided: 4 width, 5 gate stride, 6 up stride
 GATED_ACT = """
 void main() {
-    int idx = int(gl_GlobalInvocationID.x);
+    int idx = gid();
     if (idx >= P[2]) return;
     int t = idx / P[4], i = idx % P[4];
     int go = P[0] + t * P[5] + i;
@@ -319,7 +324,7 @@ void main() {
 # x[i] += y[i]; P: 0 x offset, 1 y offset, 2 n
 ADD = """
 void main() {
-    int i = int(gl_GlobalInvocationID.x);
+    int i = gid();
     if (i < P[2]) s[P[0] + i] += s[P[1] + i];
 }
 """
@@ -327,7 +332,7 @@ void main() {
 # x[i] *= F0; P: 0 x offset, 1 n
 SCALE = """
 void main() {
-    int i = int(gl_GlobalInvocationID.x);
+    int i = gid();
     if (i < P[1]) s[P[0] + i] *= F[0];
 }
 """
