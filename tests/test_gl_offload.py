@@ -256,3 +256,19 @@ def test_gl_tensor_past_the_block_size_stays_on_cpu(tiny, monkeypatch, caplog):
     rows += [ctx.decode(Batch.for_sequence(TOKENS[i : i + 1], i, 0)) for i in range(10, len(TOKENS))]
     assert ctx.gpu is not None
     assert_close(np.concatenate(rows), want)
+
+
+def test_gl_head_on_gpu_gives_embeddings_and_many_logit_rows(tiny):
+    """Hidden states (embeddings=True) and more logit rows than the scratch holds at once."""
+    gl_device()
+    outs = []
+    for ngl in (0, 99):
+        model = load_model(tiny["gemma3"], n_gpu_layers=ngl)
+        ctx = Context(model, ContextParams(n_ctx=64))
+        if ngl:
+            ctx.gpu.logit_rows = 3  # three rows of logits per download: 10 rows take four
+        emb = ctx.decode(Batch.for_sequence(TOKENS[:10], 0, 0, logits_all=True), embeddings=True)
+        ctx.kv.seq_clear(0)
+        outs.append((emb, ctx.decode(Batch.for_sequence(TOKENS[:10], 0, 0, logits_all=True))))
+    assert_close(outs[1][0], outs[0][0])
+    assert_close(outs[1][1], outs[0][1])
