@@ -11,6 +11,7 @@ from gguf import GGMLQuantizationType as Q
 from engine import ops
 from engine.backends.gl import shaders
 from engine.backends.gl.device import n_groups
+from engine.backends.gl.offload import GpuTensor, matmul_gl
 from gl_helpers import gl_device, run_on_scratch
 
 RNG = np.random.default_rng(7)
@@ -41,9 +42,8 @@ def gl_matmul(dev, qtype: Q, raw: np.ndarray, n_cols: int, x: np.ndarray, acc: n
     out = np.zeros((T, n_rows), np.float32) if acc is None else acc.copy()
 
     def fn(sc, offs, w):
-        dev.dispatch("matmul_" + qtype.name.lower(), (n_groups(n_rows), n_groups(T, shaders.MATMUL_TOKENS)),
-                     (sc, w), (n_rows, n_cols, raw.shape[1], T, offs[0], n_cols, offs[1], n_rows,
-                               int(acc is not None)))
+        matmul_gl(dev, GpuTensor(w, qtype, n_rows, n_cols, raw.shape[1]), T, sc, offs[0], n_cols, offs[1], n_rows,
+                  acc is not None)
 
     w = dev.ctx.call(dev.alloc, raw.nbytes, "weights", np.ascontiguousarray(raw))
     try:
@@ -53,7 +53,7 @@ def gl_matmul(dev, qtype: Q, raw: np.ndarray, n_cols: int, x: np.ndarray, acc: n
 
 
 @pytest.mark.parametrize("qtype", sorted(shaders.MATMUL_TYPES, key=lambda q: q.name), ids=lambda q: q.name)
-@pytest.mark.parametrize("T", [1, 11])
+@pytest.mark.parametrize("T", [1, 3, 4, 11])  # 1-3: a token per pass; 4, 11 = 4+4+3: four per pass
 def test_gl_matmul_matches_dequantised_reference(qtype, T):
     dev = gl_device()
     n_cols = 512 if qtype in (Q.Q4_K, Q.Q6_K) else 96  # 96: rows of 3 blocks, odd block counts

@@ -51,7 +51,7 @@ def device() -> GLDevice:
 def _compile_all(dev: GLDevice) -> None:
     from .shaders import MATMUL_TYPES, OPS
 
-    for name in (*OPS, *(f"matmul_{q.name.lower()}" for q in MATMUL_TYPES)):
+    for name in (*OPS, *(f"{m}_{q.name.lower()}" for q in MATMUL_TYPES for m in ("matmul", "matmul4"))):
         dev.program(name)
 
 

@@ -87,6 +87,20 @@ def tensor_reason(w: QTensor, max_bytes: int) -> str:
     return ""
 
 
+def matmul_gl(dev: GLDevice, w: GpuTensor, T: int, scratch: Buffer, x_off: int, x_stride: int, o_off: int,
+              o_stride: int, acc: bool) -> None:
+    """out rows (T, n_rows) at o_off (+)= x rows (T, n_cols) at x_off @ w.T: one token per
+    pass for a few (decode), four per pass from MATMUL4_MIN_TOKENS (prefill)."""
+    assert x_off % 4 == 0 and x_stride % 4 == 0, "x rows are read as vec4s"
+    q = w.qtype.name.lower()
+    if T >= shaders.MATMUL4_MIN_TOKENS:
+        name, groups = f"matmul4_{q}", (n_groups(w.n_rows), -(-T // 4))
+    else:
+        name, groups = f"matmul_{q}", (n_groups(w.n_rows), n_groups(T, shaders.MATMUL_TOKENS))
+    dev.dispatch(name, groups, (scratch, w.buf),
+                 (w.n_rows, w.n_cols, w.row_bytes, T, x_off, x_stride, o_off, o_stride, int(acc)))
+
+
 class GpuModel:
     """The offloaded layers' (and head's) weights on a GL device.
 
@@ -315,9 +329,7 @@ class GpuContext:
     # ops -------------------------------------------------------------------------------------
     def _matmul_at(self, w: GpuTensor, T: int, x_off: int, x_stride: int, o_off: int, o_stride: int,
                    acc: bool) -> None:
-        name = "matmul_" + w.qtype.name.lower()
-        self.dev.dispatch(name, (n_groups(w.n_rows), n_groups(T, shaders.MATMUL_TOKENS)), (self.scratch, w.buf),
-                          (w.n_rows, w.n_cols, w.row_bytes, T, x_off, x_stride, o_off, o_stride, int(acc)))
+        matmul_gl(self.dev, w, T, self.scratch, x_off, x_stride, o_off, o_stride, acc)
 
     def _norm_rows(self, rows: int, src: str | int, dst: str | int, w: Buffer, n: int = 0, mode: int = 0,
                    gather: int = -1) -> None:

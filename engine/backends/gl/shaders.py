@@ -45,7 +45,8 @@ int i8(uint b) { return int(b << 24) >> 24; }
 # sb*32+31 of the row starting at byte rowb with the 32 floats of the scratch at xo. (Scalar
 # code over vec4s, no local arrays: llvmpipe spills dynamically indexed arrays to memory.)
 VEC = """
-vec4 x4(int o) { return vec4(s[o], s[o + 1], s[o + 2], s[o + 3]); }
+layout(std430, binding = 0) readonly buffer Scratch4 { vec4 s4[]; };  // the scratch again, 16 B at a time
+vec4 x4(int o) { return s4[o >> 2]; }  // o is a multiple of 4 (matmul_gl checks)
 vec4 nlo(uint q) { return vec4((uvec4(q) >> uvec4(0u, 8u, 16u, 24u)) & 15u); }
 vec4 nhi(uint q) { return vec4((uvec4(q) >> uvec4(4u, 12u, 20u, 28u)) & 15u); }
 vec4 bits4(uint h, uint i) { return vec4((uvec4(h) >> uvec4(i, i + 1u, i + 2u, i + 3u)) & 1u); }
@@ -159,6 +160,93 @@ float dot32(uint rowb, uint sb, int xo) {
 }""",
 }
 
+
+# Each: void blk(uint rowb, uint sb, out vec4 w[8]) -- weights sb*32 .. sb*32+31 of the row
+# at byte rowb, dequantised (the same layouts as DOT): the mat-mul of 4 tokens decodes a
+# sub-block once for all four.
+BLK = {
+    Q.Q4_0: """
+void blk(uint rowb, uint sb, out vec4 w[8]) {
+    uint b = rowb + sb * 18u;
+    float d = rdh(b);
+    for (uint k = 0u; k < 4u; k++) {
+        uint q = rd32(b + 2u + 4u * k);
+        w[k] = (nlo(q) - 8.0) * d;
+        w[4u + k] = (nhi(q) - 8.0) * d;
+    }
+}""",
+    Q.Q4_1: """
+void blk(uint rowb, uint sb, out vec4 w[8]) {
+    uint b = rowb + sb * 20u;
+    float d = rdh(b), m = rdh(b + 2u);
+    for (uint k = 0u; k < 4u; k++) {
+        uint q = rd32(b + 4u + 4u * k);
+        w[k] = nlo(q) * d + m;
+        w[4u + k] = nhi(q) * d + m;
+    }
+}""",
+    Q.Q5_0: """
+void blk(uint rowb, uint sb, out vec4 w[8]) {
+    uint b = rowb + sb * 22u, qh = rd32(b + 2u);
+    float d = rdh(b);
+    for (uint k = 0u; k < 4u; k++) {
+        uint q = rd32(b + 6u + 4u * k);
+        w[k] = (nlo(q) + 16.0 * bits4(qh, 4u * k) - 16.0) * d;
+        w[4u + k] = (nhi(q) + 16.0 * bits4(qh, 16u + 4u * k) - 16.0) * d;
+    }
+}""",
+    Q.Q8_0: """
+void blk(uint rowb, uint sb, out vec4 w[8]) {
+    uint b = rowb + sb * 34u;
+    float d = rdh(b);
+    for (uint k = 0u; k < 8u; k++) w[k] = sbytes(rd32(b + 2u + 4u * k)) * d;
+}""",
+    Q.Q4_K: """
+void blk(uint rowb, uint sb, out vec4 w[8]) {
+    uint b = rowb + (sb >> 3) * 144u, j = sb & 7u;
+    uint sc, m;
+    if (j < 4u) {
+        sc = rd8(b + 4u + j) & 63u;
+        m = rd8(b + 8u + j) & 63u;
+    } else {
+        sc = (rd8(b + 8u + j) & 15u) | ((rd8(b + j) >> 6) << 4);
+        m = (rd8(b + 8u + j) >> 4) | ((rd8(b + 4u + j) >> 6) << 4);
+    }
+    float dl = rdh(b) * float(sc), ml = rdh(b + 2u) * float(m);
+    uint q0 = b + 16u + 32u * (j >> 1);
+    for (uint k = 0u; k < 8u; k++) {
+        uint q = rd32(q0 + 4u * k);
+        w[k] = ((j & 1u) == 0u ? nlo(q) : nhi(q)) * dl - ml;
+    }
+}""",
+    Q.Q6_K: """
+void blk(uint rowb, uint sb, out vec4 w[8]) {
+    uint b = rowb + (sb >> 3) * 210u, j = sb & 7u, n = j >> 2, k = j & 3u;
+    uint l0 = b + 64u * n + 32u * (k & 1u), h0 = b + 128u + 32u * n, ls = (k >> 1) * 4u, hs = 2u * k;
+    uvec4 lsh = uvec4(0u, 8u, 16u, 24u) + ls, hsh = uvec4(0u, 8u, 16u, 24u) + hs;
+    float d = rdh(b + 208u);
+    float s0 = d * float(i8(rd8(b + 192u + 8u * n + 2u * k))), s1 = d * float(i8(rd8(b + 193u + 8u * n + 2u * k)));
+    for (uint i = 0u; i < 8u; i++) {
+        uvec4 q = ((uvec4(rd32(l0 + 4u * i)) >> lsh) & 15u) | (((uvec4(rd32(h0 + 4u * i)) >> hsh) & 3u) << 4);
+        w[i] = (vec4(q) - 32.0) * (i < 4u ? s0 : s1);
+    }
+}""",
+    Q.F16: """
+void blk(uint rowb, uint sb, out vec4 w[8]) {
+    uint b = rowb + sb * 64u;
+    for (uint k = 0u; k < 8u; k++)
+        w[k] = vec4(unpackHalf2x16(rd32(b + 8u * k)), unpackHalf2x16(rd32(b + 8u * k + 4u)));
+}""",
+    Q.F32: """
+void blk(uint rowb, uint sb, out vec4 w[8]) {
+    uint b = rowb + sb * 128u;
+    for (uint k = 0u; k < 8u; k++) {
+        uint o = b + 16u * k;
+        w[k] = uintBitsToFloat(uvec4(rd32(o), rd32(o + 4u), rd32(o + 8u), rd32(o + 12u)));
+    }
+}""",
+}
+
 MATMUL_TOKENS = 8  # tokens one invocation serves (its weight row stays in cache between them)
 
 # out[t, r] (+)= sum_c W[r, c] x[t, c]. One invocation per (row, group of MATMUL_TOKENS tokens).
@@ -179,6 +267,36 @@ void main() {
     }
 }
 """.replace("TT", str(MATMUL_TOKENS))
+
+MATMUL4_MIN_TOKENS = 4  # from this many tokens on, matmul4 (weights decoded once per 4 tokens)
+# As MATMUL, four tokens per invocation (grid y = ceil(T / 4)); a missing 4th token reads the
+# group's first row again and is not written.
+MATMUL4 = """
+void main() {
+    uint r = gl_GlobalInvocationID.x;
+    if (r >= uint(P[0])) return;
+    int t0 = int(gl_WorkGroupID.y) * 4, n = min(4, P[3] - t0);
+    uint nsub = uint(P[1]) / 32u, rowb = r * uint(P[2]);
+    int x0 = P[4] + t0 * P[5];
+    int s1 = n > 1 ? P[5] : 0, s2 = n > 2 ? 2 * P[5] : 0, s3 = n > 3 ? 3 * P[5] : 0;
+    vec4 acc = vec4(0.0);
+    vec4 w[8];
+    for (uint sb = 0u; sb < nsub; sb++) {
+        blk(rowb, sb, w);
+        int xo = x0 + 32 * int(sb);
+        for (int k = 0; k < 8; k++) {
+            int o = xo + 4 * k;
+            acc += vec4(dot(w[k], x4(o)), dot(w[k], x4(o + s1)), dot(w[k], x4(o + s2)), dot(w[k], x4(o + s3)));
+        }
+    }
+    int o = P[6] + t0 * P[7] + int(r);
+    s[o] = (P[8] != 0 ? s[o] : 0.0) + acc.x;
+    if (n > 1) s[o + P[7]] = (P[8] != 0 ? s[o + P[7]] : 0.0) + acc.y;
+    if (n > 2) s[o + 2 * P[7]] = (P[8] != 0 ? s[o + 2 * P[7]] : 0.0) + acc.z;
+    if (n > 3) s[o + 3 * P[7]] = (P[8] != 0 ? s[o + 3 * P[7]] : 0.0) + acc.w;
+}
+"""
+
 
 # out row = x row / rms(x row) * w, one invocation per row; mode 1 adds into out instead.
 # P: 0 rows, 1 n, 2 x offset, 3 x row stride, 4 out offset, 5 out row stride, 6 mode,
@@ -344,12 +462,13 @@ DEFAULT_LOCAL = 64
 
 
 def source(name: str) -> str:
-    """The full GLSL source of shader `name`: "matmul_<qtype name>" or an op name."""
+    """The full GLSL source of shader `name`: "matmul_<qtype>", "matmul4_<qtype>" or an op name."""
     local = LOCAL_SIZE.get(name, DEFAULT_LOCAL)
     head = HEADER.replace("LOCAL) in", f"{local}) in").replace("LOCAL", str(local))
+    if name.startswith("matmul4_"):
+        return head + READERS + VEC + BLK[Q[name[len("matmul4_"):].upper()]] + MATMUL4
     if name.startswith("matmul_"):
-        qtype = Q[name[len("matmul_"):].upper()]
-        return head + READERS + VEC + DOT[qtype] + MATMUL
+        return head + READERS + VEC + DOT[Q[name[len("matmul_"):].upper()]] + MATMUL
     body = OPS[name]
     return head + body.replace("LOCAL", str(local))
 
