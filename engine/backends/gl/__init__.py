@@ -49,9 +49,9 @@ def device() -> GLDevice:
 
 
 def _compile_all(dev: GLDevice) -> None:
-    from .shaders import MATMUL_TYPES, OPS
+    from .shaders import MATMUL_TYPES, OPS, matmul_names
 
-    for name in (*OPS, *(f"{m}_{q.name.lower()}" for q in MATMUL_TYPES for m in ("matmul", "matmul4"))):
+    for name in (*OPS, *(n for q in MATMUL_TYPES for n in matmul_names(q))):
         dev.program(name)
 
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import numpy as np
-from gguf import GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ...config import ModelConfig
 from ...memory import buffer_shapes, compute_buffer_bytes
@@ -74,6 +74,11 @@ class GpuTensor:
     n_cols: int
     row_bytes: int
 
+    @property
+    def type_bytes(self) -> int:
+        """Bytes of one block (of 32 or 256 weights; 4 or 2 for F32, F16)."""
+        return GGML_QUANT_SIZES[self.qtype][1]
+
 
 def tensor_reason(w: QTensor, max_bytes: int) -> str:
     """Why w cannot be on the GPU ("" when it can)."""
@@ -92,7 +97,7 @@ def matmul_gl(dev: GLDevice, w: GpuTensor, T: int, scratch: Buffer, x_off: int, 
     """out rows (T, n_rows) at o_off (+)= x rows (T, n_cols) at x_off @ w.T: one token per
     pass for a few (decode), four per pass from MATMUL4_MIN_TOKENS (prefill)."""
     assert x_off % 4 == 0 and x_stride % 4 == 0, "x rows are read as vec4s"
-    q = w.qtype.name.lower()
+    q = w.qtype.name.lower() + ("_a" if w.row_bytes % 4 == 0 and w.type_bytes % 4 == 0 else "")
     if T >= shaders.MATMUL4_MIN_TOKENS:
         name, groups = f"matmul4_{q}", (n_groups(w.n_rows), -(-T // 4))
     else:

@@ -15,6 +15,7 @@ and the legacy 32-weight blocks share one loop.
 
 from __future__ import annotations
 
+from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 
 HEADER = """#version 430
@@ -33,10 +34,14 @@ int gid() {
 READERS = """
 layout(std430, binding = 1) readonly buffer Weights { uint W[]; };
 uint rd8(uint o) { return (W[o >> 2] >> ((o & 3u) * 8u)) & 255u; }
+#ifdef ALIGNED  // every block starts on a uint: one load
+uint rd32(uint o) { return W[o >> 2]; }
+#else
 uint rd32(uint o) {  // o even
     uint w0 = W[o >> 2];
     return (o & 2u) == 0u ? w0 : (w0 >> 16) | (W[(o >> 2) + 1u] << 16);
 }
+#endif
 float rdh(uint o) { return unpackHalf2x16(W[o >> 2] >> ((o & 2u) * 8u)).x; }  // f16 at even o
 int i8(uint b) { return int(b << 24) >> 24; }
 """
@@ -462,15 +467,27 @@ DEFAULT_LOCAL = 64
 
 
 def source(name: str) -> str:
-    """The full GLSL source of shader `name`: "matmul_<qtype>", "matmul4_<qtype>" or an op name."""
+    """The full GLSL source of shader `name`: "matmul_<qtype>", "matmul4_<qtype>" (either with
+    "_a" for rows whose blocks all start on a uint) or an op name."""
     local = LOCAL_SIZE.get(name, DEFAULT_LOCAL)
     head = HEADER.replace("LOCAL) in", f"{local}) in").replace("LOCAL", str(local))
-    if name.startswith("matmul4_"):
-        return head + READERS + VEC + BLK[Q[name[len("matmul4_"):].upper()]] + MATMUL4
-    if name.startswith("matmul_"):
-        return head + READERS + VEC + DOT[Q[name[len("matmul_"):].upper()]] + MATMUL
+    if name.startswith("matmul"):  # matmul[4]_<qtype>[_a]: _a when every block is uint-aligned
+        kind, qname = name.split("_", 1)
+        aligned = qname.endswith("_a")
+        qtype = Q[qname.removesuffix("_a").upper()]
+        body = BLK[qtype] + MATMUL4 if kind == "matmul4" else DOT[qtype] + MATMUL
+        return head + ("#define ALIGNED\n" if aligned else "") + READERS + VEC + body
     body = OPS[name]
     return head + body.replace("LOCAL", str(local))
 
 
 MATMUL_TYPES = frozenset(DOT)
+
+
+def matmul_names(qtype: Q) -> list[str]:
+    """The mat-mul shaders of qtype: the general ones, and the aligned ones where they exist."""
+    q = qtype.name.lower()
+    names = [f"matmul_{q}", f"matmul4_{q}"]
+    if GGML_QUANT_SIZES[qtype][1] % 4 == 0:
+        names += [f"matmul_{q}_a", f"matmul4_{q}_a"]
+    return names
