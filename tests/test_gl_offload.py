@@ -39,6 +39,9 @@ def tiny(tmp_path_factory):
     return {
         "llama": write_tiny_model(d / "llama.gguf", "llama", n_layer=3, qtype=Q.Q4_0),
         "gemma3": write_tiny_model(d / "gemma3.gguf", "gemma3", n_layer=3, qtype=Q.Q8_0),
+        "gemma2": write_tiny_model(d / "gemma2.gguf", "gemma2", n_layer=3, qtype=Q.Q5_0),
+        "qwen2": write_tiny_model(d / "qwen2.gguf", "qwen2", n_layer=3, qtype=Q.Q4_1),
+        "qwen3": write_tiny_model(d / "qwen3.gguf", "qwen3", n_layer=3, qtype=Q.F16),
     }
 
 
@@ -49,6 +52,16 @@ def test_gl_forward_matches_cpu(tiny, arch, ngl):
     want, _ = logits(tiny[arch], 0)
     got, ctx = logits(tiny[arch], ngl)
     assert ctx.gpu is not None and len(ctx.gpu.layers) == min(ngl, 3) and ctx.gpu.gm.head == (ngl > 3)
+    assert_close(got, want)
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "qwen2", "qwen3"])
+def test_gl_forward_more_archs_match_cpu(tiny, arch):
+    """gemma2 (soft-caps), qwen2 (Q/K/V biases), qwen3 (Q/K norms, NEOX)."""
+    gl_device()
+    want, _ = logits(tiny[arch], 0)
+    got, ctx = logits(tiny[arch], 99)
+    assert ctx.gpu is not None and ctx.gpu.gm.head
     assert_close(got, want)
 
 
@@ -164,10 +177,10 @@ def test_gl_tensor_without_shader_stays_on_cpu(tiny, monkeypatch, caplog):
 
 def test_gl_unsupported_arch_stays_on_cpu(tmp_path, caplog):
     gl_device()
-    path = write_tiny_model(tmp_path / "qwen2.gguf", "qwen2")
+    path = write_tiny_model(tmp_path / "phi3.gguf", "phi3")
     with caplog.at_level(logging.WARNING):
         model = load_model(path, n_gpu_layers=99)
-    assert model.gpu is None and "architecture qwen2 has no OpenGL implementation" in caplog.text
+    assert model.gpu is None and "architecture phi3 has no OpenGL implementation" in caplog.text
 
 
 def test_gl_list_devices_cli(capsys):

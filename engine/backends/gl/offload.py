@@ -41,15 +41,25 @@ class ArchPlan:
     post_norms: bool  # gemma: attention and FFN outputs normed before the residual add
     head_norms: bool  # per-head Q/K RMSNorm
     final_softcap: Callable[[ModelConfig], float] = lambda cfg: 0.0  # logits soft-cap
+    attn_softcap: Callable[[ModelConfig], float] = lambda cfg: 0.0  # attention scores soft-cap
+    qkv_bias: bool = False  # attn_q_bias, attn_k_bias, attn_v_bias (qwen2)
 
 
-def _gemma3_softcap(cfg) -> float:
+def _final_softcap(cfg) -> float:
     return float(cfg.final_logit_softcap)
 
 
+def _attn_softcap(cfg) -> float:
+    return float(cfg.attn_logit_softcap)
+
+
+# the architectures whose blocks these flags describe exactly (engine/models/<name>.py)
 ARCH_PLANS = {
     "llama": ArchPlan("silu", False, False),
-    "gemma3": ArchPlan("gelu", True, True, _gemma3_softcap),
+    "qwen2": ArchPlan("silu", False, False, qkv_bias=True),
+    "qwen3": ArchPlan("silu", False, True),
+    "gemma2": ArchPlan("gelu", True, False, _final_softcap, _attn_softcap),
+    "gemma3": ArchPlan("gelu", True, True, _final_softcap),
 }
 
 
@@ -376,6 +386,10 @@ class GpuContext:
     def _gpu(self, fn: Callable[[int], None]) -> tuple[bool, Op]:
         return True, fn
 
+    def _bias_op(self, name: str, b: Buffer) -> Op:
+        o, w = self.off[name], self.width[name]
+        return lambda T: self.dev.dispatch("add_rows", groups_1d(T * w), (self.scratch, b), (o, T * w, w))
+
     def _layer_ops(self, il: int, lw: dict) -> list[tuple[bool, Op]]:
         cfg, plan = self.cfg, self.gm.plan
         H, G, D, Dv = cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v
@@ -387,6 +401,9 @@ class GpuContext:
         g = self._gpu
         ops.append(g(lambda T: self._norm_rows(T, "x", "h", lw["attn_norm"])))
         ops += [self._mm(lw["attn_q"], "h", "q"), self._mm(lw["attn_k"], "h", "k"), self._mm(lw["attn_v"], "h", "v")]
+        if plan.qkv_bias:
+            for name in ("q", "k", "v"):
+                ops.append(g(self._bias_op(name, lw[f"attn_{name}_bias"])))
         if plan.head_norms:
             ops.append(g(lambda T: self._norm_rows(T * H, "q", "q", lw["attn_q_norm"], n=D)))
             ops.append(g(lambda T: self._norm_rows(T * G, "k", "k", lw["attn_k_norm"], n=D)))
@@ -402,7 +419,7 @@ class GpuContext:
             dev.dispatch("attention", (H, T), (sc, kb, vb),
                          (off["q"], off["attn"], H, G, D, Dv, self.i_pos, self.i_stream, self.i_base,
                           self.n_cells, window, int(self.kf16), int(self.vf16)),
-                         (cfg.kq_scale, 0.0))
+                         (cfg.kq_scale, plan.attn_softcap(cfg)))
 
         ops.append(g(rope))
         if plan.post_norms:

@@ -452,6 +452,15 @@ void main() {
 }
 """
 
+# x[t, i] += b[i] (biases); P: 0 x offset, 1 n (T * width), 2 width
+ADD_ROWS = """
+layout(std430, binding = 1) readonly buffer Bias { float b[]; };
+void main() {
+    int i = gid();
+    if (i < P[1]) s[P[0] + i] += b[i % P[2]];
+}
+"""
+
 # x[i] *= F0; P: 0 x offset, 1 n
 SCALE = """
 void main() {
@@ -461,7 +470,7 @@ void main() {
 """
 
 OPS = {"rmsnorm": RMSNORM, "rope": ROPE, "kv_store": KV_STORE, "attention": ATTENTION,
-       "gated_act": GATED_ACT, "add": ADD, "scale": SCALE}
+       "gated_act": GATED_ACT, "add": ADD, "add_rows": ADD_ROWS, "scale": SCALE}
 LOCAL_SIZE = {"attention": ATTN_WG}
 DEFAULT_LOCAL = 64
 
