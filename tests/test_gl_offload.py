@@ -285,3 +285,12 @@ def test_gl_head_on_gpu_gives_embeddings_and_many_logit_rows(tiny):
         outs.append((emb, ctx.decode(Batch.for_sequence(TOKENS[:10], 0, 0, logits_all=True))))
     assert_close(outs[1][0], outs[0][0])
     assert_close(outs[1][1], outs[0][1])
+
+
+def test_gl_forward_with_the_gpu_mat_mul_matches_cpu(tiny, monkeypatch):
+    """The workgroup-per-row mat-mul real GPUs get (llvmpipe runs the per-row one)."""
+    dev = gl_device()
+    want, _ = logits(tiny["gemma3"], 0)
+    monkeypatch.setattr(dev, "cooperative", True)
+    got, _ = logits(tiny["gemma3"], 99)
+    assert_close(got, want)

@@ -37,13 +37,18 @@ def random_blocks(qtype: Q, n_rows: int, n_cols: int) -> np.ndarray:
     return raw.reshape(n_rows, -1)
 
 
-def gl_matmul(dev, qtype: Q, raw: np.ndarray, n_cols: int, x: np.ndarray, acc: np.ndarray | None = None):
+def gl_matmul(dev, qtype: Q, raw: np.ndarray, n_cols: int, x: np.ndarray, acc: np.ndarray | None = None,
+              cooperative: bool = False):
     n_rows, T = raw.shape[0], x.shape[0]
     out = np.zeros((T, n_rows), np.float32) if acc is None else acc.copy()
 
     def fn(sc, offs, w):
-        matmul_gl(dev, GpuTensor(w, qtype, n_rows, n_cols, raw.shape[1]), T, sc, offs[0], n_cols, offs[1], n_rows,
-                  acc is not None)
+        saved, dev.cooperative = dev.cooperative, cooperative
+        try:
+            matmul_gl(dev, GpuTensor(w, qtype, n_rows, n_cols, raw.shape[1]), T, sc, offs[0], n_cols, offs[1],
+                      n_rows, acc is not None)
+        finally:
+            dev.cooperative = saved
 
     w = dev.ctx.call(dev.alloc, raw.nbytes, "weights", np.ascontiguousarray(raw))
     try:
@@ -54,7 +59,8 @@ def gl_matmul(dev, qtype: Q, raw: np.ndarray, n_cols: int, x: np.ndarray, acc: n
 
 @pytest.mark.parametrize("qtype", sorted(shaders.MATMUL_TYPES, key=lambda q: q.name), ids=lambda q: q.name)
 @pytest.mark.parametrize("T", [1, 3, 4, 11])  # 1-3: a token per pass; 4, 11 = 4+4+3: four per pass
-def test_gl_matmul_matches_dequantised_reference(qtype, T):
+@pytest.mark.parametrize("cooperative", [False, True], ids=["per-row", "coop"])
+def test_gl_matmul_matches_dequantised_reference(qtype, T, cooperative):
     dev = gl_device()
     n_cols = 512 if qtype in (Q.Q4_K, Q.Q6_K) else 96  # 96: rows of 3 blocks, odd block counts
     n_rows = 37
@@ -62,11 +68,11 @@ def test_gl_matmul_matches_dequantised_reference(qtype, T):
     wf = quants.dequantize(raw, qtype).reshape(n_rows, n_cols).astype(np.float64)
     x = RNG.standard_normal((T, n_cols)).astype(np.float32)
     want = x.astype(np.float64) @ wf.T
-    got = gl_matmul(dev, qtype, raw, n_cols, x)
+    got = gl_matmul(dev, qtype, raw, n_cols, x, cooperative=cooperative)
     assert np.abs(got - want).max() <= 1e-4 * max(1.0, np.abs(want).max())
     # accumulate mode adds into what is there (the residual stream)
     base = RNG.standard_normal((T, n_rows)).astype(np.float32)
-    got = gl_matmul(dev, qtype, raw, n_cols, x, acc=base)
+    got = gl_matmul(dev, qtype, raw, n_cols, x, acc=base, cooperative=cooperative)
     assert np.abs(got - (want + base)).max() <= 1e-4 * max(1.0, np.abs(want).max())
 
 
@@ -193,3 +199,13 @@ def test_gl_one_dimensional_ops_cover_more_than_65535_workgroups():
         dev.dispatch("scale", groups_1d(n), (sc,), (offs[0], n), (3.0,))
 
     assert (run_on_scratch(dev, [x], fn)[0] == 3.0).all()
+
+
+def test_gl_coop_matmul_spreads_rows_past_65535_workgroups():
+    dev = gl_device()
+    n_rows, n_cols = 65535 + 70, 32
+    raw = random_blocks(Q.Q8_0, n_rows, n_cols)
+    x = RNG.standard_normal((1, n_cols)).astype(np.float32)
+    want = x.astype(np.float64) @ quants.dequantize(raw, Q.Q8_0).reshape(n_rows, n_cols).T
+    got = gl_matmul(dev, Q.Q8_0, raw, n_cols, x, cooperative=True)
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()

@@ -12,13 +12,12 @@ import logging
 
 from .. import DeviceInfo
 from .context import GLContext, GLContextLostError, GLUnavailableError, shared_context
-from .device import GLDevice, GLOutOfMemoryError, GLShaderError
+from .device import SOFTWARE_RENDERERS, GLDevice, GLOutOfMemoryError, GLShaderError
 
 log = logging.getLogger("ggstation.engine")
 
 NAME = "GL0"
 BACKEND = "OpenGL"
-SOFTWARE_RENDERERS = ("llvmpipe", "softpipe", "lavapipe")
 _device: GLDevice | None = None
 
 

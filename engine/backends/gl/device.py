@@ -19,6 +19,7 @@ GL_COMPUTE_SHADER, GL_COMPILE_STATUS, GL_LINK_STATUS, GL_INFO_LOG_LENGTH = 0x91B
 GL_SHADER_STORAGE_BUFFER, GL_COPY_READ_BUFFER, GL_COPY_WRITE_BUFFER = 0x90D2, 0x8F36, 0x8F37
 GL_STATIC_DRAW, GL_DYNAMIC_DRAW = 0x88E4, 0x88E8
 GL_MAX_SHADER_STORAGE_BLOCK_SIZE = 0x90DE
+SOFTWARE_RENDERERS = ("llvmpipe", "softpipe", "lavapipe", "SwiftShader")
 MAX_GROUPS = 65535  # workgroups per dispatch dimension every GL 4.3 driver allows
 GL_SHADER_STORAGE_BARRIER_BIT, GL_BUFFER_UPDATE_BARRIER_BIT = 0x2000, 0x200
 KINDS = ("weights", "kv", "compute")
@@ -55,6 +56,9 @@ class GLDevice:
         size = ctypes.c_int64()
         self.gl.glGetInteger64v(GL_MAX_SHADER_STORAGE_BLOCK_SIZE, ctypes.byref(size))
         self.max_block_bytes = int(size.value)  # the most one shader may see of a buffer
+        # a GPU wants neighbouring threads on neighbouring weights (matmulcoop); a software
+        # rasteriser emulates each invocation's reads and runs an invocation per row faster
+        self.cooperative = not ctx.renderer.startswith(SOFTWARE_RENDERERS)
 
     # buffers -------------------------------------------------------------------------------
     def alloc(self, nbytes: int, kind: str, data: np.ndarray | None = None) -> Buffer:
@@ -154,9 +158,9 @@ class GLDevice:
         get_log(obj, len(buf), None, buf)
         return buf.value.decode(errors="replace").strip()
 
-    def dispatch(self, name: str, groups: tuple[int, int], buffers: tuple[Buffer, ...],
+    def dispatch(self, name: str, groups: tuple[int, ...], buffers: tuple[Buffer, ...],
                  ints: tuple[int, ...] = (), floats: tuple[float, ...] = ()) -> None:
-        """Run shader `name` over groups (x, y) workgroups with buffers at bindings 0, 1, ..."""
+        """Run shader `name` over groups (x, y[, z]) workgroups with buffers at bindings 0, 1, ..."""
         gl = self.gl
         prog, p_loc, f_loc = self.program(name)
         gl.glUseProgram(prog)
@@ -170,7 +174,8 @@ class GLDevice:
             gl.glUniform1fv(f_loc, 4, self._floats)
         for i, b in enumerate(buffers):
             gl.glBindBufferBase(GL_SHADER_STORAGE_BUFFER, i, b.id)
-        gl.glDispatchCompute(max(1, groups[0]), max(1, groups[1]), 1)
+        z = groups[2] if len(groups) > 2 else 1
+        gl.glDispatchCompute(max(1, groups[0]), max(1, groups[1]), max(1, z))
         gl.glMemoryBarrier(GL_SHADER_STORAGE_BARRIER_BIT)
 
 

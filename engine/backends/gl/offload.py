@@ -26,7 +26,7 @@ from ...memory import buffer_shapes, compute_buffer_bytes
 from ...quants import QTensor, matmul
 from . import shaders
 from .context import GLContext
-from .device import Buffer, GLDevice, groups_1d, n_groups
+from .device import MAX_GROUPS, Buffer, GLDevice, groups_1d, n_groups
 
 log = logging.getLogger("ggstation.engine")
 
@@ -104,14 +104,17 @@ def tensor_reason(w: QTensor, max_bytes: int) -> str:
 
 def matmul_gl(dev: GLDevice, w: GpuTensor, T: int, scratch: Buffer, x_off: int, x_stride: int, o_off: int,
               o_stride: int, acc: bool) -> None:
-    """out rows (T, n_rows) at o_off (+)= x rows (T, n_cols) at x_off @ w.T: one token per
-    pass for a few (decode), four per pass from MATMUL4_MIN_TOKENS (prefill)."""
+    """out rows (T, n_rows) at o_off (+)= x rows (T, n_cols) at x_off @ w.T. On a GPU
+    (dev.cooperative) a workgroup per row and token; on a software rasteriser an invocation
+    per row, one token per pass for a few (decode), four from MATMUL4_MIN_TOKENS (prefill)."""
     assert x_off % 4 == 0 and x_stride % 4 == 0, "x rows are read as vec4s"
     q = w.qtype.name.lower() + ("_a" if w.row_bytes % 4 == 0 and w.type_bytes % 4 == 0 else "")
-    if T >= shaders.MATMUL4_MIN_TOKENS:
-        name, groups = f"matmul4_{q}", (n_groups(w.n_rows), -(-T // 4))
+    if dev.cooperative:
+        name, groups = f"matmulcoop_{q}", (min(w.n_rows, MAX_GROUPS), T, -(-w.n_rows // MAX_GROUPS))
+    elif T >= shaders.MATMUL4_MIN_TOKENS:
+        name, groups = f"matmul4_{q}", (n_groups(w.n_rows), -(-T // 4), 1)
     else:
-        name, groups = f"matmul_{q}", (n_groups(w.n_rows), n_groups(T, shaders.MATMUL_TOKENS))
+        name, groups = f"matmul_{q}", (n_groups(w.n_rows), n_groups(T, shaders.MATMUL_TOKENS), 1)
     dev.dispatch(name, groups, (scratch, w.buf),
                  (w.n_rows, w.n_cols, w.row_bytes, T, x_off, x_stride, o_off, o_stride, int(acc)))
 

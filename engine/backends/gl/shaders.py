@@ -273,6 +273,33 @@ void main() {
 }
 """.replace("TT", str(MATMUL_TOKENS))
 
+COOP_WG = 64
+# For GPUs (not software rasterisers): one workgroup per (row, token), its threads taking
+# every COOP_WG-th sub-block of the row, so that neighbouring threads read neighbouring blocks,
+# then a tree sum in shared memory. Rows spread over grid x and z (65535 x per dispatch).
+MATMUL_COOP = """
+shared float red[LOCAL];
+void main() {
+    uint r = gl_WorkGroupID.z * 65535u + gl_WorkGroupID.x, tid = gl_LocalInvocationID.x;
+    int t = int(gl_WorkGroupID.y);
+    if (r >= uint(P[0])) return;
+    uint nsub = uint(P[1]) / 32u, rowb = r * uint(P[2]);
+    int xo = P[4] + t * P[5];
+    float acc = 0.0;
+    for (uint sb = tid; sb < nsub; sb += uint(LOCAL)) acc += dot32(rowb, sb, xo + 32 * int(sb));
+    red[tid] = acc;
+    barrier();
+    for (uint k = uint(LOCAL) / 2u; k > 0u; k >>= 1) {
+        if (tid < k) red[tid] += red[tid + k];
+        barrier();
+    }
+    if (tid == 0u) {
+        int o = P[6] + t * P[7] + int(r);
+        s[o] = (P[8] != 0 ? s[o] : 0.0) + red[0];
+    }
+}
+"""
+
 MATMUL4_MIN_TOKENS = 4  # from this many tokens on, matmul4 (weights decoded once per 4 tokens)
 # As MATMUL, four tokens per invocation (grid y = ceil(T / 4)); a missing 4th token reads the
 # group's first row again and is not written.
@@ -472,20 +499,23 @@ void main() {
 OPS = {"rmsnorm": RMSNORM, "rope": ROPE, "kv_store": KV_STORE, "attention": ATTENTION,
        "gated_act": GATED_ACT, "add": ADD, "add_rows": ADD_ROWS, "scale": SCALE}
 LOCAL_SIZE = {"attention": ATTN_WG}
+COOP_PREFIX = "matmulcoop_"
 DEFAULT_LOCAL = 64
 
 
 def source(name: str) -> str:
-    """The full GLSL source of shader `name`: "matmul_<qtype>", "matmul4_<qtype>" (either with
-    "_a" for rows whose blocks all start on a uint) or an op name."""
-    local = LOCAL_SIZE.get(name, DEFAULT_LOCAL)
+    """The full GLSL source of shader `name`: "matmul_<qtype>", "matmul4_<qtype>",
+    "matmulcoop_<qtype>" (each with "_a" for rows whose blocks all start on a uint) or an op
+    name."""
+    local = COOP_WG if name.startswith(COOP_PREFIX) else LOCAL_SIZE.get(name, DEFAULT_LOCAL)
     head = HEADER.replace("LOCAL) in", f"{local}) in").replace("LOCAL", str(local))
     if name.startswith("matmul"):  # matmul[4]_<qtype>[_a]: _a when every block is uint-aligned
         kind, qname = name.split("_", 1)
         aligned = qname.endswith("_a")
         qtype = Q[qname.removesuffix("_a").upper()]
-        body = BLK[qtype] + MATMUL4 if kind == "matmul4" else DOT[qtype] + MATMUL
-        return head + ("#define ALIGNED\n" if aligned else "") + READERS + VEC + body
+        body = {"matmul4": BLK[qtype] + MATMUL4, "matmulcoop": DOT[qtype] + MATMUL_COOP,
+                "matmul": DOT[qtype] + MATMUL}[kind]
+        return head + ("#define ALIGNED\n" if aligned else "") + READERS + VEC + body.replace("LOCAL", str(local))
     body = OPS[name]
     return head + body.replace("LOCAL", str(local))
 
@@ -496,7 +526,7 @@ MATMUL_TYPES = frozenset(DOT)
 def matmul_names(qtype: Q) -> list[str]:
     """The mat-mul shaders of qtype: the general ones, and the aligned ones where they exist."""
     q = qtype.name.lower()
-    names = [f"matmul_{q}", f"matmul4_{q}"]
+    names = [f"matmul_{q}", f"matmul4_{q}", f"matmulcoop_{q}"]
     if GGML_QUANT_SIZES[qtype][1] % 4 == 0:
-        names += [f"matmul_{q}_a", f"matmul4_{q}_a"]
+        names += [f"matmul_{q}_a", f"matmul4_{q}_a", f"matmulcoop_{q}_a"]
     return names
