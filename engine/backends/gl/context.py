@@ -19,7 +19,7 @@ import ctypes.util
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...errors import EngineError
 from .. import DeviceLostError
@@ -32,6 +32,7 @@ EGL_CONTEXT_MAJOR_VERSION, EGL_CONTEXT_MINOR_VERSION = 0x3098, 0x30FB
 EGL_CONTEXT_OPENGL_PROFILE_MASK, EGL_CONTEXT_OPENGL_CORE_PROFILE_BIT = 0x30FD, 0x1
 EGL_CONTEXT_OPENGL_ROBUST_ACCESS, EGL_CONTEXT_OPENGL_RESET_NOTIFICATION_STRATEGY = 0x31B2, 0x31BD
 EGL_LOSE_CONTEXT_ON_RESET = 0x31BF
+EGL_RENDERABLE_TYPE, EGL_OPENGL_BIT, EGL_SURFACE_TYPE, EGL_PBUFFER_BIT = 0x3040, 0x0008, 0x3033, 0x0001
 GL_VENDOR, GL_RENDERER, GL_VERSION, GL_EXTENSIONS = 0x1F00, 0x1F01, 0x1F02, 0x1F03
 GL_MAJOR_VERSION, GL_MINOR_VERSION, GL_NUM_EXTENSIONS = 0x821B, 0x821C, 0x821D
 GL_NO_ERROR, GL_OUT_OF_MEMORY, GL_CONTEXT_LOST = 0, 0x0505, 0x0507
@@ -90,7 +91,8 @@ class GL:
             fn.restype, fn.argtypes = restype, argtypes
             setattr(self, name, fn)
 
-    if False:  # noqa: SIM108 - for type checkers: entry points are set by name above
+    if TYPE_CHECKING:  # the entry points are set by name in __init__ (not a run-time hook)
+
         def __getattr__(self, name: str) -> Any: ...
 
 
@@ -120,6 +122,7 @@ def _load_egl() -> ctypes.CDLL:
     egl.eglReleaseThread.argtypes = []
     egl.eglQueryString.restype, egl.eglQueryString.argtypes = cp, [vp, i32]
     egl.eglGetError.restype = i32
+    egl.eglChooseConfig.argtypes = [vp, vp, vp, i32, vp]
     return egl
 
 
@@ -161,6 +164,15 @@ def _attribs(robust: bool) -> ctypes.Array:
     return (i32 * (len(a) + 1))(*a, EGL_NONE)
 
 
+def _any_config(egl: ctypes.CDLL, dpy: int) -> int | None:
+    """An EGLConfig for desktop OpenGL (pbuffer-capable), or None."""
+    attrs = (i32 * 5)(EGL_RENDERABLE_TYPE, EGL_OPENGL_BIT, EGL_SURFACE_TYPE, EGL_PBUFFER_BIT, EGL_NONE)
+    configs, n = (vp * 1)(), i32()
+    if not egl.eglChooseConfig(dpy, attrs, configs, 1, ctypes.byref(n)) or n.value < 1:
+        return None
+    return configs[0]
+
+
 def _make_current(egl: ctypes.CDLL) -> tuple[int, int, str]:
     """(display, context, platform) of the first display that gives a current GL 4.3 core
     context on this thread (no surface: EGL_KHR_surfaceless_context)."""
@@ -172,8 +184,13 @@ def _make_current(egl: ctypes.CDLL) -> tuple[int, int, str]:
         if not egl.eglBindAPI(EGL_OPENGL_API):
             reasons.append(f"{platform}: no desktop OpenGL API")
             continue
-        for robust in (True, False):
-            ctx = egl.eglCreateContext(dpy, None, None, _attribs(robust))
+        ctx = None
+        # no config first (EGL_KHR_no_config_context), else any config that renders desktop GL
+        for config in (None, _any_config(egl, dpy)):
+            for robust in (True, False):
+                ctx = egl.eglCreateContext(dpy, config, None, _attribs(robust))
+                if ctx:
+                    break
             if ctx:
                 break
         if not ctx:
