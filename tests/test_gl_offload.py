@@ -294,3 +294,16 @@ def test_gl_forward_with_the_gpu_mat_mul_matches_cpu(tiny, monkeypatch):
     monkeypatch.setattr(dev, "cooperative", True)
     got, _ = logits(tiny["gemma3"], 99)
     assert_close(got, want)
+
+
+def test_gl_context_shift_re_ropes_the_gpu_cache(tiny):
+    """llama.cpp's context shift (seq_rm in the middle) moves and re-rotates the GPU's keys."""
+    gl_device()
+    outs = []
+    for ngl in (0, 99):
+        model = load_model(tiny["llama"], n_gpu_layers=ngl)
+        ctx = Context(model, ContextParams(n_ctx=64, type_k="f32"))
+        ctx.decode(Batch.for_sequence(TOKENS[:12], 0, 0))
+        ctx.kv.seq_rm(0, 2, 6)  # drop 4 positions; the later 6 move down
+        outs.append(ctx.decode(Batch.for_sequence(TOKENS[12:14], 8, 0, logits_all=True)))
+    assert_close(outs[1], outs[0])
