@@ -50,7 +50,7 @@ def gl_matmul(dev, qtype: Q, raw: np.ndarray, n_cols: int, x: np.ndarray, acc: n
         finally:
             dev.cooperative = saved
 
-    w = dev.ctx.call(dev.alloc, raw.nbytes, "weights", np.ascontiguousarray(raw))
+    w = dev.ctx.call(dev.alloc, raw.nbytes + 4, "weights", np.ascontiguousarray(raw))
     try:
         return run_on_scratch(dev, [x, out], fn, (w,))[1]
     finally:

@@ -167,7 +167,8 @@ class GpuModel:
             log.warning("OpenGL: %s stays on the CPU: %s", v.name, reason)
             return v
         raw = np.ascontiguousarray(v.raw).reshape(v.n_rows, -1).view(np.uint8)
-        buf = self.ctx.call(self.dev.alloc, raw.nbytes, "weights", raw)
+        # + 4: the shaders read the uint after the last one they need (shaders.join)
+        buf = self.ctx.call(self.dev.alloc, raw.nbytes + 4, "weights", raw)
         self._buffers.append(buf)
         self.host_bytes += v.nbytes
         return GpuTensor(buf, v.qtype, v.n_rows, v.n_cols, raw.shape[1])

@@ -44,6 +44,9 @@ uint rd32(uint o) {  // o even
 #endif
 float rdh(uint o) { return unpackHalf2x16(W[o >> 2] >> ((o & 2u) * 8u)).x; }  // f16 at even o
 int i8(uint b) { return int(b << 24) >> 24; }
+// the uint at even byte o from the words lo = W[o >> 2] and hi = W[(o >> 2) + 1]: a run of
+// uints at o, o + 4, ... then costs one load each (weight buffers end with a spare uint)
+uint join(uint lo, uint hi, uint o) { return (o & 2u) == 0u ? lo : (lo >> 16) | (hi << 16); }
 """
 
 # Each: float dot32(uint rowb, uint sb, int xo) -- the dot product of weights sb*32 ..
@@ -63,11 +66,12 @@ DOT = {
     # w = (q - 8) * d
     Q.Q4_0: """
 float dot32(uint rowb, uint sb, int xo) {
-    uint b = rowb + sb * 18u;
+    uint b = rowb + sb * 18u, o = b + 2u, i = o >> 2, lo = W[i];
     vec4 a = vec4(0.0);
     for (uint k = 0u; k < 4u; k++) {
-        uint q = rd32(b + 2u + 4u * k);
+        uint hi = W[i + k + 1u], q = join(lo, hi, o);
         a += (nlo(q) - 8.0) * x4(xo + 4 * int(k)) + (nhi(q) - 8.0) * x4(xo + 16 + 4 * int(k));
+        lo = hi;
     }
     return rdh(b) * (a.x + a.y + a.z + a.w);
 }""",
@@ -87,21 +91,27 @@ float dot32(uint rowb, uint sb, int xo) {
     # Q5_0 (22 B): d f16 | qh u32 (bit i: 5th bit of weight i) | qs[16] as Q4_0; w = (q - 16) * d
     Q.Q5_0: """
 float dot32(uint rowb, uint sb, int xo) {
-    uint b = rowb + sb * 22u, qh = rd32(b + 2u);
+    uint b = rowb + sb * 22u, o = b + 2u, i = o >> 2, lo = W[i + 1u];
+    uint qh = join(W[i], lo, o);
     vec4 a = vec4(0.0);
     for (uint k = 0u; k < 4u; k++) {
-        uint q = rd32(b + 6u + 4u * k);
+        uint hi = W[i + k + 2u], q = join(lo, hi, o);
         a += (nlo(q) + 16.0 * bits4(qh, 4u * k) - 16.0) * x4(xo + 4 * int(k))
            + (nhi(q) + 16.0 * bits4(qh, 16u + 4u * k) - 16.0) * x4(xo + 16 + 4 * int(k));
+        lo = hi;
     }
     return rdh(b) * (a.x + a.y + a.z + a.w);
 }""",
     # Q8_0 (34 B): d f16 | qs int8[32]; w = q * d
     Q.Q8_0: """
 float dot32(uint rowb, uint sb, int xo) {
-    uint b = rowb + sb * 34u;
+    uint b = rowb + sb * 34u, o = b + 2u, i = o >> 2, lo = W[i];
     vec4 a = vec4(0.0);
-    for (uint k = 0u; k < 8u; k++) a += sbytes(rd32(b + 2u + 4u * k)) * x4(xo + 4 * int(k));
+    for (uint k = 0u; k < 8u; k++) {
+        uint hi = W[i + k + 1u];
+        a += sbytes(join(lo, hi, o)) * x4(xo + 4 * int(k));
+        lo = hi;
+    }
     return rdh(b) * (a.x + a.y + a.z + a.w);
 }""",
     # Q4_K (144 B per 256): d f16 | dmin f16 | scales[12] (8 x 6-bit scale, 6-bit min) | qs[128].
@@ -172,12 +182,13 @@ float dot32(uint rowb, uint sb, int xo) {
 BLK = {
     Q.Q4_0: """
 void blk(uint rowb, uint sb, out vec4 w[8]) {
-    uint b = rowb + sb * 18u;
+    uint b = rowb + sb * 18u, o = b + 2u, i = o >> 2, lo = W[i];
     float d = rdh(b);
     for (uint k = 0u; k < 4u; k++) {
-        uint q = rd32(b + 2u + 4u * k);
+        uint hi = W[i + k + 1u], q = join(lo, hi, o);
         w[k] = (nlo(q) - 8.0) * d;
         w[4u + k] = (nhi(q) - 8.0) * d;
+        lo = hi;
     }
 }""",
     Q.Q4_1: """
@@ -192,19 +203,25 @@ void blk(uint rowb, uint sb, out vec4 w[8]) {
 }""",
     Q.Q5_0: """
 void blk(uint rowb, uint sb, out vec4 w[8]) {
-    uint b = rowb + sb * 22u, qh = rd32(b + 2u);
+    uint b = rowb + sb * 22u, o = b + 2u, i = o >> 2, lo = W[i + 1u];
+    uint qh = join(W[i], lo, o);
     float d = rdh(b);
     for (uint k = 0u; k < 4u; k++) {
-        uint q = rd32(b + 6u + 4u * k);
+        uint hi = W[i + k + 2u], q = join(lo, hi, o);
         w[k] = (nlo(q) + 16.0 * bits4(qh, 4u * k) - 16.0) * d;
         w[4u + k] = (nhi(q) + 16.0 * bits4(qh, 16u + 4u * k) - 16.0) * d;
+        lo = hi;
     }
 }""",
     Q.Q8_0: """
 void blk(uint rowb, uint sb, out vec4 w[8]) {
-    uint b = rowb + sb * 34u;
+    uint b = rowb + sb * 34u, o = b + 2u, i = o >> 2, lo = W[i];
     float d = rdh(b);
-    for (uint k = 0u; k < 8u; k++) w[k] = sbytes(rd32(b + 2u + 4u * k)) * d;
+    for (uint k = 0u; k < 8u; k++) {
+        uint hi = W[i + k + 1u];
+        w[k] = sbytes(join(lo, hi, o)) * d;
+        lo = hi;
+    }
 }""",
     Q.Q4_K: """
 void blk(uint rowb, uint sb, out vec4 w[8]) {
