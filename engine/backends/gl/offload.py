@@ -142,13 +142,14 @@ class GpuModel:
                 lw = w.layers[il]
                 self.layers.append({f.name: self._place(getattr(lw, f.name)) for f in fields(lw)})
             if self.head:
-                self.output_norm = self._place(w.output_norm)
                 tied = w.output is w.token_embd  # the CPU still reads it for the embeddings
                 before = self.host_bytes
                 self.output = self._place(w.output)
                 if tied:
                     self.host_bytes = before
-                if not isinstance(self.output, GpuTensor):  # the whole head stays then
+                if isinstance(self.output, GpuTensor):
+                    self.output_norm = self._place(w.output_norm)
+                else:  # the whole head stays then
                     log.warning("OpenGL: the output head stays on the CPU")
                     self.head = False
         except Exception:
