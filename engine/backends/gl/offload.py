@@ -206,6 +206,7 @@ class GpuContext:
         G = cfg.n_head_kv
         kbytes = n_stream * n_ctx_seq * G * cfg.head_dim * (2 if self.kf16 else 4)
         vbytes = n_stream * n_ctx_seq * G * cfg.head_dim_v * (2 if self.vf16 else 4)
+        self._layout(n_ctx_seq)  # (raises before anything is allocated)
         try:
             self.scratch = self.ctx.call(self.dev.alloc, compute_buffer_bytes(cfg, n_ubatch, n_ctx_seq), "compute")
             for il in sorted(self.layers):
@@ -214,7 +215,6 @@ class GpuContext:
         except Exception:
             self.close()
             raise
-        self._layout(n_ctx_seq)
         self.plan = self._build_plan()
 
     # layout --------------------------------------------------------------------------------
@@ -241,8 +241,8 @@ class GpuContext:
         self.t_logits = self.t_rope + len(ropes) * 2 * U * self.half
         room = self.width["tile"] - (self.t_logits - t)
         self.logit_rows = room // cfg.n_vocab if self.gm.head else 0
-        if self.gm.head and self.logit_rows < 1:
-            raise ValueError("no room for a row of logits in the compute scratch")
+        if room < 0 or (self.gm.head and self.logit_rows < 1):
+            raise ValueError("the compute scratch has no room for the RoPE tables and a row of logits")
 
     @property
     def device_name(self) -> str:
@@ -289,21 +289,24 @@ class GpuContext:
         head into out and return True; else bring s.x back and return False."""
         T = s.n_tokens
         stream, base = s.kv.token_cells(s.seq_id)
-        ints = np.zeros((5, self.U), np.int32)
-        ints[0, :T], ints[1, :T], ints[2, :T], ints[3, :T] = s.pos, stream, base + s.pos, base
         sel = np.flatnonzero(s.logits)
-        ints[4, : len(sel)] = sel
-        tables = np.zeros((len(self.ropes), 2, self.U, self.half), np.float32)
+        # (offset, values) for the scratch: per token its position, stream, cell and the cell
+        # of its sequence's position 0; the rows that want output; cos and sin of each RoPE
+        inputs = [(self.i_pos, s.pos), (self.i_stream, stream), (self.i_cell, base + s.pos),
+                  (self.i_base, base), (self.i_sel, sel)]
+        inputs = [(o, np.asarray(v, np.int32).view(np.float32)) for o, v in inputs]
         for i, r in enumerate(self.ropes):
             theta = s.pos[:, None].astype(np.float64) * r.inv_freq[None, :]
-            tables[i, 0, :T] = np.cos(theta) * r.attn_factor
-            tables[i, 1, :T] = np.sin(theta) * r.attn_factor
+            co = self.t_rope + i * 2 * self.U * self.half
+            inputs += [(co, (np.cos(theta) * r.attn_factor).astype(np.float32)),
+                       (co + self.U * self.half, (np.sin(theta) * r.attn_factor).astype(np.float32))]
         self._host = s.tile
         x = np.ascontiguousarray(s.x)
+        inputs.append((self.off["x"], x))
         first = True
         for on_gpu, ops in self.plan:
             if on_gpu:
-                self.ctx.call(self._submit, ops, T, (x, ints, tables) if first else None)
+                self.ctx.call(self._submit, ops, T, inputs if first else ())
                 first = False
             else:
                 for op in ops:
@@ -316,13 +319,11 @@ class GpuContext:
         s.x[:] = x
         return False
 
-    def _submit(self, ops: list[Op], T: int, inputs) -> None:
+    def _submit(self, ops: list[Op], T: int, inputs: list[tuple[int, np.ndarray]]) -> None:
         self.ctx.check_lost()
-        if inputs is not None:
-            x, ints, tables = inputs
-            self.dev.upload(self.scratch, 4 * self.off["x"], x)
-            self.dev.upload(self.scratch, 4 * self.i_pos, ints)
-            self.dev.upload(self.scratch, 4 * self.t_rope, tables)
+        for off, values in inputs:
+            if values.size:
+                self.dev.upload(self.scratch, 4 * off, values)
         for op in ops:
             op(T)
         self.ctx.check_lost()
