@@ -59,7 +59,7 @@ def _forward(ctx, ub: Batch, out: np.ndarray, embeddings: bool) -> None:
     s = UbatchState(ctx, ub)
     arch.embed(s, w)
     gpu = ctx.gpu  # the last layers (and maybe the head) on a GPU, or None
-    for il in range(len(w.layers) if gpu is None else min(gpu.layers, default=0)):
+    for il in range(len(w.layers) if gpu is None else gpu.gm.first_layer):
         arch.block(s, il, w.layers[il])
     head_done = gpu is not None and gpu.run(s, out, embeddings)
     for seq, idx in s.groups:

@@ -80,8 +80,9 @@ def load_model(path: str | os.PathLike, n_threads: int | None = None,
         path: the .gguf file.
         n_threads: numba thread-pool size (None: all cores).
         progress: optional callback(fraction, message).
-        n_gpu_layers: repeating layers to offload to a GPU device, the last ones first as in
-            llama.cpp's -ngl (more than the model has: the output head too).
+        n_gpu_layers: llama.cpp's -ngl: the last n_gpu_layers of the layers, the output head
+            counting as the last one, go to a GPU device (backends.gpu_placement: 1 = the
+            head alone, n_layer + 1 or more or a negative N = everything).
         device: the GPU device's name (engine.backends.list_devices), a comma list of names,
             or "none" (CPU only); None for the first GPU that is available.
     Raises:
@@ -90,7 +91,7 @@ def load_model(path: str | os.PathLike, n_threads: int | None = None,
         before the error leaves, whatever raised (the progress callback included).
     """
     report = progress or (lambda frac, msg: None)
-    gpu = pick_gpu(device) if n_gpu_layers > 0 else None
+    gpu = pick_gpu(device) if n_gpu_layers != 0 else None
     t0 = time.perf_counter()
     set_num_threads(n_threads or 0)
     report(0.0, f"mapping {os.path.basename(os.fspath(path))}")
@@ -98,7 +99,7 @@ def load_model(path: str | os.PathLike, n_threads: int | None = None,
     with closing_on_error(f):  # this frame keeps no view of the map: _build's frames are cleared
         model = _build(f, report)
     if gpu is not None:
-        report(0.9, f"offloading {min(n_gpu_layers, model.cfg.n_layer)} layers to {gpu}")
+        report(0.9, f"offloading layers to {gpu}")
         from .backends import gl
 
         model.gpu = gl.offload_model(model, n_gpu_layers)

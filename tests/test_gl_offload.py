@@ -46,12 +46,13 @@ def tiny(tmp_path_factory):
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
-@pytest.mark.parametrize("ngl", [1, 3, 99])
-def test_gl_forward_matches_cpu(tiny, arch, ngl):
+@pytest.mark.parametrize(("ngl", "n_gpu"), [(1, 0), (3, 2), (99, 3), (-1, 3)])
+def test_gl_forward_matches_cpu(tiny, arch, ngl, n_gpu):
+    """llama.cpp's -ngl: the output head counts as the last layer (1: the head alone)."""
     gl_device()
     want, _ = logits(tiny[arch], 0)
     got, ctx = logits(tiny[arch], ngl)
-    assert ctx.gpu is not None and len(ctx.gpu.layers) == min(ngl, 3) and ctx.gpu.gm.head == (ngl > 3)
+    assert ctx.gpu is not None and len(ctx.gpu.layers) == n_gpu and ctx.gpu.gm.head
     assert_close(got, want)
 
 
@@ -96,7 +97,7 @@ def test_gl_kv_state_round_trips_through_the_gpu(tiny):
 
 def test_gl_memory_report_per_device(tiny):
     gl_device()
-    _, ctx = logits(tiny["llama"], 2, n_prefill=3)
+    _, ctx = logits(tiny["llama"], 3, n_prefill=3)  # two layers and the head
     r = ctx.memory_report()
     cpu, gpu = r.devices
     assert (cpu.device, gpu.device) == ("CPU", "GL0") and (cpu.n_layers, gpu.n_layers) == (1, 2)

@@ -45,6 +45,18 @@ class DeviceMemory:
         return self.weights_bytes + self.kv_bytes + self.compute_bytes
 
 
+def gpu_placement(n_layer: int, n_gpu_layers: int) -> tuple[int, bool]:
+    """llama.cpp's placement for -ngl N (llama_model::load_tensors): the output head counts as
+    layer n_layer, and the last N of layers 0..n_layer go to the GPU. Returns (the first
+    repeating layer on the GPU, whether the output head is there): -ngl 1 moves the head
+    alone, -ngl n_layer + 1 (or more, or a negative N: all) every layer and the head."""
+    if n_gpu_layers == 0:
+        return n_layer, False
+    if n_gpu_layers < 0:
+        return 0, True
+    return max(n_layer + 1 - n_gpu_layers, 0), True
+
+
 def list_devices(refresh: bool = False) -> list[DeviceInfo]:
     """The CPU first, then every GPU device discovery finds (found once, then cached;
     `refresh` looks again). Never raises: a device that cannot be used is listed with

@@ -96,8 +96,8 @@ def add_gpu_args(parser: argparse.ArgumentParser, ngl_type=int, ngl_default=0) -
     g = params.group(parser, params.COMMON)
     g.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="n_gpu_layers", type=ngl_type,
                    default=ngl_default, metavar="N",
-                   help="repeating layers to offload to the GPU (OpenGL compute), the last ones; more than "
-                   "the model has also offloads the output head (default: 0, CPU only)")
+                   help="layers to offload to the GPU (OpenGL compute), the last ones, the output head "
+                   "counting as the last layer as in llama.cpp (default: 0, CPU only)")
     g.add_argument("-dev", "--device", default=None, metavar="<dev1,dev2,..>",
                    help="devices to offload to, comma-separated (see --list-devices); none = CPU only")
     g.add_argument("--list-devices", action=ListDevicesAction, help="print the compute devices and exit")

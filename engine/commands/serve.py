@@ -162,7 +162,7 @@ def _clamp_batch(args) -> None:
 
 def _init_backend(args) -> int:
     n_threads = init_threads(args.threads)
-    gpu = f", offloading {args.n_gpu_layers} layers (-ngl)" if args.n_gpu_layers > 0 else ""
+    gpu = f", offloading {args.n_gpu_layers} layers (-ngl)" if args.n_gpu_layers != 0 else ""
     print(f"main: backend numba-cpu, {n_threads} threads{gpu}", file=sys.stderr)
     return n_threads
 

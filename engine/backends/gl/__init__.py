@@ -70,6 +70,10 @@ def offload_model(model, n_gpu_layers: int):
     except (GLUnavailableError, GLOutOfMemoryError, GLContextLostError, GLShaderError) as e:
         log.warning("OpenGL: %s; every layer runs on the CPU", e)
         return None
+    if gm.n_layers == 0 and not gm.head:  # -ngl 1 and the head could not go
+        gm.close()
+        log.warning("OpenGL: nothing to offload; every layer runs on the CPU")
+        return None
     log.info("OpenGL: %d of %d layers%s on %s (%.1f MiB of weights)", gm.n_layers, model.cfg.n_layer,
              " and the output head" if gm.head else "", dev.ctx.renderer, gm.weights_bytes / 2**20)
     return gm

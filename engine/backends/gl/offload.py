@@ -2,9 +2,9 @@
 and per context their KV cache, the compute scratch and the forward pass over them
 (GpuContext.run).
 
-Placement is llama.cpp's: with n_gpu_layers = N, layers n_layer-N .. n_layer-1 run on the
-GPU, and N > n_layer puts the output head (output_norm, output) there too. The token
-embeddings stay on the CPU. Activations cross once per ubatch: the residual stream goes up
+Placement is llama.cpp's (backends.gpu_placement): the output head (output_norm, output)
+counts as layer n_layer and the last N of layers 0..n_layer run on the GPU, so -ngl 1 moves
+the head alone and -ngl n_layer + 1 everything. The token embeddings stay on the CPU. Activations cross once per ubatch: the residual stream goes up
 before the first GPU layer and comes down after the last (or the logits come down when the
 head is on the GPU).
 
@@ -21,6 +21,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from .. import gpu_placement
 from ...config import ModelConfig
 from ...memory import buffer_shapes, compute_buffer_bytes
 from ...quants import QTensor, matmul
@@ -130,9 +131,8 @@ class GpuModel:
         cfg = model.cfg
         self.ctx, self.dev, self.cfg = ctx, dev, cfg
         self.plan = ARCH_PLANS[model.arch.name]
-        self.n_layers = min(n_gpu_layers, cfg.n_layer)
-        self.first_layer = cfg.n_layer - self.n_layers
-        self.head = n_gpu_layers > cfg.n_layer
+        self.first_layer, self.head = gpu_placement(cfg.n_layer, n_gpu_layers)
+        self.n_layers = cfg.n_layer - self.first_layer
         self.host_bytes = 0  # bytes of the file now served from the GPU
         self._buffers: list[Buffer] = []
         self.layers: list[dict[str, GpuTensor | QTensor | Buffer]] = []
@@ -303,17 +303,16 @@ class GpuContext:
         self._host = s.tile
         x = np.ascontiguousarray(s.x)
         inputs.append((self.off["x"], x))
-        first = True
         for on_gpu, ops in self.plan:
             if on_gpu:
-                self.ctx.call(self._submit, ops, T, inputs if first else ())
-                first = False
+                self.ctx.call(self._submit, ops, T, inputs)
+                inputs = []  # up once, before the first GPU op
             else:
                 for op in ops:
                     op(T)
         if self.gm.head:
             if len(sel):
-                self.ctx.call(self._head, T, sel, out, embeddings)
+                self.ctx.call(self._submit, [lambda T: self._head(T, sel, out, embeddings)], T, inputs)
             return True
         self.ctx.call(self.dev.download, self.scratch, 4 * self.off["x"], x)
         s.x[:] = x
