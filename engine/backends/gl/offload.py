@@ -21,10 +21,10 @@ from dataclasses import dataclass, fields
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from .. import gpu_placement
 from ...config import ModelConfig
 from ...memory import buffer_shapes, compute_buffer_bytes
 from ...quants import QTensor, matmul
+from .. import gpu_placement
 from . import shaders
 from .context import GLContext
 from .device import MAX_GROUPS, Buffer, GLDevice, groups_1d, n_groups
