@@ -4,9 +4,9 @@ and per context their KV cache, the compute scratch and the forward pass over th
 
 Placement is llama.cpp's (backends.gpu_placement): the output head (output_norm, output)
 counts as layer n_layer and the last N of layers 0..n_layer run on the GPU, so -ngl 1 moves
-the head alone and -ngl n_layer + 1 everything. The token embeddings stay on the CPU. Activations cross once per ubatch: the residual stream goes up
-before the first GPU layer and comes down after the last (or the logits come down when the
-head is on the GPU).
+the head alone and -ngl n_layer + 1 everything. The token embeddings stay on the CPU.
+Activations cross once per ubatch: the residual stream goes up before the first GPU layer and
+comes down after the last (or the logits come down when the head is on the GPU).
 
 A weight whose type has no shader stays on the CPU (logged): its mat-mul downloads its input,
 runs the CPU kernel and uploads the result, between two GL submissions.
