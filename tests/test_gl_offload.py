@@ -309,3 +309,22 @@ def test_gl_context_shift_re_ropes_the_gpu_cache(tiny):
         ctx.kv.seq_rm(0, 2, 6)  # drop 4 positions; the later 6 move down
         outs.append(ctx.decode(Batch.for_sequence(TOKENS[12:14], 8, 0, logits_all=True)))
     assert_close(outs[1], outs[0])
+
+
+def test_gl_closed_context_raises_instead_of_waiting(tiny):
+    """A model outliving its GL context (reset_shared_context) closes without hanging, and a
+    call on the closed context is a clear error."""
+    from engine.backends import gl
+    from engine.backends.gl import context as glc
+
+    gl_device()
+    model = load_model(tiny["llama"], n_gpu_layers=99)
+    ctx = model.gpu.ctx
+    glc.reset_shared_context()
+    gl._device = None
+    try:
+        model.close()  # its buffers went with the context: nothing to free, no hang
+        with pytest.raises(glc.GLContextLostError, match="closed"):
+            ctx.call(lambda: None)
+    finally:
+        glc.reset_shared_context()

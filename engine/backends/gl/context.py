@@ -217,6 +217,7 @@ class GLContext:
         self.gl_version = (0, 0)
         self.extensions: frozenset[str] = frozenset()
         self.lost = False
+        self.closed = False
         ready: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._run, args=(ready,), name="ggstation-gl", daemon=True)
         self._thread.start()
@@ -271,6 +272,8 @@ class GLContext:
         """Run fn(*args) on the GL thread and return its result (its exception re-raised)."""
         if threading.current_thread() is self._thread:
             return fn(*args)
+        if self.closed:  # its thread is gone: a job queued now would wait forever
+            raise GLContextLostError(f"the OpenGL context on {self.renderer} was closed")
         box: queue.Queue = queue.Queue(maxsize=1)
         self._jobs.put((fn, args, box))
         ok, value = box.get()
@@ -302,8 +305,15 @@ class GLContext:
             self.lost = True
             raise GLContextLostError(f"the OpenGL context on {self.renderer} was lost (GPU reset)")
 
+    @property
+    def usable(self) -> bool:
+        """Neither lost nor closed: its buffers still exist and calls still run."""
+        return not (self.lost or self.closed)
+
     def close(self) -> None:
-        if self._thread.is_alive():
+        """Destroy the context (every buffer with it) and end its thread."""
+        if not self.closed:
+            self.closed = True
             self._jobs.put(None)
             self._thread.join(timeout=5)
 

@@ -180,7 +180,7 @@ class GpuModel:
 
     def close(self) -> None:
         bufs, self._buffers = self._buffers, []
-        if bufs and not self.ctx.lost:
+        if bufs and self.ctx.usable:
             self.ctx.call(_free_all, self.dev, bufs)
 
 
@@ -449,7 +449,7 @@ class GpuContext:
         if self.scratch.id:
             bufs.append(self.scratch)
         self._k, self._v = {}, {}
-        if bufs and not self.ctx.lost:
+        if bufs and self.ctx.usable:
             self.ctx.call(_free_all, self.dev, bufs)
 
 
