@@ -61,8 +61,9 @@ class ListDevicesAction(argparse.Action):
 
 
 def devices_text() -> str:
-    """llama.cpp's list: "Available devices:" and a line per GPU device,
-    "  GL0: <description> (N MiB, M MiB free)" (the CPU is not listed, as llama.cpp's is not)."""
+    """llama.cpp's list (common_print_available_devices): "Available devices:" and a line per
+    usable GPU device, "  GL0: <description> (N MiB, M MiB free)", or "  (none)". A device
+    found but unusable is said on stderr with the reason."""
     from ..backends import CPU, list_devices
 
     lines = ["Available devices:"]
@@ -70,14 +71,13 @@ def devices_text() -> str:
         if d.name == CPU:
             continue
         if not d.available:
-            lines.append(f"  {d.name}: {d.backend} not available ({d.reason})")
+            print(f"{d.name}: {d.backend} not available: {d.reason}", file=sys.stderr)
             continue
-        mem = ""
-        if d.total_bytes is not None or d.free_bytes is not None:
-            total = "?" if d.total_bytes is None else str(d.total_bytes >> 20)
-            free = "?" if d.free_bytes is None else str(d.free_bytes >> 20)
-            mem = f" ({total} MiB, {free} MiB free)"
-        lines.append(f"  {d.name}: {d.description}{mem}")
+        total = "?" if d.total_bytes is None else str(d.total_bytes >> 20)
+        free = "?" if d.free_bytes is None else str(d.free_bytes >> 20)
+        lines.append(f"  {d.name}: {d.description} ({total} MiB, {free} MiB free)")
+    if len(lines) == 1:
+        lines.append("  (none)")
     return "\n".join(lines) + "\n"
 
 
