@@ -1,7 +1,7 @@
 """ggstation's engine: GGUF models on a numba CPU engine. Imports no Qt.
 
 Public API (imported lazily so that `import engine` stays cheap):
-    load_model(path, n_threads=None, progress=None) -> Model
+    load_model(path, n_threads=None, progress=None, *, n_gpu_layers=0, device=None) -> Model
     Context(model, ContextParams(...)); ctx.decode(Batch) -> logits; ctx.memory_report()
     Batch.for_sequence(tokens, pos0, seq_id), Batch.concat([...])
     inspect_model(path) -> ModelInfo;  estimate_memory(cfg, ...) -> MemoryReport

@@ -7,12 +7,14 @@ allocated here once and reused; `memory_report()` reads their real sizes.
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from . import forward
+from .backends import DeviceLostError
 from .batch import Batch
 from .config import ModelConfig
 from .errors import EngineError, InsufficientMemoryError
@@ -25,10 +27,14 @@ from .memory import (
     ctx_per_seq,
     estimate_memory,
     fmt_bytes,
+    kv_streams,
     mem_check_disabled,
     memory_report,
 )
 from .model import Model
+
+if TYPE_CHECKING:
+    from .backends.gl.offload import GpuContext
 
 log = logging.getLogger("ggstation.engine")
 
@@ -98,14 +104,40 @@ class Context:
         what = f"n_ctx {n_ctx} with {params.n_seq_max} sequence(s)"
         if params.check_memory and not mem_check_disabled():
             check_fits(est, cfg, len(model.gguf.tensors), what, log, **kw)
+        self.gpu = self._gpu_context(model, params)
         try:
             self.kv = KVCache(cfg, self.n_ctx_seq, params.n_seq_max, params.type_k, params.type_v,
-                              unified=params.kv_unified)
+                              unified=params.kv_unified, device=self.gpu)
             self.buf = Buffers(cfg, self.n_ubatch, self.n_ctx_seq)
         except (MemoryError, ValueError) as e:  # numpy: "array is too big", or the OS refused
             raise InsufficientMemoryError(
                 f"cannot allocate {fmt_bytes(est.kv_bytes + est.compute_bytes)} for the KV cache and compute "
                 f"buffers ({what}): {e}; lower the context size (-c)", est.total_bytes, 0) from None
+
+    def _gpu_context(self, model: Model, params: ContextParams) -> GpuContext | None:
+        """The offloaded layers' KV cache and scratch on the model's GPU, or None (no layers
+        offloaded, or the GPU cannot hold them: logged, and every layer runs on the CPU)."""
+        if model.gpu is None:
+            return None
+        from .backends import gl
+        from .backends.gl.offload import GpuContext
+
+        n_stream = kv_streams(params.n_seq_max, params.kv_unified and params.n_seq_max > 1)
+        try:
+            gpu = GpuContext(model.gpu, self.cfg, self.n_ubatch, self.n_ctx_seq, n_stream,
+                             params.type_k, params.type_v)
+            # the GPU buffers go with the context (not at exit: the GL thread may be gone)
+            weakref.finalize(self, gpu.close).atexit = False
+            return gpu
+        except (gl.GLOutOfMemoryError, gl.GLContextLostError, ValueError) as e:
+            log.warning("OpenGL: cannot hold the KV cache and compute buffer (%s); this context runs "
+                        "every layer on the CPU", e)
+            return None
+
+    def close_gpu(self) -> None:
+        """Free the context's GPU buffers (the context must not decode afterwards)."""
+        if self.gpu is not None:
+            self.gpu.close()
 
     @property
     def n_vocab(self) -> int:
@@ -123,12 +155,27 @@ class Context:
         width = self.cfg.n_embd if embeddings else self.cfg.n_vocab
         out = np.empty((batch.n_outputs, width), np.float32)
         row = 0
-        for i0 in range(0, len(batch), self.n_ubatch):
-            ub = batch.slice(i0, min(i0 + self.n_ubatch, len(batch)))
-            n_out = ub.n_outputs
-            forward.forward_ubatch(self, ub, out[row : row + n_out], embeddings)
-            row += n_out
+        try:
+            for i0 in range(0, len(batch), self.n_ubatch):
+                ub = batch.slice(i0, min(i0 + self.n_ubatch, len(batch)))
+                n_out = ub.n_outputs
+                forward.forward_ubatch(self, ub, out[row : row + n_out], embeddings)
+                row += n_out
+        except DeviceLostError as e:
+            self._lose_gpu()
+            raise DeviceLostError(f"{e}; the model now runs on the CPU and every sequence's KV cache was "
+                                  "cleared: send the request again") from None
         return out
+
+    def _lose_gpu(self) -> None:
+        """After a GPU reset: every layer on the CPU from now on, with a fresh KV cache (the
+        GPU's share of the old one is gone, so no sequence keeps any of it)."""
+        log.error("the GPU was lost: falling back to the CPU for every layer; the KV cache is cleared")
+        p = self.params
+        self.gpu = None
+        if self.model.gpu is not None:
+            self.model.gpu = None  # its buffers died with the context
+        self.kv = KVCache(self.cfg, self.n_ctx_seq, p.n_seq_max, p.type_k, p.type_v, unified=p.kv_unified)
 
     def memory_report(self) -> MemoryReport:
         return memory_report(self)

@@ -58,8 +58,11 @@ def _forward(ctx, ub: Batch, out: np.ndarray, embeddings: bool) -> None:
     arch, w = ctx.model.arch, ctx.model.weights
     s = UbatchState(ctx, ub)
     arch.embed(s, w)
-    for il, lw in enumerate(w.layers):
-        arch.block(s, il, lw)
+    gpu = ctx.gpu  # the last layers (and maybe the head) on a GPU, or None
+    for il in range(len(w.layers) if gpu is None else gpu.gm.first_layer):
+        arch.block(s, il, w.layers[il])
+    head_done = gpu is not None and gpu.run(s, out, embeddings)
     for seq, idx in s.groups:
         ctx.kv.commit(seq, int(ub.pos[idx[-1]]) + 1)
-    arch.head(s, w, out, embeddings)
+    if not head_done:
+        arch.head(s, w, out, embeddings)

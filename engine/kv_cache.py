@@ -18,6 +18,8 @@ ops._f16_block). Nothing grows later: memory is n_ctx cells in both layouts.
 from __future__ import annotations
 
 import mmap
+from collections.abc import Iterator
+from typing import Protocol
 
 import numpy as np
 
@@ -56,16 +58,33 @@ def kv_bytes(cfg: ModelConfig, n_cells: int, n_stream: int, type_k: str, type_v:
     return cfg.n_layer * n_stream * n_cells * per_pos
 
 
+class DeviceKV(Protocol):
+    """The keys and values of the layers a GPU runs (engine/backends/gl/offload.py): the cache
+    keeps their bookkeeping and reaches their data through read/write, which take and give
+    the host arrays' layout and dtype, (cells, n_head_kv, head_dim) of one stream."""
+
+    layers: frozenset[int]
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def read(self, il: int, kind: str, stream: int, c0: int, c1: int) -> np.ndarray: ...
+
+    def write(self, il: int, kind: str, stream: int, c0: int, data: np.ndarray) -> None: ...
+
+
 class KVCache:
     """Args:
         n_ctx_seq: positions one sequence may use (unified: the whole pool, n_ctx).
         n_seq_max: sequences.
         unified: one pool of n_ctx_seq cells shared by all sequences, instead of n_ctx_seq
             cells for each.
+        device: where the layers a GPU runs keep their keys and values; their host arrays
+            have no cells.
     """
 
     def __init__(self, cfg: ModelConfig, n_ctx_seq: int, n_seq_max: int, type_k: str = "f16",
-                 type_v: str = "f16", unified: bool = False):
+                 type_v: str = "f16", unified: bool = False, device: DeviceKV | None = None):
         self.cfg = cfg
         self.n_ctx_seq = n_ctx_seq
         self.n_seq_max = n_seq_max
@@ -75,9 +94,12 @@ class KVCache:
         G = cfg.n_head_kv
         n_stream = 1 if self.unified else n_seq_max
         self.n_cells = n_ctx_seq  # per stream
-        # k[il], v[il]: (n_stream, n_cells, n_head_kv, head_dim)
-        self.k = [_zeros((n_stream, n_ctx_seq, G, cfg.head_dim), dk) for _ in range(cfg.n_layer)]
-        self.v = [_zeros((n_stream, n_ctx_seq, G, cfg.head_dim_v), dv) for _ in range(cfg.n_layer)]
+        self.device = device
+        on_host = [device is None or il not in device.layers for il in range(cfg.n_layer)]
+        # k[il], v[il]: (n_stream, n_cells, n_head_kv, head_dim); no cells for a GPU's layers
+        self.k = [_zeros((n_stream, n_ctx_seq if h else 0, G, cfg.head_dim), dk) for h in on_host]
+        self.v = [_zeros((n_stream, n_ctx_seq if h else 0, G, cfg.head_dim_v), dv) for h in on_host]
+        self._bytes_per_pos = kv_bytes(cfg, 1, 1, type_k, type_v)
         self._len = np.zeros(n_seq_max, np.int64)
         # where each sequence's cells are: stream, first cell, cells reserved
         self._stream = np.zeros(n_seq_max, np.int64) if self.unified else np.arange(n_seq_max)
@@ -93,11 +115,41 @@ class KVCache:
     # bookkeeping ---------------------------------------------------------------------------
     @property
     def nbytes(self) -> int:
+        """Bytes of keys and values on every device (host_nbytes + the GPU's)."""
+        return self.host_nbytes + (self.device.nbytes if self.device is not None else 0)
+
+    @property
+    def host_nbytes(self) -> int:
         return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
 
     @property
     def bytes_per_pos(self) -> int:
-        return self.nbytes // (self.k[0].shape[0] * self.n_cells) if self.k else 0
+        return self._bytes_per_pos
+
+    def token_cells(self, seq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(stream, cell of position 0) of each token's sequence: position p of token t's
+        sequence is cell base[t] + p of row stream[t] of a layer's k and v (split cache: the
+        sequence's own stream from cell 0; unified: the one stream, from the sequence's run).
+        One attention call then serves the decode tokens of every sequence, on the CPU and a
+        GPU. The same for every layer of a ubatch once its cells are reserved."""
+        return self._stream[seq], self._base[seq]
+
+    def _read(self, il: int, kind: str, st: int, c0: int, c1: int) -> np.ndarray:
+        """A copy of cells [c0, c1) of stream st of layer il's keys ("k") or values ("v")."""
+        if self.device is not None and il in self.device.layers:
+            return self.device.read(il, kind, st, c0, c1)
+        return (self.k if kind == "k" else self.v)[il][st, c0:c1].copy()
+
+    def _write(self, il: int, kind: str, st: int, c0: int, data: np.ndarray) -> None:
+        if self.device is not None and il in self.device.layers:
+            self.device.write(il, kind, st, c0, data)
+        else:
+            (self.k if kind == "k" else self.v)[il][st, c0 : c0 + len(data)] = data
+
+    def _all(self) -> Iterator[tuple[int, str]]:
+        for kind in ("k", "v"):
+            for il in range(len(self.k)):
+                yield il, kind
 
     def used_bytes(self, seq: int | None = None) -> int:
         n = int(self._len.sum()) if seq is None else int(self._len[seq])
@@ -190,8 +242,8 @@ class KVCache:
     def _move(self, seq: int, new_base: int, n: int) -> None:
         old = int(self._base[seq])
         if n and new_base != old:
-            for arr in (*self.k, *self.v):  # numpy copies overlapping ranges correctly
-                arr[0, new_base : new_base + n] = arr[0, old : old + n]
+            for il, kind in self._all():  # a copy first: the ranges may overlap
+                self._write(il, kind, 0, new_base, self._read(il, kind, 0, old, old + n))
         self._base[seq] = new_base
 
     def _compact(self, seq: int, others: list[int], n_pos: int) -> None:
@@ -199,7 +251,8 @@ class KVCache:
         cells out as growing room (up to GROW_CELLS each): the only moves that free a large
         run, done rarely."""
         n = int(self._len[seq])
-        saved = [arr[0, self._base[seq] : self._base[seq] + n].copy() for arr in (*self.k, *self.v)]
+        b = int(self._base[seq])
+        saved = [self._read(il, kind, 0, b, b + n) for il, kind in self._all()]
         spare = self.n_cells - n_pos - sum(self._kept(s) for s in others)
         room = min(GROW_CELLS, spare // (len(others) + 1))
         at = 0
@@ -208,8 +261,8 @@ class KVCache:
             self._cap[s] = self._kept(s) + room
             at += int(self._cap[s])
         self._base[seq] = at
-        for arr, data in zip((*self.k, *self.v), saved, strict=True):
-            arr[0, at : at + n] = data
+        for (il, kind), data in zip(self._all(), saved, strict=True):
+            self._write(il, kind, 0, at, data)
         self._cap[seq] = self.n_cells - at
 
     def _release(self, seq: int) -> None:
@@ -245,22 +298,13 @@ class KVCache:
             v = v.view(np.float16).astype(np.float32)
         return k, v
 
-    def token_cells(self, seq_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Where the per-token attention kernel finds decode tokens' positions: (row, base)
-        per token such that position p of token t's sequence is cell base[t] + p of row
-        row[t] of a layer's k and v. Split cache: the sequence's own stream from cell 0;
-        unified: the one stream, from the sequence's run. The same for every layer of a
-        ubatch once its cells are reserved: computed once per ubatch."""
-        if not self.unified:
-            return seq_ids, np.zeros(len(seq_ids), np.int64)
-        return np.zeros(len(seq_ids), seq_ids.dtype), self._base[seq_ids]
-
     # whole-sequence state (slot save / restore) ----------------------------------------------
     def seq_state(self, seq: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Copies of every layer's keys and values of seq's positions (slot files)."""
         n = self.seq_len(seq)
         st, cells = self._run(seq, 0, n)
-        return [a[st, cells].copy() for a in self.k], [a[st, cells].copy() for a in self.v]
+        return ([self._read(il, "k", st, cells.start, cells.stop) for il in range(len(self.k))],
+                [self._read(il, "v", st, cells.start, cells.stop) for il in range(len(self.v))])
 
     def set_seq_state(self, seq: int, k: list[np.ndarray], v: list[np.ndarray]) -> None:
         """Replace seq's cache by these keys and values (shapes and types as seq_state's).
@@ -282,8 +326,8 @@ class KVCache:
         self.seq_clear(seq)
         self.reserve(seq, n)
         st, cells = self._run(seq, 0, n)
-        for a, c in zip((*k, *v), (*self.k, *self.v), strict=True):
-            c[st, cells] = a
+        for (il, kind), a in zip(self._all(), (*k, *v), strict=True):
+            self._write(il, kind, st, cells.start, a)
         self._len[seq] = n
 
     # sequence operations (llama_memory_seq_*) ----------------------------------------------
@@ -325,8 +369,8 @@ class KVCache:
             raise EngineError(f"seq_cp: destination sequence {dst} has a gap before position {p0}")
         self.reserve(dst, p1)
         (s_st, s_cells), (d_st, d_cells) = self._run(src, p0, p1), self._run(dst, p0, p1)
-        for arr in (*self.k, *self.v):
-            arr[d_st, d_cells] = arr[s_st, s_cells]
+        for il, kind in self._all():
+            self._write(il, kind, d_st, d_cells.start, self._read(il, kind, s_st, s_cells.start, s_cells.stop))
         self._len[dst] = p1
 
     def seq_shift_discard(self, seq: int, p0: int, n_discard: int) -> None:
@@ -342,14 +386,14 @@ class KVCache:
         src0, cnt = p0 + n_discard, n - p0 - n_discard
         st, b = int(self._stream[seq]), int(self._base[seq])
         for il in range(self.cfg.n_layer):
-            k, v = self.k[il], self.v[il]
             if cnt:
-                kk = k[st, b + src0 : b + src0 + cnt]
-                kf = kk.view(np.float16).astype(np.float32) if k.dtype == np.uint16 else kk.copy()
+                kk = self._read(il, "k", st, b + src0, b + src0 + cnt)
+                f16 = kk.dtype == np.uint16
+                kf = kk.view(np.float16).astype(np.float32) if f16 else kk
                 # Rotating by -delta undoes delta positions of RoPE (rotations compose); a pure
                 # rotation, without the attention factor the keys already carry.
                 delta = np.full(cnt, -n_discard, np.int32)
                 rope(kf, delta, self.rope[il].inv_freq, self.rope[il].neox)
-                k[st, b + p0 : b + p0 + cnt] = kf.astype(np.float16).view(np.uint16) if k.dtype == np.uint16 else kf
-                v[st, b + p0 : b + p0 + cnt] = v[st, b + src0 : b + src0 + cnt].copy()
+                self._write(il, "k", st, b + p0, kf.astype(np.float16).view(np.uint16) if f16 else kf)
+                self._write(il, "v", st, b + p0, self._read(il, "v", st, b + src0, b + src0 + cnt))
         self._len[seq] = n - n_discard

@@ -109,18 +109,31 @@ def resident_bytes(path: str) -> int | None:
 def memory_report(ctx: Context) -> MemoryReport:
     kv = ctx.kv
     model = ctx.model
+    devices = _devices(ctx)
     return MemoryReport(
-        weights_bytes=model.weights_bytes,
+        weights_bytes=sum(d.weights_bytes for d in devices),
         weights_resident_bytes=resident_bytes(model.path),
-        kv_bytes=kv.nbytes,
+        kv_bytes=sum(d.kv_bytes for d in devices),
         kv_used_bytes=kv.used_bytes(),
         kv_per_seq_used=[kv.used_bytes(s) for s in range(kv.n_seq_max)],
         kv_seq_capacity_bytes=kv.n_ctx_seq * kv.bytes_per_pos,
-        compute_bytes=ctx.buf.nbytes,
+        compute_bytes=sum(d.compute_bytes for d in devices),
         metadata_bytes=_metadata_bytes(len(model.gguf.tensors)),
         rss_bytes=psutil.Process().memory_info().rss,
-        devices=(DeviceMemory(CPU, model.weights_bytes, kv.nbytes, ctx.buf.nbytes, model.cfg.n_layer),),
+        devices=devices,
     )
+
+
+def _devices(ctx: Context) -> tuple[DeviceMemory, ...]:
+    """The CPU's share, and the GPU's when this context runs layers there: weights moved to
+    the GPU leave the CPU's mapped total (as llama.cpp's CPU_Mapped buffer shrinks)."""
+    model, kv, gpu = ctx.model, ctx.kv, ctx.gpu
+    if gpu is None:
+        return (DeviceMemory(CPU, model.weights_bytes, kv.nbytes, ctx.buf.nbytes, model.cfg.n_layer),)
+    gm = gpu.gm
+    cpu = DeviceMemory(CPU, model.weights_bytes - gm.host_bytes, kv.host_nbytes, ctx.buf.nbytes,
+                       model.cfg.n_layer - gm.n_layers)
+    return cpu, DeviceMemory(gpu.device_name, gm.weights_bytes, gpu.nbytes, gpu.scratch_bytes, gm.n_layers)
 
 
 def ctx_per_seq(n_ctx: int, n_seq_max: int, kv_unified: bool) -> int:

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -18,6 +19,7 @@ from .models import Architecture, get_arch
 from .models.base import ModelWeights, load_weights
 
 if TYPE_CHECKING:
+    from .backends.gl.offload import GpuModel
     from .tokenizer.base import Tokenizer
 
 ProgressFn = Callable[[float, str], None]
@@ -29,6 +31,7 @@ class Model:
         self.arch = arch  # its config reader, layer loader and block (engine/models)
         self.cfg = cfg
         self.weights: ModelWeights | None = weights  # None once closed
+        self.gpu: GpuModel | None = None  # the layers offloaded to a GPU (-ngl), if any
         self.path = gguf.path
         self._tokenizer: Tokenizer | None = None
 
@@ -54,6 +57,9 @@ class Model:
         return self.cfg.name or os.path.basename(self.path)
 
     def close(self) -> None:
+        if self.gpu is not None:
+            self.gpu.close()
+            self.gpu = None
         self.weights = None
         self.gguf.close()
 
@@ -74,30 +80,59 @@ def load_model(path: str | os.PathLike, n_threads: int | None = None,
         path: the .gguf file.
         n_threads: numba thread-pool size (None: all cores).
         progress: optional callback(fraction, message).
-        n_gpu_layers: repeating layers to offload to a GPU device, the last ones first as in
-            llama.cpp's -ngl (more than the model has: the output head too).
-        device: the GPU device's name (engine.backends.list_devices), None for the first.
+        n_gpu_layers: llama.cpp's -ngl: the last n_gpu_layers of the layers, the output head
+            counting as the last one, go to a GPU device (backends.gpu_placement: 1 = the
+            head alone, n_layer + 1 or more or a negative N = everything).
+        device: the GPU device's name (engine.backends.list_devices), a comma list of names,
+            or "none" (CPU only); None for the first GPU that is available.
     Raises:
         GGUFError (MetadataError, MissingTensorError), UnsupportedArchError,
         UnsupportedQuantError, TokenizerError on bad or unsupported files. The file is unmapped
         before the error leaves, whatever raised (the progress callback included).
     """
     report = progress or (lambda frac, msg: None)
-    if n_gpu_layers > 0:
-        # the seam for issue 15's OpenGL backend; until a GPU backend exists llama.cpp's CPU
-        # build answers -ngl the same way: a warning, then the CPU
-        import logging
-
-        logging.getLogger(__name__).warning(
-            "no GPU backend: --n-gpu-layers %d ignored, every layer runs on the CPU", n_gpu_layers)
+    gpu = pick_gpu(device) if n_gpu_layers != 0 else None
     t0 = time.perf_counter()
     set_num_threads(n_threads or 0)
     report(0.0, f"mapping {os.path.basename(os.fspath(path))}")
     f = open_gguf(path)  # a split set (<name>-00001-of-0000N.gguf) opens as one file
     with closing_on_error(f):  # this frame keeps no view of the map: _build's frames are cleared
         model = _build(f, report)
+    if gpu is not None:
+        report(0.9, f"offloading layers to {gpu}")
+        from .backends import gl
+
+        model.gpu = gl.offload_model(model, n_gpu_layers)
     report(1.0, f"loaded in {time.perf_counter() - t0:.2f} s")
     return model
+
+
+def pick_gpu(device: str | None) -> str | None:
+    """The GPU device -ngl offloads to: the first of `device` (a name or comma list, "none"
+    for none) that is a GPU, or the first available GPU; None (logged) when there is none,
+    as llama.cpp's CPU build answers -ngl: a warning, then the CPU.
+
+    Raises:
+        EngineError: a device name list_devices does not know.
+    """
+    from .backends import CPU, list_devices
+    from .errors import EngineError
+
+    log = logging.getLogger("ggstation.engine")
+    if device is not None and device.strip().lower() == "none":
+        return None
+    known = {d.name: d for d in list_devices()}
+    names = [n.strip() for n in (device or "").split(",") if n.strip()]
+    for n in names:
+        if n not in known:
+            raise EngineError(f"unknown device '{n}' (available: {', '.join(known)}; see --list-devices)")
+    gpus = [n for n in (names or known) if n != CPU]
+    for n in gpus:
+        if known[n].available:
+            return n
+        log.warning("device %s is not available: %s", n, known[n].reason)
+    log.warning("no usable GPU device: --n-gpu-layers ignored, every layer runs on the CPU")
+    return None
 
 
 def check_model(f: GGUFFile) -> tuple[Architecture, ModelConfig, ModelWeights, Tokenizer]:

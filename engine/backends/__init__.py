@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import EngineError
+
 CPU = "CPU"  # the CPU device's name, as llama.cpp names it
+
+
+class DeviceLostError(EngineError):
+    """A GPU device stopped working mid-run (context lost, reset): its buffers are gone."""
 
 
 @dataclass(frozen=True)
@@ -83,4 +89,11 @@ def _cpu_device() -> DeviceInfo:
 
 def _gpu_devices() -> list[DeviceInfo]:
     """GPU devices from the backends that exist (engine/backends/gl: OpenGL compute)."""
-    return []
+    from . import gl
+
+    return [gl.probe()]
+
+
+def gpu_device_names() -> list[str]:
+    """Names of the GPU devices that can take layers (available ones)."""
+    return [d.name for d in list_devices() if d.name != CPU and d.available]

@@ -11,7 +11,7 @@ import sys
 
 from .. import params
 from ..errors import EngineError
-from .common import add_int8_arg, add_mem_check_arg, init_threads, mem_check
+from .common import add_gpu_args, add_int8_arg, add_mem_check_arg, gpu_kwargs, init_threads, mem_check
 
 
 def _int_list(text: str) -> list[int]:
@@ -60,6 +60,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    "a comma list gives one row each (default: 1)")
     add_mem_check_arg(p)
     add_int8_arg(p)
+    add_gpu_args(p, ngl_type=_int_list, ngl_default=[0])
     p.set_defaults(run=run)
     return p
 
@@ -73,48 +74,62 @@ def run(args: argparse.Namespace) -> int:
         raise EngineError("--clients must be at least 1")
     for n_threads in args.threads:
         init_threads(n_threads)  # each -t value checked before anything runs
-    model = load_model(params.resolve_model_path(args))
-    out = _Output(args.output, model)
+    out: _Output | None = None
     failed = False
-    for path in args.path:
-        try:
-            if path == "engine":
-                _run_engine(args, model, out)
-            else:
-                _run_path(args, model, path, out)
-        except EngineError as e:  # one path failing (no GUI module, say) leaves the others' rows
-            print(f"error: {path} path: {e}", file=sys.stderr, flush=True)
-            failed = True
-    out.finish()
+    for ngl in args.n_gpu_layers:  # one load per -ngl value, as llama-bench
+        model = load_model(params.resolve_model_path(args), **gpu_kwargs(args, ngl))
+        if out is None:
+            out = _Output(args.output, model, show_ngl=any(args.n_gpu_layers))
+        out.set_model(model, ngl)
+        for path in args.path:
+            try:
+                if path == "engine":
+                    _run_engine(args, model, out)
+                else:
+                    _run_path(args, model, path, out)
+            except EngineError as e:  # one path failing (no GUI module, say) leaves the others' rows
+                print(f"error: {path} path: {e}", file=sys.stderr, flush=True)
+                failed = True
+        model.close()
+    if out is not None:
+        out.finish()
     return 1 if failed else 0
 
 
 class _Output:
     """Rows as llama-bench prints them: a markdown table, a json array at the end, or jsonl."""
 
-    def __init__(self, fmt: str, model):
+    def __init__(self, fmt: str, model, show_ngl: bool = False):
+        self.fmt = fmt
+        self.show_ngl = show_ngl  # llama-bench's ngl column, when some -ngl is given
+        self.rows: list[dict] = []
+        if fmt == "md":
+            ngl = "ngl | " if show_ngl else ""
+            print(f"| model | size | params | backend | {ngl}threads | test | t/s |")
+            print(f"| --- | ---: | ---: | --- | {'---: | ' if show_ngl else ''}---: | ---: | ---: |")
+
+    def set_model(self, model, ngl: int) -> None:
         from .. import quants
 
-        self.fmt = fmt
         # which decode path ran: the numbers of the two differ by ~10 %
         self.backend = "CPU (numba, int8)" if quants.int8_enabled() else "CPU (numba)"
+        if model.gpu is not None:
+            self.backend = "OpenGL"
+        self.ngl = ngl
         self.size_mib = model.weights_bytes / 2**20
         self.n_params = model.n_params
         self.desc = f"{model.cfg.arch} {model.gguf.get('general.size_label', '') or ''} {_ftype(model)}".replace(
             "  ", " ")
         self.base = dict(model_filename=model.path, model_type=self.desc, model_size=model.weights_bytes,
-                         model_n_params=model.n_params, backends=self.backend)
-        self.rows: list[dict] = []
-        if fmt == "md":
-            print("| model | size | params | backend | threads | test | t/s |")
-            print("| --- | ---: | ---: | --- | ---: | ---: | ---: |")
+                         model_n_params=model.n_params, backends=self.backend, n_gpu_layers=ngl)
 
     def add(self, result, n_threads: int) -> None:
         row = dict(self.base, **result.as_dict())
         self.rows.append(row)
         if self.fmt == "md":
+            ngl = f"{self.ngl} | " if self.show_ngl else ""
             print(f"| {self.desc} | {self.size_mib:.2f} MiB | {self.n_params / 1e6:.2f} M | {self.backend} | "
-                  f"{n_threads} | {result.test} | {result.avg_ts:.2f} ± {result.stddev_ts:.2f} |", flush=True)
+                  f"{ngl}{n_threads} | {result.test} | {result.avg_ts:.2f} ± {result.stddev_ts:.2f} |", flush=True)
         elif self.fmt == "jsonl":
             print(json.dumps(row), flush=True)
 

@@ -27,7 +27,7 @@ from ..sampling import SamplingParams, resolve_seed
 from ..scheduler import GenerationRequest, Scheduler
 from ..seams import ChatTokenizer, DecodeContext, PromptTemplate
 from ..sequence import GenerationStep
-from .common import add_int8_arg, add_mem_check_arg
+from .common import add_gpu_args, add_int8_arg, add_mem_check_arg
 from .generate import InterruptFlag, load_for_generation, timings_text
 
 HELP = (
@@ -46,6 +46,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     params.add_chat_args(p)
     add_mem_check_arg(p)
     add_int8_arg(p)
+    add_gpu_args(p)
     p.set_defaults(run=run)
     return p
 

@@ -49,6 +49,68 @@ def add_int8_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
+class ListDevicesAction(argparse.Action):
+    """--list-devices: print every device llama.cpp's way and exit."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(devices_text(), end="")
+        parser.exit(0)
+
+
+def devices_text() -> str:
+    """llama.cpp's list (common_print_available_devices): "Available devices:" and a line per
+    usable GPU device, "  GL0: <description> (N MiB, M MiB free)", or "  (none)". A device
+    found but unusable is said on stderr with the reason."""
+    from ..backends import CPU, list_devices
+
+    lines = ["Available devices:"]
+    for d in list_devices():
+        if d.name == CPU:
+            continue
+        if not d.available:
+            print(f"{d.name}: {d.backend} not available: {d.reason}", file=sys.stderr)
+            continue
+        total = "?" if d.total_bytes is None else str(d.total_bytes >> 20)
+        free = "?" if d.free_bytes is None else str(d.free_bytes >> 20)
+        lines.append(f"  {d.name}: {d.description} ({total} MiB, {free} MiB free)")
+    if len(lines) == 1:
+        lines.append("  (none)")
+    return "\n".join(lines) + "\n"
+
+
+def _split_mode(value: str) -> str:
+    v = value.strip().lower()
+    if v == "row":
+        raise argparse.ArgumentTypeError("split mode 'row' needs several GPUs of one backend; "
+                                         "ggstation has one OpenGL device: use none or layer")
+    if v not in ("none", "layer"):
+        raise argparse.ArgumentTypeError(f"invalid split mode '{value}' (none, layer or row)")
+    return v
+
+
+def add_gpu_args(parser: argparse.ArgumentParser, ngl_type=int, ngl_default=0) -> None:
+    """llama.cpp's device flags: -ngl, --device, --list-devices, -sm."""
+    g = params.group(parser, params.COMMON)
+    g.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="n_gpu_layers", type=ngl_type,
+                   default=ngl_default, metavar="N",
+                   help="layers to offload to the GPU (OpenGL compute), the last ones, the output head "
+                   "counting as the last layer as in llama.cpp (default: 0, CPU only)")
+    g.add_argument("-dev", "--device", default=None, metavar="<dev1,dev2,..>",
+                   help="devices to offload to, comma-separated (see --list-devices); none = CPU only")
+    g.add_argument("--list-devices", action=ListDevicesAction, help="print the compute devices and exit")
+    g.add_argument("-sm", "--split-mode", type=_split_mode, default="layer", metavar="{none,layer,row}",
+                   help="how to split the model over GPUs; with one GPU none and layer are the same "
+                   "(default: layer)")
+
+
+def gpu_kwargs(args: argparse.Namespace, n_gpu_layers: int | None = None) -> dict:
+    """load_model's n_gpu_layers and device from the parsed flags."""
+    return dict(n_gpu_layers=args.n_gpu_layers if n_gpu_layers is None else n_gpu_layers, device=args.device)
+
+
 def mem_check(args: argparse.Namespace) -> bool:
     """Whether contexts made for this command check that they fit in memory."""
     return not getattr(args, "no_mem_check", False)

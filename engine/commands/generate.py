@@ -15,7 +15,15 @@ import threading
 
 from .. import params
 from ..errors import EngineError
-from .common import add_int8_arg, add_mem_check_arg, init_threads, mem_check, resume_collector
+from .common import (
+    add_gpu_args,
+    add_int8_arg,
+    add_mem_check_arg,
+    gpu_kwargs,
+    init_threads,
+    mem_check,
+    resume_collector,
+)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -27,6 +35,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     params.add_common_args(p)
     add_mem_check_arg(p)
     add_int8_arg(p)
+    add_gpu_args(p)
     p.set_defaults(run=run)
     return p
 
@@ -70,7 +79,7 @@ def load_for_generation(args: argparse.Namespace):
     try:
         n_threads = init_threads(args.threads)
         path = params.resolve_model_path(args)
-        model = load_model(path, n_threads=n_threads)
+        model = load_model(path, n_threads=n_threads, **gpu_kwargs(args))
         try:
             ctx = Context(model, params.to_context_params(args, check_memory=mem_check(args)))
         except BaseException:

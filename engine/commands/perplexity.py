@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .. import params
 from ..errors import EngineError
-from .common import add_int8_arg, add_mem_check_arg, init_threads, mem_check
+from .common import add_gpu_args, add_int8_arg, add_mem_check_arg, gpu_kwargs, init_threads, mem_check
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -26,6 +26,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("-ctv", "--cache-type-v", default="f16", help="KV cache type for V (f16, f32)")
     add_mem_check_arg(p)
     add_int8_arg(p)
+    add_gpu_args(p)
     p.set_defaults(run=run)
     return p
 
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     except OSError as e:
         raise EngineError(f"cannot read '{args.file}': {e.strerror or e}") from None
     n_threads = init_threads(args.threads)
-    model = load_model(params.resolve_model_path(args), n_threads=n_threads)
+    model = load_model(params.resolve_model_path(args), n_threads=n_threads, **gpu_kwargs(args))
     tok = model.tokenizer
     tokens = tok.encode(text, add_special=True, parse_special=False)
     n_ctx = args.ctx_size

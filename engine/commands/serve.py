@@ -24,7 +24,7 @@ import time
 from .. import params
 from ..errors import EngineError
 from ..server import flags
-from .common import add_int8_arg, add_mem_check_arg, init_threads, mem_check
+from .common import add_gpu_args, add_int8_arg, add_mem_check_arg, gpu_kwargs, init_threads, mem_check
 
 log = logging.getLogger("ggstation.serve")
 
@@ -34,7 +34,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "serve",
         help="run the HTTP server (llama-server / OpenAI compatible)",
         description="HTTP server compatible with llama-server and the OpenAI API. Accepts every "
-        "llama-server flag; flags for features ggstation lacks (GPU offload, LoRA...) are "
+        "llama-server flag; flags for features ggstation lacks (LoRA, tensor split...) are "
         "accepted and reported as ignored.",
     )
     params.add_model_args(p)
@@ -42,6 +42,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     params.add_generation_args(p, prompt=False)
     params.add_sampling_args(p)
     params.add_chat_args(p)
+    add_gpu_args(p)
     flags.add_server_args(p)
     add_mem_check_arg(p)
     add_int8_arg(p)
@@ -161,7 +162,8 @@ def _clamp_batch(args) -> None:
 
 def _init_backend(args) -> int:
     n_threads = init_threads(args.threads)
-    print(f"main: backend numba-cpu, {n_threads} threads", file=sys.stderr)
+    gpu = f", offloading {args.n_gpu_layers} layers (-ngl)" if args.n_gpu_layers != 0 else ""
+    print(f"main: backend numba-cpu, {n_threads} threads{gpu}", file=sys.stderr)
     return n_threads
 
 
@@ -248,7 +250,7 @@ def _load(args, state, n_threads: int, n_slots: int):
 
     t0 = time.perf_counter()
     path = params.resolve_model_path(args)
-    model = load_model(path, n_threads=n_threads)
+    model = load_model(path, n_threads=n_threads, **gpu_kwargs(args))
     try:
         ctx = Context(model, params.to_context_params(args, n_seq_max=n_slots, check_memory=mem_check(args)))
     except BaseException:

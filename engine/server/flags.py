@@ -28,9 +28,9 @@ IGNORED: list[tuple[str, int | str]] = [  # (options, nargs)
     ("-kvo --kv-offload -nkvo --no-kv-offload", 0), ("--repack -nr --no-repack", 0), ("--no-host", 0),
     ("-dt --defrag-thold", 1), ("--rpc", 1), ("--mlock", 0), ("--mmap --no-mmap", 0),
     ("-dio --direct-io -ndio --no-direct-io", 0), ("-lm --load-mode", 1), ("-lzm --lazy-mode", 1),
-    ("--numa", 1), ("-dev --device", 1), ("-ot --override-tensor", 1), ("-cmoe --cpu-moe", 0),
+    ("--numa", 1), ("-ot --override-tensor", 1), ("-cmoe --cpu-moe", 0),
     ("-ncmoe --n-cpu-moe", 1), ("--moe-cache-mib", 1), ("-ncffn --n-cpu-ffn", 1),
-    ("-ngl --gpu-layers --n-gpu-layers", 1), ("-sm --split-mode", 1), ("-ts --tensor-split", 1),
+    ("-ts --tensor-split", 1),
     ("-mg --main-gpu", 1), ("-fit --fit", "?"), ("-fitt --fit-target", 1), ("-fitc --fit-ctx", 1),
     ("--check-tensors", 0), ("--override-kv", 1), ("--op-offload --no-op-offload", 0),
     ("--lora", 1), ("--lora-scaled", 1), ("--control-vector", 1), ("--control-vector-scaled", 1),
@@ -110,7 +110,8 @@ ENV = {
     "LLAMA_ARG_CORS_ORIGINS": "--cors-origins", "LLAMA_ARG_API_PREFIX": "--api-prefix",
     "LLAMA_ARG_CORS_METHODS": "--cors-methods", "LLAMA_ARG_CORS_HEADERS": "--cors-headers",
     "LLAMA_ARG_CORS_CREDENTIALS": "--cors-credentials", "LLAMA_ARG_UI_MCP_PROXY": "--ui-mcp-proxy",
-    "LLAMA_ARG_TAGS": "--tags",
+    "LLAMA_ARG_TAGS": "--tags", "LLAMA_ARG_N_GPU_LAYERS": "--n-gpu-layers", "LLAMA_ARG_DEVICE": "--device",
+    "LLAMA_ARG_SPLIT_MODE": "--split-mode",
     "LLAMA_ARG_CHAT_TEMPLATE_KWARGS": "--chat-template-kwargs", "LLAMA_ARG_MODELS_DIR": "--models-dir",
     "LLAMA_ARG_MODELS_PRESET": "--models-preset",
     "LLAMA_ARG_MODELS_MAX": "--models-max", "LLAMA_ARG_MODELS_AUTOLOAD": "--models-autoload",
@@ -120,8 +121,7 @@ ENV = {
 
 # environment variables of ignored flags (reported as ignored when set)
 IGNORED_ENV = (
-    "LLAMA_ARG_N_GPU_LAYERS", "LLAMA_ARG_FLASH_ATTN", "LLAMA_ARG_SPLIT_MODE", "LLAMA_ARG_TENSOR_SPLIT",
-    "LLAMA_ARG_MAIN_GPU", "LLAMA_ARG_DEVICE", "LLAMA_ARG_NUMA", "LLAMA_ARG_CONT_BATCHING",
+    "LLAMA_ARG_FLASH_ATTN", "LLAMA_ARG_TENSOR_SPLIT", "LLAMA_ARG_MAIN_GPU", "LLAMA_ARG_NUMA", "LLAMA_ARG_CONT_BATCHING",
     "LLAMA_ARG_MMPROJ", "LLAMA_ARG_ROPE_SCALING_TYPE", "LLAMA_ARG_ROPE_SCALE", "LLAMA_ARG_ROPE_FREQ_BASE",
     "LLAMA_ARG_ROPE_FREQ_SCALE", "LLAMA_ARG_KV_OFFLOAD", "LLAMA_ARG_DEFRAG_THOLD", "LLAMA_ARG_TIMEOUT",
     "LLAMA_ARG_THREADS_HTTP", "LLAMA_ARG_SWA_FULL", "LLAMA_ARG_CACHE_REUSE", "LLAMA_ARG_NO_MMAP",
@@ -160,12 +160,6 @@ class RefusedFlag(argparse.Action):
         refused = list(getattr(namespace, "refused", None) or [])
         refused.append(option_string)
         namespace.refused = refused
-
-
-class ListDevices(argparse.Action):
-    def __call__(self, parser, namespace, values, option_string=None):
-        print("Available devices:\n  CPU: numba CPU backend")
-        parser.exit(0)
 
 
 def _has(parser: argparse.ArgumentParser, option: str) -> bool:
@@ -257,7 +251,6 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
             g.add_argument(*names, action=RefusedFlag, nargs=nargs, default=argparse.SUPPRESS,
                            help=argparse.SUPPRESS)
     g.add_argument("--version", action="version", version="ggstation serve (llama-server compatible)")
-    g.add_argument("--list-devices", action=ListDevices, nargs=0, help="print the compute devices and exit")
 
 
 def env_argv(parser: argparse.ArgumentParser, argv: list[str], environ=os.environ) -> list[str]:
