@@ -189,6 +189,11 @@ def test_serve_tiny_sigint_ends_streams_and_exits_0(tiny_path):
     # the stream was ended cleanly, with a final chunk
     assert stream.ended.wait(STOP_TIMEOUT_S)
     assert stream.chunks and stream.chunks[-1]["stop"] is True
+    # start-up in the seed's order: listening, the device registry, then the model
+    lines = p.proc.stderr.read().splitlines()
+    at = {key: next(i for i, ln in enumerate(lines) if key in ln)
+          for key in ("server is listening", "main: device CPU (CPU)", "model loaded")}
+    assert at["server is listening"] < at["main: device CPU (CPU)"] < at["model loaded"], lines
 
 
 @pytest.mark.perf

@@ -92,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
 
         start_child_monitor(lambda: os.kill(os.getpid(), signal.SIGTERM))
     print(f"main: server is listening on {handle.url} - loading the model", file=sys.stderr)
+    _discover_devices()  # 4. the registry, probed while /health already answers "loading"
     try:
         scheduler = _load(args, state, n_threads, n_slots)  # 10.
     except KeyboardInterrupt:
@@ -165,6 +166,19 @@ def _init_backend(args) -> int:
     gpu = f", offloading {args.n_gpu_layers} layers (-ngl)" if args.n_gpu_layers != 0 else ""
     print(f"main: backend numba-cpu, {n_threads} threads{gpu}", file=sys.stderr)
     return n_threads
+
+
+def _discover_devices() -> None:
+    """Find the compute devices once (engine.backends.list_devices caches them) and say what
+    was found: the CPU always, a GPU device with its memory or the reason it is unusable."""
+    from ..backends import list_devices
+
+    for d in list_devices():
+        if not d.available:
+            print(f"main: device {d.name} ({d.backend}) not usable: {d.reason}", file=sys.stderr)
+            continue
+        mem = "" if d.total_bytes is None else f", {d.total_bytes >> 20} MiB"
+        print(f"main: device {d.name} ({d.backend}): {d.description}{mem}", file=sys.stderr)
 
 
 def _api_keys(args) -> tuple[str, ...]:
