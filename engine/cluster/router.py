@@ -48,6 +48,8 @@ class RayRouter(Router):
         self.base_argv = list(base_argv)
         self.env = dict(env or {})
         self.plans: dict[str, ReplicaPlan] = {}
+        self._deployer_lock = threading.Lock()
+        self._deployer_actor = None
         self._monitor = threading.Thread(target=self._poll_loop, name="ray-router-monitor", daemon=True)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -93,10 +95,21 @@ class RayRouter(Router):
         try:
             plan = self.plan(child)
             check_fits(plan, node_memory())
-            deploy(plan)
+            import ray
+
+            ray.get(self._deployer().deploy.remote(plan))
         except Exception as e:  # any failure to deploy ends the load the same way: reported
             log.warning("cannot deploy %s: %s", child.name, e)
             self._gone(child, str(e))
+
+    def _deployer(self):
+        """The actor that deploys: Serve builds a deployment's config with process-global
+        cloudpickle registrations that race the handles' own config updates, so no process
+        that holds handles (this one) may deploy."""
+        with self._deployer_lock:
+            if self._deployer_actor is None:
+                self._deployer_actor = deployer_actor(self.env)
+            return self._deployer_actor
 
     def plan(self, child: ChildServer) -> ReplicaPlan:
         from ..commands.serve import parse_args
@@ -195,6 +208,19 @@ def deploy(plan: ReplicaPlan) -> None:
     # would only fail again, slowly
     deployment = serve.deployment(max_constructor_retry_count=1, **plan.deployment_options())(ModelReplica)
     serve._run(deployment.bind(plan), name=app_name(plan.name), route_prefix=None, _blocking=False)
+
+
+def deployer_actor(env: dict[str, str]):
+    """A handle to a (new) actor whose `deploy(plan)` runs deploy() there, one at a time."""
+    import ray
+
+    @ray.remote(num_cpus=0, max_concurrency=1)
+    class Deployer:
+        def deploy(self, plan: ReplicaPlan) -> None:
+            deploy(plan)
+
+    options: dict[str, object] = {"runtime_env": {"env_vars": dict(env)}} if env else {}
+    return Deployer.options(**options).remote()  # type: ignore[attr-defined]
 
 
 def _delete(name: str) -> None:
