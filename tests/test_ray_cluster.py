@@ -33,6 +33,7 @@ from ggufgen import write_tiny_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BAD_SHA = "0" * 64
+NODE_MEMORY = 256 << 20  # each node's Ray `memory` resource: room for the tiny models, not for "huge"
 WIDE = dict(n_layer=4, n_embd=256, n_head=4, n_head_kv=2, n_ff=768, n_ctx_train=4096)
 
 
@@ -53,7 +54,10 @@ def _preset(d: Path) -> Path:
         text += [f"[{name}]", f"model = {models[name]}", ""]
     text += ["[beta]", f"model = {models['beta']}", "min-replicas = 1", "max-replicas = 2",
              "target-ongoing-requests = 1", "upscale-delay-s = 0.5", "",
-             "[bad]", f"model = {models['alpha']}", f"sha256 = {BAD_SHA}", ""]
+             "[bad]", f"model = {models['alpha']}", f"sha256 = {BAD_SHA}", "",
+             # ~550 MB by the engine's estimate (the KV cache and buffers of 262144 positions):
+             # more than the NODE_MEMORY either node declares
+             "[huge]", f"model = {models['alpha']}", "ctx-size = 262144", "parallel = 1", ""]
     path = d / "preset.ini"
     path.write_text("\n".join(text))
     return path
@@ -64,9 +68,9 @@ def cluster(tmp_path_factory):
     from ray.cluster_utils import Cluster
 
     c = Cluster(initialize_head=True, connect=False,
-                head_node_args={"num_cpus": 2, "include_dashboard": False})
+                head_node_args={"num_cpus": 2, "memory": NODE_MEMORY, "include_dashboard": False})
     try:
-        c.add_node(num_cpus=2)
+        c.add_node(num_cpus=2, memory=NODE_MEMORY)
         c.wait_for_nodes()
         yield c
     finally:
@@ -168,6 +172,23 @@ def test_two_models_stream_through_the_ingress(server):
     assert len([n for n in health["cluster"]["nodes"] if n["alive"]]) == 2
     deps = health["cluster"]["deployments"]
     assert deps["alpha"]["replicas"].get("RUNNING") == 1 and deps["beta"]["replicas"].get("RUNNING") == 1
+
+
+def test_replicas_declare_threads_and_the_engines_memory_estimate(server):
+    from engine.model_info import inspect_model
+
+    alpha = _deployments(server)["alpha"]
+    path = next(m["path"] for m in httpx.get(server + "/models", timeout=10).json()["data"] if m["id"] == "alpha")
+    expected = inspect_model(path).estimate(n_ctx=2048, n_seq_max=2).total_bytes
+    assert (alpha["num_cpus"], alpha["n_slots"], alpha["memory_bytes"]) == (1, 2, expected)
+
+
+def test_a_model_no_node_can_hold_is_refused(server):
+    r = httpx.post(server + "/models/load", json={"model": "huge"}, timeout=60)
+    assert r.status_code == 200, r.text
+    status = _wait_status(server, "huge", ("unloaded",), 30)
+    assert status.get("failed") and "more than any node of the cluster offers" in status["error"], status
+    assert "huge" not in _deployments(server)
 
 
 def test_replica_killed_mid_stream_errors_and_recovers(server, driver):

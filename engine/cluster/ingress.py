@@ -35,7 +35,7 @@ def ingress_app(config: IngressConfig):
 
         router = RayRouter(config.specs, [], env=config.env, models_max=config.models_max,
                            autoload=config.autoload, load_timeout_s=config.load_timeout_s).start()
-        app = create_router_app(router, ServerState(config.options), RayUpstream())
+        app = create_router_app(router, ServerState(config.options), RayUpstream(router))
         router.load_startup_models()
         return app
 

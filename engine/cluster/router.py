@@ -24,6 +24,7 @@ import logging
 import threading
 import time
 
+from ..errors import EngineError
 from ..router import ChildServer, ModelStatus, Router
 from ..router_presets import DEFAULT_STOP_TIMEOUT_S, ModelSpec
 from .plan import APP_PREFIX, ReplicaPlan, app_name, check_fits, make_plan
@@ -91,10 +92,26 @@ class RayRouter(Router):
         self._notify("model_status", child.name, {"status": "loading"})
         threading.Thread(target=self._deploy, args=(child,), name=f"deploy {child.name}", daemon=True).start()
 
+    def load(self, name: str) -> ChildServer:
+        """Router.load, but a model that cannot be planned or fits no node fails at once
+        (reported as a failed load), before --models-max evicts anything for it."""
+        child = self.get(name)
+        if child.running:
+            return child
+        try:
+            check_fits(self.plan(child), node_memory())
+        except (EngineError, OSError) as e:  # RouterError for a misfit; a file that cannot be read
+            with self._cv:
+                child.exit_code, child.error = 1, str(e)
+                self._cv.notify_all()
+            log.warning("cannot load %s: %s", child.name, e)
+            self._notify("model_status", child.name, {"status": "unloaded", "exit_code": 1, "failed": True})
+            return child
+        return super().load(name)
+
     def _deploy(self, child: ChildServer) -> None:
         try:
-            plan = self.plan(child)
-            check_fits(plan, node_memory())
+            plan = self.plans.get(child.name) or self.plan(child)
             import ray
 
             ray.get(self._deployer().deploy.remote(plan))
@@ -195,7 +212,14 @@ class RayRouter(Router):
 
     # -- the cluster's view (/health) ------------------------------------------------------------
     def cluster_view(self) -> dict:
-        return cluster_view()
+        """cluster_view(), each model deployment with what its plan declares per replica."""
+        view = cluster_view()
+        for name, dep in view["deployments"].items():
+            plan = self.plans.get(name)
+            if plan is not None:
+                dep.update(num_cpus=plan.n_threads, memory_bytes=plan.memory_bytes, n_slots=plan.n_slots,
+                           min_replicas=plan.min_replicas, max_replicas=plan.max_replicas, sha256=plan.sha256)
+        return view
 
 
 def deploy(plan: ReplicaPlan) -> None:

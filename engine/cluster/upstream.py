@@ -20,7 +20,7 @@ from ..router import ChildServer
 from ..server.proxy import HOP_HEADERS, Relay, relay_events
 from .plan import DEPLOYMENT, app_name
 from .replica import ForwardedRequest, ResponseHead
-from .router import cluster_view
+from .router import RayRouter
 
 INFO_TIMEOUT_S = 5.0
 
@@ -34,6 +34,9 @@ def _errors() -> tuple[type[Exception], ...]:
 
 
 class RayUpstream:
+    def __init__(self, router: RayRouter):
+        self.router = router
+
     def _stream(self, model: str, req: ForwardedRequest):
         from ray import serve
 
@@ -43,7 +46,7 @@ class RayUpstream:
     async def health(self) -> dict:
         from starlette.concurrency import run_in_threadpool
 
-        return {"status": "ok", "cluster": await run_in_threadpool(cluster_view)}
+        return {"status": "ok", "cluster": await run_in_threadpool(self.router.cluster_view)}
 
     async def model_info(self, child: ChildServer) -> dict | None:
         import asyncio
