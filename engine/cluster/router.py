@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 
-from ..errors import EngineError
+from ..errors import EngineError, RouterError
 from ..router import ChildServer, ModelStatus, Router
 from ..router_presets import DEFAULT_STOP_TIMEOUT_S, ModelSpec
 from .plan import APP_PREFIX, ReplicaPlan, app_name, check_fits, make_plan
@@ -108,6 +108,14 @@ class RayRouter(Router):
             self._notify("model_status", child.name, {"status": "unloaded", "exit_code": 1, "failed": True})
             return child
         return super().load(name)
+
+    def download(self, spec: str) -> None:
+        raise RouterError("POST /models (download into this machine's cache) is not available with --ray: name "
+                          "the model in the presets (hf-repo = user/repo:QUANT); each node pulls it when a "
+                          "replica starts there")
+
+    def remove(self, name: str) -> None:
+        raise RouterError("DELETE /models is not available with --ray: the files live on the nodes")
 
     def _deploy(self, child: ChildServer) -> None:
         try:
