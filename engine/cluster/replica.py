@@ -15,16 +15,22 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import EngineError
 from .plan import ReplicaPlan
 
+if TYPE_CHECKING:
+    from ..scheduler import Scheduler
+
 log = logging.getLogger(__name__)
 
 _CHUNK = 1 << 20
+INGRESS_ONLY_ENV = ("LLAMA_API_KEY", "LLAMA_ARG_API_KEY_FILE")
 
 
 class ModelFileError(EngineError):
@@ -73,13 +79,16 @@ class ModelReplica:
         from ..commands.serve import in_process_server
 
         self.plan = plan
+        self.scheduler: Scheduler | None = None
+        for name in INGRESS_ONLY_ENV:  # the ingress checks keys; a replica inheriting them would refuse it
+            os.environ.pop(name, None)
         self.scheduler, self.app = in_process_server(list(plan.argv),
                                                      verify=lambda path: verify_sha256(path, plan.sha256))
         log.info("replica of %s ready (%d slots, %d threads)", plan.name, plan.n_slots, plan.n_threads)
 
     def check_health(self) -> None:
         """Serve's health check: a replica whose scheduler loop died is replaced."""
-        if not self.scheduler.looping:
+        if self.scheduler is None or not self.scheduler.looping:
             raise EngineError(f"the scheduler of {self.plan.name} is not running")
 
     async def handle_request(self, req: ForwardedRequest) -> AsyncIterator[ResponseHead | bytes]:
@@ -119,15 +128,14 @@ class ModelReplica:
         finally:
             gone.set()  # the ingress stopped reading: the app sees its client leave
             if not task.done():
-                try:
+                try:  # the app ends its response on the disconnect (cancelling the slot) ...
                     await asyncio.wait_for(asyncio.shield(task), 2.0)
-                except (asyncio.TimeoutError, Exception):
+                except Exception:  # ... or is cancelled
                     task.cancel()
 
     def __del__(self) -> None:
-        scheduler = getattr(self, "scheduler", None)  # absent when __init__ failed
-        if scheduler is not None:
-            scheduler.stop(join_s=2.0)
+        if self.scheduler is not None:
+            self.scheduler.stop(join_s=2.0)
 
 
 def _scope(req: ForwardedRequest) -> dict:

@@ -23,6 +23,7 @@ import enum
 import logging
 import threading
 import time
+from typing import Any
 
 from ..errors import EngineError, RouterError
 from ..router import ChildServer, ModelStatus, Router
@@ -246,13 +247,14 @@ def deployer_actor(env: dict[str, str]):
     """A handle to a (new) actor whose `deploy(plan)` runs deploy() there, one at a time."""
     import ray
 
-    @ray.remote(num_cpus=0, max_concurrency=1)
     class Deployer:
         def deploy(self, plan: ReplicaPlan) -> None:
             deploy(plan)
 
-    options: dict[str, object] = {"runtime_env": {"env_vars": dict(env)}} if env else {}
-    return Deployer.options(**options).remote()  # type: ignore[attr-defined]
+    options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1}
+    if env:
+        options["runtime_env"] = {"env_vars": dict(env)}
+    return ray.remote(Deployer).options(**options).remote()
 
 
 def _delete(name: str) -> None:
