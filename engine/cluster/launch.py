@@ -32,6 +32,10 @@ class ClusterError(EngineError):
 
 
 def run_cluster(args: argparse.Namespace) -> int:
+    if args.ray and "RAY_AUTH_MODE" not in os.environ and _has_token():
+        # as `ray start` does, and before Ray reads its configuration (at import): a cluster
+        # started with a token (Ray's default for new clusters) takes only drivers that present it
+        os.environ["RAY_AUTH_MODE"] = "token"
     try:
         import ray
         from ray import serve
@@ -86,6 +90,14 @@ def connect(address: str | None) -> bool:
     if "error" in result:
         raise ClusterError(f"could not connect to Ray at {address}: {result['error']}")
     return False
+
+
+def _has_token() -> bool:
+    """Ray's auth token is at hand: RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return True
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or str(Path.home() / ".ray" / "auth_token")
+    return Path(path).is_file()
 
 
 def probe(address: str) -> None:
