@@ -103,3 +103,19 @@ def test_replica_verifies_the_sha256(tmp_path):
     verify_sha256(f, hashlib.sha256(f.read_bytes()).hexdigest())
     with pytest.raises(ModelFileError, match="does not start"):
         verify_sha256(f, "0" * 64)
+
+
+def test_a_hub_model_declares_its_listed_size_plus_a_margin(model, monkeypatch):
+    from engine import hub
+    from engine.cluster.plan import UNKNOWN_SIZE_FACTOR
+
+    listed = hub.HubFile("u/r", "r-Q8_0.gguf", "Q8_0", (hub.HubPart("r-Q8_0.gguf", 1000),))
+    monkeypatch.setattr(hub, "resolve", lambda spec, filename=None, token=None: listed)
+    spec = ModelSpec("m", "preset", "", (("--hf-repo", "u/r:Q8_0"),))
+    plan = make_plan(spec, [], parse_args)
+    assert plan.memory_bytes == int(1000 * UNKNOWN_SIZE_FACTOR) and plan.sha256 == ""
+    cached = hub.HubFile("u/r", "r-Q8_0.gguf", "Q8_0", listed.parts, local_path=model)
+    monkeypatch.setattr(hub, "resolve", lambda spec, filename=None, token=None: cached)
+    from engine.model_info import inspect_model
+
+    assert make_plan(spec, [], parse_args).memory_bytes == inspect_model(model).estimate(n_ctx=4096).total_bytes

@@ -185,9 +185,22 @@ def file_sha256(path: Path) -> str:
 
 def estimate_bytes(args: argparse.Namespace, n_slots: int, path: Path | None) -> int:
     """One replica's memory: the engine's estimate (weights, KV cache, buffers) when the file
-    can be read here; else the file's size plus a margin; 0 when even that is unknown."""
+    can be read here (a path, a cached starter model or Hub file); else the file's size (the
+    store's, the Hub listing's) plus a margin; 0 when even that is unknown."""
     from .. import params
 
+    repo = params.hf_repo(args)
+    if path is None and repo is not None:
+        from .. import hub
+
+        try:  # the Hub's listing (or this machine's cache of it): sizes, and the file when cached
+            file = hub.resolve(repo, args.hf_file or None, args.hf_token or None)
+        except EngineError as e:
+            log.warning("%s: no memory estimate (%s); Ray places its replicas by CPUs alone", repo, e)
+            return 0
+        if file.local_path is None:
+            return int(file.size * UNKNOWN_SIZE_FACTOR) if file.size else 0
+        path = file.local_path
     if path is None and args.model:
         from ..model_store import cached_path, resolve
 
