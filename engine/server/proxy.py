@@ -1,5 +1,7 @@
-"""The router's HTTP app: model management endpoints plus a plain-HTTP proxy that sends each
-inference request to the child server holding the requested `model` (engine/router.py).
+"""The router's HTTP app: model management endpoints plus a proxy that sends each inference
+request to the child server holding the requested `model` (engine/router.py), over plain HTTP;
+`serve --ray` puts its RayUpstream (engine/cluster/upstream.py) behind the same `Upstream`
+protocol, so both modes share every endpoint here.
 
 What llama-server's router answers (tools/server/server-models.cpp `init_routes`): the model is
 the body's `model` for a POST, the `model` query parameter for a GET; `?autoload=true|false`
