@@ -32,11 +32,15 @@ GLOBAL_SECTION = "*"
 DEFAULT_SECTION = "default"  # keys before the first [section]
 DEFAULT_STOP_TIMEOUT_S = 10
 # keys that are not flags: they steer the router itself
-PRESET_ONLY = {"load-on-startup", "stop-timeout", "dedup-cache-models"}
+PRESET_ONLY = {"load-on-startup", "stop-timeout", "dedup-cache-models",
+               # `serve --ray` (engine/cluster): the model's file digest and its replicas
+               "sha256", "min-replicas", "max-replicas", "target-ongoing-requests", "upscale-delay-s",
+               "downscale-delay-s"}
+CLUSTER_KEYS = PRESET_ONLY - {"load-on-startup", "stop-timeout", "dedup-cache-models"}
 # flags the router decides for every child (listening address, keys, router-mode options):
 # dropped from presets and from the router's command line before they reach a child
 RESERVED_DESTS = {"host", "port", "alias", "api_key", "api_key_file", "models_dir", "models_max",
-                  "models_preset", "models_autoload", "ready_json", "ssl_key_file", "ssl_cert_file"}
+                  "models_preset", "models_autoload", "ready_json", "ssl_key_file", "ssl_cert_file", "ray"}
 # model sources are replaced (a preset's `model = ...` wins over a directory's file) but never
 # taken from the router's command line (a router has no -m)
 MODEL_DESTS = {"model", "hf_repo", "hf_file"}
@@ -61,6 +65,7 @@ class ModelSpec:
     stop_timeout: int = DEFAULT_STOP_TIMEOUT_S
     hidden: bool = False  # deduplicated from GET /models, still routable
     preset_ini: str = ""  # the model's effective options as INI, for GET /models
+    cluster: tuple[tuple[str, str], ...] = ()  # `serve --ray` keys (sha256, replicas...), as given
 
     def args(self) -> list[str]:
         """The child's flags (before the router adds host, port, alias)."""
@@ -321,7 +326,8 @@ class Catalogue:
         return ModelSpec(name=name, source=source, path=opts.get("model", path), options=rendered,
                          aliases=tuple(a for a in aliases if a != name), tags=tuple(tags),
                          load_on_startup=is_truthy(extra.get("load-on-startup", "")),
-                         stop_timeout=stop_timeout, preset_ini=preset_ini)
+                         stop_timeout=stop_timeout, preset_ini=preset_ini,
+                         cluster=tuple((k, v) for k, v in extra.items() if k in CLUSTER_KEYS))
 
     def _deduplicated(self, sections: dict[str, dict[str, str]], glob: dict[str, str],
                       cached: dict[str, Path]) -> set[str]:

@@ -283,6 +283,11 @@ class Scheduler:
     def stopping(self) -> bool:
         return self._stopping.is_set()
 
+    @property
+    def looping(self) -> bool:
+        """The loop runs on its own thread (start()); False once it has died or stopped."""
+        return self._thread is not None and self._thread.is_alive()
+
     def n_pending(self) -> int:
         return len(self._pending)
 

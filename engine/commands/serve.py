@@ -20,6 +20,8 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 from .. import params
 from ..errors import EngineError
@@ -76,6 +78,10 @@ def run(args: argparse.Namespace) -> int:
         from ..server import vertex
 
         args.port = vertex.listen_port(args.port)  # Vertex AI prediction mode: AIP_HTTP_PORT wins
+    if args.ray is not None:
+        from ..cluster.launch import run_cluster
+
+        return run_cluster(args)
     if not args.model and params.hf_repo(args) is None:
         return run_router(args)
     _clamp_batch(args)  # 2.
@@ -115,6 +121,37 @@ def run(args: argparse.Namespace) -> int:
         handle.stop(min(3.0, max(0.5, stopper.deadline - time.monotonic())))
     print("main: server stopped", file=sys.stderr)
     return 0
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """`serve` flags parsed as the CLI parses them (unknown flags kept in `unknown_flags`)."""
+    args, unknown = _serve_parser().parse_known_args(argv)
+    args.unknown_flags = unknown
+    return args
+
+
+def in_process_server(argv: list[str], verify: Callable[[Path], None] | None = None):
+    """One model's server without a listener, for a Ray replica (engine/cluster/replica.py):
+    the model resolved (a file, or pulled from the starter-model store or the Hub on this
+    machine), `verify(path)`-ed, loaded, its scheduler looping on a thread of its own.
+
+    Returns:
+        (scheduler, the single-model ASGI app).
+    """
+    args = parse_args(argv)
+    _setup_logging(args)
+    _check_flags(args)
+    path = params.resolve_model_path(args)
+    if verify is not None:
+        verify(path)
+    args.model, args.hf_repo = str(path), None
+    n_slots = 4 if args.parallel < 0 else args.parallel
+    n_threads = _init_backend(args)
+    from ..server import ServerState
+
+    state = ServerState(_server_options(args))
+    scheduler = _load(args, state, n_threads, n_slots).start(name=f"ggstation-scheduler {args.alias or path.name}")
+    return scheduler, _app(state)
 
 
 def _app(state):

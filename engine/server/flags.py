@@ -239,6 +239,10 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                    help="router mode: most models loaded at once (default: 4, 0 = unlimited)")
     g.add_argument("--models-autoload", dest="models_autoload", action=argparse.BooleanOptionalAction,
                    default=True, help="router mode: load a model on its first request (default: enabled)")
+    g.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="serve the models from a Ray Serve application (needs the `cluster` extra): on the "
+                        "cluster at ADDRESS (host:port of `ray start --head`, or ray://host:port), or on a "
+                        "local Ray instance started for it when ADDRESS is omitted")
     g.add_argument("--ready-json", action="store_true", help=argparse.SUPPRESS)
     for opts, nargs in IGNORED:
         names = [o for o in opts.split() if not _has(parser, o)]

@@ -1,5 +1,7 @@
-"""The router's HTTP app: model management endpoints plus a plain-HTTP proxy that sends each
-inference request to the child server holding the requested `model` (engine/router.py).
+"""The router's HTTP app: model management endpoints plus a proxy that sends each inference
+request to the child server holding the requested `model` (engine/router.py), over plain HTTP;
+`serve --ray` puts its RayUpstream (engine/cluster/upstream.py) behind the same `Upstream`
+protocol, so both modes share every endpoint here.
 
 What llama-server's router answers (tools/server/server-models.cpp `init_routes`): the model is
 the body's `model` for a POST, the `model` query parameter for a GET; `?autoload=true|false`
@@ -14,7 +16,8 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Protocol
 
 import anyio
 import anyio.to_thread
@@ -50,13 +53,33 @@ DISCONNECT_POLL_S = 0.1
 MAX_WAITING = 1024  # requests that may wait for their model at once
 
 
-def create_router_app(router: Router, state: ServerState) -> FastAPI:
-    """FastAPI app for router mode; `state` carries the options (API keys, CORS, body limit)."""
+class Upstream(Protocol):
+    """How the router app reaches a running model: over HTTP to its child server
+    (HttpUpstream), or through a Ray Serve deployment handle (engine/cluster/upstream.py)."""
+
+    async def forward(self, request: Request, child: ChildServer, body: bytes,
+                      release: Callable[[], None]) -> Response:
+        """The model's answer to `request` (whose body was read already: `body`); `release`
+        runs once that answer has been relayed, or has failed."""
+        ...
+
+    async def model_info(self, child: ChildServer) -> dict | None:
+        """The model's own /v1/models entry, or None when it does not answer in time."""
+        ...
+
+    async def health(self) -> dict:
+        """GET /health: "ok", and what the upstream knows of the models' hosts."""
+        ...
+
+
+def create_router_app(router: Router, state: ServerState, upstream: Upstream | None = None) -> FastAPI:
+    """FastAPI app for router mode; `state` carries the options (API keys, CORS, body limit);
+    `upstream` reaches the models (default: their child servers over HTTP)."""
     state.status = ServerStatus.READY  # the router itself needs no model
     app = FastAPI(title="ggstation router", docs_url=None, redoc_url=None)
     app.state.server = state
     app.state.router = router
-    app.state.upstream = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0))
+    app.state.upstream = upstream if upstream is not None else HttpUpstream()
     prefix = state.options.api_prefix.rstrip("/")
 
     @app.exception_handler(APIError)
@@ -68,8 +91,9 @@ def create_router_app(router: Router, state: ServerState) -> FastAPI:
         return error_response(exc.status_code, f"File Not Found: {request.url.path}"
                               if exc.status_code == 404 else str(exc.detail))
 
-    async def health():
-        return {"status": "ok"}
+    async def health(request: Request):
+        upstream: Upstream = request.app.state.upstream
+        return await upstream.health()
 
     async def models(request: Request):
         if request.query_params.get("reload") or router.need_reload:
@@ -185,16 +209,10 @@ async def _listing(app: FastAPI) -> list[dict]:
 
 
 async def _child_info(app: FastAPI, child: ChildServer) -> dict | None:
-    """A loaded child's own /v1/models entry (meta, capabilities), fetched once per load (a
-    child that does not answer in time is listed without it, and not asked again)."""
-    client: httpx.AsyncClient = app.state.upstream
-    try:
-        r = await client.get(child.url + "/v1/models", headers={"authorization": f"Bearer {child.api_key}"},
-                             timeout=INFO_TIMEOUT_S)
-        data = r.json().get("data") or [{}]
-        info = data[0] if isinstance(data[0], dict) else {}
-    except (httpx.HTTPError, ValueError, AttributeError):
-        info = {}
+    """A loaded model's own /v1/models entry (meta, capabilities), fetched once per load (a
+    model that does not answer in time is listed without it, and not asked again)."""
+    upstream: Upstream = app.state.upstream
+    info = await upstream.model_info(child) or {}
     if child.status in (ModelStatus.LOADED, ModelStatus.SLEEPING):
         child.loaded_info = info
     return info
@@ -235,8 +253,9 @@ async def _proxy(request: Request):
     autoload_param = request.query_params.get("autoload")
     autoload = router.autoload if not autoload_param else autoload_param in ("true", "1")
     child = await _acquire(request, router, name, autoload, touch=request.method == "POST")
+    upstream: Upstream = request.app.state.upstream
     try:
-        return await _forward(request, router, child, body)
+        return await upstream.forward(request, child, body, lambda: router.release(child))
     except BaseException:
         router.release(child)
         raise
@@ -276,35 +295,51 @@ def _waiters(app: FastAPI) -> anyio.CapacityLimiter:
     return limiter
 
 
-async def _forward(request: Request, router: Router, child: ChildServer, body: bytes):
-    """Send the request to `child` and relay its answer; the child is released when the
-    answer has been relayed (or has failed)."""
-    name = child.name
-    headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
-    headers["authorization"] = f"Bearer {child.api_key}"
-    client: httpx.AsyncClient = request.app.state.upstream
-    params: list[tuple[str, str | int | float | bool | None]] = [
-        (k, v) for k, v in request.query_params.multi_items() if k not in ("model", "autoload")]
-    upstream = client.build_request(request.method, child.url + request.url.path, params=params,
-                                    headers=headers, content=body)
-    try:
-        resp = await client.send(upstream, stream=True)
-    except (httpx.ConnectError, httpx.ConnectTimeout) as e:
-        raise APIError(503, f"model '{name}' is not reachable: {e}") from None
-    except httpx.TransportError as e:
-        raise await _broken(name, child, e) from None
-    out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS}
-    if resp.headers.get("content-type", "").startswith("text/event-stream"):
-        return _Relay(resp, lambda e: _broken(name, child, e), lambda: router.release(child),
-                      status_code=resp.status_code, headers=out_headers)
-    try:  # a plain answer is read whole, so a child that dies half-way is still a clean 502
-        content = await resp.aread()
-    except httpx.TransportError as e:
-        raise await _broken(name, child, e) from None
-    finally:
-        await resp.aclose()
-    router.release(child)
-    return Response(content, status_code=resp.status_code, headers=out_headers)
+class HttpUpstream:
+    """Each model is a child server on this machine, reached over plain HTTP."""
+
+    def __init__(self) -> None:
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0))
+
+    async def health(self) -> dict:
+        return {"status": "ok"}
+
+    async def model_info(self, child: ChildServer) -> dict | None:
+        try:
+            r = await self.client.get(child.url + "/v1/models", headers={"authorization": f"Bearer {child.api_key}"},
+                                      timeout=INFO_TIMEOUT_S)
+            data = r.json().get("data") or [{}]
+            return data[0] if isinstance(data[0], dict) else {}
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+
+    async def forward(self, request: Request, child: ChildServer, body: bytes,
+                      release: Callable[[], None]) -> Response:
+        name = child.name
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+        headers["authorization"] = f"Bearer {child.api_key}"
+        params: list[tuple[str, str | int | float | bool | None]] = [
+            (k, v) for k, v in request.query_params.multi_items() if k not in ("model", "autoload")]
+        upstream = self.client.build_request(request.method, child.url + request.url.path, params=params,
+                                             headers=headers, content=body)
+        try:
+            resp = await self.client.send(upstream, stream=True)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+            raise APIError(503, f"model '{name}' is not reachable: {e}") from None
+        except httpx.TransportError as e:
+            raise await _broken(name, child, e) from None
+        out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS}
+        if resp.headers.get("content-type", "").startswith("text/event-stream"):
+            events = relay_events(resp.aiter_raw(), httpx.TransportError, lambda e: _broken(name, child, e))
+            return Relay(events, resp.aclose, release, status_code=resp.status_code, headers=out_headers)
+        try:  # a plain answer is read whole, so a child that dies half-way is still a clean 502
+            content = await resp.aread()
+        except httpx.TransportError as e:
+            raise await _broken(name, child, e) from None
+        finally:
+            await resp.aclose()
+        release()
+        return Response(content, status_code=resp.status_code, headers=out_headers)
 
 
 async def _broken(name: str, child: ChildServer, e: Exception) -> APIError:
@@ -320,14 +355,14 @@ async def _broken(name: str, child: ChildServer, e: Exception) -> APIError:
     return APIError(502, f"model '{name}' stopped before finishing its answer: {why}", "server_error")
 
 
-class _Relay(StreamingResponse):
-    """Streams the child's events; closes the upstream connection however it ends, so a client
-    that goes away cancels the child's generation too, and then releases the child."""
+class Relay(StreamingResponse):
+    """Streams a model's events; closes the upstream however it ends (`close`), so a client
+    that goes away cancels the model's generation too, and then releases the model."""
 
-    def __init__(self, upstream: httpx.Response, broken: Callable[[Exception], Awaitable[APIError]],
+    def __init__(self, events: AsyncIterator[bytes], close: Callable[[], Awaitable[None]],
                  release: Callable[[], None], **kw):
-        super().__init__(_events(upstream, broken), **kw)
-        self._upstream = upstream
+        super().__init__(events, **kw)
+        self._close = close
         self._release = release
 
     async def __call__(self, scope, receive, send):
@@ -335,24 +370,25 @@ class _Relay(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             try:
-                await self._upstream.aclose()
+                await self._close()
             finally:
                 self._release()
 
 
-async def _events(upstream: httpx.Response, broken: Callable[[Exception], Awaitable[APIError]]):
-    """Whole SSE events from the child. If it dies mid-stream, its half event is dropped and
-    an error event ends the stream (as llama-server reports errors once streaming), so the
-    client gets a well-formed body instead of a broken chunked read."""
+async def relay_events(chunks: AsyncIterator[bytes], broken_errors: type[Exception] | tuple[type[Exception], ...],
+                       broken: Callable[[Exception], Awaitable[APIError]]) -> AsyncIterator[bytes]:
+    """Whole SSE events from the model. If it dies mid-stream (one of `broken_errors`), its
+    half event is dropped and an error event ends the stream (as llama-server reports errors
+    once streaming), so the client gets a well-formed body instead of a broken chunked read."""
     pending = b""
     try:
-        async for chunk in upstream.aiter_raw():
+        async for chunk in chunks:
             pending += chunk
             cut = pending.rfind(b"\n\n") + 2
             if cut >= 2:
                 yield pending[:cut]
                 pending = pending[cut:]
-    except httpx.TransportError as e:
+    except broken_errors as e:
         yield sse((await broken(e)).body())
         return
     if pending:
