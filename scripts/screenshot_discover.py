@@ -13,7 +13,6 @@ import argparse
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -21,8 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from PySide6.QtCore import QEventLoop, QTimer  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
+from qt_wait import wait_until  # noqa: E402
 
 import hub_server  # noqa: E402
 from app.engine_adapter import EngineAdapter  # noqa: E402
@@ -31,17 +30,6 @@ from app.main_window import TAB_MODELS, MainWindow  # noqa: E402
 from app.theme import apply_theme  # noqa: E402
 
 SMOL, GEMMA = "local-demo/SmolLM2-135M-Instruct-GGUF", "local-demo/gemma-3-270m-it-GGUF"
-
-
-def wait_until(cond, timeout: float = 60.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        loop = QEventLoop()
-        QTimer.singleShot(20, loop.quit)
-        loop.exec()
-        if cond():
-            return True
-    return False
 
 
 def main() -> int:

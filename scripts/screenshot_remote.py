@@ -15,7 +15,6 @@ import argparse
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -23,8 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from PySide6.QtCore import QEventLoop, QTimer  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
+from qt_wait import wait_until  # noqa: E402
 
 import openai_server  # noqa: E402
 from app.dto import SamplingSettings  # noqa: E402
@@ -37,17 +36,6 @@ from test_server_process import ServeProcess  # noqa: E402
 OUT = ROOT / "docs" / "screenshots"
 KEY = "sk-demo-key"
 QUESTION = "Name three uses of a home server, in one short sentence each."
-
-
-def wait_until(cond, timeout: float = 120.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        loop = QEventLoop()
-        QTimer.singleShot(20, loop.quit)
-        loop.exec()
-        if cond():
-            return True
-    return False
 
 
 def save(widget, name: str) -> None:

@@ -14,7 +14,6 @@ import argparse
 import os
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
@@ -22,8 +21,8 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from PySide6.QtCore import QEventLoop, QTimer  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
+from qt_wait import wait_until  # noqa: E402
 
 from app.dto import LoadParams, SamplingSettings, ServerSettings  # noqa: E402
 from app.machine import free_port  # noqa: E402
@@ -33,17 +32,6 @@ from app.theme import apply_theme  # noqa: E402
 
 OUT = ROOT / "docs" / "screenshots"
 QUESTIONS = ("What is a KV cache? One short paragraph.", "Show a Python function that adds two numbers.")
-
-
-def wait_until(cond, timeout: float = 120.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        loop = QEventLoop()
-        QTimer.singleShot(20, loop.quit)
-        loop.exec()
-        if cond():
-            return True
-    return False
 
 
 def make_engine(args, tmp: Path):

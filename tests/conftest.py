@@ -82,3 +82,21 @@ def perf_figure(request):
             assert value >= at_least, f"{name}: {value:.3g} {unit}, under the bound {at_least} {unit}"
 
     return check
+
+
+# --- a real server ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ggstation(tmp_path_factory):
+    """`python -m engine serve` of a tiny llama in a child process: 2 slots, n_ctx 2048,
+    --metrics, alias "tiny", API key "sekret" (the remote-server client's tests)."""
+    from ggufgen import write_tiny_model
+    from test_server_process import ServeProcess
+
+    path = tmp_path_factory.mktemp("tiny") / "tiny-llama.gguf"
+    write_tiny_model(path, arch="llama")
+    p = ServeProcess(path, "-np", "2", "-c", "2048", "--metrics", "--alias", "tiny", "--api-key", "sekret")
+    try:
+        p.wait_ready()
+        yield p
+    finally:
+        p.stop()

@@ -22,7 +22,6 @@ from engine import (
     stream_chat,
 )
 from engine.remote import KIND_GGSTATION, KIND_LLAMA, KIND_OPENAI, ChatStream, chat_body, parse_metrics
-from test_server_process import ServeProcess
 
 MESSAGES = [{"role": "user", "content": "Hi"}]
 
@@ -230,20 +229,6 @@ def test_parse_metrics_reads_llamacpp_samples():
 
 
 # -- a real ggstation server ----------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def ggstation(tmp_path_factory):
-    from ggufgen import write_tiny_model
-
-    path = tmp_path_factory.mktemp("tiny") / "tiny-llama.gguf"
-    write_tiny_model(path, arch="llama")
-    p = ServeProcess(path, "-np", "2", "-c", "2048", "--metrics", "--alias", "tiny", "--api-key", "sekret")
-    try:
-        p.wait_ready()
-        yield p
-    finally:
-        p.stop()
 
 
 def test_remote_ggstation_server_lists_probes_streams_and_reports_load(ggstation):

@@ -255,21 +255,6 @@ def test_remote_model_gone_and_dropped_connection_are_errors_not_crashes(window,
 # -- a real ggstation server: slots and throughput in the dashboard ------------------------------------
 
 
-@pytest.fixture(scope="module")
-def ggstation(tmp_path_factory):
-    from ggufgen import write_tiny_model
-    from test_server_process import ServeProcess
-
-    path = tmp_path_factory.mktemp("tiny") / "tiny-llama.gguf"
-    write_tiny_model(path, arch="llama")
-    p = ServeProcess(path, "-np", "2", "-c", "2048", "--metrics", "--alias", "tiny", "--api-key", "sekret")
-    try:
-        p.wait_ready()
-        yield p
-    finally:
-        p.stop()
-
-
 def test_remote_ggstation_slots_and_throughput_in_the_dashboard(window, qtbot, ggstation, memory_keyring):
     add_server(window, qtbot, ggstation.url, "sekret", "ggstation box")
     panel, dash = window.picker.remote, window.dashboard

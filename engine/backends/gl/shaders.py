@@ -47,6 +47,16 @@ int i8(uint b) { return int(b << 24) >> 24; }
 // the uint at even byte o from the words lo = W[o >> 2] and hi = W[(o >> 2) + 1]: a run of
 // uints at o, o + 4, ... then costs one load each (weight buffers end with a spare uint)
 uint join(uint lo, uint hi, uint o) { return (o & 2u) == 0u ? lo : (lo >> 16) | (hi << 16); }
+// Q4_K's 6-bit scale and min of sub-block j from the 12 bytes at b + 4 (ggml's get_scale_min_k4)
+void scale_min_k4(uint b, uint j, out uint sc, out uint m) {
+    if (j < 4u) {
+        sc = rd8(b + 4u + j) & 63u;
+        m = rd8(b + 8u + j) & 63u;
+    } else {
+        sc = (rd8(b + 8u + j) & 15u) | ((rd8(b + j) >> 6) << 4);
+        m = (rd8(b + 8u + j) >> 4) | ((rd8(b + 4u + j) >> 6) << 4);
+    }
+}
 """
 
 # Each: float dot32(uint rowb, uint sb, int xo) -- the dot product of weights sb*32 ..
@@ -121,13 +131,7 @@ float dot32(uint rowb, uint sb, int xo) {
 float dot32(uint rowb, uint sb, int xo) {
     uint b = rowb + (sb >> 3) * 144u, j = sb & 7u;
     uint sc, m;
-    if (j < 4u) {
-        sc = rd8(b + 4u + j) & 63u;
-        m = rd8(b + 8u + j) & 63u;
-    } else {
-        sc = (rd8(b + 8u + j) & 15u) | ((rd8(b + j) >> 6) << 4);
-        m = (rd8(b + 8u + j) >> 4) | ((rd8(b + 4u + j) >> 6) << 4);
-    }
+    scale_min_k4(b, j, sc, m);
     uint q0 = b + 16u + 32u * (j >> 1);
     vec4 a = vec4(0.0), sx = vec4(0.0);
     for (uint k = 0u; k < 8u; k++) {
@@ -227,13 +231,7 @@ void blk(uint rowb, uint sb, out vec4 w[8]) {
 void blk(uint rowb, uint sb, out vec4 w[8]) {
     uint b = rowb + (sb >> 3) * 144u, j = sb & 7u;
     uint sc, m;
-    if (j < 4u) {
-        sc = rd8(b + 4u + j) & 63u;
-        m = rd8(b + 8u + j) & 63u;
-    } else {
-        sc = (rd8(b + 8u + j) & 15u) | ((rd8(b + j) >> 6) << 4);
-        m = (rd8(b + 8u + j) >> 4) | ((rd8(b + 4u + j) >> 6) << 4);
-    }
+    scale_min_k4(b, j, sc, m);
     float dl = rdh(b) * float(sc), ml = rdh(b + 2u) * float(m);
     uint q0 = b + 16u + 32u * (j >> 1);
     for (uint k = 0u; k < 8u; k++) {
