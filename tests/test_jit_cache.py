@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from engine import jit, ops
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -18,6 +20,7 @@ def _index_path(dispatcher) -> str:
     return dispatcher._cache._cache_file._index_path
 
 
+@pytest.mark.filterwarnings("ignore::numba.NumbaPerformanceWarning")  # `body` has nothing to parallelise
 def test_serial_and_parallel_kernels_have_their_own_cache_entries():
     # numba keys a cache entry by the function's name and signature, not its flags: one entry
     # for both made the parallel attention kernel load the serial one's machine code
