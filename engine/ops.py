@@ -12,7 +12,8 @@ import math
 import numba
 import numpy as np
 from numba import prange, types
-from numba.extending import overload
+from numba.core import cgutils
+from numba.extending import intrinsic, overload
 from numba.np.ufunc.parallel import _launch_threads
 
 from . import parallel
@@ -156,6 +157,45 @@ _TWO112 = np.float32(2.0**112)
 _NEG = np.float32(-1e30)  # "minus infinity" that fastmath (no-infs) keeps finite
 
 
+@intrinsic
+def _f16_row(typingctx, src, s, j, g, dst, jj):
+    """dst[jj, :D] = src[s, j, g, :D] as float32: src (S, C, G, D) float16 bits, D a multiple of
+    16, 16 halves per step through quants._ir's half_to_float (one vcvtph2ps with F16C, vector
+    integer arithmetic without). Its machine code is cached with the kernels that call it (in
+    this file's cache entries): an edit to half_to_float needs this file touched too."""
+    sig = types.void(src, s, j, g, dst, jj)
+
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+
+        from .quants._ir import _arr, make_emit
+
+        srcv, sv, jv, gv, dstv, jjv = args
+        i64, i8p = ir.IntType(64), ir.IntType(8).as_pointer()
+        v16h, v16f = ir.VectorType(ir.IntType(16), 16), ir.VectorType(ir.FloatType(), 16)
+
+        def idx(i):
+            return context.cast(builder, args[i], signature.args[i], types.int64)
+
+        sa = _arr(context, builder, signature.args[0], srcv)
+        da = _arr(context, builder, signature.args[4], dstv)
+        st = cgutils.unpack_tuple(builder, sa.strides)
+        off = builder.add(builder.add(builder.mul(idx(1), st[0]), builder.mul(idx(2), st[1])),
+                          builder.mul(idx(3), st[2]))
+        p = builder.gep(builder.bitcast(sa.data, i8p), [off])
+        q = builder.gep(builder.bitcast(da.data, i8p),
+                        [builder.mul(idx(5), cgutils.unpack_tuple(builder, da.strides)[0])])
+        em = make_emit(context, builder)
+        n16 = builder.udiv(cgutils.unpack_tuple(builder, sa.shape)[3], ir.Constant(i64, 16))
+        with cgutils.for_range(builder, n16) as loop:
+            hp = builder.gep(p, [builder.mul(loop.index, ir.Constant(i64, 32))])
+            f = em.half_to_float(builder.load(builder.bitcast(hp, v16h.as_pointer()), align=2))
+            fp = builder.gep(q, [builder.mul(loop.index, ir.Constant(i64, 64))])
+            builder.store(f, builder.bitcast(fp, v16f.as_pointer()), align=4)
+
+    return sig, codegen
+
+
 def _load_block(src, s, j0, n, g, bits, vals):
     """src[s, j0:j0+n, g, :] -> vals[:n] float32, src float32 or float16 bits (uint16)."""
 
@@ -168,6 +208,10 @@ def _load_block_impl(src, s, j0, n, g, bits, vals):
             # exponent+mantissa into float32 position and rescale by 2^112 (exact for normals
             # and subnormals); apply the sign last.
             D = src.shape[3]
+            if D % 16 == 0:  # every head size in practice: 16 halves per conversion
+                for jj in range(n):
+                    _f16_row(src, s, j0 + jj, g, vals, jj)  # type: ignore[call-arg]  # @intrinsic drops typingctx
+                return
             for jj in range(n):
                 for d in range(D):
                     bits[jj, d] = np.uint32(src[s, j0 + jj, g, d] & 0x7FFF) << 13
