@@ -196,6 +196,93 @@ def _f16_row(typingctx, src, s, j, g, dst, jj):
     return sig, codegen
 
 
+# exp(x) = 2^k e^r, k = round(x log2 e), |r| <= ln2 / 2, e^r by Cephes' expf polynomial (about
+# one ulp); x clamped to [-87.3, 88.7] so that 2^k stays a normal float
+_EXP_LO, _EXP_HI, _LOG2E = -87.3, 88.7, 1.4426950408889634
+_LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4
+_EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1,
+             5.0000001201e-1)
+
+
+def _emit_exp(builder, x):
+    """IR for exp(x) of a float or a <16 x float>, arithmetic only (no libm call), so that a
+    block of scores takes 16 exponentials per few instructions where math.exp is one call each."""
+    from llvmlite import ir
+
+    ty = x.type
+    vec = isinstance(ty, ir.VectorType)
+    ity = ir.VectorType(ir.IntType(32), 16) if vec else ir.IntType(32)
+
+    def c(v, t=ty):
+        return ir.Constant(t, [v] * 16 if vec else v)
+
+    def fast(ins):
+        ins.flags.append("fast")
+        return ins
+
+    def mul(a, b):
+        return fast(builder.fmul(a, b))
+
+    def add(a, b):
+        return fast(builder.fadd(a, b))
+
+    floor = builder.module.declare_intrinsic("llvm.floor.v16f32" if vec else "llvm.floor.f32",
+                                             fnty=ir.FunctionType(ty, [ty]))
+    x = builder.select(builder.fcmp_ordered("<", x, c(_EXP_LO)), c(_EXP_LO), x)
+    x = builder.select(builder.fcmp_ordered(">", x, c(_EXP_HI)), c(_EXP_HI), x)
+    k = builder.call(floor, [add(mul(x, c(_LOG2E)), c(0.5))])
+    r = fast(builder.fsub(fast(builder.fsub(x, mul(k, c(_LN2_HI)))), mul(k, c(_LN2_LO))))
+    p = c(_EXP_POLY[0])
+    for coef in _EXP_POLY[1:]:
+        p = add(mul(p, r), c(coef))
+    p = add(add(mul(p, mul(r, r)), r), c(1.0))
+    two_k = builder.bitcast(builder.shl(builder.add(builder.fptosi(k, ity), c(127, ity)), c(23, ity)), ty)
+    return mul(p, two_k)
+
+
+@intrinsic
+def _exp_row(typingctx, sc, r, n, m):
+    """sc[r, :n] = exp(sc[r, :n] - m), returning their float32 sum: a block's softmax weights
+    and their total (sc a C-contiguous 2-D float32 array)."""
+    sig = types.float32(sc, r, n, m)
+
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+
+        i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
+        v16f = ir.VectorType(f32, 16)
+        a = context.make_array(signature.args[0])(context, builder, args[0])
+        rr, nn = (context.cast(builder, args[i], signature.args[i], types.int64) for i in (1, 2))
+        m = context.cast(builder, args[3], signature.args[3], types.float32)
+        row = builder.gep(builder.bitcast(a.data, ir.IntType(8).as_pointer()),
+                          [builder.mul(rr, cgutils.unpack_tuple(builder, a.strides)[0])])
+        p = builder.bitcast(row, f32.as_pointer())
+        msplat = builder.shuffle_vector(
+            builder.insert_element(ir.Constant(v16f, ir.Undefined), m, ir.Constant(i32, 0)),
+            ir.Constant(v16f, ir.Undefined), ir.Constant(ir.VectorType(i32, 16), [0] * 16))
+        vsum = cgutils.alloca_once_value(builder, ir.Constant(v16f, [0.0] * 16))
+        n16 = builder.udiv(nn, ir.Constant(i64, 16))
+        with cgutils.for_range(builder, n16) as loop:
+            vp = builder.bitcast(builder.gep(p, [builder.mul(loop.index, ir.Constant(i64, 16))]),
+                                 v16f.as_pointer())
+            e = _emit_exp(builder, builder.fsub(builder.load(vp, align=4), msplat))
+            builder.store(e, vp, align=4)
+            builder.store(builder.fadd(builder.load(vsum), e), vsum)
+        acc = builder.load(vsum)
+        tot = cgutils.alloca_once_value(builder, ir.Constant(f32, 0.0))
+        for i in range(16):
+            builder.store(builder.fadd(builder.load(tot), builder.extract_element(acc, ir.Constant(i32, i))), tot)
+        done = builder.mul(n16, ir.Constant(i64, 16))
+        with cgutils.for_range(builder, builder.sub(nn, done)) as loop:
+            sp = builder.gep(p, [builder.add(done, loop.index)])
+            e = _emit_exp(builder, builder.fsub(builder.load(sp), m))
+            builder.store(e, sp)
+            builder.store(builder.fadd(builder.load(tot), e), tot)
+        return builder.load(tot)
+
+    return sig, codegen
+
+
 def _load_block(src, s, j0, n, g, bits, vals):
     """src[s, j0:j0+n, g, :] -> vals[:n] float32, src float32 or float16 bits (uint16)."""
 
@@ -311,12 +398,7 @@ def _attn_item(q, k, v, seq, base, pos, window, scale, softcap, n_split, split_l
             m_old = pm[it, r]
             m_new = max(m_old, bm)
             c = np.float32(math.exp(m_old - m_new))
-            tot = pl[it, r] * c
-            for jj in range(n):
-                w = np.float32(math.exp(sc[r, jj] - m_new))
-                sc[r, jj] = w
-                tot += w
-            pl[it, r] = tot
+            pl[it, r] = pl[it, r] * c + _exp_row(sc, r, n, m_new)  # type: ignore[call-arg]
             pm[it, r] = m_new
             if m_new > m_old:
                 for d in range(Dv):

@@ -134,3 +134,26 @@ def test_tokens_of_several_sequences_in_one_pool(L, f16):
     got = np.full((4, H, D), np.nan, np.float32)
     ops.attention_tokens(q, pool_k, pool_v, np.zeros(4, np.int32), pos, 0, 0.2, 0.0, got, sinks, bases[seq])
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 37, 64])  # the 16-wide steps and the scalar tail
+def test_block_exponentials_are_within_three_ulp(n):
+    """The scores' exponentials (ops._exp_row, arithmetic instead of libm's expf) and their sum."""
+    import numba
+
+    @numba.njit
+    def exp_row(sc, r, n, m):
+        return ops._exp_row(sc, r, n, m)
+
+    rng = np.random.default_rng(n)
+    sc = np.zeros((2, 64), np.float32)
+    sc[1, :n] = rng.uniform(-90, 0, n).astype(np.float32)
+    sc[1, : min(n, 3)] = (0.0, -1e-6, -1e30)[: min(n, 3)]  # the max itself, a near tie, "minus infinity"
+    want = np.exp((sc[1, :n] - np.float32(0.25)).astype(np.float64))  # the difference rounds in float32 too
+    total = exp_row(sc, 1, n, np.float32(0.25))
+    got = sc[1, :n].astype(np.float64)
+    tiny = want < 1.2e-38  # clamped to the smallest normal float instead of 0: no weight at all
+    assert np.all(got[tiny] <= 1.3e-38)
+    np.testing.assert_allclose(got[~tiny], want[~tiny], rtol=3.6e-7)
+    assert total == pytest.approx(want.sum(), rel=1e-6)
+    assert not sc[0].any() and not sc[1, n:].any()  # nothing outside row 1's first n
