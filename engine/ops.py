@@ -231,7 +231,8 @@ def _emit_exp(builder, x):
     x = builder.select(builder.fcmp_ordered("<", x, c(_EXP_LO)), c(_EXP_LO), x)
     x = builder.select(builder.fcmp_ordered(">", x, c(_EXP_HI)), c(_EXP_HI), x)
     k = builder.call(floor, [add(mul(x, c(_LOG2E)), c(0.5))])
-    r = fast(builder.fsub(fast(builder.fsub(x, mul(k, c(_LN2_HI)))), mul(k, c(_LN2_LO))))
+    # the two-part ln 2 (Cody-Waite) only works unreassociated: no fast-math flags here
+    r = builder.fsub(builder.fsub(x, builder.fmul(k, c(_LN2_HI))), builder.fmul(k, c(_LN2_LO)))
     p = c(_EXP_POLY[0])
     for coef in _EXP_POLY[1:]:
         p = add(mul(p, r), c(coef))
