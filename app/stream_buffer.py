@@ -16,9 +16,12 @@ import time
 
 from .dto import ReplyStep
 
-FRAME_MS = 33  # ~30 updates a second: smooth to read, and ~1/4 of the tokens/s of a small model
+# 20 updates a second: smooth to read, and on two cores every millisecond the GUI thread takes
+# stalls both decode threads (measured, SmolLM2 128 tokens: 33 ms and 4 % gave 0.63 ms of GUI
+# CPU a token and 79 tokens/s; 50 ms and 2 % give 0.44 ms and 82)
+FRAME_MS = 50
 MAX_FRAME_MS = 250  # a very long reply still grows four times a second
-MAX_GUI_SHARE = 0.04  # of one core, for the GUI thread while a reply streams
+MAX_GUI_SHARE = 0.02  # of one core, for the GUI thread while a reply streams
 
 
 class StepBuffer:
