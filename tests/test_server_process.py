@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -184,6 +185,9 @@ class EndlessStream:
 def test_serve_tiny_sigint_ends_streams_and_exits_0(tiny_path):
     p = ServeProcess(tiny_path, "-np", "2", "-c", "4096")
     p.wait_ready()
+    maps = Path(f"/proc/{p.proc.pid}/maps")
+    if maps.exists():  # -ngl 0: no GPU driver loaded (Mesa's llvmpipe alone is ~100 MB resident)
+        assert "libEGL" not in maps.read_text()
     stream = EndlessStream(p.url)
     assert p.stop(signal.SIGINT) == 0
     # the stream was ended cleanly, with a final chunk
@@ -194,6 +198,7 @@ def test_serve_tiny_sigint_ends_streams_and_exits_0(tiny_path):
     at = {key: next(i for i, ln in enumerate(lines) if key in ln)
           for key in ("server is listening", "main: device CPU (CPU)", "model loaded")}
     assert at["server is listening"] < at["main: device CPU (CPU)"] < at["model loaded"], lines
+    assert any("GPU devices not probed (-ngl 0" in ln for ln in lines), lines
 
 
 @pytest.mark.perf
@@ -227,3 +232,20 @@ def test_serve_hf_unreachable_hub_is_a_clear_error(tmp_path):
     out = subprocess.run([sys.executable, "-m", "engine", "serve", "-hf", "ggml-org/some-model", "--port", "0"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 1 and "ggml-org/some-model: not in the cache" in out.stderr, out.stderr
+
+
+def test_serve_probes_gpus_only_to_offload(monkeypatch, capsys):
+    import engine.backends as backends
+    from engine.backends import DeviceInfo
+    from engine.commands import serve
+
+    probed = []
+    gl0 = DeviceInfo("GL0", "OpenGL", "fake GPU", 8 << 30, 6 << 30)
+    monkeypatch.setattr(backends, "_gpu_devices", lambda: probed.append(1) or [gl0])
+    monkeypatch.setattr(backends, "_devices", None)
+    serve._discover_devices(False)
+    err = capsys.readouterr().err
+    assert not probed and "main: device CPU (CPU)" in err and "GL0" not in err
+    serve._discover_devices(True)
+    err = capsys.readouterr().err
+    assert probed == [1] and "main: device GL0 (OpenGL): fake GPU, 8192 MiB" in err

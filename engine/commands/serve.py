@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
 
         start_child_monitor(lambda: os.kill(os.getpid(), signal.SIGTERM))
     print(f"main: server is listening on {handle.url} - loading the model", file=sys.stderr)
-    _discover_devices()  # 4. the registry, probed while /health already answers "loading"
+    _discover_devices(args.n_gpu_layers != 0)  # 4. the registry, while /health answers "loading"
     try:
         scheduler = _load(args, state, n_threads, n_slots)  # 10.
     except KeyboardInterrupt:
@@ -205,12 +205,16 @@ def _init_backend(args) -> int:
     return n_threads
 
 
-def _discover_devices() -> None:
+def _discover_devices(gpus: bool) -> None:
     """Find the compute devices once (engine.backends.list_devices caches them) and say what
-    was found: the CPU always, a GPU device with its memory or the reason it is unusable."""
-    from ..backends import list_devices
+    was found: the CPU always, a GPU device with its memory or the reason it is unusable.
+    GPUs only when layers are to be offloaded: probing loads their drivers (~100 MB resident
+    for Mesa's llvmpipe) in a server that would never use them."""
+    from ..backends import cpu_device, list_devices
 
-    for d in list_devices():
+    if not gpus:
+        print("main: GPU devices not probed (-ngl 0; --list-devices lists them)", file=sys.stderr)
+    for d in list_devices() if gpus else [cpu_device()]:
         if not d.available:
             print(f"main: device {d.name} ({d.backend}) not usable: {d.reason}", file=sys.stderr)
             continue
