@@ -106,8 +106,7 @@ class Context:
             check_fits(est, cfg, len(model.gguf.tensors), what, log, **kw)
         self.gpu = self._gpu_context(model, params)
         try:
-            self.kv = KVCache(cfg, self.n_ctx_seq, params.n_seq_max, params.type_k, params.type_v,
-                              unified=params.kv_unified, device=self.gpu)
+            self.kv = self._new_kv()
             self.buf = Buffers(cfg, self.n_ubatch, self.n_ctx_seq)
         except (MemoryError, ValueError) as e:  # numpy: "array is too big", or the OS refused
             raise InsufficientMemoryError(
@@ -133,6 +132,12 @@ class Context:
             log.warning("OpenGL: cannot hold the KV cache and compute buffer (%s); this context runs "
                         "every layer on the CPU", e)
             return None
+
+    def _new_kv(self) -> KVCache:
+        """An empty KV cache for these params, its GPU layers' share on self.gpu (if any)."""
+        p = self.params
+        return KVCache(self.cfg, self.n_ctx_seq, p.n_seq_max, p.type_k, p.type_v, unified=p.kv_unified,
+                       device=self.gpu)
 
     def close_gpu(self) -> None:
         """Free the context's GPU buffers (the context must not decode afterwards)."""
@@ -171,11 +176,10 @@ class Context:
         """After a GPU reset: every layer on the CPU from now on, with a fresh KV cache (the
         GPU's share of the old one is gone, so no sequence keeps any of it)."""
         log.error("the GPU was lost: falling back to the CPU for every layer; the KV cache is cleared")
-        p = self.params
         self.gpu = None
         if self.model.gpu is not None:
             self.model.gpu = None  # its buffers died with the context
-        self.kv = KVCache(self.cfg, self.n_ctx_seq, p.n_seq_max, p.type_k, p.type_v, unified=p.kv_unified)
+        self.kv = self._new_kv()
 
     def memory_report(self) -> MemoryReport:
         return memory_report(self)
