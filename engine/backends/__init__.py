@@ -57,18 +57,6 @@ def gpu_placement(n_layer: int, n_gpu_layers: int) -> tuple[int, bool]:
     return max(n_layer + 1 - n_gpu_layers, 0), True
 
 
-def cpu_device() -> DeviceInfo:
-    """The CPU device alone, without probing for GPUs (which loads their drivers: ~100 MB of
-    resident memory for Mesa's llvmpipe, whether or not a layer is ever offloaded)."""
-    global _cpu
-    if _cpu is None:
-        _cpu = _cpu_device()
-    return _cpu
-
-
-_cpu: DeviceInfo | None = None
-
-
 def list_devices(refresh: bool = False) -> list[DeviceInfo]:
     """The CPU first, then every GPU device discovery finds (found once, then cached;
     `refresh` looks again). Never raises: a device that cannot be used is listed with
@@ -82,7 +70,9 @@ def list_devices(refresh: bool = False) -> list[DeviceInfo]:
 _devices: list[DeviceInfo] | None = None
 
 
-def _cpu_device() -> DeviceInfo:
+def cpu_device() -> DeviceInfo:
+    """The CPU device alone (free memory as of now), without probing for GPUs: that loads
+    their drivers, ~100 MB resident for Mesa's llvmpipe, whether or not a layer is offloaded."""
     import platform
 
     import psutil
