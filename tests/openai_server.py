@@ -98,9 +98,21 @@ def create_app(state: OpenAIServer) -> FastAPI:
         if not body.get("stream"):
             return JSONResponse({"object": "chat.completion", "choices": [
                 {"index": 0, "message": {"role": "assistant", "content": "".join(words)}, "finish_reason": "stop"}]})
-        return StreamingResponse(_stream(state, body, words), media_type="text/event-stream")
+        return _ClosingStream(_stream(state, body, words), media_type="text/event-stream")
 
     return app
+
+
+class _ClosingStream(StreamingResponse):
+    """Closes its generator when the response ends, however it ends: a client that left makes
+    the send fail, and the abandoned generator would otherwise see GeneratorExit (and set
+    `cancelled`) only when the garbage collector gets to it, never with the collector off."""
+
+    async def stream_response(self, send) -> None:
+        try:
+            await super().stream_response(send)
+        finally:
+            await self.body_iterator.aclose()  # type: ignore[union-attr]
 
 
 async def _stream(state: OpenAIServer, body: dict, words: list[str]):
