@@ -10,6 +10,7 @@ import numpy as np
 
 from .batch import Batch
 from .errors import ContextOverflowError, EngineError
+from .models import step
 from .models.layers import UbatchState
 from .quants import MATVEC_MAX_TOKENS
 
@@ -59,8 +60,11 @@ def _forward(ctx, ub: Batch, out: np.ndarray, embeddings: bool) -> None:
     s = UbatchState(ctx, ub)
     arch.embed(s, w)
     gpu = ctx.gpu  # the last layers (and maybe the head) on a GPU, or None
+    steps = step.for_context(ctx) if len(ub) == 1 else None
+    plans: dict = {}  # the attention plan per window size, shared by the layers
     for il in range(len(w.layers) if gpu is None else gpu.gm.first_layer):
-        arch.block(s, il, w.layers[il])
+        if steps is None or not steps.run(s, il, plans):
+            arch.block(s, il, w.layers[il])
     head_done = gpu is not None and gpu.run(s, out, embeddings)
     for seq, idx in s.groups:
         ctx.kv.commit(seq, int(ub.pos[idx[-1]]) + 1)

@@ -429,10 +429,12 @@ def _attn_body(q, k, v, seq, base, pos, window, scale, softcap, sinks, out, n_sp
 
 
 _attn_s, _attn_p = serial_and_parallel(_attn_body)
-# Below this many multiply-adds a parallel region's thread wake-up costs more than it saves.
-ATTN_PARALLEL_MIN_WORK = 1 << 20
+# Below this many multiply-adds a parallel region's thread wake-up costs more than it saves
+# (measured on SmolLM2's shape, 2 threads: parallel from ~60 positions on; at 256 positions
+# 43 -> 29 us a layer, at 512 78 -> 50).
+ATTN_PARALLEL_MIN_WORK = 1 << 16
 # A split (parallel path) covers at least this many positions: each has a merge to pay for.
-SPLIT_MIN = 512
+SPLIT_MIN = 64
 # Work items per thread the splits aim at (the prange is statically scheduled: more items
 # even out the remainder).
 ITEMS_PER_THREAD = 4
@@ -458,6 +460,34 @@ def _block_scratch(d: int, rep: int) -> tuple[np.ndarray, np.ndarray, np.ndarray
 _NO_SINKS = np.zeros(0, np.float32)
 
 
+class AttentionPlan:
+    """How one attention-kernel call over T tokens whose furthest position is n_pos - 1 runs:
+    serial or parallel, its splits, and its scratch (the arguments after `out`)."""
+
+    __slots__ = ("parallel", "n_split", "split_len", "kbits", "kvals", "sbuf", "pm", "pl", "pacc")
+
+    def __init__(self, T: int, H: int, G: int, D: int, Dv: int, n_pos: int, window: int):
+        if window > 0:
+            n_pos = min(n_pos, window)
+        big = T * H * n_pos * (D + Dv) >= ATTN_PARALLEL_MIN_WORK
+        n_split = 1
+        if big:  # split long contexts so that every thread has work even with few KV heads
+            want = -(-ITEMS_PER_THREAD * numba.get_num_threads() // (T * G))
+            n_split = max(1, min(want, n_pos // SPLIT_MIN))
+        split_len = -(-n_pos // n_split)
+        split_len = -(-split_len // KV_BLOCK) * KV_BLOCK
+        n_split = -(-n_pos // split_len)
+        self.parallel, self.n_split, self.split_len = big, n_split, split_len
+        self.kbits, self.kvals, self.sbuf = _block_scratch(max(D, Dv), H // G)
+        n_items = T * G * n_split
+        self.pm = np.empty((n_items, H // G), np.float32)
+        self.pl = np.empty((n_items, H // G), np.float32)
+        self.pacc = np.empty((n_items, H // G, Dv), np.float32)
+
+    def args(self) -> tuple:
+        return (self.n_split, self.split_len, self.kbits, self.kvals, self.sbuf, self.pm, self.pl, self.pacc)
+
+
 def attention_tokens(q, k, v, seq, pos, window, scale, softcap, out,
                      sinks: np.ndarray | None = None, base: np.ndarray | None = None) -> None:
     """Per-token attention over the cache (decode path): each token attends to its own
@@ -470,27 +500,55 @@ def attention_tokens(q, k, v, seq, pos, window, scale, softcap, out,
     with sinks), so its weights may sum to less than one."""
     sk = _NO_SINKS if sinks is None else sinks
     T, H, D = q.shape
-    G, Dv = k.shape[2], v.shape[3]
-    n_pos = int(pos.max()) + 1
-    if window > 0:
-        n_pos = min(n_pos, window)
-    big = T * H * n_pos * (D + Dv) >= ATTN_PARALLEL_MIN_WORK
-    n_split = 1
-    if big:  # split long contexts so that every thread has work even with few KV heads
-        want = -(-ITEMS_PER_THREAD * numba.get_num_threads() // (T * G))
-        n_split = max(1, min(want, n_pos // SPLIT_MIN))
-    split_len = -(-n_pos // n_split)
-    split_len = -(-split_len // KV_BLOCK) * KV_BLOCK
-    n_split = -(-n_pos // split_len)
-    kbits, kvals, sbuf = _block_scratch(max(D, Dv), H // G)
-    n_items = T * G * n_split
-    pm = np.empty((n_items, H // G), np.float32)
-    pl = np.empty((n_items, H // G), np.float32)
-    pacc = np.empty((n_items, H // G, Dv), np.float32)
-    fn = _attn_p if big else _attn_s
+    plan = AttentionPlan(T, H, k.shape[2], D, v.shape[3], int(pos.max()) + 1, window)
+    fn = _attn_p if plan.parallel else _attn_s
     cells0 = np.zeros(T, np.int64) if base is None else base
-    fn(q, k, v, seq, cells0, pos, window, np.float32(scale), np.float32(softcap), sk, out, n_split, split_len,
-       kbits, kvals, sbuf, pm, pl, pacc)
+    fn(q, k, v, seq, cells0, pos, window, np.float32(scale), np.float32(softcap), sk, out, *plan.args())
+
+
+@kernel
+def f32_to_f16_bits(f):
+    """The float16 bits (uint16) of the float32 with bits f (uint32), rounded to nearest even as
+    numpy's astype(float16) does: overflow to infinity, subnormal halves, NaN kept a NaN."""
+    sign = (f >> np.uint32(16)) & np.uint32(0x8000)
+    e = f & np.uint32(0x7F800000)
+    if e >= np.uint32(0x47800000):  # |f| >= 65536, infinity or NaN
+        if e == np.uint32(0x7F800000) and (f & np.uint32(0x007FFFFF)) != 0:
+            m = np.uint32(0x7C00) + ((f & np.uint32(0x007FFFFF)) >> np.uint32(13))
+            return np.uint16(sign | (m if m != np.uint32(0x7C00) else np.uint32(0x7E00)))
+        return np.uint16(sign | np.uint32(0x7C00))
+    if e <= np.uint32(0x38000000):  # below the smallest normal half: subnormal or zero
+        if e < np.uint32(0x33000000):
+            return np.uint16(sign)
+        m = (np.uint32(0x00800000) | (f & np.uint32(0x007FFFFF))) >> (np.uint32(113) - (e >> np.uint32(23)))
+        # ties to even; the bits the shift dropped count as "more than half" when non-zero
+        if (m & np.uint32(0x3FFF)) != np.uint32(0x1000) or (f & np.uint32(0x7FF)) != 0:
+            m += np.uint32(0x1000)
+        return np.uint16(sign | (m >> np.uint32(13)))
+    m = f & np.uint32(0x007FFFFF)
+    if (m & np.uint32(0x3FFF)) != np.uint32(0x1000):
+        m += np.uint32(0x1000)
+    # a carry out of the mantissa lands in the exponent, as it should (up to infinity)
+    return np.uint16(sign | (((e - np.uint32(0x38000000)) >> np.uint32(13)) + (m >> np.uint32(13))))
+
+
+@kernel
+def store_kv_f16(dst, st, cell, src):
+    """dst[st, cell] = src (G * D,) float32 as float16 bits; dst (S, C, G, D) uint16."""
+    G, D = dst.shape[2], dst.shape[3]
+    bits = src.view(np.uint32)
+    for g in range(G):
+        for d in range(D):
+            dst[st, cell, g, d] = f32_to_f16_bits(bits[g * D + d])
+
+
+@kernel
+def store_kv_f32(dst, st, cell, src):
+    """dst[st, cell] = src (G * D,) float32; dst (S, C, G, D) float32."""
+    G, D = dst.shape[2], dst.shape[3]
+    for g in range(G):
+        for d in range(D):
+            dst[st, cell, g, d] = src[g * D + d]
 
 
 def attention_chunk(q, kf, vf, pos, window, scale, softcap, out,

@@ -21,6 +21,7 @@ from ..errors import MissingTensorError
 from ..gguf_file import GGUFFile
 from ..quants import ExpertTensor, QTensor
 from . import layers
+from .step import StepSpec
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ class Architecture:
     block(s, il, lw): one layer on a ubatch, s.x updated in place
     embed(s, w) and head(s, w, out, embeddings): token embeddings into s.x, final norm and
         logits of the output rows; the shared ones of layers.py unless the architecture differs
+    step: when block is the standard decoder layer, which variant of it (decode then runs
+        each layer of a one-token ubatch as one compiled call with the same results)
     """
 
     name: str
@@ -40,6 +43,7 @@ class Architecture:
     block: Callable[[layers.UbatchState, int, Any], None]
     embed: Callable[[layers.UbatchState, Any], None] = layers.embed
     head: Callable[[layers.UbatchState, Any, np.ndarray, bool], None] = layers.head
+    step: StepSpec | None = None  # block as a compiled single-token step (models/step.py)
 
 
 @dataclass

@@ -18,6 +18,7 @@ from ..gguf_file import GGUFFile
 from ..quants import QTensor
 from . import layers as L
 from .base import Architecture, bind_layer
+from .step import StepSpec
 
 SWA_PATTERN = 2  # every 2nd layer is global
 SLIDING_WINDOW = 4096
@@ -85,4 +86,5 @@ def block(s: L.UbatchState, il: int, lw: Layer) -> None:
     s.x += L.norm(s, o, lw.post_ffw_norm, o)
 
 
-ARCH = Architecture("gemma2", config_from_gguf, load_layer, block, embed=embed, head=head)
+ARCH = Architecture("gemma2", config_from_gguf, load_layer, block, embed=embed, head=head,
+                    step=StepSpec(post_norms=True, act="gelu", attn_softcap=True))

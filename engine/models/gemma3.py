@@ -16,6 +16,7 @@ from ..gguf_file import GGUFFile
 from . import gemma2
 from . import layers as L
 from .base import Architecture, bind_layer
+from .step import StepSpec
 
 SWA_PATTERN = 6  # llama.cpp: every 6th layer is global, the others slide
 ROPE_BASE_SWA = 10000.0  # llama.cpp's default when the GGUF has no rope.freq_base_swa
@@ -70,4 +71,5 @@ def block(s: L.UbatchState, il: int, lw: Layer) -> None:
 
 
 # as gemma2: embeddings scaled by sqrt(n_embd), final logits soft-capped when the file says so
-ARCH = Architecture("gemma3", config_from_gguf, load_layer, block, embed=gemma2.embed, head=gemma2.head)
+ARCH = Architecture("gemma3", config_from_gguf, load_layer, block, embed=gemma2.embed, head=gemma2.head,
+                    step=StepSpec(qk_norm=True, post_norms=True, act="gelu"))

@@ -16,6 +16,7 @@ from ..gguf_file import GGUFFile
 from ..quants import QTensor
 from . import layers as L
 from .base import Architecture, bind_layer, rope_factors
+from .step import StepSpec
 
 
 @dataclass(frozen=True)
@@ -54,4 +55,4 @@ def block(s: L.UbatchState, il: int, lw: Layer) -> None:
     s.x += L.ffn(s, L.norm(s, s.x, lw.ffn_norm), lw.ffn_gate, lw.ffn_up, lw.ffn_down, "silu")
 
 
-ARCH = Architecture("llama", config_from_gguf, load_layer, block)
+ARCH = Architecture("llama", config_from_gguf, load_layer, block, step=StepSpec())

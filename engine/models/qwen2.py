@@ -11,6 +11,7 @@ from ..gguf_file import GGUFFile
 from . import layers as L
 from . import llama
 from .base import Architecture, bind_layer
+from .step import StepSpec
 
 
 def config_from_gguf(f: GGUFFile) -> ModelConfig:
@@ -38,4 +39,4 @@ def block(s: L.UbatchState, il: int, lw: Layer) -> None:
     s.x += L.ffn(s, L.norm(s, s.x, lw.ffn_norm), lw.ffn_gate, lw.ffn_up, lw.ffn_down, "silu")
 
 
-ARCH = Architecture("qwen2", config_from_gguf, load_layer, block)
+ARCH = Architecture("qwen2", config_from_gguf, load_layer, block, step=StepSpec(qkv_bias=True))

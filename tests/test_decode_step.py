@@ -1,0 +1,205 @@
+"""The compiled single-token layer step (engine/models/step.py): for every architecture that
+declares one, decoding through it gives the Python blocks' logits bit for bit (float and int8
+paths, f16 and f32 KV caches, split and unified caches, sliding windows, mixed weight types);
+the exact float16 rounding of its KV store; when it serves and when it does not."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numba
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+from engine import ops, quants
+from engine.batch import Batch
+from engine.context import Context, ContextParams
+from engine.model import load_model
+from engine.models import step
+from ggufgen import write_tiny_model
+
+TOKENS = np.array([1, 5, 9, 23, 7, 11, 3, 2, 8, 13, 17, 4, 6, 10, 12, 14], np.int32)
+ARCHS = {"llama": Q.Q4_0, "qwen2": Q.Q4_1, "qwen3": Q.F16, "gemma2": Q.Q5_0, "gemma3": Q.Q8_0}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("step-models")
+    # n_embd 256: the K-quants' super-blocks fit; sliding windows (gemma) of 8 are crossed
+    return {a: write_tiny_model(d / f"{a}.gguf", a, n_layer=3, n_embd=256, n_head=4, n_head_kv=2, n_ff=512,
+                                qtype=qt)
+            for a, qt in ARCHS.items()}
+
+
+def decode_all(model, flag: str, monkeypatch, n_prefill: int = 4, **ctx_kw) -> np.ndarray:
+    """Logits of a prefill, then of one-token decodes, with GGSTATION_STEP=flag."""
+    monkeypatch.setenv("GGSTATION_STEP", flag)
+    ctx = Context(model, ContextParams(n_ctx=64, **ctx_kw))
+    rows = [ctx.decode(Batch.for_sequence(TOKENS[:n_prefill], 0, 0))]
+    rows += [ctx.decode(Batch.for_sequence(TOKENS[i : i + 1], i, 0)) for i in range(n_prefill, len(TOKENS))]
+    if flag == "1":
+        steps = step.for_context(ctx)
+        assert steps is not None and all(f is not None for f in steps.fns)
+    return np.concatenate(rows)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_step_gives_the_python_blocks_logits_bit_for_bit(tiny, arch, monkeypatch):
+    model = load_model(tiny[arch])
+    assert model.arch.step is not None
+    want = decode_all(model, "0", monkeypatch)
+    got = decode_all(model, "1", monkeypatch)
+    assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_step_int8_path_and_f32_cache(tiny, arch, monkeypatch):
+    model = load_model(tiny[arch])
+    quants.use_int8(True)
+    want = decode_all(model, "0", monkeypatch, type_k="f32", type_v="f32")
+    got = decode_all(model, "1", monkeypatch, type_k="f32", type_v="f32")
+    assert np.array_equal(got, want)
+    assert not np.array_equal(got, decode_all(model, "1", monkeypatch))  # the f16 cache is another
+
+
+def test_step_switches_with_the_decode_path(tiny, monkeypatch):
+    """use_int8 between two decodes of one context: the steps follow it."""
+    monkeypatch.setenv("GGSTATION_STEP", "1")
+    ctx = Context(load_model(tiny["llama"]), ContextParams(n_ctx=64))
+    ctx.decode(Batch.for_sequence(TOKENS[:4], 0, 0))
+    ctx.decode(Batch.for_sequence(TOKENS[4:5], 4, 0))
+    first = step.for_context(ctx)
+    quants.use_int8(True)
+    assert step.for_context(ctx) is not first and step.for_context(ctx).i8
+
+
+@pytest.mark.parametrize("unified", [False, True])
+def test_step_serves_sequences_of_split_and_unified_caches(tiny, unified, monkeypatch):
+    """Two sequences decoded turn by turn (one-token ubatches), in their own cells."""
+    model = load_model(tiny["qwen3"])
+
+    def run(flag):
+        monkeypatch.setenv("GGSTATION_STEP", flag)
+        ctx = Context(model, ContextParams(n_ctx=128, n_seq_max=2, kv_unified=unified))
+        out = [ctx.decode(Batch.for_sequence(TOKENS[:5], 0, 0)), ctx.decode(Batch.for_sequence(TOKENS[3:6], 0, 1))]
+        for i in range(6):
+            out.append(ctx.decode(Batch.for_sequence(TOKENS[i : i + 1], 5 + i, 0)))
+            out.append(ctx.decode(Batch.for_sequence(TOKENS[i + 1 : i + 2], 3 + i, 1)))
+        return np.concatenate(out)
+
+    assert np.array_equal(run("1"), run("0"))
+
+
+def test_step_groups_mixed_weight_types_as_the_python_path(tmp_path, monkeypatch):
+    """attn_v and ffn_up of another type than their neighbours: launches per type, as
+    quants.matvec_many makes them."""
+    a = load_model(write_tiny_model(tmp_path / "a.gguf", "llama", n_layer=2, n_embd=256, n_ff=512, qtype=Q.Q5_1))
+    b = load_model(write_tiny_model(tmp_path / "b.gguf", "llama", n_layer=2, n_embd=256, n_ff=512, qtype=Q.Q8_0))
+    for la, lb in zip(a.weights.layers, b.weights.layers, strict=True):
+        la.attn_v, la.ffn_up, la.attn_output = lb.attn_v, lb.ffn_up, lb.attn_output
+    src = step.render(a.arch.step, a.weights.layers[0], np.dtype(np.uint16), np.dtype(np.uint16), False)
+    assert src.count("_matvec_q5_1 as") == 1 and src.count("_matvec_q8_0 as") == 1
+    assert np.array_equal(decode_all(a, "1", monkeypatch), decode_all(a, "0", monkeypatch))
+
+
+def test_auto_mode_leaves_tiny_layers_to_python(tiny, monkeypatch):
+    monkeypatch.delenv("GGSTATION_STEP", raising=False)
+    assert step.mode() == "auto"
+    ctx = Context(load_model(tiny["llama"]), ContextParams(n_ctx=64))
+    ctx.decode(Batch.for_sequence(TOKENS[:2], 0, 0))
+    assert step.for_context(ctx) is None  # 0.2 MB a layer: below MIN_LAYER_BYTES
+    monkeypatch.setenv("GGSTATION_STEP", "0")
+    assert step.mode() == "0"
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_starter_models_decode_through_the_step_by_default(name, request, monkeypatch):
+    """By default (auto) on real models, every layer (Gemma 3's K-quants too), same logits."""
+    monkeypatch.delenv("GGSTATION_STEP", raising=False)
+    model = load_model(request.getfixturevalue(f"{name}_path"))
+    ctx = Context(model, ContextParams(n_ctx=64))
+    ctx.decode(Batch.for_sequence(TOKENS[:4], 0, 0))
+    got = ctx.decode(Batch.for_sequence(TOKENS[4:5], 4, 0))
+    steps = step.for_context(ctx)
+    assert steps is not None and all(f is not None for f in steps.fns)
+    monkeypatch.setenv("GGSTATION_STEP", "0")
+    ctx2 = Context(model, ContextParams(n_ctx=64))
+    ctx2.decode(Batch.for_sequence(TOKENS[:4], 0, 0))
+    assert np.array_equal(ctx2.decode(Batch.for_sequence(TOKENS[4:5], 4, 0)), got)
+
+
+def test_step_modules_are_written_once_per_content(tmp_path, monkeypatch):
+    monkeypatch.setenv("GGSTATION_STEP_DIR", str(tmp_path / "steps"))
+    lw = load_model(write_tiny_model(tmp_path / "m.gguf", "llama", n_layer=1, qtype=Q.Q8_0)).weights.layers[0]
+    src = step.render(step.StepSpec(), lw, np.dtype(np.uint16), np.dtype(np.uint16), False)
+    fn = step.load_step(src)
+    files = sorted((tmp_path / "steps").glob("step_*.py"))
+    assert len(files) == 1 and files[0].read_text() == src
+    assert step.load_step(src) is fn
+    step.load_step(step.render(step.StepSpec(), lw, np.dtype(np.float32), np.dtype(np.uint16), False))
+    assert len(list((tmp_path / "steps").glob("step_*.py"))) == 2
+
+
+def test_unwritable_step_dir_falls_back_to_python_blocks(tiny, tmp_path, monkeypatch, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("GGSTATION_STEP_DIR", str(blocker / "steps"))
+    monkeypatch.setattr(step, "_modules", {})
+    want = decode_all(load_model(tiny["llama"]), "0", monkeypatch)
+    monkeypatch.setenv("GGSTATION_STEP", "1")
+    ctx = Context(load_model(tiny["llama"]), ContextParams(n_ctx=64))
+    with caplog.at_level(logging.WARNING, logger="ggstation.engine"):
+        rows = [ctx.decode(Batch.for_sequence(TOKENS[:4], 0, 0))]
+        rows += [ctx.decode(Batch.for_sequence(TOKENS[i : i + 1], i, 0)) for i in range(4, len(TOKENS))]
+    assert "compiled decode steps unavailable" in caplog.text
+    assert np.array_equal(np.concatenate(rows), want)
+
+
+@numba.njit
+def _to_f16(bits):
+    out = np.empty(bits.shape[0], np.uint16)
+    for i in range(bits.shape[0]):
+        out[i] = ops.f32_to_f16_bits(bits[i])
+    return out
+
+
+def test_f16_store_rounds_as_numpy():
+    """Ties to even, subnormal halves, overflow to infinity, signed zeros; NaN stays NaN."""
+    rng = np.random.default_rng(0)
+    bits = np.concatenate([
+        rng.integers(0, 2**32, 400_000, dtype=np.uint64).astype(np.uint32),
+        np.arange(0x33000000 - 64, 0x38800000 + 64, 4099, dtype=np.uint32),  # subnormal halves
+        (np.arange(1 << 16, dtype=np.uint32) << 13) | 0x1000,  # every exact tie
+        np.arange(0x477FE000, 0x47800100, 7, dtype=np.uint32),  # around the largest half
+        np.array([0, 0x7F800000, 0x7FC00000, 0x7F800001, 0x33000000, 0x33000001, 0x387FFFFF], np.uint32),
+    ])
+    bits = np.concatenate([bits, bits | np.uint32(0x80000000)])
+    f = bits.view(np.float32)
+    with np.errstate(all="ignore"):
+        want = f.astype(np.float16)
+    got = _to_f16(bits).view(np.float16)
+    nan = np.isnan(f)
+    assert np.array_equal(got[~nan].view(np.uint16), want[~nan].view(np.uint16))
+    assert np.isnan(got[nan]).all()
+
+
+def test_attention_plan_goes_parallel_from_a_few_dozen_positions():
+    numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+    assert not ops.AttentionPlan(1, 9, 3, 64, 64, 16, 0).parallel
+    if numba.get_num_threads() > 1:
+        p = ops.AttentionPlan(1, 9, 3, 64, 64, 256, 0)
+        assert p.parallel and p.n_split > 1 and p.n_split * p.split_len >= 256
+    w = ops.AttentionPlan(1, 9, 3, 64, 64, 4096, 8)  # a window of 8: little work
+    assert not w.parallel and w.n_split == 1
+
+
+def test_step_env_values():
+    for v, want in (("0", "0"), ("off", "0"), ("1", "1"), ("on", "1"), ("auto", "auto"), ("", "auto")):
+        os.environ["GGSTATION_STEP"] = v
+        try:
+            assert step.mode() == want
+        finally:
+            del os.environ["GGSTATION_STEP"]
