@@ -261,8 +261,8 @@ _WEIGHTS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "
 
 
 def _servable(spec: StepSpec, lw, auto: bool) -> bool:
-    ws = [getattr(lw, n, None) for n in _WEIGHTS]
-    if not all(isinstance(w, QTensor) for w in ws):
+    ws = [w for n in _WEIGHTS if isinstance(w := getattr(lw, n), QTensor)]
+    if len(ws) < len(_WEIGHTS):  # an expert stack or a weight of another kind
         return False
     for w in ws:
         qt = QUANT_TYPES.get(w.qtype)
