@@ -32,6 +32,7 @@ from .memory import (
     memory_report,
 )
 from .model import Model
+from .models import step
 
 if TYPE_CHECKING:
     from .backends.gl.offload import GpuContext
@@ -112,6 +113,7 @@ class Context:
             raise InsufficientMemoryError(
                 f"cannot allocate {fmt_bytes(est.kv_bytes + est.compute_bytes)} for the KV cache and compute "
                 f"buffers ({what}): {e}; lower the context size (-c)", est.total_bytes, 0) from None
+        step.for_context(self)  # compile (or load) the layer steps before the first token
 
     def _gpu_context(self, model: Model, params: ContextParams) -> GpuContext | None:
         """The offloaded layers' KV cache and scratch on the model's GPU, or None (no layers

@@ -203,3 +203,17 @@ def test_step_env_values():
             assert step.mode() == want
         finally:
             del os.environ["GGSTATION_STEP"]
+
+
+def test_steps_are_compiled_with_the_context_for_a_decodes_types(tiny, monkeypatch):
+    """Built and compiled when the context is made: the first token compiles nothing more."""
+    monkeypatch.setenv("GGSTATION_STEP", "1")
+    ctx = Context(load_model(tiny["gemma3"]), ContextParams(n_ctx=64, n_seq_max=2, kv_unified=True))
+    steps = ctx._layer_steps
+    assert steps is not None and steps.any
+    before = {id(f): len(f.signatures) for f in steps.fns}
+    assert set(before.values()) == {1}
+    ctx.decode(Batch.for_sequence(TOKENS[:3], 0, 1))
+    ctx.decode(Batch.for_sequence(TOKENS[3:4], 3, 1))
+    assert step.for_context(ctx) is steps
+    assert {id(f): len(f.signatures) for f in steps.fns} == before

@@ -306,6 +306,21 @@ class LayerSteps:
                 rope.inv_freq, rope.neox, float(rope.attn_factor), kc, vc,
                 kv.window[il], np.float32(cfg.kq_scale), softcap, ops._NO_SINKS))
         self.any = any(f is not None for f in self.fns)
+        self._compile()
+
+    def _compile(self) -> None:
+        """Compile (or load from numba's cache) each distinct step now, for the argument types
+        of a decode, so that the first token does not pay for it."""
+        plan = ops.AttentionPlan(1, self.H, self.G, self.D, self.Dv, 1, 0)
+        pos, cells = np.zeros(1, np.int32), np.zeros(1, np.int64)
+        seen: set[int] = set()
+        for fn, a in zip(self.fns, self.args, strict=True):
+            if fn is None or id(fn) in seen:
+                continue
+            seen.add(id(fn))
+            full = (*a[:20], pos, *a[20:25], cells, cells, *a[25:], plan.parallel, *plan.args(),
+                    self.H, self.G, self.D, self.Dv)
+            fn.compile(tuple(numba.typeof(v) for v in full))
 
     def run(self, s, il: int, plans: dict[int, ops.AttentionPlan]) -> bool:
         """Layer il of the one-token ubatch s through its step; False when it has none."""
@@ -341,4 +356,4 @@ def for_context(ctx) -> LayerSteps | None:
     return steps if steps is not None and steps.any else None
 
 
-__all__ = ["StepSpec", "LayerSteps", "for_context", "load_step", "render", "mode", "numba"]
+__all__ = ["StepSpec", "LayerSteps", "for_context", "load_step", "render", "mode"]
