@@ -69,6 +69,47 @@ def rope(x: np.ndarray, pos: np.ndarray, inv_freq: np.ndarray, neox: bool,
 OAI_ALPHA, OAI_LIMIT = 1.702, 7.0
 
 
+def _rope_table_rows(pos, inv_freq, mscale, cs):  # cs (T, half, 2): cos, sin as _rope_rows has them
+    T, half = pos.shape[0], inv_freq.shape[0]
+    for t in range(T):
+        for i in range(half):
+            theta = pos[t] * inv_freq[i]
+            cs[t, i, 0] = np.float32(math.cos(theta) * mscale)
+            cs[t, i, 1] = np.float32(math.sin(theta) * mscale)
+
+
+def _rope_apply_rows(x, cs, neox):  # x (T, H, D) in place by the table of _rope_table_rows
+    T, H = x.shape[0], x.shape[1]
+    half = cs.shape[1]
+    for t in range(T):
+        for i in range(half):
+            c = cs[t, i, 0]
+            s = cs[t, i, 1]
+            if neox:
+                i0, i1 = i, i + half
+            else:
+                i0, i1 = 2 * i, 2 * i + 1
+            for h in range(H):
+                a = x[t, h, i0]
+                b = x[t, h, i1]
+                x[t, h, i0] = a * c - b * s
+                x[t, h, i1] = a * s + b * c
+
+
+def rope_table(pos: np.ndarray, inv_freq: np.ndarray, mscale: float = 1.0) -> np.ndarray:
+    """(T, len(inv_freq), 2) float32 cos and sin of each token's angles, as `rope` computes
+    them: a prompt's queries and keys, and every layer with the same RoPE, share one table
+    instead of each computing T * n_rot / 2 cosines and sines again."""
+    cs = np.empty((pos.shape[0], inv_freq.shape[0], 2), np.float32)
+    _rows(lambda p_, c_: _rope_table(p_, inv_freq, float(mscale), c_), pos.shape[0], pos, cs)
+    return cs
+
+
+def rope_apply(x: np.ndarray, cs: np.ndarray, neox: bool) -> None:
+    """`rope` of x (T, H, D) in place from a rope_table of its positions: the same results."""
+    _rows(lambda x_, c_: _rope_apply(x_, c_, neox), x.shape[0], x, cs)
+
+
 def _swiglu_oai_rows(g, u, out, alpha, limit):  # (T, F); gate clipped above, up both ways
     T, F = g.shape
     for t in prange(T):
@@ -80,6 +121,8 @@ def _swiglu_oai_rows(g, u, out, alpha, limit):  # (T, F); gate clipped above, up
 
 _rmsnorm = kernel(_rmsnorm_rows)
 _rope = kernel(_rope_rows)
+_rope_table = kernel(_rope_table_rows)
+_rope_apply = kernel(_rope_apply_rows)
 _swiglu_oai = kernel(_swiglu_oai_rows)
 
 # From this many rows on, rows are split over engine.parallel's workers (a thread wake-up
@@ -573,17 +616,17 @@ def store_kv_f32(dst, st, cell, src):
 
 
 def attention_chunk(q, kf, vf, pos, window, scale, softcap, out,
-                    sinks: np.ndarray | None = None) -> None:
+                    sinks: np.ndarray | None = None, k0: int = 0) -> None:
     """Batch attention for one sequence's chunk with numpy BLAS (prefill path).
 
     q (m, H, D) queries at positions pos (m,); kf (L, G, D) and vf (L, G, Dv) float32 keys and
-    values for positions 0..L-1 of that sequence; out (m, H, Dv). softcap and sinks as
-    attention_tokens.
+    values for positions k0..k0+L-1 of that sequence (every position a query sees); out
+    (m, H, Dv). softcap and sinks as attention_tokens.
     """
     m, H, D = q.shape
     L, G, _ = kf.shape
     rep = H // G
-    kpos = np.arange(L)
+    kpos = k0 + np.arange(L)
     mask = kpos[None, :] > pos[:, None]  # (m, L) causal
     if window > 0:
         mask |= kpos[None, :] <= (pos[:, None] - window)

@@ -23,6 +23,11 @@ from ..batch import Batch
 from ..memory import DECODE_TOKENS
 from ..quants import QTensor, get_rows, matmul, matmul_many
 
+# From this many tokens a ubatch computes each RoPE's cos/sin table once, for every layer.
+ROPE_TABLE_MIN_TOKENS = 16
+# Query rows per prefill attention part (BLAS stays efficient; causal prefixes get trimmed).
+PREFILL_QUERY_CHUNK = 64
+
 
 class UbatchState:
     """One ubatch's inputs, the KV cache and (T, width) views of the context's buffers."""
@@ -49,6 +54,16 @@ class UbatchState:
         # (tokens, kv.token_cells of them) per attention-kernel call, made at the first layer
         # (after the cells are reserved) and kept for the others
         self.small_groups: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
+        self._rope_tables: dict[tuple[bytes, float], np.ndarray] = {}
+
+    def rope_table(self, rope) -> np.ndarray:
+        """ops.rope_table of this ubatch's positions for a layer's Rope, made once per distinct
+        RoPE (gemma3: one for its sliding layers, one for its global ones)."""
+        key = (rope.inv_freq.tobytes(), float(rope.attn_factor))
+        cs = self._rope_tables.get(key)
+        if cs is None:
+            cs = self._rope_tables[key] = ops.rope_table(self.pos, rope.inv_freq, rope.attn_factor)
+        return cs
 
 
 def norm(s: UbatchState, x: np.ndarray, w: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -100,8 +115,13 @@ def attention(s: UbatchState, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarr
     head in its softmax denominator (attn_sinks, gpt-oss); bo: the output projection's bias.
     """
     kv, rope = s.kv, s.kv.rope[il]
-    ops.rope(q, s.pos, rope.inv_freq, rope.neox, rope.attn_factor)
-    ops.rope(k, s.pos, rope.inv_freq, rope.neox, rope.attn_factor)
+    if s.n_tokens >= ROPE_TABLE_MIN_TOKENS:
+        cs = s.rope_table(rope)
+        ops.rope_apply(q, cs, rope.neox)
+        ops.rope_apply(k, cs, rope.neox)
+    else:
+        ops.rope(q, s.pos, rope.inv_freq, rope.neox, rope.attn_factor)
+        ops.rope(k, s.pos, rope.inv_freq, rope.neox, rope.attn_factor)
     kv.store(il, s.seq_id, s.pos, k, v)
     window, scale = kv.window[il], s.cfg.kq_scale
     T, H, Dv = s.n_tokens, q.shape[1], v.shape[2]
@@ -111,11 +131,17 @@ def attention(s: UbatchState, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarr
             kf, vf = kv.read_f32(il, seq, int(s.pos[idx[-1]]) + 1)
             qs, ps = q[idx], s.pos[idx]
             res = np.empty((len(idx), H, Dv), np.float32)
-            parts = parallel.split(len(idx), parallel.pool_size())
+            # Chunks of queries, each against only the keys it can see (its causal prefix,
+            # within the window): half the score matrix of a causal prompt is never computed.
+            n_parts = max(parallel.pool_size(), -(-len(idx) // PREFILL_QUERY_CHUNK))
+            parts = parallel.split(len(idx), n_parts)
 
             def rows(p, _w, qs=qs, ps=ps, res=res, kf=kf, vf=vf, parts=parts):
                 a, e = parts[p]
-                ops.attention_chunk(qs[a:e], kf, vf, ps[a:e], window, scale, softcap, res[a:e], sinks)
+                hi = int(ps[e - 1]) + 1  # a sequence's positions increase through the chunk
+                lo = max(0, int(ps[a]) - window + 1) if window > 0 else 0
+                ops.attention_chunk(qs[a:e], kf[lo:hi], vf[lo:hi], ps[a:e], window, scale, softcap, res[a:e],
+                                    sinks, lo)
 
             parallel.run_parts(rows, len(parts))
             attn[idx] = res

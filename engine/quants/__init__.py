@@ -222,38 +222,59 @@ def matmul(w: QTensor, x: np.ndarray, out: np.ndarray, scratch: np.ndarray | Non
     dequantised into the scratch and multiplied with single-threaded BLAS, the tiles spread
     over engine.parallel's workers (each worker owns one slice of the scratch).
     """
-    n_tok = x.shape[0]
-    if n_tok <= MATVEC_MAX_TOKENS:
+    if x.shape[0] <= MATVEC_MAX_TOKENS:
         matvec_multi(w, x, out)
         return
-    if w.qtype == GGMLQuantizationType.F32:
-        parallel.run_parts(lambda p, _: _gemm_f32(w, x, out, p), parallel.pool_size())
-        return
-    s_err = None
-    if _int8 and w.qtype in vec_dot_types():
-        x, s_err = round_to_vec_dot(x, vec_dot_types()[w.qtype])
-    n_workers = parallel.pool_size()
-    tile = tile_rows(w.n_cols, n_tok)
-    if scratch is None:
-        scratch = np.empty(n_workers * tile * w.n_cols, np.float32)
-    tile = max(1, min(tile, scratch.size // (n_workers * w.n_cols)))
-    size = tile * w.n_cols
-    n_tiles = -(-w.n_rows // tile)
+    _run_tiles([_Tiles(w, x, out, scratch)])
 
-    def part(i: int, worker: int) -> None:
-        r0, r1 = i * tile, min((i + 1) * tile, w.n_rows)
-        wt = scratch[worker * size : worker * size + (r1 - r0) * w.n_cols].reshape(r1 - r0, w.n_cols)
+
+class _Tiles:
+    """One weight's share of a batch matmul: its rows in tiles, each dequantised into the
+    worker's slice of the scratch and multiplied by BLAS (F32 weights: by row ranges, no
+    copy). The tile count is a whole number of rounds of the workers, so that the static
+    striping of parallel.run_parts leaves none of them idle at the end (a 256-row K of a
+    640-wide model was one tile: one core)."""
+
+    def __init__(self, w: QTensor, x: np.ndarray, out: np.ndarray, scratch: np.ndarray | None):
+        n_workers = parallel.pool_size()
+        self.w, self.out, self.s_err, self.stride = w, out, None, 0
+        if _int8 and w.qtype in vec_dot_types():
+            x, self.s_err = round_to_vec_dot(x, vec_dot_types()[w.qtype])
+        self.x = x
+        if w.qtype == GGMLQuantizationType.F32:
+            tile = -(-w.n_rows // n_workers)
+            scratch = None  # BLAS reads the rows themselves
+        else:
+            tile = tile_rows(w.n_cols, x.shape[0])
+            if scratch is None:
+                scratch = np.empty(n_workers * tile * w.n_cols, np.float32)
+            # each worker owns one fixed slice of the scratch, whatever weight it works on
+            self.stride = scratch.size // n_workers
+            tile = max(1, min(tile, self.stride // w.n_cols))
+        n_tiles = -(-w.n_rows // tile)
+        n_tiles = min(w.n_rows, -(-n_tiles // n_workers) * n_workers)
+        self.tile = -(-w.n_rows // n_tiles)
+        self.n_tiles = -(-w.n_rows // self.tile)
+        self.scratch = scratch
+
+    def run(self, i: int, worker: int) -> None:
+        w, x, out = self.w, self.x, self.out
+        r0, r1 = i * self.tile, min((i + 1) * self.tile, w.n_rows)
+        if self.scratch is None:  # F32: the rows themselves
+            np.matmul(x, w.raw[r0:r1].T, out=out[:, r0:r1])
+            return
+        at = worker * self.stride
+        wt = self.scratch[at : at + (r1 - r0) * w.n_cols].reshape(r1 - r0, w.n_cols)
         dequant_rows(w, r0, r1, wt)
         np.matmul(x, wt.T, out=out[:, r0:r1])
-        if s_err is not None:
-            out[:, r0:r1] += s_err @ _block_mins(w, r0, r1).T
-
-    parallel.run_parts(part, n_tiles)
+        if self.s_err is not None:
+            out[:, r0:r1] += self.s_err @ _block_mins(w, r0, r1).T
 
 
-def _gemm_f32(w: QTensor, x: np.ndarray, out: np.ndarray, p: int) -> None:
-    r0, r1 = parallel.split(w.n_rows, parallel.pool_size())[p]
-    np.matmul(x, w.raw[r0:r1].T, out=out[:, r0:r1])
+def _run_tiles(jobs: list[_Tiles]) -> None:
+    """Every tile of the jobs in one round of the pool (one wake-up for Q, K and V)."""
+    index = [(j, i) for j in jobs for i in range(j.n_tiles)]
+    parallel.run_parts(lambda p, worker: index[p][0].run(index[p][1], worker), len(index))
 
 
 def matmul_many(ws: list[QTensor], x: np.ndarray, outs: list[np.ndarray],
@@ -261,15 +282,15 @@ def matmul_many(ws: list[QTensor], x: np.ndarray, outs: list[np.ndarray],
     """outs[i] = x @ ws[i].T for weights sharing the input x (Q/K/V, gate/up).
 
     Same result as calling matmul for each; for up to MATVEC_MAX_TOKENS tokens (decode, one
-    or several slots) the weights of one type run in a single fused kernel launch.
+    or several slots) the weights of one type run in a single fused kernel launch, and for
+    more the tiles of all of them in one round of the worker pool.
     """
     if x.shape[0] == 1:
         matvec_many(ws, x.reshape(-1), [o.reshape(-1) for o in outs])
     elif x.shape[0] <= MATVEC_MAX_TOKENS:
         matvec_multi_many(ws, x, outs)
     else:
-        for w, o in zip(ws, outs, strict=True):
-            matmul(w, x, o, scratch)
+        _run_tiles([_Tiles(w, x, o, scratch) for w, o in zip(ws, outs, strict=True)])
 
 
 def warmup(w: QTensor) -> None:
