@@ -60,10 +60,10 @@ def _forward(ctx, ub: Batch, out: np.ndarray, embeddings: bool) -> None:
     s = UbatchState(ctx, ub)
     arch.embed(s, w)
     gpu = ctx.gpu  # the last layers (and maybe the head) on a GPU, or None
-    steps = step.for_context(ctx) if len(ub) == 1 else None
-    plans: dict = {}  # the attention plan per window size, shared by the layers
+    steps = step.for_context(ctx) if len(ub) <= MATVEC_MAX_TOKENS else None
+    us = steps.for_ubatch(s) if steps is not None else None
     for il in range(len(w.layers) if gpu is None else gpu.gm.first_layer):
-        if steps is None or not steps.run(s, il, plans):
+        if us is None or not us.run(il):
             arch.block(s, il, w.layers[il])
     head_done = gpu is not None and gpu.run(s, out, embeddings)
     for seq, idx in s.groups:

@@ -41,7 +41,7 @@ def decode_all(model, flag: str, monkeypatch, n_prefill: int = 4, **ctx_kw) -> n
     rows += [ctx.decode(Batch.for_sequence(TOKENS[i : i + 1], i, 0)) for i in range(n_prefill, len(TOKENS))]
     if flag == "1":
         steps = step.for_context(ctx)
-        assert steps is not None and all(f is not None for f in steps.fns)
+        assert steps is not None and all(f is not None for f in steps.one)
     return np.concatenate(rows)
 
 
@@ -92,6 +92,44 @@ def test_step_serves_sequences_of_split_and_unified_caches(tiny, unified, monkey
     assert np.array_equal(run("1"), run("0"))
 
 
+@pytest.mark.parametrize(("arch", "unified", "int8"), [("llama", True, False), ("qwen2", False, False),
+                                                    ("gemma3", True, True), ("gemma2", False, False)])
+def test_several_token_step_serves_slots_decoding_together(tiny, arch, unified, int8, monkeypatch):
+    """Ubatches of 2..8 tokens: three sequences' tokens together (interleaved, as a scheduler
+    may order them), and three tokens of one sequence: the Python blocks' logits bit for bit."""
+    model = load_model(tiny[arch])
+    quants.use_int8(int8)
+    served: list[int] = []
+    real_run = step.UbatchSteps.run
+
+    def counting_run(self, il):
+        done = real_run(self, il)
+        served.append(self.s.n_tokens if done else 0)
+        return done
+
+    monkeypatch.setattr(step.UbatchSteps, "run", counting_run)
+
+    def run(flag):
+        monkeypatch.setenv("GGSTATION_STEP", flag)
+        ctx = Context(model, ContextParams(n_ctx=192, n_seq_max=3, kv_unified=unified))
+        out = [ctx.decode(Batch.for_sequence(TOKENS[:5], 0, q)) for q in range(3)]
+        p = [5, 5, 5]
+        for i in range(10):  # past gemma's sliding window of 8
+            seqs = [1, 0, 2] if i % 2 else [0, 2, 1]
+            b = Batch.make(TOKENS[[(i + q) % 16 for q in seqs]], [p[q] for q in seqs], seqs, [True] * 3)
+            out.append(ctx.decode(b))
+            for q in seqs:
+                p[q] += 1
+        out.append(ctx.decode(Batch.for_sequence(TOKENS[:3], p[1], 1, logits_all=True)))
+        if flag == "1":
+            steps = step.for_context(ctx)
+            assert steps is not None and all(f is not None for f in steps.many)
+        return np.concatenate(out)
+
+    assert np.array_equal(run("1"), run("0"))
+    assert served.count(3) == 11 * 3  # every layer of the 3-token ubatches went through a step
+
+
 def test_step_groups_mixed_weight_types_as_the_python_path(tmp_path, monkeypatch):
     """attn_v and ffn_up of another type than their neighbours: launches per type, as
     quants.matvec_many makes them."""
@@ -124,7 +162,7 @@ def test_starter_models_decode_through_the_step_by_default(name, request, monkey
     ctx.decode(Batch.for_sequence(TOKENS[:4], 0, 0))
     got = ctx.decode(Batch.for_sequence(TOKENS[4:5], 4, 0))
     steps = step.for_context(ctx)
-    assert steps is not None and all(f is not None for f in steps.fns)
+    assert steps is not None and all(f is not None for f in steps.one)
     monkeypatch.setenv("GGSTATION_STEP", "0")
     ctx2 = Context(model, ContextParams(n_ctx=64))
     ctx2.decode(Batch.for_sequence(TOKENS[:4], 0, 0))
@@ -211,9 +249,9 @@ def test_steps_are_compiled_with_the_context_for_a_decodes_types(tiny, monkeypat
     ctx = Context(load_model(tiny["gemma3"]), ContextParams(n_ctx=64, n_seq_max=2, kv_unified=True))
     steps = ctx._layer_steps
     assert steps is not None and steps.any
-    before = {id(f): len(f.signatures) for f in steps.fns}
+    before = {id(f): len(f.signatures) for f in steps.one + steps.many}
     assert set(before.values()) == {1}
     ctx.decode(Batch.for_sequence(TOKENS[:3], 0, 1))
     ctx.decode(Batch.for_sequence(TOKENS[3:4], 3, 1))
     assert step.for_context(ctx) is steps
-    assert {id(f): len(f.signatures) for f in steps.fns} == before
+    assert {id(f): len(f.signatures) for f in steps.one + steps.many} == before

@@ -33,7 +33,7 @@ import numpy as np
 from numba.core.registry import CPUDispatcher
 
 from .. import jit, ops
-from ..quants import QUANT_TYPES, QTensor, int8_enabled
+from ..quants import MATVEC_MAX_TOKENS, QUANT_TYPES, QTensor, int8_enabled
 from ..quants._kern import _raw_rows
 
 log = logging.getLogger("ggstation.engine")
@@ -81,21 +81,22 @@ from engine.ops import (_attn_p, _attn_s, _geglu, _rmsnorm, _rope, _swiglu, stor
 def step(x, h, q, k, v, attn, o, gate, up, attn_norm, ffn_norm, aux, wq, wk, wv, wo, wg, wu, wd,
          eps, pos, inv_freq, neox, mscale, kc, vc, seq, base, window, scale, softcap, sinks,
          par, n_split, split_len, kbits, kvals, sbuf, pm, pl, pacc, H, G, D, Dv):
+    # x ... up: (T, width) views of the context's buffers for the ubatch's T tokens;
     # aux: (bq, bk, bv) biases, (q_norm, k_norm), (post_attention_norm, post_ffw_norm) as the
-    # spec has them, else empty arrays
+    # spec has them, else one empty array
+    T = x.shape[0]
     _rmsnorm(x, attn_norm, eps, h)
-    h1, q1, k1, v1 = h[0], q[0], k[0], v[0]
 {qkv}
 '''
 
-_BODY = '''    q3 = q.reshape((1, H, D))
-    k3 = k.reshape((1, G, D))
+_BODY = '''    q3 = q.reshape((T, H, D))
+    k3 = k.reshape((T, G, D))
     _rope(q3, pos, inv_freq, neox, mscale)
     _rope(k3, pos, inv_freq, neox, mscale)
-    cell = base[0] + pos[0]
-    {store_k}(kc, seq[0], cell, k1)
-    {store_v}(vc, seq[0], cell, v1)
-    a3 = attn.reshape((1, H, Dv))
+    for t in range(T):
+        {store_k}(kc, seq[t], base[t] + pos[t], k[t])
+        {store_v}(vc, seq[t], base[t] + pos[t], v[t])
+    a3 = attn.reshape((T, H, Dv))
     if par:
         _attn_p(q3, kc, vc, seq, base, pos, window, scale, softcap, sinks, a3, n_split, split_len,
                 kbits, kvals, sbuf, pm, pl, pacc)
@@ -103,15 +104,16 @@ _BODY = '''    q3 = q.reshape((1, H, D))
         _attn_s(q3, kc, vc, seq, base, pos, window, scale, softcap, sinks, a3, n_split, split_len,
                 kbits, kvals, sbuf, pm, pl, pacc)
     {mv_o}(wo, attn, o)
-{post_attn}    for i in range(x.shape[1]):
-        x[0, i] += o[0, i]
+{post_attn}    for t in range(T):
+        for i in range(x.shape[1]):
+            x[t, i] += o[t, i]
     _rmsnorm(x, ffn_norm, eps, h)
-    g1, u1 = gate[0], up[0]
 {gate_up}
     {act}(gate, up, gate)
     {mv_d}(wd, gate, o)
-{post_ffn}    for i in range(x.shape[1]):
-        x[0, i] += o[0, i]
+{post_ffn}    for t in range(T):
+        for i in range(x.shape[1]):
+            x[t, i] += o[t, i]
 '''
 
 
@@ -120,6 +122,13 @@ def _same_x_kernel(qt, i8: bool) -> tuple[str, str]:
     quants.matvec_many takes (int8 when on and the type has one)."""
     w = qt.matvec_same_x_i8 if i8 and qt.matvec_same_x_i8 is not None else qt.matvec_same_x
     return w.__module__, "_" + w.__name__.replace("_same_x", "")
+
+
+def _multi_same_x_kernel(qt, i8: bool) -> tuple[str, str] | None:
+    """(module, name) of the kernel behind qt's fused multi-token mat-vec of 1..3 weights
+    (quants.matvec_multi_many), None when the type has none."""
+    w = qt.matvec_multi_same_x_i8 if i8 and qt.matvec_multi_same_x_i8 is not None else qt.matvec_multi_same_x
+    return None if w is None else (w.__module__, "_" + w.__name__)
 
 
 def _multi_kernel(qt, i8: bool) -> tuple[str, str]:
@@ -154,33 +163,40 @@ class _Source:
         return "\n".join(f"from {m} import {n} as {a}" for (m, n), a in self.names.items())
 
 
-def _launches(src: _Source, ws: list[QTensor], args: list[str], x: str, outs: list[str], i8: bool) -> str:
+def _launches(src: _Source, ws: list[QTensor], args: list[str], x: str, outs: list[str], i8: bool,
+              multi: bool) -> str:
+    """The fused mat-vec launches of weights sharing x, grouped as quants groups them: one
+    token (1-D rows of the buffers) or several (2-D)."""
     lines = []
     for g in _groups(ws):
-        k = src.name(_same_x_kernel(QUANT_TYPES[ws[g[0]].qtype], i8))
+        qt = QUANT_TYPES[ws[g[0]].qtype]
+        ref = _multi_same_x_kernel(qt, i8) if multi else _same_x_kernel(qt, i8)
+        assert ref is not None  # _servable checked
+        k = src.name(ref)
         r = [args[i] for i in g]
-        o = [outs[i] for i in g]
-        while len(r) < 3:  # the empty weights quants' launcher pads with
+        o = [outs[i] if multi else f"{outs[i]}[0]" for i in g]
+        while len(r) < 3:  # the empty weights quants' launchers pad with
             r.append(f"{r[0]}[:0]")
-            o.append(f"{o[0]}[:0]")
-        lines.append(f"    {k}({r[0]}, {r[1]}, {r[2]}, {x}, {o[0]}, {o[1]}, {o[2]})")
+            o.append("np.empty((T, 0), np.float32)" if multi else f"{o[0]}[:0]")
+        xa = x if multi else f"{x}[0]"
+        lines.append(f"    {k}({r[0]}, {r[1]}, {r[2]}, {xa}, {o[0]}, {o[1]}, {o[2]})")
     return "\n".join(lines)
 
 
-def render(spec: StepSpec, lw, kdtype: np.dtype, vdtype: np.dtype, i8: bool) -> str:
+def render(spec: StepSpec, lw, kdtype: np.dtype, vdtype: np.dtype, i8: bool, multi: bool = False) -> str:
     """The source of the step module for layer weights lw (the layer's qtypes decide which
-    kernels it calls)."""
+    kernels it calls): for one token, or (multi) for 2..MATVEC_MAX_TOKENS."""
     src = _Source()
-    qkv = _launches(src, [lw.attn_q, lw.attn_k, lw.attn_v], ["wq", "wk", "wv"], "h1", ["q1", "k1", "v1"], i8)
+    qkv = _launches(src, [lw.attn_q, lw.attn_k, lw.attn_v], ["wq", "wk", "wv"], "h", ["q", "k", "v"], i8, multi)
     if spec.qkv_bias:
-        qkv += ("\n    bq, bk, bv = aux[0], aux[1], aux[2]\n"
-                "    for i in range(q1.shape[0]):\n        q1[i] += bq[i]\n"
-                "    for i in range(k1.shape[0]):\n        k1[i] += bk[i]\n"
-                "    for i in range(v1.shape[0]):\n        v1[i] += bv[i]")
+        qkv += ("\n    bq, bk, bv = aux[0], aux[1], aux[2]\n    for t in range(T):"
+                "\n        for i in range(q.shape[1]):\n            q[t, i] += bq[i]"
+                "\n        for i in range(k.shape[1]):\n            k[t, i] += bk[i]"
+                "\n        for i in range(v.shape[1]):\n            v[t, i] += bv[i]")
     if spec.qk_norm:
-        qkv += ("\n    qh = q.reshape((H, D))\n    _rmsnorm(qh, aux[0], eps, qh)"
-                "\n    kh = k.reshape((G, D))\n    _rmsnorm(kh, aux[1], eps, kh)")
-    gate_up = _launches(src, [lw.ffn_gate, lw.ffn_up], ["wg", "wu"], "h1", ["g1", "u1"], i8)
+        qkv += ("\n    qh = q.reshape((T * H, D))\n    _rmsnorm(qh, aux[0], eps, qh)"
+                "\n    kh = k.reshape((T * G, D))\n    _rmsnorm(kh, aux[1], eps, kh)")
+    gate_up = _launches(src, [lw.ffn_gate, lw.ffn_up], ["wg", "wu"], "h", ["gate", "up"], i8, multi)
     store = {np.dtype(np.uint16): "store_kv_f16", np.dtype(np.float32): "store_kv_f32"}
     post_attn = post_ffn = ""
     if spec.post_norms:
@@ -193,7 +209,7 @@ def render(spec: StepSpec, lw, kdtype: np.dtype, vdtype: np.dtype, i8: bool) -> 
         mv_d=src.name(_multi_kernel(QUANT_TYPES[lw.ffn_down.qtype], i8)),
         post_attn=post_attn, post_ffn=post_ffn, gate_up=gate_up,
         act="_geglu" if spec.act == "gelu" else "_swiglu")
-    key = f"{spec} k={np.dtype(kdtype)} v={np.dtype(vdtype)} int8={i8}"
+    key = f"{spec} k={np.dtype(kdtype)} v={np.dtype(vdtype)} int8={i8} tokens={'2-8' if multi else 1}"
     return _HEADER.format(key=key, imports=src.imports(), qkv=qkv) + body
 
 
@@ -260,7 +276,7 @@ _EMPTY = np.zeros(0, np.float32)
 _WEIGHTS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 
-def _servable(spec: StepSpec, lw, auto: bool) -> bool:
+def _servable(spec: StepSpec, lw, auto: bool, multi: bool) -> bool:
     ws = [w for n in _WEIGHTS if isinstance(w := getattr(lw, n), QTensor)]
     if len(ws) < len(_WEIGHTS):  # an expert stack or a weight of another kind
         return False
@@ -268,30 +284,38 @@ def _servable(spec: StepSpec, lw, auto: bool) -> bool:
         qt = QUANT_TYPES.get(w.qtype)
         if qt is None or w.n_cols % qt.block_elems or qt.matvec_same_x is None:
             return False
+        if multi and _multi_same_x_kernel(qt, False) is None:
+            return False
     return not auto or sum(w.nbytes for w in ws) >= MIN_LAYER_BYTES
 
 
 class LayerSteps:
-    """A context's compiled layer steps: per layer the step function (None: the Python block
-    serves it) and the arguments that do not change from token to token."""
+    """A context's compiled layer steps: per layer the step function for one token and for
+    2..MATVEC_MAX_TOKENS (None: the Python block serves it), and the arguments that do not
+    change from token to token. The several-token ones are made for contexts with several
+    sequences, whose slots decode together."""
 
     def __init__(self, ctx, spec: StepSpec, i8: bool):
-        self.kv, self.i8 = ctx.kv, i8
-        cfg, b, kv = ctx.cfg, ctx.buf, ctx.kv
+        self.kv, self.i8, self.buf = ctx.kv, i8, ctx.buf
+        cfg, kv = ctx.cfg, ctx.kv
         auto = mode() == "auto"
-        self.fns: list[Any] = []
+        multi = ctx.n_seq_max > 1 and ctx.n_ubatch > 1
+        self.one: list[Any] = []
+        self.many: list[Any] = []
         self.args: list[tuple] = []
         self.H, self.G, self.D, self.Dv = cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v
         eps = np.float32(cfg.norm_eps)
         softcap = np.float32(cfg.attn_logit_softcap if spec.attn_softcap else 0.0)
-        bufs = (b.x[:1], b.h[:1], b.q[:1], b.k[:1], b.v[:1], b.attn[:1], b.o[:1], b.gate[:1], b.up[:1])
         for il, lw in enumerate(ctx.model.weights.layers):
             kc, vc = kv.k[il], kv.v[il]
-            if not _servable(spec, lw, auto) or kc.shape[1] == 0 or kc.dtype not in (np.uint16, np.float32):
-                self.fns.append(None)
+            if not _servable(spec, lw, auto, False) or kc.shape[1] == 0 or kc.dtype not in (np.uint16, np.float32):
+                self.one.append(None)
+                self.many.append(None)
                 self.args.append(())
                 continue
-            self.fns.append(load_step(render(spec, lw, kc.dtype, vc.dtype, i8)))
+            self.one.append(load_step(render(spec, lw, kc.dtype, vc.dtype, i8)))
+            self.many.append(load_step(render(spec, lw, kc.dtype, vc.dtype, i8, multi=True))
+                             if multi and _servable(spec, lw, auto, True) else None)
             aux: list[np.ndarray] = []
             if spec.qkv_bias:
                 aux += [lw.attn_q_bias, lw.attn_k_bias, lw.attn_v_bias]
@@ -301,46 +325,70 @@ class LayerSteps:
                 aux += [lw.post_attention_norm, lw.post_ffw_norm]
             rope = kv.rope[il]
             self.args.append((
-                *bufs, lw.attn_norm, lw.ffn_norm, tuple(aux) or (_EMPTY,),
+                lw.attn_norm, lw.ffn_norm, tuple(aux) or (_EMPTY,),
                 *(_raw_rows(getattr(lw, n).raw) for n in _WEIGHTS), eps,
                 rope.inv_freq, rope.neox, float(rope.attn_factor), kc, vc,
                 kv.window[il], np.float32(cfg.kq_scale), softcap, ops._NO_SINKS))
-        self.any = any(f is not None for f in self.fns)
+        self.any = any(f is not None for f in self.one)
         self._compile()
+
+    def _call_args(self, il: int, bufs: tuple, pos: np.ndarray, seq: np.ndarray, base: np.ndarray,
+                   plan: ops.AttentionPlan) -> tuple:
+        a = self.args[il]
+        return (*bufs, *a[:11], pos, *a[11:16], seq, base, *a[16:], plan.parallel, *plan.args(),
+                self.H, self.G, self.D, self.Dv)
 
     def _compile(self) -> None:
         """Compile (or load from numba's cache) each distinct step now, for the argument types
         of a decode, so that the first token does not pay for it."""
-        plan = ops.AttentionPlan(1, self.H, self.G, self.D, self.Dv, 1, 0)
-        pos, cells = np.zeros(1, np.int32), np.zeros(1, np.int64)
+        b = self.buf
         seen: set[int] = set()
-        for fn, a in zip(self.fns, self.args, strict=True):
-            if fn is None or id(fn) in seen:
-                continue
-            seen.add(id(fn))
-            full = (*a[:20], pos, *a[20:25], cells, cells, *a[25:], plan.parallel, *plan.args(),
-                    self.H, self.G, self.D, self.Dv)
-            fn.compile(tuple(numba.typeof(v) for v in full))
+        for fns, T in ((self.one, 1), (self.many, 2)):
+            plan = ops.AttentionPlan(T, self.H, self.G, self.D, self.Dv, 1, 0)
+            bufs = tuple(a[:T] for a in (b.x, b.h, b.q, b.k, b.v, b.attn, b.o, b.gate, b.up))
+            pos, cells = np.zeros(T, np.int32), np.zeros(T, np.int64)
+            for il, fn in enumerate(fns):
+                if fn is None or id(fn) in seen:
+                    continue
+                seen.add(id(fn))
+                fn.compile(tuple(numba.typeof(v) for v in self._call_args(il, bufs, pos, cells, cells, plan)))
 
-    def run(self, s, il: int, plans: dict[int, ops.AttentionPlan]) -> bool:
-        """Layer il of the one-token ubatch s through its step; False when it has none."""
+    def for_ubatch(self, s) -> UbatchSteps | None:
+        """The steps for ubatch s (its T tokens, every one decoding: T <= MATVEC_MAX_TOKENS),
+        or None when they have no step for T tokens."""
+        if s.n_tokens > MATVEC_MAX_TOKENS or (s.n_tokens > 1 and not any(f is not None for f in self.many)):
+            return None
+        return UbatchSteps(self, s)
+
+
+class UbatchSteps:
+    """One ubatch's run through the layer steps: its buffers, cells and attention plans."""
+
+    def __init__(self, steps: LayerSteps, s):
+        self.steps, self.s = steps, s
+        self.fns = steps.one if s.n_tokens == 1 else steps.many
+        self.bufs = (s.x, s.h, s.q, s.k, s.v, s.attn, s.o, s.gate, s.up)
+        self.seq, self.base = s.kv.token_cells(s.seq_id)
+        self.n_pos = int(s.pos.max()) + 1
+        self.plans: dict[int, ops.AttentionPlan] = {}  # per sliding-window size
+
+    def run(self, il: int) -> bool:
+        """Layer il through its step; False when it has none (the caller runs the block)."""
         fn = self.fns[il]
         if fn is None:
             return False
-        a = self.args[il]
-        window = a[25]
-        plan = plans.get(window)
+        st = self.steps
+        window = st.args[il][16]
+        plan = self.plans.get(window)
         if plan is None:
-            plan = plans[window] = ops.AttentionPlan(1, self.H, self.G, self.D, self.Dv, int(s.pos[0]) + 1, window)
-        seq, base = s.kv.token_cells(s.seq_id)
-        fn(*a[:20], s.pos, *a[20:25], seq, base, *a[25:], plan.parallel, *plan.args(),
-           self.H, self.G, self.D, self.Dv)
+            plan = self.plans[window] = ops.AttentionPlan(self.s.n_tokens, st.H, st.G, st.D, st.Dv, self.n_pos, window)
+        fn(*st._call_args(il, self.bufs, self.s.pos, self.seq, self.base, plan))
         return True
 
 
 def for_context(ctx) -> LayerSteps | None:
-    """The context's layer steps for a one-token ubatch (built at first use, rebuilt when the
-    KV cache or the decode path changes), or None where none serves."""
+    """The context's layer steps (built with the context, rebuilt when the KV cache or the
+    decode path changes), or None where none serves."""
     spec = ctx.model.arch.step
     if spec is None or mode() == "0":
         return None
@@ -356,4 +404,4 @@ def for_context(ctx) -> LayerSteps | None:
     return steps if steps is not None and steps.any else None
 
 
-__all__ = ["StepSpec", "LayerSteps", "for_context", "load_step", "render", "mode"]
+__all__ = ["StepSpec", "LayerSteps", "UbatchSteps", "for_context", "load_step", "render", "mode"]
