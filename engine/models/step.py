@@ -24,6 +24,7 @@ import os
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -330,7 +331,11 @@ class LayerSteps:
                 rope.inv_freq, rope.neox, float(rope.attn_factor), kc, vc,
                 kv.window[il], np.float32(cfg.kq_scale), softcap, ops._NO_SINKS))
         self.any = any(f is not None for f in self.one)
+        t0 = time.perf_counter()
         self._compile()
+        if time.perf_counter() - t0 > 1.0:
+            log.warning("compiled the decode steps of this model in %.1f s (cached for later starts)",
+                        time.perf_counter() - t0)
 
     def _call_args(self, il: int, bufs: tuple, pos: np.ndarray, seq: np.ndarray, base: np.ndarray,
                    plan: ops.AttentionPlan) -> tuple:
