@@ -91,19 +91,26 @@ def _metadata_bytes(n_tensors: int) -> int:
 
 
 def resident_bytes(path: str) -> int | None:
-    """Resident bytes of every mapping of `path` in this process (Linux smaps), else None."""
+    """Resident bytes of every mapping of `path` in this process (Linux smaps), else None.
+
+    smaps is searched as bytes rather than parsed line by line: the desktop app's process has
+    thousands of mappings (Qt, LLVM, the GL driver), and its dashboard asks once a second while
+    a reply streams; the line loop held the GIL for ~10-30 ms each time, stalling decode.
+    """
     try:
-        real = os.path.realpath(path)
-        total, inside = 0, False
-        with open("/proc/self/smaps") as fh:
-            for line in fh:
-                if "-" in line.split(" ", 1)[0]:
-                    inside = line.rstrip().endswith(real)
-                elif inside and line.startswith("Rss:"):
-                    total += int(line.split()[1]) * 1024
-        return total
+        with open("/proc/self/smaps", "rb") as fh:
+            text = fh.read()
     except OSError:
         return None
+    key = b" " + os.fsencode(os.path.realpath(path)) + b"\n"  # a mapping's header line ends so
+    total, i = 0, text.find(key)
+    while i >= 0:
+        j = text.find(b"\nRss:", i)  # the first Rss line after the header is that mapping's
+        if j < 0:
+            break
+        total += int(text[j + 5 : text.find(b"kB", j)]) * 1024
+        i = text.find(key, j)
+    return total
 
 
 def memory_report(ctx: Context) -> MemoryReport:
