@@ -177,3 +177,33 @@ def test_router_keeps_a_failed_childs_message(tmp_path):
     child = router.children["m"]
     router._on_message(child, b'{"event": "failed", "error": "not enough memory for n_ctx 9"}')
     assert child.error == "not enough memory for n_ctx 9"
+
+
+def test_resident_bytes_counts_only_the_files_own_mappings(tmp_path):
+    """The resident bytes of a mapped file's pages, not those of another file whose path ends
+    with the same characters (read from /proc/self/smaps)."""
+    import mmap
+    import sys
+
+    from engine.memory import resident_bytes
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("resident bytes come from Linux's /proc/self/smaps")
+    a = tmp_path / "m.bin"
+    b = tmp_path / "deep" / str(tmp_path).lstrip("/") / "m.bin"  # its path ends with a's
+    b.parent.mkdir(parents=True)
+    page = mmap.PAGESIZE
+    a.write_bytes(b"\1" * (4 * page))
+    b.write_bytes(b"\1" * (64 * page))
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        ma = mmap.mmap(fa.fileno(), 0, access=mmap.ACCESS_READ)
+        mb = mmap.mmap(fb.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            assert sum(ma[i * page] for i in range(4)) == 4  # touch every page of a
+            assert sum(mb[i * page] for i in range(64)) == 64
+            assert resident_bytes(str(a)) == 4 * page
+            assert resident_bytes(str(b)) == 64 * page
+            assert resident_bytes(str(tmp_path / "absent.bin")) == 0
+        finally:
+            ma.close()
+            mb.close()
