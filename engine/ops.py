@@ -20,27 +20,29 @@ from . import parallel
 from .jit import kernel, serial_and_parallel
 
 
+@kernel
+def _inv_rms(x, t, eps):
+    """1 / rms of row t of x (T, E), eps inside the root (float64 sum of squares)."""
+    E = x.shape[1]
+    ss = 0.0
+    for i in range(E):
+        ss += x[t, i] * x[t, i]
+    return 1.0 / math.sqrt(ss / E + eps)
+
+
 def _rmsnorm_rows(x, w, eps, out):  # x, out (T, E); w (E,)
-    T, E = x.shape
-    for t in prange(T):
-        ss = 0.0
-        for i in range(E):
-            ss += x[t, i] * x[t, i]
-        scale = 1.0 / math.sqrt(ss / E + eps)
-        for i in range(E):
+    for t in prange(x.shape[0]):
+        scale = _inv_rms(x, t, eps)
+        for i in range(x.shape[1]):
             out[t, i] = x[t, i] * scale * w[i]
 
 
 def _rmsnorm_inplace_rows(x, w, eps):  # x (T, E) in place
-    # _rmsnorm_rows with out = x ran 5-10x slower: LLVM's vectoriser guards the store against
+    # _rmsnorm_rows with out = x ran 3x slower: LLVM's vectoriser guards the store against
     # the loads it might overlap and, seeing x and out overlap, took the scalar loop
-    T, E = x.shape
-    for t in prange(T):
-        ss = 0.0
-        for i in range(E):
-            ss += x[t, i] * x[t, i]
-        scale = 1.0 / math.sqrt(ss / E + eps)
-        for i in range(E):
+    for t in prange(x.shape[0]):
+        scale = _inv_rms(x, t, eps)
+        for i in range(x.shape[1]):
             x[t, i] = x[t, i] * scale * w[i]
 
 
@@ -52,23 +54,27 @@ def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> None:
         _rows(lambda x_, out_: _rmsnorm(x_, w, np.float32(eps), out_), x.shape[0], x, out)
 
 
+@kernel
+def _rotate(x, t, i, half, c, s, neox):
+    """Pair i of every head of token t of x (T, H, D) turned by the angle with cos c, sin s:
+    dims (i, i + half) with neox, (2i, 2i + 1) without."""
+    if neox:
+        i0, i1 = i, i + half
+    else:
+        i0, i1 = 2 * i, 2 * i + 1
+    for h in range(x.shape[1]):
+        a = x[t, h, i0]
+        b = x[t, h, i1]
+        x[t, h, i0] = a * c - b * s
+        x[t, h, i1] = a * s + b * c
+
+
 def _rope_rows(x, pos, inv_freq, neox, mscale):  # x (T, H, D) in place; pos (T,)
-    T, H = x.shape[0], x.shape[1]
     half = inv_freq.shape[0]
-    for t in prange(T):
+    for t in prange(x.shape[0]):
         for i in range(half):
             theta = pos[t] * inv_freq[i]
-            c = np.float32(math.cos(theta) * mscale)
-            s = np.float32(math.sin(theta) * mscale)
-            if neox:
-                i0, i1 = i, i + half
-            else:
-                i0, i1 = 2 * i, 2 * i + 1
-            for h in range(H):
-                a = x[t, h, i0]
-                b = x[t, h, i1]
-                x[t, h, i0] = a * c - b * s
-                x[t, h, i1] = a * s + b * c
+            _rotate(x, t, i, half, np.float32(math.cos(theta) * mscale), np.float32(math.sin(theta) * mscale), neox)
 
 
 def rope(x: np.ndarray, pos: np.ndarray, inv_freq: np.ndarray, neox: bool,
@@ -77,12 +83,6 @@ def rope(x: np.ndarray, pos: np.ndarray, inv_freq: np.ndarray, neox: bool,
     positions (angle pos * inv_freq[i] for pair i, see config.Rope); cos and sin are
     multiplied by mscale (LongRoPE's attention factor)."""
     _rows(lambda x_, p_: _rope(x_, p_, inv_freq, neox, float(mscale)), x.shape[0], x, pos)
-
-
-
-
-# ggml_swiglu_oai's constants as llama.cpp's gpt-oss graph passes them
-OAI_ALPHA, OAI_LIMIT = 1.702, 7.0
 
 
 def _rope_table_rows(pos, inv_freq, mscale, cs):  # cs (T, half, 2): cos, sin as _rope_rows has them
@@ -95,21 +95,10 @@ def _rope_table_rows(pos, inv_freq, mscale, cs):  # cs (T, half, 2): cos, sin as
 
 
 def _rope_apply_rows(x, cs, neox):  # x (T, H, D) in place by the table of _rope_table_rows
-    T, H = x.shape[0], x.shape[1]
     half = cs.shape[1]
-    for t in range(T):
+    for t in range(x.shape[0]):
         for i in range(half):
-            c = cs[t, i, 0]
-            s = cs[t, i, 1]
-            if neox:
-                i0, i1 = i, i + half
-            else:
-                i0, i1 = 2 * i, 2 * i + 1
-            for h in range(H):
-                a = x[t, h, i0]
-                b = x[t, h, i1]
-                x[t, h, i0] = a * c - b * s
-                x[t, h, i1] = a * s + b * c
+            _rotate(x, t, i, half, cs[t, i, 0], cs[t, i, 1], neox)
 
 
 def rope_table(pos: np.ndarray, inv_freq: np.ndarray, mscale: float = 1.0) -> np.ndarray:
@@ -124,6 +113,10 @@ def rope_table(pos: np.ndarray, inv_freq: np.ndarray, mscale: float = 1.0) -> np
 def rope_apply(x: np.ndarray, cs: np.ndarray, neox: bool) -> None:
     """`rope` of x (T, H, D) in place from a rope_table of its positions: the same results."""
     _rows(lambda x_, c_: _rope_apply(x_, c_, neox), x.shape[0], x, cs)
+
+
+# ggml_swiglu_oai's constants as llama.cpp's gpt-oss graph passes them
+OAI_ALPHA, OAI_LIMIT = 1.702, 7.0
 
 
 def _swiglu_oai_rows(g, u, out, alpha, limit):  # (T, F); gate clipped above, up both ways
