@@ -1,4 +1,4 @@
-"""The compiled single-token layer step: one numba call per layer for decode.
+"""The compiled layer step: one numba call per layer for decode ubatches (1..8 tokens).
 
 A decode step of one token is ~12 small operations a layer (norms, fused mat-vecs, RoPE, the
 KV store, attention, residual adds). Run from Python, each pays for its glue and its numba
@@ -7,8 +7,11 @@ the standard pre-norm decoder layer declares a `StepSpec`; for it this module wr
 combination of weight types, KV cache types and decode path, a small module whose one njit
 function calls the *same* kernels in the *same* order as the Python block (so the logits are
 bit for bit those of `block`; tests/test_decode_step.py checks every spec), and numba caches
-its machine code like any kernel's. Layers it cannot serve (a weight type without a fused
-kernel, a GPU layer) run the Python block.
+its machine code like any kernel's. Each context gets a one-token step per layer and, when it
+has several sequences, one for 2..MATVEC_MAX_TOKENS tokens (slots decoding together), both
+compiled (or loaded from the cache) with the context. Layers it cannot serve (a weight type
+without a fused kernel, an expert stack, a GPU layer) run the Python block, as do prompt
+chunks.
 
 GGSTATION_STEP=0 turns it off, =1 forces it on (tests); by default it serves layers of at
 least MIN_LAYER_BYTES of weights: below that (the tiny test models) a first compile of a
