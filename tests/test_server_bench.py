@@ -50,6 +50,8 @@ def test_serve_4_clients_vs_1(smollm2_path, perf_figure):
         one = aggregate_tps(p.url, 1)
         four = aggregate_tps(p.url, 4)
         print(f"\n1 client: {one:.2f} tok/s; 4 clients: {four:.2f} tok/s aggregate ({four / one:.2f}x)")
-        perf_figure("serve SmolLM2: 4 clients' aggregate speed / 1 client's", four / one, "x", at_least=2.0)
+        # A guard that the slots decode together (one at a time gives ~1x). 1.9-2.2x here since
+        # the compiled layer step made one client ~20 % faster; llama-server gets 1.6x.
+        perf_figure("serve SmolLM2: 4 clients' aggregate speed / 1 client's", four / one, "x", at_least=1.7)
     finally:
         p.stop()

@@ -29,13 +29,19 @@ NOT_FOR_GENERATE = {
     "scipy.linalg": "no engine kernel",
 }
 
+# Peak RSS from VmHWM, the high-water mark of this process's own memory map: Linux carries
+# ru_maxrss across exec, so a child forked from a big pytest process (after the GUI tests,
+# ~690 MB) reported the parent's size instead of its own.
 _RUN_MAIN = """
 import json, resource, sys
 from engine.cli import main
 rc = main(sys.argv[2:])
+try:
+    hwm = next(int(ln.split()[1]) for ln in open("/proc/self/status") if ln.startswith("VmHWM:"))
+except (OSError, StopIteration):
+    hwm = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 with open(sys.argv[1], "w") as f:
-    json.dump({"rc": rc, "modules": sorted(sys.modules),
-               "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}, f)
+    json.dump({"rc": rc, "modules": sorted(sys.modules), "maxrss_kb": hwm}, f)
 """
 
 
