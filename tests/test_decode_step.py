@@ -21,15 +21,17 @@ from engine.models import step
 from ggufgen import write_tiny_model
 
 TOKENS = np.array([1, 5, 9, 23, 7, 11, 3, 2, 8, 13, 17, 4, 6, 10, 12, 14], np.int32)
-ARCHS = {"llama": Q.Q4_0, "qwen2": Q.Q4_1, "qwen3": Q.F16, "gemma2": Q.Q5_0, "gemma3": Q.Q8_0}
+ARCHS = {"llama": Q.Q4_0, "qwen2": Q.Q4_1, "qwen3": Q.F16, "gemma2": Q.Q5_0, "gemma3": Q.Q8_0,
+         "smollm3": Q.Q8_0}  # smollm3: its 4th layer has no RoPE
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     d = tmp_path_factory.mktemp("step-models")
-    # n_embd 256: the K-quants' super-blocks fit; sliding windows (gemma) of 8 are crossed
-    return {a: write_tiny_model(d / f"{a}.gguf", a, n_layer=3, n_embd=256, n_head=4, n_head_kv=2, n_ff=512,
-                                qtype=qt)
+    # n_embd 256: the K-quants' super-blocks fit; sliding windows (gemma) of 8 are crossed;
+    # smollm3's fourth layer is its first without RoPE
+    return {a: write_tiny_model(d / f"{a}.gguf", a, n_layer=4 if a == "smollm3" else 3, n_embd=256, n_head=4,
+                                n_head_kv=2, n_ff=512, qtype=qt)
             for a, qt in ARCHS.items()}
 
 
@@ -171,6 +173,7 @@ def test_starter_models_decode_through_the_step_by_default(name, request, monkey
 
 def test_step_modules_are_written_once_per_content(tmp_path, monkeypatch):
     monkeypatch.setenv("GGSTATION_STEP_DIR", str(tmp_path / "steps"))
+    monkeypatch.setattr(step, "_modules", {})  # none loaded yet in this process
     lw = load_model(write_tiny_model(tmp_path / "m.gguf", "llama", n_layer=1, qtype=Q.Q8_0)).weights.layers[0]
     src = step.render(step.StepSpec(), lw, np.dtype(np.uint16), np.dtype(np.uint16), False)
     fn = step.load_step(src)
