@@ -258,3 +258,17 @@ def test_steps_are_compiled_with_the_context_for_a_decodes_types(tiny, monkeypat
     ctx.decode(Batch.for_sequence(TOKENS[3:4], 3, 1))
     assert step.for_context(ctx) is steps
     assert {id(f): len(f.signatures) for f in steps.one + steps.many} == before
+
+
+def test_a_damaged_step_module_is_written_again(tmp_path, monkeypatch):
+    """A step file cut short (or edited) on disk is replaced by the right text, not imported."""
+    monkeypatch.setenv("GGSTATION_STEP_DIR", str(tmp_path / "steps"))
+    monkeypatch.setattr(step, "_modules", {})
+    lw = load_model(write_tiny_model(tmp_path / "m.gguf", "llama", n_layer=1, qtype=Q.Q4_0)).weights.layers[0]
+    src = step.render(step.StepSpec(), lw, np.dtype(np.uint16), np.dtype(np.uint16), False)
+    step.load_step(src)
+    (path,) = (tmp_path / "steps").glob("step_*.py")
+    path.write_text(src[: len(src) // 2])  # a syntax error if imported
+    monkeypatch.setattr(step, "_modules", {})
+    assert step.load_step(src) is not None
+    assert path.read_text() == src
