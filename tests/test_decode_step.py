@@ -22,7 +22,10 @@ from ggufgen import write_tiny_model
 
 TOKENS = np.array([1, 5, 9, 23, 7, 11, 3, 2, 8, 13, 17, 4, 6, 10, 12, 14], np.int32)
 ARCHS = {"llama": Q.Q4_0, "qwen2": Q.Q4_1, "qwen3": Q.F16, "gemma2": Q.Q5_0, "gemma3": Q.Q8_0,
-         "smollm3": Q.Q8_0}  # smollm3: its 4th layer has no RoPE
+         "smollm3": Q.Q8_0,  # its 4th layer has no RoPE
+         "olmo2": Q.Q5_1,  # post-norms only, Q/K norms over the whole projections, sliding layers
+         "phi3": Q.Q4_0,  # fused Q|K|V and gate|up, partial LongRoPE
+         "granite": Q.BF16}  # residual_scale on both branches
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +33,9 @@ def tiny(tmp_path_factory):
     d = tmp_path_factory.mktemp("step-models")
     # n_embd 256: the K-quants' super-blocks fit; sliding windows (gemma) of 8 are crossed;
     # smollm3's fourth layer is its first without RoPE
-    return {a: write_tiny_model(d / f"{a}.gguf", a, n_layer=4 if a == "smollm3" else 3, n_embd=256, n_head=4,
-                                n_head_kv=2, n_ff=512, qtype=qt)
+    # (olmo2's too, after three sliding layers)
+    return {a: write_tiny_model(d / f"{a}.gguf", a, n_layer=4 if a in ("smollm3", "olmo2") else 3, n_embd=256,
+                                n_head=4, n_head_kv=2, n_ff=512, qtype=qt, sliding=a == "olmo2")
             for a, qt in ARCHS.items()}
 
 
@@ -56,7 +60,7 @@ def test_step_gives_the_python_blocks_logits_bit_for_bit(tiny, arch, monkeypatch
     assert np.array_equal(got, want)
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "phi3", "olmo2"])
 def test_step_int8_path_and_f32_cache(tiny, arch, monkeypatch):
     model = load_model(tiny[arch])
     quants.use_int8(True)
@@ -95,7 +99,9 @@ def test_step_serves_sequences_of_split_and_unified_caches(tiny, unified, monkey
 
 
 @pytest.mark.parametrize(("arch", "unified", "int8"), [("llama", True, False), ("qwen2", False, False),
-                                                    ("gemma3", True, True), ("gemma2", False, False)])
+                                                    ("gemma3", True, True), ("gemma2", False, False),
+                                                    ("phi3", True, True), ("olmo2", False, False),
+                                                    ("granite", True, False)])
 def test_several_token_step_serves_slots_decoding_together(tiny, arch, unified, int8, monkeypatch):
     """Ubatches of 2..8 tokens: three sequences' tokens together (interleaved, as a scheduler
     may order them), and three tokens of one sequence: the Python blocks' logits bit for bit."""
@@ -129,7 +135,7 @@ def test_several_token_step_serves_slots_decoding_together(tiny, arch, unified, 
         return np.concatenate(out)
 
     assert np.array_equal(run("1"), run("0"))
-    assert served.count(3) == 11 * 3  # every layer of the 3-token ubatches went through a step
+    assert served.count(3) == 11 * len(model.weights.layers)  # every layer of the 3-token ubatches went through a step
 
 
 def test_step_groups_mixed_weight_types_as_the_python_path(tmp_path, monkeypatch):
@@ -272,3 +278,61 @@ def test_a_damaged_step_module_is_written_again(tmp_path, monkeypatch):
     monkeypatch.setattr(step, "_modules", {})
     assert step.load_step(src) is not None
     assert path.read_text() == src
+
+
+def test_prune_deletes_other_versions_old_steps_and_their_cache(tmp_path):
+    d, cache = tmp_path / "steps", tmp_path / "steps" / "__pycache__"
+    cache.mkdir(parents=True)
+    now = 1_000_000_000.0
+    week = step.STALE_AFTER_S
+
+    def put(name, age, cached=True):
+        f = d / name
+        f.write_text("# a step\n")
+        os.utime(f, (now - age, now - age))
+        if cached:
+            for ext in (".step-12.py311.nbi", ".step-12.py311.1.nbc"):
+                (cache / (f.stem + ext)).write_bytes(b"code")
+        return f
+
+    mine = step._file_stem("0" * 20)
+    keep = [put(mine + ".py", 10 * week),  # this version's: kept however old
+            put("step_deadbeef_" + "1" * 20 + ".py", week / 2),  # another version's, recent
+            put("notes.txt", 10 * week, cached=False)]
+    gone = [put("step_deadbeef_" + "2" * 20 + ".py", week + 60),
+            put("step_" + "3" * 20 + ".py", 2 * week)]  # an older engine's names had no version
+    tmp = put("tmpab12.tmp", 2 * 86400, cached=False)
+    assert step.prune(d, cache, now=now) == 2
+    assert all(f.exists() for f in keep) and not any(f.exists() for f in gone) and not tmp.exists()
+    left = sorted(c.name.split(".")[0] for c in cache.iterdir())
+    assert left == sorted([keep[0].stem] * 2 + [keep[1].stem] * 2)
+    assert step.prune(tmp_path / "absent", None, now=now) == 0
+
+
+def test_making_a_context_prunes_stale_steps_once(tiny, tmp_path, monkeypatch):
+    d = tmp_path / "steps"
+    d.mkdir()
+    stale = d / ("step_deadbeef_" + "4" * 20 + ".py")
+    stale.write_text("# a step\n")
+    old = stale.stat().st_mtime - step.STALE_AFTER_S - 60
+    os.utime(stale, (old, old))
+    monkeypatch.setenv("GGSTATION_STEP_DIR", str(d))
+    monkeypatch.setenv("GGSTATION_STEP", "1")
+    monkeypatch.setattr(step, "_modules", {})
+    monkeypatch.setattr(step, "_pruned", False)
+    Context(load_model(tiny["llama"]), ContextParams(n_ctx=64))
+    assert not stale.exists() and list(d.glob(step._file_stem("") + "*.py"))
+    stale.write_text("# a step\n")
+    os.utime(stale, (old, old))
+    Context(load_model(tiny["llama"]), ContextParams(n_ctx=64))
+    assert stale.exists()  # once per process
+
+
+def test_step_spec_refuses_variants_the_template_has_not():
+    with pytest.raises(ValueError):
+        step.StepSpec(qk_norm="per-row")
+    with pytest.raises(ValueError):
+        step.StepSpec(act="relu")
+    with pytest.raises(ValueError):
+        step.StepSpec(fused=True, act="gelu")
+    assert step.StepSpec(fused=True).weights[:3] == ("attn_qkv",) * 3

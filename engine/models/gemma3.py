@@ -72,4 +72,4 @@ def block(s: L.UbatchState, il: int, lw: Layer) -> None:
 
 # as gemma2: embeddings scaled by sqrt(n_embd), final logits soft-capped when the file says so
 ARCH = Architecture("gemma3", config_from_gguf, load_layer, block, embed=gemma2.embed, head=gemma2.head,
-                    step=StepSpec(qk_norm=True, post_norms=True, act="gelu"))
+                    step=StepSpec(qk_norm="head", post_norms=True, act="gelu"))

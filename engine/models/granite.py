@@ -21,6 +21,7 @@ from ..gguf_file import GGUFFile
 from . import layers as L
 from .base import Architecture, rope_factors
 from .llama import Layer, LlamaConfig, load_layer
+from .step import StepSpec
 
 # scalar multipliers: 0 means "not set" for all but logit_scale, a divisor
 SCALE_RANGE = (0.0, 1e6)
@@ -82,4 +83,5 @@ def block(s: L.UbatchState, il: int, lw: Layer) -> None:
     s.x += _residual(s, L.ffn(s, L.norm(s, s.x, lw.ffn_norm), lw.ffn_gate, lw.ffn_up, lw.ffn_down, "silu"))
 
 
-ARCH = Architecture("granite", config_from_gguf, load_layer, block, embed=embed, head=head)
+ARCH = Architecture("granite", config_from_gguf, load_layer, block, embed=embed, head=head,
+                    step=StepSpec(residual_scale=True))

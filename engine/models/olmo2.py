@@ -25,6 +25,7 @@ from ..gguf_file import GGUFFile
 from ..quants import QTensor
 from . import layers as L
 from .base import Architecture, bind_layer
+from .step import StepSpec
 
 SWA_PATTERN = 4  # llama.cpp load_swa_pattern(ml, 4): layers 3, 7, ... are global
 
@@ -78,4 +79,5 @@ def block(s: L.UbatchState, il: int, lw: Layer) -> None:
     s.x += L.norm(s, o, lw.post_ffw_norm, o)
 
 
-ARCH = Architecture("olmo2", config_from_gguf, load_layer, block)
+ARCH = Architecture("olmo2", config_from_gguf, load_layer, block,
+                    step=StepSpec(qk_norm="whole", pre_norms=False, post_norms=True))

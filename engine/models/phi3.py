@@ -20,6 +20,7 @@ from ..gguf_file import GGUFFile
 from ..quants import QTensor
 from . import layers as L
 from .base import Architecture, bind_layer, rope_factors
+from .step import StepSpec
 
 
 @dataclass(frozen=True)
@@ -74,4 +75,4 @@ def block(s: L.UbatchState, il: int, lw: Layer) -> None:
     s.x += L.ffn_fused(s, L.norm(s, s.x, lw.ffn_norm), lw.ffn_up, lw.ffn_down)
 
 
-ARCH = Architecture("phi3", config_from_gguf, load_layer, block)
+ARCH = Architecture("phi3", config_from_gguf, load_layer, block, step=StepSpec(fused=True))

@@ -38,4 +38,4 @@ def block(s: L.UbatchState, il: int, lw: Layer) -> None:
     s.x += L.ffn(s, L.norm(s, s.x, lw.ffn_norm), lw.ffn_gate, lw.ffn_up, lw.ffn_down, "silu")
 
 
-ARCH = Architecture("qwen3", config_from_gguf, load_layer, block, step=StepSpec(qk_norm=True))
+ARCH = Architecture("qwen3", config_from_gguf, load_layer, block, step=StepSpec(qk_norm="head"))

@@ -50,17 +50,38 @@ class StepSpec:
     """The standard decoder layer, with the variations the architectures that declare it have:
 
     x += attn(norm(x)) [post-norm'd], x += ffn(norm(x)) [post-norm'd], with
-    qkv_bias: Q/K/V biases (attn_q_bias...; qwen2); qk_norm: per-head RMSNorm of Q and K
-    (attn_q_norm, attn_k_norm; qwen3, gemma3); post_norms: post_attention_norm and
-    post_ffw_norm on each branch's output (gemma2/3); act: "silu" or "gelu";
-    attn_softcap: scores capped by cfg.attn_logit_softcap (gemma2).
+    qkv_bias: Q/K/V biases (attn_q_bias...; qwen2); qk_norm: RMSNorm of Q and K, "head" per
+    head (attn_q_norm, attn_k_norm; qwen3, gemma3) or "whole" over each whole projection
+    (olmo2); pre_norms: False when the sublayers read x unnormalised (olmo2, which has only
+    post-norms); post_norms: post_attention_norm and post_ffw_norm on each branch's output
+    (gemma2/3, olmo2); act: "silu" or "gelu"; attn_softcap: scores capped by
+    cfg.attn_logit_softcap (gemma2); fused: one Q|K|V weight (attn_qkv) and one gate|up weight
+    (ffn_up) with SwiGLU (phi3); residual_scale: each branch's output times
+    cfg.residual_scale before its add (granite).
     """
 
     qkv_bias: bool = False
-    qk_norm: bool = False
+    qk_norm: str = ""
+    pre_norms: bool = True
     post_norms: bool = False
     act: str = "silu"
     attn_softcap: bool = False
+    fused: bool = False
+    residual_scale: bool = False
+
+    def __post_init__(self) -> None:
+        if self.qk_norm not in ("", "head", "whole") or self.act not in ("silu", "gelu"):
+            raise ValueError(f"unknown step variant {self}")
+        if self.fused and (self.act != "silu" or self.qkv_bias or self.qk_norm or self.post_norms):
+            raise ValueError(f"fused projections come with plain SwiGLU only: {self}")
+
+    @property
+    def weights(self) -> tuple[str, ...]:
+        """The layer's weight names, in the step's wq, wk, wv, wo, wg, wu, wd order (a fused
+        weight fills the places of the ones it joins)."""
+        if self.fused:
+            return ("attn_qkv", "attn_qkv", "attn_qkv", "attn_output", "ffn_up", "ffn_up", "ffn_down")
+        return ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 
 def mode() -> str:
@@ -77,20 +98,20 @@ import numpy as np
 from numba import njit
 
 from engine.ops import (_attn_p, _attn_s, _geglu, _rmsnorm, _rmsnorm_inplace, _rope, _swiglu,
-                        store_kv_f16, store_kv_f32)
+                        _swiglu_fused, store_kv_f16, store_kv_f32)
 {imports}
 
 
 @njit(cache=True, fastmath=True, nogil=True, error_model="numpy")
-def step(x, h, q, k, v, attn, o, gate, up, attn_norm, ffn_norm, aux, wq, wk, wv, wo, wg, wu, wd,
-         eps, pos, inv_freq, neox, mscale, kc, vc, seq, base, window, scale, softcap, sinks,
-         par, n_split, split_len, kbits, kvals, sbuf, pm, pl, pacc, H, G, D, Dv):
-    # x ... up: (T, width) views of the context's buffers for the ubatch's T tokens;
-    # aux: (bq, bk, bv) biases, (q_norm, k_norm), (post_attention_norm, post_ffw_norm) as the
-    # spec has them, else one empty array
+def step(x, h, q, k, v, attn, o, gate, up, qkv, gu, attn_norm, ffn_norm, aux, wq, wk, wv, wo, wg, wu,
+         wd, eps, pos, inv_freq, neox, mscale, kc, vc, seq, base, window, scale, softcap, sinks,
+         rscale, par, n_split, split_len, kbits, kvals, sbuf, pm, pl, pacc, H, G, D, Dv):
+    # x ... gu: (T, width) views of the context's buffers for the ubatch's T tokens (qkv, gu:
+    # the fused projections' outputs, width 0 without); aux: (bq, bk, bv) biases,
+    # (q_norm, k_norm), (post_attention_norm, post_ffw_norm) as the spec has them, else one
+    # empty array
     T = x.shape[0]
-    _rmsnorm(x, attn_norm, eps, h)
-{qkv}
+{pre_attn}{qkv}
 '''
 
 _BODY = '''    q3 = q.reshape((T, H, D))
@@ -108,17 +129,10 @@ _BODY = '''    q3 = q.reshape((T, H, D))
         _attn_s(q3, kc, vc, seq, base, pos, window, scale, softcap, sinks, a3, n_split, split_len,
                 kbits, kvals, sbuf, pm, pl, pacc)
     {mv_o}(wo, attn, o)
-{post_attn}    for t in range(T):
-        for i in range(x.shape[1]):
-            x[t, i] += o[t, i]
-    _rmsnorm(x, ffn_norm, eps, h)
-{gate_up}
-    {act}(gate, up, gate)
+{post_attn}{residual}{pre_ffn}{gate_up}
+    {act}
     {mv_d}(wd, gate, o)
-{post_ffn}    for t in range(T):
-        for i in range(x.shape[1]):
-            x[t, i] += o[t, i]
-'''
+{post_ffn}{residual}'''
 
 
 def _same_x_kernel(qt, i8: bool) -> tuple[str, str]:
@@ -191,30 +205,47 @@ def render(spec: StepSpec, lw, kdtype: np.dtype, vdtype: np.dtype, i8: bool, mul
     """The source of the step module for layer weights lw (the layer's qtypes decide which
     kernels it calls): for one token, or (multi) for 2..MATVEC_MAX_TOKENS."""
     src = _Source()
-    qkv = _launches(src, [lw.attn_q, lw.attn_k, lw.attn_v], ["wq", "wk", "wv"], "h", ["q", "k", "v"], i8, multi)
+    inp = "h" if spec.pre_norms else "x"  # what the sublayers read
+    pre = "    _rmsnorm(x, {}, eps, h)\n"
+    pre_attn = pre.format("attn_norm") if spec.pre_norms else ""
+    pre_ffn = pre.format("ffn_norm") if spec.pre_norms else ""
+    if spec.fused:
+        qkv = _launches(src, [lw.attn_qkv], ["wq"], inp, ["qkv"], i8, multi)
+        qkv += ("\n    nq, nk = q.shape[1], k.shape[1]\n    for t in range(T):"
+                "\n        for i in range(nq):\n            q[t, i] = qkv[t, i]"
+                "\n        for i in range(nk):\n            k[t, i] = qkv[t, nq + i]"
+                "\n        for i in range(v.shape[1]):\n            v[t, i] = qkv[t, nq + nk + i]")
+        gate_up = _launches(src, [lw.ffn_up], ["wu"], inp, ["gu"], i8, multi)
+        act = "_swiglu_fused(gu, gate)"
+    else:
+        qkv = _launches(src, [lw.attn_q, lw.attn_k, lw.attn_v], ["wq", "wk", "wv"], inp, ["q", "k", "v"], i8, multi)
+        gate_up = _launches(src, [lw.ffn_gate, lw.ffn_up], ["wg", "wu"], inp, ["gate", "up"], i8, multi)
+        act = f"{'_geglu' if spec.act == 'gelu' else '_swiglu'}(gate, up, gate)"
     if spec.qkv_bias:
         qkv += ("\n    bq, bk, bv = aux[0], aux[1], aux[2]\n    for t in range(T):"
                 "\n        for i in range(q.shape[1]):\n            q[t, i] += bq[i]"
                 "\n        for i in range(k.shape[1]):\n            k[t, i] += bk[i]"
                 "\n        for i in range(v.shape[1]):\n            v[t, i] += bv[i]")
-    if spec.qk_norm:
+    if spec.qk_norm == "head":
         qkv += ("\n    qh = q.reshape((T * H, D))\n    _rmsnorm_inplace(qh, aux[0], eps)"
                 "\n    kh = k.reshape((T * G, D))\n    _rmsnorm_inplace(kh, aux[1], eps)")
-    gate_up = _launches(src, [lw.ffn_gate, lw.ffn_up], ["wg", "wu"], "h", ["gate", "up"], i8, multi)
+    elif spec.qk_norm == "whole":
+        qkv += "\n    _rmsnorm_inplace(q, aux[0], eps)\n    _rmsnorm_inplace(k, aux[1], eps)"
     store = {np.dtype(np.uint16): "store_kv_f16", np.dtype(np.float32): "store_kv_f32"}
     post_attn = post_ffn = ""
     if spec.post_norms:
         n = 2 if spec.qk_norm else 0
         post_attn = f"    _rmsnorm_inplace(o, aux[{n}], eps)\n"
         post_ffn = f"    _rmsnorm_inplace(o, aux[{n + 1}], eps)\n"
+    scaled = "            o[t, i] *= rscale\n" if spec.residual_scale else ""
+    residual = f"    for t in range(T):\n        for i in range(x.shape[1]):\n{scaled}            x[t, i] += o[t, i]\n"
     body = _BODY.format(
         store_k=store[np.dtype(kdtype)], store_v=store[np.dtype(vdtype)],
         mv_o=src.name(_multi_kernel(QUANT_TYPES[lw.attn_output.qtype], i8)),
         mv_d=src.name(_multi_kernel(QUANT_TYPES[lw.ffn_down.qtype], i8)),
-        post_attn=post_attn, post_ffn=post_ffn, gate_up=gate_up,
-        act="_geglu" if spec.act == "gelu" else "_swiglu")
+        post_attn=post_attn, post_ffn=post_ffn, residual=residual, pre_ffn=pre_ffn, gate_up=gate_up, act=act)
     key = f"{spec} k={np.dtype(kdtype)} v={np.dtype(vdtype)} int8={i8} tokens={'2-8' if multi else 1}"
-    return _HEADER.format(key=key, imports=src.imports(), qkv=qkv) + body
+    return _HEADER.format(key=key, imports=src.imports(), pre_attn=pre_attn, qkv=qkv) + body
 
 
 _ENGINE_DIGEST: str | None = None
@@ -248,6 +279,17 @@ def step_dir() -> Path:
 
 _modules: dict[str, Any] = {}
 _lock = threading.Lock()
+_pruned = False
+
+# A step module written by another engine version (its name's prefix) is deleted, with numba's
+# cache of it, once it is this old: after an upgrade the old ones would otherwise stay forever
+# (~0.5 MB of machine code each). Not sooner: two installed versions may share the directory,
+# and one that still runs rewrites what it needs.
+STALE_AFTER_S = 7 * 86400
+
+
+def _file_stem(digest: str) -> str:
+    return f"step_{_engine_digest()[:8]}_{digest}"
 
 
 def load_step(source: str) -> CPUDispatcher:
@@ -257,7 +299,7 @@ def load_step(source: str) -> CPUDispatcher:
         if digest in _modules:
             return _modules[digest].step
         d = step_dir()
-        path = d / f"step_{digest}.py"
+        path = d / f"{_file_stem(digest)}.py"
         # written when absent, and again when its text is not ours (a file cut short or edited
         # by hand must not stop every context from being made)
         if not path.exists() or path.read_text(errors="replace") != source:
@@ -276,15 +318,66 @@ def load_step(source: str) -> CPUDispatcher:
         return mod.step
 
 
+def prune(d: Path, cache_dir: Path | None, now: float | None = None) -> int:
+    """Delete the step modules in d that another engine version wrote over STALE_AFTER_S ago,
+    with their files in numba's cache_dir, and temporary files a crash left (over a day
+    old); returns how many modules went. Best effort: what cannot be read or deleted stays."""
+    now = time.time() if now is None else now
+    mine = f"step_{_engine_digest()[:8]}_"
+    removed = 0
+    try:
+        entries = list(d.iterdir())
+    except OSError:
+        return 0
+    for f in entries:
+        try:
+            age = now - f.stat().st_mtime
+            if f.suffix == ".tmp" and age > 86400:
+                f.unlink()
+            if f.suffix != ".py" or not f.name.startswith("step_") or f.name.startswith(mine) or age < STALE_AFTER_S:
+                continue
+            if cache_dir is not None and cache_dir.is_dir():
+                for c in cache_dir.glob(f"{f.stem}.*"):
+                    c.unlink(missing_ok=True)
+            f.unlink()
+            removed += 1
+        except OSError:
+            continue
+    return removed
+
+
+def _prune_once(fn: CPUDispatcher) -> None:
+    """prune() the step directory once per process, numba's cache located through fn's."""
+    global _pruned
+    if _pruned:
+        return
+    _pruned = True
+    try:
+        cache_dir: Path | None = Path(fn._cache._cache_path)  # type: ignore[attr-defined]  # numba's locator
+    except AttributeError:  # another numba cache implementation: the modules alone
+        cache_dir = None
+    n = prune(step_dir(), cache_dir)
+    if n:
+        log.info("deleted %d decode step modules of other engine versions", n)
+
+
 # --- per context -------------------------------------------------------------------------------
 
 _EMPTY = np.zeros(0, np.float32)
-_WEIGHTS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+# buffers a step reads and writes, as UbatchState names them (the last two only some have)
+_BUFFERS = ("x", "h", "q", "k", "v", "attn", "o", "gate", "up", "qkv", "gate_up")
+
+
+def _bufs(buf, T: int) -> tuple[np.ndarray, ...]:
+    """The step's (T, width) buffer views; a fused projection's buffer the architecture does
+    not have is (T, 0)."""
+    have = vars(buf)
+    return tuple(have[n][:T] if n in have else np.empty((T, 0), np.float32) for n in _BUFFERS)
 
 
 def _servable(spec: StepSpec, lw, auto: bool, multi: bool) -> bool:
-    ws = [w for n in _WEIGHTS if isinstance(w := getattr(lw, n), QTensor)]
-    if len(ws) < len(_WEIGHTS):  # an expert stack or a weight of another kind
+    ws = [w for n in spec.weights if isinstance(w := getattr(lw, n, None), QTensor)]
+    if len(ws) < len(spec.weights):  # an expert stack or a weight of another kind
         return False
     for w in ws:
         qt = QUANT_TYPES.get(w.qtype)
@@ -292,7 +385,7 @@ def _servable(spec: StepSpec, lw, auto: bool, multi: bool) -> bool:
             return False
         if multi and _multi_same_x_kernel(qt, False) is None:
             return False
-    return not auto or sum(w.nbytes for w in ws) >= MIN_LAYER_BYTES
+    return not auto or sum(w.nbytes for w in {id(w): w for w in ws}.values()) >= MIN_LAYER_BYTES
 
 
 class LayerSteps:
@@ -312,6 +405,8 @@ class LayerSteps:
         self.H, self.G, self.D, self.Dv = cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v
         eps = np.float32(cfg.norm_eps)
         softcap = np.float32(cfg.attn_logit_softcap if spec.attn_softcap else 0.0)
+        # multiplying by 1 is exact: granite without a residual_scale gives the same bits
+        rscale = np.float32((cfg.residual_scale or 1.0) if spec.residual_scale else 1.0)
         for il, lw in enumerate(ctx.model.weights.layers):
             kc, vc = kv.k[il], kv.v[il]
             if not _servable(spec, lw, auto, False) or kc.shape[1] == 0 or kc.dtype not in (np.uint16, np.float32):
@@ -330,12 +425,15 @@ class LayerSteps:
             if spec.post_norms:
                 aux += [lw.post_attention_norm, lw.post_ffw_norm]
             rope = kv.rope[il]
+            norms = (lw.attn_norm, lw.ffn_norm) if spec.pre_norms else (_EMPTY, _EMPTY)
             self.args.append((
-                lw.attn_norm, lw.ffn_norm, tuple(aux) or (_EMPTY,),
-                *(_raw_rows(getattr(lw, n).raw) for n in _WEIGHTS), eps,
+                *norms, tuple(aux) or (_EMPTY,),
+                *(_raw_rows(getattr(lw, n).raw) for n in spec.weights), eps,
                 rope.inv_freq, rope.neox, float(rope.attn_factor), kc, vc,
-                kv.window[il], np.float32(cfg.kq_scale), softcap, ops._NO_SINKS))
+                kv.window[il], np.float32(cfg.kq_scale), softcap, ops._NO_SINKS, rscale))
         self.any = any(f is not None for f in self.one)
+        if self.any:
+            _prune_once(next(f for f in self.one if f is not None))
         t0 = time.perf_counter()
         self._compile()
         if time.perf_counter() - t0 > 1.0:
@@ -355,7 +453,7 @@ class LayerSteps:
         seen: set[int] = set()
         for fns, T in ((self.one, 1), (self.many, 2)):
             plan = ops.AttentionPlan(T, self.H, self.G, self.D, self.Dv, 1, 0)
-            bufs = tuple(a[:T] for a in (b.x, b.h, b.q, b.k, b.v, b.attn, b.o, b.gate, b.up))
+            bufs = _bufs(b, T)
             pos, cells = np.zeros(T, np.int32), np.zeros(T, np.int64)
             for il, fn in enumerate(fns):
                 if fn is None or id(fn) in seen:
@@ -377,7 +475,7 @@ class UbatchSteps:
     def __init__(self, steps: LayerSteps, s):
         self.steps, self.s = steps, s
         self.fns = steps.one if s.n_tokens == 1 else steps.many
-        self.bufs = (s.x, s.h, s.q, s.k, s.v, s.attn, s.o, s.gate, s.up)
+        self.bufs = _bufs(s.buf, s.n_tokens)
         self.seq, self.base = s.kv.token_cells(s.seq_id)
         self.n_pos = int(s.pos.max()) + 1
         self.plans: dict[int, ops.AttentionPlan] = {}  # per sliding-window size
@@ -416,4 +514,4 @@ def for_context(ctx) -> LayerSteps | None:
     return steps if steps is not None and steps.any else None
 
 
-__all__ = ["StepSpec", "LayerSteps", "UbatchSteps", "for_context", "load_step", "render", "mode"]
+__all__ = ["StepSpec", "LayerSteps", "UbatchSteps", "for_context", "load_step", "prune", "render", "mode"]
