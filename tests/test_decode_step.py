@@ -19,6 +19,7 @@ from engine.context import Context, ContextParams
 from engine.model import load_model
 from engine.models import step
 from ggufgen import write_tiny_model
+from ggufgen_moe import write_tiny_moe
 
 TOKENS = np.array([1, 5, 9, 23, 7, 11, 3, 2, 8, 13, 17, 4, 6, 10, 12, 14], np.int32)
 ARCHS = {"llama": Q.Q4_0, "qwen2": Q.Q4_1, "qwen3": Q.F16, "gemma2": Q.Q5_0, "gemma3": Q.Q8_0,
@@ -26,6 +27,7 @@ ARCHS = {"llama": Q.Q4_0, "qwen2": Q.Q4_1, "qwen3": Q.F16, "gemma2": Q.Q5_0, "ge
          "olmo2": Q.Q5_1,  # post-norms only, Q/K norms over the whole projections, sliding layers
          "phi3": Q.Q4_0,  # fused Q|K|V and gate|up, partial LongRoPE
          "granite": Q.BF16}  # residual_scale on both branches
+MOE_EXPERTS = Q.Q4_K  # qwen3moe: the router in the step, the experts in a second compiled call
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +38,10 @@ def tiny(tmp_path_factory):
     # (olmo2's too, after three sliding layers)
     return {a: write_tiny_model(d / f"{a}.gguf", a, n_layer=4 if a in ("smollm3", "olmo2") else 3, n_embd=256,
                                 n_head=4, n_head_kv=2, n_ff=512, qtype=qt, sliding=a == "olmo2")
-            for a, qt in ARCHS.items()}
+            for a, qt in ARCHS.items()} | {
+        "qwen3moe": write_tiny_moe(d / "qwen3moe.gguf", "qwen3moe", n_layer=3, n_embd=256, n_head=4, n_head_kv=2,
+                                   n_ff=512, n_expert=8, n_expert_used=3, n_ff_exp=256, qtype=Q.Q8_0,
+                                   expert_qtype=MOE_EXPERTS)}
 
 
 def decode_all(model, flag: str, monkeypatch, n_prefill: int = 4, **ctx_kw) -> np.ndarray:
@@ -51,7 +56,7 @@ def decode_all(model, flag: str, monkeypatch, n_prefill: int = 4, **ctx_kw) -> n
     return np.concatenate(rows)
 
 
-@pytest.mark.parametrize("arch", sorted(ARCHS))
+@pytest.mark.parametrize("arch", [*sorted(ARCHS), "qwen3moe"])
 def test_step_gives_the_python_blocks_logits_bit_for_bit(tiny, arch, monkeypatch):
     model = load_model(tiny[arch])
     assert model.arch.step is not None
@@ -60,7 +65,7 @@ def test_step_gives_the_python_blocks_logits_bit_for_bit(tiny, arch, monkeypatch
     assert np.array_equal(got, want)
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3", "phi3", "olmo2"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "phi3", "olmo2", "qwen3moe"])
 def test_step_int8_path_and_f32_cache(tiny, arch, monkeypatch):
     model = load_model(tiny[arch])
     quants.use_int8(True)
