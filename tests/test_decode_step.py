@@ -19,6 +19,7 @@ from engine.context import Context, ContextParams
 from engine.model import load_model
 from engine.models import step
 from ggufgen import write_tiny_model
+from ggufgen_gptoss import write_tiny_gptoss
 from ggufgen_moe import write_tiny_moe
 
 TOKENS = np.array([1, 5, 9, 23, 7, 11, 3, 2, 8, 13, 17, 4, 6, 10, 12, 14], np.int32)
@@ -41,7 +42,10 @@ def tiny(tmp_path_factory):
             for a, qt in ARCHS.items()} | {
         "qwen3moe": write_tiny_moe(d / "qwen3moe.gguf", "qwen3moe", n_layer=3, n_embd=256, n_head=4, n_head_kv=2,
                                    n_ff=512, n_expert=8, n_expert_used=3, n_ff_exp=256, qtype=Q.Q8_0,
-                                   expert_qtype=MOE_EXPERTS)}
+                                   expert_qtype=MOE_EXPERTS),
+        # sinks, biases everywhere, swiglu_oai experts, sliding layers
+        "gpt-oss": write_tiny_gptoss(d / "gpt-oss.gguf", n_layer=4, n_embd=256, n_head=8, n_head_kv=2, head_dim=32,
+                                     n_expert=8, n_expert_used=3, n_ff_exp=256, qtype=Q.Q8_0)}
 
 
 def decode_all(model, flag: str, monkeypatch, n_prefill: int = 4, **ctx_kw) -> np.ndarray:
@@ -56,7 +60,7 @@ def decode_all(model, flag: str, monkeypatch, n_prefill: int = 4, **ctx_kw) -> n
     return np.concatenate(rows)
 
 
-@pytest.mark.parametrize("arch", [*sorted(ARCHS), "qwen3moe"])
+@pytest.mark.parametrize("arch", [*sorted(ARCHS), "qwen3moe", "gpt-oss"])
 def test_step_gives_the_python_blocks_logits_bit_for_bit(tiny, arch, monkeypatch):
     model = load_model(tiny[arch])
     assert model.arch.step is not None
@@ -65,7 +69,7 @@ def test_step_gives_the_python_blocks_logits_bit_for_bit(tiny, arch, monkeypatch
     assert np.array_equal(got, want)
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3", "phi3", "olmo2", "qwen3moe"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "phi3", "olmo2", "qwen3moe", "gpt-oss"])
 def test_step_int8_path_and_f32_cache(tiny, arch, monkeypatch):
     model = load_model(tiny[arch])
     quants.use_int8(True)

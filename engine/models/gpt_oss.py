@@ -23,6 +23,7 @@ from ..quants import ExpertTensor, QTensor
 from . import layers as L
 from . import moe
 from .base import Architecture, bind_layer
+from .step import StepSpec
 
 SWA_PATTERN = 2  # layer il slides when il % 2 == 0
 
@@ -83,4 +84,5 @@ def block(s: L.UbatchState, il: int, lw: Layer) -> None:
     s.x += moe.ffn(s, L.norm(s, s.x, lw.post_attention_norm), experts, s.cfg.moe)
 
 
-ARCH = Architecture("gpt-oss", config_from_gguf, load_layer, block)
+ARCH = Architecture("gpt-oss", config_from_gguf, load_layer, block,
+                    step=StepSpec(qkv_bias=True, moe=True, sinks=True, o_bias=True, ffn_norm="post_attention_norm"))
