@@ -43,6 +43,11 @@ def tiny(tmp_path_factory):
         "qwen3moe": write_tiny_moe(d / "qwen3moe.gguf", "qwen3moe", n_layer=3, n_embd=256, n_head=4, n_head_kv=2,
                                    n_ff=512, n_expert=8, n_expert_used=3, n_ff_exp=256, qtype=Q.Q8_0,
                                    expert_qtype=MOE_EXPERTS),
+        # a gated shared expert; Q/K/V biases in layers 1 and 2 only
+        "qwen2moe": write_tiny_moe(d / "qwen2moe.gguf", "qwen2moe", n_layer=3, n_embd=256, n_head=4, n_head_kv=2,
+                                   n_ff=512, n_expert=8, n_expert_used=3, n_ff_exp=256, n_ff_shexp=512,
+                                   qtype=Q.Q8_0, expert_qtype=Q.Q4_0,
+                                   omit=tuple(f"blk.0.attn_{w}.bias" for w in "qkv")),
         # sinks, biases everywhere, swiglu_oai experts, sliding layers
         "gpt-oss": write_tiny_gptoss(d / "gpt-oss.gguf", n_layer=4, n_embd=256, n_head=8, n_head_kv=2, head_dim=32,
                                      n_expert=8, n_expert_used=3, n_ff_exp=256, qtype=Q.Q8_0)}
@@ -60,7 +65,7 @@ def decode_all(model, flag: str, monkeypatch, n_prefill: int = 4, **ctx_kw) -> n
     return np.concatenate(rows)
 
 
-@pytest.mark.parametrize("arch", [*sorted(ARCHS), "qwen3moe", "gpt-oss"])
+@pytest.mark.parametrize("arch", [*sorted(ARCHS), "qwen3moe", "qwen2moe", "gpt-oss"])
 def test_step_gives_the_python_blocks_logits_bit_for_bit(tiny, arch, monkeypatch):
     model = load_model(tiny[arch])
     assert model.arch.step is not None
@@ -69,7 +74,7 @@ def test_step_gives_the_python_blocks_logits_bit_for_bit(tiny, arch, monkeypatch
     assert np.array_equal(got, want)
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3", "phi3", "olmo2", "qwen3moe", "gpt-oss"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "phi3", "olmo2", "qwen3moe", "qwen2moe", "gpt-oss"])
 def test_step_int8_path_and_f32_cache(tiny, arch, monkeypatch):
     model = load_model(tiny[arch])
     quants.use_int8(True)

@@ -15,6 +15,7 @@ from ..quants import ExpertTensor, QTensor
 from . import layers as L
 from . import moe
 from .base import Architecture, bind_layer
+from .step import StepSpec
 
 
 def config_from_gguf(f: GGUFFile) -> moe.MoeConfig:
@@ -69,4 +70,4 @@ def block(s: L.UbatchState, il: int, lw: Layer) -> None:
     s.x += moe.ffn(s, L.norm(s, s.x, lw.ffn_norm), experts, s.cfg.moe, shared)
 
 
-ARCH = Architecture("qwen2moe", config_from_gguf, load_layer, block)
+ARCH = Architecture("qwen2moe", config_from_gguf, load_layer, block, step=StepSpec(qkv_bias=True, moe=True))

@@ -28,7 +28,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -164,15 +164,16 @@ from engine.ops import _swiglu, _swiglu_oai
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def step(h, o, x, gate, up, y, wg, wu, wd, gb, ub, db, n_ff, ids, wts):
-    # One token's mixture of experts (moe.run_experts, op for op; no fast-math, so that
-    # y * w and o + y round apart as numpy's do): o = sum over j of wts[j] times expert
-    # ids[j]'s down(act(gate h + gb, up h + ub)) + db, experts in ascending order; then x += o.
+def step(h, o, x, gate, up, y, wg, wu, wd, gb, ub, db, n_ff, ids, wts, sgate, sup, wsg, wsu, wsd, sfac):
+    # One token's mixture of experts (moe.ffn, op for op; no fast-math, so that y * w and
+    # o + y round apart as numpy's do): o = the shared expert's down(silu(gate h) * up h)
+    # times sfac (when the layer has one, else 0), plus over j wts[j] times expert ids[j]'s
+    # down(act(gate h + gb, up h + ub)) + db, experts in ascending order; then x += o.
     # h, o, x, y: (1, n_embd); gate, up: (1, n_ff); wg, wu, wd: every expert's rows; gb, ub,
-    # db: every expert's biases (n_expert, width), or empty when the layer has none.
+    # db: every expert's biases (n_expert, width), or empty when the layer has none; sgate,
+    # sup (1, shared width) and wsg, wsu, wsd the shared expert's.
     n = x.shape[1]
-    for i in range(n):
-        o[0, i] = 0.0
+{shared}
     for j in range(ids.shape[0]):
         e = ids[j]
         wge = wg[e * n_ff:(e + 1) * n_ff]
@@ -291,7 +292,7 @@ def render(spec: StepSpec, lw, kdtype: np.dtype, vdtype: np.dtype, i8: bool, mul
     store = {np.dtype(np.uint16): "store_kv_f16", np.dtype(np.float32): "store_kv_f32"}
     post_attn = post_ffn = ""
     if spec.post_norms:
-        n = 2 if spec.qk_norm else 0
+        n = 3 * spec.qkv_bias + 2 * bool(spec.qk_norm)  # after the biases and Q/K norms aux holds
         post_attn = f"    _rmsnorm_inplace(o, aux[{n}], eps)\n"
         post_ffn = f"    _rmsnorm_inplace(o, aux[{n + 1}], eps)\n"
     scaled = "            o[t, i] *= rscale\n" if spec.residual_scale else ""
@@ -334,11 +335,25 @@ def render_experts(lw, i8: bool, act: str) -> str:
         act_call = f"_swiglu_oai(gate, up, gate, np.float32({ops.OAI_ALPHA!r}), np.float32({ops.OAI_LIMIT!r}))"
     else:
         raise ValueError(f"no experts step for the activation {act!r}")
-    key = (f"experts {lw.ffn_gate_exps.qtype.name} {lw.ffn_up_exps.qtype.name} {lw.ffn_down_exps.qtype.name} "
-           f"int8={i8} act={act} biases={bool(biases)},{bool(down_bias)}")
     mv_d = src.name(_multi_kernel(QUANT_TYPES[lw.ffn_down_exps.qtype], i8))
+    if _shared(lw):
+        shared = _launches(src, [lw.ffn_gate_shexp, lw.ffn_up_shexp], ["wsg", "wsu"], "h", ["sgate", "sup"], i8, False)
+        mv_sd = src.name(_multi_kernel(QUANT_TYPES[lw.ffn_down_shexp.qtype], i8))
+        shared += (f"\n    _swiglu(sgate, sup, sgate)\n    {mv_sd}(wsd, sgate, o)"
+                   "\n    for i in range(n):\n        o[0, i] *= sfac")
+    else:
+        shared = "    for i in range(n):\n        o[0, i] = 0.0"
+    key = (f"experts {lw.ffn_gate_exps.qtype.name} {lw.ffn_up_exps.qtype.name} {lw.ffn_down_exps.qtype.name} "
+           f"int8={i8} act={act} biases={bool(biases)},{bool(down_bias)} shared="
+           + (" ".join(w.qtype.name for w in (lw.ffn_gate_shexp, lw.ffn_up_shexp, lw.ffn_down_shexp))
+              if _shared(lw) else "none"))
     return _EXPERTS.format(key=key, imports=src.imports(), gate_up=gate_up, biases=biases, act=act_call, mv_d=mv_d,
-                           down_bias=down_bias)
+                           down_bias=down_bias, shared=shared)
+
+
+def _shared(lw) -> bool:
+    """Whether MoE layer lw has a shared expert (qwen2moe: ffn_{gate,up,down}_shexp)."""
+    return getattr(lw, "ffn_gate_shexp", None) is not None
 
 
 _ENGINE_DIGEST: str | None = None
@@ -458,6 +473,7 @@ def _prune_once(fn: CPUDispatcher) -> None:
 
 _EMPTY = np.zeros(0, np.float32)
 _EMPTY2 = np.zeros((0, 0), np.float32)
+_EMPTY_U8 = np.zeros((0, 0), np.uint8)
 # buffers a step reads and writes, as UbatchState names them (the last two only some have)
 _BUFFERS = ("x", "h", "q", "k", "v", "attn", "o", "gate", "up", "qkv", "gate_up", "router")
 
@@ -484,12 +500,15 @@ def _servable(spec: StepSpec, lw, auto: bool, multi: bool) -> bool:
 
 
 def _experts_servable(lw, act: str) -> bool:
-    """Whether a MoE layer's experts suit the experts step: gate, up and down stacks of types
-    with fused mat-vec kernels, an activation it has, and no shared expert."""
+    """Whether a MoE layer's experts suit the experts step: gate, up and down stacks (and a
+    shared expert's weights) of types with fused mat-vec kernels, an activation it has."""
     if act not in ("silu", "swiglu_oai"):
         return False
-    if getattr(lw, "ffn_gate_shexp", None) is not None:
-        return False
+    shared = [getattr(lw, n) for n in ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")] if _shared(lw) else []
+    for w in shared:
+        qt = QUANT_TYPES.get(w.qtype) if isinstance(w, QTensor) else None
+        if qt is None or w.n_cols % qt.block_elems or qt.matvec_same_x is None:
+            return False
     for n in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
         w = getattr(lw, n, None)
         if not isinstance(w, ExpertTensor):
@@ -498,6 +517,13 @@ def _experts_servable(lw, act: str) -> bool:
         if qt is None or w.n_cols % qt.block_elems or qt.matvec_same_x is None:
             return False
     return True
+
+
+def layer_spec(spec: StepSpec, lw) -> StepSpec:
+    """The architecture's spec as layer lw has it: Q/K/V biases are optional in some (qwen2moe)."""
+    if spec.qkv_bias and getattr(lw, "attn_q_bias", None) is None:
+        return replace(spec, qkv_bias=False)
+    return spec
 
 
 class LayerSteps:
@@ -521,8 +547,10 @@ class LayerSteps:
         rscale = np.float32((cfg.residual_scale or 1.0) if spec.residual_scale else 1.0)
         self.moe = cfg.moe if spec.moe else None
         # per MoE layer: its experts step and (gate, up, down rows, n_ff); None elsewhere
-        # and (router bias, selection bias) for moe.route
-        self.experts: list[tuple[Any, tuple, np.ndarray | None, np.ndarray | None] | None] = []
+        # experts' and shared expert's weights, router and selection biases for moe.route, the
+        # shared expert's gate (None: ungated or none)
+        self.experts: list[tuple[Any, tuple, tuple, np.ndarray | None, np.ndarray | None, np.ndarray | None]
+                           | None] = []
         for il, lw in enumerate(ctx.model.weights.layers):
             kc, vc = kv.k[il], kv.v[il]
             if (not _servable(spec, lw, auto, False) or kc.shape[1] == 0 or kc.dtype not in (np.uint16, np.float32)
@@ -532,21 +560,25 @@ class LayerSteps:
                 self.args.append(())
                 self.experts.append(None)
                 continue
-            self.one.append(load_step(render(spec, lw, kc.dtype, vc.dtype, i8)))
-            self.many.append(load_step(render(spec, lw, kc.dtype, vc.dtype, i8, multi=True))
+            ls = layer_spec(spec, lw)
+            self.one.append(load_step(render(ls, lw, kc.dtype, vc.dtype, i8)))
+            self.many.append(load_step(render(ls, lw, kc.dtype, vc.dtype, i8, multi=True))
                              if multi and not spec.moe and _servable(spec, lw, auto, True) else None)
             if spec.moe:
                 stacks = (lw.ffn_gate_exps, lw.ffn_up_exps, lw.ffn_down_exps)
                 biases = [getattr(lw, f"{n}_bias", None) for n in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")]
+                sh = (lw.ffn_gate_shexp, lw.ffn_up_shexp, lw.ffn_down_shexp) if _shared(lw) else ()
                 self.experts.append((
                     load_step(render_experts(lw, i8, cfg.moe.act)),
                     (*(_raw_rows(w.raw) for w in stacks), *(_EMPTY2 if b is None else b for b in biases),
                      lw.ffn_gate_exps.n_rows),
-                    getattr(lw, "ffn_gate_inp_bias", None), getattr(lw, "exp_probs_b_bias", None)))
+                    tuple(_raw_rows(w.raw) for w in sh) if sh else (_EMPTY_U8,) * 3,
+                    getattr(lw, "ffn_gate_inp_bias", None), getattr(lw, "exp_probs_b_bias", None),
+                    getattr(lw, "ffn_gate_inp_shexp", None) if sh else None))
             else:
                 self.experts.append(None)
             aux: list[np.ndarray] = []
-            if spec.qkv_bias:
+            if ls.qkv_bias:
                 aux += [lw.attn_q_bias, lw.attn_k_bias, lw.attn_v_bias]
             if spec.qk_norm:
                 aux += [lw.attn_q_norm, lw.attn_k_norm]
@@ -595,12 +627,18 @@ class LayerSteps:
             if ex is not None and id(ex[0]) not in seen:
                 seen.add(id(ex[0]))
                 ids, wts = np.zeros(1, np.int64), np.zeros(1, np.float32)
-                ex[0].compile(tuple(numba.typeof(v) for v in (*self._expert_bufs(b, 1), *ex[1], ids, wts)))
+                args = (*self._expert_bufs(b, 1), *ex[1], ids, wts, *self._shared_bufs(b, 1), *ex[2], np.float32(1))
+                ex[0].compile(tuple(numba.typeof(v) for v in args))
 
     @staticmethod
     def _expert_bufs(buf, T: int) -> tuple[np.ndarray, ...]:
         """h, o, x, gate, up and out of the experts step (1-token views of the buffers)."""
         return (buf.h[:T], buf.o[:T], buf.x[:T], buf.moe_gate[:T], buf.moe_up[:T], buf.moe_out[:T])
+
+    @staticmethod
+    def _shared_bufs(buf, T: int) -> tuple[np.ndarray, ...]:
+        """The shared expert's gate and up (moe.shared_ffn runs it in the gate/up buffers)."""
+        return (buf.gate[:T], buf.up[:T])
 
     def run_experts(self, il: int, buf) -> None:
         """Layer il's mixture of experts for one token from the router logits its step left in
@@ -610,11 +648,14 @@ class LayerSteps:
 
         ex = self.experts[il]
         assert ex is not None and self.moe is not None
-        fn, wargs, router_bias, probs_bias = ex
+        fn, wargs, shared, router_bias, probs_bias, shared_gate = ex
+        sfac = np.float32(1.0)  # an ungated shared expert's output is multiplied by 1: exact
+        if shared_gate is not None:  # as moe.shared_ffn: numpy's dot and sigmoid, same bits
+            sfac = (1.0 / (1.0 + np.exp(-(buf.h[:1] @ shared_gate)))).astype(np.float32)[0]
         experts, weights = moe.route(buf.router[:1], self.moe, router_bias, probs_bias)
         order = np.argsort(experts[0], kind="stable")  # run_experts' order: ascending experts
         fn(*self._expert_bufs(buf, 1), *wargs, np.ascontiguousarray(experts[0][order]),
-           np.ascontiguousarray(weights[0][order]))
+           np.ascontiguousarray(weights[0][order]), *self._shared_bufs(buf, 1), *shared, sfac)
 
     def for_ubatch(self, s) -> UbatchSteps | None:
         """The steps for ubatch s (its T tokens, every one decoding: T <= MATVEC_MAX_TOKENS),
