@@ -9,9 +9,14 @@ function calls the *same* kernels in the *same* order as the Python block (so th
 bit for bit those of `block`; tests/test_decode_step.py checks every spec), and numba caches
 its machine code like any kernel's. Each context gets a one-token step per layer and, when it
 has several sequences, one for 2..MATVEC_MAX_TOKENS tokens (slots decoding together), both
-compiled (or loaded from the cache) with the context. Layers it cannot serve (a weight type
-without a fused kernel, an expert stack, a GPU layer) run the Python block, as do prompt
-chunks.
+compiled (or loaded from the cache) with the context. A mixture-of-experts layer's step ends
+with the router's logits: moe.route picks the token's experts in Python (its exact ties and
+float64 sums stay one piece of code), then a second compiled call runs them (one token; MoE
+ubatches of several tokens run the Python block). Layers it cannot serve (a weight type
+without a fused kernel, a GPU layer) run the Python block, as do prompt chunks.
+
+Step modules are named by the engine version that wrote them; another version's are deleted
+(with numba's cache of them) a week after they were written (prune).
 
 GGSTATION_STEP=0 turns it off, =1 forces it on (tests); by default it serves layers of at
 least MIN_LAYER_BYTES of weights: below that (the tiny test models) a first compile of a
@@ -58,9 +63,10 @@ class StepSpec:
     cfg.attn_logit_softcap (gemma2); fused: one Q|K|V weight (attn_qkv) and one gate|up weight
     (ffn_up) with SwiGLU (phi3); residual_scale: each branch's output times
     cfg.residual_scale before its add (granite); moe: the feed-forward is a mixture of experts
-    without a shared expert (qwen3moe, gpt-oss; moe.ffn): the step ends with the router's
-    logits, moe.route picks the experts in Python, and a second compiled call runs them (one
-    token only), with the expert biases and activation the layer and cfg.moe have; sinks:
+    (qwen3moe, qwen2moe, gpt-oss; moe.ffn): the step ends with the router's logits,
+    moe.route picks the experts in Python, and a second compiled call runs them (one token
+    only), with the expert biases, activation and shared expert the layer and cfg.moe have;
+    qkv_bias then means "where the layer has them" (qwen2moe's are optional); sinks:
     attention sinks (attn_sinks; gpt-oss); o_bias: the output projection's bias
     (attn_output_bias; gpt-oss); ffn_norm: the layer's norm before the feed-forward
     (gpt-oss calls it post_attention_norm).
@@ -121,9 +127,9 @@ def step(x, h, q, k, v, attn, o, gate, up, qkv, gu, router, attn_norm, ffn_norm,
          wg, wu, wd, eps, pos, inv_freq, neox, mscale, kc, vc, seq, base, window, scale, softcap, sinks,
          rscale, par, n_split, split_len, kbits, kvals, sbuf, pm, pl, pacc, H, G, D, Dv):
     # x ... router: (T, width) views of the context's buffers for the ubatch's T tokens (qkv,
-    # gu: the fused projections' outputs, router: the MoE router's logits; width 0 without); aux: (bq, bk, bv) biases,
-    # (q_norm, k_norm), (post_attention_norm, post_ffw_norm) as the spec has them, else one
-    # empty array
+    # gu: the fused projections' outputs, router: the MoE router's logits; width 0 without);
+    # aux: (bq, bk, bv) biases, (q_norm, k_norm), (post_attention_norm, post_ffw_norm), bo as
+    # the spec has them, else one empty array
     T = x.shape[0]
 {pre_attn}{qkv}
 '''
