@@ -50,7 +50,9 @@ def tiny(tmp_path_factory):
                                    omit=tuple(f"blk.0.attn_{w}.bias" for w in "qkv")),
         # sinks, biases everywhere, swiglu_oai experts, sliding layers
         "gpt-oss": write_tiny_gptoss(d / "gpt-oss.gguf", n_layer=4, n_embd=256, n_head=8, n_head_kv=2, head_dim=32,
-                                     n_expert=8, n_expert_used=3, n_ff_exp=256, qtype=Q.Q8_0)}
+                                     n_expert=8, n_expert_used=3, n_ff_exp=256, qtype=Q.Q8_0),
+        "gpt-oss-mxfp4": write_tiny_gptoss(d / "gpt-oss-mxfp4.gguf", n_layer=2, n_embd=256, n_head=8, n_head_kv=2,
+                                           head_dim=32, n_expert=8, n_expert_used=4, n_ff_exp=256, qtype=Q.MXFP4)}
 
 
 def decode_all(model, flag: str, monkeypatch, n_prefill: int = 4, **ctx_kw) -> np.ndarray:
@@ -65,7 +67,7 @@ def decode_all(model, flag: str, monkeypatch, n_prefill: int = 4, **ctx_kw) -> n
     return np.concatenate(rows)
 
 
-@pytest.mark.parametrize("arch", [*sorted(ARCHS), "qwen3moe", "qwen2moe", "gpt-oss"])
+@pytest.mark.parametrize("arch", [*sorted(ARCHS), "qwen3moe", "qwen2moe", "gpt-oss", "gpt-oss-mxfp4"])
 def test_step_gives_the_python_blocks_logits_bit_for_bit(tiny, arch, monkeypatch):
     model = load_model(tiny[arch])
     assert model.arch.step is not None
@@ -74,7 +76,8 @@ def test_step_gives_the_python_blocks_logits_bit_for_bit(tiny, arch, monkeypatch
     assert np.array_equal(got, want)
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3", "phi3", "olmo2", "qwen3moe", "qwen2moe", "gpt-oss"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "phi3", "olmo2", "qwen3moe", "qwen2moe", "gpt-oss",
+                                  "gpt-oss-mxfp4"])
 def test_step_int8_path_and_f32_cache(tiny, arch, monkeypatch):
     model = load_model(tiny[arch])
     quants.use_int8(True)
@@ -350,3 +353,28 @@ def test_step_spec_refuses_variants_the_template_has_not():
     with pytest.raises(ValueError):
         step.StepSpec(fused=True, act="gelu")
     assert step.StepSpec(fused=True).weights[:3] == ("attn_qkv",) * 3
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "gpt-oss"])
+def test_moe_steps_serve_single_tokens_beside_python_slot_batches(tiny, arch, monkeypatch):
+    """Several sequences on a MoE model: one-token ubatches go through the steps, ubatches of
+    several tokens (no MoE step for them) through the Python blocks; the logits match."""
+    model = load_model(tiny[arch])
+
+    def run(flag):
+        monkeypatch.setenv("GGSTATION_STEP", flag)
+        ctx = Context(model, ContextParams(n_ctx=192, n_seq_max=3))
+        out = [ctx.decode(Batch.for_sequence(TOKENS[:5], 0, q)) for q in range(3)]
+        p = [5, 5, 5]
+        for i in range(10):
+            seqs = [0, 1, 2] if i % 3 == 0 else [i % 3]  # three together, then one at a time
+            b = Batch.make(TOKENS[[(i + q) % 16 for q in seqs]], [p[q] for q in seqs], seqs, [True] * len(seqs))
+            out.append(ctx.decode(b))
+            for q in seqs:
+                p[q] += 1
+        if flag == "1":
+            steps = step.for_context(ctx)
+            assert steps is not None and all(f is not None for f in steps.one) and not any(steps.many)
+        return np.concatenate(out)
+
+    assert np.array_equal(run("1"), run("0"))
