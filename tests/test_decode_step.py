@@ -355,11 +355,22 @@ def test_step_spec_refuses_variants_the_template_has_not():
     assert step.StepSpec(fused=True).weights[:3] == ("attn_qkv",) * 3
 
 
-@pytest.mark.parametrize("arch", ["qwen3moe", "gpt-oss"])
-def test_moe_steps_serve_single_tokens_beside_python_slot_batches(tiny, arch, monkeypatch):
-    """Several sequences on a MoE model: one-token ubatches go through the steps, ubatches of
-    several tokens (no MoE step for them) through the Python blocks; the logits match."""
+@pytest.mark.parametrize(("arch", "int8"), [("qwen3moe", False), ("qwen2moe", True), ("gpt-oss", False)])
+def test_moe_steps_serve_slots_decoding_together(tiny, arch, int8, monkeypatch):
+    """Several sequences on a MoE model: ubatches of three tokens run their attention and router
+    in the several-token step and their experts through moe.ffn, one-token ubatches take the
+    experts step; the logits are the Python blocks' bit for bit."""
     model = load_model(tiny[arch])
+    quants.use_int8(int8)
+    served: list[int] = []
+    real_run = step.UbatchSteps.run
+
+    def counting_run(self, il):
+        done = real_run(self, il)
+        served.append(self.s.n_tokens if done else 0)
+        return done
+
+    monkeypatch.setattr(step.UbatchSteps, "run", counting_run)
 
     def run(flag):
         monkeypatch.setenv("GGSTATION_STEP", flag)
@@ -367,14 +378,16 @@ def test_moe_steps_serve_single_tokens_beside_python_slot_batches(tiny, arch, mo
         out = [ctx.decode(Batch.for_sequence(TOKENS[:5], 0, q)) for q in range(3)]
         p = [5, 5, 5]
         for i in range(10):
-            seqs = [0, 1, 2] if i % 3 == 0 else [i % 3]  # three together, then one at a time
+            seqs = [2, 0, 1] if i % 3 == 0 else [i % 3]  # three together, then one at a time
             b = Batch.make(TOKENS[[(i + q) % 16 for q in seqs]], [p[q] for q in seqs], seqs, [True] * len(seqs))
             out.append(ctx.decode(b))
             for q in seqs:
                 p[q] += 1
         if flag == "1":
             steps = step.for_context(ctx)
-            assert steps is not None and all(f is not None for f in steps.one) and not any(steps.many)
+            assert steps is not None and all(f is not None for f in steps.one + steps.many)
         return np.concatenate(out)
 
     assert np.array_equal(run("1"), run("0"))
+    n_layer = len(model.weights.layers)
+    assert served.count(3) == 4 * n_layer and served.count(1) == 6 * n_layer

@@ -78,9 +78,7 @@ def block(s: L.UbatchState, il: int, lw: Layer) -> None:
     h = L.norm(s, s.x, lw.attn_norm)
     q, k, v = L.qkv(s, h, lw.attn_q, lw.attn_k, lw.attn_v, lw.attn_q_bias, lw.attn_k_bias, lw.attn_v_bias)
     s.x += L.attention(s, il, q, k, v, lw.attn_output, sinks=lw.attn_sinks, bo=lw.attn_output_bias)
-    experts = moe.MoeWeights(lw.ffn_gate_inp, lw.ffn_gate_exps, lw.ffn_up_exps, lw.ffn_down_exps,
-                             router_bias=lw.ffn_gate_inp_bias, gate_bias=lw.ffn_gate_exps_bias,
-                             up_bias=lw.ffn_up_exps_bias, down_bias=lw.ffn_down_exps_bias)
+    experts, _ = moe.layer_weights(lw)
     s.x += moe.ffn(s, L.norm(s, s.x, lw.post_attention_norm), experts, s.cfg.moe)
 
 

@@ -11,8 +11,9 @@ API (stable; extend it, do not change it):
     moe_shapes(cfg)         expected shapes of the MoE layer tensors, for bind_layer(**shapes)
     MoeWeights              one layer's router and experts (ExpertTensor, engine/quants/base.py)
                             plus optional biases
+    layer_weights(lw)       (MoeWeights, SharedExpert | None) of a layer, by its field names
     SharedExpert            an always-on dense expert, optionally gated by sigmoid(h . gate_inp)
-    ffn(s, h, w, spec, shared=None) -> s.o      the layer's MoE output for the ubatch
+    ffn(s, h, w, spec, shared=None, logits=None) -> s.o   the layer's MoE output for the ubatch
     route(logits, spec, ...) -> (experts, weights)   gating, top-k, weight normalisation
     top_k(p, k)             ggml_argsort_top_k: indices of the k largest per row, llama.cpp's ties
     run_experts(s, h, w, spec, experts, weights, out)   out += the weighted experts' outputs
@@ -222,17 +223,34 @@ def route(logits: np.ndarray, spec: MoeSpec, router_bias: np.ndarray | None = No
 
 # --- the feed-forward --------------------------------------------------------------------------
 
+def layer_weights(lw) -> tuple[MoeWeights, SharedExpert | None]:
+    """A MoE layer's router and experts, and its shared expert (None without), from the
+    layer's fields as moe_shapes names them; optional ones a layer lacks are None."""
+    def opt(name: str):
+        return getattr(lw, name, None)
+
+    w = MoeWeights(lw.ffn_gate_inp, lw.ffn_gate_exps, lw.ffn_up_exps, lw.ffn_down_exps,
+                   router_bias=opt("ffn_gate_inp_bias"), probs_bias=opt("exp_probs_b_bias"),
+                   gate_bias=opt("ffn_gate_exps_bias"), up_bias=opt("ffn_up_exps_bias"),
+                   down_bias=opt("ffn_down_exps_bias"))
+    if opt("ffn_gate_shexp") is None:
+        return w, None
+    return w, SharedExpert(lw.ffn_gate_shexp, lw.ffn_up_shexp, lw.ffn_down_shexp, opt("ffn_gate_inp_shexp"))
+
+
 def ffn(s: L.UbatchState, h: np.ndarray, w: MoeWeights, spec: MoeSpec,
-        shared: SharedExpert | None = None) -> np.ndarray:
+        shared: SharedExpert | None = None, logits: np.ndarray | None = None) -> np.ndarray:
     """The MoE feed-forward of h (T, n_embd) into s.o (returned): the shared expert if any,
-    plus the sum over each token's k experts of weight * down(act(gate h, up h))."""
+    plus the sum over each token's k experts of weight * down(act(gate h, up h)). logits: the
+    router's output for h when the caller has it (a compiled decode step), else computed."""
     T = s.n_tokens
     if shared is not None:
         shared_ffn(s, h, shared)
     else:
         s.o[:] = 0.0
-    logits = s.buf.router[:T]
-    matmul(w.router, h, logits, s.tile)
+    if logits is None:
+        logits = s.buf.router[:T]
+        matmul(w.router, h, logits, s.tile)
     experts, weights = route(logits, spec, w.router_bias, w.probs_bias)
     run_experts(s, h, w, spec, experts, weights, s.o)
     return s.o

@@ -65,8 +65,7 @@ def block(s: L.UbatchState, il: int, lw: Layer) -> None:
     else:
         q, k, v = L.qkv(s, h, lw.attn_q, lw.attn_k, lw.attn_v)
     s.x += L.attention(s, il, q, k, v, lw.attn_output)
-    experts = moe.MoeWeights(lw.ffn_gate_inp, lw.ffn_gate_exps, lw.ffn_up_exps, lw.ffn_down_exps)
-    shared = moe.SharedExpert(lw.ffn_gate_shexp, lw.ffn_up_shexp, lw.ffn_down_shexp, lw.ffn_gate_inp_shexp)
+    experts, shared = moe.layer_weights(lw)
     s.x += moe.ffn(s, L.norm(s, s.x, lw.ffn_norm), experts, s.cfg.moe, shared)
 
 

@@ -49,7 +49,7 @@ def block(s: L.UbatchState, il: int, lw: Layer) -> None:
     L.norm_heads(s, q, lw.attn_q_norm)
     L.norm_heads(s, k, lw.attn_k_norm)
     s.x += L.attention(s, il, q, k, v, lw.attn_output)
-    experts = moe.MoeWeights(lw.ffn_gate_inp, lw.ffn_gate_exps, lw.ffn_up_exps, lw.ffn_down_exps)
+    experts, _ = moe.layer_weights(lw)
     s.x += moe.ffn(s, L.norm(s, s.x, lw.ffn_norm), experts, s.cfg.moe)
 
 

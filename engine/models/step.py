@@ -10,9 +10,9 @@ bit for bit those of `block`; tests/test_decode_step.py checks every spec), and 
 its machine code like any kernel's. Each context gets a one-token step per layer and, when it
 has several sequences, one for 2..MATVEC_MAX_TOKENS tokens (slots decoding together), both
 compiled (or loaded from the cache) with the context. A mixture-of-experts layer's step ends
-with the router's logits: moe.route picks the token's experts in Python (its exact ties and
-float64 sums stay one piece of code), then a second compiled call runs them (one token; MoE
-ubatches of several tokens run the Python block). Layers it cannot serve (a weight type
+with the router's logits: moe.route picks the tokens' experts in Python (its exact ties and
+float64 sums stay one piece of code), then a second compiled call runs them for one token,
+and moe.ffn, grouped by expert, for several. Layers it cannot serve (a weight type
 without a fused kernel, a GPU layer) run the Python block, as do prompt chunks.
 
 Step modules are named by the engine version that wrote them; another version's are deleted
@@ -44,6 +44,7 @@ from numba.core.registry import CPUDispatcher
 from .. import jit, ops
 from ..quants import MATVEC_MAX_TOKENS, QUANT_TYPES, ExpertTensor, QTensor, int8_enabled
 from ..quants._kern import _raw_rows
+from . import moe
 
 log = logging.getLogger("ggstation.engine")
 
@@ -64,8 +65,9 @@ class StepSpec:
     (ffn_up) with SwiGLU (phi3); residual_scale: each branch's output times
     cfg.residual_scale before its add (granite); moe: the feed-forward is a mixture of experts
     (qwen3moe, qwen2moe, gpt-oss; moe.ffn): the step ends with the router's logits,
-    moe.route picks the experts in Python, and a second compiled call runs them (one token
-    only), with the expert biases, activation and shared expert the layer and cfg.moe have;
+    moe.route picks the experts in Python, and a second compiled call runs them (one token;
+    moe.ffn for several), with the expert biases, activation and shared expert the layer and
+    cfg.moe have;
     qkv_bias then means "where the layer has them" (qwen2moe's are optional); sinks:
     attention sinks (attn_sinks; gpt-oss); o_bias: the output projection's bias
     (attn_output_bias; gpt-oss); ffn_norm: the layer's norm before the feed-forward
@@ -320,20 +322,20 @@ def render(spec: StepSpec, lw, kdtype: np.dtype, vdtype: np.dtype, i8: bool, mul
     return _HEADER.format(key=key, imports=src.imports(), pre_attn=pre_attn, qkv=qkv) + body
 
 
-def render_experts(lw, i8: bool, act: str) -> str:
-    """The source of the one-token experts module for layer lw's expert weight types and
-    biases, with activation act ("silu" or "swiglu_oai": moe.ACTIVATIONS)."""
+def render_experts(w: moe.MoeWeights, sh: moe.SharedExpert | None, i8: bool, act: str) -> str:
+    """The source of the one-token experts module for a layer's experts w (their weight types
+    and biases) and shared expert sh, with activation act ("silu" or "swiglu_oai")."""
+    assert w.gate is not None  # _experts_servable
     src = _Source()
-    gate_up = _launches(src, [lw.ffn_gate_exps.expert(0), lw.ffn_up_exps.expert(0)], ["wge", "wue"], "h",
-                        ["gate", "up"], i8, False)
+    gate_up = _launches(src, [w.gate.expert(0), w.up.expert(0)], ["wge", "wue"], "h", ["gate", "up"], i8, False)
     gate_up = "\n".join("    " + ln for ln in gate_up.splitlines())
     biases = down_bias = ""
     add = "        for i in range({w}):\n            {buf}[0, i] += {b}[e, i]\n"
-    if getattr(lw, "ffn_gate_exps_bias", None) is not None:
+    if w.gate_bias is not None:
         biases += add.format(w="n_ff", buf="gate", b="gb")
-    if getattr(lw, "ffn_up_exps_bias", None) is not None:
+    if w.up_bias is not None:
         biases += add.format(w="n_ff", buf="up", b="ub")
-    if getattr(lw, "ffn_down_exps_bias", None) is not None:
+    if w.down_bias is not None:
         down_bias = add.format(w="n", buf="y", b="db")
     if act == "silu":
         act_call = "_swiglu(gate, up, gate)"
@@ -341,25 +343,19 @@ def render_experts(lw, i8: bool, act: str) -> str:
         act_call = f"_swiglu_oai(gate, up, gate, np.float32({ops.OAI_ALPHA!r}), np.float32({ops.OAI_LIMIT!r}))"
     else:
         raise ValueError(f"no experts step for the activation {act!r}")
-    mv_d = src.name(_multi_kernel(QUANT_TYPES[lw.ffn_down_exps.qtype], i8))
-    if _shared(lw):
-        shared = _launches(src, [lw.ffn_gate_shexp, lw.ffn_up_shexp], ["wsg", "wsu"], "h", ["sgate", "sup"], i8, False)
-        mv_sd = src.name(_multi_kernel(QUANT_TYPES[lw.ffn_down_shexp.qtype], i8))
+    mv_d = src.name(_multi_kernel(QUANT_TYPES[w.down.qtype], i8))
+    if sh is not None:
+        shared = _launches(src, [sh.gate, sh.up], ["wsg", "wsu"], "h", ["sgate", "sup"], i8, False)
+        mv_sd = src.name(_multi_kernel(QUANT_TYPES[sh.down.qtype], i8))
         shared += (f"\n    _swiglu(sgate, sup, sgate)\n    {mv_sd}(wsd, sgate, o)"
                    "\n    for i in range(n):\n        o[0, i] *= sfac")
     else:
         shared = "    for i in range(n):\n        o[0, i] = 0.0"
-    key = (f"experts {lw.ffn_gate_exps.qtype.name} {lw.ffn_up_exps.qtype.name} {lw.ffn_down_exps.qtype.name} "
-           f"int8={i8} act={act} biases={bool(biases)},{bool(down_bias)} shared="
-           + (" ".join(w.qtype.name for w in (lw.ffn_gate_shexp, lw.ffn_up_shexp, lw.ffn_down_shexp))
-              if _shared(lw) else "none"))
+    key = (f"experts {w.gate.qtype.name} {w.up.qtype.name} {w.down.qtype.name} int8={i8} act={act} "
+           f"biases={bool(biases)},{bool(down_bias)} shared="
+           + (" ".join(t.qtype.name for t in (sh.gate, sh.up, sh.down)) if sh is not None else "none"))
     return _EXPERTS.format(key=key, imports=src.imports(), gate_up=gate_up, biases=biases, act=act_call, mv_d=mv_d,
                            down_bias=down_bias, shared=shared)
-
-
-def _shared(lw) -> bool:
-    """Whether MoE layer lw has a shared expert (qwen2moe: ffn_{gate,up,down}_shexp)."""
-    return getattr(lw, "ffn_gate_shexp", None) is not None
 
 
 _ENGINE_DIGEST: str | None = None
@@ -505,22 +501,15 @@ def _servable(spec: StepSpec, lw, auto: bool, multi: bool) -> bool:
     return not auto or sum(w.nbytes for w in {id(w): w for w in ws + stacks}.values()) >= MIN_LAYER_BYTES
 
 
-def _experts_servable(lw, act: str) -> bool:
-    """Whether a MoE layer's experts suit the experts step: gate, up and down stacks (and a
-    shared expert's weights) of types with fused mat-vec kernels, an activation it has."""
-    if act not in ("silu", "swiglu_oai"):
+def _experts_servable(w: moe.MoeWeights, sh: moe.SharedExpert | None, act: str) -> bool:
+    """Whether a MoE layer's experts w (and shared expert sh) suit the experts step: stacks and
+    weights of types with fused mat-vec kernels, and an activation it has."""
+    if act not in ("silu", "swiglu_oai") or w.gate is None:
         return False
-    shared = [getattr(lw, n) for n in ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")] if _shared(lw) else []
-    for w in shared:
-        qt = QUANT_TYPES.get(w.qtype) if isinstance(w, QTensor) else None
-        if qt is None or w.n_cols % qt.block_elems or qt.matvec_same_x is None:
-            return False
-    for n in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
-        w = getattr(lw, n, None)
-        if not isinstance(w, ExpertTensor):
-            return False
-        qt = QUANT_TYPES.get(w.qtype)
-        if qt is None or w.n_cols % qt.block_elems or qt.matvec_same_x is None:
+    ws: list[Any] = [w.gate, w.up, w.down] + ([sh.gate, sh.up, sh.down] if sh is not None else [])
+    for t in ws:
+        qt = QUANT_TYPES.get(t.qtype) if isinstance(t, (QTensor, ExpertTensor)) else None
+        if qt is None or t.n_cols % qt.block_elems or qt.matvec_same_x is None:
             return False
     return True
 
@@ -552,35 +541,35 @@ class LayerSteps:
         # multiplying by 1 is exact: granite without a residual_scale gives the same bits
         rscale = np.float32((cfg.residual_scale or 1.0) if spec.residual_scale else 1.0)
         self.moe = cfg.moe if spec.moe else None
-        # per MoE layer: its experts step and (gate, up, down rows, n_ff); None elsewhere
-        # experts' and shared expert's weights, router and selection biases for moe.route, the
-        # shared expert's gate (None: ungated or none)
-        self.experts: list[tuple[Any, tuple, tuple, np.ndarray | None, np.ndarray | None, np.ndarray | None]
-                           | None] = []
+        # per MoE layer: its weights (moe.layer_weights), and its experts step with the
+        # arguments that do not change (experts' rows and biases, n_ff; the shared expert's
+        # rows); None elsewhere
+        self.moe_w: list[tuple[moe.MoeWeights, moe.SharedExpert | None] | None] = []
+        self.experts: list[tuple[Any, tuple, tuple] | None] = []
         for il, lw in enumerate(ctx.model.weights.layers):
             kc, vc = kv.k[il], kv.v[il]
+            mw = moe.layer_weights(lw) if spec.moe else None
             if (not _servable(spec, lw, auto, False) or kc.shape[1] == 0 or kc.dtype not in (np.uint16, np.float32)
-                    or spec.moe and not _experts_servable(lw, cfg.moe.act)):
+                    or mw is not None and not _experts_servable(*mw, cfg.moe.act)):
                 self.one.append(None)
                 self.many.append(None)
                 self.args.append(())
+                self.moe_w.append(None)
                 self.experts.append(None)
                 continue
             ls = layer_spec(spec, lw)
             self.one.append(load_step(render(ls, lw, kc.dtype, vc.dtype, i8)))
             self.many.append(load_step(render(ls, lw, kc.dtype, vc.dtype, i8, multi=True))
-                             if multi and not spec.moe and _servable(spec, lw, auto, True) else None)
-            if spec.moe:
-                stacks = (lw.ffn_gate_exps, lw.ffn_up_exps, lw.ffn_down_exps)
-                biases = [getattr(lw, f"{n}_bias", None) for n in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")]
-                sh = (lw.ffn_gate_shexp, lw.ffn_up_shexp, lw.ffn_down_shexp) if _shared(lw) else ()
+                             if multi and _servable(spec, lw, auto, True) else None)
+            self.moe_w.append(mw)
+            if mw is not None:
+                w, sh = mw
+                assert w.gate is not None
                 self.experts.append((
-                    load_step(render_experts(lw, i8, cfg.moe.act)),
-                    (*(_raw_rows(w.raw) for w in stacks), *(_EMPTY2 if b is None else b for b in biases),
-                     lw.ffn_gate_exps.n_rows),
-                    tuple(_raw_rows(w.raw) for w in sh) if sh else (_EMPTY_U8,) * 3,
-                    getattr(lw, "ffn_gate_inp_bias", None), getattr(lw, "exp_probs_b_bias", None),
-                    getattr(lw, "ffn_gate_inp_shexp", None) if sh else None))
+                    load_step(render_experts(w, sh, i8, cfg.moe.act)),
+                    (*(_raw_rows(t.raw) for t in (w.gate, w.up, w.down)),
+                     *(_EMPTY2 if b is None else b for b in (w.gate_bias, w.up_bias, w.down_bias)), w.gate.n_rows),
+                    tuple(_raw_rows(t.raw) for t in (sh.gate, sh.up, sh.down)) if sh is not None else (_EMPTY_U8,) * 3))
             else:
                 self.experts.append(None)
             aux: list[np.ndarray] = []
@@ -633,7 +622,7 @@ class LayerSteps:
             if ex is not None and id(ex[0]) not in seen:
                 seen.add(id(ex[0]))
                 ids, wts = np.zeros(1, np.int64), np.zeros(1, np.float32)
-                args = (*self._expert_bufs(b, 1), *ex[1], ids, wts, *self._shared_bufs(b, 1), *ex[2], np.float32(1))
+                args = (*self._expert_bufs(b, 1), *ex[1], ids, wts, b.gate[:1], b.up[:1], *ex[2], np.float32(1))
                 ex[0].compile(tuple(numba.typeof(v) for v in args))
 
     @staticmethod
@@ -641,27 +630,26 @@ class LayerSteps:
         """h, o, x, gate, up and out of the experts step (1-token views of the buffers)."""
         return (buf.h[:T], buf.o[:T], buf.x[:T], buf.moe_gate[:T], buf.moe_up[:T], buf.moe_out[:T])
 
-    @staticmethod
-    def _shared_bufs(buf, T: int) -> tuple[np.ndarray, ...]:
-        """The shared expert's gate and up (moe.shared_ffn runs it in the gate/up buffers)."""
-        return (buf.gate[:T], buf.up[:T])
-
-    def run_experts(self, il: int, buf) -> None:
-        """Layer il's mixture of experts for one token from the router logits its step left in
-        buf.router: moe.route picks the experts (as moe.ffn does), the experts step runs them
-        and adds their sum to x."""
-        from . import moe  # moe builds on this module's StepSpec users
-
-        ex = self.experts[il]
-        assert ex is not None and self.moe is not None
-        fn, wargs, shared, router_bias, probs_bias, shared_gate = ex
+    def run_experts(self, il: int, s) -> None:
+        """Layer il's mixture of experts for ubatch s from the router logits its step left in
+        buf.router. One token: moe.route picks the experts (as moe.ffn does) and the experts
+        step runs them and adds their sum to x. Several: moe.ffn runs them from the logits
+        (per expert over its tokens; one experts-step call per token was tried: slower at four
+        tokens, and on the float path not the bits of moe.ffn's grouped mat-vecs)."""
+        mw, ex, buf = self.moe_w[il], self.experts[il], s.buf
+        assert mw is not None and ex is not None and self.moe is not None
+        w, sh = mw
+        if s.n_tokens > 1:
+            s.x += moe.ffn(s, s.h, w, self.moe, sh, logits=buf.router[: s.n_tokens])
+            return
+        fn, wargs, shared = ex
         sfac = np.float32(1.0)  # an ungated shared expert's output is multiplied by 1: exact
-        if shared_gate is not None:  # as moe.shared_ffn: numpy's dot and sigmoid, same bits
-            sfac = (1.0 / (1.0 + np.exp(-(buf.h[:1] @ shared_gate)))).astype(np.float32)[0]
-        experts, weights = moe.route(buf.router[:1], self.moe, router_bias, probs_bias)
+        if sh is not None and sh.gate_inp is not None:  # as moe.shared_ffn: numpy's dot and sigmoid
+            sfac = (1.0 / (1.0 + np.exp(-(buf.h[:1] @ sh.gate_inp)))).astype(np.float32)[0]
+        experts, weights = moe.route(buf.router[:1], self.moe, w.router_bias, w.probs_bias)
         order = np.argsort(experts[0], kind="stable")  # run_experts' order: ascending experts
         fn(*self._expert_bufs(buf, 1), *wargs, np.ascontiguousarray(experts[0][order]),
-           np.ascontiguousarray(weights[0][order]), *self._shared_bufs(buf, 1), *shared, sfac)
+           np.ascontiguousarray(weights[0][order]), buf.gate[:1], buf.up[:1], *shared, sfac)
 
     def for_ubatch(self, s) -> UbatchSteps | None:
         """The steps for ubatch s (its T tokens, every one decoding: T <= MATVEC_MAX_TOKENS),
@@ -694,7 +682,7 @@ class UbatchSteps:
             plan = self.plans[window] = ops.AttentionPlan(self.s.n_tokens, st.H, st.G, st.D, st.Dv, self.n_pos, window)
         fn(*st._call_args(il, self.bufs, self.s.pos, self.seq, self.base, plan))
         if st.moe is not None:
-            st.run_experts(il, self.s.buf)
+            st.run_experts(il, self.s)
         return True
 
 
