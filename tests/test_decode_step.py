@@ -55,6 +55,21 @@ def tiny(tmp_path_factory):
                                            head_dim=32, n_expert=8, n_expert_used=4, n_ff_exp=256, qtype=Q.MXFP4)}
 
 
+@pytest.fixture
+def served(monkeypatch) -> list[int]:
+    """Per layer run of a ubatch, in order: its token count when a step served it, else 0."""
+    out: list[int] = []
+    real_run = step.UbatchSteps.run
+
+    def counting_run(self, il):
+        done = real_run(self, il)
+        out.append(self.s.n_tokens if done else 0)
+        return done
+
+    monkeypatch.setattr(step.UbatchSteps, "run", counting_run)
+    return out
+
+
 def decode_all(model, flag: str, monkeypatch, n_prefill: int = 4, **ctx_kw) -> np.ndarray:
     """Logits of a prefill, then of one-token decodes, with GGSTATION_STEP=flag."""
     monkeypatch.setenv("GGSTATION_STEP", flag)
@@ -119,20 +134,11 @@ def test_step_serves_sequences_of_split_and_unified_caches(tiny, unified, monkey
                                                     ("gemma3", True, True), ("gemma2", False, False),
                                                     ("phi3", True, True), ("olmo2", False, False),
                                                     ("granite", True, False)])
-def test_several_token_step_serves_slots_decoding_together(tiny, arch, unified, int8, monkeypatch):
+def test_several_token_step_serves_slots_decoding_together(tiny, arch, unified, int8, served, monkeypatch):
     """Ubatches of 2..8 tokens: three sequences' tokens together (interleaved, as a scheduler
     may order them), and three tokens of one sequence: the Python blocks' logits bit for bit."""
     model = load_model(tiny[arch])
     quants.use_int8(int8)
-    served: list[int] = []
-    real_run = step.UbatchSteps.run
-
-    def counting_run(self, il):
-        done = real_run(self, il)
-        served.append(self.s.n_tokens if done else 0)
-        return done
-
-    monkeypatch.setattr(step.UbatchSteps, "run", counting_run)
 
     def run(flag):
         monkeypatch.setenv("GGSTATION_STEP", flag)
@@ -356,21 +362,12 @@ def test_step_spec_refuses_variants_the_template_has_not():
 
 
 @pytest.mark.parametrize(("arch", "int8"), [("qwen3moe", False), ("qwen2moe", True), ("gpt-oss", False)])
-def test_moe_steps_serve_slots_decoding_together(tiny, arch, int8, monkeypatch):
+def test_moe_steps_serve_slots_decoding_together(tiny, arch, int8, served, monkeypatch):
     """Several sequences on a MoE model: ubatches of three tokens run their attention and router
     in the several-token step and their experts through moe.ffn, one-token ubatches take the
     experts step; the logits are the Python blocks' bit for bit."""
     model = load_model(tiny[arch])
     quants.use_int8(int8)
-    served: list[int] = []
-    real_run = step.UbatchSteps.run
-
-    def counting_run(self, il):
-        done = real_run(self, il)
-        served.append(self.s.n_tokens if done else 0)
-        return done
-
-    monkeypatch.setattr(step.UbatchSteps, "run", counting_run)
 
     def run(flag):
         monkeypatch.setenv("GGSTATION_STEP", flag)
