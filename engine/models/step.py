@@ -497,7 +497,8 @@ def _servable(spec: StepSpec, lw, auto: bool, multi: bool) -> bool:
             return False
         if multi and _multi_same_x_kernel(qt, False) is None:
             return False
-    stacks = [getattr(lw, n) for n in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")] if spec.moe else []
+    stacks = [w for n in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+              if isinstance(w := getattr(lw, n, None), ExpertTensor)] if spec.moe else []
     return not auto or sum(w.nbytes for w in {id(w): w for w in ws + stacks}.values()) >= MIN_LAYER_BYTES
 
 
@@ -548,9 +549,11 @@ class LayerSteps:
         self.experts: list[tuple[Any, tuple, tuple] | None] = []
         for il, lw in enumerate(ctx.model.weights.layers):
             kc, vc = kv.k[il], kv.v[il]
-            mw = moe.layer_weights(lw) if spec.moe else None
-            if (not _servable(spec, lw, auto, False) or kc.shape[1] == 0 or kc.dtype not in (np.uint16, np.float32)
-                    or mw is not None and not _experts_servable(*mw, cfg.moe.act)):
+            ok = _servable(spec, lw, auto, False) and kc.shape[1] > 0 and kc.dtype in (np.uint16, np.float32)
+            # (a layer of a MoE architecture without an expert stack keeps the Python block)
+            has_experts = isinstance(getattr(lw, "ffn_gate_exps", None), ExpertTensor)
+            mw = moe.layer_weights(lw) if ok and spec.moe and has_experts else None
+            if not ok or spec.moe and (mw is None or not _experts_servable(*mw, cfg.moe.act)):
                 self.one.append(None)
                 self.many.append(None)
                 self.args.append(())

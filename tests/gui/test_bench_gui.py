@@ -11,7 +11,9 @@ from app import bench_gui
 
 
 def test_bench_gui_prints_one_json_line_with_the_fields(tiny_llama_path, capsys, qapp):
-    n_gen, reps = 96, 2
+    # enough tokens for several painted frames (~30 a second) even when this tiny model decodes
+    # them in a fraction of a millisecond each: 96 once fitted in one frame (a failed run)
+    n_gen, reps = 480, 2
     assert bench_gui.main(["-m", str(tiny_llama_path), "-p", "8", "-n", str(n_gen), "-r", str(reps),
                            "-t", "1", "--json"]) == 0
     lines = capsys.readouterr().out.splitlines()
