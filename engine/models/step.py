@@ -67,8 +67,7 @@ class StepSpec:
     (qwen3moe, qwen2moe, gpt-oss; moe.ffn): the step ends with the router's logits,
     moe.route picks the experts in Python, and a second compiled call runs them (one token;
     moe.ffn for several), with the expert biases, activation and shared expert the layer and
-    cfg.moe have;
-    qkv_bias then means "where the layer has them" (qwen2moe's are optional); sinks:
+    cfg.moe have; qkv_bias then means "where the layer has them" (qwen2moe's are optional); sinks:
     attention sinks (attn_sinks; gpt-oss); o_bias: the output projection's bias
     (attn_output_bias; gpt-oss); ffn_norm: the layer's norm before the feed-forward
     (gpt-oss calls it post_attention_norm).
@@ -94,6 +93,20 @@ class StepSpec:
             raise ValueError(f"fused projections come with plain SwiGLU only: {self}")
         if self.moe and (self.fused or self.post_norms or self.residual_scale or self.act != "silu"):
             raise ValueError(f"MoE steps have pre-norms and the experts' own activation only: {self}")
+
+    @property
+    def aux(self) -> tuple[str, ...]:
+        """The layer's arrays the step reads from its `aux` tuple, in that order."""
+        names: tuple[str, ...] = ()
+        if self.qkv_bias:
+            names += ("attn_q_bias", "attn_k_bias", "attn_v_bias")
+        if self.qk_norm:
+            names += ("attn_q_norm", "attn_k_norm")
+        if self.post_norms:
+            names += ("post_attention_norm", "post_ffw_norm")
+        if self.o_bias:
+            names += ("attn_output_bias",)
+        return names
 
     @property
     def weights(self) -> tuple[str, ...]:
@@ -287,22 +300,24 @@ def render(spec: StepSpec, lw, kdtype: np.dtype, vdtype: np.dtype, i8: bool, mul
         gate_up = "" if spec.moe else _launches(src, [lw.ffn_gate, lw.ffn_up], ["wg", "wu"], inp,
                                                 ["gate", "up"], i8, multi)
         act = f"{'_geglu' if spec.act == 'gelu' else '_swiglu'}(gate, up, gate)"
+    aux = spec.aux.index
     if spec.qkv_bias:
-        qkv += ("\n    bq, bk, bv = aux[0], aux[1], aux[2]\n    for t in range(T):"
+        qkv += (f"\n    bq, bk, bv = aux[{aux('attn_q_bias')}], aux[{aux('attn_k_bias')}], aux[{aux('attn_v_bias')}]"
+                "\n    for t in range(T):"
                 "\n        for i in range(q.shape[1]):\n            q[t, i] += bq[i]"
                 "\n        for i in range(k.shape[1]):\n            k[t, i] += bk[i]"
                 "\n        for i in range(v.shape[1]):\n            v[t, i] += bv[i]")
     if spec.qk_norm == "head":
-        qkv += ("\n    qh = q.reshape((T * H, D))\n    _rmsnorm_inplace(qh, aux[0], eps)"
-                "\n    kh = k.reshape((T * G, D))\n    _rmsnorm_inplace(kh, aux[1], eps)")
+        qkv += (f"\n    qh = q.reshape((T * H, D))\n    _rmsnorm_inplace(qh, aux[{aux('attn_q_norm')}], eps)"
+                f"\n    kh = k.reshape((T * G, D))\n    _rmsnorm_inplace(kh, aux[{aux('attn_k_norm')}], eps)")
     elif spec.qk_norm == "whole":
-        qkv += "\n    _rmsnorm_inplace(q, aux[0], eps)\n    _rmsnorm_inplace(k, aux[1], eps)"
+        qkv += (f"\n    _rmsnorm_inplace(q, aux[{aux('attn_q_norm')}], eps)"
+                f"\n    _rmsnorm_inplace(k, aux[{aux('attn_k_norm')}], eps)")
     store = {np.dtype(np.uint16): "store_kv_f16", np.dtype(np.float32): "store_kv_f32"}
     post_attn = post_ffn = ""
     if spec.post_norms:
-        n = 3 * spec.qkv_bias + 2 * bool(spec.qk_norm)  # after the biases and Q/K norms aux holds
-        post_attn = f"    _rmsnorm_inplace(o, aux[{n}], eps)\n"
-        post_ffn = f"    _rmsnorm_inplace(o, aux[{n + 1}], eps)\n"
+        post_attn = f"    _rmsnorm_inplace(o, aux[{aux('post_attention_norm')}], eps)\n"
+        post_ffn = f"    _rmsnorm_inplace(o, aux[{aux('post_ffw_norm')}], eps)\n"
     scaled = "            o[t, i] *= rscale\n" if spec.residual_scale else ""
     residual = f"    for t in range(T):\n        for i in range(x.shape[1]):\n{scaled}            x[t, i] += o[t, i]\n"
     if spec.moe:
@@ -310,10 +325,9 @@ def render(spec: StepSpec, lw, kdtype: np.dtype, vdtype: np.dtype, i8: bool, mul
     else:
         ffn = _FFN.format(mv_d=src.name(_multi_kernel(QUANT_TYPES[lw.ffn_down.qtype], i8)), post_ffn=post_ffn,
                           residual=residual, pre_ffn=pre_ffn, gate_up=gate_up, act=act)
-    if spec.o_bias:  # after the biases and norms aux holds
-        n_aux = 3 * spec.qkv_bias + 2 * bool(spec.qk_norm) + 2 * spec.post_norms
-        post_attn = (f"    bo = aux[{n_aux}]\n    for t in range(T):\n        for i in range(o.shape[1]):"
-                     f"\n            o[t, i] += bo[i]\n") + post_attn
+    if spec.o_bias:
+        post_attn = (f"    bo = aux[{aux('attn_output_bias')}]\n    for t in range(T):"
+                     "\n        for i in range(o.shape[1]):\n            o[t, i] += bo[i]\n") + post_attn
     body = _BODY.format(
         store_k=store[np.dtype(kdtype)], store_v=store[np.dtype(vdtype)],
         mv_o=src.name(_multi_kernel(QUANT_TYPES[lw.attn_output.qtype], i8)),
@@ -575,19 +589,11 @@ class LayerSteps:
                     tuple(_raw_rows(t.raw) for t in (sh.gate, sh.up, sh.down)) if sh is not None else (_EMPTY_U8,) * 3))
             else:
                 self.experts.append(None)
-            aux: list[np.ndarray] = []
-            if ls.qkv_bias:
-                aux += [lw.attn_q_bias, lw.attn_k_bias, lw.attn_v_bias]
-            if spec.qk_norm:
-                aux += [lw.attn_q_norm, lw.attn_k_norm]
-            if spec.post_norms:
-                aux += [lw.post_attention_norm, lw.post_ffw_norm]
-            if spec.o_bias:
-                aux += [lw.attn_output_bias]
+            aux = tuple(getattr(lw, n) for n in ls.aux)  # render reads them by ls.aux's indices
             rope = kv.rope[il]
             norms = (lw.attn_norm, getattr(lw, spec.ffn_norm)) if spec.pre_norms else (_EMPTY, _EMPTY)
             self.args.append((
-                *norms, tuple(aux) or (_EMPTY,),
+                *norms, aux or (_EMPTY,),
                 *(_raw_rows(getattr(lw, n).raw) for n in spec.weights), eps,
                 rope.inv_freq, rope.neox, float(rope.attn_factor), kc, vc,
                 kv.window[il], np.float32(cfg.kq_scale), softcap, lw.attn_sinks if spec.sinks else ops._NO_SINKS,
