@@ -428,8 +428,13 @@ def apply_temperature(logits: np.ndarray, t: float) -> np.ndarray:
 
 def logsumexp(logits: np.ndarray) -> float:
     """log(sum(exp(logits))): the normaliser of a plain softmax."""
-    m = float(np.max(logits))
-    return m + float(np.log(np.sum(np.exp(logits - np.float32(m)), dtype=np.float64)))
+    m = np.max(logits)
+    e = np.subtract(logits, m, dtype=np.float32)
+    # below -87 expf is subnormal (x86 then runs ~10x slower); such terms add < 2e-38 each
+    np.maximum(e, np.float32(-87.0), out=e)
+    np.exp(e, out=e)
+    # numpy's float32 sum is pairwise: ~1e-7 relative here, at a fifth of a float64 sum's cost
+    return float(m) + math.log(float(np.add.reduce(e, dtype=np.float32)))
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -721,9 +726,25 @@ def _dist_index(x: np.ndarray, is_sorted: bool, u: float) -> int:  # pragma: no 
 def _heap_top(x: np.ndarray, k: int) -> np.ndarray:  # pragma: no cover - numba
     """Positions of the k largest of x, in the order std::partial_sort leaves them."""
     k = min(k, x.size)
-    h = np.arange(x.size)
-    _partial_sort(x, h, 0, k, x.size)
-    return h[:k].copy()
+    # std::partial_sort over the positions 0..n-1 reads each position past the heap once, while
+    # it still holds itself: so only the heap is kept, and x[i] is read directly (same moves)
+    h = np.arange(k)
+    _make_heap(x, h, 0, k)
+    if k > 0:
+        top = x[h[0]]
+        n = x.size
+        for c in range(k, n, 64):  # a chunk with nothing above the heap's top changes nothing
+            e = min(c + 64, n)
+            hit = False
+            for i in range(c, e):
+                hit |= x[i] > top
+            if hit:
+                for i in range(c, e):
+                    if x[i] > top:
+                        _adjust_heap(x, h, 0, 0, k, i)
+                        top = x[h[0]]
+    _sort_heap(x, h, 0, k)
+    return h
 
 
 @exact_kernel
@@ -731,20 +752,32 @@ def _partial_sort(x: np.ndarray, h: np.ndarray, lo: int, mid: int,
                   hi: int) -> None:  # pragma: no cover - numba
     """std::partial_sort(h + lo, h + mid, h + hi)."""
     k = mid - lo
-    if k >= 2:  # __make_heap
+    _make_heap(x, h, lo, k)
+    for i in range(mid, hi):  # __heap_select: __pop_heap(first, middle, i)
+        if k > 0 and x[h[i]] > x[h[lo]]:
+            v = h[i]
+            h[i] = h[lo]
+            _adjust_heap(x, h, lo, 0, k, v)
+    _sort_heap(x, h, lo, k)
+
+
+@exact_kernel
+def _make_heap(x: np.ndarray, h: np.ndarray, lo: int, k: int) -> None:  # pragma: no cover - numba
+    """std::__make_heap(h + lo, h + lo + k)."""
+    if k >= 2:
         parent = (k - 2) // 2
         while True:
             _adjust_heap(x, h, lo, parent, k, h[lo + parent])
             if parent == 0:
                 break
             parent -= 1
-    for i in range(mid, hi):  # __heap_select: __pop_heap(first, middle, i)
-        if k > 0 and x[h[i]] > x[h[lo]]:
-            v = h[i]
-            h[i] = h[lo]
-            _adjust_heap(x, h, lo, 0, k, v)
+
+
+@exact_kernel
+def _sort_heap(x: np.ndarray, h: np.ndarray, lo: int, k: int) -> None:  # pragma: no cover - numba
+    """std::__sort_heap(h + lo, h + lo + k)."""
     last = k
-    while last > 1:  # __sort_heap
+    while last > 1:
         last -= 1
         v = h[lo + last]
         h[lo + last] = h[lo]
