@@ -411,3 +411,18 @@ def test_greedy_with_a_tied_maximum_takes_llama_cpp_first():
     x = np.array([1.0, 2.0, 2.0, 0.5, 2.0, 2.0, 1.0, 2.0], np.float32)
     assert make_sampler(SamplingParams(temperature=0.0, top_k=3)).sample(x) == 4
     assert make_sampler(SamplingParams(temperature=0.0, top_k=40)).sample(x) == 7
+
+
+@pytest.mark.parametrize("k", [1, 2, 40, 128])
+def test_heap_top_keeps_std_partial_sort_order_on_long_tied_rows(k):
+    # _heap_top keeps only the heap and skips chunks below its top; the plain replay of
+    # std::partial_sort over every position (_partial_sort) must leave the same order
+    from engine.sampling import _heap_top, _partial_sort
+
+    rng = np.random.default_rng(k)
+    for _ in range(20):
+        x = rng.integers(-6, 6, 3000).astype(np.float32)  # ties everywhere, across chunks
+        x[rng.random(x.size) < 0.1] = -np.inf
+        h = np.arange(x.size)
+        _partial_sort(x, h, 0, k, x.size)
+        assert np.array_equal(_heap_top(x, k), h[:k])
