@@ -180,6 +180,24 @@ class Emit:
     def bytes16(self, base, off):
         return self.load(base, off, V16I8)
 
+    def words16(self, base, off):
+        """16 bytes at base+off, each zero-extended to an i32 lane (<16 x i32>).
+
+        Nibbles and bit fields are then cut from the i32 lanes: the byte-to-lane widening is
+        one load-folded vpmovzxbd per 8 bytes on AVX2, where cutting them from the bytes first
+        costs a shuffle per 4 of them (pshufd + vpmovzxbd from a register), and AVX2's shuffle
+        port was the float kernels' bottleneck."""
+        return self.b.zext(self.bytes16(base, off), V16I32)
+
+    def f16_pair(self, base, off):
+        """The two adjacent halves at base+off as floats (one vcvtph2ps for both with F16C)."""
+        if not self.f16c:
+            return self.f16(base, off), self.f16(base, off + 2)
+        v = self.b.fpext(self.b.bitcast(self.load(base, off, ir.VectorType(I16, 2)),
+                                        ir.VectorType(ir.HalfType(), 2)), V2F)
+        return (self.b.extract_element(v, ir.Constant(I32, 0)),
+                self.b.extract_element(v, ir.Constant(I32, 1)))
+
     # --- vector ops ------------------------------------------------------------------------
     def splat(self, v, ty=V16F):
         u = ir.Constant(ty, None)
@@ -192,23 +210,35 @@ class Emit:
     def vconst32(self, values):
         return ir.Constant(V16I32, list(values) if hasattr(values, "__iter__") else [values] * 16)
 
+    def _vc(self, q, v):
+        """The constant v in every lane of a vector of q's type (<16 x i8> or <16 x i32>)."""
+        return ir.Constant(q.type, [v] * q.type.count)
+
     def nib_lo(self, q):
-        return self.b.and_(q, self.vconst8(15))
+        return self.b.and_(q, self._vc(q, 15))
 
     def nib_hi(self, q):
-        return self.b.lshr(q, self.vconst8(4))
+        """High nibble of each byte (<16 x i8>) or of each zero-extended byte (words16)."""
+        return self.b.lshr(q, self._vc(q, 4))
 
     def bits(self, q, shift, mask):
-        """(q >> shift) & mask on <16 x i8>."""
+        """(q >> shift) & mask per lane."""
         if shift:
-            q = self.b.lshr(q, self.vconst8(shift))
-        return self.b.and_(q, self.vconst8(mask))
+            q = self.b.lshr(q, self._vc(q, shift))
+        return self.b.and_(q, self._vc(q, mask))
+
+    def shl(self, q, k):
+        return self.b.shl(q, self._vc(q, k))
 
     def u8f(self, q8):
-        """<16 x i8> unsigned -> <16 x float>."""
+        """Unsigned codes -> <16 x float>: <16 x i8>, or words16 lanes (whose small values the
+        signed conversion takes as they are: one vcvtdq2ps per 8 lanes)."""
+        if q8.type == V16I32:
+            return self.b.sitofp(q8, V16F)
         return self.b.uitofp(q8, V16F)
 
     def s8f(self, q8):
+        """Signed codes -> <16 x float>: <16 x i8> read as signed, or i32 lanes."""
         return self.b.sitofp(q8, V16F)
 
     def bit_bytes(self, word32, value):
@@ -285,8 +315,9 @@ class Emit:
         return b.bitcast(bits, F32)
 
     def sub8(self, q, k):
-        """q - k on <16 x i8> (wrapping; used to centre unsigned codes, then read as signed)."""
-        return self.b.sub(q, self.vconst8(k))
+        """q - k: on <16 x i8> wrapping (to centre unsigned codes, then read as signed), on
+        words16 lanes exact; the same values either way."""
+        return self.b.sub(q, self._vc(q, k))
 
     # --- int8 dot products (llama.cpp's formulation) ------------------------------------------
     def join(self, a, b):

@@ -82,7 +82,7 @@ class Q2_KLayout(Layout):
         out = []
         for h in range(2):
             for k in range(2):
-                q8 = em.bytes16(p, 16 + h * 32 + 16 * k)
+                q8 = em.words16(p, 16 + h * 32 + 16 * k)
                 for s in range(4):
                     e0 = h * 128 + s * 32 + 16 * k
                     g = _c(e0 // 16)
@@ -155,7 +155,7 @@ class Q3_KLayout(Layout):
     @staticmethod
     def _codes(em, hm, q8, h, s):
         """Signed codes q - 4 (<16 x i8>) of 16 weights from their hmask and qs bytes."""
-        hbit = em.b.shl(em.bits(hm, 4 * h + s, 1), em.vconst8(2))
+        hbit = em.shl(em.bits(hm, 4 * h + s, 1), 2)
         return em.sub8(em.b.or_(em.bits(q8, 2 * s, 3), hbit), 4)
 
 
@@ -169,10 +169,10 @@ class Q4_KLayout(Layout):
     block_elems, block_bytes, group = 256, 144, 32
 
     def groups(self, em, p):
-        d, dmin = em.f16(p, 0), em.f16(p, 2)
+        d, dmin = em.f16_pair(p, 0)
         out = []
         for j in range(4):
-            qa, qb = em.bytes16(p, 16 + 32 * j), em.bytes16(p, 32 + 32 * j)
+            qa, qb = em.words16(p, 16 + 32 * j), em.words16(p, 32 + 32 * j)
             for n in range(2):
                 g = 2 * j + n
                 sc, mn = _k4_scale_min(em, p, 4, g)
@@ -207,7 +207,7 @@ class Q5_KLayout(Layout):
 
     def groups(self, em, p):
         b = em.b
-        d, dmin = em.f16(p, 0), em.f16(p, 2)
+        d, dmin = em.f16_pair(p, 0)
         ha, hb = em.bytes16(p, 16), em.bytes16(p, 32)
         out = []
         for j in range(4):
@@ -215,13 +215,12 @@ class Q5_KLayout(Layout):
             for n in range(2):
                 g = 2 * j + n
                 sc, mn = _k4_scale_min(em, p, 4, g)
-                sh = em.vconst8(4)
                 if n == 0:
                     la, lb = em.nib_lo(qa), em.nib_lo(qb)
                 else:
                     la, lb = em.nib_hi(qa), em.nib_hi(qb)
-                q = [em.u8f(b.or_(la, b.shl(em.bits(ha, g, 1), sh))),
-                     em.u8f(b.or_(lb, b.shl(em.bits(hb, g, 1), sh)))]
+                q = [em.u8f(b.or_(la, em.shl(em.bits(ha, g, 1), 4))),
+                     em.u8f(b.or_(lb, em.shl(em.bits(hb, g, 1), 4)))]
                 out.append(Group(32 * g, q, em.fmul(d, sc), em.fmul(em.fmul(dmin, mn), em.fconst(-1.0))))
         return out
 
@@ -265,7 +264,7 @@ class Q6_KLayout(Layout):
                     g = e0 // 16
                     ql = em.bytes16(p, h * 64 + (c % 2) * 32 + 16 * k)
                     lo = em.nib_lo(ql) if c < 2 else em.nib_hi(ql)
-                    q = em.s8f(em.sub8(b.or_(lo, b.shl(em.bits(qh, 2 * c, 3), em.vconst8(4))), 32))
+                    q = em.s8f(em.sub8(b.or_(lo, em.shl(em.bits(qh, 2 * c, 3), 4)), 32))
                     out.append(Group(e0, [q], b.extract_element(dsc, _c(g))))
         return out
 

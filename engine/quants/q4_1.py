@@ -16,10 +16,9 @@ class Q4_1Layout(Layout):
     block_elems, block_bytes, group = 32, 20, 32
 
     def groups(self, em, p):
-        d, m = em.f16(p, 0), em.f16(p, 2)
-        q = em.bytes16(p, 4)
-        lo, hi = em.u8f(em.nib_lo(q)), em.u8f(em.nib_hi(q))
-        return [Group(0, [lo, hi], d, m)]
+        d, m = em.f16_pair(p, 0)
+        w = em.words16(p, 4)
+        return [Group(0, [em.u8f(em.nib_lo(w)), em.u8f(em.nib_hi(w))], d, m)]
 
     def int_block(self, em, p):  # ggml_vec_dot_q4_1_q8_1
         q = em.bytes16(p, 4)
