@@ -70,6 +70,9 @@ def test_gguf_file_tensors_are_zero_copy_views(base_path):
     a = f.tensors["tensor_a"].data
     assert isinstance(a.base, np.ndarray) or isinstance(a, np.memmap)
     assert not a.flags.writeable
+    # plain ndarrays: numba types an np.memmap subclass through its slow Python path, on
+    # every kernel call that takes a weight
+    assert all(type(t.data) is np.ndarray for t in f.tensors.values())
     expected = np.random.default_rng(0).standard_normal((4, 32)).astype(np.float32)
     np.testing.assert_array_equal(a, expected)
 
