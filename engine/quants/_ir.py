@@ -253,6 +253,36 @@ class Emit:
         hi = self.b.shuffle_vector(sel, sel, ir.Constant(ir.VectorType(I32, 16), list(range(16, 32))))
         return lo, hi
 
+    def bit_words(self, base, off, set_value, clear_value=0):
+        """The 32 bits of the little-endian word at base+off as two words16-style <16 x i32>
+        (lane j of the first: `set_value` if bit j is set, else `clear_value`; of the second:
+        bit 16 + j). A code's offset can ride in clear_value: Q5_0's q - 16 is then one add.
+
+        Each byte of the word picks a row of a 256 x 8 table of lanes (8 KiB, stays in L1): two
+        plain loads per 16 lanes, where testing the bits lane by lane costs three operations
+        per 8 lanes (and AVX2's variable shifts cost the shuffle port)."""
+        b = self.b
+        mod = b.module
+        name = f"_bit_words_{set_value}_{clear_value}".replace("-", "m")
+        rows = ir.ArrayType(ir.ArrayType(I32, 8), 256)
+        table = mod.globals.get(name)
+        if table is None:
+            table = ir.GlobalVariable(mod, rows, name=name)
+            table.global_constant = True
+            table.linkage = "internal"
+            table.initializer = ir.Constant(rows, [ir.Constant(ir.ArrayType(I32, 8),
+                                                               [set_value if (v >> i) & 1 else clear_value
+                                                                for i in range(8)])
+                                                   for v in range(256)])
+        v8 = ir.VectorType(I32, 8)
+        parts = []
+        for k in range(4):
+            idx = b.zext(self.load(base, off + k, I8), I64)
+            row = b.gep(table, [ir.Constant(I64, 0), idx, ir.Constant(I64, 0)])
+            parts.append(b.load(b.bitcast(row, v8.as_pointer()), align=4))
+        mask = ir.Constant(ir.VectorType(I32, 16), list(range(16)))
+        return b.shuffle_vector(parts[0], parts[1], mask), b.shuffle_vector(parts[2], parts[3], mask)
+
     def lut16(self, table, idxs):
         """[table[i] for i in idxs]: each i a <16 x i8> of values 0..15, table 16 int8 constants.
 

@@ -19,10 +19,10 @@ class Q5_0Layout(Layout):
 
     def groups(self, em, p):
         d = em.f16(p, 0)
-        h0, h1 = em.bit_bytes(em.load(p, 2, I32), 16)
-        q = em.bytes16(p, 6)
-        lo = em.s8f(em.sub8(em.b.or_(em.nib_lo(q), h0), 16))
-        hi = em.s8f(em.sub8(em.b.or_(em.nib_hi(q), h1), 16))
+        h0, h1 = em.bit_words(p, 2, 0, -16)  # q - 16: the high bit's 16 cancels the offset
+        q = em.words16(p, 6)
+        lo = em.s8f(em.b.add(em.nib_lo(q), h0))
+        hi = em.s8f(em.b.add(em.nib_hi(q), h1))
         return [Group(0, [lo, hi], d)]
 
     def int_block(self, em, p):  # ggml_vec_dot_q5_0_q8_0

@@ -18,9 +18,9 @@ class Q5_1Layout(Layout):
     block_elems, block_bytes, group = 32, 24, 32
 
     def groups(self, em, p):
-        d, m = em.f16(p, 0), em.f16(p, 2)
-        h0, h1 = em.bit_bytes(em.load(p, 4, I32), 16)
-        q = em.bytes16(p, 8)
+        d, m = em.f16_pair(p, 0)
+        h0, h1 = em.bit_words(p, 4, 16)
+        q = em.words16(p, 8)
         lo = em.u8f(em.b.or_(em.nib_lo(q), h0))
         hi = em.u8f(em.b.or_(em.nib_hi(q), h1))
         return [Group(0, [lo, hi], d, m)]

@@ -17,7 +17,7 @@ from .._kern import check_shapes, group_sums
 
 # These kernels contain code from those modules too: whether numba's cache may serve them
 # depends on their digest when this file was generated (see jit.generated_kernel).
-_parallel_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, q4_1), "2222854562818ef0")
+_parallel_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, q4_1), "0ae3bc09bffdeeaf")
 
 _layout = q4_1.Q4_1Layout()
 _G, _BB, _BE = _layout.group, _layout.block_bytes, _layout.block_elems

@@ -17,7 +17,7 @@ from .._kern import check_shapes, group_sums
 
 # These kernels contain code from those modules too: whether numba's cache may serve them
 # depends on their digest when this file was generated (see jit.generated_kernel).
-_parallel_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, q8_0), "c6b5e5d9e1e091b6")
+_parallel_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, q8_0), "69145e42a760c6d3")
 
 _layout = q8_0.Q8_0Layout()
 _G, _BB, _BE = _layout.group, _layout.block_bytes, _layout.block_elems
