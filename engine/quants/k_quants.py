@@ -208,19 +208,15 @@ class Q5_KLayout(Layout):
     def groups(self, em, p):
         b = em.b
         d, dmin = em.f16_pair(p, 0)
-        ha, hb = em.bytes16(p, 16), em.bytes16(p, 32)
+        hs = em.load(p, 16, V32I8)  # the high bits of both 16-byte halves: 32-byte byte ops
         out = []
         for j in range(4):
-            qa, qb = em.bytes16(p, 48 + 32 * j), em.bytes16(p, 64 + 32 * j)
+            qs = em.load(p, 48 + 32 * j, V32I8)
             for n in range(2):
                 g = 2 * j + n
                 sc, mn = _k4_scale_min(em, p, 4, g)
-                if n == 0:
-                    la, lb = em.nib_lo(qa), em.nib_lo(qb)
-                else:
-                    la, lb = em.nib_hi(qa), em.nib_hi(qb)
-                q = [em.u8f(b.or_(la, em.shl(em.bits(ha, g, 1), 4))),
-                     em.u8f(b.or_(lb, em.shl(em.bits(hb, g, 1), 4)))]
+                lo = em.nib_lo(qs) if n == 0 else em.nib_hi(qs)
+                q = [em.u8f(v) for v in em.halves(b.or_(lo, em.shl(em.bits(hs, g, 1), 4)))]
                 out.append(Group(32 * g, q, em.fmul(d, sc), em.fmul(em.fmul(dmin, mn), em.fconst(-1.0))))
         return out
 
