@@ -426,3 +426,13 @@ def test_heap_top_keeps_std_partial_sort_order_on_long_tied_rows(k):
         h = np.arange(x.size)
         _partial_sort(x, h, 0, k, x.size)
         assert np.array_equal(_heap_top(x, k), h[:k])
+
+
+def test_logsumexp_of_a_wide_logit_row_matches_float64():
+    # rows spanning more than 87 put expf in subnormals (clamped there: slow, not wrong)
+    from engine.sampling import logsumexp
+
+    x = (np.random.default_rng(5).standard_normal(49152) * 40).astype(np.float32)
+    x[7] = -np.inf  # a banned token adds nothing
+    ref = np.logaddexp.reduce(x.astype(np.float64))
+    assert abs(logsumexp(x) - ref) < 1e-5
