@@ -150,7 +150,7 @@ class Q3_KLayout(Layout):
         v4 = em.load(p, 104, ir.VectorType(ir.IntType(8), 4))
         hi2 = b.shuffle_vector(v4, v4, _idx([0, 1, 2, 3] * 4))
         hi2 = b.and_(b.lshr(hi2, em.vconst8([2 * (g // 4) for g in range(16)])), em.vconst8(3))
-        return em.sub8(b.or_(lo4, b.shl(hi2, em.vconst8(4))), 32)
+        return em.sub8(b.or_(lo4, em.shl(hi2, 4)), 32)
 
     @staticmethod
     def _codes(em, hm, q8, h, s):
@@ -223,15 +223,14 @@ class Q5_KLayout(Layout):
     def int_block(self, em, p):  # ggml_vec_dot_q5_K_q8_K
         b = em.b
         ha, hb = em.bytes16(p, 16), em.bytes16(p, 32)
-        sh = em.vconst8(4)
         parts = []
         for j in range(4):
             qa, qb = em.bytes16(p, 48 + 32 * j), em.bytes16(p, 64 + 32 * j)
             for n in range(2):
                 g = 2 * j + n
                 nib = em.nib_lo if n == 0 else em.nib_hi
-                w = em.join(b.or_(nib(qa), b.shl(em.bits(ha, g, 1), sh)),
-                            b.or_(nib(qb), b.shl(em.bits(hb, g, 1), sh)))
+                w = em.join(b.or_(nib(qa), em.shl(em.bits(ha, g, 1), 4)),
+                            b.or_(nib(qb), em.shl(em.bits(hb, g, 1), 4)))
                 sc = em.splat_scale(_k4_scale_min_int(em, p, 4, g)[0])
                 parts.append(IntPart(32 * g, w, False, sc))
         return IntBlock(em.f16(p, 0), parts, mins=_k4_mins16(em, p, 4), dmin=em.f16(p, 2))
@@ -282,6 +281,6 @@ class Q6_KLayout(Layout):
                 for k in range(2):
                     ql = em.bytes16(p, h * 64 + (c % 2) * 32 + 16 * k)
                     lo = em.nib_lo(ql) if c < 2 else em.nib_hi(ql)
-                    codes.append(em.sub8(b.or_(lo, b.shl(em.bits(qh[k], 2 * c, 3), em.vconst8(4))), 32))
+                    codes.append(em.sub8(b.or_(lo, em.shl(em.bits(qh[k], 2 * c, 3), 4)), 32))
                 parts.append(IntPart(e0, em.join(*codes), True, em.pair_scales(sc, e0 // 16, True)))
         return IntBlock(em.f16(p, 208), parts)
