@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from PySide6.QtCore import QObject, QThread, Signal, Slot
+from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
 
 from .context_policy import fit_to_context
 from .dto import EndpointInfo, LoadParams, RemoteLoad, RemoteServerState, ReplyStep, SamplingSettings
@@ -67,8 +67,12 @@ class WorkerPool(QObject):
         self._closed = False
 
     def start(self, worker: _Worker) -> _Worker:
-        """Runs `worker` on a new thread; after shutdown() it is returned unstarted, since no one
-        would wait for its thread (a QThread destroyed while running aborts the process)."""
+        """Runs `worker` on a new thread once control is back in the event loop, so the caller
+        can connect its signals after this returns: a worker that fails at once would otherwise
+        emit before anyone listens, and a queued signal with no receiver is lost.
+
+        After shutdown() it is returned unstarted, since no one would wait for its thread (a
+        QThread destroyed while running aborts the process)."""
         if self._closed:
             worker.deleteLater()
             return worker
@@ -78,8 +82,12 @@ class WorkerPool(QObject):
         worker.finished.connect(thread.quit)
         thread.finished.connect(self._on_thread_finished)  # queued: the pool lives on the GUI thread
         self._running[thread] = worker
-        thread.start()
+        QTimer.singleShot(0, self, lambda: self._launch(thread, worker))
         return worker
+
+    def _launch(self, thread: QThread, worker: TaskWorker) -> None:
+        if not self._closed and self._running.get(thread) is worker:
+            thread.start()
 
     @Slot()
     def _on_thread_finished(self) -> None:
