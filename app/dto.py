@@ -103,6 +103,7 @@ class MemoryFigures:
     rss_bytes: int = 0
     total_bytes: int = 0
     devices: tuple[DeviceShare, ...] = ()  # per device; the figures above are the sums
+    repacked_bytes: int = 0  # the int8 path's interleaved copies of the weights (in RAM)
 
     @property
     def gpu_shares(self) -> tuple[DeviceShare, ...]:
@@ -133,6 +134,7 @@ class MemoryFigures:
             rss_bytes=int(report.rss_bytes or 0),
             total_bytes=int(report.total_bytes),
             devices=devices,
+            repacked_bytes=int(report.repacked_bytes),
         )
 
 

@@ -43,10 +43,13 @@ class MemoryReport:
     # per device: the CPU's share, and a GPU's when layers are offloaded (-ngl); the top-level
     # byte counts above are the totals over all devices
     devices: tuple[DeviceMemory, ...] = ()
+    # the int8 path's row-interleaved copies of the weights, in RAM beside the mapped file
+    # (QTensor.packed; made on first use, so 0 on the float path)
+    repacked_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
-        return self.weights_bytes + self.kv_bytes + self.compute_bytes + self.metadata_bytes
+        return self.weights_bytes + self.repacked_bytes + self.kv_bytes + self.compute_bytes + self.metadata_bytes
 
     @property
     def host_bytes(self) -> int:
@@ -128,6 +131,7 @@ def memory_report(ctx: Context) -> MemoryReport:
         metadata_bytes=_metadata_bytes(len(model.gguf.tensors)),
         rss_bytes=psutil.Process().memory_info().rss,
         devices=devices,
+        repacked_bytes=model.repacked_bytes,
     )
 
 
@@ -159,7 +163,7 @@ def estimate_memory(cfg: ModelConfig, weights_bytes: int, n_tensors: int, n_ctx:
                     n_ubatch: int = 512, n_batch: int = 2048, kv_unified: bool = False, *,
                     n_gpu_layers: int = 0, gpu_device: str = "GL0",
                     layer_weights_bytes: Sequence[int] | None = None, output_weights_bytes: int = 0,
-                    output_tied_bytes: int = 0) -> MemoryReport:
+                    output_tied_bytes: int = 0, repacked_bytes: int = 0) -> MemoryReport:
     """What Context(model, ContextParams(...)) will allocate, before loading anything.
 
     Args:
@@ -171,6 +175,7 @@ def estimate_memory(cfg: ModelConfig, weights_bytes: int, n_tensors: int, n_ctx:
             token embedding standing in for output).
         output_tied_bytes: of those, the tied token embedding's, which the CPU keeps as well
             for the input lookup (0 when the file has its own output.weight).
+        repacked_bytes: the int8 path's interleaved copies (ModelInfo.repackable_bytes).
     Returns:
         the totals over all devices, and `devices` with each one's share.
     """
@@ -193,6 +198,7 @@ def estimate_memory(cfg: ModelConfig, weights_bytes: int, n_tensors: int, n_ctx:
         rss_bytes=None,
         estimate=True,
         devices=devices,
+        repacked_bytes=repacked_bytes,
     )
 
 

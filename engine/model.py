@@ -17,6 +17,7 @@ from .gguf_split import open_gguf
 from .jit import on_passing_thread, set_num_threads
 from .models import Architecture, get_arch
 from .models.base import ModelWeights, load_weights
+from .quants.base import QTensor
 
 if TYPE_CHECKING:
     from .backends.gl.offload import GpuModel
@@ -51,6 +52,18 @@ class Model:
     @property
     def weights_bytes(self) -> int:
         return self.gguf.tensor_data_bytes
+
+    @property
+    def repacked_bytes(self) -> int:
+        """Bytes of the weights' row-interleaved copies the int8 path has made so far
+        (QTensor.packed; llama.cpp's CPU_REPACK buffer)."""
+        if self.weights is None:
+            return 0
+        w = self.weights
+        tensors = {id(t): t for t in (w.token_embd, w.output) if isinstance(t, QTensor)}
+        for layer in w.layers:
+            tensors.update((id(t), t) for t in vars(layer).values() if isinstance(t, QTensor))
+        return sum(t.packed_nbytes for t in tensors.values())
 
     @property
     def name(self) -> str:

@@ -11,6 +11,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
+from . import quants
 from .config import ModelConfig
 from .errors import EngineError
 from .gguf_file import GGUFFile, closing_on_error
@@ -54,6 +55,9 @@ class ModelInfo:
     layer_weights_bytes: list[int] = field(default_factory=list)
     output_weights_bytes: int = 0
     output_tied_bytes: int = 0
+    # bytes of the matrices the int8 path runs on row-interleaved copies (QTensor.packed): the
+    # types with that form, expert stacks and an untied token embedding aside
+    repackable_bytes: int = 0
     error: str | None = None
     cfg: ModelConfig | None = None
 
@@ -69,6 +73,7 @@ class ModelInfo:
         kw.setdefault("layer_weights_bytes", self.layer_weights_bytes)
         kw.setdefault("output_weights_bytes", self.output_weights_bytes)
         kw.setdefault("output_tied_bytes", self.output_tied_bytes)
+        kw.setdefault("repacked_bytes", self.repackable_bytes if quants.int8_enabled() else 0)
         return estimate_memory(self.cfg, self.weights_bytes, self.n_tensors, **kw)
 
 
@@ -151,6 +156,11 @@ def _fill_placement(info: ModelInfo, f: GGUFFile, n_layer: int) -> None:
     if "output.weight" not in f.tensors and "token_embd.weight" in f.tensors:
         tied = f.tensors["token_embd.weight"].nbytes  # the embedding doubles as the output matrix
     info.layer_weights_bytes, info.output_weights_bytes, info.output_tied_bytes = per_layer, head + tied, tied
+    packable = {q for q, qt in quants.QUANT_TYPES.items() if qt.repack is not None}
+    info.repackable_bytes = sum(
+        t.nbytes for t in f.tensors.values()
+        if t.qtype in packable and len(t.shape) == 2
+        and not (t.name == "token_embd.weight" and "output.weight" in f.tensors))
 
 
 def _fill_experts(info: ModelInfo, f: GGUFFile, cfg: ModelConfig) -> None:

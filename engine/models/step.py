@@ -213,34 +213,62 @@ def step(h, o, x, gate, up, y, wg, wu, wd, gb, ub, db, n_ff, ids, wts, sgate, su
 '''
 
 
-def _same_x_kernel(qt, i8: bool) -> tuple[str, str]:
-    """(module, name) of the njit kernel behind qt's fused 1..3-weight mat-vec on the path
-    quants.matvec_many takes (int8 when on and the type has one)."""
-    w = qt.matvec_same_x_i8 if i8 and qt.matvec_same_x_i8 is not None else qt.matvec_same_x
-    return w.__module__, "_" + w.__name__.replace("_same_x", "")
+def _rp(w: QTensor, i8: bool) -> bool:
+    """Whether w's mat-vecs run on its interleaved copy on the path i8 (quants.interleaved)."""
+    return i8 and QUANT_TYPES[w.qtype].repack is not None and w.pack
 
 
-def _multi_same_x_kernel(qt, i8: bool) -> tuple[str, str] | None:
-    """(module, name) of the kernel behind qt's fused multi-token mat-vec of 1..3 weights
+def _step_rows(w: QTensor, i8: bool) -> np.ndarray:
+    """The rows a step passes w's kernels on the path i8: its interleaved copy or its raw rows."""
+    if _rp(w, i8):
+        packed = w.packed
+        assert packed is not None  # _servable checked the shape, and the type has the form
+        return packed
+    return _raw_rows(w.raw)
+
+
+def _same_x_kernel(w: QTensor, i8: bool) -> tuple[str, str]:
+    """(module, name) of the njit kernel behind w's fused 1..3-weight mat-vec on the path
+    quants.matvec_many takes (interleaved or int8 when on and the type has it)."""
+    qt = QUANT_TYPES[w.qtype]
+    if _rp(w, i8):
+        f = qt.matvec_same_x_rp
+    else:
+        f = qt.matvec_same_x_i8 if i8 and qt.matvec_same_x_i8 is not None else qt.matvec_same_x
+    assert f is not None
+    return f.__module__, "_" + f.__name__.replace("_same_x", "")
+
+
+def _multi_same_x_kernel(w: QTensor, i8: bool) -> tuple[str, str] | None:
+    """(module, name) of the kernel behind w's fused multi-token mat-vec of 1..3 weights
     (quants.matvec_multi_many), None when the type has none."""
-    w = qt.matvec_multi_same_x_i8 if i8 and qt.matvec_multi_same_x_i8 is not None else qt.matvec_multi_same_x
-    return None if w is None else (w.__module__, "_" + w.__name__)
+    qt = QUANT_TYPES[w.qtype]
+    if _rp(w, i8):
+        f = qt.matvec_multi_same_x_rp
+    else:
+        f = qt.matvec_multi_same_x_i8 if i8 and qt.matvec_multi_same_x_i8 is not None else qt.matvec_multi_same_x
+    return None if f is None else (f.__module__, "_" + f.__name__)
 
 
-def _multi_kernel(qt, i8: bool) -> tuple[str, str]:
-    """(module, name) of the njit kernel behind quants.matvec_multi for qt."""
-    w = qt.matvec_multi_i8 if i8 and qt.matvec_multi_i8 is not None else qt.matvec_multi
-    return w.__module__, "_" + w.__name__
+def _multi_kernel(w: QTensor, i8: bool) -> tuple[str, str]:
+    """(module, name) of the njit kernel behind quants.matvec_multi for w."""
+    qt = QUANT_TYPES[w.qtype]
+    if _rp(w, i8):
+        f = qt.matvec_multi_rp
+    else:
+        f = qt.matvec_multi_i8 if i8 and qt.matvec_multi_i8 is not None else qt.matvec_multi
+    assert f is not None
+    return f.__module__, "_" + f.__name__
 
 
 def _groups(ws: list[QTensor]) -> list[list[int]]:
     """Indices of ws per launch, as quants.matvec_many groups them: one launch when every
     weight has the same type, else by type in order of first appearance, three at most."""
-    if all(w.qtype == ws[0].qtype for w in ws):
+    if all(w.qtype == ws[0].qtype and w.pack == ws[0].pack for w in ws):
         return [list(range(len(ws)))]
     by: dict[Any, list[int]] = {}
     for i, w in enumerate(ws):
-        by.setdefault(w.qtype, []).append(i)
+        by.setdefault((w.qtype, w.pack), []).append(i)
     return [g[i : i + 3] for g in by.values() for i in range(0, len(g), 3)]
 
 
@@ -265,8 +293,7 @@ def _launches(src: _Source, ws: list[QTensor], args: list[str], x: str, outs: li
     token (1-D rows of the buffers) or several (2-D)."""
     lines = []
     for g in _groups(ws):
-        qt = QUANT_TYPES[ws[g[0]].qtype]
-        ref = _multi_same_x_kernel(qt, i8) if multi else _same_x_kernel(qt, i8)
+        ref = _multi_same_x_kernel(ws[g[0]], i8) if multi else _same_x_kernel(ws[g[0]], i8)
         assert ref is not None  # _servable checked
         k = src.name(ref)
         r = [args[i] for i in g]
@@ -321,16 +348,16 @@ def render(spec: StepSpec, lw, kdtype: np.dtype, vdtype: np.dtype, i8: bool, mul
     scaled = "            o[t, i] *= rscale\n" if spec.residual_scale else ""
     residual = f"    for t in range(T):\n        for i in range(x.shape[1]):\n{scaled}            x[t, i] += o[t, i]\n"
     if spec.moe:
-        ffn = _MOE_FFN.format(mv_r=src.name(_multi_kernel(QUANT_TYPES[lw.ffn_gate_inp.qtype], i8)))
+        ffn = _MOE_FFN.format(mv_r=src.name(_multi_kernel(lw.ffn_gate_inp, i8)))
     else:
-        ffn = _FFN.format(mv_d=src.name(_multi_kernel(QUANT_TYPES[lw.ffn_down.qtype], i8)), post_ffn=post_ffn,
+        ffn = _FFN.format(mv_d=src.name(_multi_kernel(lw.ffn_down, i8)), post_ffn=post_ffn,
                           residual=residual, pre_ffn=pre_ffn, gate_up=gate_up, act=act)
     if spec.o_bias:
         post_attn = (f"    bo = aux[{aux('attn_output_bias')}]\n    for t in range(T):"
                      "\n        for i in range(o.shape[1]):\n            o[t, i] += bo[i]\n") + post_attn
     body = _BODY.format(
         store_k=store[np.dtype(kdtype)], store_v=store[np.dtype(vdtype)],
-        mv_o=src.name(_multi_kernel(QUANT_TYPES[lw.attn_output.qtype], i8)),
+        mv_o=src.name(_multi_kernel(lw.attn_output, i8)),
         post_attn=post_attn, residual=residual, ffn=ffn)
     key = f"{spec} k={np.dtype(kdtype)} v={np.dtype(vdtype)} int8={i8} tokens={'2-8' if multi else 1}"
     return _HEADER.format(key=key, imports=src.imports(), pre_attn=pre_attn, qkv=qkv) + body
@@ -357,10 +384,10 @@ def render_experts(w: moe.MoeWeights, sh: moe.SharedExpert | None, i8: bool, act
         act_call = f"_swiglu_oai(gate, up, gate, np.float32({ops.OAI_ALPHA!r}), np.float32({ops.OAI_LIMIT!r}))"
     else:
         raise ValueError(f"no experts step for the activation {act!r}")
-    mv_d = src.name(_multi_kernel(QUANT_TYPES[w.down.qtype], i8))
+    mv_d = src.name(_multi_kernel(w.down.expert(0), i8))
     if sh is not None:
         shared = _launches(src, [sh.gate, sh.up], ["wsg", "wsu"], "h", ["sgate", "sup"], i8, False)
-        mv_sd = src.name(_multi_kernel(QUANT_TYPES[sh.down.qtype], i8))
+        mv_sd = src.name(_multi_kernel(sh.down, i8))
         shared += (f"\n    _swiglu(sgate, sup, sgate)\n    {mv_sd}(wsd, sgate, o)"
                    "\n    for i in range(n):\n        o[0, i] *= sfac")
     else:
@@ -509,7 +536,7 @@ def _servable(spec: StepSpec, lw, auto: bool, multi: bool) -> bool:
         qt = QUANT_TYPES.get(w.qtype)
         if qt is None or w.n_cols % qt.block_elems or qt.matvec_same_x is None:
             return False
-        if multi and _multi_same_x_kernel(qt, False) is None:
+        if multi and _multi_same_x_kernel(w, False) is None:
             return False
     stacks = [w for n in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
               if isinstance(w := getattr(lw, n, None), ExpertTensor)] if spec.moe else []
@@ -586,7 +613,8 @@ class LayerSteps:
                     load_step(render_experts(w, sh, i8, cfg.moe.act)),
                     (*(_raw_rows(t.raw) for t in (w.gate, w.up, w.down)),
                      *(_EMPTY2 if b is None else b for b in (w.gate_bias, w.up_bias, w.down_bias)), w.gate.n_rows),
-                    tuple(_raw_rows(t.raw) for t in (sh.gate, sh.up, sh.down)) if sh is not None else (_EMPTY_U8,) * 3))
+                    tuple(_step_rows(t, i8) for t in (sh.gate, sh.up, sh.down)) if sh is not None
+                    else (_EMPTY_U8,) * 3))
             else:
                 self.experts.append(None)
             aux = tuple(getattr(lw, n) for n in ls.aux)  # render reads them by ls.aux's indices
@@ -594,7 +622,7 @@ class LayerSteps:
             norms = (lw.attn_norm, getattr(lw, spec.ffn_norm)) if spec.pre_norms else (_EMPTY, _EMPTY)
             self.args.append((
                 *norms, aux or (_EMPTY,),
-                *(_raw_rows(getattr(lw, n).raw) for n in spec.weights), eps,
+                *(_step_rows(getattr(lw, n), i8) for n in spec.weights), eps,
                 rope.inv_freq, rope.neox, float(rope.attn_factor), kc, vc,
                 kv.window[il], np.float32(cfg.kq_scale), softcap, lw.attn_sinks if spec.sinks else ops._NO_SINKS,
                 rscale))

@@ -21,7 +21,10 @@ to float32, one FMA per weight; the tested oracle). use_int8(True), GGSTATION_IN
 select llama.cpp's int8 formulation for the block types instead: x quantised once per mat-vec
 to the type's vec_dot_type (_q8.py), integer dots per block, float scales per block
 (matvec_i8_<qtype>); prefill (matmul beyond MATVEC_MAX_TOKENS) then rounds its activations to
-the same grid, so prefilled and decoded tokens see the same numbers.
+the same grid, so prefilled and decoded tokens see the same numbers. Types with a
+row-interleaved form (Q4_0, Q4_1, Q8_0: Layout.rp_block) run those mat-vecs on a copy of
+their rows interleaved 8 or 16 at a time (QTensor.packed, made on first use; matvec_*_rp_<qtype>),
+whose integer sums are exact per block, like the row kernels' (results within float rounding).
 """
 
 from __future__ import annotations
@@ -141,10 +144,28 @@ def get_rows(w: QTensor, ids: np.ndarray, out: np.ndarray) -> None:
         qt.get_rows(w.raw, ids, out)
 
 
+def interleaved(w: QTensor, qt: QuantType) -> bool:
+    """Whether w's mat-vecs run on its row-interleaved copy (QTensor.packed): on the int8
+    path, for the types that have that form (qt: w's QUANT_TYPES entry, _qt checked)."""
+    return _int8 and qt.repack is not None and w.pack
+
+
+def rows(w: QTensor, qt: QuantType) -> np.ndarray:
+    """The array w's decode kernels take on the current path: the interleaved copy or raw."""
+    if interleaved(w, qt):
+        packed = w.packed
+        assert packed is not None  # _qt checked the shape, and the type has the form
+        return packed
+    return w.raw
+
+
 def matvec(w: QTensor, x: np.ndarray, out: np.ndarray) -> None:
     qt = _qt(w)
     if qt is None:
         out[:] = dequant_ref(w.raw, w.qtype) @ x
+    elif interleaved(w, qt):
+        assert qt.matvec_rp is not None
+        qt.matvec_rp(rows(w, qt), x, out)
     elif _int8 and qt.matvec_i8 is not None:
         qt.matvec_i8(w.raw, x, out)
     else:
@@ -156,37 +177,48 @@ def matvec_many(ws: list[QTensor], x: np.ndarray, outs: list[np.ndarray]) -> Non
     type go through one fused kernel launch (saves the per-call and thread wake-up overhead)."""
     qt = _qt(ws[0]) if ws else None
     if qt is not None and len(ws) <= 3 and len(outs) == len(ws) and all(
-            w.qtype == qt.qtype and _qt(w) is not None for w in ws):
-        _same_x(qt)([w.raw for w in ws], x, outs)  # common case: one launch
+            w.qtype == qt.qtype and _qt(w) is not None and w.pack == ws[0].pack for w in ws):
+        _same_x(qt, interleaved(ws[0], qt))([rows(w, qt) for w in ws], x, outs)  # common case: one launch
         return
-    for qt, raws, os_ in _by_type(ws, x, outs, lambda qt: True, matvec):
-        _same_x(qt)(raws, x, os_)
+    for qt, rp, raws, os_ in _by_type(ws, x, outs, lambda qt: True, matvec):
+        _same_x(qt, rp)(raws, x, os_)
 
 
 def _by_type(ws: list[QTensor], x: np.ndarray, outs: list[np.ndarray], fusable: Callable[[QuantType], bool],
-             alone: Callable[[QTensor, np.ndarray, np.ndarray], None]) -> Iterator[tuple[QuantType, list, list]]:
-    """Weights sharing x grouped by type, at most 3 a group (the fused kernels' arity), for one
-    launch each; a weight whose type has no fused kernel runs through `alone` first."""
-    groups: dict[GGMLQuantizationType, tuple[QuantType, list, list]] = {}
+             alone: Callable[[QTensor, np.ndarray, np.ndarray], None]
+             ) -> Iterator[tuple[QuantType, bool, list, list]]:
+    """Weights sharing x grouped by type and form (interleaved or not), at most 3 a group (the
+    fused kernels' arity), for one launch each, as (type, interleaved, rows, outs); a weight
+    whose type has no fused kernel runs through `alone` first."""
+    groups: dict[tuple[GGMLQuantizationType, bool], tuple[QuantType, bool, list, list]] = {}
     for w, o in zip(ws, outs, strict=True):
         qt = _qt(w)
         if qt is None or not fusable(qt):
             alone(w, x, o)
         else:
-            g = groups.setdefault(qt.qtype, (qt, [], []))
-            g[1].append(w.raw)
-            g[2].append(o)
-    for qt, raws, os_ in groups.values():
+            rp = interleaved(w, qt)
+            g = groups.setdefault((qt.qtype, rp), (qt, rp, [], []))
+            g[2].append(rows(w, qt))
+            g[3].append(o)
+    for qt, rp, raws, os_ in groups.values():
         for i in range(0, len(raws), 3):
-            yield qt, raws[i : i + 3], os_[i : i + 3]
+            yield qt, rp, raws[i : i + 3], os_[i : i + 3]
 
 
-def _same_x(qt: QuantType):
+def _same_x(qt: QuantType, rp: bool):
+    """The fused 1..3-weight one-token kernel of the current path; rp: the weights are
+    interleaved (it then takes their rows(w, qt))."""
+    if rp:
+        return qt.matvec_same_x_rp
     return qt.matvec_same_x_i8 if _int8 and qt.matvec_same_x_i8 is not None else qt.matvec_same_x
 
 
-def _multi_same_x(qt: QuantType):
-    fused = qt.matvec_multi_same_x_i8 if _int8 and qt.matvec_multi_same_x_i8 is not None else qt.matvec_multi_same_x
+def _multi_same_x(qt: QuantType, rp: bool):
+    if rp:
+        fused = qt.matvec_multi_same_x_rp
+    else:
+        fused = (qt.matvec_multi_same_x_i8 if _int8 and qt.matvec_multi_same_x_i8 is not None
+                 else qt.matvec_multi_same_x)
     assert fused is not None, f"{qt.qtype.name} has no fused multi-token mat-vec"
     return fused
 
@@ -196,8 +228,8 @@ def matvec_multi_many(ws: list[QTensor], x: np.ndarray, outs: list[np.ndarray]) 
     few tokens: slots decoding together): weights of one type go through one launch, which
     quantises x once (int8 path) and wakes the threads once; the same results as matvec_multi
     on each."""
-    for qt, raws, os_ in _by_type(ws, x, outs, lambda qt: qt.matvec_multi_same_x is not None, matvec_multi):
-        _multi_same_x(qt)(raws, x, os_)
+    for qt, rp, raws, os_ in _by_type(ws, x, outs, lambda qt: qt.matvec_multi_same_x is not None, matvec_multi):
+        _multi_same_x(qt, rp)(raws, x, os_)
 
 
 def matvec_multi(w: QTensor, x: np.ndarray, out: np.ndarray) -> None:
@@ -205,6 +237,9 @@ def matvec_multi(w: QTensor, x: np.ndarray, out: np.ndarray) -> None:
     qt = _qt(w)
     if qt is None:
         out[:] = x @ dequant_ref(w.raw, w.qtype).T
+    elif interleaved(w, qt):
+        assert qt.matvec_multi_rp is not None
+        qt.matvec_multi_rp(rows(w, qt), x, out)
     elif _int8 and qt.matvec_multi_i8 is not None:
         qt.matvec_multi_i8(w.raw, x, out)
     else:
@@ -316,5 +351,5 @@ def warmup(w: QTensor) -> None:
 __all__ = [
     "ExpertTensor", "QTensor", "QuantType", "QUANT_TYPES", "SUPPORTED", "check_supported", "dequant_rows",
     "get_rows", "matvec", "matvec_many", "matvec_multi", "matvec_multi_many", "matmul", "matmul_many", "tile_rows",
-    "warmup", "TILE_ROWS", "MATVEC_MAX_TOKENS", "use_int8", "int8_enabled",
+    "warmup", "TILE_ROWS", "MATVEC_MAX_TOKENS", "use_int8", "int8_enabled", "interleaved", "rows",
 ]

@@ -129,28 +129,29 @@ class Emit:
         self.vnni512 = vnni512  # ... and those without scales go through one 512-bit vpdpbusd
 
     def half_to_float(self, h):
-        """IEEE half bits (i16 or <16 x i16>) -> float / <16 x float>.
+        """IEEE half bits (i16 or <n x i16>) -> float / <n x float>.
 
         With F16C this is one vcvtph2ps. Without it LLVM would call __extendhfsf2, which numba
         cannot link (the process aborts), so convert with integer arithmetic instead.
         """
         b = self.b
         vec = isinstance(h.type, ir.VectorType)
-        fty = V16F if vec else F32
+        n = h.type.count if vec else 1
+        fty = ir.VectorType(F32, n) if vec else F32
         if self.f16c:
-            hty = V16H if vec else ir.HalfType()
+            hty = ir.VectorType(ir.HalfType(), n) if vec else ir.HalfType()
             return b.fpext(b.bitcast(h, hty), fty)
-        ity = V16I32 if vec else I32
+        ity = ir.VectorType(I32, n) if vec else I32
 
         def c(v):
-            return ir.Constant(ity, [v] * 16 if vec else v)
+            return ir.Constant(ity, [v] * n if vec else v)
 
         w = b.zext(h, ity)
         sign = b.shl(b.and_(w, c(0x8000)), c(16))
         em = b.and_(w, c(0x7FFF))
         # Normal and subnormal halves: shift into a float's bits, rescale by 2^112.
         f = b.fmul(b.bitcast(b.shl(em, c(13)), fty),
-                   ir.Constant(fty, [2.0 ** 112] * 16 if vec else 2.0 ** 112))
+                   ir.Constant(fty, [2.0 ** 112] * n if vec else 2.0 ** 112))
         bits = b.bitcast(f, ity)
         infnan = b.icmp_unsigned(">=", em, c(0x7C00))
         bits = b.select(infnan, b.or_(b.shl(em, c(13)), c(0x7F800000)), bits)
@@ -197,6 +198,15 @@ class Emit:
                                         ir.VectorType(ir.HalfType(), 2)), V2F)
         return (self.b.extract_element(v, ir.Constant(I32, 0)),
                 self.b.extract_element(v, ir.Constant(I32, 1)))
+
+    def rp_f16(self, base, R):
+        """R little-endian halves at base (one per interleaved row) as <R x float>."""
+        return self.half_to_float(self.load(base, 0, ir.VectorType(I16, R), align=2))
+
+    def rp_chunk(self, base, v, R):
+        """Chunk vector v of a chunked field of R interleaved rows: <4R x i8>, lane i (bytes
+        4i..4i+3) row i's bytes 4v..4v+3 of the field."""
+        return self.load(base, 4 * R * v, ir.VectorType(I8, 4 * R))
 
     # --- vector ops ------------------------------------------------------------------------
     def splat(self, v, ty=V16F):
@@ -371,7 +381,7 @@ class Emit:
         od = self.b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, n), list(range(1, 2 * n, 2))))
         return ev, od
 
-    def idot(self, w, y, signed, scales=None):
+    def idot(self, w, y, signed, scales=None, acc=None):
         """Integer dot of 32 weight codes w (<32 x i8>, signed or unsigned) with 32 activation
         codes y (<32 x i8>, -127..127) as <8 x i32> partial sums, llama.cpp's AVX2 order:
         pair sums p_j = w_2j y_2j + w_2j+1 y_2j+1 (16 x i16, no overflow: |p| <= 2 * 128 * 127),
@@ -386,6 +396,8 @@ class Emit:
         With `avx512`, w and y may also be two such parts end to end (<64 x i8>, scales
         <32 x i16>): the result is then <16 x i32>, lanes 0..7 the first part's, 8..15 the
         second's, from one 512-bit instruction (or pair) instead of two.
+
+        `acc` (the result's type): added to the sums, inside the vpdpbusd where it is one.
         """
         b = self.b
         n = w.type.count
@@ -400,7 +412,7 @@ class Emit:
             if scales is None and (self.vnni512 if wide else self.vnni):
                 name = "llvm.x86.avx512.vpdpbusd.512" if wide else "llvm.x86.avx512.vpdpbusd.256"
                 dp = cgutils.get_or_insert_function(b.module, ir.FunctionType(accty, [accty, vty, vty]), name)
-                return b.call(dp, [ir.Constant(accty, [0] * (n // 4)), w, y])
+                return b.call(dp, [ir.Constant(accty, [0] * (n // 4)) if acc is None else acc, w, y])
             pty = ir.VectorType(I16, n // 2)
             mub = cgutils.get_or_insert_function(
                 b.module, ir.FunctionType(pty, [vty, vty]),
@@ -409,7 +421,8 @@ class Emit:
                 b.module, ir.FunctionType(accty, [pty, pty]),
                 "llvm.x86.avx512.pmaddw.d.512" if wide else "llvm.x86.avx2.pmadd.wd")
             ones = ir.Constant(pty, [1] * (n // 2))
-            return b.call(mwd, [b.call(mub, [w, y]), ones if scales is None else scales])
+            v = b.call(mwd, [b.call(mub, [w, y]), ones if scales is None else scales])
+            return v if acc is None else b.add(acc, v)
         ity = ir.VectorType(I16, n)
         wi = b.sext(w, ity) if signed else b.zext(w, ity)
         ev, od = self._evens_odds(b.mul(wi, b.sext(y, ity)))
@@ -417,7 +430,8 @@ class Emit:
         if scales is not None:
             p = b.mul(p, b.sext(scales, ir.VectorType(I32, n // 2)))
         ev, od = self._evens_odds(p)
-        return b.add(ev, od)
+        v = b.add(ev, od)
+        return v if acc is None else b.add(acc, v)
 
     def halves(self, v):
         """The low and high halves of a vector."""
@@ -496,19 +510,54 @@ class IntBlock:
         self.d, self.parts, self.m, self.mins, self.dmin = d, parts, m, mins, dmin
 
 
+class RpPart:
+    """Four consecutive weights of R interleaved rows, for the row-interleaved int8 dot: lane
+    i of `w` (<4R x i8>: bytes 4i..4i+3) holds row i's codes of weights x_off..x_off+3 of the
+    block, signed or unsigned; every lane is dotted with the same four activation codes."""
+
+    __slots__ = ("x_off", "w", "signed")
+
+    def __init__(self, x_off, w, signed):
+        self.x_off, self.w, self.signed = x_off, w, signed
+
+
+class RpBlock:
+    """One 32-weight block of R interleaved rows as the interleaved int8 dot sees it, row i in
+    lane i: dot = d * d_x * (isum - offset * sum(x codes)) + m * s_x, where isum is the sum
+    over parts of w . x codes (all integers, exact). d, m: <R x float> (m None: no term);
+    offset: the codes' bias (Q4_0 stores q, its weight is q - 8: offset 8)."""
+
+    __slots__ = ("d", "parts", "m", "offset")
+
+    def __init__(self, d, parts, m=None, offset=0):
+        self.d, self.parts, self.m, self.offset = d, parts, m, offset
+
+
 class Layout:
     """How one GGML type packs a block. Subclasses set the sizes and implement groups() (float
-    weights for the float path) and int_block() (integer codes for the int8 path)."""
+    weights for the float path) and int_block() (integer codes for the int8 path).
+
+    Types with a row-interleaved form also set `rp_fields` and implement rp_block(): the
+    packed block of R rows is a permutation of their R blocks' bytes, field by field (see
+    repack_rows), and rp_block() reads it back as an RpBlock."""
 
     block_elems = 32   # weights per block
     block_bytes = 0    # bytes per block
     group = 32         # weights per x-sum group (16 or 32) for groups with an offset c;
                        # 0 when no group has one (then no sums are computed)
+    # (offset in the block, size, chunked) of each field, in packed order: a plain field keeps
+    # each row's bytes together (R x size: per-row scales), a chunked one interleaves the rows
+    # in 4-byte chunks (size / 4 vectors of R x 4 bytes: lane i = row i's chunk)
+    rp_fields: tuple[tuple[int, int, bool], ...] = ()
 
     def groups(self, em: Emit, p) -> list[Group]:
         raise NotImplementedError
 
     def int_block(self, em: Emit, p) -> IntBlock:
+        raise NotImplementedError
+
+    def rp_block(self, em: Emit, field, R: int) -> RpBlock:
+        """The packed block of R rows; field(i) is an i8* to rp_fields[i] in it."""
         raise NotImplementedError
 
 
@@ -847,3 +896,150 @@ def make_row_dot_i8(layout: Layout, n_tok: int):
         return sig, codegen
 
     return row_dot_i8
+
+
+# --- row-interleaved int8 dots ----------------------------------------------------------------
+#
+# make_row_dot_i8 takes one row at a time: per block, its integer sums sit in 8 lanes that are
+# scaled lane by lane and summed across at the end of the row, and the block's scales are
+# broadcast from scalars. On AVX-512 that costs more shuffle-port work than the dot itself
+# (18.6 GMAC/s a thread on Q4_1). ggml's repacked CPU buffers (AMX, and the x86 "Q4_0x8"
+# forms) interleave rows instead, which this does: R rows side by side (R = the vector's i32
+# lanes), each lane dotting its row's four codes with the same four activation codes broadcast
+# (one vpdpbusd for R rows x 4 weights), the per-row scales loaded as vectors. Each block's
+# integer sum is exact; it is scaled once per block, as ggml's generic vec_dot does.
+
+PREFETCH_BYTES = 8192  # how far ahead in the packed stream group_dot_i8 asks for the bytes
+
+
+def rp_lanes(em: Emit) -> int:
+    """Rows per interleaved group: the i32 lanes of the widest int8 dot the target has."""
+    return 16 if em.avx512 else 8
+
+
+@intrinsic
+def rp_rows(typingctx):
+    """The compile target's rows per interleaved group (rp_lanes), as a compile-time int64."""
+    def codegen(context, builder, signature, args):
+        return ir.Constant(I64, rp_lanes(make_emit(context, builder)))
+
+    return types.int64(), codegen
+
+
+def rp_field_offsets(layout: Layout, R: int) -> list[int]:
+    """Byte offset of each of layout.rp_fields in a packed block of R rows."""
+    offs, at = [], 0
+    for _, size, _ in layout.rp_fields:
+        offs.append(at)
+        at += R * size
+    return offs
+
+
+def make_group_dot_i8(layout: Layout, n_tok: int):
+    """Intrinsic group_dot_i8(packed, g, xq, xd, xs, xsum, out, t0): for the R rows of group g
+    (rows g*R .. g*R+R-1, those below out.shape[1]), out[t0 + t, row] = row . x[t0 + t] for
+    t < n_tok, x quantised by _q8 as for make_row_dot_i8 (xq, xd, xs), xsum (T, n_blocks)
+    int32 the sums of each block's x codes (for RpBlock.offset; (T, 1) when unused). packed:
+    (n_groups, n_blocks * R * block_bytes) uint8 from repack_rows. The weights' unpacked
+    codes serve every token of the call, and a token's result is the same alone or among
+    others."""
+    BB = layout.block_bytes
+    assert layout.block_elems == 32 and layout.rp_fields
+
+    @intrinsic
+    def group_dot_i8(typingctx, packed, g, xq, xd, xs, xsum, out, t0):
+        sig = types.void(packed, g, xq, xd, xs, xsum, out, t0)
+
+        def codegen(context, builder, signature, args):
+            pv, gv, xqv, xdv, xsv, xuv, outv, t0v = args
+            em = make_emit(context, builder)
+            R = rp_lanes(em)
+            VB, VI, VF = ir.VectorType(I8, 4 * R), ir.VectorType(I32, R), ir.VectorType(F32, R)
+            pa = _arr(context, builder, signature.args[0], pv)
+            qa = _arr(context, builder, signature.args[2], xqv)
+            da = _arr(context, builder, signature.args[3], xdv)
+            sa = _arr(context, builder, signature.args[4], xsv)
+            ua = _arr(context, builder, signature.args[5], xuv)
+            oa = _arr(context, builder, signature.args[6], outv)
+            gstride = cgutils.unpack_tuple(builder, pa.strides)[0]
+            n_cols = cgutils.unpack_tuple(builder, qa.shape)[1]
+            n_xd = cgutils.unpack_tuple(builder, da.shape)[1]
+            n_xs = cgutils.unpack_tuple(builder, sa.shape)[1]
+            n_xu = cgutils.unpack_tuple(builder, ua.shape)[1]
+            n_rows = cgutils.unpack_tuple(builder, oa.shape)[1]
+            base = builder.gep(builder.bitcast(pa.data, I8.as_pointer()), [builder.mul(gv, gstride)])
+            qps, dps, sps, ups = [], [], [], []
+            for t in range(n_tok):
+                tt = builder.add(t0v, ir.Constant(I64, t))
+                qps.append(builder.gep(builder.bitcast(qa.data, I8.as_pointer()), [builder.mul(tt, n_cols)]))
+                dps.append(builder.gep(builder.bitcast(da.data, F32.as_pointer()), [builder.mul(tt, n_xd)]))
+                sps.append(builder.gep(builder.bitcast(sa.data, F32.as_pointer()), [builder.mul(tt, n_xs)]))
+                ups.append(builder.gep(builder.bitcast(ua.data, I32.as_pointer()), [builder.mul(tt, n_xu)]))
+            zf = ir.Constant(VF, [0.0] * R)
+            faccs = [cgutils.alloca_once_value(builder, zf) for _ in range(n_tok)]
+            maccs = [cgutils.alloca_once_value(builder, zf) for _ in range(n_tok)]
+            PB = R * BB
+            offs = rp_field_offsets(layout, R)
+            pf = builder.module.declare_intrinsic(
+                "llvm.prefetch", fnty=ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32, I32, I32]))
+            zi = ir.Constant(VI, [0] * R)
+            x80 = ir.Constant(VB, [-128] * (4 * R))
+            has_m = False
+
+            def bcast4(t, off):
+                """Four activation codes of token t at element off, in every i32 lane."""
+                v = builder.load(builder.bitcast(builder.gep(qps[t], [off]), I32.as_pointer()), align=1)
+                return builder.bitcast(em.splat(v, VI), VB)
+
+            with cgutils.for_range(builder, builder.udiv(n_cols, ir.Constant(I64, 32))) as loop:
+                blk = loop.index
+                p = builder.gep(base, [builder.mul(blk, ir.Constant(I64, PB))])
+                for line in range(0, PB, 64):
+                    builder.call(pf, [builder.gep(p, [ir.Constant(I64, PREFETCH_BYTES + line)]),
+                                      ir.Constant(I32, 0), ir.Constant(I32, 2), ir.Constant(I32, 1)])
+                rb = layout.rp_block(em, lambda i: builder.gep(p, [ir.Constant(I64, offs[i])]), R)
+                has_m = rb.m is not None
+                signed = {pt.signed for pt in rb.parts}
+                assert len(signed) == 1, "a block's parts are all signed or all unsigned"
+                offset, parts = rb.offset, [(pt.x_off, pt.w) for pt in rb.parts]
+                if signed == {True} and em.vnni:  # vpdpbusd takes unsigned weights: q + 128
+                    parts = [(o, builder.xor(w, x80)) for o, w in parts]
+                    offset += 128
+                    signed = {False}
+                e0 = builder.mul(blk, ir.Constant(I64, 32))
+                for t in range(n_tok):
+                    chains = [zi, zi]  # two independent dependency chains
+                    for k, (o, w) in enumerate(parts):
+                        y = bcast4(t, builder.add(e0, ir.Constant(I64, o)))
+                        chains[k & 1] = em.idot(w, y, signed == {True}, acc=chains[k & 1])
+                    isum = builder.add(*chains)
+                    if offset:
+                        xsum = builder.load(builder.gep(ups[t], [blk]))
+                        isum = builder.sub(isum, em.splat(builder.mul(xsum, ir.Constant(I32, offset)), VI))
+                    dx = builder.load(builder.gep(dps[t], [blk]))
+                    scale = em.fmul(rb.d, em.splat(dx, VF))
+                    builder.store(em.fma(scale, builder.sitofp(isum, VF), builder.load(faccs[t])), faccs[t])
+                    if rb.m is not None:
+                        sx = builder.load(builder.gep(sps[t], [blk]))
+                        builder.store(em.fma(rb.m, em.splat(sx, VF), builder.load(maccs[t])), maccs[t])
+            # the rows of this group that exist: a masked store (the last group may be partial)
+            r0 = builder.mul(gv, ir.Constant(I64, R))
+            left = builder.trunc(builder.sub(n_rows, r0), I32)
+            lanes = ir.Constant(VI, list(range(R)))
+            mask = builder.icmp_signed("<", lanes, em.splat(left, VI))
+            mstore = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [VF, VF.as_pointer(), I32, mask.type]),
+                f"llvm.masked.store.v{R}f32.p0v{R}f32")
+            op0 = builder.bitcast(oa.data, F32.as_pointer())
+            for t in range(n_tok):
+                res = builder.load(faccs[t])
+                if has_m:
+                    res = em.fadd(res, builder.load(maccs[t]))
+                tt = builder.add(t0v, ir.Constant(I64, t))
+                dst = builder.gep(op0, [builder.add(builder.mul(tt, n_rows), r0)])
+                builder.call(mstore, [res, builder.bitcast(dst, VF.as_pointer()), ir.Constant(I32, 4), mask])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return group_dot_i8

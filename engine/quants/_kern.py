@@ -50,6 +50,67 @@ def check_shapes(n_rows, row_bytes, x_cols, out_rows, x_tok, out_tok, block_byte
         raise ValueError("x and out have different numbers of tokens")
 
 
+@jit.kernel
+def code_sums(xq):
+    """(T, n) int8 activation codes -> (T, n // 32) int32 sums of each 32-code block."""
+    n_tok, n = xq.shape
+    nb = n // 32
+    out = np.zeros((n_tok, nb), np.int32)
+    for t in range(n_tok):
+        for b in range(nb):
+            s = 0
+            for i in range(32):
+                s += xq[t, 32 * b + i]
+            out[t, b] = s
+    return out
+
+
+@jit.kernel
+def check_packed(n_groups, packed_cols, n_rows, x_cols, x_tok, out_tok, rows, block_bytes):
+    """Raise ValueError unless a row-interleaved weight (n_groups, packed_cols) of `rows` rows
+    a group fits x (x_tok, x_cols) and out (out_tok, n_rows)."""
+    if x_cols % 32 != 0 or packed_cols != x_cols // 32 * rows * block_bytes:
+        raise ValueError("x shape does not match the packed weight's n_cols")
+    if n_groups != (n_rows + rows - 1) // rows:
+        raise ValueError("out shape does not match the packed weight's n_rows")
+    if x_tok != out_tok:
+        raise ValueError("x and out have different numbers of tokens")
+
+
+def repack_rows(layout: Layout, raw: np.ndarray, rows: int) -> np.ndarray:
+    """The packed rows raw (n_rows, row_bytes) of a type with a row-interleaved form, as
+    (ceil(n_rows / rows), row_bytes * rows) uint8: per group of `rows` rows (the last padded
+    with zero rows, whose outputs are never stored) and per block, each of layout.rp_fields in
+    turn, plain fields row after row, chunked ones as 4-byte chunks of every row, chunk after
+    chunk (make_group_dot_i8 reads them). A permutation of the bytes: the same size."""
+    r = _raw_rows(raw)
+    bb = layout.block_bytes
+    if sum(size for _, size, _ in layout.rp_fields) != bb:
+        raise ValueError(f"{type(layout).__name__}.rp_fields do not cover its {bb}-byte block")
+    n_rows, row_bytes = r.shape
+    if row_bytes % bb:
+        raise ValueError("weight row bytes are not a whole number of blocks for this type")
+    nb, n_groups = row_bytes // bb, -(-n_rows // rows)
+    out = np.empty((n_groups, row_bytes * rows), np.uint8)
+    step = max(1, (1 << 22) // (row_bytes * rows))  # groups per slice: ~4 MiB of temporaries
+    for g0 in range(0, n_groups, step):
+        g1 = min(n_groups, g0 + step)
+        blocks = np.zeros(((g1 - g0) * rows, nb, bb), np.uint8)
+        src = r[g0 * rows : g1 * rows]
+        blocks[: src.shape[0]] = src.reshape(src.shape[0], nb, bb)
+        blocks = blocks.reshape(g1 - g0, rows, nb, bb)
+        fields = []
+        for off, size, chunked in layout.rp_fields:
+            f = blocks[..., off : off + size]
+            if chunked:  # (g, nb, chunk, row, 4)
+                f = f.reshape(g1 - g0, rows, nb, size // 4, 4).transpose(0, 2, 3, 1, 4)
+            else:  # (g, nb, row, size)
+                f = f.transpose(0, 2, 1, 3)
+            fields.append(f.reshape(g1 - g0, nb, rows * size))
+        out[g0:g1] = np.concatenate(fields, axis=2).reshape(g1 - g0, -1)
+    return out
+
+
 def _f32c(a: np.ndarray, name: str) -> np.ndarray:
     if a.dtype != _F32:
         raise TypeError(f"{name} must be float32, got {a.dtype}")

@@ -3,6 +3,7 @@ them, one per MoE expert) and the QuantType table entry."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -12,7 +13,8 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 @dataclass(frozen=True)
 class QTensor:
-    """One 2-D weight, rows packed in its GGML type, viewed (never copied) from the mmap.
+    """One 2-D weight, rows packed in its GGML type, viewed (never copied) from the mmap;
+    the int8 path adds a row-interleaved copy (`packed`) of the types that have one.
 
     `raw` is (n_rows, row_bytes) uint8 for block types; for F32/F16/BF16 it is the typed
     (n_rows, n_cols) array itself. ggml's ne[0] is `n_cols` (the reduction dimension).
@@ -23,6 +25,27 @@ class QTensor:
     n_rows: int
     n_cols: int
     raw: np.ndarray
+    # whether the int8 path may keep an interleaved copy: not for the slices of an expert
+    # stack, which are made per call (a MoE runs its experts on the row kernels)
+    pack: bool = True
+
+    @functools.cached_property
+    def packed(self) -> np.ndarray | None:
+        """The rows interleaved for the int8 path's row-interleaved kernels (QuantType.repack):
+        a copy of raw's size, made on first use and kept with the tensor; None for the types
+        without that form."""
+        from . import QUANT_TYPES  # the generated kernels import this module
+
+        qt = QUANT_TYPES.get(self.qtype)
+        if not self.pack or qt is None or qt.repack is None or self.n_cols % qt.block_elems:
+            return None
+        return qt.repack(self.raw)
+
+    @property
+    def packed_nbytes(self) -> int:
+        """Bytes of the interleaved copy if it was made (0 before the int8 path first used it)."""
+        p = self.__dict__.get("packed")  # where cached_property keeps it, without making it
+        return 0 if p is None else int(p.nbytes)
 
     @property
     def nbytes(self) -> int:
@@ -58,7 +81,7 @@ class ExpertTensor:
     def expert(self, e: int) -> QTensor:
         r0 = int(e) * self.n_rows
         return QTensor(f"{self.name}[{int(e)}]", self.qtype, self.n_rows, self.n_cols,
-                       self.raw[r0 : r0 + self.n_rows])
+                       self.raw[r0 : r0 + self.n_rows], pack=False)
 
     @property
     def nbytes(self) -> int:
@@ -100,3 +123,10 @@ class QuantType:
     matvec_multi_i8: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None
     matvec_multi_same_x: Callable[[list, np.ndarray, list], None] | None = None
     matvec_multi_same_x_i8: Callable[[list, np.ndarray, list], None] | None = None
+    # the int8 path over row-interleaved weights (types with a Layout.rp_block; None elsewhere):
+    # repack(raw) -> packed, then the same calls as the _i8 ones with packed in place of raw
+    repack: Callable[[np.ndarray], np.ndarray] | None = None
+    matvec_rp: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None
+    matvec_same_x_rp: Callable[[list, np.ndarray, list], None] | None = None
+    matvec_multi_rp: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None
+    matvec_multi_same_x_rp: Callable[[list, np.ndarray, list], None] | None = None

@@ -52,6 +52,9 @@ class TypeSpec:
     # llama.cpp's vec_dot_type: the activation quantiser of the int8 path (_q8.quantize_<it>);
     # "" for the dense types, which have no int8 path
     vec_dot: str = ""
+    # whether its Layout has a row-interleaved form (rp_fields, rp_block): the int8 path's
+    # kernels over repacked weights (make_group_dot_i8)
+    rp: bool = False
 
     @property
     def t(self) -> str:
@@ -66,9 +69,9 @@ class TypeSpec:
 
 TYPES = (
     TypeSpec("F32", "dense"), TypeSpec("F16", "dense"), TypeSpec("BF16", "dense"),
-    TypeSpec("Q4_0", "q4_0", "q8_0"), TypeSpec("Q4_1", "q4_1", "q8_1"),
+    TypeSpec("Q4_0", "q4_0", "q8_0", rp=True), TypeSpec("Q4_1", "q4_1", "q8_1", rp=True),
     TypeSpec("Q5_0", "q5_0", "q8_0"), TypeSpec("Q5_1", "q5_1", "q8_1"),
-    TypeSpec("Q8_0", "q8_0", "q8_0"),
+    TypeSpec("Q8_0", "q8_0", "q8_0", rp=True),
     TypeSpec("Q2_K", "k_quants", "q8_k"), TypeSpec("Q3_K", "k_quants", "q8_k"),
     TypeSpec("Q4_K", "k_quants", "q8_k"), TypeSpec("Q5_K", "k_quants", "q8_k"),
     TypeSpec("Q6_K", "k_quants", "q8_k"),
@@ -86,6 +89,7 @@ class Family:
     ops: tuple[str, ...]
     template: str
     int8: bool = False  # only for types with a vec_dot (the others get None for its ops)
+    rp: bool = False  # only for types with a row-interleaved form (TypeSpec.rp)
 
 
 PREAMBLE = '''\
@@ -102,7 +106,7 @@ from numba import prange
 
 from ... import jit
 from .. import $deps
-from .._kern import check_shapes, group_sums
+from .._kern import $kern_imports
 
 # These kernels contain code from those modules too: whether numba's cache may serve them
 # depends on their digest when this file was generated (see jit.generated_kernel).
@@ -361,6 +365,114 @@ def matvec_multi_same_x_i8_$t(raws, x, outs):
     _kern.launch_matvec_multi_same_x(_matvec_multi_same_x_i8_$t, raws, x, outs)
 '''
 
+MATVEC_RP = '''\
+
+
+_kernel = jit.generated_kernel(__file__, ($deps), "$digest", parallel=False)
+_gdot1 = _ir.make_group_dot_i8(_layout, 1)  # llama.cpp's integer dots over R interleaved rows
+_gdot2 = _ir.make_group_dot_i8(_layout, 2)
+_gdot4 = _ir.make_group_dot_i8(_layout, 4)
+
+
+@_kernel
+def _rp_rows_$t():
+    \"\"\"Rows per interleaved group of the compile target (16 with AVX-512, else 8).\"\"\"
+    return _ir.rp_rows()
+
+
+def repack_$t(raw):
+    \"\"\"The $T rows raw interleaved for the matvec_*_rp_$t kernels (_kern.repack_rows).\"\"\"
+    return _kern.repack_rows(_layout, raw, _rp_rows_$t())
+
+
+@_parallel_kernel
+def _matvec_rp_$t(pk0, pk1, pk2, x, out0, out1, out2):
+    \"\"\"out_i = W_i @ x for three $T weights repacked by repack_$t sharing x, by integer dots
+    against x quantised once to $vec_dot, one launch over all their row groups.\"\"\"
+    R = _ir.rp_rows()
+    g0, g1, g2 = pk0.shape[0], pk1.shape[0], pk2.shape[0]
+    check_packed(g0, pk0.shape[1], out0.shape[0], x.shape[0], 1, 1, R, _BB)
+    check_packed(g1, pk1.shape[1], out1.shape[0], x.shape[0], 1, 1, R, _BB)
+    check_packed(g2, pk2.shape[1], out2.shape[0], x.shape[0], 1, 1, R, _BB)
+    x2 = x.reshape((1, x.shape[0]))
+    o0 = out0.reshape((1, out0.shape[0]))
+    o1 = out1.reshape((1, out1.shape[0]))
+    o2 = out2.reshape((1, out2.shape[0]))
+    xq, xd, xs = _q8.quantize_$vec_dot(x2)
+    xu = code_sums(xq)
+    for g in prange(g0 + g1 + g2):
+        if g < g0:
+            _gdot1(pk0, g, xq, xd, xs, xu, o0, 0)
+        elif g < g0 + g1:
+            _gdot1(pk1, g - g0, xq, xd, xs, xu, o1, 0)
+        else:
+            _gdot1(pk2, g - g0 - g1, xq, xd, xs, xu, o2, 0)
+
+
+def matvec_rp_$t(packed, x, out):
+    _kern.launch_matvec(_matvec_rp_$t, packed, x, out)
+
+
+def matvec_same_x_rp_$t(packs, x, outs):
+    _kern.launch_matvec_same_x(_matvec_rp_$t, packs, x, outs)
+
+
+@_kernel
+def _rp_tokens_$t(pk, g, xq, xd, xs, xu, out):
+    \"\"\"Row group g of pk for every token: four at a time, then two, then one.\"\"\"
+    n_tok = xq.shape[0]
+    t0 = 0
+    while n_tok - t0 >= 4:
+        _gdot4(pk, g, xq, xd, xs, xu, out, t0)
+        t0 += 4
+    rem = n_tok - t0
+    if rem >= 2:
+        _gdot2(pk, g, xq, xd, xs, xu, out, t0)
+        t0 += 2
+    if rem & 1:
+        _gdot1(pk, g, xq, xd, xs, xu, out, t0)
+
+
+@_parallel_kernel
+def _matvec_multi_rp_$t(pk, x, out):
+    \"\"\"out (T, n_rows) = x (T, n_cols) @ W.T for a $T weight repacked by repack_$t, by
+    integer dots, each token quantised to $vec_dot; prange over row groups.\"\"\"
+    check_packed(pk.shape[0], pk.shape[1], out.shape[1], x.shape[1], x.shape[0], out.shape[0],
+                 _ir.rp_rows(), _BB)
+    xq, xd, xs = _q8.quantize_$vec_dot(x)
+    xu = code_sums(xq)
+    for g in prange(pk.shape[0]):
+        _rp_tokens_$t(pk, g, xq, xd, xs, xu, out)
+
+
+def matvec_multi_rp_$t(packed, x, out):
+    _kern.launch_matvec_multi(_matvec_multi_rp_$t, packed, x, out)
+
+
+@_parallel_kernel
+def _matvec_multi_same_x_rp_$t(pk0, pk1, pk2, x, out0, out1, out2):
+    \"\"\"out_i (T, n_i) = x (T, n_cols) @ W_i.T for three repacked $T weights sharing x, by
+    integer dots against x quantised once to $vec_dot, one launch.\"\"\"
+    R = _ir.rp_rows()
+    g0, g1, g2 = pk0.shape[0], pk1.shape[0], pk2.shape[0]
+    check_packed(g0, pk0.shape[1], out0.shape[1], x.shape[1], x.shape[0], out0.shape[0], R, _BB)
+    check_packed(g1, pk1.shape[1], out1.shape[1], x.shape[1], x.shape[0], out1.shape[0], R, _BB)
+    check_packed(g2, pk2.shape[1], out2.shape[1], x.shape[1], x.shape[0], out2.shape[0], R, _BB)
+    xq, xd, xs = _q8.quantize_$vec_dot(x)
+    xu = code_sums(xq)
+    for g in prange(g0 + g1 + g2):
+        if g < g0:
+            _rp_tokens_$t(pk0, g, xq, xd, xs, xu, out0)
+        elif g < g0 + g1:
+            _rp_tokens_$t(pk1, g - g0, xq, xd, xs, xu, out1)
+        else:
+            _rp_tokens_$t(pk2, g - g0 - g1, xq, xd, xs, xu, out2)
+
+
+def matvec_multi_same_x_rp_$t(packs, x, outs):
+    _kern.launch_matvec_multi_same_x(_matvec_multi_same_x_rp_$t, packs, x, outs)
+'''
+
 ENTRY = '''\
 
 
@@ -375,15 +487,19 @@ FAMILIES = (
     Family(("dequant", "get_rows"), DEQUANT),
     Family(("matvec_i8", "matvec_same_x_i8", "matvec_multi_i8"), MATVEC_I8, int8=True),
     Family(("matvec_multi_same_x_i8",), MATVEC_MULTI_SAME_X_I8, int8=True),
+    Family(("repack", "matvec_rp", "matvec_same_x_rp"), MATVEC_RP, int8=True, rp=True),
+    Family(("matvec_multi_rp", "matvec_multi_same_x_rp"), "", int8=True, rp=True),
 )
 
 
 def render_type(spec: TypeSpec) -> str:
     """The text of generated/<spec.t>.py."""
     digest = source_digest(PACKAGE / f"{m}.py" for m in spec.deps)
-    fields = dict(asdict(spec), t=spec.t, T=spec.name, deps=", ".join(spec.deps), digest=digest)
+    fields = dict(asdict(spec), t=spec.t, T=spec.name, deps=", ".join(spec.deps), digest=digest,
+                  kern_imports="check_packed, check_shapes, code_sums, group_sums" if spec.rp
+                  else "check_shapes, group_sums")
     # QuantType fields, one line per family: "    matvec=matvec_q4_k, matvec_same_x=...,\n"
-    fams = [f for f in FAMILIES if spec.vec_dot or not f.int8]
+    fams = [f for f in FAMILIES if (spec.vec_dot or not f.int8) and (spec.rp or not f.rp)]
     fields["ops"] = "".join(
         "    " + ", ".join(f"{op}={op}_{spec.t}" for op in f.ops) + ",\n" for f in fams)
     templates = [PREAMBLE, *(f.template for f in fams), ENTRY]

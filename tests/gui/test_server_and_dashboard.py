@@ -100,3 +100,16 @@ def test_unusable_file_is_listed_with_reason(window, qtbot, tmp_path):
     qtbot.waitUntil(lambda: window.picker.files.rowCount() == 1, timeout=3000)
     assert "not a GGUF" in window.picker.files.index(0, 7).data()
     assert not window.picker.load_panel.load_button.isEnabled()
+
+
+def test_dashboard_shows_the_int8_repacked_copies(window):
+    """The int8 path's interleaved weight copies are RAM of their own: in the weights figure
+    and its detail, and a segment of the bar; nothing said of them on the float path."""
+    d = window.dashboard
+    d.set_figures(MemoryFigures(weights_bytes=100 << 20, weights_resident_bytes=90 << 20, total_bytes=100 << 20))
+    assert "repacked" not in d.figure_labels["Weights.detail"].text()
+    d.set_figures(MemoryFigures(weights_bytes=100 << 20, weights_resident_bytes=90 << 20,
+                                repacked_bytes=95 << 20, total_bytes=195 << 20))
+    assert d.figure_labels["Weights"].text() == human_bytes(195 << 20)
+    assert "95" in d.figure_labels["Weights.detail"].text() and "repacked" in d.figure_labels["Weights.detail"].text()
+    assert {s.label: s.value for s in d.bar.segments}["Weights repacked (int8)"] == 95 << 20

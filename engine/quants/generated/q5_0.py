@@ -17,7 +17,7 @@ from .._kern import check_shapes, group_sums
 
 # These kernels contain code from those modules too: whether numba's cache may serve them
 # depends on their digest when this file was generated (see jit.generated_kernel).
-_parallel_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, q5_0), "ede85e848e98797c")
+_parallel_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, q5_0), "f8f77d1f396119ef")
 
 _layout = q5_0.Q5_0Layout()
 _G, _BB, _BE = _layout.group, _layout.block_bytes, _layout.block_elems

@@ -1,0 +1,250 @@
+"""The int8 path's row-interleaved kernels (Layout.rp_block, _ir.make_group_dot_i8): the
+repacked layout byte by byte, the mat-vecs against ggml's vec_dot (numpy transcription in
+test_quants_int8) for row counts that do and do not fill the last group, every instruction
+path giving the same bits, the portable IR on other targets, and bad shapes refused."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from engine import quants
+from engine.quants import _ir, _kern, _q8, codegen
+from engine.quants.base import ExpertTensor, QTensor
+from tests.test_quants import OTHER_TARGETS, lowered_ops, make_tensor, module_for
+from tests.test_quants_int8 import VEC_DOT, _activations, _ref_scale, ref_vec_dot
+
+RP_TYPES = [T[s.name] for s in codegen.TYPES if s.rp]
+F32 = np.float32
+_QUANT = {"q8_0": _q8.quantize_q8_0, "q8_1": _q8.quantize_q8_1}
+
+
+def _layout(qtype):
+    return quants.generated.__dict__[qtype.name.lower()]._layout
+
+
+def test_rp_types():
+    """Q4_0, Q4_1 and Q8_0 have the interleaved form (a type added to it is tested below)."""
+    assert set(RP_TYPES) == {T.Q4_0, T.Q4_1, T.Q8_0}
+    for qtype, qt in quants.QUANT_TYPES.items():
+        assert (qt.repack is not None) == (qtype in RP_TYPES)
+
+
+@pytest.mark.parametrize("rows", [8, 16])
+@pytest.mark.parametrize("qtype", RP_TYPES, ids=lambda t: t.name)
+def test_repack_lays_rows_side_by_side(qtype, rows):
+    """Per group and block: each plain field row after row, each chunked one in 4-byte chunks
+    of every row in turn; the last group padded with zero rows; nothing else moves."""
+    layout = _layout(qtype)
+    bb = layout.block_bytes
+    n_rows, nb = rows + 3, 3
+    raw = np.random.default_rng(1).integers(0, 256, (n_rows, nb * bb), dtype=np.uint8)
+    pk = _kern.repack_rows(layout, raw, rows)
+    assert pk.shape == (2, nb * bb * rows) and pk.dtype == np.uint8
+    offs = _ir.rp_field_offsets(layout, rows)
+    padded = np.zeros((2 * rows, nb * bb), np.uint8)
+    padded[:n_rows] = raw
+    for g in range(2):
+        for b in range(nb):
+            at = b * bb * rows
+            for (off, size, chunked), foff in zip(layout.rp_fields, offs, strict=True):
+                for r in range(rows):
+                    src = padded[g * rows + r, b * bb + off : b * bb + off + size]
+                    if chunked:
+                        for c in range(size // 4):
+                            dst = at + foff + c * 4 * rows + 4 * r
+                            np.testing.assert_array_equal(pk[g, dst : dst + 4], src[4 * c : 4 * c + 4])
+                    else:
+                        dst = at + foff + r * size
+                        np.testing.assert_array_equal(pk[g, dst : dst + size], src)
+    assert sorted(pk.ravel()) == sorted(padded.ravel())  # a permutation
+
+
+@pytest.mark.int8
+@pytest.mark.parametrize("n_rows", [1, 7, 8, 16, 17, 40])
+@pytest.mark.parametrize("qtype", RP_TYPES, ids=lambda t: t.name)
+def test_interleaved_matvecs_match_ggml(qtype, n_rows):
+    """matvec, matvec_many and matvec_multi (1..8 tokens) on the interleaved copy equal ggml's
+    vec_dot to float rounding, whether the last group is full or not; a token's result is the
+    same bits alone or in a batch."""
+    w = make_tensor(qtype, n_rows, 320, seed=n_rows)
+    assert quants.interleaved(w, quants.QUANT_TYPES[qtype])
+    x = _activations(8, w.n_cols, seed=3)
+    ref = ref_vec_dot(w, x)
+    tol = 2e-6 * _ref_scale(w, x) + 1e-30
+    out = np.full(n_rows, np.nan, F32)
+    quants.matvec(w, x[0], out)
+    assert (np.abs(out - ref[0]) <= tol[0]).all()
+    w2 = make_tensor(qtype, n_rows + 5, 320, seed=99)
+    outs = [np.full(n_rows, np.nan, F32), np.full(n_rows + 5, np.nan, F32), np.full(n_rows, np.nan, F32)]
+    quants.matvec_many([w, w2, w], x[1], outs)
+    assert (np.abs(outs[0] - ref[1]) <= tol[1]).all() and (outs[0] == outs[2]).all()
+    assert (np.abs(outs[1] - ref_vec_dot(w2, x[1:2])[0]) <= 2e-6 * _ref_scale(w2, x[1:2])[0]).all()
+    for n_tok in range(1, 9):
+        om = np.full((n_tok, n_rows), np.nan, F32)
+        quants.matvec_multi(w, x[:n_tok], om)
+        assert (np.abs(om - ref[:n_tok]) <= tol[:n_tok]).all(), n_tok
+        assert (om[0] == out).all()
+        oms = [np.full((n_tok, n_rows), np.nan, F32), np.full((n_tok, n_rows + 5), np.nan, F32)]
+        quants.matvec_multi_many([w, w2], x[:n_tok], oms)
+        assert (oms[0] == om).all()
+
+
+@pytest.mark.int8
+def test_packed_copy_is_made_once_and_counted():
+    w = make_tensor(T.Q4_1, 20, 64)
+    assert w.packed_nbytes == 0  # not made until the int8 path needs it
+    quants.matvec(w, np.ones(64, F32), np.empty(20, F32))
+    pk = w.packed
+    assert pk is not None and w.packed_nbytes == pk.nbytes >= w.nbytes
+    quants.matvec(w, np.ones(64, F32), np.empty(20, F32))
+    assert w.packed is pk
+
+
+def test_float_path_and_expert_slices_keep_the_raw_rows():
+    w = make_tensor(T.Q8_0, 16, 64)
+    quants.use_int8(False)
+    quants.matvec(w, np.ones(64, F32), np.empty(16, F32))
+    assert w.packed_nbytes == 0
+    raw = np.zeros((3 * 16, 2 * 34), np.uint8)
+    stack = ExpertTensor("exps", T.Q8_0, 3, 16, 64, raw)
+    e = stack.expert(1)
+    assert not e.pack and e.packed is None
+    assert not quants.interleaved(e, quants.QUANT_TYPES[T.Q8_0])
+
+
+@pytest.mark.int8
+@pytest.mark.parametrize("qtype", RP_TYPES, ids=lambda t: t.name)
+def test_bad_shapes_raise(qtype):
+    """The kernels check the packed shape: raw rows, a wrong width or row count raise."""
+    qt = quants.QUANT_TYPES[qtype]
+    w = make_tensor(qtype, 24, 128)
+    pk = qt.repack(w.raw)
+    x = np.ones((2, 128), F32)
+    with pytest.raises(ValueError):
+        qt.matvec_multi_rp(pk, np.ones((2, 96), F32), np.empty((2, 24), F32))
+    with pytest.raises(ValueError):
+        qt.matvec_multi_rp(pk, x, np.empty((2, 24 + 32), F32))
+    with pytest.raises(ValueError):
+        qt.matvec_multi_rp(w.raw, x, np.empty((2, 24), F32))
+    with pytest.raises(ValueError):
+        qt.matvec_rp(pk, np.ones(128, F32), np.empty(25 + 32, F32))
+    with pytest.raises(ValueError):
+        qt.repack(w.raw[:, :-1])
+
+
+# --- instruction selection ----------------------------------------------------------------------
+_FEATS = _ir._target_features(numba.core.registry.cpu_target.target_context)
+
+
+def _group_kernel(gdot):
+    @numba.njit
+    def run(pk, xq, xd, xs, xu, out):
+        for g in range(pk.shape[0]):
+            gdot(pk, g, xq, xd, xs, xu, out, 0)
+
+    return run
+
+
+def test_interleaved_instruction_paths(monkeypatch):
+    """vpdpbusd (VNNI: signed weights flipped to unsigned, 128 * sum(x) taken off), pmaddubsw +
+    pmaddwd (AVX2: signed weights through the sign trick), their 512-bit forms (16 rows a
+    group instead of 8) and the portable IR give the same integers and the same float
+    operations per row, hence the same bits, for one token and for several."""
+    if "+avx2" not in _FEATS:
+        pytest.skip("this CPU has no AVX2")
+    modes = {"portable": (False, False, False), "avx2": (True, False, False)}
+    if _ir._use_vnni(_FEATS):
+        modes["vnni"] = (True, True, False)
+    if _ir._use_avx512(_FEATS):
+        modes["avx512"] = (True, False, True)
+        if "+avx512vnni" in _FEATS:
+            modes["avx512-vnni"] = (True, True, True)
+    for qtype in RP_TYPES:
+        layout = _layout(qtype)
+        w = make_tensor(qtype, 21, 224, seed=4)
+        x = np.random.default_rng(5).standard_normal((3, w.n_cols)).astype(F32)
+        xq, xd, xs = _QUANT[VEC_DOT[qtype]](x)
+        xu = _kern.code_sums(xq)
+        res = {}
+        for mode, (avx2, vnni, wide) in modes.items():
+            monkeypatch.setattr(_ir, "_use_avx2", lambda feats, a=avx2: a)
+            monkeypatch.setattr(_ir, "_use_vnni", lambda feats, v=vnni: v)
+            monkeypatch.setattr(_ir, "_use_avx512", lambda feats, z=wide: z)
+            pk = _kern.repack_rows(layout, w.raw, 16 if wide else 8)
+            for n_tok in (1, 3):
+                run = _group_kernel(_ir.make_group_dot_i8(layout, n_tok))
+                out = np.full((3, w.n_rows), np.nan, F32)
+                run(pk, xq[:n_tok], xd[:n_tok], xs[:n_tok], xu[:n_tok], out[:n_tok])
+                res[mode, n_tok] = out[:n_tok]
+            asm = run.inspect_asm(run.signatures[0])
+            assert ("vpdpbusd" in asm) == vnni, mode
+            assert ("vpmaddubsw" in asm) == (avx2 and not vnni), mode
+            assert "zmm" in asm or not wide, mode
+        for mode in modes:
+            np.testing.assert_array_equal(res[mode, 1], res["portable", 1], err_msg=f"{qtype.name} {mode}")
+            np.testing.assert_array_equal(res[mode, 3], res["portable", 3], err_msg=f"{qtype.name} {mode}")
+            np.testing.assert_array_equal(res[mode, 3][0], res[mode, 1][0], err_msg=f"{qtype.name} {mode}")
+
+
+@OTHER_TARGETS
+@pytest.mark.parametrize("qtype", RP_TYPES, ids=lambda t: t.name)
+def test_portable_interleaved_lowers_on_other_targets(qtype, triple, cpu, features):
+    """An interleaved block's portable IR (8 rows, widening multiplies, the integer half
+    conversion) compiles for other targets (ARM's NEON among them) to straight-line code."""
+    from llvmlite import ir
+
+    target, mod = module_for(triple)
+    R = 8
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [_ir.I8.as_pointer(), _ir.I8.as_pointer(),
+                                                           ir.VectorType(_ir.F32, R).as_pointer()]), "block")
+    builder = ir.IRBuilder(fn.append_basic_block())
+    em = _ir.Emit(builder)  # no F16C, no AVX2
+    layout = _layout(qtype)
+    offs = _ir.rp_field_offsets(layout, R)
+    rb = layout.rp_block(em, lambda i: builder.gep(fn.args[0], [ir.Constant(_ir.I64, offs[i])]), R)
+    isum = ir.Constant(ir.VectorType(_ir.I32, R), [0] * R)
+    for part in rb.parts:
+        y = builder.bitcast(em.splat(em.load(fn.args[1], part.x_off, _ir.I32), ir.VectorType(_ir.I32, R)),
+                            ir.VectorType(_ir.I8, 4 * R))
+        isum = em.idot(part.w, y, part.signed, acc=isum)
+    res = em.fmul(rb.d, builder.sitofp(isum, ir.VectorType(_ir.F32, R)))
+    builder.store(res, fn.args[2], align=4)
+    builder.ret_void()
+    body, calls = lowered_ops(target, mod, cpu, features)
+    assert len(body) > 20 and not calls
+
+
+def test_qtensor_without_form_has_no_copy():
+    w = make_tensor(T.Q4_K, 4, 256)
+    assert w.packed is None and w.packed_nbytes == 0
+    odd = QTensor("odd", T.Q8_0, 2, 40, np.zeros((2, 34), np.uint8))  # n_cols not whole blocks
+    assert odd.packed is None
+
+
+@pytest.mark.int8
+def test_memory_report_counts_the_copies(tmp_path):
+    """The context's memory report and the estimate before loading both count the copies
+    the int8 path makes (every matrix of a Q8_0 model: the tied output head too; the estimate
+    leaves out the padding of each matrix's last group of rows)."""
+    from engine.batch import Batch
+    from engine.context import Context, ContextParams
+    from engine.model import load_model
+    from engine.model_info import inspect_model
+    from tests.ggufgen import write_tiny_model
+
+    path = write_tiny_model(tmp_path / "q8.gguf", "llama", n_layer=2, n_embd=64, qtype=T.Q8_0)
+    model = load_model(path)
+    ctx = Context(model, ContextParams(n_ctx=64))
+    assert ctx.memory_report().repacked_bytes == 0
+    ctx.decode(Batch.for_sequence([1, 2, 3], 0, 0))
+    report = ctx.memory_report()
+    assert report.repacked_bytes == model.repacked_bytes > 0
+    assert report.total_bytes == (report.weights_bytes + report.repacked_bytes + report.kv_bytes
+                                  + report.compute_bytes + report.metadata_bytes)
+    est = inspect_model(path).estimate(n_ctx=64).repacked_bytes
+    assert est <= report.repacked_bytes <= est * 1.01  # the copies' last groups are padded
+    quants.use_int8(False)
+    assert inspect_model(path).estimate(n_ctx=64).repacked_bytes == 0
