@@ -13,12 +13,12 @@ from gguf import GGMLQuantizationType as T
 from engine import quants
 from engine.quants import _ir, _kern, _q8, codegen
 from engine.quants.base import ExpertTensor, QTensor
-from tests.test_quants import OTHER_TARGETS, lowered_ops, make_tensor, module_for
+from tests.test_quants import OTHER_TARGETS, _cols, lowered_ops, make_tensor, module_for
 from tests.test_quants_int8 import VEC_DOT, _activations, _ref_scale, ref_vec_dot
 
 RP_TYPES = [T[s.name] for s in codegen.TYPES if s.rp]
 F32 = np.float32
-_QUANT = {"q8_0": _q8.quantize_q8_0, "q8_1": _q8.quantize_q8_1}
+_QUANT = {"q8_0": _q8.quantize_q8_0, "q8_1": _q8.quantize_q8_1, "q8_k": _q8.quantize_q8_k}
 
 
 def _layout(qtype):
@@ -26,8 +26,8 @@ def _layout(qtype):
 
 
 def test_rp_types():
-    """Q4_0, Q4_1 and Q8_0 have the interleaved form (a type added to it is tested below)."""
-    assert set(RP_TYPES) == {T.Q4_0, T.Q4_1, T.Q8_0}
+    """Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K have the interleaved form (a type added to it is tested below)."""
+    assert set(RP_TYPES) == {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K}
     for qtype, qt in quants.QUANT_TYPES.items():
         assert (qt.repack is not None) == (qtype in RP_TYPES)
 
@@ -35,8 +35,8 @@ def test_rp_types():
 @pytest.mark.parametrize("rows", [8, 16])
 @pytest.mark.parametrize("qtype", RP_TYPES, ids=lambda t: t.name)
 def test_repack_lays_rows_side_by_side(qtype, rows):
-    """Per group and block: each plain field row after row, each chunked one in 4-byte chunks
-    of every row in turn; the last group padded with zero rows; nothing else moves."""
+    """Per group and block: each plain field row after row, each chunked one in chunks (4
+    bytes or 1) of every row in turn; the last group padded with zero rows; nothing else moves."""
     layout = _layout(qtype)
     bb = layout.block_bytes
     n_rows, nb = rows + 3, 3
@@ -49,13 +49,13 @@ def test_repack_lays_rows_side_by_side(qtype, rows):
     for g in range(2):
         for b in range(nb):
             at = b * bb * rows
-            for (off, size, chunked), foff in zip(layout.rp_fields, offs, strict=True):
+            for (off, size, chunk), foff in zip(layout.rp_fields, offs, strict=True):
                 for r in range(rows):
                     src = padded[g * rows + r, b * bb + off : b * bb + off + size]
-                    if chunked:
-                        for c in range(size // 4):
-                            dst = at + foff + c * 4 * rows + 4 * r
-                            np.testing.assert_array_equal(pk[g, dst : dst + 4], src[4 * c : 4 * c + 4])
+                    if chunk:
+                        for c in range(size // chunk):
+                            dst = at + foff + c * chunk * rows + chunk * r
+                            np.testing.assert_array_equal(pk[g, dst : dst + chunk], src[chunk * c : chunk * (c + 1)])
                     else:
                         dst = at + foff + r * size
                         np.testing.assert_array_equal(pk[g, dst : dst + size], src)
@@ -69,7 +69,7 @@ def test_interleaved_matvecs_match_ggml(qtype, n_rows):
     """matvec, matvec_many and matvec_multi (1..8 tokens) on the interleaved copy equal ggml's
     vec_dot to float rounding, whether the last group is full or not; a token's result is the
     same bits alone or in a batch."""
-    w = make_tensor(qtype, n_rows, 320, seed=n_rows)
+    w = make_tensor(qtype, n_rows, _cols(qtype), seed=n_rows)
     assert quants.interleaved(w, quants.QUANT_TYPES[qtype])
     x = _activations(8, w.n_cols, seed=3)
     ref = ref_vec_dot(w, x)
@@ -77,7 +77,7 @@ def test_interleaved_matvecs_match_ggml(qtype, n_rows):
     out = np.full(n_rows, np.nan, F32)
     quants.matvec(w, x[0], out)
     assert (np.abs(out - ref[0]) <= tol[0]).all()
-    w2 = make_tensor(qtype, n_rows + 5, 320, seed=99)
+    w2 = make_tensor(qtype, n_rows + 5, _cols(qtype), seed=99)
     outs = [np.full(n_rows, np.nan, F32), np.full(n_rows + 5, np.nan, F32), np.full(n_rows, np.nan, F32)]
     quants.matvec_many([w, w2, w], x[1], outs)
     assert (np.abs(outs[0] - ref[1]) <= tol[1]).all() and (outs[0] == outs[2]).all()
@@ -120,17 +120,18 @@ def test_float_path_and_expert_slices_keep_the_raw_rows():
 def test_bad_shapes_raise(qtype):
     """The kernels check the packed shape: raw rows, a wrong width or row count raise."""
     qt = quants.QUANT_TYPES[qtype]
-    w = make_tensor(qtype, 24, 128)
+    n = _cols(qtype)
+    w = make_tensor(qtype, 24, n)
     pk = qt.repack(w.raw)
-    x = np.ones((2, 128), F32)
+    x = np.ones((2, n), F32)
     with pytest.raises(ValueError):
-        qt.matvec_multi_rp(pk, np.ones((2, 96), F32), np.empty((2, 24), F32))
+        qt.matvec_multi_rp(pk, np.ones((2, n // 2), F32), np.empty((2, 24), F32))
     with pytest.raises(ValueError):
         qt.matvec_multi_rp(pk, x, np.empty((2, 24 + 32), F32))
     with pytest.raises(ValueError):
         qt.matvec_multi_rp(w.raw, x, np.empty((2, 24), F32))
     with pytest.raises(ValueError):
-        qt.matvec_rp(pk, np.ones(128, F32), np.empty(25 + 32, F32))
+        qt.matvec_rp(pk, np.ones(n, F32), np.empty(25 + 32, F32))
     with pytest.raises(ValueError):
         qt.repack(w.raw[:, :-1])
 
@@ -164,10 +165,10 @@ def test_interleaved_instruction_paths(monkeypatch):
             modes["avx512-vnni"] = (True, True, True)
     for qtype in RP_TYPES:
         layout = _layout(qtype)
-        w = make_tensor(qtype, 21, 224, seed=4)
+        w = make_tensor(qtype, 21, 7 * 32 if layout.block_elems == 32 else 3 * 256, seed=4)
         x = np.random.default_rng(5).standard_normal((3, w.n_cols)).astype(F32)
         xq, xd, xs = _QUANT[VEC_DOT[qtype]](x)
-        xu = _kern.code_sums(xq)
+        xu = _kern.code_sums(xq, layout.rp_sum_group)
         res = {}
         for mode, (avx2, vnni, wide) in modes.items():
             monkeypatch.setattr(_ir, "_use_avx2", lambda feats, a=avx2: a)
@@ -205,11 +206,15 @@ def test_portable_interleaved_lowers_on_other_targets(qtype, triple, cpu, featur
     layout = _layout(qtype)
     offs = _ir.rp_field_offsets(layout, R)
     rb = layout.rp_block(em, lambda i: builder.gep(fn.args[0], [ir.Constant(_ir.I64, offs[i])]), R)
-    isum = ir.Constant(ir.VectorType(_ir.I32, R), [0] * R)
-    for part in rb.parts:
-        y = builder.bitcast(em.splat(em.load(fn.args[1], part.x_off, _ir.I32), ir.VectorType(_ir.I32, R)),
-                            ir.VectorType(_ir.I8, 4 * R))
-        isum = em.idot(part.w, y, part.signed, acc=isum)
+    total = ir.Constant(ir.VectorType(_ir.I32, R), [0] * R)
+    for grp in rb.groups:
+        isum = ir.Constant(ir.VectorType(_ir.I32, R), [0] * R)
+        for part in grp.parts:
+            y = builder.bitcast(em.splat(em.load(fn.args[1], part.x_off, _ir.I32), ir.VectorType(_ir.I32, R)),
+                                ir.VectorType(_ir.I8, 4 * R))
+            isum = em.idot(part.w, y, part.signed, acc=isum)
+        total = builder.add(total, isum if grp.scale is None else builder.mul(isum, grp.scale))
+    isum = total
     res = em.fmul(rb.d, builder.sitofp(isum, ir.VectorType(_ir.F32, R)))
     builder.store(res, fn.args[2], align=4)
     builder.ret_void()
@@ -218,7 +223,7 @@ def test_portable_interleaved_lowers_on_other_targets(qtype, triple, cpu, featur
 
 
 def test_qtensor_without_form_has_no_copy():
-    w = make_tensor(T.Q4_K, 4, 256)
+    w = make_tensor(T.Q5_K, 4, 256)
     assert w.packed is None and w.packed_nbytes == 0
     odd = QTensor("odd", T.Q8_0, 2, 40, np.zeros((2, 34), np.uint8))  # n_cols not whole blocks
     assert odd.packed is None

@@ -204,9 +204,24 @@ class Emit:
         return self.half_to_float(self.load(base, 0, ir.VectorType(I16, R), align=2))
 
     def rp_chunk(self, base, v, R):
-        """Chunk vector v of a chunked field of R interleaved rows: <4R x i8>, lane i (bytes
-        4i..4i+3) row i's bytes 4v..4v+3 of the field."""
+        """Chunk vector v of a field of R rows interleaved in 4-byte chunks: <4R x i8>, lane i
+        (bytes 4i..4i+3) row i's bytes 4v..4v+3 of the field."""
         return self.load(base, 4 * R * v, ir.VectorType(I8, 4 * R))
+
+    def rp_bits16(self, words, k, R):
+        """Bits k..k+3 of each i32 lane of `words` (<R x i32>: one 32-bit field per row) as
+        the four bytes of the lane, 16 where the bit is set, else 0 (<4R x i8>): a fifth bit
+        beside four nibble codes. (t * 0x00204081 puts bit j of a 4-bit t at bit 8j.)"""
+        b, vi = self.b, words.type
+        t = b.and_(b.lshr(words, ir.Constant(vi, [k] * R)), ir.Constant(vi, [15] * R))
+        spread = b.and_(b.mul(t, ir.Constant(vi, [0x00204081] * R)), ir.Constant(vi, [0x01010101] * R))
+        return b.bitcast(b.shl(spread, ir.Constant(vi, [4] * R)), ir.VectorType(I8, 4 * R))
+
+    def rp_byte(self, base, k, R, signed=False):
+        """Byte k of each of R rows of a field interleaved byte by byte, as <R x i32>."""
+        v = self.load(base, R * k, ir.VectorType(I8, R))
+        ty = ir.VectorType(I32, R)
+        return self.b.sext(v, ty) if signed else self.b.zext(v, ty)
 
     # --- vector ops ------------------------------------------------------------------------
     def splat(self, v, ty=V16F):
@@ -521,16 +536,29 @@ class RpPart:
         self.x_off, self.w, self.signed = x_off, w, signed
 
 
+class RpGroup:
+    """Parts sharing one integer scale: scale * (sum over parts of w . x codes - offset *
+    the sums of x's codes at `sums`), all in i32 lanes. scale: <R x i32> or None (1); sums:
+    indices of the block's code sums (Layout.rp_sum_group codes each) the parts cover, when
+    the codes carry an offset (Q4_0 stores q for the weight q - 8: offset 8)."""
+
+    __slots__ = ("parts", "scale", "offset", "sums")
+
+    def __init__(self, parts, scale=None, offset=0, sums=()):
+        self.parts, self.scale, self.offset, self.sums = parts, scale, offset, tuple(sums)
+
+
 class RpBlock:
-    """One 32-weight block of R interleaved rows as the interleaved int8 dot sees it, row i in
-    lane i: dot = d * d_x * (isum - offset * sum(x codes)) + m * s_x, where isum is the sum
-    over parts of w . x codes (all integers, exact). d, m: <R x float> (m None: no term);
-    offset: the codes' bias (Q4_0 stores q, its weight is q - 8: offset 8)."""
+    """One block of R interleaved rows as the interleaved int8 dot sees it, row i in lane i:
+        dot = d_x * d * float(sum of the groups)                 (exact integers)
+            + m * s_x                                             (Q8_1 activations)
+            - d_x * dmin * float(sum_j mins_j * xsum(sums_j))     (the K-quants' mins)
+    d, m, dmin: <R x float> (m, dmin None: no such term); mins: [(<R x i32>, sums)]."""
 
-    __slots__ = ("d", "parts", "m", "offset")
+    __slots__ = ("d", "groups", "m", "mins", "dmin")
 
-    def __init__(self, d, parts, m=None, offset=0):
-        self.d, self.parts, self.m, self.offset = d, parts, m, offset
+    def __init__(self, d, groups, m=None, mins=None, dmin=None):
+        self.d, self.groups, self.m, self.mins, self.dmin = d, groups, m, mins, dmin
 
 
 class Layout:
@@ -545,10 +573,12 @@ class Layout:
     block_bytes = 0    # bytes per block
     group = 32         # weights per x-sum group (16 or 32) for groups with an offset c;
                        # 0 when no group has one (then no sums are computed)
-    # (offset in the block, size, chunked) of each field, in packed order: a plain field keeps
-    # each row's bytes together (R x size: per-row scales), a chunked one interleaves the rows
-    # in 4-byte chunks (size / 4 vectors of R x 4 bytes: lane i = row i's chunk)
-    rp_fields: tuple[tuple[int, int, bool], ...] = ()
+    # (offset in the block, size, chunk) of each field, in packed order: a plain field (chunk
+    # 0) keeps each row's bytes together (R x size: per-row f16 scales); a chunked one
+    # interleaves the rows in chunks of 4 bytes (codes: size / 4 vectors of R x 4 bytes, lane i
+    # row i's chunk) or of 1 (packed sub-block scales: one vector of R bytes per byte)
+    rp_fields: tuple[tuple[int, int, int], ...] = ()
+    rp_sum_group = 32  # x codes per sum for RpGroup.sums and RpBlock.mins (16: Q8_K's bsums)
 
     def groups(self, em: Emit, p) -> list[Group]:
         raise NotImplementedError
@@ -938,13 +968,13 @@ def rp_field_offsets(layout: Layout, R: int) -> list[int]:
 def make_group_dot_i8(layout: Layout, n_tok: int):
     """Intrinsic group_dot_i8(packed, g, xq, xd, xs, xsum, out, t0): for the R rows of group g
     (rows g*R .. g*R+R-1, those below out.shape[1]), out[t0 + t, row] = row . x[t0 + t] for
-    t < n_tok, x quantised by _q8 as for make_row_dot_i8 (xq, xd, xs), xsum (T, n_blocks)
-    int32 the sums of each block's x codes (for RpBlock.offset; (T, 1) when unused). packed:
-    (n_groups, n_blocks * R * block_bytes) uint8 from repack_rows. The weights' unpacked
-    codes serve every token of the call, and a token's result is the same alone or among
-    others."""
-    BB = layout.block_bytes
-    assert layout.block_elems == 32 and layout.rp_fields
+    t < n_tok, x quantised by _q8 as for make_row_dot_i8 (xq, xd, xs), xsum (T, n_cols /
+    layout.rp_sum_group) int32 the sums of x's codes in runs of rp_sum_group (_kern.code_sums;
+    for RpGroup offsets and RpBlock mins). packed: (n_groups, n_blocks * R * block_bytes)
+    uint8 from repack_rows. The weights' unpacked codes serve every token of the call, and a
+    token's result is the same alone or among others."""
+    BB, BE = layout.block_bytes, layout.block_elems
+    assert layout.rp_fields
 
     @intrinsic
     def group_dot_i8(typingctx, packed, g, xq, xd, xs, xsum, out, t0):
@@ -984,44 +1014,71 @@ def make_group_dot_i8(layout: Layout, n_tok: int):
                 "llvm.prefetch", fnty=ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32, I32, I32]))
             zi = ir.Constant(VI, [0] * R)
             x80 = ir.Constant(VB, [-128] * (4 * R))
-            has_m = False
+            has_m = has_mins = False
 
             def bcast4(t, off):
                 """Four activation codes of token t at element off, in every i32 lane."""
                 v = builder.load(builder.bitcast(builder.gep(qps[t], [off]), I32.as_pointer()), align=1)
                 return builder.bitcast(em.splat(v, VI), VB)
 
-            with cgutils.for_range(builder, builder.udiv(n_cols, ir.Constant(I64, 32))) as loop:
+            nsum = BE // layout.rp_sum_group  # code sums per block
+
+            def xsum(t, blk, sums):
+                """The token's x code sums at `sums` of block blk, added (an i32)."""
+                v = None
+                for k in sums:
+                    idx = builder.add(builder.mul(blk, ir.Constant(I64, nsum)), ir.Constant(I64, k))
+                    e = builder.load(builder.gep(ups[t], [idx]))
+                    v = e if v is None else builder.add(v, e)
+                return v
+
+            with cgutils.for_range(builder, builder.udiv(n_cols, ir.Constant(I64, BE))) as loop:
                 blk = loop.index
                 p = builder.gep(base, [builder.mul(blk, ir.Constant(I64, PB))])
                 for line in range(0, PB, 64):
                     builder.call(pf, [builder.gep(p, [ir.Constant(I64, PREFETCH_BYTES + line)]),
                                       ir.Constant(I32, 0), ir.Constant(I32, 2), ir.Constant(I32, 1)])
                 rb = layout.rp_block(em, lambda i: builder.gep(p, [ir.Constant(I64, offs[i])]), R)
-                has_m = rb.m is not None
-                signed = {pt.signed for pt in rb.parts}
-                assert len(signed) == 1, "a block's parts are all signed or all unsigned"
-                offset, parts = rb.offset, [(pt.x_off, pt.w) for pt in rb.parts]
-                if signed == {True} and em.vnni:  # vpdpbusd takes unsigned weights: q + 128
-                    parts = [(o, builder.xor(w, x80)) for o, w in parts]
-                    offset += 128
-                    signed = {False}
-                e0 = builder.mul(blk, ir.Constant(I64, 32))
+                has_m, has_mins = rb.m is not None, rb.mins is not None
+                groups = []  # (parts as (x_off, w), signed, scale, offset, sums)
+                for grp in rb.groups:
+                    signed = {pt.signed for pt in grp.parts}
+                    assert len(signed) == 1, "a group's parts are all signed or all unsigned"
+                    parts, offset, sgn = [(pt.x_off, pt.w) for pt in grp.parts], grp.offset, signed == {True}
+                    if sgn and em.vnni:  # vpdpbusd takes unsigned weights: q + 128
+                        assert 4 * len(parts) == layout.rp_sum_group * len(grp.sums), "offset needs the sums"
+                        parts = [(o, builder.xor(w, x80)) for o, w in parts]
+                        offset, sgn = offset + 128, False
+                    groups.append((parts, sgn, grp.scale, offset, grp.sums))
+                e0 = builder.mul(blk, ir.Constant(I64, BE))
                 for t in range(n_tok):
-                    chains = [zi, zi]  # two independent dependency chains
-                    for k, (o, w) in enumerate(parts):
-                        y = bcast4(t, builder.add(e0, ir.Constant(I64, o)))
-                        chains[k & 1] = em.idot(w, y, signed == {True}, acc=chains[k & 1])
-                    isum = builder.add(*chains)
-                    if offset:
-                        xsum = builder.load(builder.gep(ups[t], [blk]))
-                        isum = builder.sub(isum, em.splat(builder.mul(xsum, ir.Constant(I32, offset)), VI))
+                    total = None
+                    for parts, sgn, gscale, offset, sums in groups:
+                        chains = [zi, zi]  # two independent dependency chains
+                        for k, (o, w) in enumerate(parts):
+                            y = bcast4(t, builder.add(e0, ir.Constant(I64, o)))
+                            chains[k & 1] = em.idot(w, y, sgn, acc=chains[k & 1])
+                        isum = builder.add(*chains)
+                        if offset:
+                            corr = builder.mul(xsum(t, blk, sums), ir.Constant(I32, offset))
+                            isum = builder.sub(isum, em.splat(corr, VI))
+                        if gscale is not None:
+                            isum = builder.mul(isum, gscale)
+                        total = isum if total is None else builder.add(total, isum)
                     dx = builder.load(builder.gep(dps[t], [blk]))
-                    scale = em.fmul(rb.d, em.splat(dx, VF))
-                    builder.store(em.fma(scale, builder.sitofp(isum, VF), builder.load(faccs[t])), faccs[t])
-                    if rb.m is not None:
+                    dxv = em.splat(dx, VF)
+                    builder.store(em.fma(em.fmul(rb.d, dxv), builder.sitofp(total, VF), builder.load(faccs[t])),
+                                  faccs[t])
+                    if has_m:
                         sx = builder.load(builder.gep(sps[t], [blk]))
                         builder.store(em.fma(rb.m, em.splat(sx, VF), builder.load(maccs[t])), maccs[t])
+                    if has_mins:
+                        msum = None
+                        for mj, sums in rb.mins:
+                            v = builder.mul(mj, em.splat(xsum(t, blk, sums), VI))
+                            msum = v if msum is None else builder.add(msum, v)
+                        builder.store(em.fma(em.fmul(rb.dmin, dxv), builder.sitofp(msum, VF),
+                                             builder.load(maccs[t])), maccs[t])
             # the rows of this group that exist: a masked store (the last group may be partial)
             r0 = builder.mul(gv, ir.Constant(I64, R))
             left = builder.trunc(builder.sub(n_rows, r0), I32)
@@ -1035,6 +1092,8 @@ def make_group_dot_i8(layout: Layout, n_tok: int):
                 res = builder.load(faccs[t])
                 if has_m:
                     res = em.fadd(res, builder.load(maccs[t]))
+                elif has_mins:
+                    res = _fast(builder.fsub(res, builder.load(maccs[t])))
                 tt = builder.add(t0v, ir.Constant(I64, t))
                 dst = builder.gep(op0, [builder.add(builder.mul(tt, n_rows), r0)])
                 builder.call(mstore, [res, builder.bitcast(dst, VF.as_pointer()), ir.Constant(I32, 4), mask])

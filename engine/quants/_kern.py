@@ -51,25 +51,25 @@ def check_shapes(n_rows, row_bytes, x_cols, out_rows, x_tok, out_tok, block_byte
 
 
 @jit.kernel
-def code_sums(xq):
-    """(T, n) int8 activation codes -> (T, n // 32) int32 sums of each 32-code block."""
+def code_sums(xq, g):
+    """(T, n) int8 activation codes -> (T, n // g) int32 sums of each run of g codes."""
     n_tok, n = xq.shape
-    nb = n // 32
+    nb = n // g
     out = np.zeros((n_tok, nb), np.int32)
     for t in range(n_tok):
         for b in range(nb):
             s = 0
-            for i in range(32):
-                s += xq[t, 32 * b + i]
+            for i in range(g):
+                s += xq[t, g * b + i]
             out[t, b] = s
     return out
 
 
 @jit.kernel
-def check_packed(n_groups, packed_cols, n_rows, x_cols, x_tok, out_tok, rows, block_bytes):
+def check_packed(n_groups, packed_cols, n_rows, x_cols, x_tok, out_tok, rows, block_bytes, block_elems):
     """Raise ValueError unless a row-interleaved weight (n_groups, packed_cols) of `rows` rows
     a group fits x (x_tok, x_cols) and out (out_tok, n_rows)."""
-    if x_cols % 32 != 0 or packed_cols != x_cols // 32 * rows * block_bytes:
+    if x_cols % block_elems != 0 or packed_cols != x_cols // block_elems * rows * block_bytes:
         raise ValueError("x shape does not match the packed weight's n_cols")
     if n_groups != (n_rows + rows - 1) // rows:
         raise ValueError("out shape does not match the packed weight's n_rows")
@@ -81,8 +81,8 @@ def repack_rows(layout: Layout, raw: np.ndarray, rows: int) -> np.ndarray:
     """The packed rows raw (n_rows, row_bytes) of a type with a row-interleaved form, as
     (ceil(n_rows / rows), row_bytes * rows) uint8: per group of `rows` rows (the last padded
     with zero rows, whose outputs are never stored) and per block, each of layout.rp_fields in
-    turn, plain fields row after row, chunked ones as 4-byte chunks of every row, chunk after
-    chunk (make_group_dot_i8 reads them). A permutation of the bytes: the same size."""
+    turn, plain fields row after row, chunked ones as chunks (4 bytes or 1) of every row, chunk
+    after chunk (make_group_dot_i8 reads them). A permutation of the bytes: the same size."""
     r = _raw_rows(raw)
     bb = layout.block_bytes
     if sum(size for _, size, _ in layout.rp_fields) != bb:
@@ -100,10 +100,10 @@ def repack_rows(layout: Layout, raw: np.ndarray, rows: int) -> np.ndarray:
         blocks[: src.shape[0]] = src.reshape(src.shape[0], nb, bb)
         blocks = blocks.reshape(g1 - g0, rows, nb, bb)
         fields = []
-        for off, size, chunked in layout.rp_fields:
+        for off, size, chunk in layout.rp_fields:
             f = blocks[..., off : off + size]
-            if chunked:  # (g, nb, chunk, row, 4)
-                f = f.reshape(g1 - g0, rows, nb, size // 4, 4).transpose(0, 2, 3, 1, 4)
+            if chunk:  # (g, nb, chunk index, row, chunk bytes)
+                f = f.reshape(g1 - g0, rows, nb, size // chunk, chunk).transpose(0, 2, 3, 1, 4)
             else:  # (g, nb, row, size)
                 f = f.transpose(0, 2, 1, 3)
             fields.append(f.reshape(g1 - g0, nb, rows * size))

@@ -70,11 +70,11 @@ class TypeSpec:
 TYPES = (
     TypeSpec("F32", "dense"), TypeSpec("F16", "dense"), TypeSpec("BF16", "dense"),
     TypeSpec("Q4_0", "q4_0", "q8_0", rp=True), TypeSpec("Q4_1", "q4_1", "q8_1", rp=True),
-    TypeSpec("Q5_0", "q5_0", "q8_0"), TypeSpec("Q5_1", "q5_1", "q8_1"),
+    TypeSpec("Q5_0", "q5_0", "q8_0", rp=True), TypeSpec("Q5_1", "q5_1", "q8_1", rp=True),
     TypeSpec("Q8_0", "q8_0", "q8_0", rp=True),
     TypeSpec("Q2_K", "k_quants", "q8_k"), TypeSpec("Q3_K", "k_quants", "q8_k"),
-    TypeSpec("Q4_K", "k_quants", "q8_k"), TypeSpec("Q5_K", "k_quants", "q8_k"),
-    TypeSpec("Q6_K", "k_quants", "q8_k"),
+    TypeSpec("Q4_K", "k_quants", "q8_k", rp=True), TypeSpec("Q5_K", "k_quants", "q8_k"),
+    TypeSpec("Q6_K", "k_quants", "q8_k", rp=True),
     TypeSpec("IQ4_NL", "iq4", "q8_0"), TypeSpec("IQ4_XS", "iq4", "q8_k"),
     TypeSpec("MXFP4", "mxfp4", "q8_0"),
 )
@@ -369,6 +369,7 @@ MATVEC_RP = '''\
 
 
 _kernel = jit.generated_kernel(__file__, ($deps), "$digest", parallel=False)
+_SG = _layout.rp_sum_group  # x codes per sum of the offsets and mins
 _gdot1 = _ir.make_group_dot_i8(_layout, 1)  # llama.cpp's integer dots over R interleaved rows
 _gdot2 = _ir.make_group_dot_i8(_layout, 2)
 _gdot4 = _ir.make_group_dot_i8(_layout, 4)
@@ -391,15 +392,15 @@ def _matvec_rp_$t(pk0, pk1, pk2, x, out0, out1, out2):
     against x quantised once to $vec_dot, one launch over all their row groups.\"\"\"
     R = _ir.rp_rows()
     g0, g1, g2 = pk0.shape[0], pk1.shape[0], pk2.shape[0]
-    check_packed(g0, pk0.shape[1], out0.shape[0], x.shape[0], 1, 1, R, _BB)
-    check_packed(g1, pk1.shape[1], out1.shape[0], x.shape[0], 1, 1, R, _BB)
-    check_packed(g2, pk2.shape[1], out2.shape[0], x.shape[0], 1, 1, R, _BB)
+    check_packed(g0, pk0.shape[1], out0.shape[0], x.shape[0], 1, 1, R, _BB, _BE)
+    check_packed(g1, pk1.shape[1], out1.shape[0], x.shape[0], 1, 1, R, _BB, _BE)
+    check_packed(g2, pk2.shape[1], out2.shape[0], x.shape[0], 1, 1, R, _BB, _BE)
     x2 = x.reshape((1, x.shape[0]))
     o0 = out0.reshape((1, out0.shape[0]))
     o1 = out1.reshape((1, out1.shape[0]))
     o2 = out2.reshape((1, out2.shape[0]))
     xq, xd, xs = _q8.quantize_$vec_dot(x2)
-    xu = code_sums(xq)
+    xu = code_sums(xq, _SG)
     for g in prange(g0 + g1 + g2):
         if g < g0:
             _gdot1(pk0, g, xq, xd, xs, xu, o0, 0)
@@ -438,9 +439,9 @@ def _matvec_multi_rp_$t(pk, x, out):
     \"\"\"out (T, n_rows) = x (T, n_cols) @ W.T for a $T weight repacked by repack_$t, by
     integer dots, each token quantised to $vec_dot; prange over row groups.\"\"\"
     check_packed(pk.shape[0], pk.shape[1], out.shape[1], x.shape[1], x.shape[0], out.shape[0],
-                 _ir.rp_rows(), _BB)
+                 _ir.rp_rows(), _BB, _BE)
     xq, xd, xs = _q8.quantize_$vec_dot(x)
-    xu = code_sums(xq)
+    xu = code_sums(xq, _SG)
     for g in prange(pk.shape[0]):
         _rp_tokens_$t(pk, g, xq, xd, xs, xu, out)
 
@@ -455,11 +456,11 @@ def _matvec_multi_same_x_rp_$t(pk0, pk1, pk2, x, out0, out1, out2):
     integer dots against x quantised once to $vec_dot, one launch.\"\"\"
     R = _ir.rp_rows()
     g0, g1, g2 = pk0.shape[0], pk1.shape[0], pk2.shape[0]
-    check_packed(g0, pk0.shape[1], out0.shape[1], x.shape[1], x.shape[0], out0.shape[0], R, _BB)
-    check_packed(g1, pk1.shape[1], out1.shape[1], x.shape[1], x.shape[0], out1.shape[0], R, _BB)
-    check_packed(g2, pk2.shape[1], out2.shape[1], x.shape[1], x.shape[0], out2.shape[0], R, _BB)
+    check_packed(g0, pk0.shape[1], out0.shape[1], x.shape[1], x.shape[0], out0.shape[0], R, _BB, _BE)
+    check_packed(g1, pk1.shape[1], out1.shape[1], x.shape[1], x.shape[0], out1.shape[0], R, _BB, _BE)
+    check_packed(g2, pk2.shape[1], out2.shape[1], x.shape[1], x.shape[0], out2.shape[0], R, _BB, _BE)
     xq, xd, xs = _q8.quantize_$vec_dot(x)
-    xu = code_sums(xq)
+    xu = code_sums(xq, _SG)
     for g in prange(g0 + g1 + g2):
         if g < g0:
             _rp_tokens_$t(pk0, g, xq, xd, xs, xu, out0)

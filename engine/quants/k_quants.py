@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from ._ir import F32, I32, V16F, V32I8, Group, IntBlock, IntPart, Layout
+from ._ir import F32, I32, V16F, V32I8, Group, IntBlock, IntPart, Layout, RpBlock, RpGroup, RpPart
 
 
 def _c(v):
@@ -48,17 +48,18 @@ def _k4_scale_min_int(em, p, off, j):
     bytes 4..7 : low 6 bits = min   j=0..3, top 2 bits = bits 4..5 of min   j=4..7
     bytes 8..11: low nibble = bits 0..3 of scale j=4..7, high nibble = bits 0..3 of min j=4..7
     """
-    b = em.b
+    return _k4_unpack(em.b, lambda k: em.u8(p, off + k), j, _c)
 
-    def u(k):
-        return em.u8(p, off + k)
 
+def _k4_unpack(b, u, j, c):
+    """Scale and min of sub-block j from the packed bytes u(k) (k < 12: i32 values or vectors
+    of them, one lane per interleaved row); c(v) the constant v of u's type."""
     if j < 4:
-        sc = b.and_(u(j), _c(63))
-        mn = b.and_(u(j + 4), _c(63))
+        sc = b.and_(u(j), c(63))
+        mn = b.and_(u(j + 4), c(63))
     else:
-        sc = b.or_(b.and_(u(j + 4), _c(15)), b.shl(b.lshr(u(j - 4), _c(6)), _c(4)))
-        mn = b.or_(b.lshr(u(j + 4), _c(4)), b.shl(b.lshr(u(j), _c(6)), _c(4)))
+        sc = b.or_(b.and_(u(j + 4), c(15)), b.shl(b.lshr(u(j - 4), c(6)), c(4)))
+        mn = b.or_(b.lshr(u(j + 4), c(4)), b.shl(b.lshr(u(j), c(6)), c(4)))
     return sc, mn
 
 
@@ -194,6 +195,22 @@ class Q4_KLayout(Layout):
                 parts.append(IntPart(32 * g, em.join(nib(qa), nib(qb)), False, sc))
         return IntBlock(em.f16(p, 0), parts, mins=_k4_mins16(em, p, 4), dmin=em.f16(p, 2))
 
+    rp_fields = ((0, 2, 0), (2, 2, 0), (4, 12, 1), (16, 128, 4))  # d, dmin, scales, qs
+    rp_sum_group = 16
+
+    def rp_block(self, em, field, R):
+        vi = ir.VectorType(I32, R)
+        sm = [_k4_unpack(em.b, lambda k: em.rp_byte(field(2), k, R), j, lambda v: ir.Constant(vi, [v] * R))
+              for j in range(8)]
+        groups = []
+        for g in range(8):  # sub-block g = 2j + n: nibble n of qs[32j .. 32j + 31]
+            j, n = divmod(g, 2)
+            nib = em.nib_lo if n == 0 else em.nib_hi
+            parts = [RpPart(32 * g + 4 * i, nib(em.rp_chunk(field(3), 8 * j + i, R)), False) for i in range(8)]
+            groups.append(RpGroup(parts, scale=sm[g][0]))
+        mins = [(sm[g][1], (2 * g, 2 * g + 1)) for g in range(8)]
+        return RpBlock(em.rp_f16(field(0), R), groups, mins=mins, dmin=em.rp_f16(field(1), R))
+
 
 # Q5_K super-block (176 bytes):
 #   [0:2]     d       f16 super-scale for the scales
@@ -284,3 +301,21 @@ class Q6_KLayout(Layout):
                     codes.append(em.sub8(b.or_(lo, em.shl(em.bits(qh[k], 2 * c, 3), 4)), 32))
                 parts.append(IntPart(e0, em.join(*codes), True, em.pair_scales(sc, e0 // 16, True)))
         return IntBlock(em.f16(p, 208), parts)
+
+    rp_fields = ((208, 2, 0), (192, 16, 1), (0, 128, 4), (128, 64, 4))  # d, scales, ql, qh
+    rp_sum_group = 16
+
+    def rp_block(self, em, field, R):
+        b = em.b
+        parts: dict[int, list] = {s: [] for s in range(16)}
+        for h in range(2):
+            for i in range(8):  # weights h*128 + c*32 + 4i .. + 3, c < 4
+                qh = em.rp_chunk(field(3), 8 * h + i, R)
+                ql = [em.rp_chunk(field(2), 16 * h + 8 * k + i, R) for k in range(2)]
+                for c in range(4):
+                    lo = em.nib_lo(ql[c % 2]) if c < 2 else em.nib_hi(ql[c % 2])
+                    e0 = h * 128 + c * 32 + 4 * i
+                    parts[e0 // 16].append(RpPart(e0, b.or_(lo, em.shl(em.bits(qh, 2 * c, 3), 4)), False))
+        groups = [RpGroup(parts[s], scale=em.rp_byte(field(1), s, R, signed=True), offset=32, sums=(s,))
+                  for s in range(16)]
+        return RpBlock(em.rp_f16(field(0), R), groups)

@@ -5,7 +5,7 @@ The bit layout only: its kernels are generated into generated/q4_0.py by codegen
 
 from __future__ import annotations
 
-from ._ir import Group, IntBlock, IntPart, Layout, RpBlock, RpPart
+from ._ir import Group, IntBlock, IntPart, Layout, RpBlock, RpGroup, RpPart
 
 
 # Block layout (18 bytes):
@@ -26,11 +26,11 @@ class Q4_0Layout(Layout):
         w = em.join(em.sub8(em.nib_lo(q), 8), em.sub8(em.nib_hi(q), 8))
         return IntBlock(em.f16(p, 0), [IntPart(0, w, True)])
 
-    rp_fields = ((0, 2, False), (2, 16, True))  # d, qs
+    rp_fields = ((0, 2, 0), (2, 16, 4))  # d, qs
 
     def rp_block(self, em, field, R):  # codes q in 0..15 for the weights q - 8: offset 8
         parts = []
         for v in range(4):
             q = em.rp_chunk(field(1), v, R)
             parts += [RpPart(4 * v, em.nib_lo(q), False), RpPart(16 + 4 * v, em.nib_hi(q), False)]
-        return RpBlock(em.rp_f16(field(0), R), parts, offset=8)
+        return RpBlock(em.rp_f16(field(0), R), [RpGroup(parts, offset=8, sums=(0,))])

@@ -5,7 +5,9 @@ The bit layout only: its kernels are generated into generated/q5_0.py by codegen
 
 from __future__ import annotations
 
-from ._ir import I32, Group, IntBlock, IntPart, Layout
+from llvmlite import ir
+
+from ._ir import I32, Group, IntBlock, IntPart, Layout, RpBlock, RpGroup, RpPart
 
 
 # Block layout (22 bytes):
@@ -30,3 +32,14 @@ class Q5_0Layout(Layout):
         q = em.bytes16(p, 6)
         w = em.join(em.sub8(em.b.or_(em.nib_lo(q), h0), 16), em.sub8(em.b.or_(em.nib_hi(q), h1), 16))
         return IntBlock(em.f16(p, 0), [IntPart(0, w, True)])
+
+    rp_fields = ((0, 2, 0), (2, 4, 4), (6, 16, 4))  # d, qh (one i32 lane a row), qs
+
+    def rp_block(self, em, field, R):  # codes q in 0..31 for the weights q - 16: offset 16
+        qh = em.b.bitcast(em.rp_chunk(field(1), 0, R), ir.VectorType(I32, R))
+        parts = []
+        for v in range(4):
+            q = em.rp_chunk(field(2), v, R)
+            parts += [RpPart(4 * v, em.b.or_(em.nib_lo(q), em.rp_bits16(qh, 4 * v, R)), False),
+                      RpPart(16 + 4 * v, em.b.or_(em.nib_hi(q), em.rp_bits16(qh, 16 + 4 * v, R)), False)]
+        return RpBlock(em.rp_f16(field(0), R), [RpGroup(parts, offset=16, sums=(0,))])

@@ -5,7 +5,7 @@ The bit layout only: its kernels are generated into generated/q8_0.py by codegen
 
 from __future__ import annotations
 
-from ._ir import Group, IntBlock, IntPart, Layout, RpBlock, RpPart
+from ._ir import Group, IntBlock, IntPart, Layout, RpBlock, RpGroup, RpPart
 
 
 # Block layout (34 bytes):
@@ -22,8 +22,8 @@ class Q8_0Layout(Layout):
     def int_block(self, em, p):  # ggml_vec_dot_q8_0_q8_0
         return IntBlock(em.f16(p, 0), [IntPart(0, em.join(em.bytes16(p, 2), em.bytes16(p, 18)), True)])
 
-    rp_fields = ((0, 2, False), (2, 32, True))  # d, qs
+    rp_fields = ((0, 2, 0), (2, 32, 4))  # d, qs
 
     def rp_block(self, em, field, R):
         parts = [RpPart(4 * v, em.rp_chunk(field(1), v, R), True) for v in range(8)]
-        return RpBlock(em.rp_f16(field(0), R), parts)
+        return RpBlock(em.rp_f16(field(0), R), [RpGroup(parts, sums=(0,))])

@@ -17,7 +17,7 @@ from .._kern import check_packed, check_shapes, code_sums, group_sums
 
 # These kernels contain code from those modules too: whether numba's cache may serve them
 # depends on their digest when this file was generated (see jit.generated_kernel).
-_parallel_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, q8_0), "d89407c161f8098d")
+_parallel_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, q8_0), "d5e96e12b5272138")
 
 _layout = q8_0.Q8_0Layout()
 _G, _BB, _BE = _layout.group, _layout.block_bytes, _layout.block_elems
@@ -257,7 +257,8 @@ def matvec_multi_same_x_i8_q8_0(raws, x, outs):
     _kern.launch_matvec_multi_same_x(_matvec_multi_same_x_i8_q8_0, raws, x, outs)
 
 
-_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, q8_0), "d89407c161f8098d", parallel=False)
+_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, q8_0), "d5e96e12b5272138", parallel=False)
+_SG = _layout.rp_sum_group  # x codes per sum of the offsets and mins
 _gdot1 = _ir.make_group_dot_i8(_layout, 1)  # llama.cpp's integer dots over R interleaved rows
 _gdot2 = _ir.make_group_dot_i8(_layout, 2)
 _gdot4 = _ir.make_group_dot_i8(_layout, 4)
@@ -280,15 +281,15 @@ def _matvec_rp_q8_0(pk0, pk1, pk2, x, out0, out1, out2):
     against x quantised once to q8_0, one launch over all their row groups."""
     R = _ir.rp_rows()
     g0, g1, g2 = pk0.shape[0], pk1.shape[0], pk2.shape[0]
-    check_packed(g0, pk0.shape[1], out0.shape[0], x.shape[0], 1, 1, R, _BB)
-    check_packed(g1, pk1.shape[1], out1.shape[0], x.shape[0], 1, 1, R, _BB)
-    check_packed(g2, pk2.shape[1], out2.shape[0], x.shape[0], 1, 1, R, _BB)
+    check_packed(g0, pk0.shape[1], out0.shape[0], x.shape[0], 1, 1, R, _BB, _BE)
+    check_packed(g1, pk1.shape[1], out1.shape[0], x.shape[0], 1, 1, R, _BB, _BE)
+    check_packed(g2, pk2.shape[1], out2.shape[0], x.shape[0], 1, 1, R, _BB, _BE)
     x2 = x.reshape((1, x.shape[0]))
     o0 = out0.reshape((1, out0.shape[0]))
     o1 = out1.reshape((1, out1.shape[0]))
     o2 = out2.reshape((1, out2.shape[0]))
     xq, xd, xs = _q8.quantize_q8_0(x2)
-    xu = code_sums(xq)
+    xu = code_sums(xq, _SG)
     for g in prange(g0 + g1 + g2):
         if g < g0:
             _gdot1(pk0, g, xq, xd, xs, xu, o0, 0)
@@ -327,9 +328,9 @@ def _matvec_multi_rp_q8_0(pk, x, out):
     """out (T, n_rows) = x (T, n_cols) @ W.T for a Q8_0 weight repacked by repack_q8_0, by
     integer dots, each token quantised to q8_0; prange over row groups."""
     check_packed(pk.shape[0], pk.shape[1], out.shape[1], x.shape[1], x.shape[0], out.shape[0],
-                 _ir.rp_rows(), _BB)
+                 _ir.rp_rows(), _BB, _BE)
     xq, xd, xs = _q8.quantize_q8_0(x)
-    xu = code_sums(xq)
+    xu = code_sums(xq, _SG)
     for g in prange(pk.shape[0]):
         _rp_tokens_q8_0(pk, g, xq, xd, xs, xu, out)
 
@@ -344,11 +345,11 @@ def _matvec_multi_same_x_rp_q8_0(pk0, pk1, pk2, x, out0, out1, out2):
     integer dots against x quantised once to q8_0, one launch."""
     R = _ir.rp_rows()
     g0, g1, g2 = pk0.shape[0], pk1.shape[0], pk2.shape[0]
-    check_packed(g0, pk0.shape[1], out0.shape[1], x.shape[1], x.shape[0], out0.shape[0], R, _BB)
-    check_packed(g1, pk1.shape[1], out1.shape[1], x.shape[1], x.shape[0], out1.shape[0], R, _BB)
-    check_packed(g2, pk2.shape[1], out2.shape[1], x.shape[1], x.shape[0], out2.shape[0], R, _BB)
+    check_packed(g0, pk0.shape[1], out0.shape[1], x.shape[1], x.shape[0], out0.shape[0], R, _BB, _BE)
+    check_packed(g1, pk1.shape[1], out1.shape[1], x.shape[1], x.shape[0], out1.shape[0], R, _BB, _BE)
+    check_packed(g2, pk2.shape[1], out2.shape[1], x.shape[1], x.shape[0], out2.shape[0], R, _BB, _BE)
     xq, xd, xs = _q8.quantize_q8_0(x)
-    xu = code_sums(xq)
+    xu = code_sums(xq, _SG)
     for g in prange(g0 + g1 + g2):
         if g < g0:
             _rp_tokens_q8_0(pk0, g, xq, xd, xs, xu, out0)
