@@ -253,3 +253,49 @@ def test_memory_report_counts_the_copies(tmp_path):
     assert est <= report.repacked_bytes <= est * 1.01  # the copies' last groups are padded
     quants.use_int8(False)
     assert inspect_model(path).estimate(n_ctx=64).repacked_bytes == 0
+
+
+@pytest.mark.parametrize("qtype", RP_TYPES, ids=lambda t: t.name)
+def test_unpack_inverts_repack(qtype):
+    qt = quants.QUANT_TYPES[qtype]
+    w = make_tensor(qtype, 45, _cols(qtype), seed=7)
+    pk = qt.repack(w.raw)
+    for r0, r1 in ((0, 45), (0, 1), (3, 29), (16, 32), (44, 45), (8, 8)):
+        np.testing.assert_array_equal(qt.unpack(pk, r0, r1), w.raw[r0:r1])
+
+
+def test_release_mapped_pages_leaves_arrays_in_ram_alone():
+    from engine.gguf_file import release_mapped_pages
+
+    a = np.arange(1 << 16, dtype=np.uint8)
+    a.flags.writeable = False
+    assert release_mapped_pages(a) == 0 and a[1000] == 1000 % 256
+
+
+@pytest.mark.int8
+def test_prefill_reads_the_copy_once_the_mapped_rows_are_let_go(tmp_path):
+    """Once the int8 path made a weight's interleaved copy it lets the mapped pages go (they
+    leave the process's resident set) and the prefill's dequantised tiles read the copy: the
+    same bytes, so the same logits bit for bit."""
+    from engine.batch import Batch
+    from engine.context import Context, ContextParams
+    from engine.memory import resident_bytes
+    from engine.model import load_model
+    from tests.ggufgen import write_tiny_model
+
+    path = write_tiny_model(tmp_path / "q41.gguf", "llama", n_layer=2, n_embd=256, n_ff=512, qtype=T.Q4_1)
+    model = load_model(path)
+    ctx = Context(model, ContextParams(n_ctx=64))
+    tokens = [1, 5, 9, 2, 7, 3, 8, 4, 6, 10, 11, 12]  # more than MATVEC_MAX_TOKENS: BLAS tiles
+    assert len(tokens) > quants.MATVEC_MAX_TOKENS
+    before = ctx.decode(Batch.for_sequence(tokens, 0, logits_all=True)).copy()
+    assert model.repacked_bytes == 0  # the prefill alone makes no copy
+    resident = resident_bytes(str(path))
+    ctx.kv.clear()
+    ctx.decode(Batch.for_sequence(tokens[:1], 0))  # a mat-vec: the copies are made
+    assert model.repacked_bytes > 0
+    if resident is not None:
+        assert resident_bytes(str(path)) < resident - model.repacked_bytes // 2
+    ctx.kv.clear()
+    after = ctx.decode(Batch.for_sequence(tokens, 0, logits_all=True))
+    assert np.array_equal(after, before)

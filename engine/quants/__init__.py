@@ -103,9 +103,20 @@ def round_to_vec_dot(x: np.ndarray, vec_dot: str) -> tuple[np.ndarray, np.ndarra
     return xr, xs - xd * codes.sum(axis=2)
 
 
+def raw_rows(w: QTensor, r0: int, r1: int) -> np.ndarray:
+    """Rows r0..r1 of w in its GGML layout: from the mapped file, or from the interleaved copy
+    once the int8 path made one (it then lets the mapped pages go: QTensor.packed)."""
+    qt = QUANT_TYPES.get(w.qtype)
+    if qt is not None and qt.unpack is not None and w.packed_nbytes:
+        packed = w.packed
+        assert packed is not None
+        return qt.unpack(packed, r0, r1)
+    return w.raw[r0:r1]
+
+
 def _block_mins(w: QTensor, r0: int, r1: int) -> np.ndarray:
     """(r1 - r0, n_cols // 32) float32 block minimums of Q4_1/Q5_1 rows (f16 at bytes 2..4)."""
-    blocks = w.raw[r0:r1].reshape(r1 - r0, w.n_cols // 32, -1)
+    blocks = raw_rows(w, r0, r1).reshape(r1 - r0, w.n_cols // 32, -1)
     return np.ascontiguousarray(blocks[:, :, 2:4]).view(np.float16)[:, :, 0].astype(np.float32)
 
 
@@ -132,7 +143,9 @@ def dequant_rows(w: QTensor, r0: int, r1: int, out: np.ndarray) -> None:
     if qt is None:
         out[:] = dequant_ref(w.raw[r0:r1], w.qtype)
     else:
-        qt.dequant(w.raw[r0:r1], out)
+        rows = raw_rows(w, r0, r1)
+        rows.flags.writeable = False  # the mapped file's rows are read-only: one kernel type for both
+        qt.dequant(rows, out)
 
 
 def get_rows(w: QTensor, ids: np.ndarray, out: np.ndarray) -> None:

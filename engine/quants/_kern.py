@@ -111,6 +111,27 @@ def repack_rows(layout: Layout, raw: np.ndarray, rows: int) -> np.ndarray:
     return out
 
 
+def unpack_rows(layout: Layout, packed: np.ndarray, rows: int, r0: int, r1: int) -> np.ndarray:
+    """Rows r0..r1 of a weight in their GGML layout again, from its repack_rows copy (rows a
+    group): the inverse permutation, for the prefill's dequantised tiles once the int8 path
+    has let the mapped rows go (QTensor.packed)."""
+    bb = layout.block_bytes
+    g0, g1 = r0 // rows, -(-r1 // rows)
+    nb = packed.shape[1] // (rows * bb)
+    src = packed[g0:g1].reshape(g1 - g0, nb, rows * bb)
+    out = np.empty((g1 - g0, rows, nb, bb), np.uint8)
+    at = 0
+    for off, size, chunk in layout.rp_fields:
+        f = src[:, :, at : at + rows * size]
+        at += rows * size
+        if chunk:  # (g, nb, chunk index, row, chunk bytes) -> (g, row, nb, size)
+            f = f.reshape(g1 - g0, nb, size // chunk, rows, chunk).transpose(0, 3, 1, 2, 4)
+        else:  # (g, nb, row, size) -> (g, row, nb, size)
+            f = f.reshape(g1 - g0, nb, rows, size).transpose(0, 2, 1, 3)
+        out[..., off : off + size] = f.reshape(g1 - g0, rows, nb, size)
+    return out.reshape((g1 - g0) * rows, nb * bb)[r0 - g0 * rows : r1 - g0 * rows]
+
+
 def _f32c(a: np.ndarray, name: str) -> np.ndarray:
     if a.dtype != _F32:
         raise TypeError(f"{name} must be float32, got {a.dtype}")

@@ -39,7 +39,13 @@ class QTensor:
         qt = QUANT_TYPES.get(self.qtype)
         if not self.pack or qt is None or qt.repack is None or self.n_cols % qt.block_elems:
             return None
-        return qt.repack(self.raw)
+        from ..gguf_file import release_mapped_pages
+
+        packed = qt.repack(self.raw)
+        # the copy serves decode and (quants.raw_rows) the prefill's tiles: the mapped rows need
+        # not stay resident beside it (llama.cpp's repacked tensors replace theirs too)
+        release_mapped_pages(self.raw)
+        return packed
 
     @property
     def packed_nbytes(self) -> int:
@@ -126,6 +132,7 @@ class QuantType:
     # the int8 path over row-interleaved weights (types with a Layout.rp_block; None elsewhere):
     # repack(raw) -> packed, then the same calls as the _i8 ones with packed in place of raw
     repack: Callable[[np.ndarray], np.ndarray] | None = None
+    unpack: Callable[[np.ndarray, int, int], np.ndarray] | None = None  # (packed, r0, r1) -> raw rows
     matvec_rp: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None
     matvec_same_x_rp: Callable[[list, np.ndarray, list], None] | None = None
     matvec_multi_rp: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None

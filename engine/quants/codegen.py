@@ -386,6 +386,11 @@ def repack_$t(raw):
     return _kern.repack_rows(_layout, raw, _rp_rows_$t())
 
 
+def unpack_$t(packed, r0, r1):
+    \"\"\"Rows r0..r1 of a repack_$t copy in the $T layout again (_kern.unpack_rows).\"\"\"
+    return _kern.unpack_rows(_layout, packed, _rp_rows_$t(), r0, r1)
+
+
 @_parallel_kernel
 def _matvec_rp_$t(pk0, pk1, pk2, x, out0, out1, out2):
     \"\"\"out_i = W_i @ x for three $T weights repacked by repack_$t sharing x, by integer dots
@@ -488,7 +493,7 @@ FAMILIES = (
     Family(("dequant", "get_rows"), DEQUANT),
     Family(("matvec_i8", "matvec_same_x_i8", "matvec_multi_i8"), MATVEC_I8, int8=True),
     Family(("matvec_multi_same_x_i8",), MATVEC_MULTI_SAME_X_I8, int8=True),
-    Family(("repack", "matvec_rp", "matvec_same_x_rp"), MATVEC_RP, int8=True, rp=True),
+    Family(("repack", "unpack", "matvec_rp", "matvec_same_x_rp"), MATVEC_RP, int8=True, rp=True),
     Family(("matvec_multi_rp", "matvec_multi_same_x_rp"), "", int8=True, rp=True),
 )
 

@@ -17,7 +17,7 @@ from .._kern import check_packed, check_shapes, code_sums, group_sums
 
 # These kernels contain code from those modules too: whether numba's cache may serve them
 # depends on their digest when this file was generated (see jit.generated_kernel).
-_parallel_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, q5_0), "1d3555a01eaaeed0")
+_parallel_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, q5_0), "e9c3e4c380b5c1e6")
 
 _layout = q5_0.Q5_0Layout()
 _G, _BB, _BE = _layout.group, _layout.block_bytes, _layout.block_elems
@@ -257,7 +257,7 @@ def matvec_multi_same_x_i8_q5_0(raws, x, outs):
     _kern.launch_matvec_multi_same_x(_matvec_multi_same_x_i8_q5_0, raws, x, outs)
 
 
-_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, q5_0), "1d3555a01eaaeed0", parallel=False)
+_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, q5_0), "e9c3e4c380b5c1e6", parallel=False)
 _SG = _layout.rp_sum_group  # x codes per sum of the offsets and mins
 _gdot1 = _ir.make_group_dot_i8(_layout, 1)  # llama.cpp's integer dots over R interleaved rows
 _gdot2 = _ir.make_group_dot_i8(_layout, 2)
@@ -273,6 +273,11 @@ def _rp_rows_q5_0():
 def repack_q5_0(raw):
     """The Q5_0 rows raw interleaved for the matvec_*_rp_q5_0 kernels (_kern.repack_rows)."""
     return _kern.repack_rows(_layout, raw, _rp_rows_q5_0())
+
+
+def unpack_q5_0(packed, r0, r1):
+    """Rows r0..r1 of a repack_q5_0 copy in the Q5_0 layout again (_kern.unpack_rows)."""
+    return _kern.unpack_rows(_layout, packed, _rp_rows_q5_0(), r0, r1)
 
 
 @_parallel_kernel
@@ -370,6 +375,6 @@ Q5_0 = _kern.quant_type(
     dequant=dequant_q5_0, get_rows=get_rows_q5_0,
     matvec_i8=matvec_i8_q5_0, matvec_same_x_i8=matvec_same_x_i8_q5_0, matvec_multi_i8=matvec_multi_i8_q5_0,
     matvec_multi_same_x_i8=matvec_multi_same_x_i8_q5_0,
-    repack=repack_q5_0, matvec_rp=matvec_rp_q5_0, matvec_same_x_rp=matvec_same_x_rp_q5_0,
+    repack=repack_q5_0, unpack=unpack_q5_0, matvec_rp=matvec_rp_q5_0, matvec_same_x_rp=matvec_same_x_rp_q5_0,
     matvec_multi_rp=matvec_multi_rp_q5_0, matvec_multi_same_x_rp=matvec_multi_same_x_rp_q5_0,
 )

@@ -17,7 +17,7 @@ from .._kern import check_packed, check_shapes, code_sums, group_sums
 
 # These kernels contain code from those modules too: whether numba's cache may serve them
 # depends on their digest when this file was generated (see jit.generated_kernel).
-_parallel_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, k_quants), "b8be3dc60f060708")
+_parallel_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, k_quants), "b910ca03ba7102a8")
 
 _layout = k_quants.Q6_KLayout()
 _G, _BB, _BE = _layout.group, _layout.block_bytes, _layout.block_elems
@@ -257,7 +257,7 @@ def matvec_multi_same_x_i8_q6_k(raws, x, outs):
     _kern.launch_matvec_multi_same_x(_matvec_multi_same_x_i8_q6_k, raws, x, outs)
 
 
-_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, k_quants), "b8be3dc60f060708", parallel=False)
+_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, k_quants), "b910ca03ba7102a8", parallel=False)
 _SG = _layout.rp_sum_group  # x codes per sum of the offsets and mins
 _gdot1 = _ir.make_group_dot_i8(_layout, 1)  # llama.cpp's integer dots over R interleaved rows
 _gdot2 = _ir.make_group_dot_i8(_layout, 2)
@@ -273,6 +273,11 @@ def _rp_rows_q6_k():
 def repack_q6_k(raw):
     """The Q6_K rows raw interleaved for the matvec_*_rp_q6_k kernels (_kern.repack_rows)."""
     return _kern.repack_rows(_layout, raw, _rp_rows_q6_k())
+
+
+def unpack_q6_k(packed, r0, r1):
+    """Rows r0..r1 of a repack_q6_k copy in the Q6_K layout again (_kern.unpack_rows)."""
+    return _kern.unpack_rows(_layout, packed, _rp_rows_q6_k(), r0, r1)
 
 
 @_parallel_kernel
@@ -370,6 +375,6 @@ Q6_K = _kern.quant_type(
     dequant=dequant_q6_k, get_rows=get_rows_q6_k,
     matvec_i8=matvec_i8_q6_k, matvec_same_x_i8=matvec_same_x_i8_q6_k, matvec_multi_i8=matvec_multi_i8_q6_k,
     matvec_multi_same_x_i8=matvec_multi_same_x_i8_q6_k,
-    repack=repack_q6_k, matvec_rp=matvec_rp_q6_k, matvec_same_x_rp=matvec_same_x_rp_q6_k,
+    repack=repack_q6_k, unpack=unpack_q6_k, matvec_rp=matvec_rp_q6_k, matvec_same_x_rp=matvec_same_x_rp_q6_k,
     matvec_multi_rp=matvec_multi_rp_q6_k, matvec_multi_same_x_rp=matvec_multi_same_x_rp_q6_k,
 )
