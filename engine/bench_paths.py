@@ -163,6 +163,17 @@ def run_clients(host: str, port: int, n_clients: int, n_gen: int, seed: int = 0)
     return [r for r in results if isinstance(r, StreamTiming)]
 
 
+# how a child process is put on a decode path (quants.set_decode_path): its flags, and its
+# environment without the shell's GGSTATION_INT8 / GGSTATION_NO_INT8 unless the path needs one
+_PATH_FLAGS = {"x16": (), "int8": ("--int8",), "float": ("--no-int8",)}
+_PATH_ENV = {"x16": {}, "int8": {"GGSTATION_INT8": "1"}, "float": {"GGSTATION_NO_INT8": "1"}}
+
+
+def _path_env(decode_path: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("GGSTATION_INT8", "GGSTATION_NO_INT8")}
+    return {**env, **_PATH_ENV[decode_path]}
+
+
 class ServeProcess:
     """`python -m engine serve` on a free local port, in a child process (ends with the bench).
 
@@ -170,13 +181,13 @@ class ServeProcess:
     closes, so it cannot outlive this process.
     """
 
-    def __init__(self, model: str, n_slots: int, n_threads: int, n_ctx: int, int8: bool = False,
+    def __init__(self, model: str, n_slots: int, n_threads: int, n_ctx: int, decode_path: str = "x16",
                  extra_args: tuple[str, ...] = ()):
         cmd = [sys.executable, "-m", "engine", "serve", "-m", model, "--host", "127.0.0.1", "--port", "0",
                "--ready-json", "-np", str(n_slots), "-t", str(n_threads), "-c", str(n_ctx), "--no-slots",
-               "--int8" if int8 else "--no-int8", *extra_args]
+               *_PATH_FLAGS[decode_path], *extra_args]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, cwd=os.getcwd())
+                                     text=True, cwd=os.getcwd(), env=_path_env(decode_path))
         self._events: queue.Queue[dict | None] = queue.Queue()
         self._stderr: list[str] = []
         threading.Thread(target=self._read_stdout, daemon=True).start()
@@ -226,7 +237,7 @@ class ServeProcess:
                 self.proc.wait()
 
 
-def bench_http(model: str, n_gen: int, reps: int, n_threads: int, n_clients: int = 1, int8: bool = False,
+def bench_http(model: str, n_gen: int, reps: int, n_threads: int, n_clients: int = 1, decode_path: str = "x16",
                server: tuple[str, int] | None = None) -> PathResult:
     """Decode tokens/s of n_clients concurrent streaming clients, reps timed rounds after a
     warm-up round. Starts a server with -np n_clients unless `server` (host, port) is given."""
@@ -235,7 +246,7 @@ def bench_http(model: str, n_gen: int, reps: int, n_threads: int, n_clients: int
     proc = None
     if server is None:
         n_ctx = n_clients * (n_gen + 64)  # each slot: the short prompt and the reply
-        proc = ServeProcess(model, n_clients, n_threads, n_ctx, int8)
+        proc = ServeProcess(model, n_clients, n_threads, n_ctx, decode_path)
         try:
             server = ("127.0.0.1", proc.wait_ready())
         except BaseException:
@@ -264,16 +275,14 @@ def gui_command(model: str, n_gen: int, reps: int, n_threads: int) -> list[str]:
 
 
 def bench_gui(model: str, n_gen: int, reps: int, n_threads: int, timeout_s: float = 1800.0,
-              command: list[str] | None = None, int8: bool = False) -> PathResult:
+              command: list[str] | None = None, decode_path: str = "x16") -> PathResult:
     """The desktop app's chat decode speed, from `python -m app.bench_gui ... --json`.
 
     Raises:
         EngineError: the module is missing, failed, or printed no JSON line.
     """
     cmd = command or gui_command(model, n_gen, reps, n_threads)
-    env = dict(os.environ)
-    env.pop("GGSTATION_NO_INT8", None)
-    env["GGSTATION_INT8"] = "1" if int8 else "0"  # the decode path of this bench, not the shell's
+    env = _path_env(decode_path)
     if not env.get("DISPLAY") and not env.get("WAYLAND_DISPLAY"):
         env.setdefault("QT_QPA_PLATFORM", "offscreen")
     try:

@@ -55,13 +55,14 @@ exact_kernel = numba.njit(**{**_OPTS, "fastmath": False})
 # kernels then compile without it (generated_kernel).
 PORTABLE_LUT = os.environ.get("GGSTATION_PORTABLE_LUT", "") not in ("", "0")
 
-# GGSTATION_INT8=1: mat-vecs use llama.cpp's int8 dot products against x quantised to
-# Q8_0/Q8_1/Q8_K (engine/quants/__init__.py, use_int8) instead of float32 x times the weights
-# unpacked to float. Off by default: the 8-bit rounding is a per-logit draw, and two independent
-# draws (ours, llama.cpp's) put us further from llama.cpp's logits than float activations do
-# (README, "Decode paths"). GGSTATION_NO_INT8=1 forces the float path.
-INT8 = (os.environ.get("GGSTATION_INT8", "") not in ("", "0")
-        and os.environ.get("GGSTATION_NO_INT8", "") in ("", "0"))
+# The decode mat-vecs' formulation (engine/quants/__init__.py, set_decode_path): "x16" by default
+# (integer dots over x in two 8-bit planes, ~15 bits: float-grade numbers at integer speed);
+# GGSTATION_INT8=1 "int8", llama.cpp's (x rounded to 8 bits: its per-logit draw puts us no
+# closer to llama.cpp's logits, README "Decode paths"); GGSTATION_NO_INT8=1 "float", the oracle
+# (float32 x times the weights unpacked to float), which wins over GGSTATION_INT8.
+DECODE_PATH = ("float" if os.environ.get("GGSTATION_NO_INT8", "") not in ("", "0")
+               else "int8" if os.environ.get("GGSTATION_INT8", "") not in ("", "0") else "x16")
+INT8 = DECODE_PATH == "int8"
 
 _n_threads = 0  # set by set_num_threads (0: numba's default, every core)
 _stale_warned = False  # generated_kernel's warning is given once per process

@@ -1,7 +1,9 @@
 """Shared fixtures. Real starter models are fetched once into the model cache (see engine/model_store.py).
 
-Decode runs the product's default path, float32 activations, everywhere except in the modules
-that test the int8 path (INT8_MODULES) and in tests marked `int8`.
+Decode runs the product's default path ("x16": two 8-bit planes of x against the
+row-interleaved weights) everywhere except in the modules and tests about the other two: the
+int8 path (INT8_MODULES, tests marked `int8`) and the float oracle (FLOAT_MODULES, tests marked
+`float`).
 """
 
 from pathlib import Path
@@ -12,16 +14,23 @@ from engine import model_store, quants
 
 # Test modules about the int8 path (`--int8`).
 INT8_MODULES = frozenset({"test_quants_int8"})
+# Test modules about the float path (`--no-int8`): its kernels against their references.
+FLOAT_MODULES = frozenset({"test_quants"})
 
 
 @pytest.fixture(autouse=True)
 def _decode_path(request):
-    """The float decode path, or the int8 one in INT8_MODULES and in tests marked `int8`."""
-    was = quants.int8_enabled()
+    """The default decode path, or the one the module or a marker asks for."""
+    was = quants.decode_path()
     module = request.node.module.__name__.rsplit(".", 1)[-1] if request.node.module else ""
-    quants.use_int8(module in INT8_MODULES or request.node.get_closest_marker("int8") is not None)
+    if module in INT8_MODULES or request.node.get_closest_marker("int8") is not None:
+        quants.set_decode_path("int8")
+    elif module in FLOAT_MODULES or request.node.get_closest_marker("float") is not None:
+        quants.set_decode_path("float")
+    else:
+        quants.set_decode_path("x16")
     yield
-    quants.use_int8(was)
+    quants.set_decode_path(was)
 
 # llama.cpp's own output on the starter models, copied byte for byte (tests/data/README.md).
 REFERENCE_DIR = Path(__file__).resolve().parent / "data"

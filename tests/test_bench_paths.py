@@ -58,7 +58,8 @@ def test_http_path_rows_next_to_the_engine_row(tiny_llama_path, capsys):
     assert [r["n_clients"] for r in rows[1:]] == [1, 2]
 
 
-@pytest.mark.parametrize("flag, backend", [([], "CPU (numba)"), (["--int8"], "CPU (numba, int8)")])
+@pytest.mark.parametrize("flag, backend", [([], "CPU (numba)"), (["--int8"], "CPU (numba, int8)"),
+                                           (["--no-int8"], "CPU (numba, float)")])
 def test_bench_rows_name_the_decode_path(tiny_llama_path, capsys, flag, backend):
     argv = ["bench", "-m", str(tiny_llama_path), "-p", "0", "-n", "4", "-r", "1", "-t", "1", "-o", "jsonl", *flag]
     assert main(argv) == 0
@@ -106,22 +107,25 @@ def test_gui_path_without_the_module_says_so(tiny_llama_path, monkeypatch, capsy
     assert "Traceback" not in err
 
 
-@pytest.mark.parametrize("int8", [False, True])
-def test_child_processes_run_the_benchs_decode_path(tmp_path, monkeypatch, int8):
+@pytest.mark.parametrize("path, flag, env", [("x16", None, "-"), ("int8", "--int8", "1-"),
+                                             ("float", "--no-int8", "-1")])
+def test_child_processes_run_the_benchs_decode_path(tmp_path, monkeypatch, path, flag, env):
     """The serve child and the gui child decode on the path the bench was asked for, whatever
-    the shell's GGSTATION_INT8 / GGSTATION_NO_INT8 say (the default path differs from --int8)."""
+    the shell's GGSTATION_INT8 / GGSTATION_NO_INT8 say."""
+    monkeypatch.setenv("GGSTATION_NO_INT8", "1")
+    monkeypatch.setenv("GGSTATION_INT8", "1")
     started = []
     with monkeypatch.context() as m:
-        m.setattr(bench_paths.subprocess, "Popen", lambda cmd, **kw: started.append(cmd) or _NoProcess())
-        bench_paths.ServeProcess("m.gguf", 1, 1, 128, int8=int8)
-    assert ("--int8" if int8 else "--no-int8") in started[0]
-    assert ("--no-int8" if int8 else "--int8") not in started[0]
-    monkeypatch.setenv("GGSTATION_NO_INT8", "1")
-    monkeypatch.setenv("GGSTATION_INT8", "0" if int8 else "1")
+        m.setattr(bench_paths.subprocess, "Popen", lambda cmd, **kw: started.append((cmd, kw["env"])) or _NoProcess())
+        bench_paths.ServeProcess("m.gguf", 1, 1, 128, decode_path=path)
+    cmd, child_env = started[0]
+    assert [a for a in cmd if a in ("--int8", "--no-int8")] == ([flag] if flag else [])
+    assert child_env.get("GGSTATION_INT8", "") + "-" + child_env.get("GGSTATION_NO_INT8", "") == env
     body = ("import os, sys\n"
-            "sys.exit('INT8=' + os.environ.get('GGSTATION_INT8', '') + os.environ.get('GGSTATION_NO_INT8', '-'))\n")
-    with pytest.raises(EngineError, match="INT8=1-" if int8 else "INT8=0-"):
-        bench_paths.bench_gui("m.gguf", 4, 1, 1, command=_fake_gui(tmp_path, body), int8=int8)
+            "e = os.environ.get\n"
+            "sys.exit('INT8=' + e('GGSTATION_INT8', '') + '-' + e('GGSTATION_NO_INT8', ''))\n")
+    with pytest.raises(EngineError, match=f"INT8={env}"):
+        bench_paths.bench_gui("m.gguf", 4, 1, 1, command=_fake_gui(tmp_path, body), decode_path=path)
 
 
 class _NoProcess:

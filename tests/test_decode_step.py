@@ -91,6 +91,15 @@ def test_step_gives_the_python_blocks_logits_bit_for_bit(tiny, arch, monkeypatch
     assert np.array_equal(got, want)
 
 
+@pytest.mark.float
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma2", "qwen3moe"])
+def test_step_float_path(tiny, arch, monkeypatch):
+    """The float oracle (`--no-int8`) through the steps too: the Python blocks' bits."""
+    model = load_model(tiny[arch])
+    assert quants.decode_path() == "float"
+    assert np.array_equal(decode_all(model, "1", monkeypatch), decode_all(model, "0", monkeypatch))
+
+
 @pytest.mark.parametrize("arch", ["llama", "gemma3", "phi3", "olmo2", "qwen3moe", "qwen2moe", "gpt-oss",
                                   "gpt-oss-mxfp4"])
 def test_step_int8_path_and_f32_cache(tiny, arch, monkeypatch):
@@ -110,7 +119,7 @@ def test_step_switches_with_the_decode_path(tiny, monkeypatch):
     ctx.decode(Batch.for_sequence(TOKENS[4:5], 4, 0))
     first = step.for_context(ctx)
     quants.use_int8(True)
-    assert step.for_context(ctx) is not first and step.for_context(ctx).i8
+    assert step.for_context(ctx) is not first and step.for_context(ctx).path == "int8"
 
 
 @pytest.mark.parametrize("unified", [False, True])
@@ -168,8 +177,9 @@ def test_step_groups_mixed_weight_types_as_the_python_path(tmp_path, monkeypatch
     b = load_model(write_tiny_model(tmp_path / "b.gguf", "llama", n_layer=2, n_embd=256, n_ff=512, qtype=Q.Q8_0))
     for la, lb in zip(a.weights.layers, b.weights.layers, strict=True):
         la.attn_v, la.ffn_up, la.attn_output = lb.attn_v, lb.ffn_up, lb.attn_output
-    src = step.render(a.arch.step, a.weights.layers[0], np.dtype(np.uint16), np.dtype(np.uint16), False)
-    assert src.count("_matvec_q5_1 as") == 1 and src.count("_matvec_q8_0 as") == 1
+    for path, kern in (("float", "_matvec_{}"), ("x16", "_matvec_rp16_{}"), ("int8", "_matvec_rp_{}")):
+        src = step.render(a.arch.step, a.weights.layers[0], np.dtype(np.uint16), np.dtype(np.uint16), path)
+        assert src.count(kern.format("q5_1") + " as") == 1 and src.count(kern.format("q8_0") + " as") == 1, path
     assert np.array_equal(decode_all(a, "1", monkeypatch), decode_all(a, "0", monkeypatch))
 
 

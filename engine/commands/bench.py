@@ -112,7 +112,8 @@ class _Output:
         from .. import quants
 
         # which decode path ran: the numbers of the two differ by ~10 %
-        self.backend = "CPU (numba, int8)" if quants.int8_enabled() else "CPU (numba)"
+        self.backend = {"x16": "CPU (numba)", "int8": "CPU (numba, int8)", "float": "CPU (numba, float)"}[
+            quants.decode_path()]
         if model.gpu is not None:
             self.backend = "OpenGL"
         self.ngl = ngl
@@ -162,11 +163,11 @@ def _run_path(args: argparse.Namespace, model, path: str, out: _Output) -> None:
         n_threads = init_threads(n_threads)
         if path == "gui":
             out.add(bench_paths.bench_gui(model.path, n_gen, args.repetitions, n_threads,
-                                          int8=quants.int8_enabled()), n_threads)
+                                          decode_path=quants.decode_path()), n_threads)
             continue
         for n_clients in args.clients:
             r = bench_paths.bench_http(model.path, n_gen, args.repetitions, n_threads, n_clients,
-                                       int8=quants.int8_enabled())
+                                       decode_path=quants.decode_path())
             out.add(r, n_threads)
 
 

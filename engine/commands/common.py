@@ -22,7 +22,8 @@ def add_mem_check_arg(parser: argparse.ArgumentParser) -> None:
 
 class _Int8Action(argparse.Action):
     """`--int8` / `--no-int8`: choose the decode path as soon as the flag is parsed (before any
-    kernel runs; the same as GGSTATION_INT8=1 / GGSTATION_NO_INT8=1). The last one given wins."""
+    kernel runs; the same as GGSTATION_INT8=1 / GGSTATION_NO_INT8=1; neither: the default,
+    quants' "x16"). The last one given wins."""
 
     def __init__(self, option_strings, dest, **kwargs):
         super().__init__(option_strings, dest, nargs=0, **kwargs)
@@ -39,13 +40,14 @@ def add_int8_arg(parser: argparse.ArgumentParser) -> None:
     group = params.group(parser, params.COMMON)
     group.add_argument(
         "--int8", dest="int8", action=_Int8Action, default=None,
-        help="llama.cpp's int8 dot products against Q8-quantised activations (faster decode; the "
-        "8-bit rounding moves each logit by a draw of ~0.5 %%) instead of float32 activations "
-        "(also: GGSTATION_INT8=1)",
+        help="llama.cpp's int8 dot products against activations rounded to 8 bits (Q8 blocks; the "
+        "rounding moves each logit by a draw of ~0.5 %%) instead of the default's two 8-bit planes "
+        "(~15 bits, float-grade) (also: GGSTATION_INT8=1)",
     )
     group.add_argument(
         "--no-int8", dest="int8", action=_Int8Action, default=None,
-        help="float32 activations, weights unpacked to float (the default; also: GGSTATION_NO_INT8=1)",
+        help="float32 activations times the weights unpacked to float: the exact, slower oracle "
+        "(also: GGSTATION_NO_INT8=1)",
     )
 
 

@@ -42,7 +42,7 @@ import numpy as np
 from numba.core.registry import CPUDispatcher
 
 from .. import jit, ops
-from ..quants import MATVEC_MAX_TOKENS, QUANT_TYPES, ExpertTensor, QTensor, int8_enabled
+from ..quants import MATVEC_MAX_TOKENS, QUANT_TYPES, ExpertTensor, QTensor, decode_path
 from ..quants._kern import _raw_rows
 from . import moe
 
@@ -213,48 +213,51 @@ def step(h, o, x, gate, up, y, wg, wu, wd, gb, ub, db, n_ff, ids, wts, sgate, su
 '''
 
 
-def _rp(w: QTensor, i8: bool) -> bool:
-    """Whether w's mat-vecs run on its interleaved copy on the path i8 (quants.interleaved)."""
-    return i8 and QUANT_TYPES[w.qtype].repack is not None and w.pack
+def _rp(w: QTensor, path: str) -> bool:
+    """Whether w's mat-vecs run on its interleaved copy on the decode path (quants.interleaved)."""
+    return path != "float" and QUANT_TYPES[w.qtype].repack is not None and w.pack
 
 
-def _step_rows(w: QTensor, i8: bool) -> np.ndarray:
-    """The rows a step passes w's kernels on the path i8: its interleaved copy or its raw rows."""
-    if _rp(w, i8):
+def _step_rows(w: QTensor, path: str) -> np.ndarray:
+    """The rows a step passes w's kernels on the decode path: its interleaved copy or its raw rows."""
+    if _rp(w, path):
         packed = w.packed
         assert packed is not None  # _servable checked the shape, and the type has the form
         return packed
     return _raw_rows(w.raw)
 
 
-def _same_x_kernel(w: QTensor, i8: bool) -> tuple[str, str]:
-    """(module, name) of the njit kernel behind w's fused 1..3-weight mat-vec on the path
-    quants.matvec_many takes (interleaved or int8 when on and the type has it)."""
+def _same_x_kernel(w: QTensor, path: str) -> tuple[str, str]:
+    """(module, name) of the njit kernel behind w's fused 1..3-weight mat-vec on the decode path,
+    as quants.matvec_many takes it (interleaved copy, int8 rows or float)."""
     qt = QUANT_TYPES[w.qtype]
-    if _rp(w, i8):
-        f = qt.matvec_same_x_rp
+    i8 = path == "int8"
+    if _rp(w, path):
+        f = qt.matvec_same_x_rp if i8 else qt.matvec_same_x_rp16
     else:
         f = qt.matvec_same_x_i8 if i8 and qt.matvec_same_x_i8 is not None else qt.matvec_same_x
     assert f is not None
     return f.__module__, "_" + f.__name__.replace("_same_x", "")
 
 
-def _multi_same_x_kernel(w: QTensor, i8: bool) -> tuple[str, str] | None:
+def _multi_same_x_kernel(w: QTensor, path: str) -> tuple[str, str] | None:
     """(module, name) of the kernel behind w's fused multi-token mat-vec of 1..3 weights
     (quants.matvec_multi_many), None when the type has none."""
     qt = QUANT_TYPES[w.qtype]
-    if _rp(w, i8):
-        f = qt.matvec_multi_same_x_rp
+    i8 = path == "int8"
+    if _rp(w, path):
+        f = qt.matvec_multi_same_x_rp if i8 else qt.matvec_multi_same_x_rp16
     else:
         f = qt.matvec_multi_same_x_i8 if i8 and qt.matvec_multi_same_x_i8 is not None else qt.matvec_multi_same_x
     return None if f is None else (f.__module__, "_" + f.__name__)
 
 
-def _multi_kernel(w: QTensor, i8: bool) -> tuple[str, str]:
+def _multi_kernel(w: QTensor, path: str) -> tuple[str, str]:
     """(module, name) of the njit kernel behind quants.matvec_multi for w."""
     qt = QUANT_TYPES[w.qtype]
-    if _rp(w, i8):
-        f = qt.matvec_multi_rp
+    i8 = path == "int8"
+    if _rp(w, path):
+        f = qt.matvec_multi_rp if i8 else qt.matvec_multi_rp16
     else:
         f = qt.matvec_multi_i8 if i8 and qt.matvec_multi_i8 is not None else qt.matvec_multi
     assert f is not None
@@ -287,13 +290,13 @@ class _Source:
         return "\n".join(f"from {m} import {n} as {a}" for (m, n), a in self.names.items())
 
 
-def _launches(src: _Source, ws: list[QTensor], args: list[str], x: str, outs: list[str], i8: bool,
+def _launches(src: _Source, ws: list[QTensor], args: list[str], x: str, outs: list[str], path: str,
               multi: bool) -> str:
     """The fused mat-vec launches of weights sharing x, grouped as quants groups them: one
     token (1-D rows of the buffers) or several (2-D)."""
     lines = []
     for g in _groups(ws):
-        ref = _multi_same_x_kernel(ws[g[0]], i8) if multi else _same_x_kernel(ws[g[0]], i8)
+        ref = _multi_same_x_kernel(ws[g[0]], path) if multi else _same_x_kernel(ws[g[0]], path)
         assert ref is not None  # _servable checked
         k = src.name(ref)
         r = [args[i] for i in g]
@@ -306,7 +309,7 @@ def _launches(src: _Source, ws: list[QTensor], args: list[str], x: str, outs: li
     return "\n".join(lines)
 
 
-def render(spec: StepSpec, lw, kdtype: np.dtype, vdtype: np.dtype, i8: bool, multi: bool = False) -> str:
+def render(spec: StepSpec, lw, kdtype: np.dtype, vdtype: np.dtype, path: str, multi: bool = False) -> str:
     """The source of the step module for layer weights lw (the layer's qtypes decide which
     kernels it calls): for one token, or (multi) for 2..MATVEC_MAX_TOKENS."""
     src = _Source()
@@ -315,17 +318,17 @@ def render(spec: StepSpec, lw, kdtype: np.dtype, vdtype: np.dtype, i8: bool, mul
     pre_attn = pre.format("attn_norm") if spec.pre_norms else ""
     pre_ffn = pre.format("ffn_norm") if spec.pre_norms else ""
     if spec.fused:
-        qkv = _launches(src, [lw.attn_qkv], ["wq"], inp, ["qkv"], i8, multi)
+        qkv = _launches(src, [lw.attn_qkv], ["wq"], inp, ["qkv"], path, multi)
         qkv += ("\n    nq, nk = q.shape[1], k.shape[1]\n    for t in range(T):"
                 "\n        for i in range(nq):\n            q[t, i] = qkv[t, i]"
                 "\n        for i in range(nk):\n            k[t, i] = qkv[t, nq + i]"
                 "\n        for i in range(v.shape[1]):\n            v[t, i] = qkv[t, nq + nk + i]")
-        gate_up = _launches(src, [lw.ffn_up], ["wu"], inp, ["gu"], i8, multi)
+        gate_up = _launches(src, [lw.ffn_up], ["wu"], inp, ["gu"], path, multi)
         act = "_swiglu_fused(gu, gate)"
     else:
-        qkv = _launches(src, [lw.attn_q, lw.attn_k, lw.attn_v], ["wq", "wk", "wv"], inp, ["q", "k", "v"], i8, multi)
+        qkv = _launches(src, [lw.attn_q, lw.attn_k, lw.attn_v], ["wq", "wk", "wv"], inp, ["q", "k", "v"], path, multi)
         gate_up = "" if spec.moe else _launches(src, [lw.ffn_gate, lw.ffn_up], ["wg", "wu"], inp,
-                                                ["gate", "up"], i8, multi)
+                                                ["gate", "up"], path, multi)
         act = f"{'_geglu' if spec.act == 'gelu' else '_swiglu'}(gate, up, gate)"
     aux = spec.aux.index
     if spec.qkv_bias:
@@ -348,27 +351,27 @@ def render(spec: StepSpec, lw, kdtype: np.dtype, vdtype: np.dtype, i8: bool, mul
     scaled = "            o[t, i] *= rscale\n" if spec.residual_scale else ""
     residual = f"    for t in range(T):\n        for i in range(x.shape[1]):\n{scaled}            x[t, i] += o[t, i]\n"
     if spec.moe:
-        ffn = _MOE_FFN.format(mv_r=src.name(_multi_kernel(lw.ffn_gate_inp, i8)))
+        ffn = _MOE_FFN.format(mv_r=src.name(_multi_kernel(lw.ffn_gate_inp, path)))
     else:
-        ffn = _FFN.format(mv_d=src.name(_multi_kernel(lw.ffn_down, i8)), post_ffn=post_ffn,
+        ffn = _FFN.format(mv_d=src.name(_multi_kernel(lw.ffn_down, path)), post_ffn=post_ffn,
                           residual=residual, pre_ffn=pre_ffn, gate_up=gate_up, act=act)
     if spec.o_bias:
         post_attn = (f"    bo = aux[{aux('attn_output_bias')}]\n    for t in range(T):"
                      "\n        for i in range(o.shape[1]):\n            o[t, i] += bo[i]\n") + post_attn
     body = _BODY.format(
         store_k=store[np.dtype(kdtype)], store_v=store[np.dtype(vdtype)],
-        mv_o=src.name(_multi_kernel(lw.attn_output, i8)),
+        mv_o=src.name(_multi_kernel(lw.attn_output, path)),
         post_attn=post_attn, residual=residual, ffn=ffn)
-    key = f"{spec} k={np.dtype(kdtype)} v={np.dtype(vdtype)} int8={i8} tokens={'2-8' if multi else 1}"
+    key = f"{spec} k={np.dtype(kdtype)} v={np.dtype(vdtype)} path={path} tokens={'2-8' if multi else 1}"
     return _HEADER.format(key=key, imports=src.imports(), pre_attn=pre_attn, qkv=qkv) + body
 
 
-def render_experts(w: moe.MoeWeights, sh: moe.SharedExpert | None, i8: bool, act: str) -> str:
+def render_experts(w: moe.MoeWeights, sh: moe.SharedExpert | None, path: str, act: str) -> str:
     """The source of the one-token experts module for a layer's experts w (their weight types
     and biases) and shared expert sh, with activation act ("silu" or "swiglu_oai")."""
     assert w.gate is not None  # _experts_servable
     src = _Source()
-    gate_up = _launches(src, [w.gate.expert(0), w.up.expert(0)], ["wge", "wue"], "h", ["gate", "up"], i8, False)
+    gate_up = _launches(src, [w.gate.expert(0), w.up.expert(0)], ["wge", "wue"], "h", ["gate", "up"], path, False)
     gate_up = "\n".join("    " + ln for ln in gate_up.splitlines())
     biases = down_bias = ""
     add = "        for i in range({w}):\n            {buf}[0, i] += {b}[e, i]\n"
@@ -384,15 +387,15 @@ def render_experts(w: moe.MoeWeights, sh: moe.SharedExpert | None, i8: bool, act
         act_call = f"_swiglu_oai(gate, up, gate, np.float32({ops.OAI_ALPHA!r}), np.float32({ops.OAI_LIMIT!r}))"
     else:
         raise ValueError(f"no experts step for the activation {act!r}")
-    mv_d = src.name(_multi_kernel(w.down.expert(0), i8))
+    mv_d = src.name(_multi_kernel(w.down.expert(0), path))
     if sh is not None:
-        shared = _launches(src, [sh.gate, sh.up], ["wsg", "wsu"], "h", ["sgate", "sup"], i8, False)
-        mv_sd = src.name(_multi_kernel(sh.down, i8))
+        shared = _launches(src, [sh.gate, sh.up], ["wsg", "wsu"], "h", ["sgate", "sup"], path, False)
+        mv_sd = src.name(_multi_kernel(sh.down, path))
         shared += (f"\n    _swiglu(sgate, sup, sgate)\n    {mv_sd}(wsd, sgate, o)"
                    "\n    for i in range(n):\n        o[0, i] *= sfac")
     else:
         shared = "    for i in range(n):\n        o[0, i] = 0.0"
-    key = (f"experts {w.gate.qtype.name} {w.up.qtype.name} {w.down.qtype.name} int8={i8} act={act} "
+    key = (f"experts {w.gate.qtype.name} {w.up.qtype.name} {w.down.qtype.name} path={path} act={act} "
            f"biases={bool(biases)},{bool(down_bias)} shared="
            + (" ".join(t.qtype.name for t in (sh.gate, sh.up, sh.down)) if sh is not None else "none"))
     return _EXPERTS.format(key=key, imports=src.imports(), gate_up=gate_up, biases=biases, act=act_call, mv_d=mv_d,
@@ -569,8 +572,8 @@ class LayerSteps:
     change from token to token. The several-token ones are made for contexts with several
     sequences, whose slots decode together."""
 
-    def __init__(self, ctx, spec: StepSpec, i8: bool):
-        self.kv, self.i8, self.buf = ctx.kv, i8, ctx.buf
+    def __init__(self, ctx, spec: StepSpec, path: str):
+        self.kv, self.path, self.buf = ctx.kv, path, ctx.buf
         cfg, kv = ctx.cfg, ctx.kv
         auto = mode() == "auto"
         multi = ctx.n_seq_max > 1 and ctx.n_ubatch > 1
@@ -602,18 +605,18 @@ class LayerSteps:
                 self.experts.append(None)
                 continue
             ls = layer_spec(spec, lw)
-            self.one.append(load_step(render(ls, lw, kc.dtype, vc.dtype, i8)))
-            self.many.append(load_step(render(ls, lw, kc.dtype, vc.dtype, i8, multi=True))
+            self.one.append(load_step(render(ls, lw, kc.dtype, vc.dtype, path)))
+            self.many.append(load_step(render(ls, lw, kc.dtype, vc.dtype, path, multi=True))
                              if multi and _servable(spec, lw, auto, True) else None)
             self.moe_w.append(mw)
             if mw is not None:
                 w, sh = mw
                 assert w.gate is not None
                 self.experts.append((
-                    load_step(render_experts(w, sh, i8, cfg.moe.act)),
+                    load_step(render_experts(w, sh, path, cfg.moe.act)),
                     (*(_raw_rows(t.raw) for t in (w.gate, w.up, w.down)),
                      *(_EMPTY2 if b is None else b for b in (w.gate_bias, w.up_bias, w.down_bias)), w.gate.n_rows),
-                    tuple(_step_rows(t, i8) for t in (sh.gate, sh.up, sh.down)) if sh is not None
+                    tuple(_step_rows(t, path) for t in (sh.gate, sh.up, sh.down)) if sh is not None
                     else (_EMPTY_U8,) * 3))
             else:
                 self.experts.append(None)
@@ -622,7 +625,7 @@ class LayerSteps:
             norms = (lw.attn_norm, getattr(lw, spec.ffn_norm)) if spec.pre_norms else (_EMPTY, _EMPTY)
             self.args.append((
                 *norms, aux or (_EMPTY,),
-                *(_step_rows(getattr(lw, n), i8) for n in spec.weights), eps,
+                *(_step_rows(getattr(lw, n), path) for n in spec.weights), eps,
                 rope.inv_freq, rope.neox, float(rope.attn_factor), kc, vc,
                 kv.window[il], np.float32(cfg.kq_scale), softcap, lw.attn_sinks if spec.sinks else ops._NO_SINKS,
                 rscale))
@@ -729,11 +732,11 @@ def for_context(ctx) -> LayerSteps | None:
     spec = ctx.model.arch.step
     if spec is None or mode() == "0":
         return None
-    i8 = int8_enabled()
+    path = decode_path()
     steps = getattr(ctx, "_layer_steps", None)
-    if steps is None or steps.kv is not ctx.kv or steps.i8 != i8:
+    if steps is None or steps.kv is not ctx.kv or steps.path != path:
         try:
-            steps = LayerSteps(ctx, spec, i8)
+            steps = LayerSteps(ctx, spec, path)
         except Exception as e:  # no writable directory, or a step numba cannot build: a bug, but
             # decoding through the Python blocks still gives the same logits (tests force steps on)
             log.warning("compiled decode steps unavailable (%s: %s); decoding through the Python blocks",

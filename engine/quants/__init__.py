@@ -16,8 +16,12 @@ from which _ir.py builds the row loops as LLVM vector IR; the kernels running th
 `prange` over output rows are generated per type from one template (codegen.py ->
 generated/<qtype>.py, with greppable entry points such as `matvec_q4_k`, `dequant_q6_k`).
 
-Decode (matvec, matvec_many, matvec_multi) runs the float path by default (weights unpacked
-to float32, one FMA per weight; the tested oracle). use_int8(True), GGSTATION_INT8=1 or `--int8`
+Decode (matvec, matvec_many, matvec_multi) has three formulations (set_decode_path). The
+float path (`--no-int8`, GGSTATION_NO_INT8=1) unpacks the weights to float32 and pays one FMA
+per weight: the tested oracle. The default, "x16", writes x in two 8-bit planes a block
+(_q8.quantize_planes: ~15 bits) and takes integer dots of both with the row-interleaved copy
+(below): float-grade numbers (~5e-6 relative) at integer speed; types without that copy keep
+the float path. use_int8(True), GGSTATION_INT8=1 or `--int8`
 select llama.cpp's int8 formulation for the block types instead: x quantised once per mat-vec
 to the type's vec_dot_type (_q8.py), integer dots per block, float scales per block
 (matvec_i8_<qtype>); prefill (matmul beyond MATVEC_MAX_TOKENS) then rounds its activations to
@@ -58,8 +62,8 @@ _TILE_BYTES_THIN = 1 << 18
 _TILE_BYTES = 1 << 21
 
 
-_int8 = jit.INT8
-
+DECODE_PATHS = ("x16", "int8", "float")
+_path = jit.DECODE_PATH
 
 
 @functools.cache
@@ -70,14 +74,29 @@ def vec_dot_types() -> dict[GGMLQuantizationType, str]:
     return {GGMLQuantizationType[s.name]: s.vec_dot for s in TYPES if s.vec_dot}
 
 
+def set_decode_path(path: str) -> None:
+    """The mat-vecs' formulation: "x16" (the default: integer dots over x in two 8-bit planes,
+    ~15 bits, on the row-interleaved copies; float for the types without one), "int8" (llama.cpp's:
+    x quantised once to the type's Q8 blocks) or "float" (the oracle: float32 x times the
+    weights unpacked to float)."""
+    global _path
+    if path not in DECODE_PATHS:
+        raise ValueError(f"decode path {path!r} is not one of {', '.join(DECODE_PATHS)}")
+    _path = path
+
+
+def decode_path() -> str:
+    return _path
+
+
 def use_int8(on: bool) -> None:
-    """Whether mat-vecs use the int8 path (default: off; GGSTATION_INT8=1 or `--int8` turn it on)."""
-    global _int8
-    _int8 = bool(on)
+    """`--int8` (on: llama.cpp's 8-bit activations) or `--no-int8` (off: the float oracle)."""
+    set_decode_path("int8" if on else "float")
 
 
 def int8_enabled() -> bool:
-    return _int8
+    """Whether the mat-vecs round x to llama.cpp's 8-bit grid (the prefill then does too)."""
+    return _path == "int8"
 
 
 def round_to_vec_dot(x: np.ndarray, vec_dot: str) -> tuple[np.ndarray, np.ndarray | None]:
@@ -160,7 +179,7 @@ def get_rows(w: QTensor, ids: np.ndarray, out: np.ndarray) -> None:
 def interleaved(w: QTensor, qt: QuantType) -> bool:
     """Whether w's mat-vecs run on its row-interleaved copy (QTensor.packed): on the int8
     path, for the types that have that form (qt: w's QUANT_TYPES entry, _qt checked)."""
-    return _int8 and qt.repack is not None and w.pack
+    return _path != "float" and qt.repack is not None and w.pack
 
 
 def rows(w: QTensor, qt: QuantType) -> np.ndarray:
@@ -177,9 +196,10 @@ def matvec(w: QTensor, x: np.ndarray, out: np.ndarray) -> None:
     if qt is None:
         out[:] = dequant_ref(w.raw, w.qtype) @ x
     elif interleaved(w, qt):
-        assert qt.matvec_rp is not None
-        qt.matvec_rp(rows(w, qt), x, out)
-    elif _int8 and qt.matvec_i8 is not None:
+        f = qt.matvec_rp if _path == "int8" else qt.matvec_rp16
+        assert f is not None
+        f(rows(w, qt), x, out)
+    elif _path == "int8" and qt.matvec_i8 is not None:
         qt.matvec_i8(w.raw, x, out)
     else:
         qt.matvec(w.raw, x, out)
@@ -222,15 +242,15 @@ def _same_x(qt: QuantType, rp: bool):
     """The fused 1..3-weight one-token kernel of the current path; rp: the weights are
     interleaved (it then takes their rows(w, qt))."""
     if rp:
-        return qt.matvec_same_x_rp
-    return qt.matvec_same_x_i8 if _int8 and qt.matvec_same_x_i8 is not None else qt.matvec_same_x
+        return qt.matvec_same_x_rp if _path == "int8" else qt.matvec_same_x_rp16
+    return qt.matvec_same_x_i8 if _path == "int8" and qt.matvec_same_x_i8 is not None else qt.matvec_same_x
 
 
 def _multi_same_x(qt: QuantType, rp: bool):
     if rp:
-        fused = qt.matvec_multi_same_x_rp
+        fused = qt.matvec_multi_same_x_rp if _path == "int8" else qt.matvec_multi_same_x_rp16
     else:
-        fused = (qt.matvec_multi_same_x_i8 if _int8 and qt.matvec_multi_same_x_i8 is not None
+        fused = (qt.matvec_multi_same_x_i8 if _path == "int8" and qt.matvec_multi_same_x_i8 is not None
                  else qt.matvec_multi_same_x)
     assert fused is not None, f"{qt.qtype.name} has no fused multi-token mat-vec"
     return fused
@@ -251,9 +271,10 @@ def matvec_multi(w: QTensor, x: np.ndarray, out: np.ndarray) -> None:
     if qt is None:
         out[:] = x @ dequant_ref(w.raw, w.qtype).T
     elif interleaved(w, qt):
-        assert qt.matvec_multi_rp is not None
-        qt.matvec_multi_rp(rows(w, qt), x, out)
-    elif _int8 and qt.matvec_multi_i8 is not None:
+        f = qt.matvec_multi_rp if _path == "int8" else qt.matvec_multi_rp16
+        assert f is not None
+        f(rows(w, qt), x, out)
+    elif _path == "int8" and qt.matvec_multi_i8 is not None:
         qt.matvec_multi_i8(w.raw, x, out)
     else:
         qt.matvec_multi(w.raw, x, out)
@@ -288,7 +309,7 @@ class _Tiles:
     def __init__(self, w: QTensor, x: np.ndarray, out: np.ndarray, scratch: np.ndarray | None):
         n_workers = parallel.pool_size()
         self.w, self.out, self.s_err, self.stride = w, out, None, 0
-        if _int8 and w.qtype in vec_dot_types():
+        if _path == "int8" and w.qtype in vec_dot_types():
             x, self.s_err = round_to_vec_dot(x, vec_dot_types()[w.qtype])
         self.x = x
         if w.qtype == GGMLQuantizationType.F32:
@@ -365,4 +386,5 @@ __all__ = [
     "ExpertTensor", "QTensor", "QuantType", "QUANT_TYPES", "SUPPORTED", "check_supported", "dequant_rows",
     "get_rows", "matvec", "matvec_many", "matvec_multi", "matvec_multi_many", "matmul", "matmul_many", "tile_rows",
     "warmup", "TILE_ROWS", "MATVEC_MAX_TOKENS", "use_int8", "int8_enabled", "interleaved", "rows",
+    "DECODE_PATHS", "set_decode_path", "decode_path",
 ]

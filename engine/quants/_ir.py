@@ -965,14 +965,18 @@ def rp_field_offsets(layout: Layout, R: int) -> list[int]:
     return offs
 
 
-def make_group_dot_i8(layout: Layout, n_tok: int):
+def make_group_dot_i8(layout: Layout, n_tok: int, planes: int = 1):
     """Intrinsic group_dot_i8(packed, g, xq, xd, xs, xsum, out, t0): for the R rows of group g
     (rows g*R .. g*R+R-1, those below out.shape[1]), out[t0 + t, row] = row . x[t0 + t] for
     t < n_tok, x quantised by _q8 as for make_row_dot_i8 (xq, xd, xs), xsum (T, n_cols /
     layout.rp_sum_group) int32 the sums of x's codes in runs of rp_sum_group (_kern.code_sums;
     for RpGroup offsets and RpBlock mins). packed: (n_groups, n_blocks * R * block_bytes)
     uint8 from repack_rows. The weights' unpacked codes serve every token of the call, and a
-    token's result is the same alone or among others."""
+    token's result is the same alone or among others.
+
+    planes = 2: each token is two rows of xq, xd, xs, xsum (2t and 2t + 1: _q8.quantize_planes),
+    whose dots go into the token's one set of accumulators: x to ~15 bits at twice the integer
+    work on the same weight bytes."""
     BB, BE = layout.block_bytes, layout.block_elems
     assert layout.rp_fields
 
@@ -999,8 +1003,8 @@ def make_group_dot_i8(layout: Layout, n_tok: int):
             n_rows = cgutils.unpack_tuple(builder, oa.shape)[1]
             base = builder.gep(builder.bitcast(pa.data, I8.as_pointer()), [builder.mul(gv, gstride)])
             qps, dps, sps, ups = [], [], [], []
-            for t in range(n_tok):
-                tt = builder.add(t0v, ir.Constant(I64, t))
+            for t in range(n_tok * planes):  # data row of token t // planes, plane t % planes
+                tt = builder.add(builder.mul(t0v, ir.Constant(I64, planes)), ir.Constant(I64, t))
                 qps.append(builder.gep(builder.bitcast(qa.data, I8.as_pointer()), [builder.mul(tt, n_cols)]))
                 dps.append(builder.gep(builder.bitcast(da.data, F32.as_pointer()), [builder.mul(tt, n_xd)]))
                 sps.append(builder.gep(builder.bitcast(sa.data, F32.as_pointer()), [builder.mul(tt, n_xs)]))
@@ -1051,7 +1055,8 @@ def make_group_dot_i8(layout: Layout, n_tok: int):
                         offset, sgn = offset + 128, False
                     groups.append((parts, sgn, grp.scale, offset, grp.sums))
                 e0 = builder.mul(blk, ir.Constant(I64, BE))
-                for t in range(n_tok):
+                for tp in range(n_tok * planes):
+                    t = tp  # the data row's pointers; the token's accumulators are faccs[tp // planes]
                     total = None
                     for parts, sgn, gscale, offset, sums in groups:
                         chains = [zi, zi]  # two independent dependency chains
@@ -1065,20 +1070,19 @@ def make_group_dot_i8(layout: Layout, n_tok: int):
                         if gscale is not None:
                             isum = builder.mul(isum, gscale)
                         total = isum if total is None else builder.add(total, isum)
+                    fa, ma = faccs[tp // planes], maccs[tp // planes]
                     dx = builder.load(builder.gep(dps[t], [blk]))
                     dxv = em.splat(dx, VF)
-                    builder.store(em.fma(em.fmul(rb.d, dxv), builder.sitofp(total, VF), builder.load(faccs[t])),
-                                  faccs[t])
+                    builder.store(em.fma(em.fmul(rb.d, dxv), builder.sitofp(total, VF), builder.load(fa)), fa)
                     if has_m:
                         sx = builder.load(builder.gep(sps[t], [blk]))
-                        builder.store(em.fma(rb.m, em.splat(sx, VF), builder.load(maccs[t])), maccs[t])
+                        builder.store(em.fma(rb.m, em.splat(sx, VF), builder.load(ma)), ma)
                     if has_mins:
                         msum = None
                         for mj, sums in rb.mins:
                             v = builder.mul(mj, em.splat(xsum(t, blk, sums), VI))
                             msum = v if msum is None else builder.add(msum, v)
-                        builder.store(em.fma(em.fmul(rb.dmin, dxv), builder.sitofp(msum, VF),
-                                             builder.load(maccs[t])), maccs[t])
+                        builder.store(em.fma(em.fmul(rb.dmin, dxv), builder.sitofp(msum, VF), builder.load(ma)), ma)
             # the rows of this group that exist: a masked store (the last group may be partial)
             r0 = builder.mul(gv, ir.Constant(I64, R))
             left = builder.trunc(builder.sub(n_rows, r0), I32)

@@ -106,3 +106,44 @@ def quantize_q8_k(x):
                 xs[t, 16 * b + g] = s
             xd[t, b] = np.float32(1.0) / iscale
     return xq, xd, xs
+
+
+@jit.exact_kernel
+def quantize_planes(x, block):
+    """x (T, n) -> two 8-bit planes a token, for the default decode path's integer dots:
+    x ~= d_hi * q_hi + d_lo * q_lo per block of `block` (32, or 256 for the Q8_K types), q_hi
+    x's codes at scale amax / 127, q_lo those of what they leave (x - d_hi * q_hi) at its own
+    amax / 127: ~15 bits of x instead of 8, and a rounding that flips moves x by at most
+    d_lo / 2 (an 8-bit grid's flip moves it by d_hi). Returns (codes, scales, s) with token t's
+    planes in rows 2t and 2t + 1, as make_group_dot_i8(planes=2) reads them: codes (2T, n)
+    int8, scales (2T, n // block) float32 (not rounded to f16: no format to match), s (2T,
+    n // block) = d * sum(codes) (the m * s term of Q4_1 / Q5_1)."""
+    n_tok, n = x.shape
+    nb = n // block
+    xq = np.zeros((2 * n_tok, n), np.int8)
+    xd = np.zeros((2 * n_tok, nb), np.float32)
+    xs = np.zeros((2 * n_tok, nb), np.float32)
+    c127 = np.float32(127.0)
+    r = np.empty(block, np.float32)
+    for t in range(n_tok):
+        for b in range(nb):
+            for j in range(block):
+                r[j] = x[t, block * b + j]
+            for p in range(2):
+                amax = np.float32(0.0)
+                for j in range(block):
+                    amax = max(amax, abs(r[j]))
+                if not amax > 0:  # all zero (or NaN: the scale carries it)
+                    xd[2 * t + p, b] = amax
+                    continue
+                d = amax / c127
+                inv = c127 / amax
+                isum = 0
+                for j in range(block):
+                    q = int(np.rint(r[j] * inv))
+                    xq[2 * t + p, block * b + j] = q
+                    isum += q
+                    r[j] = r[j] - d * np.float32(q)
+                xd[2 * t + p, b] = d
+                xs[2 * t + p, b] = d * np.float32(isum)
+    return xq, xd, xs

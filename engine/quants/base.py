@@ -137,3 +137,8 @@ class QuantType:
     matvec_same_x_rp: Callable[[list, np.ndarray, list], None] | None = None
     matvec_multi_rp: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None
     matvec_multi_same_x_rp: Callable[[list, np.ndarray, list], None] | None = None
+    # the same over x in two 8-bit planes (_q8.quantize_planes: ~15 bits), the default path
+    matvec_rp16: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None
+    matvec_same_x_rp16: Callable[[list, np.ndarray, list], None] | None = None
+    matvec_multi_rp16: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None
+    matvec_multi_same_x_rp16: Callable[[list, np.ndarray, list], None] | None = None

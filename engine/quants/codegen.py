@@ -479,6 +479,102 @@ def matvec_multi_same_x_rp_$t(packs, x, outs):
     _kern.launch_matvec_multi_same_x(_matvec_multi_same_x_rp_$t, packs, x, outs)
 '''
 
+MATVEC_RP16 = '''\
+
+
+_g2dot1 = _ir.make_group_dot_i8(_layout, 1, planes=2)  # the same over x in two 8-bit planes
+_g2dot2 = _ir.make_group_dot_i8(_layout, 2, planes=2)
+_g2dot4 = _ir.make_group_dot_i8(_layout, 4, planes=2)
+
+
+@_parallel_kernel
+def _matvec_rp16_$t(pk0, pk1, pk2, x, out0, out1, out2):
+    \"\"\"out_i = W_i @ x for three $T weights repacked by repack_$t sharing x, by integer dots
+    against x in two 8-bit planes (_q8.quantize_planes), one launch over all their row groups.\"\"\"
+    R = _ir.rp_rows()
+    g0, g1, g2 = pk0.shape[0], pk1.shape[0], pk2.shape[0]
+    check_packed(g0, pk0.shape[1], out0.shape[0], x.shape[0], 1, 1, R, _BB, _BE)
+    check_packed(g1, pk1.shape[1], out1.shape[0], x.shape[0], 1, 1, R, _BB, _BE)
+    check_packed(g2, pk2.shape[1], out2.shape[0], x.shape[0], 1, 1, R, _BB, _BE)
+    x2 = x.reshape((1, x.shape[0]))
+    o0 = out0.reshape((1, out0.shape[0]))
+    o1 = out1.reshape((1, out1.shape[0]))
+    o2 = out2.reshape((1, out2.shape[0]))
+    xq, xd, xs = _q8.quantize_planes(x2, _BE)
+    xu = code_sums(xq, _SG)
+    for g in prange(g0 + g1 + g2):
+        if g < g0:
+            _g2dot1(pk0, g, xq, xd, xs, xu, o0, 0)
+        elif g < g0 + g1:
+            _g2dot1(pk1, g - g0, xq, xd, xs, xu, o1, 0)
+        else:
+            _g2dot1(pk2, g - g0 - g1, xq, xd, xs, xu, o2, 0)
+
+
+def matvec_rp16_$t(packed, x, out):
+    _kern.launch_matvec(_matvec_rp16_$t, packed, x, out)
+
+
+def matvec_same_x_rp16_$t(packs, x, outs):
+    _kern.launch_matvec_same_x(_matvec_rp16_$t, packs, x, outs)
+
+
+@_kernel
+def _rp16_tokens_$t(pk, g, xq, xd, xs, xu, out):
+    \"\"\"Row group g of pk for every token: four at a time, then two, then one.\"\"\"
+    n_tok = xq.shape[0] // 2  # two planes a token
+    t0 = 0
+    while n_tok - t0 >= 4:
+        _g2dot4(pk, g, xq, xd, xs, xu, out, t0)
+        t0 += 4
+    rem = n_tok - t0
+    if rem >= 2:
+        _g2dot2(pk, g, xq, xd, xs, xu, out, t0)
+        t0 += 2
+    if rem & 1:
+        _g2dot1(pk, g, xq, xd, xs, xu, out, t0)
+
+
+@_parallel_kernel
+def _matvec_multi_rp16_$t(pk, x, out):
+    \"\"\"out (T, n_rows) = x (T, n_cols) @ W.T for a $T weight repacked by repack_$t, by
+    integer dots, each token in two 8-bit planes; prange over row groups.\"\"\"
+    check_packed(pk.shape[0], pk.shape[1], out.shape[1], x.shape[1], x.shape[0], out.shape[0],
+                 _ir.rp_rows(), _BB, _BE)
+    xq, xd, xs = _q8.quantize_planes(x, _BE)
+    xu = code_sums(xq, _SG)
+    for g in prange(pk.shape[0]):
+        _rp16_tokens_$t(pk, g, xq, xd, xs, xu, out)
+
+
+def matvec_multi_rp16_$t(packed, x, out):
+    _kern.launch_matvec_multi(_matvec_multi_rp16_$t, packed, x, out)
+
+
+@_parallel_kernel
+def _matvec_multi_same_x_rp16_$t(pk0, pk1, pk2, x, out0, out1, out2):
+    \"\"\"out_i (T, n_i) = x (T, n_cols) @ W_i.T for three repacked $T weights sharing x, by
+    integer dots against x in two 8-bit planes (_q8.quantize_planes), one launch.\"\"\"
+    R = _ir.rp_rows()
+    g0, g1, g2 = pk0.shape[0], pk1.shape[0], pk2.shape[0]
+    check_packed(g0, pk0.shape[1], out0.shape[1], x.shape[1], x.shape[0], out0.shape[0], R, _BB, _BE)
+    check_packed(g1, pk1.shape[1], out1.shape[1], x.shape[1], x.shape[0], out1.shape[0], R, _BB, _BE)
+    check_packed(g2, pk2.shape[1], out2.shape[1], x.shape[1], x.shape[0], out2.shape[0], R, _BB, _BE)
+    xq, xd, xs = _q8.quantize_planes(x, _BE)
+    xu = code_sums(xq, _SG)
+    for g in prange(g0 + g1 + g2):
+        if g < g0:
+            _rp16_tokens_$t(pk0, g, xq, xd, xs, xu, out0)
+        elif g < g0 + g1:
+            _rp16_tokens_$t(pk1, g - g0, xq, xd, xs, xu, out1)
+        else:
+            _rp16_tokens_$t(pk2, g - g0 - g1, xq, xd, xs, xu, out2)
+
+
+def matvec_multi_same_x_rp16_$t(packs, x, outs):
+    _kern.launch_matvec_multi_same_x(_matvec_multi_same_x_rp16_$t, packs, x, outs)
+'''
+
 ENTRY = '''\
 
 
@@ -495,6 +591,8 @@ FAMILIES = (
     Family(("matvec_multi_same_x_i8",), MATVEC_MULTI_SAME_X_I8, int8=True),
     Family(("repack", "unpack", "matvec_rp", "matvec_same_x_rp"), MATVEC_RP, int8=True, rp=True),
     Family(("matvec_multi_rp", "matvec_multi_same_x_rp"), "", int8=True, rp=True),
+    Family(("matvec_rp16", "matvec_same_x_rp16"), MATVEC_RP16, int8=True, rp=True),
+    Family(("matvec_multi_rp16", "matvec_multi_same_x_rp16"), "", int8=True, rp=True),
 )
 
 

@@ -17,7 +17,7 @@ from .._kern import check_packed, check_shapes, code_sums, group_sums
 
 # These kernels contain code from those modules too: whether numba's cache may serve them
 # depends on their digest when this file was generated (see jit.generated_kernel).
-_parallel_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, q4_1), "1ea4983f14eec072")
+_parallel_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, q4_1), "9327f9527b81fcb0")
 
 _layout = q4_1.Q4_1Layout()
 _G, _BB, _BE = _layout.group, _layout.block_bytes, _layout.block_elems
@@ -257,7 +257,7 @@ def matvec_multi_same_x_i8_q4_1(raws, x, outs):
     _kern.launch_matvec_multi_same_x(_matvec_multi_same_x_i8_q4_1, raws, x, outs)
 
 
-_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, q4_1), "1ea4983f14eec072", parallel=False)
+_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, q4_1), "9327f9527b81fcb0", parallel=False)
 _SG = _layout.rp_sum_group  # x codes per sum of the offsets and mins
 _gdot1 = _ir.make_group_dot_i8(_layout, 1)  # llama.cpp's integer dots over R interleaved rows
 _gdot2 = _ir.make_group_dot_i8(_layout, 2)
@@ -368,6 +368,99 @@ def matvec_multi_same_x_rp_q4_1(packs, x, outs):
     _kern.launch_matvec_multi_same_x(_matvec_multi_same_x_rp_q4_1, packs, x, outs)
 
 
+_g2dot1 = _ir.make_group_dot_i8(_layout, 1, planes=2)  # the same over x in two 8-bit planes
+_g2dot2 = _ir.make_group_dot_i8(_layout, 2, planes=2)
+_g2dot4 = _ir.make_group_dot_i8(_layout, 4, planes=2)
+
+
+@_parallel_kernel
+def _matvec_rp16_q4_1(pk0, pk1, pk2, x, out0, out1, out2):
+    """out_i = W_i @ x for three Q4_1 weights repacked by repack_q4_1 sharing x, by integer dots
+    against x in two 8-bit planes (_q8.quantize_planes), one launch over all their row groups."""
+    R = _ir.rp_rows()
+    g0, g1, g2 = pk0.shape[0], pk1.shape[0], pk2.shape[0]
+    check_packed(g0, pk0.shape[1], out0.shape[0], x.shape[0], 1, 1, R, _BB, _BE)
+    check_packed(g1, pk1.shape[1], out1.shape[0], x.shape[0], 1, 1, R, _BB, _BE)
+    check_packed(g2, pk2.shape[1], out2.shape[0], x.shape[0], 1, 1, R, _BB, _BE)
+    x2 = x.reshape((1, x.shape[0]))
+    o0 = out0.reshape((1, out0.shape[0]))
+    o1 = out1.reshape((1, out1.shape[0]))
+    o2 = out2.reshape((1, out2.shape[0]))
+    xq, xd, xs = _q8.quantize_planes(x2, _BE)
+    xu = code_sums(xq, _SG)
+    for g in prange(g0 + g1 + g2):
+        if g < g0:
+            _g2dot1(pk0, g, xq, xd, xs, xu, o0, 0)
+        elif g < g0 + g1:
+            _g2dot1(pk1, g - g0, xq, xd, xs, xu, o1, 0)
+        else:
+            _g2dot1(pk2, g - g0 - g1, xq, xd, xs, xu, o2, 0)
+
+
+def matvec_rp16_q4_1(packed, x, out):
+    _kern.launch_matvec(_matvec_rp16_q4_1, packed, x, out)
+
+
+def matvec_same_x_rp16_q4_1(packs, x, outs):
+    _kern.launch_matvec_same_x(_matvec_rp16_q4_1, packs, x, outs)
+
+
+@_kernel
+def _rp16_tokens_q4_1(pk, g, xq, xd, xs, xu, out):
+    """Row group g of pk for every token: four at a time, then two, then one."""
+    n_tok = xq.shape[0] // 2  # two planes a token
+    t0 = 0
+    while n_tok - t0 >= 4:
+        _g2dot4(pk, g, xq, xd, xs, xu, out, t0)
+        t0 += 4
+    rem = n_tok - t0
+    if rem >= 2:
+        _g2dot2(pk, g, xq, xd, xs, xu, out, t0)
+        t0 += 2
+    if rem & 1:
+        _g2dot1(pk, g, xq, xd, xs, xu, out, t0)
+
+
+@_parallel_kernel
+def _matvec_multi_rp16_q4_1(pk, x, out):
+    """out (T, n_rows) = x (T, n_cols) @ W.T for a Q4_1 weight repacked by repack_q4_1, by
+    integer dots, each token in two 8-bit planes; prange over row groups."""
+    check_packed(pk.shape[0], pk.shape[1], out.shape[1], x.shape[1], x.shape[0], out.shape[0],
+                 _ir.rp_rows(), _BB, _BE)
+    xq, xd, xs = _q8.quantize_planes(x, _BE)
+    xu = code_sums(xq, _SG)
+    for g in prange(pk.shape[0]):
+        _rp16_tokens_q4_1(pk, g, xq, xd, xs, xu, out)
+
+
+def matvec_multi_rp16_q4_1(packed, x, out):
+    _kern.launch_matvec_multi(_matvec_multi_rp16_q4_1, packed, x, out)
+
+
+@_parallel_kernel
+def _matvec_multi_same_x_rp16_q4_1(pk0, pk1, pk2, x, out0, out1, out2):
+    """out_i (T, n_i) = x (T, n_cols) @ W_i.T for three repacked Q4_1 weights sharing x, by
+    integer dots against x in two 8-bit planes (_q8.quantize_planes), one launch."""
+    R = _ir.rp_rows()
+    g0, g1, g2 = pk0.shape[0], pk1.shape[0], pk2.shape[0]
+    check_packed(g0, pk0.shape[1], out0.shape[1], x.shape[1], x.shape[0], out0.shape[0], R, _BB, _BE)
+    check_packed(g1, pk1.shape[1], out1.shape[1], x.shape[1], x.shape[0], out1.shape[0], R, _BB, _BE)
+    check_packed(g2, pk2.shape[1], out2.shape[1], x.shape[1], x.shape[0], out2.shape[0], R, _BB, _BE)
+    xq, xd, xs = _q8.quantize_planes(x, _BE)
+    xu = code_sums(xq, _SG)
+    for g in prange(g0 + g1 + g2):
+        if g < g0:
+            _rp16_tokens_q4_1(pk0, g, xq, xd, xs, xu, out0)
+        elif g < g0 + g1:
+            _rp16_tokens_q4_1(pk1, g - g0, xq, xd, xs, xu, out1)
+        else:
+            _rp16_tokens_q4_1(pk2, g - g0 - g1, xq, xd, xs, xu, out2)
+
+
+def matvec_multi_same_x_rp16_q4_1(packs, x, outs):
+    _kern.launch_matvec_multi_same_x(_matvec_multi_same_x_rp16_q4_1, packs, x, outs)
+
+
 Q4_1 = _kern.quant_type(
     GGMLQuantizationType.Q4_1, _layout,
     matvec=matvec_q4_1, matvec_same_x=matvec_same_x_q4_1,
@@ -377,4 +470,6 @@ Q4_1 = _kern.quant_type(
     matvec_multi_same_x_i8=matvec_multi_same_x_i8_q4_1,
     repack=repack_q4_1, unpack=unpack_q4_1, matvec_rp=matvec_rp_q4_1, matvec_same_x_rp=matvec_same_x_rp_q4_1,
     matvec_multi_rp=matvec_multi_rp_q4_1, matvec_multi_same_x_rp=matvec_multi_same_x_rp_q4_1,
+    matvec_rp16=matvec_rp16_q4_1, matvec_same_x_rp16=matvec_same_x_rp16_q4_1,
+    matvec_multi_rp16=matvec_multi_rp16_q4_1, matvec_multi_same_x_rp16=matvec_multi_same_x_rp16_q4_1,
 )
