@@ -103,7 +103,7 @@ class MemoryFigures:
     rss_bytes: int = 0
     total_bytes: int = 0
     devices: tuple[DeviceShare, ...] = ()  # per device; the figures above are the sums
-    repacked_bytes: int = 0  # the int8 path's interleaved copies of the weights (in RAM)
+    repacked_bytes: int = 0  # of the weights, those held as interleaved copies (replacing mapped pages)
 
     @property
     def gpu_shares(self) -> tuple[DeviceShare, ...]:

@@ -43,13 +43,14 @@ class MemoryReport:
     # per device: the CPU's share, and a GPU's when layers are offloaded (-ngl); the top-level
     # byte counts above are the totals over all devices
     devices: tuple[DeviceMemory, ...] = ()
-    # the int8 path's row-interleaved copies of the weights, in RAM beside the mapped file
-    # (QTensor.packed; made on first use, so 0 on the float path)
+    # of the weights, those held as row-interleaved copies in RAM (QTensor.packed: the default
+    # and int8 decode paths make them on first use, 0 on the float path), whose mapped pages
+    # are let go: they replace the mapped bytes in RAM rather than add to them
     repacked_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
-        return self.weights_bytes + self.repacked_bytes + self.kv_bytes + self.compute_bytes + self.metadata_bytes
+        return self.weights_bytes + self.kv_bytes + self.compute_bytes + self.metadata_bytes
 
     @property
     def host_bytes(self) -> int:

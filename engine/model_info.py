@@ -73,7 +73,7 @@ class ModelInfo:
         kw.setdefault("layer_weights_bytes", self.layer_weights_bytes)
         kw.setdefault("output_weights_bytes", self.output_weights_bytes)
         kw.setdefault("output_tied_bytes", self.output_tied_bytes)
-        kw.setdefault("repacked_bytes", self.repackable_bytes if quants.int8_enabled() else 0)
+        kw.setdefault("repacked_bytes", self.repackable_bytes if quants.decode_path() != "float" else 0)
         return estimate_memory(self.cfg, self.weights_bytes, self.n_tensors, **kw)
 
 

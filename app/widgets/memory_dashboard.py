@@ -159,10 +159,12 @@ class MemoryDashboard(QWidget):
     def set_figures(self, fig: MemoryFigures) -> None:
         self.figures = fig
         resident = min(fig.weights_resident_bytes, fig.weights_bytes)  # smaps counts the header too
-        mapped_only = fig.weights_bytes - resident
-        repacked = f" · {human_bytes(fig.repacked_bytes)} repacked for int8" if fig.repacked_bytes else ""
-        self._set_figure("Weights", fig.weights_bytes + fig.repacked_bytes,
-                         f"{human_bytes(fig.weights_resident_bytes)} resident{repacked}")
+        repacked = min(fig.repacked_bytes, fig.weights_bytes - resident)  # held in RAM instead of mapped
+        mapped_only = fig.weights_bytes - resident - repacked
+        detail = f"{human_bytes(fig.weights_resident_bytes)} resident"
+        if fig.repacked_bytes:
+            detail = f"{human_bytes(fig.repacked_bytes)} repacked · {human_bytes(fig.weights_resident_bytes)} mapped"
+        self._set_figure("Weights", fig.weights_bytes, detail)
         self._set_figure("KV cache", fig.kv_bytes, f"{human_bytes(fig.kv_used_bytes)} in use")
         self._set_figure("Compute buffer", fig.compute_bytes, "allocated once")
         self._set_figure("Metadata", fig.metadata_bytes, "tensor descriptors")
@@ -171,7 +173,7 @@ class MemoryDashboard(QWidget):
         self.bar.set_segments([
             Segment("Weights resident", resident, COLOURS["weights"]),
             Segment("Weights mapped, not resident", mapped_only, COLOURS["weights"], hatched=True),
-            Segment("Weights repacked (int8)", fig.repacked_bytes, COLOURS["weights"]),
+            Segment("Weights repacked", repacked, COLOURS["weights"]),
             Segment("KV in use", fig.kv_used_bytes, COLOURS["kv"]),
             Segment("KV free", max(fig.kv_bytes - fig.kv_used_bytes, 0), COLOURS["kv_free"]),
             Segment("Compute", fig.compute_bytes, COLOURS["compute"]),

@@ -102,14 +102,17 @@ def test_unusable_file_is_listed_with_reason(window, qtbot, tmp_path):
     assert not window.picker.load_panel.load_button.isEnabled()
 
 
-def test_dashboard_shows_the_int8_repacked_copies(window):
-    """The int8 path's interleaved weight copies are RAM of their own: in the weights figure
-    and its detail, and a segment of the bar; nothing said of them on the float path."""
+def test_dashboard_shows_the_repacked_copies(window):
+    """The weights held as interleaved copies (the default decode path's) replace their mapped
+    pages in RAM: said in the weights figure's detail and drawn as their own segment, the
+    mapped-but-not-resident rest shrinking by as much; nothing said of them on the float path."""
     d = window.dashboard
     d.set_figures(MemoryFigures(weights_bytes=100 << 20, weights_resident_bytes=90 << 20, total_bytes=100 << 20))
     assert "repacked" not in d.figure_labels["Weights.detail"].text()
-    d.set_figures(MemoryFigures(weights_bytes=100 << 20, weights_resident_bytes=90 << 20,
-                                repacked_bytes=95 << 20, total_bytes=195 << 20))
-    assert d.figure_labels["Weights"].text() == human_bytes(195 << 20)
-    assert "95" in d.figure_labels["Weights.detail"].text() and "repacked" in d.figure_labels["Weights.detail"].text()
-    assert {s.label: s.value for s in d.bar.segments}["Weights repacked (int8)"] == 95 << 20
+    d.set_figures(MemoryFigures(weights_bytes=100 << 20, weights_resident_bytes=3 << 20,
+                                repacked_bytes=95 << 20, total_bytes=100 << 20))
+    assert d.figure_labels["Weights"].text() == human_bytes(100 << 20)
+    assert human_bytes(95 << 20) in d.figure_labels["Weights.detail"].text()
+    segments = {s.label: s.value for s in d.bar.segments}
+    assert segments["Weights repacked"] == 95 << 20
+    assert segments["Weights mapped, not resident"] == 2 << 20
