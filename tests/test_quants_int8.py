@@ -215,10 +215,12 @@ def test_int8_close_to_float_path(qtype):
 
 
 def test_int8_switch():
-    """GGSTATION_INT8 turns the int8 path on (the default is off), GGSTATION_NO_INT8 forces it off."""
-    code = ("from engine import quants, jit; print(jit.INT8, quants.int8_enabled())")
-    for on, off, want in (("", "", "False False"), ("1", "", "True True"), ("0", "", "False False"),
-                          ("1", "1", "False False"), ("1", "0", "True True"), ("", "1", "False False")):
+    """GGSTATION_INT8 turns the int8 path on (the default is the two-plane path, "x16"),
+    GGSTATION_NO_INT8 the float oracle, whatever GGSTATION_INT8 says."""
+    code = ("from engine import quants, jit; print(jit.INT8, quants.int8_enabled(), quants.decode_path())")
+    for on, off, want in (("", "", "False False x16"), ("1", "", "True True int8"), ("0", "", "False False x16"),
+                          ("1", "1", "False False float"), ("1", "0", "True True int8"),
+                          ("", "1", "False False float")):
         env = {k: v for k, v in os.environ.items() if k not in ("GGSTATION_INT8", "GGSTATION_NO_INT8")}
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            env={**env, "GGSTATION_INT8": on, "GGSTATION_NO_INT8": off}, check=True)
@@ -331,4 +333,4 @@ def test_int8_flags():
         args = parse_args(parser, [cmd, "-m", "smollm2", "--int8", *extra])
         assert args.int8 is True and quants.int8_enabled(), cmd
         args = parse_args(parser, [cmd, "-m", "smollm2", "--int8", "--no-int8", *extra])
-        assert args.int8 is False and not quants.int8_enabled(), cmd
+        assert args.int8 is False and quants.decode_path() == "float", cmd

@@ -286,7 +286,7 @@ def test_prefill_reads_the_copy_once_the_mapped_rows_are_let_go(tmp_path):
     path = write_tiny_model(tmp_path / "q41.gguf", "llama", n_layer=2, n_embd=256, n_ff=512, qtype=T.Q4_1)
     model = load_model(path)
     ctx = Context(model, ContextParams(n_ctx=64))
-    tokens = [1, 5, 9, 2, 7, 3, 8, 4, 6, 10, 11, 12]  # more than MATVEC_MAX_TOKENS: BLAS tiles
+    tokens = [1, 5, 9, 2, 7, 3, 8, 4, 6, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]  # BLAS tiles
     assert len(tokens) > quants.MATVEC_MAX_TOKENS
     before = ctx.decode(Batch.for_sequence(tokens, 0, logits_all=True)).copy()
     assert model.repacked_bytes == 0  # the prefill alone makes no copy
@@ -299,3 +299,73 @@ def test_prefill_reads_the_copy_once_the_mapped_rows_are_let_go(tmp_path):
     ctx.kv.clear()
     after = ctx.decode(Batch.for_sequence(tokens, 0, logits_all=True))
     assert np.array_equal(after, before)
+
+
+def test_two_planes_hold_x_to_fifteen_bits():
+    """quantize_planes: d_hi q_hi + d_lo q_lo gives x back to amax / 2**16 a block (8 bits alone:
+    amax / 254); zero blocks give zero scales and codes; each plane's s is d times its codes' sum."""
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal((3, 512)) * rng.uniform(1e-4, 50, (3, 1))).astype(F32)
+    x[1, 64:96] = 0
+    for block in (32, 256):
+        q, d, s = _q8.quantize_planes(x, block)
+        assert q.shape == (6, 512) and d.shape == s.shape == (6, 512 // block)
+        for t in range(3):
+            rec = sum((q[2 * t + p].reshape(-1, block).astype(np.float64) * d[2 * t + p][:, None]) for p in range(2))
+            amax = np.abs(x[t]).reshape(-1, block).max(-1, keepdims=True)
+            assert (np.abs(rec - x[t].reshape(-1, block)) <= amax / 2**15 + 1e-30).all()
+            for p in range(2):
+                codes = q[2 * t + p].reshape(-1, block).astype(np.int64).sum(-1)
+                np.testing.assert_allclose(s[2 * t + p], d[2 * t + p] * codes, rtol=1e-6)
+        if block == 32:
+            assert (d[2:4, 2] == 0).all() and (q[2:4, 64:96] == 0).all()
+
+
+@pytest.mark.parametrize("qtype", RP_TYPES, ids=lambda t: t.name)
+def test_default_path_is_float_grade(qtype):
+    """The default path (two planes against the interleaved copy) against the exact float64
+    product: within 2e-5 of the sum of the terms' magnitudes, where the 8-bit path is ~1e-3
+    off; one token gives the same bits alone or in a batch."""
+    from engine.quants.reference import dequant_ref
+
+    assert quants.decode_path() == "x16"
+    w = make_tensor(qtype, 29, _cols(qtype), seed=8)
+    x = np.random.default_rng(9).standard_normal((5, w.n_cols)).astype(F32)
+    wf = dequant_ref(w.raw, qtype).astype(np.float64)
+    ref, scale = x.astype(np.float64) @ wf.T, np.abs(x).astype(np.float64) @ np.abs(wf).T
+    out = np.full((5, 29), np.nan, F32)
+    quants.matvec_multi(w, x, out)
+    assert (np.abs(out - ref) <= 2e-5 * scale).all()
+    one = np.full(29, np.nan, F32)
+    quants.matvec(w, x[2], one)
+    assert (one == out[2]).all()
+    quants.set_decode_path("int8")
+    quants.matvec_multi(w, x, out)
+    assert (np.abs(out - ref) > 1e-4 * scale).any()  # 8 bits: the two planes do matter
+
+
+@pytest.mark.parametrize("path", ["x16", "float"])
+def test_a_short_prompt_gives_the_bits_of_its_tokens_decoded_one_by_one(tmp_path, path, monkeypatch):
+    """Up to MATVEC_MAX_TOKENS tokens a ubatch runs the decode kernels, which compute each
+    token alone: the prompt's last logits, and every token after it, are the same bits whether
+    the prompt was prefilled or its last token decoded after a cached prefix (what a server's
+    prompt cache does)."""
+    from engine.batch import Batch
+    from engine.context import Context, ContextParams
+    from engine.model import load_model
+    from tests.ggufgen import write_tiny_model
+
+    monkeypatch.setenv("GGSTATION_STEP", "1")
+    quants.set_decode_path(path)
+    model = load_model(write_tiny_model(tmp_path / "m.gguf", "llama", n_layer=2, n_embd=256, n_ff=512, qtype=T.Q4_0))
+    ctx = Context(model, ContextParams(n_ctx=64))
+    prompt = [1, 7, 3, 9, 4, 12, 5, 8, 2, 11, 6]
+    assert 8 < len(prompt) <= quants.MATVEC_MAX_TOKENS
+    a = [ctx.decode(Batch.for_sequence(prompt, 0))[0].copy()]
+    a += [ctx.decode(Batch.for_sequence([t], len(prompt) + i))[0].copy() for i, t in enumerate((4, 9, 1))]
+    ctx.kv.clear()
+    ctx.decode(Batch.for_sequence(prompt[:-1], 0))
+    b = [ctx.decode(Batch.for_sequence(prompt[-1:], len(prompt) - 1))[0].copy()]
+    b += [ctx.decode(Batch.for_sequence([t], len(prompt) + i))[0].copy() for i, t in enumerate((4, 9, 1))]
+    for x, y in zip(a, b, strict=True):
+        assert np.array_equal(x, y)

@@ -362,7 +362,8 @@ def render(spec: StepSpec, lw, kdtype: np.dtype, vdtype: np.dtype, path: str, mu
         store_k=store[np.dtype(kdtype)], store_v=store[np.dtype(vdtype)],
         mv_o=src.name(_multi_kernel(lw.attn_output, path)),
         post_attn=post_attn, residual=residual, ffn=ffn)
-    key = f"{spec} k={np.dtype(kdtype)} v={np.dtype(vdtype)} path={path} tokens={'2-8' if multi else 1}"
+    tokens = f"2-{MATVEC_MAX_TOKENS}" if multi else "1"
+    key = f"{spec} k={np.dtype(kdtype)} v={np.dtype(vdtype)} path={path} tokens={tokens}"
     return _HEADER.format(key=key, imports=src.imports(), pre_attn=pre_attn, qkv=qkv) + body
 
 

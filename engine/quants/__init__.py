@@ -50,9 +50,13 @@ QUANT_TYPES: dict[GGMLQuantizationType, QuantType] = {qt.qtype: qt for qt in ENT
 
 SUPPORTED = frozenset(QUANT_TYPES)
 
-# Up to this many tokens the quantised mat-vec (weights decoded once for all tokens) beats
-# dequantise + BLAS (measured: ~equal at 12-16 tokens; OpenBLAS sgemm is slow for thin x).
-MATVEC_MAX_TOKENS = 8
+# Up to this many tokens a ubatch runs the decode kernels (weights decoded once for all tokens)
+# rather than dequantise + BLAS: the float mat-vec is ~equal to BLAS at 12-16 tokens (OpenBLAS
+# sgemm is slow for thin x), the interleaved kernels faster; and the same kernels per token make
+# a prompt of up to this many tokens give the bits of the same tokens decoded one by one, as
+# llama.cpp's do (a cached prompt then changes no sampled token: llama.cpp's server test
+# test_n_probs_post_backend_sampling compares the two).
+MATVEC_MAX_TOKENS = 16
 # Most rows dequantised per BLAS tile in matmul (bounds the scratch: TILE_ROWS * n_cols floats).
 TILE_ROWS = 1024
 # Tile size in bytes of float32 weights: small tiles for thin batches, ~L2-sized for prefill
