@@ -38,6 +38,12 @@ bench_quants.py --int8-vs-float). With AVX-512 (AVX512BW) the integer dots run o
 adds to a row: several slots decoding together cost less per token (make_row_dot_i8). The
 float form (make_row_dot) is the oracle and serves GGSTATION_NO_INT8=1 and the dense types.
 
+Types whose Layout has a row-interleaved form (rp_fields, rp_block) decode instead through
+make_group_dot_i8, on a copy of the weights with R rows side by side (_kern.repack_rows): one
+integer dot serves R rows, the scales are vectors, there are no horizontal sums. It runs the
+int8 path (x in llama.cpp's Q8 blocks) and the default one (x in two 8-bit planes a block,
+_q8.quantize_planes: float-grade at integer speed).
+
 Caching: numba keys a cached kernel on its own module's source, not on this file, so the
 generated kernel modules (engine/quants/generated/) embed a digest of this file, _kern.py and
 their layout module; after editing any of them run `python -m engine.quants.codegen` (until
