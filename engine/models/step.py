@@ -227,40 +227,34 @@ def _step_rows(w: QTensor, path: str) -> np.ndarray:
     return _raw_rows(w.raw)
 
 
-def _same_x_kernel(w: QTensor, path: str) -> tuple[str, str]:
-    """(module, name) of the njit kernel behind w's fused 1..3-weight mat-vec on the decode path,
-    as quants.matvec_many takes it (interleaved copy, int8 rows or float)."""
+def _wrapper(w: QTensor, path: str, op: str):
+    """The public wrapper of QuantType op ("matvec_same_x", "matvec_multi", ...) that quants
+    runs for w on the decode path: the interleaved copy's (_rp / _rp16), the int8 rows' (_i8),
+    else the float one. None when the type has no such op."""
     qt = QUANT_TYPES[w.qtype]
-    i8 = path == "int8"
     if _rp(w, path):
-        f = qt.matvec_same_x_rp if i8 else qt.matvec_same_x_rp16
-    else:
-        f = qt.matvec_same_x_i8 if i8 and qt.matvec_same_x_i8 is not None else qt.matvec_same_x
-    assert f is not None
+        return getattr(qt, f"{op}_rp" if path == "int8" else f"{op}_rp16")
+    i8 = getattr(qt, f"{op}_i8") if path == "int8" else None
+    return i8 if i8 is not None else getattr(qt, op)
+
+
+def _same_x_kernel(w: QTensor, path: str) -> tuple[str, str]:
+    """(module, name) of the njit kernel behind w's fused 1..3-weight mat-vec on the decode path
+    (quants.matvec_many)."""
+    f = _wrapper(w, path, "matvec_same_x")
     return f.__module__, "_" + f.__name__.replace("_same_x", "")
 
 
 def _multi_same_x_kernel(w: QTensor, path: str) -> tuple[str, str] | None:
     """(module, name) of the kernel behind w's fused multi-token mat-vec of 1..3 weights
     (quants.matvec_multi_many), None when the type has none."""
-    qt = QUANT_TYPES[w.qtype]
-    i8 = path == "int8"
-    if _rp(w, path):
-        f = qt.matvec_multi_same_x_rp if i8 else qt.matvec_multi_same_x_rp16
-    else:
-        f = qt.matvec_multi_same_x_i8 if i8 and qt.matvec_multi_same_x_i8 is not None else qt.matvec_multi_same_x
+    f = _wrapper(w, path, "matvec_multi_same_x")
     return None if f is None else (f.__module__, "_" + f.__name__)
 
 
 def _multi_kernel(w: QTensor, path: str) -> tuple[str, str]:
     """(module, name) of the njit kernel behind quants.matvec_multi for w."""
-    qt = QUANT_TYPES[w.qtype]
-    i8 = path == "int8"
-    if _rp(w, path):
-        f = qt.matvec_multi_rp if i8 else qt.matvec_multi_rp16
-    else:
-        f = qt.matvec_multi_i8 if i8 and qt.matvec_multi_i8 is not None else qt.matvec_multi
-    assert f is not None
+    f = _wrapper(w, path, "matvec_multi")
     return f.__module__, "_" + f.__name__
 
 

@@ -52,9 +52,11 @@ class TypeSpec:
     # llama.cpp's vec_dot_type: the activation quantiser of the int8 path (_q8.quantize_<it>);
     # "" for the dense types, which have no int8 path
     vec_dot: str = ""
-    # whether its Layout has a row-interleaved form (rp_fields, rp_block): the int8 path's
-    # kernels over repacked weights (make_group_dot_i8)
+    # whether its Layout has a row-interleaved form (rp_fields, rp_block): the default and int8
+    # paths' kernels over repacked weights (make_group_dot_i8)
     rp: bool = False
+    # other layout modules its layout borrows code from (compiled into its kernels too)
+    also: tuple[str, ...] = ()
 
     @property
     def t(self) -> str:
@@ -64,13 +66,13 @@ class TypeSpec:
     @property
     def deps(self) -> tuple[str, ...]:
         """Modules (in engine/quants) whose code is compiled into this type's kernels."""
-        return ("_ir", "_kern", "_q8", self.module) if self.vec_dot else ("_ir", "_kern", self.module)
+        return ("_ir", "_kern", "_q8", self.module, *self.also) if self.vec_dot else ("_ir", "_kern", self.module)
 
 
 TYPES = (
     TypeSpec("F32", "dense"), TypeSpec("F16", "dense"), TypeSpec("BF16", "dense"),
     TypeSpec("Q4_0", "q4_0", "q8_0", rp=True), TypeSpec("Q4_1", "q4_1", "q8_1", rp=True),
-    TypeSpec("Q5_0", "q5_0", "q8_0", rp=True), TypeSpec("Q5_1", "q5_1", "q8_1", rp=True),
+    TypeSpec("Q5_0", "q5_0", "q8_0", rp=True), TypeSpec("Q5_1", "q5_1", "q8_1", rp=True, also=("q5_0",)),
     TypeSpec("Q8_0", "q8_0", "q8_0", rp=True),
     TypeSpec("Q2_K", "k_quants", "q8_k"), TypeSpec("Q3_K", "k_quants", "q8_k"),
     TypeSpec("Q4_K", "k_quants", "q8_k", rp=True), TypeSpec("Q5_K", "k_quants", "q8_k"),
@@ -105,7 +107,7 @@ from gguf import GGMLQuantizationType
 from numba import prange
 
 from ... import jit
-from .. import $deps
+from .. import $imports
 from .._kern import $kern_imports
 
 # These kernels contain code from those modules too: whether numba's cache may serve them
@@ -391,10 +393,15 @@ def unpack_$t(packed, r0, r1):
     return _kern.unpack_rows(_layout, packed, _rp_rows_$t(), r0, r1)
 
 
+'''
+
+# the kernels over the interleaved copy, once per form of x: llama.cpp's Q8 blocks ("rp",
+# the int8 path) and two 8-bit planes a block ("rp16", the default; _q8.quantize_planes)
+RP_KERNELS = '''\
 @_parallel_kernel
-def _matvec_rp_$t(pk0, pk1, pk2, x, out0, out1, out2):
+def _matvec_${v}_$t(pk0, pk1, pk2, x, out0, out1, out2):
     \"\"\"out_i = W_i @ x for three $T weights repacked by repack_$t sharing x, by integer dots
-    against x quantised once to $vec_dot, one launch over all their row groups.\"\"\"
+    against x ${xdesc}, one launch over all their row groups.\"\"\"
     R = _ir.rp_rows()
     g0, g1, g2 = pk0.shape[0], pk1.shape[0], pk2.shape[0]
     check_packed(g0, pk0.shape[1], out0.shape[0], x.shape[0], 1, 1, R, _BB, _BE)
@@ -404,176 +411,92 @@ def _matvec_rp_$t(pk0, pk1, pk2, x, out0, out1, out2):
     o0 = out0.reshape((1, out0.shape[0]))
     o1 = out1.reshape((1, out1.shape[0]))
     o2 = out2.reshape((1, out2.shape[0]))
-    xq, xd, xs = _q8.quantize_$vec_dot(x2)
+    xq, xd, xs = ${quant}(x2${qarg})
     xu = code_sums(xq, _SG)
     for g in prange(g0 + g1 + g2):
         if g < g0:
-            _gdot1(pk0, g, xq, xd, xs, xu, o0, 0)
+            _${gd}1(pk0, g, xq, xd, xs, xu, o0, 0)
         elif g < g0 + g1:
-            _gdot1(pk1, g - g0, xq, xd, xs, xu, o1, 0)
+            _${gd}1(pk1, g - g0, xq, xd, xs, xu, o1, 0)
         else:
-            _gdot1(pk2, g - g0 - g1, xq, xd, xs, xu, o2, 0)
+            _${gd}1(pk2, g - g0 - g1, xq, xd, xs, xu, o2, 0)
 
 
-def matvec_rp_$t(packed, x, out):
-    _kern.launch_matvec(_matvec_rp_$t, packed, x, out)
+def matvec_${v}_$t(packed, x, out):
+    _kern.launch_matvec(_matvec_${v}_$t, packed, x, out)
 
 
-def matvec_same_x_rp_$t(packs, x, outs):
-    _kern.launch_matvec_same_x(_matvec_rp_$t, packs, x, outs)
+def matvec_same_x_${v}_$t(packs, x, outs):
+    _kern.launch_matvec_same_x(_matvec_${v}_$t, packs, x, outs)
 
 
 @_kernel
-def _rp_tokens_$t(pk, g, xq, xd, xs, xu, out):
+def _${v}_tokens_$t(pk, g, xq, xd, xs, xu, out):
     \"\"\"Row group g of pk for every token: four at a time, then two, then one.\"\"\"
-    n_tok = xq.shape[0]
+    n_tok = xq.shape[0] // ${planes}  # xq's rows a token
     t0 = 0
     while n_tok - t0 >= 4:
-        _gdot4(pk, g, xq, xd, xs, xu, out, t0)
+        _${gd}4(pk, g, xq, xd, xs, xu, out, t0)
         t0 += 4
     rem = n_tok - t0
     if rem >= 2:
-        _gdot2(pk, g, xq, xd, xs, xu, out, t0)
+        _${gd}2(pk, g, xq, xd, xs, xu, out, t0)
         t0 += 2
     if rem & 1:
-        _gdot1(pk, g, xq, xd, xs, xu, out, t0)
+        _${gd}1(pk, g, xq, xd, xs, xu, out, t0)
 
 
 @_parallel_kernel
-def _matvec_multi_rp_$t(pk, x, out):
+def _matvec_multi_${v}_$t(pk, x, out):
     \"\"\"out (T, n_rows) = x (T, n_cols) @ W.T for a $T weight repacked by repack_$t, by
-    integer dots, each token quantised to $vec_dot; prange over row groups.\"\"\"
+    integer dots, each token ${xdesc}; prange over row groups.\"\"\"
     check_packed(pk.shape[0], pk.shape[1], out.shape[1], x.shape[1], x.shape[0], out.shape[0],
                  _ir.rp_rows(), _BB, _BE)
-    xq, xd, xs = _q8.quantize_$vec_dot(x)
+    xq, xd, xs = ${quant}(x${qarg})
     xu = code_sums(xq, _SG)
     for g in prange(pk.shape[0]):
-        _rp_tokens_$t(pk, g, xq, xd, xs, xu, out)
+        _${v}_tokens_$t(pk, g, xq, xd, xs, xu, out)
 
 
-def matvec_multi_rp_$t(packed, x, out):
-    _kern.launch_matvec_multi(_matvec_multi_rp_$t, packed, x, out)
+def matvec_multi_${v}_$t(packed, x, out):
+    _kern.launch_matvec_multi(_matvec_multi_${v}_$t, packed, x, out)
 
 
 @_parallel_kernel
-def _matvec_multi_same_x_rp_$t(pk0, pk1, pk2, x, out0, out1, out2):
+def _matvec_multi_same_x_${v}_$t(pk0, pk1, pk2, x, out0, out1, out2):
     \"\"\"out_i (T, n_i) = x (T, n_cols) @ W_i.T for three repacked $T weights sharing x, by
-    integer dots against x quantised once to $vec_dot, one launch.\"\"\"
+    integer dots against x ${xdesc}, one launch.\"\"\"
     R = _ir.rp_rows()
     g0, g1, g2 = pk0.shape[0], pk1.shape[0], pk2.shape[0]
     check_packed(g0, pk0.shape[1], out0.shape[1], x.shape[1], x.shape[0], out0.shape[0], R, _BB, _BE)
     check_packed(g1, pk1.shape[1], out1.shape[1], x.shape[1], x.shape[0], out1.shape[0], R, _BB, _BE)
     check_packed(g2, pk2.shape[1], out2.shape[1], x.shape[1], x.shape[0], out2.shape[0], R, _BB, _BE)
-    xq, xd, xs = _q8.quantize_$vec_dot(x)
+    xq, xd, xs = ${quant}(x${qarg})
     xu = code_sums(xq, _SG)
     for g in prange(g0 + g1 + g2):
         if g < g0:
-            _rp_tokens_$t(pk0, g, xq, xd, xs, xu, out0)
+            _${v}_tokens_$t(pk0, g, xq, xd, xs, xu, out0)
         elif g < g0 + g1:
-            _rp_tokens_$t(pk1, g - g0, xq, xd, xs, xu, out1)
+            _${v}_tokens_$t(pk1, g - g0, xq, xd, xs, xu, out1)
         else:
-            _rp_tokens_$t(pk2, g - g0 - g1, xq, xd, xs, xu, out2)
+            _${v}_tokens_$t(pk2, g - g0 - g1, xq, xd, xs, xu, out2)
 
 
-def matvec_multi_same_x_rp_$t(packs, x, outs):
-    _kern.launch_matvec_multi_same_x(_matvec_multi_same_x_rp_$t, packs, x, outs)
+def matvec_multi_same_x_${v}_$t(packs, x, outs):
+    _kern.launch_matvec_multi_same_x(_matvec_multi_same_x_${v}_$t, packs, x, outs)
 '''
 
-MATVEC_RP16 = '''\
-
-
+_GDOT16 = '''\
 _g2dot1 = _ir.make_group_dot_i8(_layout, 1, planes=2)  # the same over x in two 8-bit planes
 _g2dot2 = _ir.make_group_dot_i8(_layout, 2, planes=2)
 _g2dot4 = _ir.make_group_dot_i8(_layout, 4, planes=2)
 
 
-@_parallel_kernel
-def _matvec_rp16_$t(pk0, pk1, pk2, x, out0, out1, out2):
-    \"\"\"out_i = W_i @ x for three $T weights repacked by repack_$t sharing x, by integer dots
-    against x in two 8-bit planes (_q8.quantize_planes), one launch over all their row groups.\"\"\"
-    R = _ir.rp_rows()
-    g0, g1, g2 = pk0.shape[0], pk1.shape[0], pk2.shape[0]
-    check_packed(g0, pk0.shape[1], out0.shape[0], x.shape[0], 1, 1, R, _BB, _BE)
-    check_packed(g1, pk1.shape[1], out1.shape[0], x.shape[0], 1, 1, R, _BB, _BE)
-    check_packed(g2, pk2.shape[1], out2.shape[0], x.shape[0], 1, 1, R, _BB, _BE)
-    x2 = x.reshape((1, x.shape[0]))
-    o0 = out0.reshape((1, out0.shape[0]))
-    o1 = out1.reshape((1, out1.shape[0]))
-    o2 = out2.reshape((1, out2.shape[0]))
-    xq, xd, xs = _q8.quantize_planes(x2, _BE)
-    xu = code_sums(xq, _SG)
-    for g in prange(g0 + g1 + g2):
-        if g < g0:
-            _g2dot1(pk0, g, xq, xd, xs, xu, o0, 0)
-        elif g < g0 + g1:
-            _g2dot1(pk1, g - g0, xq, xd, xs, xu, o1, 0)
-        else:
-            _g2dot1(pk2, g - g0 - g1, xq, xd, xs, xu, o2, 0)
-
-
-def matvec_rp16_$t(packed, x, out):
-    _kern.launch_matvec(_matvec_rp16_$t, packed, x, out)
-
-
-def matvec_same_x_rp16_$t(packs, x, outs):
-    _kern.launch_matvec_same_x(_matvec_rp16_$t, packs, x, outs)
-
-
-@_kernel
-def _rp16_tokens_$t(pk, g, xq, xd, xs, xu, out):
-    \"\"\"Row group g of pk for every token: four at a time, then two, then one.\"\"\"
-    n_tok = xq.shape[0] // 2  # two planes a token
-    t0 = 0
-    while n_tok - t0 >= 4:
-        _g2dot4(pk, g, xq, xd, xs, xu, out, t0)
-        t0 += 4
-    rem = n_tok - t0
-    if rem >= 2:
-        _g2dot2(pk, g, xq, xd, xs, xu, out, t0)
-        t0 += 2
-    if rem & 1:
-        _g2dot1(pk, g, xq, xd, xs, xu, out, t0)
-
-
-@_parallel_kernel
-def _matvec_multi_rp16_$t(pk, x, out):
-    \"\"\"out (T, n_rows) = x (T, n_cols) @ W.T for a $T weight repacked by repack_$t, by
-    integer dots, each token in two 8-bit planes; prange over row groups.\"\"\"
-    check_packed(pk.shape[0], pk.shape[1], out.shape[1], x.shape[1], x.shape[0], out.shape[0],
-                 _ir.rp_rows(), _BB, _BE)
-    xq, xd, xs = _q8.quantize_planes(x, _BE)
-    xu = code_sums(xq, _SG)
-    for g in prange(pk.shape[0]):
-        _rp16_tokens_$t(pk, g, xq, xd, xs, xu, out)
-
-
-def matvec_multi_rp16_$t(packed, x, out):
-    _kern.launch_matvec_multi(_matvec_multi_rp16_$t, packed, x, out)
-
-
-@_parallel_kernel
-def _matvec_multi_same_x_rp16_$t(pk0, pk1, pk2, x, out0, out1, out2):
-    \"\"\"out_i (T, n_i) = x (T, n_cols) @ W_i.T for three repacked $T weights sharing x, by
-    integer dots against x in two 8-bit planes (_q8.quantize_planes), one launch.\"\"\"
-    R = _ir.rp_rows()
-    g0, g1, g2 = pk0.shape[0], pk1.shape[0], pk2.shape[0]
-    check_packed(g0, pk0.shape[1], out0.shape[1], x.shape[1], x.shape[0], out0.shape[0], R, _BB, _BE)
-    check_packed(g1, pk1.shape[1], out1.shape[1], x.shape[1], x.shape[0], out1.shape[0], R, _BB, _BE)
-    check_packed(g2, pk2.shape[1], out2.shape[1], x.shape[1], x.shape[0], out2.shape[0], R, _BB, _BE)
-    xq, xd, xs = _q8.quantize_planes(x, _BE)
-    xu = code_sums(xq, _SG)
-    for g in prange(g0 + g1 + g2):
-        if g < g0:
-            _rp16_tokens_$t(pk0, g, xq, xd, xs, xu, out0)
-        elif g < g0 + g1:
-            _rp16_tokens_$t(pk1, g - g0, xq, xd, xs, xu, out1)
-        else:
-            _rp16_tokens_$t(pk2, g - g0 - g1, xq, xd, xs, xu, out2)
-
-
-def matvec_multi_same_x_rp16_$t(packs, x, outs):
-    _kern.launch_matvec_multi_same_x(_matvec_multi_same_x_rp16_$t, packs, x, outs)
 '''
+MATVEC_RP_KERNELS = Template(RP_KERNELS).safe_substitute(
+    v="rp", gd="gdot", quant="_q8.quantize_$vec_dot", qarg="", xdesc="quantised once to $vec_dot", planes=1)
+MATVEC_RP16 = "\n\n" + _GDOT16 + Template(RP_KERNELS).safe_substitute(
+    v="rp16", gd="g2dot", quant="_q8.quantize_planes", qarg=", _BE", xdesc="in two 8-bit planes", planes=2)
 
 ENTRY = '''\
 
@@ -589,7 +512,7 @@ FAMILIES = (
     Family(("dequant", "get_rows"), DEQUANT),
     Family(("matvec_i8", "matvec_same_x_i8", "matvec_multi_i8"), MATVEC_I8, int8=True),
     Family(("matvec_multi_same_x_i8",), MATVEC_MULTI_SAME_X_I8, int8=True),
-    Family(("repack", "unpack", "matvec_rp", "matvec_same_x_rp"), MATVEC_RP, int8=True, rp=True),
+    Family(("repack", "unpack", "matvec_rp", "matvec_same_x_rp"), MATVEC_RP + MATVEC_RP_KERNELS, int8=True, rp=True),
     Family(("matvec_multi_rp", "matvec_multi_same_x_rp"), "", int8=True, rp=True),
     Family(("matvec_rp16", "matvec_same_x_rp16"), MATVEC_RP16, int8=True, rp=True),
     Family(("matvec_multi_rp16", "matvec_multi_same_x_rp16"), "", int8=True, rp=True),
@@ -600,6 +523,7 @@ def render_type(spec: TypeSpec) -> str:
     """The text of generated/<spec.t>.py."""
     digest = source_digest(PACKAGE / f"{m}.py" for m in spec.deps)
     fields = dict(asdict(spec), t=spec.t, T=spec.name, deps=", ".join(spec.deps), digest=digest,
+                  imports=", ".join(sorted(spec.deps)),
                   kern_imports="check_packed, check_shapes, code_sums, group_sums" if spec.rp
                   else "check_shapes, group_sums")
     # QuantType fields, one line per family: "    matvec=matvec_q4_k, matvec_same_x=...,\n"

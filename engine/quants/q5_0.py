@@ -36,10 +36,16 @@ class Q5_0Layout(Layout):
     rp_fields = ((0, 2, 0), (2, 4, 4), (6, 16, 4))  # d, qh (one i32 lane a row), qs
 
     def rp_block(self, em, field, R):  # codes q in 0..31 for the weights q - 16: offset 16
-        qh = em.b.bitcast(em.rp_chunk(field(1), 0, R), ir.VectorType(I32, R))
-        parts = []
-        for v in range(4):
-            q = em.rp_chunk(field(2), v, R)
-            parts += [RpPart(4 * v, em.b.or_(em.nib_lo(q), em.rp_bits16(qh, 4 * v, R)), False),
-                      RpPart(16 + 4 * v, em.b.or_(em.nib_hi(q), em.rp_bits16(qh, 16 + 4 * v, R)), False)]
-        return RpBlock(em.rp_f16(field(0), R), [RpGroup(parts, offset=16, sums=(0,))])
+        return RpBlock(em.rp_f16(field(0), R), [RpGroup(rp_q5_parts(em, field(1), field(2), R), offset=16, sums=(0,))])
+
+
+def rp_q5_parts(em, qh_field, qs_field, R):
+    """The 5-bit codes of an interleaved Q5_0 / Q5_1 block as 8 RpParts: nibbles from the
+    chunked qs, fifth bits from qh (one i32 lane a row)."""
+    qh = em.b.bitcast(em.rp_chunk(qh_field, 0, R), ir.VectorType(I32, R))
+    parts = []
+    for v in range(4):
+        q = em.rp_chunk(qs_field, v, R)
+        parts += [RpPart(4 * v, em.b.or_(em.nib_lo(q), em.rp_bits16(qh, 4 * v, R)), False),
+                  RpPart(16 + 4 * v, em.b.or_(em.nib_hi(q), em.rp_bits16(qh, 16 + 4 * v, R)), False)]
+    return parts

@@ -5,9 +5,8 @@ The bit layout only: its kernels are generated into generated/q5_1.py by codegen
 
 from __future__ import annotations
 
-from llvmlite import ir
-
-from ._ir import I32, Group, IntBlock, IntPart, Layout, RpBlock, RpGroup, RpPart
+from ._ir import I32, Group, IntBlock, IntPart, Layout, RpBlock, RpGroup
+from .q5_0 import rp_q5_parts
 
 
 # Block layout (24 bytes):
@@ -36,10 +35,5 @@ class Q5_1Layout(Layout):
     rp_fields = ((0, 2, 0), (2, 2, 0), (4, 4, 4), (8, 16, 4))  # d, m, qh (one i32 lane a row), qs
 
     def rp_block(self, em, field, R):
-        qh = em.b.bitcast(em.rp_chunk(field(2), 0, R), ir.VectorType(I32, R))
-        parts = []
-        for v in range(4):
-            q = em.rp_chunk(field(3), v, R)
-            parts += [RpPart(4 * v, em.b.or_(em.nib_lo(q), em.rp_bits16(qh, 4 * v, R)), False),
-                      RpPart(16 + 4 * v, em.b.or_(em.nib_hi(q), em.rp_bits16(qh, 16 + 4 * v, R)), False)]
+        parts = rp_q5_parts(em, field(2), field(3), R)
         return RpBlock(em.rp_f16(field(0), R), [RpGroup(parts)], m=em.rp_f16(field(1), R))

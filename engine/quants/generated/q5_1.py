@@ -12,12 +12,12 @@ from gguf import GGMLQuantizationType
 from numba import prange
 
 from ... import jit
-from .. import _ir, _kern, _q8, q5_1
+from .. import _ir, _kern, _q8, q5_0, q5_1
 from .._kern import check_packed, check_shapes, code_sums, group_sums
 
 # These kernels contain code from those modules too: whether numba's cache may serve them
 # depends on their digest when this file was generated (see jit.generated_kernel).
-_parallel_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, q5_1), "8b8e12b630156c5d")
+_parallel_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, q5_1, q5_0), "250d20cec93eae9c")
 
 _layout = q5_1.Q5_1Layout()
 _G, _BB, _BE = _layout.group, _layout.block_bytes, _layout.block_elems
@@ -257,7 +257,7 @@ def matvec_multi_same_x_i8_q5_1(raws, x, outs):
     _kern.launch_matvec_multi_same_x(_matvec_multi_same_x_i8_q5_1, raws, x, outs)
 
 
-_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, q5_1), "8b8e12b630156c5d", parallel=False)
+_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, q5_1, q5_0), "250d20cec93eae9c", parallel=False)
 _SG = _layout.rp_sum_group  # x codes per sum of the offsets and mins
 _gdot1 = _ir.make_group_dot_i8(_layout, 1)  # llama.cpp's integer dots over R interleaved rows
 _gdot2 = _ir.make_group_dot_i8(_layout, 2)
@@ -315,7 +315,7 @@ def matvec_same_x_rp_q5_1(packs, x, outs):
 @_kernel
 def _rp_tokens_q5_1(pk, g, xq, xd, xs, xu, out):
     """Row group g of pk for every token: four at a time, then two, then one."""
-    n_tok = xq.shape[0]
+    n_tok = xq.shape[0] // 1  # xq's rows a token
     t0 = 0
     while n_tok - t0 >= 4:
         _gdot4(pk, g, xq, xd, xs, xu, out, t0)
@@ -331,7 +331,7 @@ def _rp_tokens_q5_1(pk, g, xq, xd, xs, xu, out):
 @_parallel_kernel
 def _matvec_multi_rp_q5_1(pk, x, out):
     """out (T, n_rows) = x (T, n_cols) @ W.T for a Q5_1 weight repacked by repack_q5_1, by
-    integer dots, each token quantised to q8_1; prange over row groups."""
+    integer dots, each token quantised once to q8_1; prange over row groups."""
     check_packed(pk.shape[0], pk.shape[1], out.shape[1], x.shape[1], x.shape[0], out.shape[0],
                  _ir.rp_rows(), _BB, _BE)
     xq, xd, xs = _q8.quantize_q8_1(x)
@@ -376,7 +376,7 @@ _g2dot4 = _ir.make_group_dot_i8(_layout, 4, planes=2)
 @_parallel_kernel
 def _matvec_rp16_q5_1(pk0, pk1, pk2, x, out0, out1, out2):
     """out_i = W_i @ x for three Q5_1 weights repacked by repack_q5_1 sharing x, by integer dots
-    against x in two 8-bit planes (_q8.quantize_planes), one launch over all their row groups."""
+    against x in two 8-bit planes, one launch over all their row groups."""
     R = _ir.rp_rows()
     g0, g1, g2 = pk0.shape[0], pk1.shape[0], pk2.shape[0]
     check_packed(g0, pk0.shape[1], out0.shape[0], x.shape[0], 1, 1, R, _BB, _BE)
@@ -408,7 +408,7 @@ def matvec_same_x_rp16_q5_1(packs, x, outs):
 @_kernel
 def _rp16_tokens_q5_1(pk, g, xq, xd, xs, xu, out):
     """Row group g of pk for every token: four at a time, then two, then one."""
-    n_tok = xq.shape[0] // 2  # two planes a token
+    n_tok = xq.shape[0] // 2  # xq's rows a token
     t0 = 0
     while n_tok - t0 >= 4:
         _g2dot4(pk, g, xq, xd, xs, xu, out, t0)
@@ -440,7 +440,7 @@ def matvec_multi_rp16_q5_1(packed, x, out):
 @_parallel_kernel
 def _matvec_multi_same_x_rp16_q5_1(pk0, pk1, pk2, x, out0, out1, out2):
     """out_i (T, n_i) = x (T, n_cols) @ W_i.T for three repacked Q5_1 weights sharing x, by
-    integer dots against x in two 8-bit planes (_q8.quantize_planes), one launch."""
+    integer dots against x in two 8-bit planes, one launch."""
     R = _ir.rp_rows()
     g0, g1, g2 = pk0.shape[0], pk1.shape[0], pk2.shape[0]
     check_packed(g0, pk0.shape[1], out0.shape[1], x.shape[1], x.shape[0], out0.shape[0], R, _BB, _BE)

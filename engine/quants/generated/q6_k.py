@@ -315,7 +315,7 @@ def matvec_same_x_rp_q6_k(packs, x, outs):
 @_kernel
 def _rp_tokens_q6_k(pk, g, xq, xd, xs, xu, out):
     """Row group g of pk for every token: four at a time, then two, then one."""
-    n_tok = xq.shape[0]
+    n_tok = xq.shape[0] // 1  # xq's rows a token
     t0 = 0
     while n_tok - t0 >= 4:
         _gdot4(pk, g, xq, xd, xs, xu, out, t0)
@@ -331,7 +331,7 @@ def _rp_tokens_q6_k(pk, g, xq, xd, xs, xu, out):
 @_parallel_kernel
 def _matvec_multi_rp_q6_k(pk, x, out):
     """out (T, n_rows) = x (T, n_cols) @ W.T for a Q6_K weight repacked by repack_q6_k, by
-    integer dots, each token quantised to q8_k; prange over row groups."""
+    integer dots, each token quantised once to q8_k; prange over row groups."""
     check_packed(pk.shape[0], pk.shape[1], out.shape[1], x.shape[1], x.shape[0], out.shape[0],
                  _ir.rp_rows(), _BB, _BE)
     xq, xd, xs = _q8.quantize_q8_k(x)
@@ -376,7 +376,7 @@ _g2dot4 = _ir.make_group_dot_i8(_layout, 4, planes=2)
 @_parallel_kernel
 def _matvec_rp16_q6_k(pk0, pk1, pk2, x, out0, out1, out2):
     """out_i = W_i @ x for three Q6_K weights repacked by repack_q6_k sharing x, by integer dots
-    against x in two 8-bit planes (_q8.quantize_planes), one launch over all their row groups."""
+    against x in two 8-bit planes, one launch over all their row groups."""
     R = _ir.rp_rows()
     g0, g1, g2 = pk0.shape[0], pk1.shape[0], pk2.shape[0]
     check_packed(g0, pk0.shape[1], out0.shape[0], x.shape[0], 1, 1, R, _BB, _BE)
@@ -408,7 +408,7 @@ def matvec_same_x_rp16_q6_k(packs, x, outs):
 @_kernel
 def _rp16_tokens_q6_k(pk, g, xq, xd, xs, xu, out):
     """Row group g of pk for every token: four at a time, then two, then one."""
-    n_tok = xq.shape[0] // 2  # two planes a token
+    n_tok = xq.shape[0] // 2  # xq's rows a token
     t0 = 0
     while n_tok - t0 >= 4:
         _g2dot4(pk, g, xq, xd, xs, xu, out, t0)
@@ -440,7 +440,7 @@ def matvec_multi_rp16_q6_k(packed, x, out):
 @_parallel_kernel
 def _matvec_multi_same_x_rp16_q6_k(pk0, pk1, pk2, x, out0, out1, out2):
     """out_i (T, n_i) = x (T, n_cols) @ W_i.T for three repacked Q6_K weights sharing x, by
-    integer dots against x in two 8-bit planes (_q8.quantize_planes), one launch."""
+    integer dots against x in two 8-bit planes, one launch."""
     R = _ir.rp_rows()
     g0, g1, g2 = pk0.shape[0], pk1.shape[0], pk2.shape[0]
     check_packed(g0, pk0.shape[1], out0.shape[1], x.shape[1], x.shape[0], out0.shape[0], R, _BB, _BE)
