@@ -75,7 +75,7 @@ TYPES = (
     TypeSpec("Q5_0", "q5_0", "q8_0", rp=True), TypeSpec("Q5_1", "q5_1", "q8_1", rp=True, also=("q5_0",)),
     TypeSpec("Q8_0", "q8_0", "q8_0", rp=True),
     TypeSpec("Q2_K", "k_quants", "q8_k"), TypeSpec("Q3_K", "k_quants", "q8_k"),
-    TypeSpec("Q4_K", "k_quants", "q8_k", rp=True), TypeSpec("Q5_K", "k_quants", "q8_k"),
+    TypeSpec("Q4_K", "k_quants", "q8_k", rp=True), TypeSpec("Q5_K", "k_quants", "q8_k", rp=True),
     TypeSpec("Q6_K", "k_quants", "q8_k", rp=True),
     TypeSpec("IQ4_NL", "iq4", "q8_0"), TypeSpec("IQ4_XS", "iq4", "q8_k"),
     TypeSpec("MXFP4", "mxfp4", "q8_0"),

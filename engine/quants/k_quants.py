@@ -199,17 +199,25 @@ class Q4_KLayout(Layout):
     rp_sum_group = 16
 
     def rp_block(self, em, field, R):
-        vi = ir.VectorType(I32, R)
-        sm = [_k4_unpack(em.b, lambda k: em.rp_byte(field(2), k, R), j, lambda v: ir.Constant(vi, [v] * R))
-              for j in range(8)]
-        groups = []
-        for g in range(8):  # sub-block g = 2j + n: nibble n of qs[32j .. 32j + 31]
-            j, n = divmod(g, 2)
-            nib = em.nib_lo if n == 0 else em.nib_hi
-            parts = [RpPart(32 * g + 4 * i, nib(em.rp_chunk(field(3), 8 * j + i, R)), False) for i in range(8)]
-            groups.append(RpGroup(parts, scale=sm[g][0]))
-        mins = [(sm[g][1], (2 * g, 2 * g + 1)) for g in range(8)]
-        return RpBlock(em.rp_f16(field(0), R), groups, mins=mins, dmin=em.rp_f16(field(1), R))
+        return _rp_k4(em, field, R, 3, lambda g, i, q: q)
+
+
+def _rp_k4(em, field, R, qs, code):
+    """An interleaved Q4_K / Q5_K super-block: fields 0, 1, 2 d, dmin and the packed scales
+    (1-byte chunks), field qs the nibbles (4-byte chunks); code(g, i, q) the codes of
+    sub-block g's weights 4i..4i+3 from their nibbles q (Q5_K adds its fifth bits)."""
+    vi = ir.VectorType(I32, R)
+    sm = [_k4_unpack(em.b, lambda k: em.rp_byte(field(2), k, R), j, lambda v: ir.Constant(vi, [v] * R))
+          for j in range(8)]
+    groups = []
+    for g in range(8):  # sub-block g = 2j + n: nibble n of qs[32j .. 32j + 31]
+        j, n = divmod(g, 2)
+        nib = em.nib_lo if n == 0 else em.nib_hi
+        parts = [RpPart(32 * g + 4 * i, code(g, i, nib(em.rp_chunk(field(qs), 8 * j + i, R))), False)
+                 for i in range(8)]
+        groups.append(RpGroup(parts, scale=sm[g][0]))
+    mins = [(sm[g][1], (2 * g, 2 * g + 1)) for g in range(8)]
+    return RpBlock(em.rp_f16(field(0), R), groups, mins=mins, dmin=em.rp_f16(field(1), R))
 
 
 # Q5_K super-block (176 bytes):
@@ -251,6 +259,14 @@ class Q5_KLayout(Layout):
                 sc = em.splat_scale(_k4_scale_min_int(em, p, 4, g)[0])
                 parts.append(IntPart(32 * g, w, False, sc))
         return IntBlock(em.f16(p, 0), parts, mins=_k4_mins16(em, p, 4), dmin=em.f16(p, 2))
+
+    rp_fields = ((0, 2, 0), (2, 2, 0), (4, 12, 1), (16, 32, 4), (48, 128, 4))  # d, dmin, scales, qh, qs
+    rp_sum_group = 16
+
+    def rp_block(self, em, field, R):
+        b = em.b
+        qh = [em.rp_chunk(field(3), i, R) for i in range(8)]  # lane: qh[4i .. 4i + 3] of its row
+        return _rp_k4(em, field, R, 4, lambda g, i, q: b.or_(q, em.shl(em.bits(qh[i], g, 1), 4)))
 
 
 # Q6_K super-block (210 bytes):
