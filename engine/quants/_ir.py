@@ -1061,8 +1061,7 @@ def make_group_dot_i8(layout: Layout, n_tok: int, planes: int = 1):
                         offset, sgn = offset + 128, False
                     groups.append((parts, sgn, grp.scale, offset, grp.sums))
                 e0 = builder.mul(blk, ir.Constant(I64, BE))
-                for tp in range(n_tok * planes):
-                    t = tp  # the data row's pointers; the token's accumulators are faccs[tp // planes]
+                for t in range(n_tok * planes):  # data row t: plane t % planes of token t // planes
                     total = None
                     for parts, sgn, gscale, offset, sums in groups:
                         chains = [zi, zi]  # two independent dependency chains
@@ -1076,7 +1075,7 @@ def make_group_dot_i8(layout: Layout, n_tok: int, planes: int = 1):
                         if gscale is not None:
                             isum = builder.mul(isum, gscale)
                         total = isum if total is None else builder.add(total, isum)
-                    fa, ma = faccs[tp // planes], maccs[tp // planes]
+                    fa, ma = faccs[t // planes], maccs[t // planes]
                     dx = builder.load(builder.gep(dps[t], [blk]))
                     dxv = em.splat(dx, VF)
                     builder.store(em.fma(em.fmul(rb.d, dxv), builder.sitofp(total, VF), builder.load(fa)), fa)
