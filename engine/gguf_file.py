@@ -87,7 +87,7 @@ _U64 = struct.Struct("<Q")
 
 def release_mapped_pages(a: np.ndarray) -> int:
     """Drop from this process the resident pages of `a`, a read-only view of a mapped file (a
-    weight whose int8 copy was made): the kernel reads them back from the file should anything
+    weight whose interleaved copy was made): the kernel reads them back from the file should anything
     touch them again. Returns the bytes released; 0 when `a` is not a view of a file mapping
     (an array in RAM would lose its contents) or the OS offers no madvise."""
     base = a

@@ -176,7 +176,7 @@ def estimate_memory(cfg: ModelConfig, weights_bytes: int, n_tensors: int, n_ctx:
             token embedding standing in for output).
         output_tied_bytes: of those, the tied token embedding's, which the CPU keeps as well
             for the input lookup (0 when the file has its own output.weight).
-        repacked_bytes: the int8 path's interleaved copies (ModelInfo.repackable_bytes).
+        repacked_bytes: the decode's interleaved copies (ModelInfo.repackable_bytes; 0 on the float path).
     Returns:
         the totals over all devices, and `devices` with each one's share.
     """

@@ -55,7 +55,7 @@ class Model:
 
     @property
     def repacked_bytes(self) -> int:
-        """Bytes of the weights' row-interleaved copies the int8 path has made so far
+        """Bytes of the weights' row-interleaved copies the decode (default or int8 path) has made so far
         (QTensor.packed; llama.cpp's CPU_REPACK buffer)."""
         if self.weights is None:
             return 0

@@ -55,7 +55,7 @@ class ModelInfo:
     layer_weights_bytes: list[int] = field(default_factory=list)
     output_weights_bytes: int = 0
     output_tied_bytes: int = 0
-    # bytes of the matrices the int8 path runs on row-interleaved copies (QTensor.packed): the
+    # bytes of the matrices the decode runs on row-interleaved copies (QTensor.packed): the
     # types with that form, expert stacks and an untied token embedding aside
     repackable_bytes: int = 0
     error: str | None = None

@@ -42,7 +42,7 @@ import numpy as np
 from numba.core.registry import CPUDispatcher
 
 from .. import jit, ops
-from ..quants import MATVEC_MAX_TOKENS, QUANT_TYPES, ExpertTensor, QTensor, decode_path
+from ..quants import MATVEC_MAX_TOKENS, QUANT_TYPES, ExpertTensor, QTensor, decode_path, interleaved, path_op
 from ..quants._kern import _raw_rows
 from . import moe
 
@@ -214,8 +214,7 @@ def step(h, o, x, gate, up, y, wg, wu, wd, gb, ub, db, n_ff, ids, wts, sgate, su
 
 
 def _rp(w: QTensor, path: str) -> bool:
-    """Whether w's mat-vecs run on its interleaved copy on the decode path (quants.interleaved)."""
-    return path != "float" and QUANT_TYPES[w.qtype].repack is not None and w.pack
+    return interleaved(w, QUANT_TYPES[w.qtype], path)
 
 
 def _step_rows(w: QTensor, path: str) -> np.ndarray:
@@ -228,14 +227,8 @@ def _step_rows(w: QTensor, path: str) -> np.ndarray:
 
 
 def _wrapper(w: QTensor, path: str, op: str):
-    """The public wrapper of QuantType op ("matvec_same_x", "matvec_multi", ...) that quants
-    runs for w on the decode path: the interleaved copy's (_rp / _rp16), the int8 rows' (_i8),
-    else the float one. None when the type has no such op."""
-    qt = QUANT_TYPES[w.qtype]
-    if _rp(w, path):
-        return getattr(qt, f"{op}_rp" if path == "int8" else f"{op}_rp16")
-    i8 = getattr(qt, f"{op}_i8") if path == "int8" else None
-    return i8 if i8 is not None else getattr(qt, op)
+    """The public wrapper of QuantType op that quants runs for w on the decode path."""
+    return path_op(QUANT_TYPES[w.qtype], _rp(w, path), op, path)
 
 
 def _same_x_kernel(w: QTensor, path: str) -> tuple[str, str]:

@@ -26,9 +26,10 @@ select llama.cpp's int8 formulation for the block types instead: x quantised onc
 to the type's vec_dot_type (_q8.py), integer dots per block, float scales per block
 (matvec_i8_<qtype>); prefill (matmul beyond MATVEC_MAX_TOKENS) then rounds its activations to
 the same grid, so prefilled and decoded tokens see the same numbers. Types with a
-row-interleaved form (Q4_0, Q4_1, Q8_0: Layout.rp_block) run those mat-vecs on a copy of
-their rows interleaved 8 or 16 at a time (QTensor.packed, made on first use; matvec_*_rp_<qtype>),
-whose integer sums are exact per block, like the row kernels' (results within float rounding).
+row-interleaved form (Layout.rp_block: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) run the
+default's and int8's mat-vecs on a copy of their rows interleaved 8 or 16 at a time
+(QTensor.packed, made on first use; matvec_*_rp16_<qtype>, matvec_*_rp_<qtype>); path_op picks
+the kernel.
 """
 
 from __future__ import annotations
@@ -180,10 +181,11 @@ def get_rows(w: QTensor, ids: np.ndarray, out: np.ndarray) -> None:
         qt.get_rows(w.raw, ids, out)
 
 
-def interleaved(w: QTensor, qt: QuantType) -> bool:
-    """Whether w's mat-vecs run on its row-interleaved copy (QTensor.packed): on the int8
-    path, for the types that have that form (qt: w's QUANT_TYPES entry, _qt checked)."""
-    return _path != "float" and qt.repack is not None and w.pack
+def interleaved(w: QTensor, qt: QuantType, path: str | None = None) -> bool:
+    """Whether w's mat-vecs run on its row-interleaved copy (QTensor.packed) on the decode path
+    (None: the current one): every path but the float one, for the types that have that form
+    (qt: w's QUANT_TYPES entry, _qt checked)."""
+    return (path or _path) != "float" and qt.repack is not None and w.pack
 
 
 def rows(w: QTensor, qt: QuantType) -> np.ndarray:
@@ -195,18 +197,25 @@ def rows(w: QTensor, qt: QuantType) -> np.ndarray:
     return w.raw
 
 
+def path_op(qt: QuantType, rp: bool, op: str, path: str | None = None) -> Callable | None:
+    """The public wrapper of QuantType field `op` ("matvec", "matvec_same_x", "matvec_multi",
+    "matvec_multi_same_x") on the decode path (None: the current one); rp: the weights are
+    interleaved (the wrapper then takes their copies). The interleaved copy's kernels (_rp for
+    int8, _rp16 for the default), else the int8 rows' (_i8), else the float ones. None when the
+    type has no such op. The one choice that quants' dispatch and the compiled steps share."""
+    path = path or _path
+    if rp:
+        return getattr(qt, f"{op}_rp" if path == "int8" else f"{op}_rp16")
+    i8 = getattr(qt, f"{op}_i8") if path == "int8" else None
+    return i8 if i8 is not None else getattr(qt, op)
+
+
 def matvec(w: QTensor, x: np.ndarray, out: np.ndarray) -> None:
     qt = _qt(w)
     if qt is None:
         out[:] = dequant_ref(w.raw, w.qtype) @ x
-    elif interleaved(w, qt):
-        f = qt.matvec_rp if _path == "int8" else qt.matvec_rp16
-        assert f is not None
-        f(rows(w, qt), x, out)
-    elif _path == "int8" and qt.matvec_i8 is not None:
-        qt.matvec_i8(w.raw, x, out)
     else:
-        qt.matvec(w.raw, x, out)
+        path_op(qt, interleaved(w, qt), "matvec")(rows(w, qt), x, out)
 
 
 def matvec_many(ws: list[QTensor], x: np.ndarray, outs: list[np.ndarray]) -> None:
@@ -243,19 +252,12 @@ def _by_type(ws: list[QTensor], x: np.ndarray, outs: list[np.ndarray], fusable: 
 
 
 def _same_x(qt: QuantType, rp: bool):
-    """The fused 1..3-weight one-token kernel of the current path; rp: the weights are
-    interleaved (it then takes their rows(w, qt))."""
-    if rp:
-        return qt.matvec_same_x_rp if _path == "int8" else qt.matvec_same_x_rp16
-    return qt.matvec_same_x_i8 if _path == "int8" and qt.matvec_same_x_i8 is not None else qt.matvec_same_x
+    """The fused 1..3-weight one-token kernel of the current path (rp: on interleaved copies)."""
+    return path_op(qt, rp, "matvec_same_x")
 
 
 def _multi_same_x(qt: QuantType, rp: bool):
-    if rp:
-        fused = qt.matvec_multi_same_x_rp if _path == "int8" else qt.matvec_multi_same_x_rp16
-    else:
-        fused = (qt.matvec_multi_same_x_i8 if _path == "int8" and qt.matvec_multi_same_x_i8 is not None
-                 else qt.matvec_multi_same_x)
+    fused = path_op(qt, rp, "matvec_multi_same_x")
     assert fused is not None, f"{qt.qtype.name} has no fused multi-token mat-vec"
     return fused
 
@@ -274,14 +276,8 @@ def matvec_multi(w: QTensor, x: np.ndarray, out: np.ndarray) -> None:
     qt = _qt(w)
     if qt is None:
         out[:] = x @ dequant_ref(w.raw, w.qtype).T
-    elif interleaved(w, qt):
-        f = qt.matvec_multi_rp if _path == "int8" else qt.matvec_multi_rp16
-        assert f is not None
-        f(rows(w, qt), x, out)
-    elif _path == "int8" and qt.matvec_multi_i8 is not None:
-        qt.matvec_multi_i8(w.raw, x, out)
     else:
-        qt.matvec_multi(w.raw, x, out)
+        path_op(qt, interleaved(w, qt), "matvec_multi")(rows(w, qt), x, out)
 
 
 def tile_rows(n_cols: int, n_tok: int = 512) -> int:
@@ -390,5 +386,5 @@ __all__ = [
     "ExpertTensor", "QTensor", "QuantType", "QUANT_TYPES", "SUPPORTED", "check_supported", "dequant_rows",
     "get_rows", "matvec", "matvec_many", "matvec_multi", "matvec_multi_many", "matmul", "matmul_many", "tile_rows",
     "warmup", "TILE_ROWS", "MATVEC_MAX_TOKENS", "use_int8", "int8_enabled", "interleaved", "rows",
-    "DECODE_PATHS", "set_decode_path", "decode_path",
+    "DECODE_PATHS", "set_decode_path", "decode_path", "path_op",
 ]

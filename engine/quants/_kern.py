@@ -113,7 +113,7 @@ def repack_rows(layout: Layout, raw: np.ndarray, rows: int) -> np.ndarray:
 
 def unpack_rows(layout: Layout, packed: np.ndarray, rows: int, r0: int, r1: int) -> np.ndarray:
     """Rows r0..r1 of a weight in their GGML layout again, from its repack_rows copy (rows a
-    group): the inverse permutation, for the prefill's dequantised tiles once the int8 path
+    group): the inverse permutation, for the prefill's dequantised tiles once the decode
     has let the mapped rows go (QTensor.packed)."""
     bb = layout.block_bytes
     g0, g1 = r0 // rows, -(-r1 // rows)

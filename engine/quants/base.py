@@ -14,7 +14,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 @dataclass(frozen=True)
 class QTensor:
     """One 2-D weight, rows packed in its GGML type, viewed (never copied) from the mmap;
-    the int8 path adds a row-interleaved copy (`packed`) of the types that have one.
+    the default and int8 decode paths add a row-interleaved copy (`packed`) of the types that have one.
 
     `raw` is (n_rows, row_bytes) uint8 for block types; for F32/F16/BF16 it is the typed
     (n_rows, n_cols) array itself. ggml's ne[0] is `n_cols` (the reduction dimension).
@@ -25,13 +25,13 @@ class QTensor:
     n_rows: int
     n_cols: int
     raw: np.ndarray
-    # whether the int8 path may keep an interleaved copy: not for the slices of an expert
+    # whether the decode may keep an interleaved copy: not for the slices of an expert
     # stack, which are made per call (a MoE runs its experts on the row kernels)
     pack: bool = True
 
     @functools.cached_property
     def packed(self) -> np.ndarray | None:
-        """The rows interleaved for the int8 path's row-interleaved kernels (QuantType.repack):
+        """The rows interleaved for the default and int8 paths' kernels (QuantType.repack):
         a copy of raw's size, made on first use and kept with the tensor; None for the types
         without that form."""
         from . import QUANT_TYPES  # the generated kernels import this module
@@ -49,7 +49,7 @@ class QTensor:
 
     @property
     def packed_nbytes(self) -> int:
-        """Bytes of the interleaved copy if it was made (0 before the int8 path first used it)."""
+        """Bytes of the interleaved copy if it was made (0 before a decode first used it)."""
         p = self.__dict__.get("packed")  # where cached_property keeps it, without making it
         return 0 if p is None else int(p.nbytes)
 
