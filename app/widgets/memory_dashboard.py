@@ -158,8 +158,10 @@ class MemoryDashboard(QWidget):
 
     def set_figures(self, fig: MemoryFigures) -> None:
         self.figures = fig
-        resident = min(fig.weights_resident_bytes, fig.weights_bytes)  # smaps counts the header too
-        repacked = min(fig.repacked_bytes, fig.weights_bytes - resident)  # held in RAM instead of mapped
+        # the interleaved copies stand in RAM for their mapped bytes (the same size, padding aside);
+        # smaps counts the file's header pages as resident too
+        repacked = min(fig.repacked_bytes, fig.weights_bytes)
+        resident = min(fig.weights_resident_bytes, fig.weights_bytes - repacked)
         mapped_only = fig.weights_bytes - resident - repacked
         detail = f"{human_bytes(fig.weights_resident_bytes)} resident"
         if fig.repacked_bytes:
@@ -182,7 +184,7 @@ class MemoryDashboard(QWidget):
         self._set_device_bars(fig.devices)
         self.slot_model.set_figures(fig)
         self.timeline.add("Process RSS", fig.rss_bytes)
-        self.timeline.add("Weights resident", fig.weights_resident_bytes)
+        self.timeline.add("Weights resident", fig.weights_resident_bytes + fig.repacked_bytes)
         self.timeline.add("KV in use", fig.kv_used_bytes)
 
     def set_devices(self, devices: list[DeviceDesc]) -> None:

@@ -116,3 +116,10 @@ def test_dashboard_shows_the_repacked_copies(window):
     segments = {s.label: s.value for s in d.bar.segments}
     assert segments["Weights repacked"] == 95 << 20
     assert segments["Weights mapped, not resident"] == 2 << 20
+    # the copies are resident weights on the timeline; the bar never holds more than the weights
+    assert d.timeline.series["Weights resident"].points[-1][1] == 98 << 20
+    d.set_figures(MemoryFigures(weights_bytes=100 << 20, weights_resident_bytes=8 << 20,
+                                repacked_bytes=97 << 20, total_bytes=100 << 20))
+    segments = {s.label: s.value for s in d.bar.segments}
+    assert (segments["Weights repacked"], segments["Weights resident"]) == (97 << 20, 3 << 20)
+    assert segments["Weights mapped, not resident"] == 0
