@@ -90,7 +90,7 @@ def release_mapped_pages(a: np.ndarray) -> int:
     weight whose interleaved copy was made): the kernel reads them back from the file should anything
     touch them again. Returns the bytes released; 0 when `a` is not a view of a file mapping
     (an array in RAM would lose its contents) or the OS offers no madvise."""
-    base = a
+    base: object = a
     while isinstance(base, np.ndarray):
         base = base.base
     if not isinstance(base, mmap.mmap) or a.flags.writeable or not hasattr(mmap, "MADV_DONTNEED"):

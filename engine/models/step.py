@@ -519,7 +519,7 @@ def _bufs(buf, T: int) -> tuple[np.ndarray, ...]:
     return tuple(have[n][:T] if n in have else np.empty((T, 0), np.float32) for n in _BUFFERS)
 
 
-def _servable(spec: StepSpec, lw, auto: bool, multi: bool) -> bool:
+def _servable(spec: StepSpec, lw, auto: bool, multi: bool, path: str) -> bool:
     ws = [w for n in spec.weights if isinstance(w := getattr(lw, n, None), QTensor)]
     if len(ws) < len(spec.weights):  # an expert stack or a weight of another kind
         return False
@@ -527,7 +527,7 @@ def _servable(spec: StepSpec, lw, auto: bool, multi: bool) -> bool:
         qt = QUANT_TYPES.get(w.qtype)
         if qt is None or w.n_cols % qt.block_elems or qt.matvec_same_x is None:
             return False
-        if multi and _multi_same_x_kernel(w, False) is None:
+        if multi and _multi_same_x_kernel(w, path) is None:
             return False
     stacks = [w for n in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
               if isinstance(w := getattr(lw, n, None), ExpertTensor)] if spec.moe else []
@@ -581,7 +581,7 @@ class LayerSteps:
         self.experts: list[tuple[Any, tuple, tuple] | None] = []
         for il, lw in enumerate(ctx.model.weights.layers):
             kc, vc = kv.k[il], kv.v[il]
-            ok = _servable(spec, lw, auto, False) and kc.shape[1] > 0 and kc.dtype in (np.uint16, np.float32)
+            ok = _servable(spec, lw, auto, False, path) and kc.shape[1] > 0 and kc.dtype in (np.uint16, np.float32)
             # (a layer of a MoE architecture without an expert stack keeps the Python block)
             has_experts = isinstance(getattr(lw, "ffn_gate_exps", None), ExpertTensor)
             mw = moe.layer_weights(lw) if ok and spec.moe and has_experts else None
@@ -595,7 +595,7 @@ class LayerSteps:
             ls = layer_spec(spec, lw)
             self.one.append(load_step(render(ls, lw, kc.dtype, vc.dtype, path)))
             self.many.append(load_step(render(ls, lw, kc.dtype, vc.dtype, path, multi=True))
-                             if multi and _servable(spec, lw, auto, True) else None)
+                             if multi and _servable(spec, lw, auto, True, path) else None)
             self.moe_w.append(mw)
             if mw is not None:
                 w, sh = mw

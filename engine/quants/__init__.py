@@ -215,7 +215,7 @@ def matvec(w: QTensor, x: np.ndarray, out: np.ndarray) -> None:
     if qt is None:
         out[:] = dequant_ref(w.raw, w.qtype) @ x
     else:
-        path_op(qt, interleaved(w, qt), "matvec")(rows(w, qt), x, out)
+        _kernel(qt, interleaved(w, qt), "matvec")(rows(w, qt), x, out)
 
 
 def matvec_many(ws: list[QTensor], x: np.ndarray, outs: list[np.ndarray]) -> None:
@@ -251,15 +251,21 @@ def _by_type(ws: list[QTensor], x: np.ndarray, outs: list[np.ndarray], fusable: 
             yield qt, rp, raws[i : i + 3], os_[i : i + 3]
 
 
-def _same_x(qt: QuantType, rp: bool):
+def _kernel(qt: QuantType, rp: bool, op: str) -> Callable:
+    """path_op's wrapper for an op the caller knows the type has (every type has the mat-vecs;
+    the fused ones are asked for after a check)."""
+    f = path_op(qt, rp, op)
+    assert f is not None, f"{qt.qtype.name} has no {op}"
+    return f
+
+
+def _same_x(qt: QuantType, rp: bool) -> Callable:
     """The fused 1..3-weight one-token kernel of the current path (rp: on interleaved copies)."""
-    return path_op(qt, rp, "matvec_same_x")
+    return _kernel(qt, rp, "matvec_same_x")
 
 
-def _multi_same_x(qt: QuantType, rp: bool):
-    fused = path_op(qt, rp, "matvec_multi_same_x")
-    assert fused is not None, f"{qt.qtype.name} has no fused multi-token mat-vec"
-    return fused
+def _multi_same_x(qt: QuantType, rp: bool) -> Callable:
+    return _kernel(qt, rp, "matvec_multi_same_x")
 
 
 def matvec_multi_many(ws: list[QTensor], x: np.ndarray, outs: list[np.ndarray]) -> None:
@@ -277,7 +283,7 @@ def matvec_multi(w: QTensor, x: np.ndarray, out: np.ndarray) -> None:
     if qt is None:
         out[:] = x @ dequant_ref(w.raw, w.qtype).T
     else:
-        path_op(qt, interleaved(w, qt), "matvec_multi")(rows(w, qt), x, out)
+        _kernel(qt, interleaved(w, qt), "matvec_multi")(rows(w, qt), x, out)
 
 
 def tile_rows(n_cols: int, n_tok: int = 512) -> int:

@@ -52,6 +52,9 @@ then those kernels compile uncached, with a warning: engine/jit.py, generated_ke
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import cast
+
 from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
@@ -954,12 +957,17 @@ def rp_lanes(em: Emit) -> int:
 
 
 @intrinsic
-def rp_rows(typingctx):
-    """The compile target's rows per interleaved group (rp_lanes), as a compile-time int64."""
+def _rp_rows(typingctx):
     def codegen(context, builder, signature, args):
         return ir.Constant(I64, rp_lanes(make_emit(context, builder)))
 
     return types.int64(), codegen
+
+
+# The compile target's rows per interleaved group (rp_lanes), as a compile-time int64; callable
+# from jitted code only. Typed as what a kernel sees: numba's stubs type an intrinsic's call
+# with the typing context argument its decorator supplies.
+rp_rows = cast(Callable[[], int], _rp_rows)
 
 
 def rp_field_offsets(layout: Layout, R: int) -> list[int]:

@@ -17,7 +17,7 @@ from .._kern import check_shapes, group_sums
 
 # These kernels contain code from those modules too: whether numba's cache may serve them
 # depends on their digest when this file was generated (see jit.generated_kernel).
-_parallel_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, iq4), "687af45601fe275b")
+_parallel_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, iq4), "d85c4f904bb5b828")
 
 _layout = iq4.IQ4_XSLayout()
 _G, _BB, _BE = _layout.group, _layout.block_bytes, _layout.block_elems

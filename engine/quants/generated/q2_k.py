@@ -17,7 +17,7 @@ from .._kern import check_shapes, group_sums
 
 # These kernels contain code from those modules too: whether numba's cache may serve them
 # depends on their digest when this file was generated (see jit.generated_kernel).
-_parallel_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, k_quants), "0b5dd79aa4f2d6c7")
+_parallel_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, k_quants), "4cafc9869ef30a26")
 
 _layout = k_quants.Q2_KLayout()
 _G, _BB, _BE = _layout.group, _layout.block_bytes, _layout.block_elems
