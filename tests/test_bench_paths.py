@@ -45,6 +45,23 @@ def test_aggregate_counts_the_span_all_clients_stream():
     assert aggregate_ts([a, c]) == pytest.approx(5 / 1.5)
 
 
+def _chunked(*payloads: bytes) -> bytes:
+    return b"".join(b"%x;ext=1\r\n" % len(p) + p + b"\r\n" for p in payloads) + b"0\r\n\r\n"
+
+
+def test_chunked_events_come_whole_however_the_bytes_are_cut():
+    # an event split over two chunks, two events in one chunk, a chunk extension, the end chunk
+    body = _chunked(b'data: {"stop":false,"n":1}\n\ndata: {"st', b'op":false,"n":2}\n\n',
+                    b'data: {"stop":true}\n\n')
+    for step in (1, 3, 7, len(body)):
+        reader = bench_paths._ChunkedEvents()
+        events = [ev for i in range(0, len(body), step) for ev in reader.feed(body[i : i + step])]
+        assert events == [b'data: {"stop":false,"n":1}', b'data: {"stop":false,"n":2}', b'data: {"stop":true}']
+        assert reader.ended
+    reader = bench_paths._ChunkedEvents()
+    assert reader.feed(b'1a\r\ndata: {"stop":false}\n\n') == [] and not reader.ended  # chunk not whole yet
+
+
 def test_http_path_rows_next_to_the_engine_row(tiny_llama_path, capsys):
     argv = ["bench", "-m", str(tiny_llama_path), "-p", "0", "-n", "6", "-r", "2", "-t", "1",
             "--path", "engine,http", "--clients", "1,2", "-o", "json"]
