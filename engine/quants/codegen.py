@@ -74,7 +74,7 @@ TYPES = (
     TypeSpec("Q4_0", "q4_0", "q8_0", rp=True), TypeSpec("Q4_1", "q4_1", "q8_1", rp=True),
     TypeSpec("Q5_0", "q5_0", "q8_0", rp=True), TypeSpec("Q5_1", "q5_1", "q8_1", rp=True, also=("q5_0",)),
     TypeSpec("Q8_0", "q8_0", "q8_0", rp=True),
-    TypeSpec("Q2_K", "k_quants", "q8_k"), TypeSpec("Q3_K", "k_quants", "q8_k"),
+    TypeSpec("Q2_K", "k_quants", "q8_k", rp=True), TypeSpec("Q3_K", "k_quants", "q8_k", rp=True),
     TypeSpec("Q4_K", "k_quants", "q8_k", rp=True), TypeSpec("Q5_K", "k_quants", "q8_k", rp=True),
     TypeSpec("Q6_K", "k_quants", "q8_k", rp=True),
     TypeSpec("IQ4_NL", "iq4", "q8_0"), TypeSpec("IQ4_XS", "iq4", "q8_k"),

@@ -24,6 +24,12 @@ def _idx(lanes):
     return ir.Constant(ir.VectorType(I32, len(lanes)), lanes)
 
 
+def _rp_const(R):
+    """v -> the constant <R x i32> of v in every lane (the interleaved blocks' scale arithmetic)."""
+    vi = ir.VectorType(I32, R)
+    return lambda v: ir.Constant(vi, [v] * R)
+
+
 def _k4_scale_min(em, p, off, j):
     """_k4_scale_min_int as floats."""
     sc, mn = _k4_scale_min_int(em, p, off, j)
@@ -103,6 +109,24 @@ class Q2_KLayout(Layout):
                 parts.append(IntPart(e0, w, False, em.pair_scales(sc, e0 // 16, False)))
         return IntBlock(em.f16(p, 80), parts, mins=em.u8f(em.nib_hi(sb)), dmin=em.f16(p, 82))
 
+    rp_fields = ((80, 2, 0), (82, 2, 0), (0, 16, 1), (16, 64, 4))  # d, dmin, scales, qs
+    rp_sum_group = 16
+
+    def rp_block(self, em, field, R):
+        b = em.b
+        vc = _rp_const(R)
+        sb = [em.rp_byte(field(2), g, R) for g in range(16)]  # lane: scales[g] of its row
+        parts: dict[int, list] = {g: [] for g in range(16)}
+        for h in range(2):
+            for i in range(8):  # qs bytes h*32 + 4i .. + 3: weights h*128 + s*32 + 4i .. + 3
+                qs = em.rp_chunk(field(3), 8 * h + i, R)
+                for s in range(4):
+                    e0 = h * 128 + s * 32 + 4 * i
+                    parts[e0 // 16].append(RpPart(e0, em.bits(qs, 2 * s, 3), False))
+        groups = [RpGroup(parts[g], scale=b.and_(sb[g], vc(15))) for g in range(16)]
+        mins = [(b.lshr(sb[g], vc(4)), (g,)) for g in range(16)]
+        return RpBlock(em.rp_f16(field(0), R), groups, mins=mins, dmin=em.rp_f16(field(1), R))
+
 
 # Q3_K super-block (110 bytes):
 #   [0:32]    hmask   high bit of e = h*128 + s*32 + l is bit (4h + s) of hmask[l]
@@ -140,6 +164,30 @@ class Q3_KLayout(Layout):
                 w = em.join(*(self._codes(em, hm[k], q8[k], h, s) for k in range(2)))
                 parts.append(IntPart(e0, w, True, em.pair_scales(sc, e0 // 16, True)))
         return IntBlock(em.f16(p, 108), parts)
+
+    rp_fields = ((108, 2, 0), (96, 12, 1), (0, 32, 4), (32, 64, 4))  # d, scales, hmask, qs
+    rp_sum_group = 16
+
+    def rp_block(self, em, field, R):
+        b = em.b
+        vc = _rp_const(R)
+        u = [em.rp_byte(field(1), k, R) for k in range(12)]  # lane: scales byte k of its row
+        parts: dict[int, list] = {g: [] for g in range(16)}
+        for i in range(8):  # weights h*128 + s*32 + 4i .. + 3 (l = 4i .. 4i + 3)
+            hm = em.rp_chunk(field(2), i, R)
+            for h in range(2):
+                qs = em.rp_chunk(field(3), 8 * h + i, R)
+                for s in range(4):
+                    e0 = h * 128 + s * 32 + 4 * i
+                    q = b.or_(em.bits(qs, 2 * s, 3), em.shl(em.bits(hm, 4 * h + s, 1), 2))
+                    parts[e0 // 16].append(RpPart(e0, q, False))  # q - 4 through the offset
+        groups = []
+        for g in range(16):
+            lo = b.and_(b.lshr(u[g % 8], vc(4 * (g // 8))), vc(15))
+            hi = b.and_(b.lshr(u[8 + g % 4], vc(2 * (g // 4))), vc(3))
+            scale = b.sub(b.or_(lo, b.shl(hi, vc(4))), vc(32))
+            groups.append(RpGroup(parts[g], scale=scale, offset=4, sums=(g,)))
+        return RpBlock(em.rp_f16(field(0), R), groups)
 
     @staticmethod
     def _scales(em, p):
@@ -206,9 +254,7 @@ def _rp_k4(em, field, R, qs, code):
     """An interleaved Q4_K / Q5_K super-block: fields 0, 1, 2 d, dmin and the packed scales
     (1-byte chunks), field qs the nibbles (4-byte chunks); code(g, i, q) the codes of
     sub-block g's weights 4i..4i+3 from their nibbles q (Q5_K adds its fifth bits)."""
-    vi = ir.VectorType(I32, R)
-    sm = [_k4_unpack(em.b, lambda k: em.rp_byte(field(2), k, R), j, lambda v: ir.Constant(vi, [v] * R))
-          for j in range(8)]
+    sm = [_k4_unpack(em.b, lambda k: em.rp_byte(field(2), k, R), j, _rp_const(R)) for j in range(8)]
     groups = []
     for g in range(8):  # sub-block g = 2j + n: nibble n of qs[32j .. 32j + 31]
         j, n = divmod(g, 2)
