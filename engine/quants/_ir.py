@@ -339,6 +339,20 @@ class Emit:
                     for j in range(len(part))]
         return out
 
+    def lut16_wide(self, table, idx):
+        """table[i] per byte of idx (<n x i8>, n a multiple of 16, values 0..15): the interleaved
+        blocks' lookup of a whole 4R-byte chunk. One 256/512-bit pshufb (the table in every
+        128-bit lane) where the target has it, else lut16 on the 16-byte pieces."""
+        n = idx.type.count
+        name = {32: "llvm.x86.avx2.pshuf.b", 64: "llvm.x86.avx512.pshuf.b.512"}.get(n)
+        if self.pshufb and name and (self.avx512 if n == 64 else self.avx2):
+            ty = ir.VectorType(I8, n)
+            fn = cgutils.get_or_insert_function(self.b.module, ir.FunctionType(ty, [ty, ty]), name)
+            return self.b.call(fn, [ir.Constant(ty, list(table) * (n // 16)), idx])
+        pieces = [self.b.shuffle_vector(idx, idx, ir.Constant(ir.VectorType(I32, 16), list(range(k, k + 16))))
+                  for k in range(0, n, 16)]
+        return self._concat(self.lut16(table, pieces))
+
     def _concat(self, vs):
         """Vectors of equal length, end to end (padded with copies of the first to 2^k)."""
         while len(vs) & (len(vs) - 1):
