@@ -26,9 +26,9 @@ def _layout(qtype):
 
 
 def test_rp_types():
-    """Every quantised type but MXFP4 has the interleaved form (each tested below)."""
+    """Every quantised type has the interleaved form (each tested below); the dense ones not."""
     assert set(RP_TYPES) == {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
-                             T.IQ4_NL, T.IQ4_XS}
+                             T.IQ4_NL, T.IQ4_XS, T.MXFP4}
     for qtype, qt in quants.QUANT_TYPES.items():
         assert (qt.repack is not None) == (qtype in RP_TYPES)
 
@@ -224,7 +224,7 @@ def test_portable_interleaved_lowers_on_other_targets(qtype, triple, cpu, featur
 
 
 def test_qtensor_without_form_has_no_copy():
-    w = make_tensor(T.MXFP4, 4, 256)
+    w = make_tensor(T.F16, 4, 256)
     assert w.packed is None and w.packed_nbytes == 0
     odd = QTensor("odd", T.Q8_0, 2, 40, np.zeros((2, 34), np.uint8))  # n_cols not whole blocks
     assert odd.packed is None

@@ -385,12 +385,21 @@ class Emit:
 
         e < 2 give the subnormals 2^-128 and 2^-127; e = 255 gives 2^127 (no NaN code).
         """
+        return self.e8m0_half_of(self.u8(base, off))
+
+    def e8m0_half_of(self, e):
+        """e8m0_half of e: an i32, or an <R x i32> (one E8M0 byte per interleaved row)."""
         b = self.b
-        e = self.u8(base, off)
-        small = b.shl(ir.Constant(I32, 0x00200000), b.and_(e, ir.Constant(I32, 1)))
-        normal = b.shl(b.sub(e, ir.Constant(I32, 1)), ir.Constant(I32, 23))
-        bits = b.select(b.icmp_unsigned("<", e, ir.Constant(I32, 2)), small, normal)
-        return b.bitcast(bits, F32)
+        ty = e.type
+
+        def c(v):
+            return ir.Constant(ty, [v] * ty.count) if isinstance(ty, ir.VectorType) else ir.Constant(ty, v)
+
+        small = b.shl(c(0x00200000), b.and_(e, c(1)))
+        normal = b.shl(b.sub(e, c(1)), c(23))
+        bits = b.select(b.icmp_unsigned("<", e, c(2)), small, normal)
+        fty = ir.VectorType(F32, ty.count) if isinstance(ty, ir.VectorType) else F32
+        return b.bitcast(bits, fty)
 
     def sub8(self, q, k):
         """q - k: on <16 x i8> wrapping (to centre unsigned codes, then read as signed), on

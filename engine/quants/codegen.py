@@ -78,7 +78,7 @@ TYPES = (
     TypeSpec("Q4_K", "k_quants", "q8_k", rp=True), TypeSpec("Q5_K", "k_quants", "q8_k", rp=True),
     TypeSpec("Q6_K", "k_quants", "q8_k", rp=True),
     TypeSpec("IQ4_NL", "iq4", "q8_0", rp=True), TypeSpec("IQ4_XS", "iq4", "q8_k", rp=True),
-    TypeSpec("MXFP4", "mxfp4", "q8_0"),
+    TypeSpec("MXFP4", "mxfp4", "q8_0", rp=True),
 )
 
 

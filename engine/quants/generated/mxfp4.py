@@ -13,11 +13,11 @@ from numba import prange
 
 from ... import jit
 from .. import _ir, _kern, _q8, mxfp4
-from .._kern import check_shapes, group_sums
+from .._kern import check_packed, check_shapes, code_sums, group_sums
 
 # These kernels contain code from those modules too: whether numba's cache may serve them
 # depends on their digest when this file was generated (see jit.generated_kernel).
-_parallel_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, mxfp4), "27b1e8523db75fa2")
+_parallel_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, mxfp4), "12d8b237b2219d36")
 
 _layout = mxfp4.MXFP4Layout()
 _G, _BB, _BE = _layout.group, _layout.block_bytes, _layout.block_elems
@@ -257,6 +257,210 @@ def matvec_multi_same_x_i8_mxfp4(raws, x, outs):
     _kern.launch_matvec_multi_same_x(_matvec_multi_same_x_i8_mxfp4, raws, x, outs)
 
 
+_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, mxfp4), "12d8b237b2219d36", parallel=False)
+_SG = _layout.rp_sum_group  # x codes per sum of the offsets and mins
+_gdot1 = _ir.make_group_dot_i8(_layout, 1)  # llama.cpp's integer dots over R interleaved rows
+_gdot2 = _ir.make_group_dot_i8(_layout, 2)
+_gdot4 = _ir.make_group_dot_i8(_layout, 4)
+
+
+@_kernel
+def _rp_rows_mxfp4():
+    """Rows per interleaved group of the compile target (16 with AVX-512, else 8)."""
+    return _ir.rp_rows()
+
+
+def repack_mxfp4(raw):
+    """The MXFP4 rows raw interleaved for the matvec_*_rp_mxfp4 kernels (_kern.repack_rows)."""
+    return _kern.repack_rows(_layout, raw, _rp_rows_mxfp4())
+
+
+def unpack_mxfp4(packed, r0, r1):
+    """Rows r0..r1 of a repack_mxfp4 copy in the MXFP4 layout again (_kern.unpack_rows)."""
+    return _kern.unpack_rows(_layout, packed, _rp_rows_mxfp4(), r0, r1)
+
+
+@_parallel_kernel
+def _matvec_rp_mxfp4(pk0, pk1, pk2, x, out0, out1, out2):
+    """out_i = W_i @ x for three MXFP4 weights repacked by repack_mxfp4 sharing x, by integer dots
+    against x quantised once to q8_0, one launch over all their row groups."""
+    R = _ir.rp_rows()
+    g0, g1, g2 = pk0.shape[0], pk1.shape[0], pk2.shape[0]
+    check_packed(g0, pk0.shape[1], out0.shape[0], x.shape[0], 1, 1, R, _BB, _BE)
+    check_packed(g1, pk1.shape[1], out1.shape[0], x.shape[0], 1, 1, R, _BB, _BE)
+    check_packed(g2, pk2.shape[1], out2.shape[0], x.shape[0], 1, 1, R, _BB, _BE)
+    x2 = x.reshape((1, x.shape[0]))
+    o0 = out0.reshape((1, out0.shape[0]))
+    o1 = out1.reshape((1, out1.shape[0]))
+    o2 = out2.reshape((1, out2.shape[0]))
+    xq, xd, xs = _q8.quantize_q8_0(x2)
+    xu = code_sums(xq, _SG)
+    for g in prange(g0 + g1 + g2):
+        if g < g0:
+            _gdot1(pk0, g, xq, xd, xs, xu, o0, 0)
+        elif g < g0 + g1:
+            _gdot1(pk1, g - g0, xq, xd, xs, xu, o1, 0)
+        else:
+            _gdot1(pk2, g - g0 - g1, xq, xd, xs, xu, o2, 0)
+
+
+def matvec_rp_mxfp4(packed, x, out):
+    _kern.launch_matvec(_matvec_rp_mxfp4, packed, x, out)
+
+
+def matvec_same_x_rp_mxfp4(packs, x, outs):
+    _kern.launch_matvec_same_x(_matvec_rp_mxfp4, packs, x, outs)
+
+
+@_kernel
+def _rp_tokens_mxfp4(pk, g, xq, xd, xs, xu, out):
+    """Row group g of pk for every token: four at a time, then two, then one."""
+    n_tok = xq.shape[0] // 1  # xq's rows a token
+    t0 = 0
+    while n_tok - t0 >= 4:
+        _gdot4(pk, g, xq, xd, xs, xu, out, t0)
+        t0 += 4
+    rem = n_tok - t0
+    if rem >= 2:
+        _gdot2(pk, g, xq, xd, xs, xu, out, t0)
+        t0 += 2
+    if rem & 1:
+        _gdot1(pk, g, xq, xd, xs, xu, out, t0)
+
+
+@_parallel_kernel
+def _matvec_multi_rp_mxfp4(pk, x, out):
+    """out (T, n_rows) = x (T, n_cols) @ W.T for a MXFP4 weight repacked by repack_mxfp4, by
+    integer dots, each token quantised once to q8_0; prange over row groups."""
+    check_packed(pk.shape[0], pk.shape[1], out.shape[1], x.shape[1], x.shape[0], out.shape[0],
+                 _ir.rp_rows(), _BB, _BE)
+    xq, xd, xs = _q8.quantize_q8_0(x)
+    xu = code_sums(xq, _SG)
+    for g in prange(pk.shape[0]):
+        _rp_tokens_mxfp4(pk, g, xq, xd, xs, xu, out)
+
+
+def matvec_multi_rp_mxfp4(packed, x, out):
+    _kern.launch_matvec_multi(_matvec_multi_rp_mxfp4, packed, x, out)
+
+
+@_parallel_kernel
+def _matvec_multi_same_x_rp_mxfp4(pk0, pk1, pk2, x, out0, out1, out2):
+    """out_i (T, n_i) = x (T, n_cols) @ W_i.T for three repacked MXFP4 weights sharing x, by
+    integer dots against x quantised once to q8_0, one launch."""
+    R = _ir.rp_rows()
+    g0, g1, g2 = pk0.shape[0], pk1.shape[0], pk2.shape[0]
+    check_packed(g0, pk0.shape[1], out0.shape[1], x.shape[1], x.shape[0], out0.shape[0], R, _BB, _BE)
+    check_packed(g1, pk1.shape[1], out1.shape[1], x.shape[1], x.shape[0], out1.shape[0], R, _BB, _BE)
+    check_packed(g2, pk2.shape[1], out2.shape[1], x.shape[1], x.shape[0], out2.shape[0], R, _BB, _BE)
+    xq, xd, xs = _q8.quantize_q8_0(x)
+    xu = code_sums(xq, _SG)
+    for g in prange(g0 + g1 + g2):
+        if g < g0:
+            _rp_tokens_mxfp4(pk0, g, xq, xd, xs, xu, out0)
+        elif g < g0 + g1:
+            _rp_tokens_mxfp4(pk1, g - g0, xq, xd, xs, xu, out1)
+        else:
+            _rp_tokens_mxfp4(pk2, g - g0 - g1, xq, xd, xs, xu, out2)
+
+
+def matvec_multi_same_x_rp_mxfp4(packs, x, outs):
+    _kern.launch_matvec_multi_same_x(_matvec_multi_same_x_rp_mxfp4, packs, x, outs)
+
+
+_g2dot1 = _ir.make_group_dot_i8(_layout, 1, planes=2)  # the same over x in two 8-bit planes
+_g2dot2 = _ir.make_group_dot_i8(_layout, 2, planes=2)
+_g2dot4 = _ir.make_group_dot_i8(_layout, 4, planes=2)
+
+
+@_parallel_kernel
+def _matvec_rp16_mxfp4(pk0, pk1, pk2, x, out0, out1, out2):
+    """out_i = W_i @ x for three MXFP4 weights repacked by repack_mxfp4 sharing x, by integer dots
+    against x in two 8-bit planes, one launch over all their row groups."""
+    R = _ir.rp_rows()
+    g0, g1, g2 = pk0.shape[0], pk1.shape[0], pk2.shape[0]
+    check_packed(g0, pk0.shape[1], out0.shape[0], x.shape[0], 1, 1, R, _BB, _BE)
+    check_packed(g1, pk1.shape[1], out1.shape[0], x.shape[0], 1, 1, R, _BB, _BE)
+    check_packed(g2, pk2.shape[1], out2.shape[0], x.shape[0], 1, 1, R, _BB, _BE)
+    x2 = x.reshape((1, x.shape[0]))
+    o0 = out0.reshape((1, out0.shape[0]))
+    o1 = out1.reshape((1, out1.shape[0]))
+    o2 = out2.reshape((1, out2.shape[0]))
+    xq, xd, xs = _q8.quantize_planes(x2, _BE)
+    xu = code_sums(xq, _SG)
+    for g in prange(g0 + g1 + g2):
+        if g < g0:
+            _g2dot1(pk0, g, xq, xd, xs, xu, o0, 0)
+        elif g < g0 + g1:
+            _g2dot1(pk1, g - g0, xq, xd, xs, xu, o1, 0)
+        else:
+            _g2dot1(pk2, g - g0 - g1, xq, xd, xs, xu, o2, 0)
+
+
+def matvec_rp16_mxfp4(packed, x, out):
+    _kern.launch_matvec(_matvec_rp16_mxfp4, packed, x, out)
+
+
+def matvec_same_x_rp16_mxfp4(packs, x, outs):
+    _kern.launch_matvec_same_x(_matvec_rp16_mxfp4, packs, x, outs)
+
+
+@_kernel
+def _rp16_tokens_mxfp4(pk, g, xq, xd, xs, xu, out):
+    """Row group g of pk for every token: four at a time, then two, then one."""
+    n_tok = xq.shape[0] // 2  # xq's rows a token
+    t0 = 0
+    while n_tok - t0 >= 4:
+        _g2dot4(pk, g, xq, xd, xs, xu, out, t0)
+        t0 += 4
+    rem = n_tok - t0
+    if rem >= 2:
+        _g2dot2(pk, g, xq, xd, xs, xu, out, t0)
+        t0 += 2
+    if rem & 1:
+        _g2dot1(pk, g, xq, xd, xs, xu, out, t0)
+
+
+@_parallel_kernel
+def _matvec_multi_rp16_mxfp4(pk, x, out):
+    """out (T, n_rows) = x (T, n_cols) @ W.T for a MXFP4 weight repacked by repack_mxfp4, by
+    integer dots, each token in two 8-bit planes; prange over row groups."""
+    check_packed(pk.shape[0], pk.shape[1], out.shape[1], x.shape[1], x.shape[0], out.shape[0],
+                 _ir.rp_rows(), _BB, _BE)
+    xq, xd, xs = _q8.quantize_planes(x, _BE)
+    xu = code_sums(xq, _SG)
+    for g in prange(pk.shape[0]):
+        _rp16_tokens_mxfp4(pk, g, xq, xd, xs, xu, out)
+
+
+def matvec_multi_rp16_mxfp4(packed, x, out):
+    _kern.launch_matvec_multi(_matvec_multi_rp16_mxfp4, packed, x, out)
+
+
+@_parallel_kernel
+def _matvec_multi_same_x_rp16_mxfp4(pk0, pk1, pk2, x, out0, out1, out2):
+    """out_i (T, n_i) = x (T, n_cols) @ W_i.T for three repacked MXFP4 weights sharing x, by
+    integer dots against x in two 8-bit planes, one launch."""
+    R = _ir.rp_rows()
+    g0, g1, g2 = pk0.shape[0], pk1.shape[0], pk2.shape[0]
+    check_packed(g0, pk0.shape[1], out0.shape[1], x.shape[1], x.shape[0], out0.shape[0], R, _BB, _BE)
+    check_packed(g1, pk1.shape[1], out1.shape[1], x.shape[1], x.shape[0], out1.shape[0], R, _BB, _BE)
+    check_packed(g2, pk2.shape[1], out2.shape[1], x.shape[1], x.shape[0], out2.shape[0], R, _BB, _BE)
+    xq, xd, xs = _q8.quantize_planes(x, _BE)
+    xu = code_sums(xq, _SG)
+    for g in prange(g0 + g1 + g2):
+        if g < g0:
+            _rp16_tokens_mxfp4(pk0, g, xq, xd, xs, xu, out0)
+        elif g < g0 + g1:
+            _rp16_tokens_mxfp4(pk1, g - g0, xq, xd, xs, xu, out1)
+        else:
+            _rp16_tokens_mxfp4(pk2, g - g0 - g1, xq, xd, xs, xu, out2)
+
+
+def matvec_multi_same_x_rp16_mxfp4(packs, x, outs):
+    _kern.launch_matvec_multi_same_x(_matvec_multi_same_x_rp16_mxfp4, packs, x, outs)
+
+
 MXFP4 = _kern.quant_type(
     GGMLQuantizationType.MXFP4, _layout,
     matvec=matvec_mxfp4, matvec_same_x=matvec_same_x_mxfp4,
@@ -264,4 +468,8 @@ MXFP4 = _kern.quant_type(
     dequant=dequant_mxfp4, get_rows=get_rows_mxfp4,
     matvec_i8=matvec_i8_mxfp4, matvec_same_x_i8=matvec_same_x_i8_mxfp4, matvec_multi_i8=matvec_multi_i8_mxfp4,
     matvec_multi_same_x_i8=matvec_multi_same_x_i8_mxfp4,
+    repack=repack_mxfp4, unpack=unpack_mxfp4, matvec_rp=matvec_rp_mxfp4, matvec_same_x_rp=matvec_same_x_rp_mxfp4,
+    matvec_multi_rp=matvec_multi_rp_mxfp4, matvec_multi_same_x_rp=matvec_multi_same_x_rp_mxfp4,
+    matvec_rp16=matvec_rp16_mxfp4, matvec_same_x_rp16=matvec_same_x_rp16_mxfp4,
+    matvec_multi_rp16=matvec_multi_rp16_mxfp4, matvec_multi_same_x_rp16=matvec_multi_same_x_rp16_mxfp4,
 )
