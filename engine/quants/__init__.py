@@ -25,8 +25,8 @@ the float path. use_int8(True), GGSTATION_INT8=1 or `--int8`
 select llama.cpp's int8 formulation for the block types instead: x quantised once per mat-vec
 to the type's vec_dot_type (_q8.py), integer dots per block, float scales per block
 (matvec_i8_<qtype>); prefill (matmul beyond MATVEC_MAX_TOKENS) then rounds its activations to
-the same grid, so prefilled and decoded tokens see the same numbers. Types with a
-row-interleaved form (Layout.rp_block: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) run the
+the same grid, so prefilled and decoded tokens see the same numbers. The block types (each
+with a row-interleaved form, Layout.rp_block) run the
 default's and int8's mat-vecs on a copy of their rows interleaved 8 or 16 at a time
 (QTensor.packed, made on first use; matvec_*_rp16_<qtype>, matvec_*_rp_<qtype>); path_op picks
 the kernel.
