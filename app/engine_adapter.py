@@ -151,7 +151,7 @@ class LlmSession(SessionApi):
         sp = SamplingParams(
             temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
             min_p=sampling.min_p, repeat_penalty=sampling.repeat_penalty, seed=sampling.seed,
-            ignore_eos=sampling.ignore_eos,
+            ignore_eos=sampling.ignore_eos, logprobs=False,  # the chat shows none: spare the softmax
         )
         request = GenerationRequest(prompt=self._tokens(messages), params=sp,
                                     n_predict=sampling.max_tokens,

@@ -108,6 +108,8 @@ class SamplingParams:
     (llama.cpp's names; "dry" and names it does not know are skipped). `n_probs` > 0 asks for
     the log-probabilities of that many most likely tokens at each step; with
     `post_sampling_probs`, for their probabilities after the chain instead (those the draw used).
+    `logprobs` False spares each step the sampled token's log-probability (GenerationStep.logprob
+    NaN: a softmax over the whole vocabulary, ~0.1 ms a token); n_probs > 0 computes it anyway.
     """
 
     temperature: float = 0.8
@@ -131,6 +133,7 @@ class SamplingParams:
     xtc_probability: float = 0.0
     xtc_threshold: float = 0.1
     samplers: tuple[str, ...] = DEFAULT_SAMPLERS
+    logprobs: bool = True
 
     @property
     def greedy(self) -> bool:
@@ -494,7 +497,8 @@ class Sampler:
         # A bias that bans every token leaves nothing to draw. llama.cpp's chain never empties
         # (its bias only lowers logits to -inf) and its dist sampler then falls back to
         # whichever candidate it holds last; here the step runs as if unbiased instead.
-        x = biased if np.any(biased > _NEG_INF) else x
+        if biased is not x and np.any(biased > _NEG_INF):
+            x = biased
         penalize = partial(apply_penalties, history=history, repeat_last_n=p.repeat_last_n,
                            repeat_penalty=p.repeat_penalty, frequency_penalty=p.frequency_penalty,
                            presence_penalty=p.presence_penalty)

@@ -9,6 +9,7 @@ end (server, CLI, desktop app) gets the `GenerationStep`s it returns.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,7 +34,8 @@ class GenerationStep:
         token: the sampled token id.
         text_delta: new text to show; may be empty (an incomplete UTF-8 character, text held
             back because it could start a stop string, or an end-of-generation token).
-        logprob: natural-log probability of `token` under the raw logits (plain softmax).
+        logprob: natural-log probability of `token` under the raw logits (plain softmax); NaN
+            when the request's SamplingParams.logprobs is False and it asks for no n_probs.
         top_logprobs: the `n_probs` most likely (token, logprob) pairs, most likely first.
         finish_reason: None while generating, 'stop' (end-of-generation token or stop
             string) or 'length' (token limit or end of the context) on the last step.
@@ -158,7 +160,7 @@ class SequenceGenerator:
         if self._t_first is None:
             self._t_first = now
             self._t_prompt_ms = (now - self._t_start) * 1e3
-        lse = logsumexp(logits)
+        lse = logsumexp(logits) if self.params.logprobs or self.params.n_probs > 0 else None
         prob: float | None = None
         top_probs: tuple[tuple[int, float], ...] = ()
         if self.params.post_sampling_probs and self.sampler.last_candidates is not None:
@@ -171,7 +173,7 @@ class SequenceGenerator:
         return GenerationStep(
             token=token,
             text_delta=text,
-            logprob=float(logits[token]) - lse,
+            logprob=float(logits[token]) - lse if lse is not None else math.nan,
             top_logprobs=top_logprobs(logits, self.params.n_probs, lse),
             finish_reason=self.finish_reason,
             n_prompt=self.n_prompt,

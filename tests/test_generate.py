@@ -6,6 +6,7 @@ sequence and every stop condition can be placed exactly.
 
 import json
 import threading
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -144,6 +145,23 @@ def test_logprobs_and_counters():
     assert len(s.top_logprobs) == 3 and s.top_logprobs[0][0] == 1
     assert (s.n_prompt, s.n_cached) == (3, 2)
     assert s.t_prompt_ms >= 0 and steps[1].t_gen_ms >= 0
+
+
+def test_logprob_only_when_asked_for():
+    """logprobs=False spares the softmax (logprob NaN) and samples the same tokens; n_probs > 0
+    computes it anyway."""
+    seeded = SamplingParams(seed=7, top_k=0, temperature=1.5, ignore_eos=True)
+    logits = [np.linspace(-1.0, 1.0, 10).astype(np.float32) for _ in range(6)]
+
+    def run(params):
+        gen = SequenceGenerator(FakeTokenizer(), params, 6, detokenizer=FakeDetokenizer())
+        return [gen.accept(x) for x in logits]
+
+    full, lean = run(seeded), run(replace(seeded, logprobs=False))
+    assert [s.token for s in full] == [s.token for s in lean]
+    assert all(np.isfinite(s.logprob) for s in full) and all(np.isnan(s.logprob) for s in lean)
+    probs = run(replace(seeded, logprobs=False, n_probs=2))
+    assert [s.logprob for s in probs] == [s.logprob for s in full] and len(probs[0].top_logprobs) == 2
 
 
 def test_penalties_see_the_prompt():

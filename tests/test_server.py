@@ -133,6 +133,8 @@ def test_server_chat_stop_and_logprobs(client):
     assert entries[0]["logprob"] <= 0
     plain = client.post("/v1/chat/completions", json=chat(max_tokens=2, logprobs=True)).json()
     assert [e["token"] for e in plain["choices"][0]["logprobs"]["content"]] == ["a", "b"]
+    # logprobs without top_logprobs asks for no n_probs, yet each token's log-probability is computed
+    assert all(-50 < e["logprob"] <= 0 for e in plain["choices"][0]["logprobs"]["content"])
 
 
 def test_server_v1_completions(client):

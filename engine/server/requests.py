@@ -63,12 +63,15 @@ PROMPT_STRING_KEY = "prompt_string"  # llama-server's prompt object keys
 MULTIMODAL_KEY = "multimodal_data"
 
 
-def sampling_params(state: ServerState, body: SamplingFields, n_probs: int | None = None) -> SamplingParams:
-    """The server's default SamplingParams with the request's fields applied."""
+def sampling_params(state: ServerState, body: SamplingFields, n_probs: int | None = None,
+                    logprobs: bool = False) -> SamplingParams:
+    """The server's default SamplingParams with the request's fields applied; `logprobs`: the
+    reply reports each token's log-probability even without n_probs (OpenAI chat's logprobs)."""
     given = body.model_dump(include=set(_SAMPLING_FIELDS), exclude_none=True)
-    kw = {_SAMPLING_FIELDS[k]: v for k, v in given.items()}
+    kw: dict[str, Any] = {_SAMPLING_FIELDS[k]: v for k, v in given.items()}
     if n_probs is not None:
         kw["n_probs"] = n_probs
+    kw["logprobs"] = logprobs or kw.get("n_probs", state.options.default_sampling.n_probs) > 0
     if body.samplers is not None:
         kw["samplers"] = sampler_names(body.samplers)
     if body.post_sampling_probs is not None:
@@ -400,7 +403,7 @@ def chat_request(state: ServerState, body: ChatCompletionRequest) -> tuple[Gener
     n_probs = (body.top_logprobs or 0) if body.logprobs else (body.n_probs or 0)
     req = GenerationRequest(
         prompt=ids,
-        params=sampling_params(state, body, n_probs=n_probs),
+        params=sampling_params(state, body, n_probs=n_probs, logprobs=bool(body.logprobs)),
         n_predict=n_predict(state, body.n_predict, body.max_completion_tokens, body.max_tokens),
         stop=stop_list(body.stop) + list(template.stop_strings),
         cache_prompt=state.options.cache_prompt if body.cache_prompt is None else body.cache_prompt,
