@@ -568,6 +568,21 @@ class RpPart:
         self.x_off, self.w, self.signed = x_off, w, signed
 
 
+def rp_nibble_parts(em, field, R, code=None, signed=False, chunk0=0, e0=0):
+    """The 8 RpParts of 32 weights stored as Q4_0 stores them (16 bytes, weight e0 + j the low
+    nibble of byte j, e0 + 16 + j its high nibble), at 4-byte chunks chunk0 .. chunk0 + 3 of
+    `field` (R rows interleaved); code(nibbles) the codes the dot takes (the nibbles; a
+    table's values for IQ4 / MXFP4), signed or not."""
+    parts = []
+    for c in range(4):
+        q = em.rp_chunk(field, chunk0 + c, R)
+        lo, hi = em.nib_lo(q), em.nib_hi(q)
+        if code is not None:
+            lo, hi = code(lo), code(hi)
+        parts += [RpPart(e0 + 4 * c, lo, signed), RpPart(e0 + 16 + 4 * c, hi, signed)]
+    return parts
+
+
 class RpGroup:
     """Parts sharing one integer scale: scale * (sum over parts of w . x codes - offset *
     the sums of x's codes at `sums`), all in i32 lanes. scale: <R x i32> or None (1); sums:

@@ -8,7 +8,7 @@ The layout only: the kernels are generated into generated/mxfp4.py by codegen.py
 
 from __future__ import annotations
 
-from ._ir import Group, IntBlock, IntPart, Layout, RpBlock, RpGroup, RpPart
+from ._ir import Group, IntBlock, IntPart, Layout, RpBlock, RpGroup, rp_nibble_parts
 
 # ggml-common.h kvalues_mxfp4: 2 * the e2m1 value of each code (bit 3 is the sign).
 KVALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
@@ -34,9 +34,5 @@ class MXFP4Layout(Layout):
     rp_fields = ((0, 1, 0), (1, 16, 4))  # e, qs
 
     def rp_block(self, em, field, R):
-        parts = []
-        for v in range(4):
-            q = em.rp_chunk(field(1), v, R)
-            parts += [RpPart(4 * v, em.lut16_wide(KVALUES, em.nib_lo(q)), True),
-                      RpPart(16 + 4 * v, em.lut16_wide(KVALUES, em.nib_hi(q)), True)]
+        parts = rp_nibble_parts(em, field(1), R, lambda q: em.lut16_wide(KVALUES, q), True)
         return RpBlock(em.e8m0_half_of(em.rp_byte(field(0), 0, R)), [RpGroup(parts, sums=(0,))])

@@ -5,7 +5,7 @@ The bit layout only: its kernels are generated into generated/q4_0.py by codegen
 
 from __future__ import annotations
 
-from ._ir import Group, IntBlock, IntPart, Layout, RpBlock, RpGroup, RpPart
+from ._ir import Group, IntBlock, IntPart, Layout, RpBlock, RpGroup, rp_nibble_parts
 
 
 # Block layout (18 bytes):
@@ -29,8 +29,4 @@ class Q4_0Layout(Layout):
     rp_fields = ((0, 2, 0), (2, 16, 4))  # d, qs
 
     def rp_block(self, em, field, R):  # codes q in 0..15 for the weights q - 8: offset 8
-        parts = []
-        for v in range(4):
-            q = em.rp_chunk(field(1), v, R)
-            parts += [RpPart(4 * v, em.nib_lo(q), False), RpPart(16 + 4 * v, em.nib_hi(q), False)]
-        return RpBlock(em.rp_f16(field(0), R), [RpGroup(parts, offset=8, sums=(0,))])
+        return RpBlock(em.rp_f16(field(0), R), [RpGroup(rp_nibble_parts(em, field(1), R), offset=8, sums=(0,))])

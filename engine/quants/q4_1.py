@@ -5,7 +5,7 @@ The bit layout only: its kernels are generated into generated/q4_1.py by codegen
 
 from __future__ import annotations
 
-from ._ir import Group, IntBlock, IntPart, Layout, RpBlock, RpGroup, RpPart
+from ._ir import Group, IntBlock, IntPart, Layout, RpBlock, RpGroup, rp_nibble_parts
 
 
 # Block layout (20 bytes):
@@ -28,8 +28,4 @@ class Q4_1Layout(Layout):
     rp_fields = ((0, 2, 0), (2, 2, 0), (4, 16, 4))  # d, m, qs
 
     def rp_block(self, em, field, R):
-        parts = []
-        for v in range(4):  # chunk v: weights 4v..4v+3 in its low nibbles, 16+4v.. in its high
-            q = em.rp_chunk(field(2), v, R)
-            parts += [RpPart(4 * v, em.nib_lo(q), False), RpPart(16 + 4 * v, em.nib_hi(q), False)]
-        return RpBlock(em.rp_f16(field(0), R), [RpGroup(parts)], m=em.rp_f16(field(1), R))
+        return RpBlock(em.rp_f16(field(0), R), [RpGroup(rp_nibble_parts(em, field(2), R))], m=em.rp_f16(field(1), R))
