@@ -63,6 +63,23 @@ def test_repack_lays_rows_side_by_side(qtype, rows):
     assert sorted(pk.ravel()) == sorted(padded.ravel())  # a permutation
 
 
+def test_repack_spread_over_worker_threads_gives_the_same_bytes():
+    """The copy is made in slices on the batch path's worker threads when there are several:
+    the same bytes as one thread's, however many slices the rows cut into."""
+    from engine import parallel
+
+    layout = _layout(T.Q4_K)
+    raw = np.random.default_rng(5).integers(0, 256, (16 * 9 + 5, 2 * layout.block_bytes), dtype=np.uint8)
+    one = _kern.repack_rows(layout, raw, 16)
+    before = parallel.pool_size()
+    try:
+        for n in (2, 3):
+            parallel.set_pool_size(n)
+            np.testing.assert_array_equal(_kern.repack_rows(layout, raw, 16), one)
+    finally:
+        parallel.set_pool_size(before)
+
+
 @pytest.mark.int8
 @pytest.mark.parametrize("n_rows", [1, 7, 8, 16, 17, 40])
 @pytest.mark.parametrize("qtype", RP_TYPES, ids=lambda t: t.name)
