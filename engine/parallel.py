@@ -19,8 +19,16 @@ _pool: ThreadPoolExecutor | None = None
 _size = 1
 
 
+class _PoolThread(threading.local):
+    active = False  # this thread is one of the pool's workers
+
+
+_in_pool = _PoolThread()
+
+
 def _init_worker() -> None:
     numba.set_num_threads(1)
+    _in_pool.active = True
 
 
 def limit_blas_threads() -> None:
@@ -50,9 +58,11 @@ def pool_size() -> int:
 
 
 def run_parts(fn: Callable[[int, int], None], n_parts: int) -> None:
-    """Call fn(part, worker) for part in range(n_parts), spread over the pool; re-raises."""
+    """Call fn(part, worker) for part in range(n_parts), spread over the pool; re-raises.
+    Called from one of the pool's own threads (a part that runs parts), it runs them there:
+    waiting on the pool from inside it could leave every worker waiting on the others."""
     pool = _pool
-    if pool is None or n_parts <= 1:
+    if pool is None or n_parts <= 1 or _in_pool.active:
         for p in range(n_parts):
             fn(p, 0)
         return

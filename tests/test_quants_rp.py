@@ -5,6 +5,8 @@ path giving the same bits, the portable IR on other targets, and bad shapes refu
 
 from __future__ import annotations
 
+import threading
+
 import numba
 import numpy as np
 import pytest
@@ -78,6 +80,25 @@ def test_repack_spread_over_worker_threads_gives_the_same_bytes():
             np.testing.assert_array_equal(_kern.repack_rows(layout, raw, 16), one)
     finally:
         parallel.set_pool_size(before)
+
+
+def test_parts_run_from_a_pool_worker_run_there():
+    """A part that runs parts (a copy made from inside a prefill tile) must not wait on the pool
+    it occupies: with every worker doing so, none would be left to run the inner parts."""
+    from engine import parallel
+
+    before = parallel.pool_size()
+    seen: list[tuple[int, int]] = []
+    parallel.set_pool_size(2)
+    outer = threading.Thread(target=parallel.run_parts, daemon=True,
+                             args=(lambda p, w: parallel.run_parts(lambda q, w2: seen.append((p, q)), 3), 2))
+    outer.start()
+    outer.join(30)
+    hung = outer.is_alive()
+    if not hung:
+        parallel.set_pool_size(before)  # (a hung pool is left to its daemon threads)
+    assert not hung, "run_parts from inside the pool waited on itself"
+    assert sorted(seen) == [(p, q) for p in range(2) for q in range(3)]
 
 
 @pytest.mark.int8

@@ -71,7 +71,7 @@ def sampling_params(state: ServerState, body: SamplingFields, n_probs: int | Non
     kw: dict[str, Any] = {_SAMPLING_FIELDS[k]: v for k, v in given.items()}
     if n_probs is not None:
         kw["n_probs"] = n_probs
-    kw["logprobs"] = logprobs or kw.get("n_probs", state.options.default_sampling.n_probs) > 0
+    kw["logprobs"] = logprobs  # (n_probs > 0 computes them anyway: SequenceGenerator.accept)
     if body.samplers is not None:
         kw["samplers"] = sampler_names(body.samplers)
     if body.post_sampling_probs is not None:
