@@ -94,12 +94,13 @@ _SCIPY_BLAS = "scipy.linalg.cython_blas"
 def init_target() -> None:
     """Load numba's CPU target (its typing and lowering registries) without importing SciPy.
 
-    The first kernel call in a process, cached or not, loads those registries; one of them
+    The first compile in a process loads those registries (cache loads skip them:
+    _load_cached_without_registries, which calls this on a cache miss); one of them
     (numba.np.arraymath) imports scipy.linalg, when SciPy is installed, only to decide whether
     np.convolve/np.correlate may call BLAS, which no engine kernel does. With SciPy 1.17 that
     import cost 0.13-0.25 s of CPU and ~20 MB of a generate's start-up (numpy.f2py and
-    array_api_compat come with it). Here the target loads with that one import refused, which numba treats as
-    "no SciPy" (a pure loop for those two functions); np.dot and np.linalg, were a kernel ever
+    array_api_compat come with it). Here the target loads with that one import refused, which
+    numba treats as "no SciPy" (a pure loop for those two functions); np.dot and np.linalg, were a kernel ever
     to use them, still import SciPy when they compile. Nothing is refused once SciPy's BLAS is
     already loaded, or once the target has loaded.
     """
@@ -121,6 +122,44 @@ def init_target() -> None:
             if refuse and sys.modules.get(_SCIPY_BLAS, 0) is None:
                 del sys.modules[_SCIPY_BLAS]
         _target_ready = True
+
+
+def _load_cached_without_registries() -> bool:
+    """Let numba load cached kernels without first loading its CPU target's registries.
+
+    numba's Cache.load_overload refreshes the target context (imports and installs every
+    typing and lowering registry: 0.15 s of a warm start) before each cache load, yet
+    rebuilding a cached kernel needs none of them, only numba's runtime (NRT, whose allocator
+    the kernels call), which is started here as the refresh would. Compiling does need them,
+    and numba's compiler refreshes the context itself (CompilerBase); a cache miss here loads
+    them first, through init_target, so SciPy stays out as before. Returns False, leaving numba as it is,
+    when its Cache does not have the shape this was written against (numba 0.60-0.68).
+    """
+    from numba.core import caching
+
+    cls = caching.Cache
+    if getattr(cls.load_overload, "_ggstation", False):
+        return True
+    if not all(hasattr(cls, a) for a in ("_load_overload", "_guard_against_spurious_io_errors")):
+        return False
+
+    from numba.core.runtime import rtsys
+
+    def load_overload(self, sig, target_context):  # numba's signature
+        rtsys.initialize(target_context)  # the part of a refresh cached code needs (NRT); once
+        data = None
+        with self._guard_against_spurious_io_errors():
+            data = self._load_overload(sig, target_context)
+        if data is None:  # numba compiles next: load the registries, without SciPy
+            init_target()
+        return data
+
+    load_overload._ggstation = True  # type: ignore[attr-defined]
+    cls.load_overload = load_overload  # type: ignore[method-assign]
+    return True
+
+
+LAZY_REGISTRIES = _load_cached_without_registries()
 
 
 def on_passing_thread(fn: Callable[..., T], *args: Any) -> T:

@@ -9,7 +9,6 @@ import time
 import numpy as np
 
 from . import ops, sampling
-from .jit import init_target
 from .models import moe
 from .models.base import qtensors
 from .quants import ExpertTensor
@@ -30,7 +29,6 @@ def cache_is_cold() -> bool:
 def warmup(model, report=None) -> float:
     """Load or compile every kernel the model uses; `report(message)` hears about compiling."""
     t0 = time.perf_counter()
-    init_target()
     if cache_is_cold():
         msg = "first start: compiling numba kernels (a minute or two; cached for later starts)"
         log.warning(msg)

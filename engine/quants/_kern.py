@@ -77,6 +77,39 @@ def check_packed(n_groups, packed_cols, n_rows, x_cols, x_tok, out_tok, rows, bl
         raise ValueError("x and out have different numbers of tokens")
 
 
+def rp_gather(layout: Layout, rows: int, row_bytes: int) -> tuple[np.ndarray, int]:
+    """(index, unit): unit i of one interleaved block group (rows * block_bytes bytes, as
+    repack_rows lays it out) is the unit at offset index[i] of the source rows seen as a flat
+    array of `unit`-byte words, counted from the group's first row's block. unit (4, 2 or 1)
+    is the widest that divides every field piece, the block and the row."""
+    pieces = []  # (source byte offset in the block, bytes, row), in the group's order
+    for off, size, chunk in layout.rp_fields:
+        for src, n in ([(off + c * chunk, chunk) for c in range(size // chunk)] if chunk else [(off, size)]):
+            pieces += [(src, n, r) for r in range(rows)]
+    unit = 4
+    while any((src | n) % unit for src, n, _ in pieces) or layout.block_bytes % unit or row_bytes % unit:
+        unit //= 2
+    index = [(r * row_bytes + src) // unit + j for src, n, r in pieces for j in range(n // unit)]
+    return np.array(index, np.int64), unit
+
+
+@jit.kernel
+def repack_groups(src, out, index, rows, block_units, g0, g1):
+    """out[g0:g1] (groups of `rows` rows, as units) = the rows of src (n_rows, row_units)
+    gathered through `index` (rp_gather), block after block. Serial and GIL-free: callers
+    spread slices over threads."""
+    row_units = src.shape[1]
+    nb = row_units // block_units
+    gu = index.shape[0]
+    flat = src.reshape(-1)
+    for g in range(g0, g1):
+        for b in range(nb):
+            s0 = g * rows * row_units + b * block_units
+            d0 = b * gu
+            for i in range(gu):
+                out[g, d0 + i] = flat[s0 + index[i]]
+
+
 def repack_rows(layout: Layout, raw: np.ndarray, rows: int) -> np.ndarray:
     """The packed rows raw (n_rows, row_bytes) of a type with a row-interleaved form, as
     (ceil(n_rows / rows), row_bytes * rows) uint8: per group of `rows` rows (the last padded
@@ -90,31 +123,23 @@ def repack_rows(layout: Layout, raw: np.ndarray, rows: int) -> np.ndarray:
     n_rows, row_bytes = r.shape
     if row_bytes % bb:
         raise ValueError("weight row bytes are not a whole number of blocks for this type")
-    nb, n_groups = row_bytes // bb, -(-n_rows // rows)
+    n_groups, n_full = -(-n_rows // rows), n_rows // rows
     out = np.empty((n_groups, row_bytes * rows), np.uint8)
-    # groups per slice: at most ~4 MiB of temporaries, and two slices a worker thread at least
-    step = max(1, min((1 << 22) // (row_bytes * rows), -(-n_groups // (2 * parallel.pool_size()))))
+    index, unit = rp_gather(layout, rows, row_bytes)
+    dt = np.dtype(f"u{unit}")
+    src, dst, bu = np.ascontiguousarray(r).view(dt), out.view(dt), bb // unit
+    if n_full < n_groups:  # the last group's rows, padded with zero rows
+        tail = np.zeros((rows, row_bytes), np.uint8)
+        tail[: n_rows - n_full * rows] = r[n_full * rows :]
+        repack_groups(tail.view(dt), dst[n_full:], index, rows, bu, 0, 1)
+    # groups per slice: ~1 MiB, and two slices a worker thread at least
+    step = max(1, min((1 << 20) // (row_bytes * rows), -(-n_full // (2 * parallel.pool_size()))))
 
     def repack_slice(part: int, worker: int) -> None:
-        g0 = part * step
-        g1 = min(n_groups, g0 + step)
-        blocks = np.zeros(((g1 - g0) * rows, nb, bb), np.uint8)
-        src = r[g0 * rows : g1 * rows]
-        blocks[: src.shape[0]] = src.reshape(src.shape[0], nb, bb)
-        blocks = blocks.reshape(g1 - g0, rows, nb, bb)
-        fields = []
-        for off, size, chunk in layout.rp_fields:
-            f = blocks[..., off : off + size]
-            if chunk:  # (g, nb, chunk index, row, chunk bytes)
-                f = f.reshape(g1 - g0, rows, nb, size // chunk, chunk).transpose(0, 2, 3, 1, 4)
-            else:  # (g, nb, row, size)
-                f = f.transpose(0, 2, 1, 3)
-            fields.append(f.reshape(g1 - g0, nb, rows * size))
-        out[g0:g1] = np.concatenate(fields, axis=2).reshape(g1 - g0, -1)
+        repack_groups(src, dst, index, rows, bu, part * step, min(n_full, (part + 1) * step))
 
-    # numpy's copies let the GIL go: the slices spread over the batch path's worker threads
-    # (a big model's copies are made in a fraction of the one-thread time)
-    parallel.run_parts(repack_slice, -(-n_groups // step))
+    # the kernel lets the GIL go: the slices spread over the batch path's worker threads
+    parallel.run_parts(repack_slice, -(-n_full // step))
     return out
 
 
