@@ -156,7 +156,7 @@ def _fill_placement(info: ModelInfo, f: GGUFFile, n_layer: int) -> None:
     if "output.weight" not in f.tensors and "token_embd.weight" in f.tensors:
         tied = f.tensors["token_embd.weight"].nbytes  # the embedding doubles as the output matrix
     info.layer_weights_bytes, info.output_weights_bytes, info.output_tied_bytes = per_layer, head + tied, tied
-    packable = {q for q, qt in quants.QUANT_TYPES.items() if qt.repack is not None}
+    packable = quants.INTERLEAVED_TYPES
     info.repackable_bytes = sum(
         t.nbytes for t in f.tensors.values()
         if t.qtype in packable and len(t.shape) == 2

@@ -33,8 +33,8 @@ def test_generated_modules_match_generator(tmp_path):
 @pytest.mark.parametrize("spec", codegen.TYPES, ids=lambda s: s.name)
 def test_entry_points_named_by_type(spec):
     """matvec_q4_k & co. are what QUANT_TYPES dispatches to (grep q4_k finds the whole path)."""
+    qt = quants.QUANT_TYPES[GGMLQuantizationType[spec.name]]  # imports the type's module
     mod = getattr(generated, spec.t)
-    qt = quants.QUANT_TYPES[GGMLQuantizationType[spec.name]]
     for f in codegen.FAMILIES:
         for op in f.ops:
             # dense types: no int8 path; types without a row-interleaved form: no _rp kernels

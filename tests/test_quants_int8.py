@@ -9,6 +9,7 @@ GGSTATION_NO_INT8 switch.
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -306,7 +307,7 @@ def test_portable_int8_lowers_on_other_targets(qtype, triple, cpu, features):
                                                            _ir.V8F.as_pointer()]), "block")
     builder = ir.IRBuilder(fn.append_basic_block())
     em = _ir.Emit(builder)  # no F16C, no pshufb, no AVX2
-    layout = quants.generated.__dict__[qtype.name.lower()]._layout
+    layout = importlib.import_module(f"engine.quants.generated.{qtype.name.lower()}")._layout
     ib = layout.int_block(em, fn.args[0])
     isum = None
     for part in ib.parts:

@@ -5,6 +5,7 @@ path giving the same bits, the portable IR on other targets, and bad shapes refu
 
 from __future__ import annotations
 
+import importlib
 import threading
 
 import numba
@@ -24,7 +25,7 @@ _QUANT = {"q8_0": _q8.quantize_q8_0, "q8_1": _q8.quantize_q8_1, "q8_k": _q8.quan
 
 
 def _layout(qtype):
-    return quants.generated.__dict__[qtype.name.lower()]._layout
+    return importlib.import_module(f"engine.quants.generated.{qtype.name.lower()}")._layout
 
 
 def test_rp_types():

@@ -14,8 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
+from gguf import GGUFReader
 
 from engine import jit
+from engine.quants.generated import MODULES
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -73,6 +75,10 @@ def test_generate_loads_only_what_it_uses(tiny_llama_path, tmp_path):
     # a warm start loads the cached kernels without numba's typing and lowering registries
     # (engine.jit.LAZY_REGISTRIES; numba.np.arraymath is one of the modules they import)
     assert jit.LAZY_REGISTRIES and "numba.np.arraymath" not in run["modules"]
+    # and imports the generated kernel modules of the model's tensor types only
+    types = {t.tensor_type.name.lower() for t in GGUFReader(tiny_llama_path).tensors}
+    kernels = {m.rsplit(".", 1)[1] for m in run["modules"] if m.startswith("engine.quants.generated.")}
+    assert kernels and kernels <= types and len(types) < len(MODULES)
 
 
 _COMPILE_AFTER_LOADS = """
@@ -113,7 +119,10 @@ def test_help_and_parser_load_no_server_or_gui(tmp_path):
 
 _SCIPY_AFTER_INIT = """
 import sys
+from gguf import GGUFReader
+
 from engine import jit
+from engine.quants.generated import MODULES
 jit.init_target()
 assert "scipy.linalg" not in sys.modules and "scipy.linalg.cython_blas" not in sys.modules
 from numba.np import arraymath

@@ -35,7 +35,8 @@ the kernel.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
+import importlib
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 from gguf import GGMLQuantizationType
@@ -44,12 +45,41 @@ from .. import jit, parallel
 from ..errors import UnsupportedQuantError
 from . import _q8
 from .base import ExpertTensor, QTensor, QuantType
-from .generated import ENTRIES
+from .generated import MODULES, REPACKABLE
 from .reference import dequant_ref
 
-QUANT_TYPES: dict[GGMLQuantizationType, QuantType] = {qt.qtype: qt for qt in ENTRIES}
+
+class _QuantTypes(Mapping[GGMLQuantizationType, QuantType]):
+    """GGML type -> its QuantType entry, importing the type's generated kernel module on first
+    use (a start-up imports the modules of the types its model has, not all sixteen)."""
+
+    def __init__(self, modules: Mapping[str, str]):
+        self._modules = {GGMLQuantizationType[name]: mod for name, mod in modules.items()}
+        self._entries: dict[GGMLQuantizationType, QuantType] = {}
+
+    def __getitem__(self, qtype: GGMLQuantizationType) -> QuantType:
+        qt = self._entries.get(qtype)
+        if qt is None:
+            mod = importlib.import_module(f"{__name__}.generated.{self._modules[qtype]}")
+            qt = self._entries[qtype] = getattr(mod, qtype.name)
+        return qt
+
+    def __iter__(self) -> Iterator[GGMLQuantizationType]:
+        return iter(self._modules)
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __contains__(self, qtype: object) -> bool:
+        return qtype in self._modules
+
+
+QUANT_TYPES = _QuantTypes(MODULES)
 
 SUPPORTED = frozenset(QUANT_TYPES)
+# The types with a row-interleaved copy for the decode kernels (QuantType.repack), known
+# without importing their modules.
+INTERLEAVED_TYPES = frozenset(GGMLQuantizationType[name] for name in REPACKABLE)
 
 # Up to this many tokens a ubatch runs the decode kernels (weights decoded once for all tokens)
 # rather than dequantise + BLAS: the float mat-vec is ~equal to BLAS at 12-16 tokens (OpenBLAS
@@ -389,8 +419,9 @@ def warmup(w: QTensor) -> None:
 
 
 __all__ = [
-    "ExpertTensor", "QTensor", "QuantType", "QUANT_TYPES", "SUPPORTED", "check_supported", "dequant_rows",
-    "get_rows", "matvec", "matvec_many", "matvec_multi", "matvec_multi_many", "matmul", "matmul_many", "tile_rows",
-    "warmup", "TILE_ROWS", "MATVEC_MAX_TOKENS", "use_int8", "int8_enabled", "interleaved", "rows",
-    "DECODE_PATHS", "set_decode_path", "decode_path", "path_op",
+    "ExpertTensor", "QTensor", "QuantType", "QUANT_TYPES", "SUPPORTED", "INTERLEAVED_TYPES",
+    "check_supported", "dequant_rows", "get_rows", "matvec", "matvec_many", "matvec_multi",
+    "matvec_multi_many", "matmul", "matmul_many", "tile_rows", "warmup", "TILE_ROWS", "MATVEC_MAX_TOKENS",
+    "use_int8", "int8_enabled", "interleaved", "rows", "DECODE_PATHS", "set_decode_path", "decode_path",
+    "path_op",
 ]

@@ -535,10 +535,13 @@ def render_type(spec: TypeSpec) -> str:
 
 
 def render_init() -> str:
-    doc = '"""The generated kernel modules, one per type; ENTRIES: their QUANT_TYPES entries."""'
+    doc = ('"""The generated kernel modules, one per type. Each is imported when a model first uses its\n'
+           "type (engine.quants.QUANT_TYPES): ~5 ms of numba dispatchers apiece, which a start-up\n"
+           "should pay only for the types it loads. MODULES: GGML type name -> module; REPACKABLE:\n"
+           'the types with a row-interleaved form (a `repack`)."""')
     lines = [HEADER, doc + "\n\n"]
-    lines += [f"from .{s.t} import {s.name}\n" for s in sorted(TYPES, key=lambda s: s.t)]  # isort order
-    lines.append(f"\nENTRIES = ({', '.join(s.name for s in TYPES)})\n")
+    lines.append("MODULES = {\n" + "".join(f"    {s.name!r}: {s.t!r},\n" for s in TYPES) + "}\n")
+    lines.append("REPACKABLE = frozenset({\n" + "".join(f"    {s.name!r},\n" for s in TYPES if s.rp) + "})\n")
     return "".join(lines)
 
 
