@@ -9,6 +9,8 @@ token) and then launch the type's njit kernel; shapes are checked inside the ker
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
@@ -77,6 +79,7 @@ def check_packed(n_groups, packed_cols, n_rows, x_cols, x_tok, out_tok, rows, bl
         raise ValueError("x and out have different numbers of tokens")
 
 
+@functools.lru_cache(maxsize=256)  # a prefill's tiles unpack the same few shapes again and again
 def rp_gather(layout: Layout, rows: int, row_bytes: int) -> tuple[np.ndarray, int]:
     """(index, unit): unit i of one interleaved block group (rows * block_bytes bytes, as
     repack_rows lays it out) is the unit at offset index[i] of the source rows seen as a flat
@@ -90,7 +93,9 @@ def rp_gather(layout: Layout, rows: int, row_bytes: int) -> tuple[np.ndarray, in
     while any((src | n) % unit for src, n, _ in pieces) or layout.block_bytes % unit or row_bytes % unit:
         unit //= 2
     index = [(r * row_bytes + src) // unit + j for src, n, r in pieces for j in range(n // unit)]
-    return np.array(index, np.int64), unit
+    out = np.array(index, np.int64)
+    out.flags.writeable = False  # shared by every caller (cached)
+    return out, unit
 
 
 @jit.kernel
@@ -149,19 +154,28 @@ def unpack_rows(layout: Layout, packed: np.ndarray, rows: int, r0: int, r1: int)
     has let the mapped rows go (QTensor.packed)."""
     bb = layout.block_bytes
     g0, g1 = r0 // rows, -(-r1 // rows)
-    nb = packed.shape[1] // (rows * bb)
-    src = packed[g0:g1].reshape(g1 - g0, nb, rows * bb)
-    out = np.empty((g1 - g0, rows, nb, bb), np.uint8)
-    at = 0
-    for off, size, chunk in layout.rp_fields:
-        f = src[:, :, at : at + rows * size]
-        at += rows * size
-        if chunk:  # (g, nb, chunk index, row, chunk bytes) -> (g, row, nb, size)
-            f = f.reshape(g1 - g0, nb, size // chunk, rows, chunk).transpose(0, 3, 1, 2, 4)
-        else:  # (g, nb, row, size) -> (g, row, nb, size)
-            f = f.reshape(g1 - g0, nb, rows, size).transpose(0, 2, 1, 3)
-        out[..., off : off + size] = f.reshape(g1 - g0, rows, nb, size)
-    return out.reshape((g1 - g0) * rows, nb * bb)[r0 - g0 * rows : r1 - g0 * rows]
+    row_bytes = packed.shape[1] // rows
+    index, unit = rp_gather(layout, rows, row_bytes)
+    dt = np.dtype(f"u{unit}")
+    out = np.empty(((g1 - g0) * rows, row_bytes), np.uint8)
+    unpack_groups(packed[g0:g1].view(dt), out.view(dt), index, rows, bb // unit)
+    return out[r0 - g0 * rows : r1 - g0 * rows]
+
+
+@jit.kernel
+def unpack_groups(packed, out, index, rows, block_units):
+    """The inverse of repack_groups: out (groups * rows, row_units) from the interleaved groups
+    `packed` (groups, rows * row_units), through the same `index` (rp_gather)."""
+    row_units = out.shape[1]
+    nb = row_units // block_units
+    gu = index.shape[0]
+    flat = out.reshape(-1)
+    for g in range(packed.shape[0]):
+        for b in range(nb):
+            d0 = g * rows * row_units + b * block_units
+            s0 = b * gu
+            for i in range(gu):
+                flat[d0 + index[i]] = packed[g, s0 + i]
 
 
 def _f32c(a: np.ndarray, name: str) -> np.ndarray:
