@@ -6,6 +6,7 @@ path giving the same bits, the portable IR on other targets, and bad shapes refu
 from __future__ import annotations
 
 import importlib
+import mmap
 import threading
 
 import numba
@@ -81,6 +82,26 @@ def test_repack_spread_over_worker_threads_gives_the_same_bytes():
             np.testing.assert_array_equal(_kern.repack_rows(layout, raw, 16), one)
     finally:
         parallel.set_pool_size(before)
+
+
+def test_repack_releases_each_slice_of_a_mapped_weight_as_it_goes(tmp_path, monkeypatch):
+    """A mapped weight's rows leave RAM slice by slice as they are copied (a big embedding's
+    copy must not hold both forms whole at its peak), and the copy is still right."""
+    layout = _layout(T.Q8_0)
+    rows, n_rows = 16, 16 * 40 + 3
+    data = np.random.default_rng(9).integers(0, 256, (n_rows, 64 * layout.block_bytes), dtype=np.uint8)
+    (tmp_path / "w.bin").write_bytes(data.tobytes())
+    with open(tmp_path / "w.bin", "rb") as fh:
+        mapped = np.frombuffer(mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ), np.uint8)
+    raw = mapped.reshape(data.shape)
+    expected = _kern.repack_rows(layout, data, rows)
+    released = []
+    real = _kern.release_mapped_pages
+    monkeypatch.setattr(_kern, "release_mapped_pages", lambda a: released.append(a) or real(a))
+    np.testing.assert_array_equal(_kern.repack_rows(layout, raw, rows), expected)
+    assert len(released) >= 2  # slices, each released after its copy
+    assert sum(a.shape[0] for a in released) == n_rows // rows * rows  # every whole group's rows
+    assert all(np.shares_memory(a, raw) for a in released)
 
 
 def test_parts_run_from_a_pool_worker_run_there():

@@ -17,7 +17,7 @@ from .._kern import check_shapes, group_sums
 
 # These kernels contain code from those modules too: whether numba's cache may serve them
 # depends on their digest when this file was generated (see jit.generated_kernel).
-_parallel_kernel = jit.generated_kernel(__file__, (_ir, _kern, dense), "9cbafa179daac5b6")
+_parallel_kernel = jit.generated_kernel(__file__, (_ir, _kern, dense), "484865d9617a90cb")
 
 _layout = dense.F32Layout()
 _G, _BB, _BE = _layout.group, _layout.block_bytes, _layout.block_elems
