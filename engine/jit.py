@@ -100,8 +100,8 @@ def init_target() -> None:
     np.convolve/np.correlate may call BLAS, which no engine kernel does. With SciPy 1.17 that
     import cost 0.13-0.25 s of CPU and ~20 MB of a generate's start-up (numpy.f2py and
     array_api_compat come with it). Here the target loads with that one import refused, which
-    numba treats as "no SciPy" (a pure loop for those two functions); np.dot and np.linalg, were a kernel ever
-    to use them, still import SciPy when they compile. Nothing is refused once SciPy's BLAS is
+    numba treats as "no SciPy" (a pure loop for those two functions); np.dot and np.linalg,
+    were a kernel ever to use them, still import SciPy when they compile. Nothing is refused once SciPy's BLAS is
     already loaded, or once the target has loaded.
     """
     global _target_ready
@@ -132,8 +132,9 @@ def _load_cached_without_registries() -> bool:
     rebuilding a cached kernel needs none of them, only numba's runtime (NRT, whose allocator
     the kernels call), which is started here as the refresh would. Compiling does need them,
     and numba's compiler refreshes the context itself (CompilerBase); a cache miss here loads
-    them first, through init_target, so SciPy stays out as before. Returns False, leaving numba as it is,
-    when its Cache does not have the shape this was written against (numba 0.60-0.68).
+    them first, through init_target, so SciPy stays out as before. Returns False, leaving
+    numba as it is, when its Cache does not have the shape this was written against (numba
+    0.60-0.68).
     """
     from numba.core import caching
 

@@ -76,3 +76,14 @@ def test_sources_missing_means_trusted():
     """A frozen bundle ships no sources beside the code: nothing can have drifted."""
     dep = types.SimpleNamespace(__file__="/nonexistent/_ir.py", __name__="_ir")
     assert jit.generated_kernel("gen.py", (dep,), "0" * 16) is jit.parallel_kernel
+
+
+def test_quant_types_import_each_module_once_and_take_plain_ints():
+    """QUANT_TYPES imports a type's module on first use: the same entry every time, by the
+    enum or by its number; a type without a module is a KeyError (None from .get)."""
+    qt = quants.QUANT_TYPES[GGMLQuantizationType.Q4_K]
+    assert quants.QUANT_TYPES[int(GGMLQuantizationType.Q4_K)] is qt
+    assert qt.qtype == GGMLQuantizationType.Q4_K and GGMLQuantizationType.Q4_K in quants.QUANT_TYPES
+    assert quants.QUANT_TYPES.get(GGMLQuantizationType.TQ1_0) is None
+    assert len(quants.QUANT_TYPES) == len(codegen.TYPES) and set(quants.INTERLEAVED_TYPES) == {
+        GGMLQuantizationType[s.name] for s in codegen.TYPES if s.rp}

@@ -60,8 +60,8 @@ class _QuantTypes(Mapping[GGMLQuantizationType, QuantType]):
     def __getitem__(self, qtype: GGMLQuantizationType) -> QuantType:
         qt = self._entries.get(qtype)
         if qt is None:
-            mod = importlib.import_module(f"{__name__}.generated.{self._modules[qtype]}")
-            qt = self._entries[qtype] = getattr(mod, qtype.name)
+            mod = importlib.import_module(f"{__name__}.generated.{self._modules[qtype]}")  # KeyError: unknown
+            qt = self._entries[qtype] = getattr(mod, GGMLQuantizationType(qtype).name)  # (a plain int too)
         return qt
 
     def __iter__(self) -> Iterator[GGMLQuantizationType]:
