@@ -85,5 +85,7 @@ def test_quant_types_import_each_module_once_and_take_plain_ints():
     assert quants.QUANT_TYPES[int(GGMLQuantizationType.Q4_K)] is qt
     assert qt.qtype == GGMLQuantizationType.Q4_K and GGMLQuantizationType.Q4_K in quants.QUANT_TYPES
     assert quants.QUANT_TYPES.get(GGMLQuantizationType.TQ1_0) is None
+    assert quants.QUANT_TYPES.get(GGMLQuantizationType.TQ1_0, qt) is qt
+    assert quants.QUANT_TYPES.get(GGMLQuantizationType.Q4_K) is qt
     assert len(quants.QUANT_TYPES) == len(codegen.TYPES) and set(quants.INTERLEAVED_TYPES) == {
         GGMLQuantizationType[s.name] for s in codegen.TYPES if s.rp}

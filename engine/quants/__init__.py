@@ -64,6 +64,12 @@ class _QuantTypes(Mapping[GGMLQuantizationType, QuantType]):
             qt = self._entries[qtype] = getattr(mod, GGMLQuantizationType(qtype).name)  # (a plain int too)
         return qt
 
+    def get(self, qtype, default=None):  # matvec's per-call lookup, without Mapping.get's try/except
+        qt = self._entries.get(qtype)
+        if qt is not None or qtype not in self._modules:
+            return qt if qt is not None else default
+        return self[qtype]
+
     def __iter__(self) -> Iterator[GGMLQuantizationType]:
         return iter(self._modules)
 

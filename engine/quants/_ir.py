@@ -568,6 +568,12 @@ class RpPart:
         self.x_off, self.w, self.signed = x_off, w, signed
 
 
+def rp_const(R):
+    """v -> the constant <R x i32> of v in every lane (the interleaved blocks' scale arithmetic)."""
+    vi = ir.VectorType(I32, R)
+    return lambda v: ir.Constant(vi, [v] * R)
+
+
 def rp_nibble_parts(em, field, R, code=None, signed=False, chunk0=0, e0=0):
     """The 8 RpParts of 32 weights stored as Q4_0 stores them (16 bytes, weight e0 + j the low
     nibble of byte j, e0 + 16 + j its high nibble), at 4-byte chunks chunk0 .. chunk0 + 3 of

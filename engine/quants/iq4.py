@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from ._ir import F32, I16, I32, Group, IntBlock, IntPart, Layout, RpBlock, RpGroup, rp_nibble_parts
+from ._ir import F32, I16, I32, Group, IntBlock, IntPart, Layout, RpBlock, RpGroup, rp_const, rp_nibble_parts
 
 # ggml-common.h kvalues_iq4nl: the value of each 4-bit code.
 KVALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
@@ -97,11 +97,7 @@ class IQ4_XSLayout(Layout):
 
     def rp_block(self, em, field, R):
         b = em.b
-        vi = ir.VectorType(I32, R)
-
-        def vc(v):
-            return ir.Constant(vi, [v] * R)
-
+        vi, vc = ir.VectorType(I32, R), rp_const(R)
         sh = b.zext(em.load(field(1), 0, ir.VectorType(I16, R), align=2), vi)  # lane: its row's scales_h
         sl = b.bitcast(em.load(field(2), 0, ir.VectorType(ir.IntType(8), 4 * R)), vi)  # scales_l as a u32
         groups = []

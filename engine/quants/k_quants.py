@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from ._ir import F32, I32, V16F, V32I8, Group, IntBlock, IntPart, Layout, RpBlock, RpGroup, RpPart
+from ._ir import F32, I32, V16F, V32I8, Group, IntBlock, IntPart, Layout, RpBlock, RpGroup, RpPart, rp_const
 
 
 def _c(v):
@@ -22,12 +22,6 @@ def _idx(lanes):
     """Constant lane-index vector for shufflevector."""
     lanes = list(lanes)
     return ir.Constant(ir.VectorType(I32, len(lanes)), lanes)
-
-
-def _rp_const(R):
-    """v -> the constant <R x i32> of v in every lane (the interleaved blocks' scale arithmetic)."""
-    vi = ir.VectorType(I32, R)
-    return lambda v: ir.Constant(vi, [v] * R)
 
 
 def _k4_scale_min(em, p, off, j):
@@ -114,7 +108,7 @@ class Q2_KLayout(Layout):
 
     def rp_block(self, em, field, R):
         b = em.b
-        vc = _rp_const(R)
+        vc = rp_const(R)
         sb = [em.rp_byte(field(2), g, R) for g in range(16)]  # lane: scales[g] of its row
         parts: dict[int, list] = {g: [] for g in range(16)}
         for h in range(2):
@@ -170,7 +164,7 @@ class Q3_KLayout(Layout):
 
     def rp_block(self, em, field, R):
         b = em.b
-        vc = _rp_const(R)
+        vc = rp_const(R)
         u = [em.rp_byte(field(1), k, R) for k in range(12)]  # lane: scales byte k of its row
         parts: dict[int, list] = {g: [] for g in range(16)}
         for i in range(8):  # weights h*128 + s*32 + 4i .. + 3 (l = 4i .. 4i + 3)
@@ -254,7 +248,7 @@ def _rp_k4(em, field, R, qs, code):
     """An interleaved Q4_K / Q5_K super-block: fields 0, 1, 2 d, dmin and the packed scales
     (1-byte chunks), field qs the nibbles (4-byte chunks); code(g, i, q) the codes of
     sub-block g's weights 4i..4i+3 from their nibbles q (Q5_K adds its fifth bits)."""
-    sm = [_k4_unpack(em.b, lambda k: em.rp_byte(field(2), k, R), j, _rp_const(R)) for j in range(8)]
+    sm = [_k4_unpack(em.b, lambda k: em.rp_byte(field(2), k, R), j, rp_const(R)) for j in range(8)]
     groups = []
     for g in range(8):  # sub-block g = 2j + n: nibble n of qs[32j .. 32j + 31]
         j, n = divmod(g, 2)
