@@ -369,7 +369,7 @@ def test_warm_up_compiles_every_kernel():
     sampling.warm_up()
     # the others are called only from these kernels' compiled code
     entry = ["_softmax_f32", "_cut", "_typical_scores", "_dist_index", "_logf", "_sigma_floor",
-             "_dynamic_temp", "_heap_top", "_bucket_sort", "_std_sort"]
+             "_dynamic_temp", "_heap_top", "_bucket_sort", "_std_sort", "_fused_chain"]
     assert all(getattr(sampling, k).signatures for k in entry)
 
 
@@ -436,3 +436,89 @@ def test_logsumexp_of_a_wide_logit_row_matches_float64():
     x[7] = -np.inf  # a banned token adds nothing
     ref = np.logaddexp.reduce(x.astype(np.float64))
     assert abs(logsumexp(x) - ref) < 1e-5
+
+
+def _fused_rows():
+    rng = np.random.default_rng(5)
+    plain = (rng.standard_normal(3000) * 3).astype(np.float32)
+    tied = (np.round(plain) / 2).astype(np.float32)  # many ties at the top-k edge
+    banned = plain.copy()
+    banned[np.argsort(plain)[-7:]] = -np.inf  # the most likely tokens banned
+    masked = np.full(3000, -np.inf, np.float32)  # a grammar leaving fewer than top-k
+    masked[[3, 70, 900, 901, 2999]] = plain[[3, 70, 900, 901, 2999]]
+    spike = plain.copy()
+    spike[17] = 3e38  # a temperature below 1 overflows it: temperature()'s shifted form
+    tied_max = plain.copy()
+    tied_max[[40, 2000]] = plain.max() + 1  # two arg-maxes: greedy leaves it to top-k's heap
+    return {"plain": plain, "tied": tied, "tied_max": tied_max, "banned": banned, "masked": masked, "spike": spike}
+
+
+FUSED_PARAMS = [
+    dict(), dict(top_k=1), dict(top_k=128, top_p=0.5, min_p=0.0), dict(top_p=1.0, min_p=0.2),
+    dict(top_p=0.99, min_p=0.01, min_keep=5, temperature=1.0), dict(temperature=0.3),
+    dict(temperature=0.5, top_k=3), dict(temperature=0.0), dict(temperature=-1.0, top_k=5),
+    dict(logit_bias={0: 100.0, 1: -np.inf, 2: 3e38, 10**6: 1.0}), dict(temperature=0.0, logit_bias={5: 50.0}),
+    dict(ignore_eos=True), dict(temperature=0.0, ignore_eos=True),
+]
+
+
+@pytest.mark.parametrize("kw", FUSED_PARAMS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "default")
+def test_fused_chain_keeps_and_draws_what_the_step_by_step_chain_does(kw):
+    # Sampler.candidates runs the common chains in one kernel (_fused_chain); the chain step by
+    # step (pinned to llama.cpp above) must give the same candidates and the same draws
+    eog = list(range(2990, 3000))
+    for name, row in _fused_rows().items():
+        fused = make_sampler(SamplingParams(seed=77, **kw), eog_ids=eog)
+        steps = make_sampler(SamplingParams(seed=77, **kw), eog_ids=eog)
+        assert fused._fused is not None
+        steps._fused = None
+        before = row.copy()
+        a, b = fused.candidates(row), steps.candidates(row)
+        np.testing.assert_array_equal(row, before, err_msg=f"{name}: the bias was not undone")
+        if name in ("plain", "spike"):  # (ties and full bans leave some rows to the steps)
+            assert fused._fused_candidates(row, fused._fused) is not None
+        assert a.sorted == b.sorted and a.ids.tolist() == b.ids.tolist(), name
+        np.testing.assert_array_equal(a.logits, b.logits, err_msg=name)
+        got = [fused.sample(row) for _ in range(30)]
+        assert got == [steps.sample(row) for _ in range(30)], name
+
+
+def test_fused_chain_takes_read_only_and_strided_rows():
+    rows = np.tile(_fused_rows()["plain"], (2, 1))
+    ro = rows[0].copy()
+    ro.flags.writeable = False
+    for row in (ro, rows[:, ::2][0], rows.T[:, 0]):
+        for kw in (dict(ignore_eos=True), dict(ignore_eos=True, temperature=0.0)):
+            fused = make_sampler(SamplingParams(seed=3, **kw), eog_ids=[1, 2])
+            steps = make_sampler(SamplingParams(seed=3, **kw), eog_ids=[1, 2])
+            steps._fused = None
+            assert [fused.sample(row) for _ in range(5)] == [steps.sample(row) for _ in range(5)]
+
+
+@pytest.mark.parametrize("kw", [
+    dict(repeat_penalty=1.1), dict(typical_p=0.9), dict(top_k=0), dict(top_k=129), dict(xtc_probability=0.5),
+    dict(dynatemp_range=0.5), dict(samplers=("top_k", "min_p", "top_p", "temperature")), dict(top_n_sigma=1.0),
+    dict(temperature=0.0, samplers=("penalties", "top_k", "temperature"), repeat_penalty=1.2),
+])
+def test_other_chains_run_step_by_step(kw):
+    assert make_sampler(SamplingParams(**kw))._fused is None
+
+
+def test_mt19937_draws_ahead_without_changing_the_stream():
+    # the generator draws its outputs in blocks; mixed calls across block edges still
+    # consume them one after another
+    want = [int(v) for v in StdMt19937(9).raw(3000)]
+    rng, i = StdMt19937(9), 0
+    for step in range(700):
+        kind = step % 3
+        if kind == 0:
+            assert rng.raw(3).tolist() == want[i : i + 3]
+            i += 3
+        elif kind == 1:
+            x = float(want[i] + (want[i + 1] << 32)) / 2.0**64
+            assert rng.canonical() == min(x, np.nextafter(1.0, 0.0))
+            i += 2
+        else:
+            assert rng.canonical_float() == np.float32(want[i]) / np.float32(2**32)
+            i += 1
+    assert i > 1000
