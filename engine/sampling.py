@@ -496,9 +496,9 @@ class Sampler:
         if self._bias_arrays is None:
             self._bias_arrays = bias_arrays(self._bias, x.shape[0])
         if self._fused is not None and x.ndim == 1 and p.top_k < x.shape[0]:
-            c = self._fused_candidates(x, self._fused)
-            if c is not None:
-                return c
+            fused = self._fused_candidates(x, self._fused)
+            if fused is not None:
+                return fused
         biased = add_bias(x, *self._bias_arrays)
         # A bias that bans every token leaves nothing to draw. llama.cpp's chain never empties
         # (its bias only lowers logits to -inf) and its dist sampler then falls back to
