@@ -44,6 +44,7 @@ from .errors import (
 from .seams import DecodeContext, GenerationTokenizer, ServedModel
 from .sequence import GenerationStep, SequenceGenerator
 from .tasks import (
+    WAKE_INTERVAL_S,
     EmbeddingRequest,
     EmbeddingResult,
     GenerationRequest,
@@ -171,6 +172,7 @@ class Scheduler:
         self._ids = itertools.count(1)
         self._calls: collections.deque[tuple[Callable[[], Any], int, Future]] = collections.deque()
         self._looping = False
+        self._dt_step = 0.0  # the last generation step's time: how long a held token may wait more
 
     # ------------------------------------------------------------------ public API
     @overload
@@ -321,10 +323,24 @@ class Scheduler:
         self._admit()
         entries = self._build_generation_batch()
         if entries:
+            if any(len(e.tokens) > 1 for e in entries):  # a prompt chunk: a long step
+                self._wake_held(urgent=True)
             self._run_generation(entries)
         for slot in self.slots:
             if slot.state is SlotState.EMBEDDING:
+                self._wake_held(urgent=True)
                 self._run_embedding_chunk(slot)
+        self._wake_held()
+
+    def _wake_held(self, urgent: bool = False) -> None:
+        """Wake the consumers of tokens put without a wake-up: each at most about once per
+        WAKE_INTERVAL_S, unless waiting for the next step would keep its tokens longer (or
+        the next step is a long one: `urgent`)."""
+        now = time.perf_counter()
+        for slot in self.slots:
+            h = slot.handle
+            if h is not None and h.held and (urgent or now - h.t_woken + self._dt_step >= WAKE_INTERVAL_S):
+                h.wake()
 
     # ------------------------------------------------------------------ admission
     def _any_work(self) -> bool:
@@ -496,6 +512,7 @@ class Scheduler:
                 return
             entries, logits = recovered
         dt = time.perf_counter() - t0
+        self._dt_step = dt
         self._budget = self.n_batch
         m = self.metrics
         m.n_decode_total += 1
@@ -581,7 +598,7 @@ class Scheduler:
             return
         slot.n_generated += 1
         self.metrics.n_tokens_predicted_total += 1
-        slot.handle.put(step)
+        slot.handle.put(step, wake=False)  # step() wakes its consumer (_wake_held)
         if step.finish_reason:
             self._release(slot)
         else:

@@ -201,13 +201,14 @@ def _cancel(handles: list) -> None:
 _END = object()
 
 
-async def _items(handles: list) -> AsyncIterator[tuple[int, object]]:
-    """(result index, item) from every handle as they come; (i, _END) when result i ends."""
+async def _items(handles: list) -> AsyncIterator[list[tuple[int, object]]]:
+    """(result index, item) from every handle as they come, in lists of those that came
+    together; (i, _END) when result i ends."""
     if len(handles) == 1:
         if handles[0] is not None:
-            async for item in handles[0].astream():
-                yield 0, item
-        yield 0, _END
+            async for batch in handles[0].abatches():
+                yield [(0, item) for item in batch]
+        yield [(0, _END)]
         return
     queue: asyncio.Queue = asyncio.Queue()
 
@@ -228,7 +229,7 @@ async def _items(handles: list) -> AsyncIterator[tuple[int, object]]:
             if isinstance(item, Exception):
                 raise item
             remaining -= item is _END
-            yield i, item
+            yield [(i, item)]
     finally:
         for t in tasks:
             t.cancel()
@@ -236,21 +237,24 @@ async def _items(handles: list) -> AsyncIterator[tuple[int, object]]:
 
 async def _stream(handles: list, fmts: list[Formatter]):
     try:
-        async for i, item in _items(handles):
-            fmt, handle = fmts[i], handles[i]
-            if handle is not None:
-                fmt.id_slot = handle.slot_id
-            if item is _END:
-                if fmt.acc.last is None:
-                    fmt.acc.last = fmt.empty_step(len(handle.request.prompt) if handle is not None else 0)
-                chunks = fmt.final_chunks()
-            elif isinstance(item, PromptProgress):
-                chunks = fmt.progress_chunks(item)
-            else:
-                fmt.add(item)
-                chunks = fmt.chunk(item)
-            for obj in chunks:
-                yield sse(obj)
+        async for batch in _items(handles):
+            out = []  # one write for the tokens that came together
+            for i, item in batch:
+                fmt, handle = fmts[i], handles[i]
+                if handle is not None:
+                    fmt.id_slot = handle.slot_id
+                if item is _END:
+                    if fmt.acc.last is None:
+                        fmt.acc.last = fmt.empty_step(len(handle.request.prompt) if handle is not None else 0)
+                    chunks = fmt.final_chunks()
+                elif isinstance(item, PromptProgress):
+                    chunks = fmt.progress_chunks(item)
+                else:
+                    fmt.add(item)
+                    chunks = fmt.chunk(item)
+                out += [sse(obj) for obj in chunks]
+            if out:
+                yield b"".join(out)
         if fmts[0].send_done:
             yield DONE
     except Exception as e:  # headers are sent: the error goes in the stream

@@ -221,5 +221,9 @@ class ScriptedHandle:
                                  n_generated=i + 1, n_cached=0, t_prompt_ms=1.0, t_gen_ms=1.0)
         self.done = True
 
+    async def abatches(self):
+        async for step in self.astream():  # one token per wake-up, the slowest case
+            yield [step]
+
     def cancel(self) -> None:
         self.done = True
