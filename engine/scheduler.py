@@ -319,6 +319,7 @@ class Scheduler:
         """One iteration: cancellations, admissions, one batched decode, embeddings."""
         self._reap_cancelled()
         if self._calls:
+            self._wake_held(urgent=True)  # (a slot file's save or restore can take a while)
             self._run_calls()
         self._admit()
         entries = self._build_generation_batch()
@@ -380,6 +381,8 @@ class Scheduler:
         for slot in self.slots:
             if slot.handle is not None and slot.handle.cancelled:
                 self._release(slot)
+        if not self._pending:  # (read without the lock: a request put meanwhile waits a step)
+            return
         with self._lock:
             if any(h.cancelled for h in self._pending):
                 keep: collections.deque[RequestHandle[Any]] = collections.deque()
@@ -388,7 +391,7 @@ class Scheduler:
                 self._pending = keep
 
     def _admit(self) -> None:
-        while True:
+        while self._pending:
             with self._lock:
                 free = [s for s in self.slots if not s.busy]
                 handle = self._pick_pending(free) if free else None
@@ -477,6 +480,7 @@ class Scheduler:
     def _shift_context(self, slot: _Slot) -> None:
         """llama-server's context shift: keep n_keep (+ BOS) tokens, drop half of the rest,
         move what follows back (the KV cache re-ropes the moved keys)."""
+        self._wake_held(urgent=True)
         n_past = len(slot.cache_tokens)
         n_keep = len(slot.prompt) if slot.n_keep < 0 else slot.n_keep
         n_keep += int(self.tokenizer.add_bos)
