@@ -224,17 +224,22 @@ class RequestHandle(Generic[ItemT]):
         self._event = event = asyncio.Event()
         return event
 
-    async def abatches(self) -> AsyncIterator[list[ItemT]]:
-        """Async iterator over the items, as lists of those that came by each wake-up (to be
-        written out together); never blocks the event loop. An error is raised after the
-        list of the items put before it."""
+    async def _ready(self) -> AsyncIterator[list[ItemT | BaseException | _End]]:
+        """What has been put, each time there is some, until the stream ends."""
         event = self._attach()
         while not self.done:
             event.clear()
             raw = self._take()
-            if not raw:
+            if raw:
+                yield raw
+            else:
                 await event.wait()
-                continue
+
+    async def abatches(self) -> AsyncIterator[list[ItemT]]:
+        """Async iterator over the items, as lists of those that came by each wake-up (to be
+        written out together); never blocks the event loop. An error is raised after the
+        list of the items put before it."""
+        async for raw in self._ready():
             n = next((i for i, r in enumerate(raw) if isinstance(r, BaseException)), len(raw)) or len(raw)
             self._requeue(raw[n:])
             batch = list(self._each(raw[:n]))
@@ -243,13 +248,7 @@ class RequestHandle(Generic[ItemT]):
 
     async def astream(self) -> AsyncIterator[ItemT]:
         """Async iterator over the items; never blocks the event loop."""
-        event = self._attach()
-        while not self.done:
-            event.clear()
-            raw = self._take()
-            if not raw:
-                await event.wait()
-                continue
+        async for raw in self._ready():
             items = self._each(raw)
             try:
                 for item in items:
