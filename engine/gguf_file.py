@@ -599,6 +599,11 @@ class GGUFFile:
     def closed(self) -> bool:
         return self._map is None
 
+    def maps(self) -> list[np.ndarray]:
+        """The file mapping(s) the tensors view (none once closed): what is resident of the
+        weights is asked of these (memory.resident_bytes)."""
+        return [] if self._map is None else [self._map]
+
     def close(self) -> None:
         """Drops this object's references to the map (views handed out keep it alive)."""
         self._map = None

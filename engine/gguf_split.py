@@ -20,6 +20,8 @@ import os
 import re
 from pathlib import Path
 
+import numpy as np
+
 from .errors import GGUFError
 from .gguf_file import GGUFFile, closing_on_error
 
@@ -108,6 +110,9 @@ class SplitGGUFFile(GGUFFile):
     @property
     def total_size(self) -> int:
         return self.file_size + sum(s.file_size for s in self.shards)
+
+    def maps(self) -> list[np.ndarray]:
+        return super().maps() + [m for s in self.shards for m in s.maps()]
 
     def close(self) -> None:
         for shard in self.shards:

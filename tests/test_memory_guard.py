@@ -179,31 +179,55 @@ def test_router_keeps_a_failed_childs_message(tmp_path):
     assert child.error == "not enough memory for n_ctx 9"
 
 
-def test_resident_bytes_counts_only_the_files_own_mappings(tmp_path):
-    """The resident bytes of a mapped file's pages, not those of another file whose path ends
-    with the same characters (read from /proc/self/smaps)."""
+def test_resident_bytes_counts_the_present_pages_of_the_given_mappings(tmp_path):
+    """The pages of each mapping asked about that are in this process's page tables (Linux's
+    /proc/self/pagemap): those touched, not those released or never read, nor another
+    mapping's."""
     import mmap
     import sys
+
+    import numpy as np
 
     from engine.memory import resident_bytes
 
     if not sys.platform.startswith("linux"):
-        pytest.skip("resident bytes come from Linux's /proc/self/smaps")
-    a = tmp_path / "m.bin"
-    b = tmp_path / "deep" / str(tmp_path).lstrip("/") / "m.bin"  # its path ends with a's
-    b.parent.mkdir(parents=True)
+        pytest.skip("resident bytes come from Linux's /proc/self/pagemap")
     page = mmap.PAGESIZE
-    a.write_bytes(b"\1" * (4 * page))
+    a, b = tmp_path / "a.bin", tmp_path / "b.bin"
+    a.write_bytes(b"\1" * (64 * page))
     b.write_bytes(b"\1" * (64 * page))
-    with open(a, "rb") as fa, open(b, "rb") as fb:
-        ma = mmap.mmap(fa.fileno(), 0, access=mmap.ACCESS_READ)
-        mb = mmap.mmap(fb.fileno(), 0, access=mmap.ACCESS_READ)
-        try:
-            assert sum(ma[i * page] for i in range(4)) == 4  # touch every page of a
-            assert sum(mb[i * page] for i in range(64)) == 64
-            assert resident_bytes(str(a)) == 4 * page
-            assert resident_bytes(str(b)) == 64 * page
-            assert resident_bytes(str(tmp_path / "absent.bin")) == 0
-        finally:
-            ma.close()
-            mb.close()
+    ma = np.memmap(a, dtype=np.uint8, mode="r")
+    mb = np.memmap(b, dtype=np.uint8, mode="r")
+    assert resident_bytes([ma, mb]) == 0  # mapped, never read
+    assert int(ma[::page].sum()) == 64  # every page of a
+    assert resident_bytes([ma]) == 64 * page
+    assert resident_bytes([mb]) == 0
+    ma._mmap.madvise(mmap.MADV_DONTNEED, 0, 16 * page)  # as release_mapped_pages does
+    assert resident_bytes([ma, mb]) == 48 * page
+    assert int(mb[::page].sum()) == 64
+    assert resident_bytes([ma, mb]) == 112 * page
+    assert resident_bytes([]) == 0
+
+
+def test_resident_bytes_agree_with_smaps_rss(tmp_path):
+    """What pagemap says is present is what smaps reports as the mapping's Rss."""
+    import mmap
+    import sys
+
+    import numpy as np
+
+    from engine.memory import resident_bytes
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("Linux's /proc/self/smaps and pagemap")
+    page = mmap.PAGESIZE
+    path = tmp_path / "w.bin"
+    path.write_bytes(bytes(range(256)) * (300 * page // 256))
+    m = np.memmap(path, dtype=np.uint8, mode="r")
+    assert int(m[: 100 * page : page].sum()) + int(m[250 * page :: 3 * page].sum()) >= 0  # touch some pages
+
+    with open("/proc/self/smaps") as fh:
+        lines = fh.read().splitlines()
+    header = next(i for i, line in enumerate(lines) if line.endswith(" " + str(path)))
+    rss_kb = next(int(line.split()[1]) for line in lines[header:] if line.startswith("Rss:"))
+    assert resident_bytes([m]) == rss_kb * 1024 > 0
