@@ -49,6 +49,7 @@ from .engine_api import (
 from .errors import LoadCancelled
 from .machine import backend_info, file_sha256
 from .remote_adapter import RemoteAdapter
+from .stream_buffer import FRAME_MS
 
 if TYPE_CHECKING:
     from engine import ChatTemplate, Context, HubFile, MemoryReport, Model, ModelInfo, RequestHandle, Scheduler
@@ -155,7 +156,8 @@ class LlmSession(SessionApi):
         )
         request = GenerationRequest(prompt=self._tokens(messages), params=sp,
                                     n_predict=sampling.max_tokens,
-                                    stop=self._template.stop_strings)
+                                    stop=self._template.stop_strings,
+                                    wake_interval_s=FRAME_MS / 1000)  # shown once a frame anyway
         return _StepStream(self.scheduler.submit(request))
 
     def start_server(self, settings: ServerSettings, on_log: LogFn) -> ServerHandle:

@@ -44,7 +44,6 @@ from .errors import (
 from .seams import DecodeContext, GenerationTokenizer, ServedModel
 from .sequence import GenerationStep, SequenceGenerator
 from .tasks import (
-    WAKE_INTERVAL_S,
     EmbeddingRequest,
     EmbeddingResult,
     GenerationRequest,
@@ -334,13 +333,13 @@ class Scheduler:
         self._wake_held()
 
     def _wake_held(self, urgent: bool = False) -> None:
-        """Wake the consumers of tokens put without a wake-up: each at most about once per
-        WAKE_INTERVAL_S, unless waiting for the next step would keep its tokens longer (or
-        the next step is a long one: `urgent`)."""
+        """Wake the consumers of tokens put without a wake-up: each at most about once per its
+        request's wake_interval_s, unless waiting for the next step would keep its tokens
+        longer (or the next step is a long one: `urgent`)."""
         now = time.perf_counter()
         for slot in self.slots:
             h = slot.handle
-            if h is not None and h.held and (urgent or now - h.t_woken + self._dt_step >= WAKE_INTERVAL_S):
+            if h is not None and h.held and (urgent or now - h.t_woken + self._dt_step >= h.wake_interval_s):
                 h.wake()
 
     # ------------------------------------------------------------------ admission

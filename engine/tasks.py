@@ -27,6 +27,13 @@ if TYPE_CHECKING:
     from .grammar import Grammar
 
 
+# the scheduler wakes a streaming consumer at most about this often while tokens come faster
+# (a display frame: a person sees no difference, a 250 tokens/s decode keeps ~4 % it spent on
+# waking an HTTP loop per token); a blocked consumer looks for held items this often anyway
+WAKE_INTERVAL_S = 0.016
+POLL_S = 0.05
+
+
 @dataclass
 class GenerationRequest:
     """One completion: an already-tokenized prompt, how to sample and when to stop.
@@ -44,6 +51,9 @@ class GenerationRequest:
         return_progress: also put `PromptProgress` items in the handle: one when the request
             takes its slot, one after each decoded prompt chunk (llama-server's
             return_progress); the consumer must expect them among the steps.
+        wake_interval_s: while tokens come faster, wake the consumer about this often (a
+            consumer that shows them at a lower rate, like the desktop app's chat, asks for
+            its own frame interval; RequestHandle).
     """
 
     prompt: list[int]
@@ -55,6 +65,7 @@ class GenerationRequest:
     n_keep: int | None = None
     grammar: Grammar | None = None
     return_progress: bool = False
+    wake_interval_s: float = WAKE_INTERVAL_S
 
 
 @dataclass(frozen=True)
@@ -87,11 +98,6 @@ Request = GenerationRequest | EmbeddingRequest
 ItemT = TypeVar("ItemT", GenerationStep, EmbeddingResult)
 
 
-# the scheduler wakes a streaming consumer at most about this often while tokens come faster
-# (a display frame: a person sees no difference, a 250 tokens/s decode keeps ~4 % it spent on
-# waking an HTTP loop per token); a blocked consumer looks for held items this often anyway
-WAKE_INTERVAL_S = 0.016
-POLL_S = 0.05
 
 
 class _End:
@@ -125,6 +131,7 @@ class RequestHandle(Generic[ItemT]):
         self._items: collections.deque[ItemT | BaseException | _End] = collections.deque()
         self._cond = threading.Condition(threading.Lock())
         self.held = False  # items put since the consumer was last woken
+        self.wake_interval_s = request.wake_interval_s if isinstance(request, GenerationRequest) else WAKE_INTERVAL_S
         self.t_woken = 0.0  # perf_counter of the last wake-up (0: never)
         self._cancelled = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -120,13 +120,13 @@ def test_async_consumers_get_what_came_together_in_one_batch():
     assert len(batches) <= 3  # never one per item
 
 
-def _stream_times(delay_s: float, n: int) -> tuple[list[float], int, int]:
+def _stream_times(delay_s: float, n: int, **kw) -> tuple[list[float], int, int]:
     """Arrival times of n greedy tokens on a consumer thread, the wake-ups of its handle and
     the decodes, with a fake decode of delay_s."""
     s = make_fake_scheduler(n_slots=2, delay_s=delay_s)
     try:
         wakes = [0]
-        h = s.submit(GenerationRequest(TOK.encode("a"), SamplingParams(temperature=0.0), n_predict=n))
+        h = s.submit(GenerationRequest(TOK.encode("a"), SamplingParams(temperature=0.0), n_predict=n, **kw))
         wake = h.wake
 
         def counted() -> None:
@@ -146,6 +146,15 @@ def test_fast_tokens_wake_the_consumer_about_once_per_interval_and_never_later()
     assert wakes <= 60 / 3
     gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
     assert max(gaps) < WAKE_INTERVAL_S + 0.05  # held at most about an interval (+ a slow CI step)
+
+
+def test_a_request_may_ask_for_its_own_wake_interval():
+    # the desktop app's chat shows tokens once a frame: its worker need not wake more often
+    times, wakes, _ = _stream_times(0.002, 60, wake_interval_s=0.05)
+    assert len(times) == 60
+    assert wakes <= 8  # ~150 ms of tokens: the first, two or three held batches, the end
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    assert max(gaps) < 0.05 + 0.05
 
 
 def test_slow_tokens_wake_the_consumer_for_each_one():
