@@ -351,12 +351,12 @@ def test_prefill_reads_the_copy_once_the_mapped_rows_are_let_go(tmp_path):
     assert len(tokens) > quants.MATVEC_MAX_TOKENS
     before = ctx.decode(Batch.for_sequence(tokens, 0, logits_all=True)).copy()
     assert model.repacked_bytes == 0  # the prefill alone makes no copy
-    resident = resident_bytes(str(path))
+    resident = resident_bytes(model.gguf.maps())
     ctx.kv.clear()
     ctx.decode(Batch.for_sequence(tokens[:1], 0))  # a mat-vec: the copies are made
     assert model.repacked_bytes > 0
     if resident is not None:
-        assert resident_bytes(str(path)) < resident - model.repacked_bytes // 2
+        assert resident_bytes(model.gguf.maps()) < resident - model.repacked_bytes // 2
     ctx.kv.clear()
     after = ctx.decode(Batch.for_sequence(tokens, 0, logits_all=True))
     assert np.array_equal(after, before)
