@@ -6,7 +6,8 @@ The model is opened and loaded through the Models tab's own path (picker, load p
 worker) and each repetition is a message sent from the chat input through ChatController, so
 every hop between the engine and the chat view is on the clock. Timing is llama-bench's tg:
 from the moment the first generated token's text reaches the chat view's item model to the
-moment the last one does, over the tokens generated in between (the prompt is excluded).
+last frame that shows more of the reply, over the tokens shown in between (the prompt is
+excluded; RepResult.tokens_per_s).
 Every reply is exactly N tokens (greedy, end-of-generation tokens banned). A 16 ms timer on
 the GUI thread measures how late the event loop turns while the reply streams.
 
@@ -44,13 +45,19 @@ class RepResult:
     """One reply: when each batch of its tokens reached the chat view, and the probe's gaps."""
 
     arrivals: list[tuple[float, int]] = field(default_factory=list)  # (perf_counter s, n_generated)
+    n_streamed: int = 0  # arrivals shown by the chat's frames; the rest, the end's flush
     gaps_ms: list[float] = field(default_factory=list)  # event-loop lateness while streaming
     n_generated: int = 0  # the engine's final count
     n_prompt: int = 0
 
     def tokens_per_s(self) -> float:
-        """Tokens after the first batch shown, over the time from that batch to the last one."""
-        (t0, n0), (t1, n1) = self.arrivals[0], self.arrivals[-1]
+        """Tokens after the first batch shown, over the time from that batch to the last one
+        a frame showed. Frames show what the engine handed over by then, up to a wake-up
+        interval behind the decode (engine.tasks.WAKE_INTERVAL_S; the chat asks for its frame
+        interval), and so at both ends alike; the end's flush comes at once, which would count
+        the first frame's lag as speed. With fewer than two frames, the flush ends the span."""
+        timed = self.arrivals[: self.n_streamed] if self.n_streamed >= 2 else self.arrivals
+        (t0, n0), (t1, n1) = timed[0], timed[-1]
         if t1 <= t0 or n1 <= n0:
             raise RuntimeError(f"too few UI updates to time ({len(self.arrivals)}); use a larger -n")
         return (n1 - n0) / (t1 - t0)
@@ -208,6 +215,7 @@ def run_reply(window: MainWindow, text: str, probe: LagProbe) -> RepResult:
             if not rep.arrivals:
                 probe.recording = True
             rep.arrivals.append((time.perf_counter(), step.n_generated))
+            rep.n_streamed += step.finish_reason is None
 
     chat.new_conversation()
     chat.step_received.connect(on_step)

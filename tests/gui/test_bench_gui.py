@@ -31,3 +31,14 @@ def test_bench_gui_refuses_a_missing_model(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         bench_gui.main(["-m", str(tmp_path / "none.gguf"), "--json"])
     assert e.value.code == 2 and "no such model file" in capsys.readouterr().err
+
+
+def test_a_reply_is_timed_between_frames_not_to_the_end_flush():
+    # frames show what the engine handed over up to a wake-up interval late, at both ends; the
+    # end's flush comes at once and would count the first frame's lag as speed
+    rep = bench_gui.RepResult(arrivals=[(1.0, 10), (1.2, 60), (1.4, 110), (1.41, 128)], n_streamed=3)
+    assert rep.tokens_per_s() == pytest.approx(100 / 0.4)
+    short = bench_gui.RepResult(arrivals=[(1.0, 10), (1.3, 64)], n_streamed=1)  # one frame: the flush ends it
+    assert short.tokens_per_s() == pytest.approx(54 / 0.3)
+    with pytest.raises(RuntimeError, match="too few UI updates"):
+        bench_gui.RepResult(arrivals=[(1.0, 64)], n_streamed=0).tokens_per_s()
