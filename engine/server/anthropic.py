@@ -456,9 +456,10 @@ async def messages(request: Request) -> Response:
 
 async def _stream(handle, builder: MessageBuilder):
     try:
-        async for step in handle.astream():
-            for event in builder.step_events(step):
-                yield _sse(event)
+        async for steps in handle.abatches():  # one write for the tokens that came together
+            out = b"".join(_sse(event) for step in steps for event in builder.step_events(step))
+            if out:
+                yield out
         for event in builder.final_events():
             yield _sse(event)
     except Exception as e:  # headers are sent: the error goes in the stream

@@ -394,10 +394,13 @@ async def _stream(handle, fmt: ResponsesFormatter, n_prompt: int):
         for event in fmt.start_events():
             yield event_sse(event)
         if handle is not None:
-            async for step in handle.astream():
-                fmt.add(step)
-                for event in fmt.step_events(step):
-                    yield event_sse(event)
+            async for steps in handle.abatches():  # one write for the tokens that came together
+                out = []
+                for step in steps:
+                    fmt.add(step)
+                    out += [event_sse(event) for event in fmt.step_events(step)]
+                if out:
+                    yield b"".join(out)
         if fmt.acc.last is None:
             fmt.acc.last = fmt.empty_step(n_prompt)
         for event in fmt.final_events():
