@@ -22,7 +22,10 @@ def handle() -> RequestHandle:
     return RequestHandle(1, GenerationRequest([1]), lambda: None)
 
 
-def test_held_items_wake_a_blocked_consumer_only_when_woken():
+def test_held_items_wake_a_blocked_consumer_only_when_woken(monkeypatch):
+    from engine import tasks
+
+    monkeypatch.setattr(tasks, "POLL_S", 5.0)  # no look of its own while the test runs
     h = handle()
     got: list[tuple[float, int]] = []
 
@@ -37,7 +40,7 @@ def test_held_items_wake_a_blocked_consumer_only_when_woken():
     h.put(2, wake=False)
     h.put(3, wake=False)
     assert h.held
-    time.sleep(POLL_S / 5)
+    time.sleep(0.05)
     assert [i for _, i in got] == [1]  # 2 and 3 wait for a wake-up
     t_wake = time.perf_counter()
     h.wake()
@@ -143,18 +146,18 @@ def _stream_times(delay_s: float, n: int, **kw) -> tuple[list[float], int, int]:
 def test_fast_tokens_wake_the_consumer_about_once_per_interval_and_never_later():
     times, wakes, _ = _stream_times(0.002, 60)  # ~2 ms a token: several per interval
     assert len(times) == 60
-    assert wakes <= 60 / 3
+    assert 4 <= wakes <= 60 / 3  # the first, several held batches, the end
     gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
-    assert max(gaps) < WAKE_INTERVAL_S + 0.05  # held at most about an interval (+ a slow CI step)
+    assert max(gaps) < WAKE_INTERVAL_S + 0.1  # held at most about an interval (+ a slow CI step)
 
 
 def test_a_request_may_ask_for_its_own_wake_interval():
     # the desktop app's chat shows tokens once a frame: its worker need not wake more often
     times, wakes, _ = _stream_times(0.002, 60, wake_interval_s=0.05)
     assert len(times) == 60
-    assert wakes <= 8  # ~150 ms of tokens: the first, two or three held batches, the end
+    assert 3 <= wakes <= 8  # ~150 ms of tokens: the first, two or three held batches, the end
     gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
-    assert max(gaps) < 0.05 + 0.05
+    assert max(gaps) < 0.05 + 0.1
 
 
 def test_slow_tokens_wake_the_consumer_for_each_one():
