@@ -115,7 +115,8 @@ class RequestHandle(Generic[ItemT]):
 
     The producer may put an item without waking the consumer (`put(item, wake=False)`) and
     wake it later (`wake()`): the scheduler wakes a streaming consumer at most about once per
-    WAKE_INTERVAL_S while tokens come faster than that, so that a consumer on another thread
+    `wake_interval_s` (the request's; WAKE_INTERVAL_S by default) while tokens come faster
+    than that, so that a consumer on another thread
     (an HTTP event loop, the GUI's worker) takes several tokens per wake-up instead of
     costing the decode a thread switch, a loop iteration and a socket write per token. A
     consumer that is awake sees every item put so far, held or not; a blocked sync consumer
