@@ -52,6 +52,7 @@ class ChatController(QObject):
         self._reply_id, self._saved_at, self._context_at = 0, 0.0, 0.0
         self._buffer = StepBuffer()  # the streaming reply's steps, drained once per frame
         self._pacer = FramePacer()
+        self._shown_frames = 0  # frames that showed some of the streaming reply
         self._frame = QTimer(self)
         self._frame.setSingleShot(True)
         self._frame.timeout.connect(self._on_frame)
@@ -223,15 +224,20 @@ class ChatController(QObject):
         worker.failed.connect(self._on_failed)
         worker.finished.connect(self._on_finished)
         self._worker = self.ctx.pool.start(worker)
+        self._shown_frames = 0
         self._frame.start(self._pacer.start())
         self.busy_changed.emit(True)
 
     def _on_frame(self) -> None:
         shown = self._show_steps()
+        self._shown_frames += shown
         if self._worker is not None:
-            # paced by the GUI's work since the last frame that showed something; before the
-            # first token that is sending the message, not streaming: the clock restarts
-            self._frame.start(self._pacer.next_ms() if shown else self._pacer.start())
+            # paced by the GUI's work since the last frame that showed something; up to the
+            # first frame with text that is sending the message and opening the reply's
+            # bubble, a one-off that would hold the second frame back for a quarter second:
+            # the clock restarts
+            steady = shown and self._shown_frames > 1
+            self._frame.start(self._pacer.next_ms() if steady else self._pacer.start())
 
     def _show_steps(self, last: bool = False) -> bool:
         """Everything the worker streamed since the last frame, as one update of each view;

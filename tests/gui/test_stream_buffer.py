@@ -85,3 +85,33 @@ def test_streaming_relayouts_only_when_the_reply_grows_a_line(make_window, qtbot
     # and the view knows the reply's final height (the scroll range follows it)
     view, index = w.chat_pane.view, w.chat.chat_model.index(1)
     assert w.chat_pane._heights[1] == w.chat_pane._row_height(index) == view.visualRect(index).height() > 100
+
+
+class _RecordingPacer(FramePacer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def start(self) -> int:
+        self.calls.append("start")
+        return super().start()
+
+    def next_ms(self) -> int:
+        self.calls.append("next")
+        return super().next_ms()
+
+
+def test_the_frame_after_the_first_text_comes_at_the_base_interval(make_window, qtbot, gguf_path):
+    # the first frame with text also sends the message and opens the reply's bubble: paced by
+    # that, the second frame came a quarter second later (a short reply showed one token, then
+    # all of it); it restarts the clock, and the frames after it are paced by their own work
+    w = make_window(FakeEngine(reply=" ".join(["ab"] * 200), delay=0.004))
+    load(w, qtbot, gguf_path)
+    w.chat._pacer = pacer = _RecordingPacer()
+    shown: list[int] = []
+    w.chat.step_received.connect(lambda _step: shown.append(len(pacer.calls)))
+    send(w, qtbot, "go")
+    assert len(shown) >= 3
+    first = shown[0]  # the pacer's calls before the first frame with text made its own
+    assert pacer.calls[first] == "start"
+    assert pacer.calls[shown[1]] == "next"
