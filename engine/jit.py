@@ -101,8 +101,8 @@ def init_target() -> None:
     import cost 0.13-0.25 s of CPU and ~20 MB of a generate's start-up (numpy.f2py and
     array_api_compat come with it). Here the target loads with that one import refused, which
     numba treats as "no SciPy" (a pure loop for those two functions); np.dot and np.linalg,
-    were a kernel ever to use them, still import SciPy when they compile. Nothing is refused once SciPy's BLAS is
-    already loaded, or once the target has loaded.
+    were a kernel ever to use them, still import SciPy when they compile. Nothing is refused
+    once SciPy's BLAS is already loaded, or once the target has loaded.
     """
     global _target_ready
     if _target_ready:

@@ -495,8 +495,9 @@ class Sampler:
         x = np.asarray(logits, dtype=np.float32)
         if self._bias_arrays is None:
             self._bias_arrays = bias_arrays(self._bias, x.shape[0])
-        if self._fused is not None and x.ndim == 1 and p.top_k < x.shape[0]:
-            fused = self._fused_candidates(x, self._fused)
+        plan = self._fused
+        if plan is not None and x.ndim == 1 and (plan[0] == _FAST_GREEDY or p.top_k < x.shape[0]):
+            fused = self._fused_candidates(x, plan)
             if fused is not None:
                 return fused
         biased = add_bias(x, *self._bias_arrays)

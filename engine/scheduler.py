@@ -326,10 +326,11 @@ class Scheduler:
             if any(len(e.tokens) > 1 for e in entries):  # a prompt chunk: a long step
                 self._wake_held(urgent=True)
             self._run_generation(entries)
-        for slot in self.slots:
-            if slot.state is SlotState.EMBEDDING:
-                self._wake_held(urgent=True)
-                self._run_embedding_chunk(slot)
+        embedding = [s for s in self.slots if s.state is SlotState.EMBEDDING]
+        if embedding:
+            self._wake_held(urgent=True)
+        for slot in embedding:
+            self._run_embedding_chunk(slot)
         self._wake_held()
 
     def _wake_held(self, urgent: bool = False) -> None:

@@ -98,8 +98,6 @@ Request = GenerationRequest | EmbeddingRequest
 ItemT = TypeVar("ItemT", GenerationStep, EmbeddingResult)
 
 
-
-
 class _End:
     """End of a request's stream (a singleton marker in its queue)."""
 
@@ -116,11 +114,10 @@ class RequestHandle(Generic[ItemT]):
     The producer may put an item without waking the consumer (`put(item, wake=False)`) and
     wake it later (`wake()`): the scheduler wakes a streaming consumer at most about once per
     `wake_interval_s` (the request's; WAKE_INTERVAL_S by default) while tokens come faster
-    than that, so that a consumer on another thread
-    (an HTTP event loop, the GUI's worker) takes several tokens per wake-up instead of
-    costing the decode a thread switch, a loop iteration and a socket write per token. A
-    consumer that is awake sees every item put so far, held or not; a blocked sync consumer
-    looks again every POLL_S even without a wake.
+    than that, so that a consumer on another thread (an HTTP event loop, the GUI's worker)
+    takes several tokens per wake-up instead of costing the decode a thread switch, a loop
+    iteration and a socket write per token. A consumer that is awake sees every item put so
+    far, held or not; a blocked sync consumer looks again every POLL_S even without a wake.
     """
 
     def __init__(self, request_id: int, request: Request, wake: Callable[[], None]):

@@ -483,6 +483,17 @@ def test_fused_chain_keeps_and_draws_what_the_step_by_step_chain_does(kw):
         assert got == [steps.sample(row) for _ in range(30)], name
 
 
+def test_greedy_runs_fused_whatever_its_top_k(monkeypatch):
+    # the arg-max needs no top-k below the vocabulary; only the top-k chain does
+    from engine import sampling
+
+    row = _fused_rows()["plain"]
+    want = int(np.argmax(row))
+    monkeypatch.setattr(sampling, "add_bias", lambda *a: pytest.fail("the step-by-step chain ran"))
+    for k in (0, 40, 10**6):
+        assert make_sampler(SamplingParams(temperature=0.0, top_k=k)).sample(row) == want
+
+
 def test_fused_chain_takes_read_only_and_strided_rows():
     rows = np.tile(_fused_rows()["plain"], (2, 1))
     ro = rows[0].copy()
