@@ -5,6 +5,7 @@
     resolve("user/repo[:quant]", filename=None, token=None) -> HubFile
     download(file, token=None, progress=None, cancel=None) -> Path   (first part of the set)
     cached_models() -> list[HubFile]                           complete GGUFs in the HF cache
+    remove_cached(file) -> bool                                its links and blobs out of the cache
     fit(file, n_ctx=None, token=None) -> RemoteFit             engine/hub_fit.py: header by ranges
 
 Quant choice follows llama.cpp (common/download.cpp find_best_model): the tag is matched
@@ -24,6 +25,13 @@ hook, while a model of several GB must survive a dropped connection, a cancel an
 So each blob streams into `blobs/<sha256>.incomplete`, resumes from its length with a Range
 request, is checked against the Hub's size and sha256, and only then is renamed into place and
 linked from the snapshot: a model path never names a partial file.
+
+Every name from a listing or a request is a path under the cache, so none is trusted: a repo id
+follows the Hub's rules, a commit is 40 hex digits, a file name is a relative POSIX path without
+'..' (check_filename); a listing that breaks them is refused whole. Before anything is created
+or deleted, its directory is resolved, links followed, and must stay inside the repository's
+directory of the cache; a cached link counts only when it leads into that repository's blobs/.
+So a hostile listing or a link planted in the cache never writes, lists or deletes outside it.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import logging
 import os
 import re
 import shutil
@@ -39,7 +48,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from pathlib import Path
+from pathlib import Path, PureWindowsPath
 from typing import TYPE_CHECKING, Any
 
 from .errors import HubError
@@ -47,6 +56,8 @@ from .gguf_split import parse_split_name
 
 if TYPE_CHECKING:
     from .hub_fit import RemoteFit
+
+log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total) over all parts
 
@@ -61,7 +72,11 @@ _RETRIES = 5  # reconnects within one download() when the transfer breaks off
 _RETRY_PAUSE_S = 0.5
 _TIMEOUT_S = 30.0  # connect/read timeout of one request
 _TAG = re.compile(r"[-.]([A-Z0-9_]+)$", re.IGNORECASE)
-_REPO_ID = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?/[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
+_NAME = r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"  # the Hub's: 1-96 chars, no '-'/'.' at the ends
+_REPO_ID = re.compile(f"{_NAME}/{_NAME}")
+_COMMIT = re.compile(r"[0-9a-fA-F]{40}")
+_REF = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}")  # a branch or tag the cache keeps in refs/
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f\\]")  # control characters and backslashes
 
 
 @dataclass(frozen=True)
@@ -133,10 +148,37 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
         HubError: not of that form.
     """
     repo_id, _, tag = spec.strip().partition(":")
-    if not _REPO_ID.match(repo_id):
-        raise HubError(f"invalid Hugging Face repo '{spec}': expected <user>/<model>[:quant]",
-                       HubError.NOT_FOUND)
+    if not is_repo_id(repo_id):
+        raise HubError(f"invalid Hugging Face repo '{_shown(spec)}': expected <user>/<model>[:quant] "
+                       "(letters, digits, '-', '_', '.'; at most 96 each)", HubError.NOT_FOUND)
     return repo_id, (tag.strip() or None)
+
+
+def is_repo_id(repo_id: str) -> bool:
+    """"user/repo" by the Hub's rules (huggingface_hub validate_repo_id), with the namespace."""
+    return (isinstance(repo_id, str) and bool(_REPO_ID.fullmatch(repo_id)) and "--" not in repo_id
+            and ".." not in repo_id and not repo_id.endswith(".git"))
+
+
+def check_filename(name: str) -> str:
+    """`name` when it is a safe path in a repository: relative, POSIX, no empty, '.' or '..'
+    component, no backslash, control character or drive. Every name from a listing goes
+    through here before it is joined to a cache path.
+
+    Raises:
+        HubError: HUB, naming it.
+    """
+    if (not isinstance(name, str) or not name or name.startswith("/") or _UNSAFE.search(name)
+            or any(c in ("", ".", "..") for c in name.split("/")) or PureWindowsPath(name).drive):
+        raise HubError(f"unsafe file name '{_shown(name)}' (a path in a repository is relative, "
+                       "without '..')", HubError.HUB)
+    return name
+
+
+def _shown(name: object) -> str:
+    """`name` for a one-line message: escaped when it holds control characters."""
+    text = str(name)
+    return text if text.isprintable() else repr(text)[1:-1]
 
 
 def split_info(path: str) -> tuple[str, str | None, int, int] | None:
@@ -231,7 +273,49 @@ def offline() -> bool:
 
 
 def _repo_dir(repo_id: str) -> Path:
-    return cache_dir() / ("models--" + repo_id.replace("/", "--"))
+    """models--user--repo in the cache, checked to stay in it (a planted link may point out).
+
+    Raises:
+        HubError: NOT_FOUND for an invalid repo id, HUB when the directory leads out.
+    """
+    if not is_repo_id(repo_id):
+        raise HubError(f"invalid Hugging Face repo '{_shown(repo_id)}'", HubError.NOT_FOUND)
+    root = cache_dir()
+    return _confined(root / ("models--" + repo_id.replace("/", "--")), root)
+
+
+def _inside(path: Path, base: Path) -> bool:
+    """Whether `path`, with every link on the way followed, is `base` or under it (resolved)."""
+    real, top = os.path.realpath(path), os.path.realpath(base)
+    return real == top or real.startswith(top.rstrip(os.sep) + os.sep)
+
+
+def _confined(path: Path, base: Path) -> Path:
+    """`path` when it stays inside `base`; the check before anything is created under it.
+
+    Raises:
+        HubError: HUB, it leads outside (a link planted in the cache).
+    """
+    if not _inside(path, base):
+        raise HubError(f"{path} leads outside {base} (a link in the Hugging Face cache points out of "
+                       "it): refused", HubError.HUB)
+    return path
+
+
+def _check_commit(commit: object, what: str) -> str:
+    """A commit the Hub gave: 40 hex digits, which names a snapshot directory."""
+    if not commit:
+        raise HubError(f"{what}: the Hub gave no commit for it", HubError.HUB)
+    if not isinstance(commit, str) or not _COMMIT.fullmatch(commit):
+        raise HubError(f"{what}: the Hub gave an invalid commit '{_shown(commit)}': refused", HubError.HUB)
+    return commit
+
+
+def _check_revision(revision: str) -> str:
+    """A revision asked for: a commit or a branch/tag name that is one safe path component."""
+    if not isinstance(revision, str) or not _REF.fullmatch(revision) or ".." in revision:
+        raise HubError(f"invalid revision '{_shown(revision)}'", HubError.NOT_FOUND)
+    return revision
 
 
 # -- Hub calls --------------------------------------------------------------------------------
@@ -269,6 +353,8 @@ def _hub_errors(what: str, token: str | None = None, network: bool = True) -> It
     except (hf.OfflineModeIsEnabled, hf.LocalEntryNotFoundError):
         raise HubError(f"{what}: offline (HF_HUB_OFFLINE is set) and not in the cache {cache_dir()}",
                        HubError.OFFLINE) from None
+    except hf.HFValidationError as e:  # a repo id or revision huggingface_hub refuses to send
+        raise HubError(f"{what}: {str(e).strip().splitlines()[0]}", HubError.NOT_FOUND) from None
     except hf.HfHubHTTPError as e:
         status = e.response.status_code if e.response is not None else 0
         if status in (401, 403):
@@ -279,6 +365,9 @@ def _hub_errors(what: str, token: str | None = None, network: bool = True) -> It
         if not network:
             raise
         raise _unreachable(what, e) from None
+    except (ValueError, TypeError, KeyError) as e:  # JSON that is not a listing
+        raise HubError(f"{what}: the Hub's answer could not be read ({type(e).__name__}: {e})",
+                       HubError.HUB) from None
 
 
 def _unreachable(what: str, e: BaseException) -> HubError:
@@ -293,13 +382,30 @@ def _api(token: str | None):
 
 
 def _part(sibling: Any) -> HubPart:
+    """One listed file; its name checked (check_filename) and its size a byte count or None."""
     lfs = getattr(sibling, "lfs", None)
     sha = (lfs.get("sha256") if isinstance(lfs, dict) else getattr(lfs, "sha256", None)) if lfs else None
-    return HubPart(sibling.rfilename, getattr(sibling, "size", None), sha, getattr(sibling, "blob_id", None))
+    size = getattr(sibling, "size", None)
+    if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 0):
+        raise HubError(f"invalid size '{_shown(size)}' for '{_shown(sibling.rfilename)}'", HubError.HUB)
+    return HubPart(check_filename(sibling.rfilename), size, sha, getattr(sibling, "blob_id", None))
 
 
 def _repo_from_info(info: Any, commit: str | None) -> HubRepo:
-    parts = [_part(s) for s in (info.siblings or [])]
+    """A listing as a HubRepo; a listing with an unsafe name (id, commit, file) is refused whole:
+    the Hub never gives one, so the listing is not to be trusted.
+
+    Raises:
+        HubError: HUB, naming what is wrong.
+    """
+    if not is_repo_id(info.id):
+        raise HubError(f"the Hub gave an invalid repository id '{_shown(info.id)}': refused", HubError.HUB)
+    if commit is not None:
+        _check_commit(commit, info.id)
+    try:
+        parts = [_part(s) for s in (info.siblings or [])]
+    except HubError as e:
+        raise HubError(f"{info.id}: the Hub listing has an {e}: refused", HubError.HUB) from None
     return HubRepo(
         repo_id=info.id,
         downloads=int(info.downloads or 0),
@@ -334,7 +440,13 @@ def search(text: str, limit: int = 20, token: str | None = None) -> list[HubRepo
                               timeout=_TIMEOUT_S)
         hf_raise_for_status(r)
         found = [ModelInfo(**{"siblings": None, **item}) for item in r.json()[:limit]]
-    return [_repo_from_info(m, None) for m in found]
+    out = []
+    for m in found:
+        try:
+            out.append(_repo_from_info(m, None))
+        except HubError as e:  # one hostile entry does not hide the others
+            log.warning("search '%s': left out: %s", text, e)
+    return out
 
 
 def repo(repo_id: str, token: str | None = None, revision: str = "main") -> HubRepo:
@@ -343,25 +455,64 @@ def repo(repo_id: str, token: str | None = None, revision: str = "main") -> HubR
     Raises:
         HubError: OFFLINE, AUTH, NOT_FOUND or HUB.
     """
+    if not is_repo_id(repo_id):
+        raise HubError(f"invalid Hugging Face repo '{_shown(repo_id)}'", HubError.NOT_FOUND)
+    _check_revision(revision)
     if offline():
         raise HubError(f"{repo_id}: offline (HF_HUB_OFFLINE is set)", HubError.OFFLINE)
     with _hub_errors(repo_id, token):
         info = _api(token).model_info(repo_id, revision=revision, files_metadata=True)
-    return _repo_from_info(info, info.sha or revision)
+        # a listing without its commit is not one to download from (nor is one for huggingface_hub)
+        return _repo_from_info(info, info.sha if info.sha is not None else "")
 
 
 # -- the cache --------------------------------------------------------------------------------
 
 
 def _cached_snapshot(repo_id: str, revision: str = "main") -> tuple[str, Path] | None:
-    """(commit, snapshot dir) of `revision` in the cache: refs/<revision>, else a commit hash."""
-    rdir = _repo_dir(repo_id)
+    """(commit, snapshot dir) of `revision` in the cache: refs/<revision>, else a commit hash.
+    None when it is not there, or when a name or a link would lead out of the repository's
+    directory (a ref that is not a commit, a snapshot that is a link elsewhere)."""
+    try:
+        rdir = _repo_dir(repo_id)
+        _check_revision(revision)
+    except HubError:
+        return None
     ref = rdir / "refs" / revision
     commit = revision
-    with contextlib.suppress(OSError, UnicodeDecodeError):
-        commit = ref.read_text(encoding="utf-8").strip()
+    if _inside(ref, rdir / "refs"):
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            commit = ref.read_text(encoding="utf-8").strip()
+    if not _COMMIT.fullmatch(commit) and commit != revision:
+        return None  # a ref holds a commit; anything else was not written by a Hub client
     snap = rdir / "snapshots" / commit
-    return (commit, snap) if commit and snap.is_dir() else None
+    return (commit, snap) if _inside(snap, rdir / "snapshots") and snap.is_dir() else None
+
+
+def _cached_part(snap: Path, filename: str) -> Path | None:
+    """snapshots/<commit>/<filename> when it is the cache's own: its directory inside the
+    snapshot, and either a link into the repository's blobs/ or a plain file (a copy where
+    symlinks are not allowed); None otherwise, or when it is not there."""
+    try:
+        check_filename(filename)
+    except HubError:
+        return None
+    path = snap / filename
+    if not _inside(path.parent, snap):
+        return None
+    blobs = snap.parent.parent / "blobs"
+    if path.is_symlink() and not (_inside(blobs, blobs.parent) and _inside(path, blobs)):
+        return None
+    return path if path.is_file() else None
+
+
+def _snapshot_ggufs(snap: Path) -> list[str]:
+    """Paths of the .gguf entries under a snapshot, without entering linked directories."""
+    found = []
+    for top, _dirs, files in os.walk(snap):  # followlinks=False: a linked directory is not walked
+        rel = Path(top).relative_to(snap)
+        found += [(rel / name).as_posix() for name in files if name.endswith(".gguf")]
+    return sorted(found, key=lambda name: name.split("/"))
 
 
 def _local_files(repo_id: str, revision: str = "main") -> list[HubFile]:
@@ -371,9 +522,11 @@ def _local_files(repo_id: str, revision: str = "main") -> list[HubFile]:
         return []
     commit, snap = found
     parts = []
-    for p in sorted(snap.rglob("*.gguf")):
-        with contextlib.suppress(OSError):
-            parts.append(HubPart(p.relative_to(snap).as_posix(), p.stat().st_size))  # stat follows the link
+    for name in _snapshot_ggufs(snap):
+        path = _cached_part(snap, name)
+        if path is not None:
+            with contextlib.suppress(OSError):
+                parts.append(HubPart(name, path.stat().st_size))  # stat follows the link
     return [replace(f, local_path=snap / f.filename) for f in group_files(repo_id, parts, commit)]
 
 
@@ -384,9 +537,9 @@ def _with_local_path(f: HubFile) -> HubFile:
         return f
     snap = found[1]
     for p in f.parts:
-        local = snap / p.filename
+        local = _cached_part(snap, p.filename)
         try:
-            if not local.is_file() or (p.size is not None and local.stat().st_size != p.size):
+            if local is None or (p.size is not None and local.stat().st_size != p.size):
                 return f
         except OSError:
             return f
@@ -400,13 +553,45 @@ def cached_models() -> list[HubFile]:
     with contextlib.suppress(OSError):
         for rdir in sorted(root.glob("models--*")):
             repo_id = rdir.name[len("models--"):].replace("--", "/")
-            if not _REPO_ID.match(repo_id):
+            if not is_repo_id(repo_id) or not _inside(rdir, root) or not _inside(rdir / "refs", rdir):
                 continue
             refs = sorted((p.name for p in (rdir / "refs").glob("*") if p.is_file()),
                           key=lambda n: n != "main")
             for ref in refs[:1]:
                 out.extend(_local_files(repo_id, ref))
     return out
+
+
+def remove_cached(file: HubFile) -> bool:
+    """Deletes `file` from the cache: each part's snapshot link, and the blob it leads to when
+    that blob is in the repository's blobs/. Nothing a link leads to elsewhere is deleted, nor
+    anything under a linked directory. False when no part was there.
+    """
+    found = _cached_snapshot(file.repo_id, file.revision)
+    if found is None:
+        return False
+    snap = found[1]
+    rdir = snap.parent.parent
+    blobs = os.path.realpath(rdir / "blobs") if _inside(rdir / "blobs", rdir) else None
+    removed = False
+    for part in file.parts:
+        try:
+            pointer = snap / check_filename(part.filename)
+        except HubError:
+            continue
+        if not _inside(pointer.parent, snap):
+            continue  # a linked directory: what is under it is not the cache's
+        with contextlib.suppress(OSError):
+            if pointer.is_symlink():
+                target = os.path.realpath(pointer)
+                pointer.unlink()  # the link itself; its target stays
+                removed = True
+                if blobs is not None and os.path.dirname(target) == blobs and os.path.isfile(target):
+                    os.unlink(target)
+            elif pointer.is_file():  # a copy: the file is in the snapshot
+                pointer.unlink()
+                removed = True
+    return removed
 
 
 # -- resolve ----------------------------------------------------------------------------------
@@ -448,7 +633,10 @@ def _resolve_cached(repo_id: str, tag: str | None, filename: str | None, why: st
 def discard_partial(file: HubFile) -> None:
     """Deletes what an unfinished download() of `file` kept for resuming (a user's cancel, not
     a pause); complete blobs stay."""
-    blobs = _repo_dir(file.repo_id) / "blobs"
+    rdir = _repo_dir(file.repo_id)
+    blobs = rdir / "blobs"
+    if not _inside(blobs, rdir):
+        return  # a linked blobs/: what is there is not the cache's
     for part in file.parts:
         if part.sha256 or part.blob_id:
             (blobs / f"{_blob_name(part)}.incomplete").unlink(missing_ok=True)
@@ -496,7 +684,19 @@ class _Downloader:
         self.total = file.size or 0
         self.base = 0  # bytes of the parts finished (or cached) so far
         self.rdir = _repo_dir(file.repo_id)
-        self.snap = self.rdir / "snapshots" / file.revision
+        self.snap = self.rdir / "snapshots" / _check_commit(file.revision, file.spec)
+        # every directory written below, checked before the first byte moves
+        for sub in ("blobs", "refs", "snapshots"):
+            _confined(self.rdir / sub, self.rdir)
+        _confined(self.snap, self.rdir / "snapshots")
+        _confined(cache_dir() / ".locks" / self.rdir.name, cache_dir())
+        for part in file.parts:
+            self._pointer(part)
+
+    def _pointer(self, part: HubPart) -> Path:
+        """snapshots/<commit>/<path> of `part`, checked to stay in the snapshot."""
+        pointer = self.snap / check_filename(part.filename)
+        return _confined(pointer.parent, self.snap) / pointer.name
 
     def run(self) -> Path:
         todo = [p for p in self.file.parts if not self._pointer_ok(p)]
@@ -510,9 +710,9 @@ class _Downloader:
         return self.snap / self.file.filename
 
     def _pointer_ok(self, part: HubPart) -> bool:
-        pointer = self.snap / part.filename
+        pointer = _cached_part(self.snap, part.filename)
         try:
-            return pointer.is_file() and (part.size is None or pointer.stat().st_size == part.size)
+            return pointer is not None and (part.size is None or pointer.stat().st_size == part.size)
         except OSError:
             return False
 
@@ -528,6 +728,9 @@ class _Downloader:
 
     def _part(self, part: HubPart) -> None:
         blob = self.rdir / "blobs" / _blob_name(part)
+        for planted in (blob, blob.with_name(blob.name + ".incomplete")):
+            if planted.is_symlink():  # never the cache's own (a blob is a file): writing would go through it
+                planted.unlink()
         if not _size_matches(blob, part.size):
             with self._lock(part):
                 if not _size_matches(blob, part.size):
@@ -644,8 +847,9 @@ class _Downloader:
     def _link(self, part: HubPart, blob: Path) -> None:
         """snapshots/<commit>/<path> -> ../../blobs/<name>, as huggingface_hub links it; a copy
         where symlinks are not allowed (Windows without developer mode)."""
-        pointer = self.snap / part.filename
+        pointer = self._pointer(part)
         _mkdirs(pointer.parent)
+        _confined(pointer.parent, self.snap)
         if pointer.is_symlink() or pointer.exists():
             pointer.unlink()
         try:
@@ -660,6 +864,7 @@ class _Downloader:
         with contextlib.suppress(OSError):
             _mkdirs(ref.parent)
             tmp = ref.with_name(f".main.{os.getpid()}.tmp")
+            tmp.unlink(missing_ok=True)  # a link left there would be written through
             tmp.write_text(self.file.revision, encoding="utf-8")
             os.replace(tmp, ref)
 

@@ -4,7 +4,6 @@ router). The transfers themselves are engine/hub.py's; tests swap this object fo
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -27,21 +26,12 @@ class HubAccess:
         return hub.download(file, progress=progress, cancel=cancel)  # type: ignore[arg-type]
 
     def remove(self, spec: str) -> bool:
-        """Delete every part of the cached model `spec` (links and blobs); False if none was there."""
+        """Delete every part of the cached model `spec` (its links, and the blobs they lead to
+        in the cache); False if none was there. Nothing outside the cache is deleted."""
         from . import hub
 
         removed = False
         for f in hub.cached_models():
-            if f.spec != spec or f.local_path is None:
-                continue
-            snapshot = Path(str(f.local_path)[: -len(f.filename)])
-            for part in f.parts:
-                link = snapshot / part.filename
-                with contextlib.suppress(OSError):
-                    blob = link.resolve()
-                    link.unlink()
-                    if blob != link and blob.is_file():
-                        blob.unlink()
-                    removed = True
+            if f.spec == spec and f.local_path is not None:
+                removed = hub.remove_cached(f) or removed
         return removed
-

@@ -27,6 +27,10 @@ Usage (a pytest fixture would wrap this):
 Faults for tests: `server.drops[filename] = [n, ...]` ends the next GET of that file after n
 body bytes (one entry per GET); `server.chunk_delay_s` slows every body; `server.log` records
 (method, path, range, status, body bytes sent) for each request.
+
+A hostile or compromised Hub: a file name in `repos` is listed as `rfilename` as it is
+("../../x.gguf", "/abs/x.gguf"); `start(..., commits={repo_id: sha})` sets the commit the
+listing gives (any string: "../../x"), `ids={repo_id: id}` the repository id it gives.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ class HubRepo:
     downloads: int = 0
     likes: int = 0
     sha: str = ""
+    listed_id: str = ""  # the "id" the listing gives; the repo_id when empty
     _meta: dict[str, tuple[int, str, str]] = field(default_factory=dict)  # path -> (size, sha256, git oid)
 
     def __post_init__(self):
@@ -111,21 +116,24 @@ class HubServer:
 
 
 def start(tmpdir: str | Path, repos: dict[str, dict[str, Path | bytes]], *, gated: tuple[str, ...] = (),
-          private: tuple[str, ...] = (), token: str | None = None) -> HubServer:
+          private: tuple[str, ...] = (), token: str | None = None, commits: dict[str, str] | None = None,
+          ids: dict[str, str] | None = None) -> HubServer:
     """Serves `repos` ({repo_id: {path in repo: file path or bytes}}); bytes are written under
-    tmpdir. Returns the running server (stop() it)."""
+    tmpdir (named by a hash: a hostile name never picks where). Returns the running server
+    (stop() it)."""
     tmpdir = Path(tmpdir)
     built = {}
     for repo_id, files in repos.items():
         on_disk = {}
         for name, data in files.items():
             if isinstance(data, bytes):
-                p = tmpdir / "hub-payloads" / repo_id / name
+                p = tmpdir / "hub-payloads" / hashlib.sha1(f"{repo_id}/{name}".encode()).hexdigest()
                 p.parent.mkdir(parents=True, exist_ok=True)
                 p.write_bytes(data)
                 data = p
             on_disk[name] = Path(data)
-        built[repo_id] = HubRepo(repo_id, on_disk, gated=repo_id in gated, private=repo_id in private)
+        built[repo_id] = HubRepo(repo_id, on_disk, gated=repo_id in gated, private=repo_id in private,
+                                 sha=(commits or {}).get(repo_id, ""), listed_id=(ids or {}).get(repo_id, ""))
     return HubServer(built, token=token or "hf_" + "t" * 34)
 
 
@@ -218,7 +226,8 @@ class _HubHandler(BaseHTTPRequestHandler):
                 entry.update(size=size, blobId=oid,
                              lfs={"size": size, "sha256": sha256, "pointerSize": 134})
             siblings.append(entry)
-        return {"_id": repo.sha[:24], "id": repo.repo_id, "modelId": repo.repo_id, "sha": repo.sha,
+        listed_id = repo.listed_id or repo.repo_id
+        return {"_id": repo.sha[:24], "id": listed_id, "modelId": listed_id, "sha": repo.sha,
                 "private": repo.private, "gated": "manual" if repo.gated else False, "disabled": False,
                 "downloads": repo.downloads, "likes": repo.likes, "tags": ["gguf"],
                 "lastModified": "2025-01-01T00:00:00.000Z", "createdAt": "2025-01-01T00:00:00.000Z",
