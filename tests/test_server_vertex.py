@@ -134,3 +134,14 @@ def test_router_mode_serves_predict_too(monkeypatch):
     assert r.status_code == 200
     ok, missing = r.json()["predictions"]
     assert ok == {"status": "ok"} and missing["error"]["code"] == 400
+
+
+def test_aip_health_route_needs_no_api_key(serve):
+    # Vertex AI probes the health route without credentials, as a load balancer probes /health
+    url = serve({"AIP_MODE": "PREDICTION", "AIP_HEALTH_ROUTE": "/isalive"}, api_keys=("k1",))
+    r = httpx.get(url + "/isalive", timeout=30)
+    assert r.status_code == 200 and r.json() == {"status": "ok"}
+    assert predict(url, {"instances": [CHAT]}).status_code == 401  # the predict route still needs it
+    prefixed = serve({"AIP_MODE": "PREDICTION", "AIP_HEALTH_ROUTE": "isalive"}, api_keys=("k1",), api_prefix="/api")
+    assert httpx.get(prefixed + "/api/isalive", timeout=30).status_code == 200
+    assert httpx.get(prefixed + "/isalive", timeout=30).status_code == 404

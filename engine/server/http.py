@@ -1,5 +1,6 @@
 """FastAPI app factory, the gate middleware (loading / API key / body size / request log)
-and the uvicorn runner that listens on a background thread.
+and the uvicorn runner that listens on a background thread, with its connection guards (a
+deadline for request heads, a cap on open connections).
 
 The socket is bound here, before uvicorn starts, so that a port already in use is reported
 at once with a free port to try instead, and so that port 0 works (the router's children).
@@ -7,8 +8,10 @@ at once with a free port to try instead, and so that port 0 works (the router's 
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import hmac
+import json
 import logging
 import socket
 import threading
@@ -16,14 +19,17 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
+import h11
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ..errors import APIError, EngineError, PortInUseError
 from ..version import __version__
+from . import routes_cors_proxy, vertex
 from .errors import api_error, api_response, error_response, format_validation_errors, loading
 from .state import ServerOptions, ServerState
 
@@ -37,7 +43,7 @@ PUBLIC_PATHS = ("/health", "/v1/health", *FRONTEND_PATHS)
 
 def create_app(state: ServerState) -> FastAPI:
     """The ASGI app serving `state` (which may still be loading)."""
-    from . import anthropic, responses, routes, routes_cors_proxy, routes_embed, routes_monitor, routes_slots, vertex
+    from . import anthropic, responses, routes, routes_embed, routes_monitor, routes_slots
 
     app = _App(title="ggstation", version=__version__, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.server = state
@@ -87,7 +93,8 @@ class GateMiddleware:
     """Pure ASGI (streams pass through untouched), in llama-server's order: CORS headers on
     every response and preflights answered on every path; then 503 while loading, API keys,
     the Content-Length limit; the request-log callback, and the JSON 500 for an exception
-    nothing else handled."""
+    nothing else handled. One addition: the enabled /cors-proxy refuses other origins' pages
+    (403, preflights too, and no CORS header on the refusal)."""
 
     def __init__(self, app, state: ServerState):
         self.app = app
@@ -98,7 +105,9 @@ class GateMiddleware:
             return await self.app(scope, receive, send)
         t0 = time.perf_counter()
         status = {"code": 0}
-        cors = cors_headers(self.state.options, _header(scope, b"origin"))
+        refusal = self._proxy_refusal(scope)
+        # a refused proxy request gets no Access-Control-Allow-Origin: the page may not read it
+        cors = [] if refusal is not None else cors_headers(self.state.options, _header(scope, b"origin"))
 
         async def send_wrapper(message):
             if message["type"] == "http.response.start":
@@ -113,9 +122,10 @@ class GateMiddleware:
 
         try:
             if scope.get("method") == "OPTIONS":
-                await _preflight(self.state.options)(scope, receive, send_wrapper)
+                answer = _preflight(self.state.options) if refusal is None else api_response(refusal)
+                await answer(scope, receive, send_wrapper)
                 return
-            rejection = self._check(scope)
+            rejection = self._check(scope) or refusal
             if rejection is not None:
                 await api_response(rejection)(scope, receive, send_wrapper)
             else:
@@ -130,16 +140,32 @@ class GateMiddleware:
         finally:
             self._log(scope, status["code"], t0)
 
+    def _local_path(self, scope) -> str:
+        """The request's path without --api-prefix."""
+        path = scope.get("path", "")
+        prefix = self.state.options.api_prefix.rstrip("/")
+        return (path[len(prefix):] or "/") if prefix and path.startswith(prefix) else path
+
+    def _proxy_refusal(self, scope) -> APIError | None:
+        """The 403 for a page on another origin calling the enabled /cors-proxy (its rule:
+        routes_cors_proxy.cross_origin_refusal); None for every other request."""
+        opts = self.state.options
+        if not opts.cors_proxy or self._local_path(scope) != routes_cors_proxy.PATH:
+            return None
+        headers: dict[str, str] = {}
+        for k, v in scope.get("headers", ()):
+            headers.setdefault(k.decode("latin-1").lower(), v.decode("latin-1"))
+        return routes_cors_proxy.cross_origin_refusal(opts, scope.get("scheme", "http"), headers)
+
     def _check(self, scope) -> APIError | None:
         opts = self.state.options
-        path = scope.get("path", "")
-        prefix = opts.api_prefix.rstrip("/")
-        local = (path[len(prefix):] or "/") if prefix and path.startswith(prefix) else path
+        local = self._local_path(scope)
         if not self.state.is_ready and local not in FRONTEND_PATHS:
             if self.state.error:
                 return APIError(500, f"model failed to load: {self.state.error}", "server_error")
             return loading()
-        if opts.api_keys and local not in PUBLIC_PATHS:
+        # a health route answers probes that carry no key: /health, and Vertex AI's AIP_HEALTH_ROUTE
+        if opts.api_keys and local not in PUBLIC_PATHS and local != vertex.health_route():
             key = _request_key(scope)
             if key is None or not any(hmac.compare_digest(key, k) for k in opts.api_keys):
                 return APIError(401, "Invalid API Key", "authentication_error")
@@ -355,10 +381,110 @@ def _url(host: str, port: int) -> str:
     return f"http://[{shown}]:{port}" if ":" in shown else f"http://{shown}:{port}"
 
 
+# -- connection guards -----------------------------------------------------------------------
+
+HEAD_TIMEOUT_S = 30.0  # request line + headers; a body and a streamed answer have no such limit
+KEEP_ALIVE_S = 30  # idle between two requests on one connection
+
+
+def default_max_connections() -> int:
+    """Half the process's file-descriptor limit, 64..1024: room for the model, logs and a
+    router's children, and never the EMFILE that makes asyncio stop accepting."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):  # no `resource` on Windows
+        return 1024
+    if soft == resource.RLIM_INFINITY:
+        return 1024
+    return max(64, min(1024, soft // 2))
+
+
+def _raw_error(status: int, reason: str, message: str) -> bytes:
+    """A whole HTTP/1.1 error response, sent by the connection itself before any request
+    has reached the app; the body is the usual error JSON."""
+    body = json.dumps(APIError(status, message).body(), separators=(",", ":")).encode()
+    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode() + body
+
+
+class _GuardedConfig(uvicorn.Config):
+    """uvicorn's Config plus the two limits _GuardedH11 reads."""
+
+    def __init__(self, app, *, head_timeout_s: float, max_connections: int, **kwargs: Any):
+        super().__init__(app, **kwargs)
+        self.head_timeout_s = head_timeout_s
+        self.max_connections = max_connections
+
+
+class _GuardedH11(H11Protocol):
+    """uvicorn's h11 protocol with the two limits uvicorn lacks (0.55 has no header-read
+    timeout: it times out only a connection idle after a response, so one that sends half a
+    request head, or nothing, is held for ever):
+
+    - the request head must be complete within head_timeout_s of its first byte (or of the
+      connection opening): else a 408, or a silent close when nothing came;
+    - at most max_connections are open: past that a new one gets a 503 and is closed at once.
+
+    Bodies and answers are not timed here: a long upload or a stream of minutes goes on.
+    h11 itself refuses a head over 16 KiB (uvicorn's h11_max_incomplete_event_size)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        if len(self.connections) > getattr(self.config, "max_connections", len(self.connections)):
+            log.warning("refusing a connection: %d are open", len(self.connections) - 1)
+            transport.write(_raw_error(503, "Service Unavailable", "too many open connections; try again later"))
+            transport.close()
+            return
+        self._arm_head_timer()
+
+    def data_received(self, data: bytes) -> None:
+        if self._head_timer is None and self.conn.their_state is h11.IDLE:
+            self._arm_head_timer()  # the next request's first bytes on a kept-alive connection
+        super().data_received(data)
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self.conn.their_state is not h11.IDLE:  # a whole head was read
+            self._cancel_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_head_timer()
+        super().connection_lost(exc)
+
+    def _arm_head_timer(self) -> None:
+        timeout = getattr(self.config, "head_timeout_s", None)
+        if timeout is not None and timeout > 0:
+            self._head_timer = self.loop.call_later(timeout, self._head_timed_out)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+            return
+        if self.conn.trailing_data[0]:  # part of a head came: say why the connection ends
+            self.transport.write(_raw_error(408, "Request Timeout", "request head not received in time"))
+        self.transport.close()
+
+
 def listen(state: ServerState, host: str = "127.0.0.1", port: int = 8080, *, app=None,
-           timeout_graceful_s: int = 3, log_level: str = "warning") -> ServerHandle:
+           timeout_graceful_s: int = 3, log_level: str = "warning", head_timeout_s: float = HEAD_TIMEOUT_S,
+           max_connections: int | None = None) -> ServerHandle:
     """Bind every address of `host` (comma-separated, as --host) on `port` and serve `state`
-    (or `app`) on a background thread; returns once listening."""
+    (or `app`) on a background thread; returns once listening.
+
+    head_timeout_s: how long a client may take to send a request head (0: no limit).
+    max_connections: open connections at most (default: default_max_connections()).
+    """
     hosts = parse_hosts(host)
     n_tcp = sum(not h.endswith(".sock") for h in hosts)
     if port == 0 and n_tcp > 1:
@@ -373,9 +499,12 @@ def listen(state: ServerState, host: str = "127.0.0.1", port: int = 8080, *, app
         for sock in socks:
             sock.close()
         raise
-    config = uvicorn.Config(app if app is not None else create_app(state), lifespan="off", log_level=log_level,
-                            access_log=False, timeout_graceful_shutdown=timeout_graceful_s, timeout_keep_alive=30,
-                            http="h11", loop="asyncio")
+    config = _GuardedConfig(app if app is not None else create_app(state), lifespan="off", log_level=log_level,
+                            access_log=False, timeout_graceful_shutdown=timeout_graceful_s,
+                            timeout_keep_alive=KEEP_ALIVE_S, http=_GuardedH11, loop="asyncio",
+                            head_timeout_s=head_timeout_s,
+                            max_connections=max_connections if max_connections is not None
+                            else default_max_connections())
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": socks}, name="http", daemon=True)
     thread.start()

@@ -4,7 +4,7 @@ protocol, read from the AIP_* environment variables when the app is built.
     AIP_MODE=PREDICTION     turns the mode on
     AIP_HTTP_PORT           the port to listen on, over --port (default 8080)
     AIP_PREDICT_ROUTE       POST route taking {"instances": [...]} (default /predict)
-    AIP_HEALTH_ROUTE        GET route answering as /health (default: none besides /health)
+    AIP_HEALTH_ROUTE        GET route answering as /health, with no API key (default: none besides /health)
 
 Each instance names the endpoint it is for in "@requestFormat", as a camelCase alias of a
 route's path ("chatCompletions" for /v1/chat/completions, "applyTemplate" for /apply-template)
@@ -65,6 +65,16 @@ def settings(environ: Mapping[str, str] = os.environ) -> VertexSettings | None:
         raise EngineError(f"AIP_HTTP_PORT must be 0..65535, got {port}")
     return VertexSettings(predict_route=_route_env(environ, "AIP_PREDICT_ROUTE", "/predict") or "/predict",
                           health_route=_route_env(environ, "AIP_HEALTH_ROUTE", None), port=port)
+
+
+def health_route(environ: Mapping[str, str] = os.environ) -> str | None:
+    """AIP_HEALTH_ROUTE in prediction mode (the gate lets it through without an API key, as
+    /health: Vertex AI's probes carry none); None otherwise."""
+    try:
+        s = settings(environ)
+    except EngineError:  # a bad AIP_HTTP_PORT: `ggstation serve` refuses it before listening
+        return None
+    return s.health_route if s is not None else None
 
 
 def listen_port(port: int, environ: Mapping[str, str] = os.environ) -> int:
