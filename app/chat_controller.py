@@ -116,8 +116,10 @@ class ChatController(QObject):
     def import_conversation(self, path: str) -> None:
         """Add a conversation exported as JSON, and open it."""
         try:
-            conversation_id = self.ctx.store.import_json(Path(path).read_text(encoding="utf-8"))
-        except (*STORE_ERRORS, ValueError) as e:  # ValueError: not JSON, or not an export
+            conversation_id = self.ctx.store.import_file(path)
+        # ValueError: not JSON, or not an export (the store checks it); the other two as well, so
+        # that no parse of a hostile file can raise out of this slot
+        except (*STORE_ERRORS, ValueError, RecursionError, MemoryError) as e:
             self._storage_error(f"{Path(path).name} was not imported", e)
             return
         self.refresh_conversations()

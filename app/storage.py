@@ -2,15 +2,22 @@
 
 A message is committed the moment it is sent; a streaming reply is inserted when it starts and
 its text is rewritten as it grows, so a crash loses at most the last second of one reply.
+An imported JSON file is read with a size bound and checked at every level before anything is
+written: a hostile file raises ImportFormatError (a ValueError) and changes nothing.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
+import random
 import sqlite3
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
@@ -31,6 +38,26 @@ CREATE TABLE IF NOT EXISTS messages (
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
 """
 SCHEMA_VERSION = 1
+
+# how long a statement waits for another process's lock on the file (sqlite3's default, made
+# explicit: longer would freeze the window longer when another program holds the file)
+BUSY_TIMEOUT_S = 5.0
+# Switching to WAL and creating the schema can fail with SQLITE_BUSY at once, busy timeout or not
+# (sqlite refuses to wait where waiting could deadlock), when a second process opens the same new
+# file at the same moment; the whole setup is retried for this long.
+OPEN_RETRY_S = 10.0
+
+MAX_IMPORT_BYTES = 64 * 1024 * 1024  # an export far larger than any chat; bounds the memory an import takes
+MAX_STATS_DEPTH = 16  # the app writes 3 levels (stats.replay.sampling)
+ROLES = ("user", "assistant", "system")
+# the stats the window reads: token counts go through Qt int signals (32 bits), times are shown
+_COUNT_STATS = ("n_prompt", "n_generated", "n_cached", "dropped_messages")
+_TIME_STATS = ("t_prompt_ms", "t_gen_ms", "ttft_ms")
+MAX_COUNT = 2**30  # two of them still add up below 2**31
+
+
+class ImportFormatError(ValueError):
+    """The file to import is not a conversation exported by ggstation; the words say why."""
 
 
 @dataclass
@@ -53,14 +80,30 @@ class ConversationStore:
         self.path = str(path)
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.executescript(SCHEMA)
-        # a write at open, so that a read-only file fails here and not at the user's first message
-        self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-        self._db.commit()
+        self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S)
+        # not closed when this fails: closing a damaged file's connection deletes its -wal, which
+        # data_folder sets aside with it
+        self._set_up()
+
+    def _set_up(self) -> None:
+        deadline = time.monotonic() + OPEN_RETRY_S
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=FULL")
+                self._db.execute("PRAGMA foreign_keys=ON")
+                # BEGIN IMMEDIATE takes the write lock first (waiting on the busy timeout) rather
+                # than upgrading a read lock mid-script, which sqlite refuses without waiting. The
+                # user_version write makes a read-only file fail here, not at the first message.
+                self._db.executescript(f"BEGIN IMMEDIATE;\n{SCHEMA}\n"
+                                       f"PRAGMA user_version={SCHEMA_VERSION};\nCOMMIT;")
+                return
+            except sqlite3.OperationalError as e:
+                if self._db.in_transaction:
+                    self._db.rollback()
+                if not _is_busy(e) or time.monotonic() > deadline:
+                    raise
+            time.sleep(random.uniform(0.005, 0.05))  # jitter, so that two openers fall out of step
 
     @classmethod
     def read_only_copy(cls, path: str | Path) -> ConversationStore:
@@ -160,19 +203,31 @@ class ConversationStore:
         )
         return [Message(role, content, mid, json.loads(stats or "{}")) for mid, role, content, stats in rows]
 
+    def import_file(self, path: str | Path) -> int:
+        """import_json of the file at `path`, read only if it is a regular file of at most
+        MAX_IMPORT_BYTES (a FIFO would block the window, a huge file would fill the memory)."""
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+        with open(fd, "rb") as f:
+            info = os.fstat(f.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise ImportFormatError("it is not a regular file")
+            data = f.read(MAX_IMPORT_BYTES + 1)
+        if len(data) > MAX_IMPORT_BYTES:
+            raise ImportFormatError(f"it is larger than {MAX_IMPORT_BYTES // (1024 * 1024)} MiB")
+        try:
+            text = data.decode("utf-8-sig")
+        except UnicodeDecodeError as e:
+            raise ImportFormatError(f"it is not UTF-8 text (byte {e.start})") from None
+        return self.import_json(text)
+
     def import_json(self, text: str) -> int:
         """Add a conversation written by export_json; one transaction, so all of it or nothing."""
-        data = json.loads(text)
-        try:
-            messages = [Message(str(m["role"]), str(m["content"]), stats=dict(m.get("stats") or {}))
-                        for m in data["messages"]]
-        except (KeyError, TypeError, AttributeError, ValueError) as e:
-            raise ValueError(f"not a conversation exported by ggstation ({e!r})") from e
+        title, messages = parse_export(text)
         now = time.time()
         with self._db:
             cur = self._db.execute(
                 "INSERT INTO conversations(title, created, updated) VALUES (?,?,?)",
-                (str(data.get("title") or "Imported chat"), now, now),
+                (title, now, now),
             )
             for m in messages:
                 self._db.execute(
@@ -197,3 +252,98 @@ class ConversationStore:
         for m in self.messages(conversation_id):
             parts.append(f"## {m.role.capitalize()}\n\n{m.content}\n")
         return "\n".join(parts)
+
+
+# import checks ------------------------------------------------------------------------------------
+def parse_export(text: str) -> tuple[str, list[Message]]:
+    """The title and messages of an export_json text; ImportFormatError for anything else."""
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise ImportFormatError("it is nested too deeply") from None
+    except MemoryError:
+        raise ImportFormatError("it is too large to read") from None
+    except ValueError as e:  # JSONDecodeError, or an integer of too many digits
+        raise ImportFormatError(f"it is not valid JSON ({_short(e)})") from None
+    if not isinstance(data, dict):
+        raise ImportFormatError(f"it holds a JSON {_kind(data)}, not an object")
+    title = data.get("title")
+    if title is not None and not isinstance(title, str):
+        raise ImportFormatError(f"its title is a {_kind(title)}, not text")
+    _check_text(title or "", "the title")
+    found = data.get("messages")
+    if not isinstance(found, list):
+        raise ImportFormatError("it has no list of messages" if found is None
+                                else f"its messages are a {_kind(found)}, not a list")
+    return title or "Imported chat", [_message(i, m) for i, m in enumerate(found)]
+
+
+def _message(i: int, m: Any) -> Message:
+    where = f"message {i + 1}"
+    if not isinstance(m, dict):
+        raise ImportFormatError(f"{where} is a {_kind(m)}, not an object")
+    role, content, stats = m.get("role"), m.get("content"), m.get("stats")
+    if role not in ROLES:
+        raise ImportFormatError(f"the role of {where} is not one of {', '.join(ROLES)}")
+    if not isinstance(content, str):
+        raise ImportFormatError(f"the content of {where} is a {_kind(content)}, not text")
+    _check_text(content, f"the content of {where}")
+    if stats is None:
+        stats = {}
+    if not isinstance(stats, dict):
+        raise ImportFormatError(f"the stats of {where} are a {_kind(stats)}, not an object")
+    _check_stats(stats, f"the stats of {where}")
+    return Message(role, content, stats=stats)
+
+
+def _check_stats(stats: dict, where: str) -> None:
+    """The fields the window reads have the types it reads them as; the rest is plain JSON,
+    shallow enough to store and read back, with text sqlite can store."""
+    for key in _COUNT_STATS:
+        value = stats.get(key)
+        if value is not None and not (type(value) is int and 0 <= value < MAX_COUNT):
+            raise ImportFormatError(f"{where}: {key} is not a count of tokens")
+    for key in _TIME_STATS:
+        value = stats.get(key)
+        if value is not None and not (type(value) in (int, float) and math.isfinite(value)):
+            raise ImportFormatError(f"{where}: {key} is not a time in milliseconds")
+    if not isinstance(stats.get("finish_reason"), (str, type(None))):
+        raise ImportFormatError(f"{where}: finish_reason is not text")
+    replay = stats.get("replay", {})
+    if not isinstance(replay, dict) or not isinstance(replay.get("sampling", {}), dict):
+        raise ImportFormatError(f"{where}: replay is not an object with an object of sampling settings")
+    pending: list[tuple[Any, int]] = [(stats, 1)]  # a loop, not recursion: the depth is the input's
+    while pending:
+        value, depth = pending.pop()
+        if depth > MAX_STATS_DEPTH:
+            raise ImportFormatError(f"{where} are nested more than {MAX_STATS_DEPTH} deep")
+        if isinstance(value, dict):
+            for k, v in value.items():
+                _check_text(k, where)
+                pending.append((v, depth + 1))
+        elif isinstance(value, list):
+            pending.extend((v, depth + 1) for v in value)
+        elif isinstance(value, str):
+            _check_text(value, where)
+
+
+def _check_text(text: str, where: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate from a \ud800 escape: sqlite cannot store it
+        raise ImportFormatError(f"{where} holds an invalid character (a lone surrogate)") from None
+
+
+def _kind(value: Any) -> str:
+    return {dict: "object", list: "list", str: "text", bool: "boolean", int: "number",
+            float: "number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _short(e: BaseException, limit: int = 120) -> str:
+    text = str(e)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _is_busy(e: sqlite3.OperationalError) -> bool:
+    name = getattr(e, "sqlite_errorname", "")
+    return name in ("SQLITE_BUSY", "SQLITE_LOCKED") or "locked" in str(e).lower()
