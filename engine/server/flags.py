@@ -139,11 +139,21 @@ def _on_off_auto(value: str) -> str:
     return "on" if v in _TRUE else "off" if v in _FALSE else v
 
 
-def _sleep_seconds(value: str) -> int:
-    n = int(value)
-    if n == 0 or n < -1:
+def _sleep_seconds(value: str) -> float:
+    """--sleep-idle-seconds: -1 (never) or a positive number of seconds. llama-server's is an
+    int (std::stoi, which reads "1.5" as 1); fractions are accepted here, a superset, so its
+    command lines keep working. llama-server's words for 0 and below -1."""
+    import math
+
+    try:
+        n = float(value)
+    except ValueError:
+        n = math.nan
+    if not math.isfinite(n):
+        raise argparse.ArgumentTypeError(f"invalid value {value!r}: not a number of seconds (-1 disables sleeping)")
+    if n != -1 and n <= 0:
         raise argparse.ArgumentTypeError("invalid value: cannot be 0 or less than -1")
-    return n
+    return int(n) if n.is_integer() else n
 
 
 class IgnoredFlag(argparse.Action):
@@ -226,8 +236,8 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--slot-save-path", default=None, metavar="PATH",
                    help="directory for slot files: POST /slots/{id}?action=save|restore (default: disabled)")
     g.add_argument("--sleep-idle-seconds", type=_sleep_seconds, default=-1, metavar="SECONDS",
-                   help="unload the model after this many idle seconds, reload it on the next request "
-                        "(default: -1, disabled)")
+                   help="unload the model after this many idle seconds (fractions allowed), reload it on "
+                        "the next request (default: -1, disabled)")
     g.add_argument("--max-body-mib", type=float, default=8.0,
                    help="ggstation: largest accepted request body in MiB (default: 8)")
     g.add_argument("--models-dir", default=None, metavar="PATH",

@@ -61,7 +61,7 @@ class ServerOptions:
     verbose: bool = False  # --verbose: every generation reply carries `__verbose` (llama-server)
     prefill_assistant: bool = True  # a chat ending with an assistant message continues it
     slot_save_path: str | None = None  # --slot-save-path: POST /slots/{id}?action=save|restore
-    sleep_idle_seconds: int = -1  # --sleep-idle-seconds: unload the model when idle (-1: never)
+    sleep_idle_seconds: float = -1  # --sleep-idle-seconds: unload the model when idle (-1: never)
 
 
 class ServerState:
