@@ -22,12 +22,13 @@ import json
 import re
 import threading
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .errors import GrammarError
+from .grammar_limits import check_source, on_compiler_thread
 
 if TYPE_CHECKING:
     import llguidance
@@ -45,6 +46,7 @@ _JSON_DEFAULTS = {
     "lenient": True,
 }
 
+_PROBES = 4  # allowed first tokens each request's grammar is tried with (_first_mask_matcher)
 _NEG_INF = np.float32(-np.inf)
 _NEG_INF_BITS = _NEG_INF.view(np.uint32)
 
@@ -78,6 +80,8 @@ class Grammar:
     kind: str
     source: str
     compiled: str
+    # LLTokenizer -> a matcher checked against it at its first mask, copied per sequence
+    _prototypes: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_gbnf(cls, text: str) -> Grammar:
@@ -85,16 +89,20 @@ class Grammar:
         llg = _llg()
         if is_lark(text):
             return cls.from_lark(text)
+        check_source("gbnf", text)
         try:
             lark = gbnf_to_lark(text)
+        except RecursionError:
+            raise GrammarError("failed to parse grammar: nested too deeply") from None
         except Exception as e:  # the converter raises plain Exceptions with the position
             raise GrammarError(f"failed to parse grammar: {e}") from None
-        return cls._checked("gbnf", text, llg.LLMatcher.grammar_from_lark(lark))
+        return cls._checked("gbnf", text, lambda: llg.LLMatcher.grammar_from_lark(lark))
 
     @classmethod
     def from_lark(cls, text: str) -> Grammar:
         llg = _llg()
-        return cls._checked("lark", text, llg.LLMatcher.grammar_from_lark(text))
+        check_source("lark", text)
+        return cls._checked("lark", text, lambda: llg.LLMatcher.grammar_from_lark(text))
 
     @classmethod
     def from_json_schema(cls, schema: Any) -> Grammar:
@@ -110,33 +118,88 @@ class Grammar:
                                f"got {type(schema).__name__}")
         try:
             text = json.dumps(schema, ensure_ascii=False)
-            closed = close_objects(schema) if isinstance(schema, dict) else schema
-            compiled = llg.LLMatcher.grammar_from_json_schema(json.dumps(closed), defaults=_JSON_DEFAULTS)
+            check_source("json_schema", text)
+            closed = json.dumps(close_objects(schema) if isinstance(schema, dict) else schema)
         except RecursionError:
             raise GrammarError("invalid JSON schema: nested too deeply") from None
         except (ValueError, TypeError) as e:
             raise GrammarError(f"invalid JSON schema: {e}") from None
-        return cls._checked("json_schema", text, compiled, what="JSON schema")
+        return cls._checked("json_schema", text, lambda: llg.LLMatcher.grammar_from_json_schema(
+            closed, defaults=_JSON_DEFAULTS), what="JSON schema")
 
     @classmethod
     def from_regex(cls, pattern: str) -> Grammar:
         llg = _llg()
-        return cls._checked("regex", pattern, llg.LLMatcher.grammar_from_regex(pattern), what="regex")
+        check_source("regex", pattern)
+        return cls._checked("regex", pattern, lambda: llg.LLMatcher.grammar_from_regex(pattern), what="regex")
 
     def check_vocabulary(self, tokenizer: GenerationTokenizer) -> None:
-        """Check the grammar against a model's vocabulary (building and caching it: call
-        this off the scheduler's thread). Raises GrammarError."""
-        vocab = vocabulary_for(tokenizer)
-        is_error, messages = _llg().LLMatcher.validate_grammar_with_warnings(self.compiled, vocab)
-        if is_error:
-            raise GrammarError(f"invalid grammar: {messages[0] if messages else 'unknown error'}")
+        """Check the grammar against a model's vocabulary, up to its first token's mask
+        (building and caching the vocabulary: call this off the scheduler's thread).
+
+        A grammar that compiles can still fail once a vocabulary meets it ("Too many items",
+        lexer fuel): found here, that is the request's error, not one after it started; and
+        the matcher built here is what every sequence of the request copies.
+
+        Raises:
+            GrammarError: naming the problem.
+        """
+        self._prototype(vocabulary_for(tokenizer))
+
+    def _prototype(self, vocab: Any) -> Any:
+        """A matcher over `vocab` that has computed its first mask (built on the compiler's
+        thread once, then reused)."""
+        proto = self._prototypes.get(vocab)
+        if proto is None:
+            proto = self._prototypes[vocab] = on_compiler_thread(lambda: _first_mask_matcher(self.compiled, vocab))
+        return proto
 
     @classmethod
-    def _checked(cls, kind: str, source: str, compiled: str, what: str = "grammar") -> Grammar:
-        is_error, messages = _llg().LLMatcher.validate_grammar_with_warnings(compiled)
-        if is_error:
-            raise GrammarError(f"invalid {what}: {messages[0] if messages else 'unknown error'}")
-        return cls(kind, source, compiled)
+    def _checked(cls, kind: str, source: str, compile_fn: Any, what: str = "grammar") -> Grammar:
+        """Compile and validate on the compiler's thread (grammar_limits: the native code
+        recurses over the grammar's structure)."""
+
+        def run() -> str:
+            try:
+                compiled = str(compile_fn())
+            except (ValueError, TypeError) as e:
+                raise GrammarError(f"invalid {what}: {e}") from None
+            is_error, messages = _llg().LLMatcher.validate_grammar_with_warnings(compiled)
+            if is_error:
+                raise GrammarError(f"invalid {what}: {_first_line(messages)}")
+            return compiled
+
+        return cls(kind, source, on_compiler_thread(run))
+
+
+def _first_mask_matcher(compiled: str, vocab: Any) -> Any:
+    """An LLMatcher over `vocab` after its first mask; GrammarError if either fails."""
+    llg = _llg()
+    is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(compiled, vocab)
+    if is_error:
+        raise GrammarError(f"invalid grammar: {_first_line(messages)}")
+    matcher = llg.LLMatcher(vocab, compiled, log_level=0)
+    bits = np.zeros((1, (int(vocab.vocab_size) + 31) // 32), dtype=np.int32)
+    if not matcher.is_error():
+        matcher.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+    if matcher.is_error():
+        raise GrammarError(f"invalid grammar: {_first_line([matcher.get_error()])}")
+    allowed = np.flatnonzero(np.unpackbits(bits.view(np.uint8), bitorder="little"))
+    for token in allowed[np.linspace(0, len(allowed) - 1, min(len(allowed), _PROBES)).astype(int)]:
+        # a grammar whose Earley rows explode after one token fails there whichever token
+        # it was: a few allowed ones, spread over the vocabulary, find most such grammars
+        probe = matcher.deep_copy()
+        if probe.consume_token(int(token)) and not probe.is_error():
+            probe.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+        if probe.is_error():
+            raise GrammarError(f"invalid grammar: it fails after its first token: {_first_line([probe.get_error()])}")
+    return matcher
+
+
+def _first_line(messages: list[str]) -> str:
+    """A parser message without the parser state llguidance appends on later lines."""
+    text = str(messages[0]).strip() if messages else ""
+    return text.splitlines()[0][:500] if text else "unknown error"
 
 
 def is_lark(text: str) -> bool:
@@ -170,13 +233,56 @@ def gbnf_to_lark(text: str) -> str:
         for r in rules.values():
             r.name = new[r.name]
         rules = {r.name: r for r in rules.values()}
+        _resolve(conv, rules)
     except AttributeError:  # the converter's internals changed: convert as it does
         return str(conv.gbnf_to_lark(text))
-    conv.resolve(rules)
     out = ["%llguidance {}\n"]
     for r in sorted(rules.values(), key=lambda r: r.order):
         out.append(str(r))
     return "\n".join(out) + "\n"
+
+
+def _resolve(conv: Any, rules: dict[str, Any]) -> None:
+    """The converter's `resolve`, in linear time: link references, name `root` Lark's
+    `start`, and mark the rules that are terminals (every rule they name is one; never the
+    root, never a rule on a cycle), upper-cased as Lark wants them.
+
+    The converter finds terminals by re-scanning every rule until nothing changes, one rule
+    per pass along a chain: a 5 000-rule chain took ~30 s of a core. Names are already
+    folded and unique (gbnf_to_lark), so no renaming can clash.
+    """
+    deps: dict[str, set[str]] = {}
+    for i, r in enumerate(rules.values()):
+        r.order = i
+        r.alternatives = r.alternatives.simplify()
+        names: set[str] = set()
+        stack = [r.alternatives]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, conv.RuleRefNode):
+                if node.name not in rules:
+                    raise Exception(f"Rule '{node.name}' not found")
+                node.target = rules[node.name]
+                names.add(node.name)
+            stack.extend(node.children())
+        deps[r.name] = names
+    if "root" not in rules:
+        raise Exception("No 'root' rule found")
+    users: dict[str, list[str]] = {name: [] for name in rules}
+    for name, named in deps.items():
+        for d in named:
+            users[d].append(name)
+    waiting = {name: len(named) for name, named in deps.items()}
+    ready = [name for name, n in waiting.items() if n == 0 and name != "root"]
+    while ready:
+        name = ready.pop()
+        rules[name].rule_is_terminal = True
+        for user in users[name]:
+            waiting[user] -= 1
+            if waiting[user] == 0 and user != "root":
+                ready.append(user)
+    for r in rules.values():
+        r.name = "start" if r.name == "root" else r.name.upper() if r.rule_is_terminal else r.name
 
 
 # where a JSON schema holds subschemas: keyword -> how (one schema, a list, a name map)
@@ -258,14 +364,17 @@ class _TokenizerAdapter:
         self.eos_token_id = eos_id
         self.bos_token_id = tokenizer.bos_id
         self.tokens = token_bytes(tokenizer)
-        self._encode = getattr(tokenizer, "encode", None)
+        # weakly: llguidance keeps this adapter, _VOCABS keeps llguidance's tokenizer for as long
+        # as `tokenizer` lives, and a strong reference back would keep both alive for good
+        self._tokenizer = weakref.ref(tokenizer) if hasattr(tokenizer, "encode") else None
         self._byte_ids = {b[0]: i for i, b in enumerate(self.tokens) if len(b) == 1}
 
     def __call__(self, text: bytes | str) -> list[int]:
         if isinstance(text, bytes):
             text = text.decode("utf-8", "surrogateescape")
-        if self._encode is not None:
-            return list(self._encode(text, add_special=False, parse_special=False))
+        tokenizer = self._tokenizer() if self._tokenizer is not None else None
+        if tokenizer is not None:
+            return list(tokenizer.encode(text, add_special=False, parse_special=False))
         # no encoder (test fakes): one token per byte where the vocabulary has them
         data = text.encode("utf-8", "surrogateescape")
         return [self._byte_ids[b] for b in data if b in self._byte_ids]
@@ -314,12 +423,9 @@ class GrammarMatcher:
     """
 
     def __init__(self, grammar: Grammar, tokenizer: GenerationTokenizer):
-        llg = _llg()
         self.grammar = grammar
         vocab = vocabulary_for(tokenizer)
-        self._matcher = llg.LLMatcher(vocab, grammar.compiled, log_level=0)
-        if self._matcher.is_error():
-            raise GrammarError(f"invalid grammar: {self._matcher.get_error()}")
+        self._matcher = grammar._prototype(vocab).deep_copy()
         self.vocab_size = int(vocab.vocab_size)
         # one bit per token in llguidance's layout: (1, ceil(vocab_size / 32)) int32
         self._bits = np.zeros((1, (self.vocab_size + 31) // 32), dtype=np.int32)
