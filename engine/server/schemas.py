@@ -14,6 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 MAX_N_PROBS = 100  # llama.cpp has no limit; an n_vocab-wide reply per token is not useful
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 MAX_STOP = 16
+_INT64 = (-(2**63), 2**63 - 1)
+_UINT64_MAX = 2**64 - 1
 
 
 def few_stops(v: Any) -> Any:
@@ -38,6 +40,15 @@ class _Body(BaseModel):
         if isinstance(data, dict) and any(isinstance(k, str) and "." in k for k in data):
             return {k: v for k, v in data.items() if not (isinstance(k, str) and "." in k)}
         return data
+
+    @model_validator(mode="after")
+    def _ints_fit_int64(self) -> Any:
+        # llama-server reads these into C integers; past int64 numpy and the sampler raise
+        # OverflowError (a 500) where a 400 names the field
+        for name, value in self:
+            if type(value) is int and not _INT64[0] <= value <= (_UINT64_MAX if name == "seed" else _INT64[1]):
+                raise ValueError(f"{name} is out of range: {str(value)[:40]} does not fit a 64-bit integer")
+        return self
 
 
 class SamplingFields(_Body):
