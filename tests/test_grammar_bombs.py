@@ -153,7 +153,7 @@ def test_grammar_that_fails_after_its_first_token_is_refused_up_front():
 
 @pytest.fixture(scope="module")
 def client():
-    sched = make_fake_scheduler(n_slots=2, n_ctx=1024)
+    sched = make_fake_scheduler(n_slots=1, n_ctx=256)
     handle = start_server(sched, port=0, options=ServerOptions(), chat_template=FakeChatTemplate())
     with httpx.Client(base_url=handle.url, timeout=60) as c:
         yield c
