@@ -586,12 +586,24 @@ def remove_cached(file: HubFile) -> bool:
                 target = os.path.realpath(pointer)
                 pointer.unlink()  # the link itself; its target stays
                 removed = True
-                if blobs is not None and os.path.dirname(target) == blobs and os.path.isfile(target):
+                if (blobs is not None and os.path.dirname(target) == blobs and os.path.isfile(target)
+                        and not _still_linked(rdir / "snapshots", target)):
                     os.unlink(target)
             elif pointer.is_file():  # a copy: the file is in the snapshot
                 pointer.unlink()
                 removed = True
     return removed
+
+
+def _still_linked(snapshots: Path, blob: str) -> bool:
+    """Whether another snapshot entry (another commit, another name) still links to `blob`:
+    huggingface_hub shares a blob between the commits that hold the same file."""
+    for top, _dirs, files in os.walk(snapshots):  # linked directories are not walked
+        for name in files:
+            path = os.path.join(top, name)
+            if os.path.islink(path) and os.path.realpath(path) == blob:
+                return True
+    return False
 
 
 # -- resolve ----------------------------------------------------------------------------------

@@ -230,6 +230,19 @@ def test_hub_remove_deletes_the_cache_own_link_and_blob(env):
     assert [f.spec for f in hub.cached_models()] == ["good/repo:Q8_0"]
 
 
+def test_hub_remove_keeps_a_blob_another_commit_still_links(env):
+    link, blob = _plant_model(env)
+    newer = _rdir(env) / "snapshots" / ("b" * 40) / link.name  # the same file in a later commit
+    newer.parent.mkdir(parents=True)
+    newer.symlink_to(os.path.relpath(blob, newer.parent))
+    part = hub.HubPart(link.name, len(MODEL))
+    assert hub.remove_cached(hub.HubFile("evil/repo", link.name, "Q8_0", (part,), SHA, link)) is True
+    assert not link.is_symlink()
+    assert newer.read_bytes() == MODEL  # the other commit's model is whole
+    newer_file = hub.HubFile("evil/repo", link.name, "Q8_0", (part,), "b" * 40, newer)
+    assert hub.remove_cached(newer_file) is True and not blob.exists()  # the last link takes it
+
+
 def test_hub_remove_leaves_a_link_into_another_repo_blob(env):
     _other_link, other_blob = _plant_model(env, "good/repo")
     snap = _rdir(env) / "snapshots" / SHA
