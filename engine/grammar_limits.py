@@ -92,13 +92,20 @@ class _CompilerThread:
         with self._lock:
             if self._thread is not None:
                 return
-            # stack_size is process-wide: set it only for this thread's creation
-            previous = threading.stack_size(COMPILER_STACK_BYTES)
-            try:
-                self._thread = threading.Thread(target=self._loop, name="grammar-compiler", daemon=True)
-                self._thread.start()
-            finally:
-                threading.stack_size(previous)
+            for size in (COMPILER_STACK_BYTES, COMPILER_STACK_BYTES // 4):
+                # stack_size is process-wide: set it only for this thread's creation
+                previous = threading.stack_size(size)
+                try:
+                    thread = threading.Thread(target=self._loop, name="grammar-compiler", daemon=True)
+                    thread.start()
+                except (RuntimeError, MemoryError, ValueError):  # address space capped (ulimit -v)
+                    continue
+                finally:
+                    threading.stack_size(previous)
+                self._thread = thread
+                return
+            raise GrammarError("cannot start the grammar compiler's thread: not enough address space "
+                               f"for its {COMPILER_STACK_BYTES // 4 >> 20} MiB stack")
 
     def _loop(self) -> None:
         while True:
