@@ -87,6 +87,11 @@ def set_num_threads(n_threads: int) -> int:
     return n
 
 
+def num_threads() -> int:
+    """The compute thread count set_num_threads last set (0 before any)."""
+    return _n_threads
+
+
 _target_ready = False
 _SCIPY_BLAS = "scipy.linalg.cython_blas"
 

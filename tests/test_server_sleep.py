@@ -188,3 +188,17 @@ def test_sleep_after_a_fractional_idle_time(tiny_llama_path):
     finally:
         controller.stop()
         sched.stop()
+
+
+def test_sleep_wake_keeps_the_thread_count(served):
+    from engine import jit
+
+    client, _state, _sched = served
+    before = jit.num_threads()
+    try:
+        jit.set_num_threads(1)  # as -t 1 set it at start-up; the reload must not take every core
+        _wait_asleep(client)
+        assert client.post("/completion", json=PROMPT).status_code == 200
+        assert jit.num_threads() == 1
+    finally:
+        jit.set_num_threads(before)

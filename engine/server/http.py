@@ -99,6 +99,9 @@ class GateMiddleware:
     def __init__(self, app, state: ServerState):
         self.app = app
         self.state = state
+        # paths answered without a key: /health, and Vertex AI's AIP_HEALTH_ROUTE (its probes
+        # carry none), read once, as create_app reads the routes it registers
+        self._public = frozenset((*PUBLIC_PATHS, *filter(None, [vertex.health_route()])))
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -164,8 +167,7 @@ class GateMiddleware:
             if self.state.error:
                 return APIError(500, f"model failed to load: {self.state.error}", "server_error")
             return loading()
-        # a health route answers probes that carry no key: /health, and Vertex AI's AIP_HEALTH_ROUTE
-        if opts.api_keys and local not in PUBLIC_PATHS and local != vertex.health_route():
+        if opts.api_keys and local not in self._public:
             key = _request_key(scope)
             if key is None or not any(hmac.compare_digest(key, k) for k in opts.api_keys):
                 return APIError(401, "Invalid API Key", "authentication_error")

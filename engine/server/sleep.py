@@ -181,7 +181,7 @@ def _reload(asleep: _SleepingModel, n_gpu_layers: int, ctx_params: Any) -> tuple
     from ..model import load_model
 
     # the thread count chosen at start-up (load_model's None would mean every core)
-    model = load_model(asleep.path, n_threads=jit._n_threads or None, n_gpu_layers=n_gpu_layers)
+    model = load_model(asleep.path, n_threads=jit.num_threads() or None, n_gpu_layers=n_gpu_layers)
     try:
         cfg = model.cfg
         if (cfg.arch, cfg.n_vocab, cfg.n_layer, cfg.n_embd) != asleep.shape:
