@@ -119,35 +119,22 @@ def test_slot_load_reads_a_big_claim_no_further_than_the_file(served, tmp_path):
             slot_files.load(str(tmp_path / name), shape)
 
 
-def test_slot_restore_reads_the_file_off_the_scheduler_thread(served, monkeypatch):
-    client, _, _ = served
-    seen: list[str] = []
-    real = slot_files.load
-
-    def spy(*args, **kwargs):
-        seen.append(threading.current_thread().name)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(slot_files, "load", spy)
-    r = _restore(client, "good.bin")
-    assert r.status_code == 200, r.text
-    assert seen and SCHEDULER_THREAD not in seen
-
-
-def test_slot_save_writes_the_file_off_the_scheduler_thread(served, monkeypatch):
+@pytest.mark.parametrize("io, action, name", [("load", "restore", "good.bin"), ("write", "save", "offthread.bin")])
+def test_slot_file_io_runs_off_the_scheduler_thread(served, monkeypatch, io, action, name):
     client, save_dir, _ = served
     seen: list[str] = []
-    real = slot_files.write
+    real = getattr(slot_files, io)
 
     def spy(*args, **kwargs):
         seen.append(threading.current_thread().name)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(slot_files, "write", spy)
-    r = client.post("/slots/0?action=save", json={"filename": "offthread.bin"})
+    monkeypatch.setattr(slot_files, io, spy)
+    r = client.post(f"/slots/{1 if action == 'restore' else 0}?action={action}", json={"filename": name})
     assert r.status_code == 200, r.text
-    assert r.json()["n_written"] == (save_dir / "offthread.bin").stat().st_size
     assert seen and SCHEDULER_THREAD not in seen
+    if action == "save":
+        assert r.json()["n_written"] == (save_dir / name).stat().st_size
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes")
