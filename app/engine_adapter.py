@@ -177,7 +177,7 @@ class LlmSession(SessionApi):
 
 
 class HubAdapter(HubApi):
-    """engine.hub behind the HubApi Protocol. Keeps each repository's last listing, so that fit
+    """engine.hub.client behind the HubApi Protocol. Keeps each repository's last listing, so that fit
     and download use its sizes, checksums and commit without asking the Hub again."""
 
     def __init__(self) -> None:
@@ -185,14 +185,12 @@ class HubAdapter(HubApi):
         self._known: dict[tuple[str, str], HubFile] = {}  # (repo_id, filename) -> listed file
 
     def search(self, text: str, token: str | None) -> list[HubRepoInfo]:
-        from engine import hub
-
+        from engine.hub import client as hub
         return [HubRepoInfo(r.repo_id, r.downloads, r.likes, r.gated, len(r.files))
                 for r in hub.search(text, token=token or None)]
 
     def files(self, repo_id: str, token: str | None) -> list[HubFileInfo]:
-        from engine import hub
-
+        from engine.hub import client as hub
         listed = hub.repo(repo_id, token=token or None).files
         if not listed:
             return []
@@ -203,8 +201,7 @@ class HubAdapter(HubApi):
         return [_hub_file_info(f, cached.get((repo_id, f.filename)), f is default) for f in listed]
 
     def fit(self, repo_id: str, filename: str, token: str | None) -> HubFitInfo:
-        from engine import hub
-
+        from engine.hub import client as hub
         r = hub.fit(self._file(repo_id, filename, token), token=token or None)
         verdict = {"fits": FIT_OK, "tight": FIT_TIGHT}.get(r.verdict, FIT_NO)
         return HubFitInfo(
@@ -215,25 +212,21 @@ class HubAdapter(HubApi):
 
     def download(self, repo_id: str, filename: str, token: str | None, progress: DownloadProgressFn,
                  cancel: threading.Event) -> str:
-        from engine import hub
-
+        from engine.hub import client as hub
         file = self._file(repo_id, filename, token)
         return str(hub.download(file, token=token or None, progress=progress, cancel=cancel))
 
     def discard(self, repo_id: str, filename: str, token: str | None) -> None:
-        from engine import hub
-
+        from engine.hub import client as hub
         hub.discard_partial(self._file(repo_id, filename, token))
 
     def cached_models(self) -> list[HubFileInfo]:
-        from engine import hub
-
+        from engine.hub import client as hub
         return [_hub_file_info(f, f.local_path) for f in hub.cached_models()]
 
     def _file(self, repo_id: str, filename: str, token: str | None) -> HubFile:
         """The listed file, else looked up (one API call; offline: from the cache)."""
-        from engine import hub
-
+        from engine.hub import client as hub
         with self._lock:
             known = self._known.get((repo_id, filename))
         return known or hub.resolve(repo_id, filename=filename, token=token or None)

@@ -91,7 +91,7 @@ class SessionApi(ChatLlmApi, Protocol):
 
 
 class HubApi(Protocol):
-    """The Hugging Face Hub (engine.hub): search, list, fit before download, download into the
+    """The Hugging Face Hub (engine.hub.client): search, list, fit before download, download into the
     Hugging Face cache. Every method blocks: call it from a worker thread. Failures raise
     engine.errors.HubError, whose `reason` (AUTH, OFFLINE, NOT_FOUND, CANCELLED, DISK_FULL, ...)
     says what to offer. `token` None: the library's own (HF_TOKEN, or `hf auth login`'s file)."""

@@ -8,7 +8,7 @@ Public API (imported lazily so that `import engine` stays cheap):
     Scheduler(ctx, tokenizer).start(); scheduler.submit(GenerationRequest(...)) -> RequestHandle
     generate(ctx, tokenizer, prompt_tokens, SamplingParams(...)) -> GenerationStep, ...
     ChatTemplate, chat_prompt_tokens; start_server(scheduler); the starter-model store
-    Hugging Face Hub (engine.hub): hub.search(), hub.repo(), hub.resolve("user/repo:Q4_K_M"),
+    Hugging Face Hub (engine.hub.client): hub.search(), hub.repo(), hub.resolve("user/repo:Q4_K_M"),
         hub.fit(file) -> RemoteFit, hub.download(file, progress, cancel), hub.cached_models();
         HubFile, HubRepo, RemoteFit, HubError
     Remote OpenAI-compatible servers (engine.remote): RemoteClient(RemoteEndpoint(url, api_key))
@@ -57,14 +57,14 @@ _EXPORTS = {
     "ChatTemplate": "engine.tokenizer.chat_template",
     "chat_prompt_tokens": "engine.tokenizer.chat_template",
     "start_server": "engine.server",
-    "STARTER_MODELS": "engine.model_store",
-    "cached_path": "engine.model_store",
-    "pull": "engine.model_store",
-    "models_dir": "engine.model_store",
-    "resolve_model_arg": "engine.model_store",
-    "HubFile": "engine.hub",
-    "HubRepo": "engine.hub",
-    "RemoteFit": "engine.hub_fit",
+    "STARTER_MODELS": "engine.hub.store",
+    "cached_path": "engine.hub.store",
+    "pull": "engine.hub.store",
+    "models_dir": "engine.hub.store",
+    "resolve_model_arg": "engine.hub.store",
+    "HubFile": "engine.hub.client",
+    "HubRepo": "engine.hub.client",
+    "RemoteFit": "engine.hub.fit",
     "HubError": "engine.errors",
     "RemoteError": "engine.errors",
     "RemoteEndpoint": "engine.remote",
@@ -87,12 +87,12 @@ if TYPE_CHECKING:  # what the lazy table resolves to, for type checkers
     from .context import Context, ContextParams
     from .errors import EngineError, HubError, RemoteError
     from .generate import generate
-    from .hub import HubFile, HubRepo
-    from .hub_fit import RemoteFit
+    from .hub.client import HubFile, HubRepo
+    from .hub.fit import RemoteFit
+    from .hub.store import STARTER_MODELS, cached_path, models_dir, pull, resolve_model_arg
     from .memory import MemoryReport, estimate_memory
     from .model import Model, load_model
     from .model_info import ModelInfo, inspect_model
-    from .model_store import STARTER_MODELS, cached_path, models_dir, pull, resolve_model_arg
     from .remote import (
         ChatDelta,
         ChatStream,

@@ -74,7 +74,7 @@ class ModelStoreError(EngineError):
 
 
 class HubError(EngineError):
-    """A Hugging Face Hub search, look-up, fit check or download failed (engine/hub.py).
+    """A Hugging Face Hub search, look-up, fit check or download failed (engine/hub/client.py).
 
     Attributes:
         reason: one of the constants below, for callers that act on the cause (ask for a

@@ -146,7 +146,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_hf_args(parser: argparse.ArgumentParser) -> None:
-    """-hf/-hff/-hft: a model from the Hugging Face Hub (engine/hub.py), llama.cpp's flags."""
+    """-hf/-hff/-hft: a model from the Hugging Face Hub (engine/hub/client.py), llama.cpp's flags."""
     g = group(parser, COMMON)
     g.add_argument(
         "-hf", "-hfr", "--hf-repo", dest="hf_repo", metavar="<user>/<model>[:quant]", default=None,
@@ -447,7 +447,7 @@ def resolve_model_path(args: argparse.Namespace) -> Path:
         raise EngineError("no model given: use -m/--model FNAME (a .gguf path or a starter model name) "
                           "or -hf <user>/<model>[:quant]")
     try:
-        from .model_store import resolve_model_arg
+        from .hub.store import resolve_model_arg
     except ModuleNotFoundError as e:
         if e.name != f"{__package__}.model_store":
             raise

@@ -33,7 +33,7 @@ def pyinstaller_cmd(dist: Path, work: Path) -> list[str]:
 def default_model() -> str | None:
     """The cached smollm2 starter model, if this checkout's environment has pulled it."""
     try:
-        from engine.model_store import cached_path
+        from engine.hub.store import cached_path
 
         path = cached_path("smollm2")
     except Exception:

@@ -39,8 +39,7 @@ def main() -> int:
     ap.add_argument("-n", default="16")
     ap.add_argument("-r", default="3")
     args = ap.parse_args()
-    from engine import model_store
-
+    from engine.hub import store as model_store
     subprocess.run([sys.executable, "-m", "engine", "bench", "--list-devices"], check=False)
     for name in args.models.split(","):
         path = str(model_store.ensure(name))

@@ -25,9 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine import grammar as grammar_mod  # noqa: E402
-from engine import model_store  # noqa: E402
 from engine.gguf_file import GGUFFile  # noqa: E402
 from engine.grammar import Grammar, GrammarMatcher, vocabulary_for  # noqa: E402
+from engine.hub import store as model_store  # noqa: E402
 from engine.sampling import SamplingParams  # noqa: E402
 from engine.sequence import SequenceGenerator  # noqa: E402
 from engine.tokenizer import load_tokenizer  # noqa: E402

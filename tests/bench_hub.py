@@ -1,6 +1,6 @@
 """Figures for the Hub path over the local Hub-shaped server (tests/hub_server.py): the time to
 a fit estimate of each starter model and the bytes it read, and download throughput of
-engine/hub.py against curl and huggingface_hub's own hf_hub_download on the same file.
+engine/hub/client.py against curl and huggingface_hub's own hf_hub_download on the same file.
 
     python tests/bench_hub.py            # needs the starter models (ggstation models pull ...)
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import hub_server  # noqa: E402
-from engine import model_store  # noqa: E402
+from engine.hub import store as model_store
 
 
 def main() -> int:
@@ -30,8 +30,7 @@ def main() -> int:
     repos = {f"starter/{n}-GGUF": {model_store.resolve(n).filename: model_store.cached_path(n)} for n in names}
     server = hub_server.start(tmp, repos)
     os.environ.update(HF_ENDPOINT=server.url, HF_HOME=str(tmp / "hf"), HF_HUB_DISABLE_TELEMETRY="1")
-    from engine import hub
-
+    from engine.hub import client as hub
     try:
         for n in names:
             repo_id = f"starter/{n}-GGUF"
@@ -54,7 +53,7 @@ def main() -> int:
         n = names[0]
         f = hub.resolve(f"starter/{n}-GGUF")
         size = f.size or 0
-        for label, run in (("engine/hub.py download", lambda: hub.download(f)),
+        for label, run in (("engine/hub/client.py download", lambda: hub.download(f)),
                            ("huggingface_hub hf_hub_download", lambda: _hf_download(f)),
                            ("curl", lambda: _curl(server.url, f))):
             best = min(_timed(run, tmp) for _ in range(3))

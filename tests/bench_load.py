@@ -244,8 +244,7 @@ def resolve_model(arg: str) -> str:
     if Path(arg).is_file():
         return arg
     sys.path.insert(0, str(ROOT))
-    from engine import model_store
-
+    from engine.hub import store as model_store
     return str(model_store.resolve_model_arg(arg))
 
 

@@ -22,7 +22,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine import jit, model_store, quants  # noqa: E402
+from engine import jit, quants  # noqa: E402
+from engine.hub import store as model_store
 from tests.test_quants import ALL, make_tensor  # noqa: E402
 
 

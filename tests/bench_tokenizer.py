@@ -19,8 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine import model_store  # noqa: E402
 from engine.gguf_file import GGUFFile  # noqa: E402
+from engine.hub import store as model_store  # noqa: E402
 from engine.tokenizer import load_tokenizer  # noqa: E402
 from tests.conftest import REFERENCE_DIR  # noqa: E402
 

@@ -25,9 +25,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine import model_store, quants  # noqa: E402
+from engine import quants  # noqa: E402
 from engine.batch import Batch  # noqa: E402
 from engine.context import Context, ContextParams  # noqa: E402
+from engine.hub import store as model_store
 from engine.model import load_model  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"

@@ -25,7 +25,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
-from engine import model_store  # noqa: E402
+from engine.hub import store as model_store  # noqa: E402
 from engine.tokenizer import load_tokenizer  # noqa: E402
 from engine.tokenizer.bpe import _PRE  # noqa: E402
 from ggufgen import vocab_only_copy  # noqa: E402

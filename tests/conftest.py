@@ -1,4 +1,4 @@
-"""Shared fixtures. Real starter models are fetched once into the model cache (see engine/model_store.py).
+"""Shared fixtures. Real starter models are fetched once into the model cache (see engine/hub/store.py).
 
 Decode runs the product's default path ("x16": two 8-bit planes of x against the
 row-interleaved weights) everywhere except in the modules and tests about the other two: the
@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from engine import model_store, quants
+from engine import quants
 
 # Test modules about the int8 path (`--int8`).
+from engine.hub import store as model_store
+
 INT8_MODULES = frozenset({"test_quants_int8"})
 # Test modules about the float path (`--no-int8`): its kernels against their references.
 FLOAT_MODULES = frozenset({"test_quants"})

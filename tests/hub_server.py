@@ -1,6 +1,6 @@
 """A local HTTP server of the Hugging Face Hub's shape, for tests that never touch the internet.
 
-It answers the routes huggingface_hub's client and engine/hub.py really call, the way the Hub
+It answers the routes huggingface_hub's client and engine/hub/client.py really call, the way the Hub
 does:
 
     GET  /api/models?search=&filter=gguf&limit=&expand=...   search (siblings: names only)

@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from engine import bench_paths
-from engine.bench_paths import PathResult, StreamTiming, aggregate_ts, parse_paths
 from engine.cli import main
 from engine.errors import EngineError
+from engine.tools import bench_paths
+from engine.tools.bench_paths import PathResult, StreamTiming, aggregate_ts, parse_paths
 
 
 def test_parse_paths_keeps_order_and_refuses_unknown_names():

@@ -38,9 +38,9 @@ def test_bench_depth_measures_on_top_of_a_prefilled_context(tiny_llama_path, cap
 
 
 def test_bench_depth_continues_after_the_depth_positions(tiny_llama_path):
-    from engine.bench import bench
     from engine.context import Context, ContextParams
     from engine.model import load_model
+    from engine.tools.bench import bench
 
     ctx = Context(load_model(tiny_llama_path), ContextParams(n_ctx=64))
     bench(ctx, 0, 5, 1, 1, n_depth=40)

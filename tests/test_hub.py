@@ -1,4 +1,4 @@
-"""engine/hub.py and -hf over a local Hub-shaped server (tests/hub_server.py): search, quant
+"""engine/hub/client.py and -hf over a local Hub-shaped server (tests/hub_server.py): search, quant
 choice, range-read fit, download into the HF cache, resume, cancel, split sets, auth errors,
 offline use, the CLI and the router's listing. Never the internet."""
 
@@ -12,8 +12,9 @@ import pytest
 from gguf import GGUFWriter
 
 import hub_server
-from engine import hub, hub_fit
 from engine.errors import HubError
+from engine.hub import client as hub
+from engine.hub import fit as hub_fit
 from ggufgen import write_tiny_model
 
 TOKEN = "hf_" + "k" * 34
@@ -334,7 +335,7 @@ def test_cli_models_search_fit_and_pull(server, capsys):
 
 
 def test_router_lists_the_hf_cache(server):
-    from engine.router import discover_hub_models
+    from engine.router.supervisor import discover_hub_models
 
     assert discover_hub_models() == {}
     path = hub.download(hub.resolve("acme/Split-GGUF"))

@@ -1,4 +1,4 @@
-"""engine/hub.py against a hostile or compromised Hub and a tampered cache: names from a listing
+"""engine/hub/client.py against a hostile or compromised Hub and a tampered cache: names from a listing
 never create or replace anything outside the Hugging Face cache, listing and DELETE /models never
 follow a planted link out of it, and a repo id huggingface_hub rejects is a 400, not a 500.
 A local Hub-shaped server (tests/hub_server.py); never the internet."""
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 import hub_server
-from engine import hub
 from engine.errors import HubError
-from engine.router_hub import HubAccess
+from engine.hub import client as hub
+from engine.router.hub_access import HubAccess
 
 MODEL = b"GGUF" + bytes(60)  # listed and served as is: the transfer never parses it
 SHA = hashlib.sha1(b"evil").hexdigest()
@@ -302,9 +302,9 @@ def test_hub_download_never_writes_through_a_planted_link(serve, env, planted):
 def router_client():
     from fastapi.testclient import TestClient
 
-    from engine.router import Router
+    from engine.router.proxy import create_router_app
+    from engine.router.supervisor import Router
     from engine.server import ServerOptions, ServerState
-    from engine.server.proxy import create_router_app
 
     router = Router({}, []).start()
     state = ServerState(ServerOptions())

@@ -171,7 +171,7 @@ def test_too_many_threads_is_a_warning_not_a_failure(tiny_llama_path, capsys):
 
 
 def test_router_keeps_a_failed_childs_message(tmp_path):
-    from engine.router import Router
+    from engine.router.supervisor import Router
 
     router = Router({"m": tmp_path / "m.gguf"})
     child = router.children["m"]

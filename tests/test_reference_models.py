@@ -11,8 +11,8 @@ import pytest
 from engine.batch import Batch
 from engine.context import Context, ContextParams
 from engine.model import load_model
-from engine.perplexity import perplexity
 from engine.quants import MATVEC_MAX_TOKENS
+from engine.tools.perplexity import perplexity
 
 pytestmark = pytest.mark.model
 

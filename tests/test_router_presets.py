@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from engine.errors import RouterError
-from engine.router_presets import Catalogue, OptionTable, explicit_options, parse_ini, scan_models_dir
+from engine.router.presets import Catalogue, OptionTable, explicit_options, parse_ini, scan_models_dir
 from engine.server import flags
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from engine.errors import ModelLimitError, RequestCancelled, RouterError
-from engine.router import ModelStatus, Router
+from engine.router.supervisor import ModelStatus, Router
 
 
 class _Pipe:
@@ -274,8 +274,8 @@ def test_sse_subscribers_see_status_changes(make):
 def app_client(make):
     from fastapi.testclient import TestClient
 
+    from engine.router.proxy import create_router_app
     from engine.server import ServerOptions, ServerState
-    from engine.server.proxy import create_router_app
 
     def _client(router=None, **options):
         router = router or make(models_max=2)
@@ -326,7 +326,7 @@ def test_app_keys_and_cors_apply_to_the_router(app_client):
 
 
 def test_app_reload_with_a_broken_preset_is_a_400(app_client, tmp_path):
-    from engine.router_presets import Catalogue, OptionTable
+    from engine.router.presets import Catalogue, OptionTable
     from test_router_presets import serve_parser
 
     ini = tmp_path / "p.ini"
@@ -345,7 +345,7 @@ def test_app_reload_with_a_broken_preset_is_a_400(app_client, tmp_path):
 
 
 def test_load_on_startup_models_load_and_may_not_exceed_models_max(make):
-    from engine.router_presets import ModelSpec
+    from engine.router.presets import ModelSpec
 
     specs = {n: ModelSpec(n, "preset", f"/{n}.gguf", (("--model", f"/{n}.gguf"),), load_on_startup=True)
              for n in ("a", "b")}
@@ -387,7 +387,7 @@ class FakeHub:
 
 
 def test_app_downloads_into_the_cache_and_removes_from_it(app_client, tmp_path):
-    from engine.router_presets import Catalogue, OptionTable
+    from engine.router.presets import Catalogue, OptionTable
     from test_router_presets import serve_parser
 
     hub = FakeHub()
@@ -434,7 +434,7 @@ def test_a_sleeping_child_is_running_and_takes_requests(make):
 
 
 def test_aliases_route_to_their_model_and_children_get_the_preset_flags(make):
-    from engine.router_presets import ModelSpec
+    from engine.router.presets import ModelSpec
 
     spec = ModelSpec("m", "preset", "/m.gguf", (("--model", "/m.gguf"), ("--ctx-size", "2048"), ("--no-jinja", "")),
                      aliases=("mm",), tags=("t",))

@@ -15,9 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.router import ChildServer, Router
+from engine.router.proxy import create_router_app
+from engine.router.supervisor import ChildServer, Router
 from engine.server import ServerOptions, ServerState, listen, start_server
-from engine.server.proxy import create_router_app
 from engine.server.testing import N_VOCAB, FakeChatTemplate, make_fake_scheduler
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}

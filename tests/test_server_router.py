@@ -13,9 +13,9 @@ import time
 import httpx
 import pytest
 
-from engine.router import Router, _engine_command, discover_models
+from engine.router.proxy import create_router_app
+from engine.router.supervisor import Router, _engine_command, discover_models
 from engine.server import ServerOptions, ServerState, listen
-from engine.server.proxy import create_router_app
 
 
 @pytest.fixture(scope="module")

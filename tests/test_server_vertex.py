@@ -124,7 +124,7 @@ def test_router_mode_serves_predict_too(monkeypatch):
 
     from fastapi.testclient import TestClient
 
-    from engine.server.proxy import create_router_app
+    from engine.router.proxy import create_router_app
     from engine.server.state import ServerState
 
     monkeypatch.setenv("AIP_MODE", "PREDICTION")

@@ -1,6 +1,6 @@
 """`ggstation serve --ray [ADDRESS]`: the same HTTP API served from a Ray Serve application.
 
-    ingress deployment (FastAPI, @serve.ingress) = the router app (engine/server/proxy.py)
+    ingress deployment (FastAPI, @serve.ingress) = the router app (engine/router/proxy.py)
         RayRouter (router.py): the router's state machine and --models-max; each model's
             "child" is a Serve application instead of a process
         RayUpstream (upstream.py): requests reach a model through its deployment handle

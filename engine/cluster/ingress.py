@@ -1,11 +1,11 @@
-"""The ingress deployment: the router app (engine/server/proxy.py) as a Ray Serve FastAPI
+"""The ingress deployment: the router app (engine/router/proxy.py) as a Ray Serve FastAPI
 ingress, built on its replica (a builder: the router's threads and locks never travel)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..router_presets import ModelSpec
+from ..router.presets import ModelSpec
 from ..server.state import ServerOptions
 
 APP = "ggstation"
@@ -28,7 +28,7 @@ def ingress_app(config: IngressConfig):
     from ray import serve
 
     def build():
-        from ..server.proxy import create_router_app
+        from ..router.proxy import create_router_app
         from ..server.state import ServerState
         from .router import RayRouter
         from .upstream import RayUpstream

@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 
 from ..errors import EngineError
-from ..router_presets import MODEL_DESTS, RESERVED_DESTS, ModelSpec
+from ..router.presets import MODEL_DESTS, RESERVED_DESTS, ModelSpec
 from .ingress import APP, IngressConfig, ingress_app
 from .plan import APP_PREFIX
 
@@ -124,7 +124,7 @@ def worker_env() -> dict[str, str]:
 
 def ingress_config(args: argparse.Namespace) -> IngressConfig:
     from ..commands.serve import _serve_parser, _server_options
-    from ..router_presets import OptionTable, explicit_options, router_catalogue
+    from ..router.presets import OptionTable, explicit_options, router_catalogue
     from ..server import flags
 
     parser = _serve_parser()

@@ -5,7 +5,7 @@ and memory resources, and its replica count or autoscaling (from the presets fil
 No Ray import here: the plan is plain data, and `deployment_options()` is the dict
 `serve.deployment(...).options(**...)` takes.
 
-    preset keys (engine/router_presets.py CLUSTER_KEYS)     deployment option
+    preset keys (engine/router/presets.py CLUSTER_KEYS)     deployment option
     min-replicas, max-replicas (default 1, 1)               num_replicas, or autoscaling_config
     target-ongoing-requests (default: -np)                   autoscaling_config
     upscale-delay-s, downscale-delay-s (Ray's 30, 600)       autoscaling_config
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import EngineError, RouterError
-from ..router_presets import ModelSpec
+from ..router.presets import ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ def expected_sha256(name: str, args: argparse.Namespace, declared: str, path: Pa
     if declared:
         return declared.strip().lower()
     if args.model and path is None:
-        from ..model_store import STARTER_MODELS, resolve
+        from ..hub.store import STARTER_MODELS, resolve
 
         try:
             return resolve(args.model).sha256
@@ -191,8 +191,7 @@ def estimate_bytes(args: argparse.Namespace, n_slots: int, path: Path | None) ->
 
     repo = params.hf_repo(args)
     if path is None and repo is not None:
-        from .. import hub
-
+        from ..hub import client as hub
         try:  # the Hub's listing (or this machine's cache of it): sizes, and the file when cached
             file = hub.resolve(repo, args.hf_file or None, args.hf_token or None)
         except EngineError as e:
@@ -202,7 +201,7 @@ def estimate_bytes(args: argparse.Namespace, n_slots: int, path: Path | None) ->
             return int(file.size * UNKNOWN_SIZE_FACTOR) if file.size else 0
         path = file.local_path
     if path is None and args.model:
-        from ..model_store import cached_path, resolve
+        from ..hub.store import cached_path, resolve
 
         try:
             path = cached_path(args.model)

@@ -1,4 +1,4 @@
-"""RayRouter: the router (engine/router.py) whose "children" are Ray Serve applications.
+"""RayRouter: the router (engine/router/supervisor.py) whose "children" are Ray Serve applications.
 
 Everything the router decides stays its own: the model states, the queue behind
 --models-max, least-recently-used eviction, acquire/release. What changes is how a model
@@ -26,8 +26,8 @@ import time
 from typing import Any
 
 from ..errors import EngineError, RouterError
-from ..router import ChildServer, ModelStatus, Router
-from ..router_presets import DEFAULT_STOP_TIMEOUT_S, ModelSpec
+from ..router.presets import DEFAULT_STOP_TIMEOUT_S, ModelSpec
+from ..router.supervisor import ChildServer, ModelStatus, Router
 from .plan import APP_PREFIX, ReplicaPlan, app_name, check_fits, make_plan
 
 log = logging.getLogger(__name__)

@@ -16,8 +16,8 @@ from fastapi import Request
 from starlette.responses import Response
 
 from ..errors import APIError
-from ..router import ChildServer
-from ..server.proxy import HOP_HEADERS, Relay, relay_events
+from ..router.proxy import HOP_HEADERS, Relay, relay_events
+from ..router.supervisor import ChildServer
 from .plan import DEPLOYMENT, app_name
 from .replica import ForwardedRequest, ResponseHead
 from .router import RayRouter

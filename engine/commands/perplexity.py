@@ -34,7 +34,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from ..context import Context, ContextParams
     from ..model import load_model
-    from ..perplexity import perplexity
+    from ..tools.perplexity import perplexity
 
     if args.ctx_size < 4:
         raise EngineError(f"-c must be at least 4 for perplexity (got {args.ctx_size})")

@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     handle = listen(state, args.host, args.port, app=_app(state))  # 7.-9. HTTP set up, routes, listening
     _announce(args, "listening", handle)
     if args.ready_json:  # a router's child: heartbeats out, "exit" in
-        from ..router import start_child_monitor
+        from ..router.supervisor import start_child_monitor
 
         start_child_monitor(lambda: os.kill(os.getpid(), signal.SIGTERM))
     print(f"main: server is listening on {handle.url} - loading the model", file=sys.stderr)
@@ -356,11 +356,11 @@ def _announce(args, event: str, handle, **extra) -> None:
 
 def run_router(args) -> int:
     """No -m: serve the models of the Hugging Face cache, --models-dir and --models-preset
-    through one child server per model (engine/router.py)."""
-    from ..router import Router
-    from ..router_presets import router_catalogue
+    through one child server per model (engine/router/supervisor.py)."""
+    from ..router.presets import router_catalogue
+    from ..router.proxy import create_router_app
+    from ..router.supervisor import Router
     from ..server import ServerState, listen
-    from ..server.proxy import create_router_app
 
     catalogue = router_catalogue(_serve_parser(), args, flags.ENV)
     router = Router(catalogue=catalogue.build, models_max=args.models_max, autoload=args.models_autoload)

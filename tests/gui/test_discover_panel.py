@@ -2,7 +2,7 @@
 resume and cancel across restarts, tokens and errors.
 
 Two kinds of test: the panel's logic on FakeHub (fast, canned), and the panel on the real
-HubAdapter (engine.hub and huggingface_hub) against tests/hub_server.py, a local Hub-shaped HTTP
+HubAdapter (engine.hub.client and huggingface_hub) against tests/hub_server.py, a local Hub-shaped HTTP
 server, with real tiny GGUFs as payloads. No test reaches the internet: HF_ENDPOINT points at the
 local server (or at a closed port) and HF_HOME at a temporary directory.
 """
@@ -369,7 +369,7 @@ def test_real_gated_repo_asks_for_a_token_and_works_with_it(hub_window, hub, qtb
 
 
 def test_real_disk_full_is_said_before_the_transfer(hub_window, hub, qtbot, monkeypatch, tmp_path):
-    monkeypatch.setattr("engine.hub.shutil.disk_usage", lambda _p: FakeDisk(1 << 30, 1 << 30, 1024))
+    monkeypatch.setattr("engine.hub.client.shutil.disk_usage", lambda _p: FakeDisk(1 << 30, 1 << 30, 1024))
     panel = discover(hub_window)
     search(panel, qtbot, "tiny", n_repos=1)
     select_file(panel, qtbot, "tiny-llama-Q4_K_M.gguf")

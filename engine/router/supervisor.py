@@ -21,7 +21,7 @@ queued entries outnumber the free slots, idle models are stopped, least recently
 model serving a request (`req_count` > 0), still coming up, or wanted by a queue entry is
 never stopped. The entry at the head loads its model once a slot has really freed. A request
 whose client leaves while queued leaves the queue, and an entry nobody waits for any more is
-dropped, so no model is stopped for nobody. Proxying is plain HTTP (engine/server/proxy.py).
+dropped, so no model is stopped for nobody. Proxying is plain HTTP (engine/router/proxy.py).
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import EngineError, ModelLimitError, RequestCancelled, RouterError, UnknownModelError
-from .router_hub import HubAccess
-from .router_presets import DEFAULT_STOP_TIMEOUT_S, ModelSpec
+from ..errors import EngineError, ModelLimitError, RequestCancelled, RouterError, UnknownModelError
+from .hub_access import HubAccess
+from .presets import DEFAULT_STOP_TIMEOUT_S, ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -126,9 +126,9 @@ def discover_models(directory: Path) -> dict[str, Path]:
 
 def discover_hub_models() -> dict[str, Path]:
     """The Hugging Face cache's complete GGUF models, named as llama-server names them
-    ("user/repo:Q4_K_M", engine/hub.py cached_models)."""
+    ("user/repo:Q4_K_M", engine/hub/client.py cached_models)."""
     try:
-        from .hub import cached_models
+        from ..hub.client import cached_models
     except ImportError:  # huggingface_hub missing: no cache to list
         return {}
     out: dict[str, Path] = {}
@@ -161,7 +161,7 @@ class Router:
         models_max: most models running at once (0 = unlimited).
         autoload: load a model on its first request (else only POST /models/load does).
         load_timeout_s: a child not ready by then is killed (its load failed).
-        catalogue: builds the models (engine/router_presets.py); called again by reload().
+        catalogue: builds the models (engine/router/presets.py); called again by reload().
         fake_timing: llama-server's LLAMA_SERVER_DEBUG_FAKE_TIMING (default: from the
             environment): every load and every proxied request takes 2 s longer, so tests can
             see requests queue.

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from .errors import ModelStoreError
+from ..errors import ModelStoreError
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .batch import Batch
+from ..batch import Batch
 
 
 class TimedSamples:

@@ -1,6 +1,6 @@
 """Decode speed through the paths a person uses, beside the engine's own (`bench --path`).
 
-    engine   the context decoding greedily, one token per call (engine/bench.py's tgN)
+    engine   the context decoding greedily, one token per call (engine/tools/bench.py's tgN)
     http     `python -m engine serve` in a child process, N concurrent streaming /completion
              clients (server started with -np N), ignore_eos and a fixed n_predict
     gui      `python -m app.bench_gui --json` in a child process (the desktop app's chat path;
@@ -27,8 +27,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import EngineError
 from .bench import TimedSamples
-from .errors import EngineError
 
 PATHS = ("engine", "http", "gui")
 PROMPT = "Once upon a time, in a small village by the sea,"

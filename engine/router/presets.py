@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import PresetError
+from ..errors import PresetError
 
 log = logging.getLogger(__name__)
 
@@ -378,8 +378,8 @@ def router_catalogue(parser: argparse.ArgumentParser, args: argparse.Namespace,
     """The catalogue `ggstation serve` (no -m) serves: the Hugging Face cache, --models-dir
     (else ggstation's own models directory, when it exists) and --models-preset; every child
     inherits the router's own command-line options."""
-    from .model_store import models_dir
-    from .router import discover_hub_models
+    from ..hub.store import models_dir
+    from .supervisor import discover_hub_models
 
     table = OptionTable.from_parser(parser, env)
     directory: Path | None = Path(args.models_dir) if args.models_dir else models_dir()

@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING
 
 import psutil
 
-from .errors import GGUFError, HubError
-from .gguf_file import MAX_TENSORS, SUPPORTED_VERSIONS
+from ..errors import GGUFError, HubError
+from ..gguf_file import MAX_TENSORS, SUPPORTED_VERSIONS
 
 if TYPE_CHECKING:
-    from .hub import HubFile, HubPart
-    from .memory import MemoryReport
-    from .model_info import ModelInfo
+    from ..memory import MemoryReport
+    from ..model_info import ModelInfo
+    from .client import HubFile, HubPart
 
 FITS = "fits"
 TIGHT = "tight"
@@ -110,8 +110,7 @@ def remote_fit(file: HubFile, n_ctx: int | None = None, token: str | None = None
         HubError: the Hub could not be reached or refused (OFFLINE, AUTH, NOT_FOUND), or the
             header is not a GGUF one (CORRUPT).
     """
-    from . import hub
-
+    from . import client as hub
     t0 = time.perf_counter()
     if file.local_path is None and (file.revision == "main" or file.size is None):
         file = hub.choose(hub.repo(file.repo_id, token).files, filename=file.filename, repo_id=file.repo_id)
@@ -128,14 +127,14 @@ def remote_fit(file: HubFile, n_ctx: int | None = None, token: str | None = None
 
 
 def _inspect(path: Path) -> ModelInfo:
-    from .model_info import inspect_model
+    from ..model_info import inspect_model
 
     return inspect_model(path)
 
 
 def _fit(file: HubFile, info: ModelInfo, n_ctx: int | None, bytes_read: int, t0: float) -> RemoteFit:
-    from .models import ARCH_ALIASES, ARCHITECTURES
-    from .quants import SUPPORTED
+    from ..models import ARCH_ALIASES, ARCHITECTURES
+    from ..quants import SUPPORTED
 
     supported_names = {t.name for t in SUPPORTED}
     arch_ok = ARCH_ALIASES.get(info.arch, info.arch) in ARCHITECTURES
@@ -161,8 +160,7 @@ def _fit(file: HubFile, info: ModelInfo, n_ctx: int | None, bytes_read: int, t0:
 
 def _fetch_header(file: HubFile, part: HubPart, dest: Path, token: str | None) -> int:
     """Writes `part`'s header into a sparse file `dest` of the part's size; returns bytes read."""
-    from . import hub
-
+    from . import client as hub
     what = f"{file.spec} ({part.filename})"
     reader = _RangeReader(file, part, token)
     with hub._hub_errors(what, token):
@@ -185,8 +183,7 @@ class _RangeReader:
         from huggingface_hub import hf_hub_url
         from huggingface_hub.utils import build_hf_headers
 
-        from . import hub
-
+        from . import client as hub
         self.url = hf_hub_url(file.repo_id, part.filename, revision=file.revision, endpoint=hub.endpoint())
         self.headers = build_hf_headers(token=token)
         self.headers["Accept-Encoding"] = "identity"
@@ -213,8 +210,7 @@ class _RangeReader:
     def _get(self, start: int, stop: int) -> None:
         from huggingface_hub.utils import get_session, hf_raise_for_status
 
-        from . import hub
-
+        from . import client as hub
         headers = dict(self.headers, Range=f"bytes={start}-{stop - 1}")
         with get_session().stream("GET", self.url, headers=headers, timeout=hub._TIMEOUT_S,
                                   follow_redirects=True) as r:

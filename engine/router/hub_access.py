@@ -1,6 +1,6 @@
 """The router's side of the Hugging Face cache: check that a model can be downloaded, download
 it with progress, and remove a cached model (POST /models and DELETE /models of llama-server's
-router). The transfers themselves are engine/hub.py's; tests swap this object for a stand-in."""
+router). The transfers themselves are engine/hub/client.py's; tests swap this object for a stand-in."""
 
 from __future__ import annotations
 
@@ -14,22 +14,19 @@ class HubAccess:
 
     def validate(self, spec: str) -> tuple[object, str]:
         """(the model file, its download URL) for "user/repo[:QUANT]"."""
-        from . import hub
-
+        from ..hub import client as hub
         file = hub.resolve(spec)
         url = f"{hub.endpoint()}/{file.repo_id}/resolve/{file.revision}/{file.filename}"
         return file, url
 
     def fetch(self, file: object, progress: Callable[[int, int], None], cancel: threading.Event) -> Path:
-        from . import hub
-
+        from ..hub import client as hub
         return hub.download(file, progress=progress, cancel=cancel)  # type: ignore[arg-type]
 
     def remove(self, spec: str) -> bool:
         """Delete every part of the cached model `spec` (its links, and the blobs they lead to
         in the cache); False if none was there. Nothing outside the cache is deleted."""
-        from . import hub
-
+        from ..hub import client as hub
         removed = False
         for f in hub.cached_models():
             if f.spec == spec and f.local_path is not None:

@@ -6,7 +6,7 @@
     download(file, token=None, progress=None, cancel=None) -> Path   (first part of the set)
     cached_models() -> list[HubFile]                           complete GGUFs in the HF cache
     remove_cached(file) -> bool                                its links and blobs out of the cache
-    fit(file, n_ctx=None, token=None) -> RemoteFit             engine/hub_fit.py: header by ranges
+    fit(file, n_ctx=None, token=None) -> RemoteFit             engine/hub/fit.py: header by ranges
 
 Quant choice follows llama.cpp (common/download.cpp find_best_model): the tag is matched
 case-insensitively as `<tag>[.-]` in the file's path; without a tag Q4_K_M, then Q8_0, then the
@@ -51,11 +51,11 @@ from datetime import datetime
 from pathlib import Path, PureWindowsPath
 from typing import TYPE_CHECKING, Any
 
-from .errors import HubError
-from .gguf_split import parse_split_name
+from ..errors import HubError
+from ..gguf_split import parse_split_name
 
 if TYPE_CHECKING:
-    from .hub_fit import RemoteFit
+    from .fit import RemoteFit
 
 log = logging.getLogger(__name__)
 
@@ -927,7 +927,7 @@ def _mib(n: int) -> str:
 
 
 def fit(file: HubFile, n_ctx: int | None = None, token: str | None = None) -> RemoteFit:
-    """Whether `file` would load here, from its header alone: see engine/hub_fit.py."""
-    from .hub_fit import remote_fit
+    """Whether `file` would load here, from its header alone: see engine/hub/fit.py."""
+    from .fit import remote_fit
 
     return remote_fit(file, n_ctx=n_ctx, token=token)

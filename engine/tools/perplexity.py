@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .batch import Batch
-from .errors import EngineError
+from ..batch import Batch
+from ..errors import EngineError
 
 
 @dataclass(frozen=True)

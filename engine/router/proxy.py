@@ -1,5 +1,5 @@
 """The router's HTTP app: model management endpoints plus a proxy that sends each inference
-request to the child server holding the requested `model` (engine/router.py), over plain HTTP;
+request to the child server holding the requested `model` (engine/router/supervisor.py), over plain HTTP;
 `serve --ray` puts its RayUpstream (engine/cluster/upstream.py) behind the same `Upstream`
 protocol, so both modes share every endpoint here.
 
@@ -28,14 +28,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response, StreamingResponse
 
 from ..errors import APIError, ModelLimitError, PresetError, RequestCancelled, RouterError, UnknownModelError
-from ..router import ChildServer, ModelStatus, Router
+from ..server import routes_cors_proxy, vertex
+from ..server.bodies import load_json, read_body
+from ..server.errors import api_response, error_response, invalid
+from ..server.http import install_middleware
+from ..server.openai import sse
+from ..server.state import ServerState, ServerStatus
 from ..version import __version__, git_commit
-from . import routes_cors_proxy, vertex
-from .bodies import load_json, read_body
-from .errors import api_response, error_response, invalid
-from .http import install_middleware
-from .openai import sse
-from .state import ServerState, ServerStatus
+from .supervisor import ChildServer, ModelStatus, Router
 
 # llama-server's routes that a router hands to a child (server.cpp, router branch)
 POST_PATHS = ["/completion", "/completions", "/v1/completions", "/chat/completions", "/v1/chat/completions",

@@ -1,0 +1,1 @@
+"""The Hugging Face Hub and the local model store: search, fit, pull, the cache, starter models."""

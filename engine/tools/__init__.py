@@ -1,0 +1,1 @@
+"""Engine tools above the serving path: llama-bench style benchmarks and perplexity."""
