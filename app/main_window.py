@@ -123,6 +123,7 @@ class MainWindow(QMainWindow):
         ctx.server_failed.connect(self.on_ctx_server_failed)
         ctx.request_logged.connect(self.server_panel.append_log)
         ctx.devices_found.connect(self.dashboard.set_devices)
+        ctx.devices_found.connect(lambda devices: self.dashboard.backends.set_opengl(*opengl_info(devices)))
         self.dashboard.backends.refresh_requested.connect(lambda: ctx.refresh_devices(refresh=True))
         ctx.chat_llm_changed.connect(self.on_ctx_chat_llm_changed)
         ctx.remote_polled.connect(self.on_ctx_remote_polled)

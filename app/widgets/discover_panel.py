@@ -30,10 +30,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.errors import HubError
-
 from ..context import AppContext
 from ..dto import FIT_NO, HubFileInfo, HubFitInfo, HubRepoInfo
+from ..errors import HubError
 from ..format import human_bytes, human_count
 from ..hub_downloads import DownloadManager
 from ..hub_workers import HubCallWorker

@@ -17,10 +17,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.errors import RemoteError
-
 from ..dto import EndpointInfo
 from ..engine_api import RemoteApi
+from ..errors import RemoteError
 from ..key_store import KeyStore
 
 
