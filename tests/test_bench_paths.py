@@ -45,6 +45,16 @@ def test_aggregate_counts_the_span_all_clients_stream():
     assert aggregate_ts([a, c]) == pytest.approx(5 / 1.5)
 
 
+def test_a_stream_read_in_one_piece_is_timed_from_its_request():
+    # a client not scheduled while the server streamed reads every token at once: the only
+    # span it saw runs from sending the request (1.5) to that read (2.0), a lower bound
+    one_read = StreamTiming([2.0] * 6, t_sent=1.5)
+    assert one_read.decode_ts() == pytest.approx(5 / 0.5)
+    assert aggregate_ts([one_read]) == pytest.approx(5 / 0.5)
+    assert aggregate_ts([one_read, StreamTiming([2.2] * 6, t_sent=1.7)]) == pytest.approx(10 / 0.7)
+    assert StreamTiming([2.0] * 6).decode_ts() == 0.0  # no request time: nothing observed
+
+
 def _chunked(*payloads: bytes) -> bytes:
     return b"".join(b"%x;ext=1\r\n" % len(p) + p + b"\r\n" for p in payloads) + b"0\r\n\r\n"
 

@@ -78,19 +78,36 @@ def parse_paths(text: str) -> list[str]:
 
 @dataclass(frozen=True)
 class StreamTiming:
-    """When one streaming client got each token (perf_counter seconds)."""
+    """When one streaming client got each token (perf_counter seconds), and when it sent the
+    request (None when unknown)."""
 
     t_tokens: list[float]
+    t_sent: float | None = None
 
     @property
     def n(self) -> int:
         return len(self.t_tokens)
 
     def decode_ts(self) -> float:
-        """Tokens after the first over the time from the first to the last."""
-        if self.n < 2 or self.t_tokens[-1] <= self.t_tokens[0]:
+        """Tokens after the first over the time from the first to the last.
+
+        A token's time is that of the read that brought it, so a client that was not scheduled
+        while the server streamed gets every token in one read and sees no span between them:
+        then the only span it observed, from sending the request to that read, gives a lower
+        bound (a rate of 0 would say the server sent nothing)."""
+        if self.n < 2:
             return 0.0
-        return (self.n - 1) / (self.t_tokens[-1] - self.t_tokens[0])
+        t0, t1 = self.t_tokens[0], self.t_tokens[-1]
+        if t1 <= t0 and self.t_sent is not None:
+            t0 = self.t_sent
+        return (self.n - 1) / (t1 - t0) if t1 > t0 else 0.0
+
+    @property
+    def t_start(self) -> float:
+        """The first token's time, or the request's when every token came in one read."""
+        if self.n >= 2 and self.t_tokens[-1] <= self.t_tokens[0] and self.t_sent is not None:
+            return self.t_sent
+        return self.t_tokens[0]
 
 
 def aggregate_ts(streams: list[StreamTiming]) -> float:
@@ -104,7 +121,7 @@ def aggregate_ts(streams: list[StreamTiming]) -> float:
     t_a = max(s.t_tokens[0] for s in live)
     t_b = min(s.t_tokens[-1] for s in live)
     if t_b <= t_a:  # the streams did not overlap: every token after each first, over the whole span
-        t_a, t_b = min(s.t_tokens[0] for s in live), max(s.t_tokens[-1] for s in live)
+        t_a, t_b = min(s.t_start for s in live), max(s.t_tokens[-1] for s in live)
         return sum(s.n - 1 for s in live) / (t_b - t_a) if t_b > t_a else 0.0
     n = sum(sum(1 for t in s.t_tokens if t_a < t <= t_b) for s in live)
     return n / (t_b - t_a)
@@ -152,6 +169,7 @@ def stream_completion(host: str, port: int, n_gen: int, seed: int, timeout_s: fl
             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
     times: list[float] = []
     with socket.create_connection((host, port), timeout=timeout_s) as sock:
+        t_sent = time.perf_counter()
         sock.sendall(head + body)
         buf = b""
         while b"\r\n\r\n" not in buf:
@@ -181,7 +199,7 @@ def stream_completion(host: str, port: int, n_gen: int, seed: int, timeout_s: fl
                 break
     if len(times) != n_gen:
         raise EngineError(f"the stream ended after {len(times)} of {n_gen} tokens")
-    return StreamTiming(times)
+    return StreamTiming(times, t_sent)
 
 
 def run_clients(host: str, port: int, n_clients: int, n_gen: int, seed: int = 0) -> list[StreamTiming]:
