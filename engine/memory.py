@@ -25,10 +25,6 @@ from .kv_cache import kv_bytes
 if TYPE_CHECKING:
     from .context import Context
 
-# Sequences with at most this many tokens in a ubatch use the per-token attention kernel
-# (models/layers.py attention); longer chunks use BLAS.
-DECODE_TOKENS = 16
-
 
 @dataclass(frozen=True)
 class MemoryReport:
