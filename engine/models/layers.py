@@ -20,9 +20,11 @@ import numpy as np
 
 from .. import ops, parallel
 from ..batch import Batch
-from ..memory import DECODE_TOKENS
 from ..quants import QTensor, get_rows, matmul, matmul_many
 
+# Sequences with at most this many tokens in a ubatch use the per-token attention kernel
+# (attention below); longer chunks use BLAS.
+DECODE_TOKENS = 16
 # From this many tokens a ubatch computes each RoPE's cos/sin table once, for every layer.
 ROPE_TABLE_MIN_TOKENS = 16
 # Query rows per prefill attention part (BLAS stays efficient; causal prefixes get trimmed).
