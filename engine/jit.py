@@ -58,7 +58,7 @@ PORTABLE_LUT = os.environ.get("GGSTATION_PORTABLE_LUT", "") not in ("", "0")
 # The decode mat-vecs' formulation (engine/quants/__init__.py, set_decode_path): "x16" by default
 # (integer dots over x in two 8-bit planes, ~15 bits: float-grade numbers at integer speed);
 # GGSTATION_INT8=1 "int8", llama.cpp's (x rounded to 8 bits: its per-logit draw puts us no
-# closer to llama.cpp's logits, README "Decode paths"); GGSTATION_NO_INT8=1 "float", the oracle
+# closer to llama.cpp's logits, docs/decode-paths.md); GGSTATION_NO_INT8=1 "float", the oracle
 # (float32 x times the weights unpacked to float), which wins over GGSTATION_INT8.
 DECODE_PATH = ("float" if os.environ.get("GGSTATION_NO_INT8", "") not in ("", "0")
                else "int8" if os.environ.get("GGSTATION_INT8", "") not in ("", "0") else "x16")
