@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,6 +27,7 @@ from .sampling import SamplingParams, sampler_names
 
 if TYPE_CHECKING:
     from .context import ContextParams
+    from .init import InitParams, SchedulerParams
 
 COMMON = "common params"
 SAMPLING = "sampling params"
@@ -314,6 +317,105 @@ def add_common_args(parser: argparse.ArgumentParser, *, prompt: bool = True) -> 
     add_sampling_args(parser)
 
 
+# -- the model-running commands' switches: memory check, decode path, devices ----------------
+
+
+def add_mem_check_arg(parser: argparse.ArgumentParser) -> None:
+    group(parser, COMMON).add_argument(
+        "--no-mem-check", action="store_true",
+        help="load even when the estimated memory use (weights, KV cache, buffers) is clearly more than "
+        "the RAM and swap available (also: GGSTATION_NO_MEM_CHECK=1)",
+    )
+
+
+class _Int8Action(argparse.Action):
+    """`--int8` / `--no-int8`: choose the decode path as soon as the flag is parsed (before any
+    kernel runs; the same as GGSTATION_INT8=1 / GGSTATION_NO_INT8=1; neither: the default,
+    quants' "x16"). The last one given wins."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from . import quants
+
+        on = option_string == "--int8"
+        quants.use_int8(on)
+        setattr(namespace, self.dest, on)
+
+
+def add_int8_arg(parser: argparse.ArgumentParser) -> None:
+    g = group(parser, COMMON)
+    g.add_argument(
+        "--int8", dest="int8", action=_Int8Action, default=None,
+        help="llama.cpp's int8 dot products against activations rounded to 8 bits (Q8 blocks; the "
+        "rounding moves each logit by a draw of ~0.5 %%) instead of the default's two 8-bit planes "
+        "(~15 bits, float-grade) (also: GGSTATION_INT8=1)",
+    )
+    g.add_argument(
+        "--no-int8", dest="int8", action=_Int8Action, default=None,
+        help="float32 activations times the weights unpacked to float: the exact, slower oracle "
+        "(also: GGSTATION_NO_INT8=1)",
+    )
+
+
+class ListDevicesAction(argparse.Action):
+    """--list-devices: print every device llama.cpp's way and exit."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(devices_text(), end="")
+        parser.exit(0)
+
+
+def devices_text() -> str:
+    """llama.cpp's list (common_print_available_devices): "Available devices:" and a line per
+    usable GPU device, "  GL0: <description> (N MiB, M MiB free)", or "  (none)". A device
+    found but unusable is said on stderr with the reason."""
+    from .backends import CPU, list_devices
+
+    lines = ["Available devices:"]
+    for d in list_devices():
+        if d.name == CPU:
+            continue
+        if not d.available:
+            print(f"{d.name}: {d.backend} not available: {d.reason}", file=sys.stderr)
+            continue
+        total = "?" if d.total_bytes is None else str(d.total_bytes >> 20)
+        free = "?" if d.free_bytes is None else str(d.free_bytes >> 20)
+        lines.append(f"  {d.name}: {d.description} ({total} MiB, {free} MiB free)")
+    if len(lines) == 1:
+        lines.append("  (none)")
+    return "\n".join(lines) + "\n"
+
+
+def _split_mode(value: str) -> str:
+    v = value.strip().lower()
+    if v == "row":
+        raise argparse.ArgumentTypeError("split mode 'row' needs several GPUs of one backend; "
+                                         "ggstation has one OpenGL device: use none or layer")
+    if v not in ("none", "layer"):
+        raise argparse.ArgumentTypeError(f"invalid split mode '{value}' (none, layer or row)")
+    return v
+
+
+def add_gpu_args(parser: argparse.ArgumentParser, ngl_type=int, ngl_default=0) -> None:
+    """llama.cpp's device flags: -ngl, --device, --list-devices, -sm."""
+    g = group(parser, COMMON)
+    g.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="n_gpu_layers", type=ngl_type,
+                   default=ngl_default, metavar="N",
+                   help="layers to offload to the GPU (OpenGL compute), the last ones, the output head "
+                   "counting as the last layer as in llama.cpp (default: 0, CPU only)")
+    g.add_argument("-dev", "--device", default=None, metavar="<dev1,dev2,..>",
+                   help="devices to offload to, comma-separated (see --list-devices); none = CPU only")
+    g.add_argument("--list-devices", action=ListDevicesAction, help="print the compute devices and exit")
+    g.add_argument("-sm", "--split-mode", type=_split_mode, default="layer", metavar="{none,layer,row}",
+                   help="how to split the model over GPUs; with one GPU none and layer are the same "
+                   "(default: layer)")
+
+
 def defaults(argv: list[str] | None = None) -> argparse.Namespace:
     """Every shared flag's value when `argv` (default: nothing) is parsed, e.g. for the GUI's
     initial settings: `to_sampling_params(defaults())`."""
@@ -353,22 +455,40 @@ def to_sampling_params(args: argparse.Namespace, **overrides: object) -> Samplin
     return SamplingParams(**kw)  # type: ignore[arg-type]
 
 
+AUTO_SLOTS = 4  # -np -1 (auto), as llama.cpp's server
+
+
+def n_slots(parallel: int) -> int:
+    """-np/--parallel as a number of slots (sequences): -1 (auto) is AUTO_SLOTS."""
+    return AUTO_SLOTS if parallel < 0 else parallel
+
+
 def to_context_params(args: argparse.Namespace, **overrides: object) -> ContextParams:
     """ContextParams from flags parsed by a parser that has the context group; -np -1 (auto)
-    gives 4 sequences sharing a unified cache, as llama.cpp's server does."""
+    gives AUTO_SLOTS sequences sharing a unified cache, as llama.cpp's server does."""
     from .context import ContextParams
 
     kw: dict[str, object] = dict(
         n_ctx=args.ctx_size,
         n_batch=args.batch_size,
         n_ubatch=min(args.ubatch_size, args.batch_size),
-        n_seq_max=4 if args.parallel < 0 else args.parallel,
+        n_seq_max=n_slots(args.parallel),
         type_k=args.cache_type_k,
         type_v=args.cache_type_v,
         kv_unified=args.kv_unified or args.parallel < 0,
     )
     kw.update(overrides)
     return ContextParams(**kw)  # type: ignore[arg-type]
+
+
+def init_params(args: argparse.Namespace, n_threads: int | None,
+                scheduler: SchedulerParams | None = None) -> InitParams:
+    """The InitParams (engine/init.py) of a parser with the context, GPU and memory-check flags."""
+    from .init import InitParams
+
+    context = to_context_params(args, check_memory=not args.no_mem_check)
+    return InitParams(context, n_threads=n_threads, n_gpu_layers=args.n_gpu_layers, device=args.device,
+                      scheduler=scheduler)
 
 
 def read_prompt(args: argparse.Namespace) -> str | None:
@@ -412,44 +532,26 @@ def _merge_bias(pairs) -> dict[int, float]:
     return out
 
 
-def hf_repo(args: argparse.Namespace) -> str | None:
-    """-hf, else LLAMA_ARG_HF_REPO when no -m was given; None when neither names a repo."""
-    import os
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a command's model comes from: -m (a path or a starter model name) or the Hub's
+    -hf/-hff/-hft (engine/hub/pull.py turns it into a path)."""
 
-    repo = getattr(args, "hf_repo", None)
-    if repo is None and not getattr(args, "model", None):
+    model: str | None = None
+    hf_repo: str | None = None
+    hf_file: str | None = None
+    hf_token: str | None = None
+    n_ctx: int | None = None  # the context the Hub's fit estimate is made for (None: the default)
+
+
+def model_source(args: argparse.Namespace, n_ctx: int | None = None) -> ModelSource:
+    """The ModelSource of a parser with -m and the -hf flags. LLAMA_ARG_HF_REPO stands for -hf
+    when neither -m nor -hf is given, and LLAMA_ARG_HF_FILE for -hff with a repository (read
+    here only)."""
+    repo = args.hf_repo
+    if repo is None and not args.model:
         repo = os.environ.get("LLAMA_ARG_HF_REPO") or None
-    return repo
-
-
-def resolve_model_path(args: argparse.Namespace) -> Path:
-    """The GGUF path for -m/--model (a file path or a starter model name) or for -hf/-hff/-hft
-    (the HF cache's copy, downloaded first if needed: engine/commands/hub_pull.py).
-
-    Raises:
-        EngineError: no model was given, both -m and -hf were, or the name is unknown
-            (model_store's error); HubError from the Hub.
-    """
-    import os
-
-    repo = hf_repo(args)
-    if repo is not None:
-        if args.model:
-            raise EngineError("use either -m/--model or -hf/--hf-repo, not both")
-        from .commands.hub_pull import model_path
-
-        hf_file = getattr(args, "hf_file", None) or os.environ.get("LLAMA_ARG_HF_FILE") or None
-        n_ctx = getattr(args, "ctx_size", None) or None
-        return model_path(repo, hf_file, getattr(args, "hf_token", None), n_ctx=n_ctx)
-    if getattr(args, "hf_file", None):
-        raise EngineError("-hff/--hf-file names a file of the -hf repository: give -hf <user>/<model> too")
-    if not args.model:
-        raise EngineError("no model given: use -m/--model FNAME (a .gguf path or a starter model name) "
-                          "or -hf <user>/<model>[:quant]")
-    try:
-        from .hub.store import resolve_model_arg
-    except ModuleNotFoundError as e:
-        if e.name != f"{__package__}.model_store":
-            raise
-        return Path(args.model)
-    return resolve_model_arg(args.model)
+    hf_file = args.hf_file
+    if repo is not None and not hf_file:
+        hf_file = os.environ.get("LLAMA_ARG_HF_FILE") or None
+    return ModelSource(args.model, repo, hf_file, args.hf_token, n_ctx or None)

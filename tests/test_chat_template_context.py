@@ -9,8 +9,8 @@ import datetime
 import pytest
 
 from engine.cli import build_parser
-from engine.commands import serve
 from engine.errors import TemplateError
+from engine.server.startup import server_options
 from engine.tokenizer.chat_template import ChatTemplate
 
 USER = [{"role": "user", "content": "What is today?"}]
@@ -84,7 +84,7 @@ def test_a_template_without_a_system_role_gets_it_merged_into_the_next_message()
 
 def _serve_options(*argv: str):
     args = build_parser().parse_args(["serve", "-m", "x.gguf", *argv])
-    return serve._server_options(args)
+    return server_options(args)
 
 
 @pytest.mark.parametrize("argv, expected", [

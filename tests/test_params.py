@@ -6,6 +6,7 @@ import pytest
 
 from engine import params
 from engine.errors import EngineError
+from engine.hub.pull import resolve_model_path
 from engine.sampling import SamplingParams
 
 
@@ -133,7 +134,7 @@ def test_chat_template_override(tmp_path):
 
 def test_missing_model_is_a_clear_error():
     with pytest.raises(EngineError, match="-m/--model"):
-        params.resolve_model_path(parse())
+        resolve_model_path(params.model_source(parse()))
 
 
 def test_defaults_namespace_for_the_gui():

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from engine.cluster.plan import ReplicaPlan, check_fits, make_plan
-from engine.commands.serve import parse_args
 from engine.errors import RouterError
 from engine.router.presets import ModelSpec
+from engine.server.flags import parse_serve_args as parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,7 +47,6 @@ def model(tmp_path_factory) -> Path:
 
 
 def test_plan_declares_one_thread_slots_and_the_engines_estimate(model):
-    from engine.commands.serve import parse_args
     from engine.model_info import inspect_model
 
     plan = make_plan(_spec(model), [], parse_args)

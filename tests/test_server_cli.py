@@ -71,12 +71,12 @@ def test_serve_cli_run_rejects_bad_input(monkeypatch):
 
 @pytest.mark.parametrize("kwargs", ['{"messages": []}', '{"add_generation_prompt": "x"}'])
 def test_serve_cli_reserved_chat_template_kwargs_fail_at_start(kwargs):
-    from engine.commands.serve import _server_options
     from engine.errors import EngineError
+    from engine.server.startup import server_options
 
     with pytest.raises(EngineError, match="may not set"):
-        _server_options(parse(["-m", "m.gguf", "--chat-template-kwargs", kwargs]))
-    assert _server_options(parse(["--chat-template-kwargs", '{"enable_thinking": false}'])) \
+        server_options(parse(["-m", "m.gguf", "--chat-template-kwargs", kwargs]))
+    assert server_options(parse(["--chat-template-kwargs", '{"enable_thinking": false}'])) \
         .chat_template_kwargs == {"enable_thinking": False}
 
 

@@ -335,7 +335,7 @@ def test_no_jinja_renders_the_builtin_format_the_template_matches():
     import argparse
     from types import SimpleNamespace
 
-    from engine.commands.serve import _chat_template
+    from engine.server.startup import chat_template as _chat_template
 
     src = ("{% if messages[0]['role'] != 'system' %}<|im_start|>system\nDefault<|im_end|>\n{% endif %}"
            "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"

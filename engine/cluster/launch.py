@@ -123,11 +123,11 @@ def worker_env() -> dict[str, str]:
 
 
 def ingress_config(args: argparse.Namespace) -> IngressConfig:
-    from ..commands.serve import _serve_parser, _server_options
     from ..router.presets import OptionTable, explicit_options, router_catalogue
     from ..server import flags
+    from ..server.startup import server_options
 
-    parser = _serve_parser()
+    parser = flags.serve_parser()
     specs = router_catalogue(parser, args, flags.ENV).build() if not args.model else {}
     if args.model:  # one model, loaded at start
         table = OptionTable.from_parser(parser, flags.ENV)
@@ -136,7 +136,7 @@ def ingress_config(args: argparse.Namespace) -> IngressConfig:
         name = (args.alias or "").split(",")[0].strip() or Path(args.model).name.removesuffix(".gguf")
         specs[name] = ModelSpec(name, "models_dir", args.model, (("--model", args.model), *base),
                                 load_on_startup=True)
-    options = _server_options(args)
+    options = server_options(args)
     return IngressConfig(specs=specs, options=options, models_max=args.models_max, autoload=args.models_autoload,
                          env=worker_env())
 

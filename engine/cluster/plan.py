@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import params
 from ..errors import EngineError, RouterError
 from ..router.presets import ModelSpec
 
@@ -114,7 +115,7 @@ def make_plan(spec: ModelSpec, base_argv: list[str], parse: Callable[[list[str]]
     if args.threads in (None, -1):
         argv += ["--threads", str(DEFAULT_THREADS)]
         args.threads = DEFAULT_THREADS
-    n_slots = 4 if args.parallel < 0 else args.parallel
+    n_slots = params.n_slots(args.parallel)
     lo = _number(spec.name, extra, "min-replicas", 1, int)
     hi = _number(spec.name, extra, "max-replicas", max(lo, 1), int)
     if lo < 0 or hi < 1 or hi < lo:
@@ -187,9 +188,7 @@ def estimate_bytes(args: argparse.Namespace, n_slots: int, path: Path | None) ->
     """One replica's memory: the engine's estimate (weights, KV cache, buffers) when the file
     can be read here (a path, a cached starter model or Hub file); else the file's size (the
     store's, the Hub listing's) plus a margin; 0 when even that is unknown."""
-    from .. import params
-
-    repo = params.hf_repo(args)
+    repo = params.model_source(args).hf_repo
     if path is None and repo is not None:
         from ..hub import client as hub
         try:  # the Hub's listing (or this machine's cache of it): sizes, and the file when cached

@@ -76,7 +76,7 @@ class ModelReplica:
     """The deployment's class: built once per replica by Serve, with the model's plan."""
 
     def __init__(self, plan: ReplicaPlan):
-        from ..commands.serve import in_process_server
+        from ..server.startup import in_process_server
 
         self.plan = plan
         self.scheduler: Scheduler | None = None

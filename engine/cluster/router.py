@@ -138,10 +138,10 @@ class RayRouter(Router):
             return self._deployer_actor
 
     def plan(self, child: ChildServer) -> ReplicaPlan:
-        from ..commands.serve import parse_args
+        from ..server.flags import parse_serve_args
 
         spec = child.spec or ModelSpec(child.name, "models_dir", str(child.path), (("--model", str(child.path)),))
-        plan = make_plan(spec, [*self.base_argv, "--alias", child.name], parse_args, self.env)
+        plan = make_plan(spec, [*self.base_argv, "--alias", child.name], parse_serve_args, self.env)
         self.plans[child.name] = plan
         return plan
 

@@ -11,7 +11,7 @@ import sys
 
 from .. import params
 from ..errors import EngineError
-from .common import add_gpu_args, add_int8_arg, add_mem_check_arg, gpu_kwargs, init_threads, mem_check
+from .common import init_threads, model_path
 
 
 def _int_list(text: str) -> list[int]:
@@ -58,16 +58,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--clients", metavar="N", type=_int_list, default=[1],
                    help="http path: concurrent streaming clients, the server started with -np N; "
                    "a comma list gives one row each (default: 1)")
-    add_mem_check_arg(p)
-    add_int8_arg(p)
-    add_gpu_args(p, ngl_type=_int_list, ngl_default=[0])
+    params.add_mem_check_arg(p)
+    params.add_int8_arg(p)
+    params.add_gpu_args(p, ngl_type=_int_list, ngl_default=[0])
     p.set_defaults(run=run)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..model import load_model
-
     if args.repetitions < 1:
         raise EngineError("-r must be at least 1")
     if any(c < 1 for c in args.clients):
@@ -76,19 +74,20 @@ def run(args: argparse.Namespace) -> int:
         init_threads(n_threads)  # each -t value checked before anything runs
     out: _Output | None = None
     failed = False
+    path = model_path(args)
     for ngl in args.n_gpu_layers:  # one load per -ngl value, as llama-bench
-        model = load_model(params.resolve_model_path(args), **gpu_kwargs(args, ngl))
+        model, ctx = _load(args, path, ngl)
         if out is None:
             out = _Output(args.output, model, show_ngl=any(args.n_gpu_layers))
         out.set_model(model, ngl)
-        for path in args.path:
+        for bench_path in args.path:
             try:
-                if path == "engine":
-                    _run_engine(args, model, out)
+                if bench_path == "engine":
+                    _run_engine(args, ctx, out)
                 else:
-                    _run_path(args, model, path, out)
+                    _run_path(args, model, bench_path, out)
             except EngineError as e:  # one path failing (no GUI module, say) leaves the others' rows
-                print(f"error: {path} path: {e}", file=sys.stderr, flush=True)
+                print(f"error: {bench_path} path: {e}", file=sys.stderr, flush=True)
                 failed = True
         model.close()
     if out is not None:
@@ -140,15 +139,31 @@ class _Output:
             print()
 
 
-def _run_engine(args: argparse.Namespace, model, out: _Output) -> None:
-    from ..context import Context, ContextParams
+def _tests(args: argparse.Namespace) -> list[tuple[int, int]]:
+    """(n_prompt, n_gen) of each test: the ppN ones, then the tgN ones."""
+    return [(n, 0) for n in args.n_prompt if n] + [(0, n) for n in args.n_gen if n]
+
+
+def _load(args: argparse.Namespace, path, ngl: int):
+    """The model with -ngl `ngl`, and a context for the engine path's tests when it is asked
+    for (None otherwise: the http and gui paths measure other processes)."""
+    from ..context import ContextParams
+    from ..init import InitParams, init_from_params
+    from ..model import load_model
+
+    if "engine" not in args.path:
+        return load_model(path, n_gpu_layers=ngl, device=args.device), None
+    n_ctx = max([p + g + d for p, g in _tests(args) for d in args.n_depth] + [16])
+    context = ContextParams(n_ctx=n_ctx, n_batch=args.batch_size, n_ubatch=args.ubatch_size,
+                            type_k=args.cache_type_k, type_v=args.cache_type_v, check_memory=not args.no_mem_check)
+    loaded = init_from_params(path, InitParams(context, n_gpu_layers=ngl, device=args.device))
+    return loaded.model, loaded.ctx
+
+
+def _run_engine(args: argparse.Namespace, ctx, out: _Output) -> None:
     from ..tools.bench import bench
 
-    tests = [(n, 0) for n in args.n_prompt if n] + [(0, n) for n in args.n_gen if n]
-    n_ctx = max([p + g + d for p, g in tests for d in args.n_depth] + [16])
-    ctx = Context(model, ContextParams(n_ctx=n_ctx, n_batch=args.batch_size, n_ubatch=args.ubatch_size,
-                                       type_k=args.cache_type_k, type_v=args.cache_type_v,
-                                       check_memory=mem_check(args)))
+    tests = _tests(args)
     for n_threads in args.threads:
         n_threads = init_threads(n_threads)
         for (n_prompt, n_gen), n_depth in itertools.product(tests, args.n_depth):

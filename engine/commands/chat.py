@@ -27,7 +27,6 @@ from ..sampling import SamplingParams, resolve_seed
 from ..scheduler import GenerationRequest, Scheduler
 from ..seams import ChatTokenizer, DecodeContext, PromptTemplate
 from ..sequence import GenerationStep
-from .common import add_gpu_args, add_int8_arg, add_mem_check_arg
 from .generate import InterruptFlag, load_for_generation, timings_text
 
 HELP = (
@@ -44,9 +43,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     params.add_common_args(p, prompt=False)
     params.add_chat_args(p)
-    add_mem_check_arg(p)
-    add_int8_arg(p)
-    add_gpu_args(p)
+    params.add_mem_check_arg(p)
+    params.add_int8_arg(p)
+    params.add_gpu_args(p)
     p.set_defaults(run=run)
     return p
 

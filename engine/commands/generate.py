@@ -15,15 +15,7 @@ import threading
 
 from .. import params
 from ..errors import EngineError
-from .common import (
-    add_gpu_args,
-    add_int8_arg,
-    add_mem_check_arg,
-    gpu_kwargs,
-    init_threads,
-    mem_check,
-    resume_collector,
-)
+from .common import init_threads, model_path, resume_collector
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -33,9 +25,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         description="Complete a prompt: the generated text goes to stdout, timings to stderr.",
     )
     params.add_common_args(p)
-    add_mem_check_arg(p)
-    add_int8_arg(p)
-    add_gpu_args(p)
+    params.add_mem_check_arg(p)
+    params.add_int8_arg(p)
+    params.add_gpu_args(p)
     p.set_defaults(run=run)
     return p
 
@@ -73,18 +65,13 @@ def run(args: argparse.Namespace) -> int:
 
 def load_for_generation(args: argparse.Namespace):
     """Seed start-up steps 2-3: initialise the backend, load the model, create the context."""
-    from ..context import Context
-    from ..model import load_model
+    from ..init import init_from_params
 
     try:
         n_threads = init_threads(args.threads)
-        path = params.resolve_model_path(args)
-        model = load_model(path, n_threads=n_threads, **gpu_kwargs(args))
-        try:
-            ctx = Context(model, params.to_context_params(args, check_memory=mem_check(args)))
-        except BaseException:
-            model.close()
-            raise
+        path = model_path(args, args.ctx_size)
+        loaded = init_from_params(path, params.init_params(args, n_threads))
+        model, ctx = loaded.model, loaded.ctx
     finally:
         resume_collector()  # paused by engine.cli.main for the process's own generate/chat
     if args.verbose:

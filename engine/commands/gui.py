@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from .. import params
+from .common import model_path
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -22,8 +23,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from app.main import run as run_app
 
-    if params.hf_repo(args) is not None:
+    if params.model_source(args).hf_repo is not None:
         # fetched (with the fit check and a progress bar) before the window opens, as `chat -hf`
-        args.model = str(params.resolve_model_path(args))
+        args.model = str(model_path(args))
 
     return run_app(args)

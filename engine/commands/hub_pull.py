@@ -1,8 +1,7 @@
-"""The command line's side of engine/hub/client.py: -hf resolution, fit lines, a progress bar.
+"""The command line's side of engine/hub/pull.py: a fit table and a progress bar on stderr.
 
-`model_path(spec, ...)` is what every `-hf user/repo[:quant]` becomes (params.resolve_model_path
-calls it): the cached file when there is one, else the fit check (an unsupported architecture or
-tensor type is refused before any download) and the download with a progress bar on stderr.
+`ConsoleReport` is the PullReport every `-hf user/repo[:quant]` of a command gets; `model_path`
+pulls one Hub model with it (`ggstation models pull`).
 """
 
 from __future__ import annotations
@@ -12,34 +11,46 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from ..errors import HubError
-
 
 def model_path(spec: str, filename: str | None = None, token: str | None = None, *,
                force: bool = False, n_ctx: int | None = None, out: TextIO | None = None) -> Path:
-    """The local path of the model `spec` names, downloading it (all parts) if needed.
+    """The local path of the model `spec` names, downloading it (all parts) if needed, with
+    its fit table and a progress bar on `out` (default: stderr).
 
     Raises:
-        HubError: see engine.hub.client; UNSUPPORTED when the engine cannot run the model (unless force).
+        HubError: see engine.hub.pull.pull.
     """
-    from ..hub import client as hub
-    out = out or sys.stderr
-    file = hub.resolve(spec, filename, token)
-    if file.local_path is not None:
-        return file.local_path
-    print(f"{file.spec}: {file.filename}{_parts(file)}, {_size(file.size)}", file=out)
-    fit = hub.fit(file, n_ctx=n_ctx, token=token)
-    print_fit(fit, out)
-    if not fit.supported and not force:
-        raise HubError(f"{file.spec}: not downloaded: this engine cannot run it ({fit.why_unsupported()}); "
-                       "--force downloads it anyway", HubError.UNSUPPORTED)
-    bar = ProgressBar(file.filename, out)
-    try:
-        path = hub.download(file, token=token, progress=bar)
-    finally:
-        bar.close()
-    print(f"{file.spec}: saved to {path}", file=out)
-    return path
+    from ..hub.pull import pull
+
+    return pull(spec, filename, token, force=force, n_ctx=n_ctx, report=ConsoleReport(out or sys.stderr))
+
+
+class ConsoleReport:
+    """A PullReport (engine/hub/pull.py) for a terminal: the file and its fit estimate, a
+    progress bar while it downloads, where it was saved."""
+
+    def __init__(self, out: TextIO):
+        self.out = out
+        self.spec = self.filename = ""
+        self.bar: ProgressBar | None = None
+
+    def found(self, file) -> None:
+        self.spec, self.filename = file.spec, file.filename
+        print(f"{file.spec}: {file.filename}{_parts(file)}, {_size(file.size)}", file=self.out)
+
+    def fit(self, fit) -> None:
+        print_fit(fit, self.out)
+        self.bar = ProgressBar(self.filename, self.out)  # its clock starts as the download does
+
+    def progress(self, done: int, total: int) -> None:
+        if self.bar is not None:
+            self.bar(done, total)
+
+    def saved(self, path: Path | None) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if path is not None:
+            print(f"{self.spec}: saved to {path}", file=self.out)
 
 
 def print_fit(fit, out: TextIO) -> None:

@@ -7,6 +7,7 @@ import json
 
 from .. import params
 from ..errors import EngineError
+from .common import model_path
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -45,10 +46,10 @@ def run(args: argparse.Namespace) -> int:
         raise EngineError(f"invalid context size {args.ctx_size}")
     if args.parallel == 0 or args.parallel < -1:
         raise EngineError(f"invalid -np/--parallel {args.parallel}: use 1 or more, or -1 for auto")
-    info = inspect_model(params.resolve_model_path(args))
+    info = inspect_model(model_path(args, args.ctx_size))
     if info.error:
         raise EngineError(info.error)
-    n_seq = 4 if args.parallel < 0 else args.parallel
+    n_seq = params.n_slots(args.parallel)
     unified = args.parallel < 0 or args.kv_unified
     n_ctx = args.ctx_size or info.n_ctx_train
     check_params(ContextParams(n_ctx=n_ctx, n_ubatch=args.ubatch_size, n_seq_max=n_seq, kv_unified=unified), n_ctx)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .. import params
 from ..errors import EngineError
-from .common import add_gpu_args, add_int8_arg, add_mem_check_arg, gpu_kwargs, init_threads, mem_check
+from .common import init_threads, model_path
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -24,16 +24,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--chunks", metavar="N", type=int, default=-1, help="max number of chunks (default: -1 = all)")
     g.add_argument("-ctk", "--cache-type-k", default="f16", help="KV cache type for K (f16, f32)")
     g.add_argument("-ctv", "--cache-type-v", default="f16", help="KV cache type for V (f16, f32)")
-    add_mem_check_arg(p)
-    add_int8_arg(p)
-    add_gpu_args(p)
+    params.add_mem_check_arg(p)
+    params.add_int8_arg(p)
+    params.add_gpu_args(p)
     p.set_defaults(run=run)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..context import Context, ContextParams
-    from ..model import load_model
+    from ..context import ContextParams
+    from ..init import InitParams, init_from_params
     from ..tools.perplexity import perplexity
 
     if args.ctx_size < 4:
@@ -43,15 +43,14 @@ def run(args: argparse.Namespace) -> int:
     except OSError as e:
         raise EngineError(f"cannot read '{args.file}': {e.strerror or e}") from None
     n_threads = init_threads(args.threads)
-    model = load_model(params.resolve_model_path(args), n_threads=n_threads, **gpu_kwargs(args))
-    tok = model.tokenizer
-    tokens = tok.encode(text, add_special=True, parse_special=False)
     n_ctx = args.ctx_size
     # One chunk per decode call: the batch must hold a whole chunk.
-    ctx = Context(model, ContextParams(n_ctx=n_ctx, n_batch=n_ctx,
-                                       n_ubatch=min(args.ubatch_size, args.batch_size, n_ctx),
-                                       type_k=args.cache_type_k, type_v=args.cache_type_v,
-                                       check_memory=mem_check(args)))
+    context = ContextParams(n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=min(args.ubatch_size, args.batch_size, n_ctx),
+                            type_k=args.cache_type_k, type_v=args.cache_type_v, check_memory=not args.no_mem_check)
+    loaded = init_from_params(model_path(args, n_ctx), InitParams(context, n_threads=n_threads,
+                                                                  n_gpu_layers=args.n_gpu_layers, device=args.device))
+    ctx, tok = loaded.ctx, loaded.model.tokenizer
+    tokens = tok.encode(text, add_special=True, parse_special=False)
     n_avail = len(tokens) // n_ctx
     print(f"perplexity: tokenized {len(tokens)} tokens; {n_avail} chunks of {n_ctx}, "
           f"{n_threads} threads", file=sys.stderr)

@@ -11,6 +11,7 @@ import sys
 
 from .. import params
 from ..errors import EngineError
+from .common import model_path
 
 
 def add_parser(subparsers) -> None:
@@ -56,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from ..tokenizer import load_tokenizer
 
     text = _read_text(args)
-    tok = load_tokenizer(open_gguf(params.resolve_model_path(args)))
+    tok = load_tokenizer(open_gguf(model_path(args)))
     add_special = tok.add_bos and not args.no_bos  # llama-tokenize: --no-bos turns add_special off
     ids = tok.encode(text, add_special=add_special, parse_special=not args.no_parse_special)
     out = sys.stdout

@@ -267,6 +267,58 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--version", action="version", version="ggstation serve (llama-server compatible)")
 
 
+def add_serve_args(parser: argparse.ArgumentParser) -> None:
+    """Every `serve` flag: engine/params.py's shared ones (-np defaults to -1, auto, as in
+    llama-server) and this module's; LLAMA_ARG_* variables become defaults (env_argv), so a
+    flag on the command line still wins, and a bad one is kept in `env_error`."""
+    from .. import params
+
+    params.add_model_args(parser)
+    params.add_context_args(parser)
+    params.add_generation_args(parser, prompt=False)
+    params.add_sampling_args(parser)
+    params.add_chat_args(parser)
+    params.add_gpu_args(parser)
+    add_server_args(parser)
+    params.add_mem_check_arg(parser)
+    params.add_int8_arg(parser)
+    parser.set_defaults(parallel=-1, ignored=[], refused=[], env_error=None, accepts_unknown_flags=True)
+    _apply_env_defaults(parser)
+
+
+def _apply_env_defaults(p: argparse.ArgumentParser) -> None:
+    """LLAMA_ARG_* variables become defaults, so flags on the command line still win."""
+    import contextlib
+    import io
+
+    extra = env_argv(p, [])
+    if not extra:
+        return
+    try:
+        with contextlib.redirect_stderr(io.StringIO()) as err:
+            base, from_env = p.parse_args([]), p.parse_args(extra)
+    except SystemExit:
+        p.set_defaults(env_error=f"invalid LLAMA_ARG_* environment variable: {err.getvalue().strip()}")
+        return
+    changed = {k: v for k, v in vars(from_env).items() if vars(base).get(k) != v}
+    p.set_defaults(**changed)
+
+
+def serve_parser() -> argparse.ArgumentParser:
+    """A fresh parser of `serve`'s flags: a Ray deployment and the router read its options
+    table and defaults, and parse a model's command line with it (parse_serve_args)."""
+    parser = argparse.ArgumentParser(prog="ggstation serve")
+    add_serve_args(parser)
+    return parser
+
+
+def parse_serve_args(argv: list[str]) -> argparse.Namespace:
+    """`serve` flags parsed as the CLI parses them (unknown flags kept in `unknown_flags`)."""
+    args, unknown = serve_parser().parse_known_args(argv)
+    args.unknown_flags = unknown
+    return args
+
+
 def env_argv(parser: argparse.ArgumentParser, argv: list[str], environ=os.environ) -> list[str]:
     """Options to put BEFORE argv for every LLAMA_ARG_* variable whose flag argv lacks."""
     given = {a.split("=", 1)[0] for a in argv if a.startswith("-")}
@@ -309,7 +361,5 @@ def cors_origins(args: argparse.Namespace) -> tuple[str, ...]:
     are on (they can act on this machine, so other sites' pages must not reach them)."""
     if args.cors_origins is not None:
         return tuple(o.strip() for o in args.cors_origins.split(",") if o.strip())
-    ignored = set(getattr(args, "ignored", None) or ())
-    tools = any(getattr(args, name, None) for name in ("tools", "server_tools", "mcp_servers_config",
-                                                        "mcp_servers_json"))
-    return ("localhost",) if tools or ignored & set(_AGENT_FLAGS) else ("*",)
+    # --tools and the MCP flags are accepted and ignored (IGNORED): they are in args.ignored
+    return ("localhost",) if set(args.ignored) & set(_AGENT_FLAGS) else ("*",)
