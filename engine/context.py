@@ -16,13 +16,13 @@ import numpy as np
 from . import forward
 from .backends import DeviceLostError
 from .batch import Batch
+from .buffers import buffer_shapes
 from .config import ModelConfig
 from .errors import EngineError, InsufficientMemoryError
 from .jit import use_num_threads
 from .kv_cache import KVCache
 from .memory import (
     MemoryReport,
-    buffer_shapes,
     check_fits,
     ctx_per_seq,
     estimate_memory,
@@ -60,7 +60,7 @@ MAX_CTX = (1 << 31) - 1  # positions are int32, as llama_pos is
 
 class Buffers:
     """Activations for one ubatch of n_ubatch tokens, allocated once: the arrays named by
-    memory.buffer_shapes (x, h, o, q, k, v, attn, gate, up, tile and any the
+    buffers.buffer_shapes (x, h, o, q, k, v, attn, gate, up, tile and any the
     architecture adds), as float32 attributes."""
 
     def __init__(self, cfg: ModelConfig, n_ubatch: int, n_ctx_seq: int):

@@ -332,7 +332,7 @@ def test_gl_closed_context_raises_instead_of_waiting(tiny):
 
 def test_gl_list_devices_without_gl_says_none(monkeypatch, capsys):
     from engine import backends
-    from engine.commands.common import devices_text
+    from engine.params import devices_text
 
     gl0 = backends.DeviceInfo("GL0", "OpenGL", "not available", None, None, (), False, "no EGL (simulated)")
     monkeypatch.setattr(backends, "list_devices", lambda refresh=False: [gl0])
