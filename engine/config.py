@@ -117,7 +117,7 @@ class ModelConfig:
     swa_layers: tuple[bool, ...] = field(default_factory=tuple)
     attn_scale: float = 0.0  # 0 = 1/sqrt(head_dim)
     # Per-token activations of an architecture, as (name, width), added to or replacing the
-    # shared ones of memory.buffer_shapes (e.g. a fused QKV output; width 0: one it does not
+    # shared ones of buffers.buffer_shapes (e.g. a fused QKV output; width 0: one it does not
     # use). Buffers allocates them and the memory estimate counts them.
     extra_acts: tuple[tuple[str, int], ...] = ()
     name: str = ""

@@ -8,22 +8,45 @@ and compute buffers are the nbytes of the arrays the context allocated.
 from __future__ import annotations
 
 import logging
-import math
 import mmap
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import psutil
 
-from .backends import CPU, DeviceInfo, DeviceMemory, gpu_placement
+from .backends.base import CPU, DeviceInfo, DeviceMemory, gpu_placement
+from .buffers import compute_buffer_bytes
 from .config import ModelConfig
 from .kv_cache import kv_bytes
 
 if TYPE_CHECKING:
-    from .context import Context
+    from .backends.gl.offload import GpuContext
+    from .kv_cache import KVCache
+    from .model import Model
+
+
+class MeasuredContext(Protocol):
+    """What memory_report reads of a context (engine/context.py's Context, which calls it):
+    a Protocol, so memory accounting stays below the context that allocates."""
+
+    @property
+    def model(self) -> Model: ...
+    @property
+    def kv(self) -> KVCache: ...
+    @property
+    def buf(self) -> SizedBuffers: ...
+    @property
+    def gpu(self) -> GpuContext | None: ...
+
+
+class SizedBuffers(Protocol):
+    """context.Buffers, as far as memory_report reads it."""
+
+    @property
+    def nbytes(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -59,33 +82,6 @@ class MemoryReport:
         d = asdict(self)
         d["total_bytes"] = self.total_bytes
         return d
-
-
-def buffer_shapes(cfg: ModelConfig, n_ubatch: int, n_ctx_seq: int) -> dict[str, tuple[int, ...]]:
-    """The float32 arrays of context.Buffers by name: the one formula for the real allocation
-    and the estimate before loading. (None grows with n_ctx_seq since the decode attention
-    kernel stopped keeping a row of scores per head and position.)"""
-    from .quants import TILE_ROWS
-
-    U, E, F = n_ubatch, cfg.n_embd, cfg.n_ff
-    q_dim, kv_dim = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
-    v_dim, attn_dim = cfg.n_head_kv * cfg.head_dim_v, cfg.n_head * cfg.head_dim_v
-    shapes = dict(
-        x=(U, E),  # residual stream
-        h=(U, E),  # normed input of a block
-        o=(U, E),  # block output
-        q=(U, q_dim), k=(U, kv_dim), v=(U, v_dim),
-        attn=(U, attn_dim),  # attention output, before the output projection
-        gate=(U, F), up=(U, F),
-        tile=(TILE_ROWS * max(E, F, attn_dim),),  # dequantised weight tile for BLAS
-    )
-    shapes.update((name, (U, width)) for name, width in cfg.extra_acts)
-    return shapes
-
-
-def compute_buffer_bytes(cfg: ModelConfig, n_ubatch: int, n_ctx_seq: int) -> int:
-    """Bytes of context.Buffers for these sizes (engine/context.py allocates exactly this)."""
-    return 4 * sum(math.prod(s) for s in buffer_shapes(cfg, n_ubatch, n_ctx_seq).values())
 
 
 def _metadata_bytes(n_tensors: int) -> int:
@@ -130,7 +126,7 @@ def resident_bytes(maps: Sequence[np.ndarray]) -> int | None:
 _PAGEMAP_CHUNK = 1 << 17  # pages per read: 1 MiB of entries, 512 MiB of mapping
 
 
-def memory_report(ctx: Context) -> MemoryReport:
+def memory_report(ctx: MeasuredContext) -> MemoryReport:
     kv = ctx.kv
     model = ctx.model
     devices = _devices(ctx)
@@ -149,7 +145,7 @@ def memory_report(ctx: Context) -> MemoryReport:
     )
 
 
-def _devices(ctx: Context) -> tuple[DeviceMemory, ...]:
+def _devices(ctx: MeasuredContext) -> tuple[DeviceMemory, ...]:
     """The CPU's share, and the GPU's when this context runs layers there: weights moved to
     the GPU leave the CPU's mapped total (as llama.cpp's CPU_Mapped buffer shrinks)."""
     model, kv, gpu = ctx.model, ctx.kv, ctx.gpu

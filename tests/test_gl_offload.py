@@ -103,7 +103,7 @@ def test_gl_memory_report_per_device(tiny):
     assert (cpu.device, gpu.device) == ("CPU", "GL0") and (cpu.n_layers, gpu.n_layers) == (1, 2)
     assert gpu.kv_bytes == ctx.gpu.nbytes > 0 and cpu.kv_bytes == ctx.kv.host_nbytes > 0
     assert gpu.kv_bytes == 2 * cpu.kv_bytes  # two of three layers' caches
-    from engine.memory import compute_buffer_bytes
+    from engine.buffers import compute_buffer_bytes
 
     assert gpu.compute_bytes == compute_buffer_bytes(ctx.cfg, ctx.n_ubatch, ctx.n_ctx_seq)
     assert gpu.weights_bytes >= ctx.model.gpu.host_bytes > 0

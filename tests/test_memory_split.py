@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from engine.backends import CPU, DeviceInfo, gpu_placement
+from engine.buffers import compute_buffer_bytes
 from engine.kv_cache import KVCache
 from engine.memory import (
     DeviceFit,
-    compute_buffer_bytes,
     device_fits,
     estimate_memory,
     memory_fit,

@@ -126,7 +126,7 @@ def moe_config(f: GGUFFile, cls: type[MoeConfig] = MoeConfig, *, gating: str = "
     """base_config plus the expert hyper-parameters, checked as llama.cpp's loader does.
 
     The ubatch buffers gain "moe_gate"/"moe_up" (n_ff_exp wide), "moe_out" (n_embd) and
-    "router" (n_expert), so memory.buffer_shapes and the estimate count them.
+    "router" (n_expert), so buffers.buffer_shapes and the estimate count them.
     """
     cfg = base_config(f, cls, **overrides)
     k = lambda s: f"{f.arch}.{s}"

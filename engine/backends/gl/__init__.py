@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import logging
 
-from .. import DeviceInfo
+from ..base import DeviceInfo
 from .context import GLContext, GLContextLostError, GLUnavailableError, shared_context
-from .device import SOFTWARE_RENDERERS, GLDevice, GLOutOfMemoryError, GLShaderError
+from .device import NAME, SOFTWARE_RENDERERS, GLDevice, GLOutOfMemoryError, GLShaderError
 
 log = logging.getLogger("ggstation.engine")
 
-NAME = "GL0"
 BACKEND = "OpenGL"
 _device: GLDevice | None = None
 

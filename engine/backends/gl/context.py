@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...errors import EngineError
-from .. import DeviceLostError
+from ..base import DeviceLostError
 
 T = TypeVar("T")
 

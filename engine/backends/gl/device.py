@@ -15,6 +15,7 @@ from ...errors import EngineError
 from . import shaders
 from .context import GL_CONTEXT_LOST, GL_OUT_OF_MEMORY, GLContext, GLContextLostError
 
+NAME = "GL0"  # the one OpenGL device, named as llama.cpp names devices (backend + index)
 GL_COMPUTE_SHADER, GL_COMPILE_STATUS, GL_LINK_STATUS, GL_INFO_LOG_LENGTH = 0x91B9, 0x8B81, 0x8B82, 0x8B84
 GL_SHADER_STORAGE_BUFFER, GL_COPY_READ_BUFFER, GL_COPY_WRITE_BUFFER = 0x90D2, 0x8F36, 0x8F37
 GL_STATIC_DRAW, GL_DYNAMIC_DRAW = 0x88E4, 0x88E8

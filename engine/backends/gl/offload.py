@@ -21,13 +21,13 @@ from dataclasses import dataclass, fields
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from ...buffers import buffer_shapes, compute_buffer_bytes
 from ...config import ModelConfig
-from ...memory import buffer_shapes, compute_buffer_bytes
 from ...quants import QTensor, matmul
-from .. import gpu_placement
+from ..base import gpu_placement
 from . import shaders
 from .context import GLContext
-from .device import MAX_GROUPS, Buffer, GLDevice, groups_1d, n_groups
+from .device import MAX_GROUPS, NAME, Buffer, GLDevice, groups_1d, n_groups
 
 log = logging.getLogger("ggstation.engine")
 
@@ -246,8 +246,6 @@ class GpuContext:
 
     @property
     def device_name(self) -> str:
-        from . import NAME
-
         return NAME
 
     @property
