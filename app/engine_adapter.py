@@ -302,7 +302,7 @@ class EngineAdapter(EngineApi):
 
     def load(self, path: str, params: LoadParams, progress: ProgressFn,
              cancel: threading.Event) -> SessionApi:
-        from engine import Context, ContextParams, Scheduler, load_model
+        from engine import ContextParams, InitParams, SchedulerParams, init_from_params
 
         def stage(start: float, span: float) -> ProgressFn:
             def report(fraction: float, message: str) -> None:
@@ -315,20 +315,18 @@ class EngineAdapter(EngineApi):
         gpu, n_gpu = (None, 0)
         if params.n_gpu_layers:
             gpu, n_gpu = self._placement(self._infos.get(path) or self._model_info(path), params)
-        llm = load_model(path, n_threads=params.n_threads or None, progress=report,
-                         n_gpu_layers=n_gpu, device=gpu.name if gpu and n_gpu else None)
+        context = ContextParams(n_ctx=params.n_ctx, n_batch=params.n_batch, n_ubatch=params.n_ubatch,
+                                n_seq_max=params.n_seq_max, type_k=params.type_k, type_v=params.type_k)
+        loaded = init_from_params(path, InitParams(context, n_threads=params.n_threads or None,
+                                                   n_gpu_layers=n_gpu, device=gpu.name if gpu and n_gpu else None,
+                                                   scheduler=SchedulerParams()), progress=report)
         try:
-            report(1.0, "allocating the KV cache and compute buffers")
-            ctx = Context(llm, ContextParams(
-                n_ctx=params.n_ctx, n_batch=params.n_batch, n_ubatch=params.n_ubatch,
-                n_seq_max=params.n_seq_max, type_k=params.type_k, type_v=params.type_k,
-            ))
             sha = file_sha256(path, stage(0.8, 0.2))
         except BaseException:
-            llm.close()
+            loaded.close()
             raise
-        scheduler = Scheduler(ctx, llm.tokenizer, model=llm).start()
-        return LlmSession(llm, ctx, scheduler, params, sha)
+        assert loaded.scheduler is not None
+        return LlmSession(loaded.model, loaded.ctx, loaded.scheduler.start(), params, sha)
 
     def starter_models(self) -> list[StarterModel]:
         from engine import STARTER_MODELS, cached_path

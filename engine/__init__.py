@@ -2,6 +2,8 @@
 
 Public API (imported lazily so that `import engine` stays cheap):
     load_model(path, n_threads=None, progress=None, *, n_gpu_layers=0, device=None) -> Model
+    init_from_params(path, InitParams(ContextParams(...), scheduler=SchedulerParams(...))) -> Loaded:
+        the model, its context and its scheduler built at once (how every entry point loads)
     Context(model, ContextParams(...)); ctx.decode(Batch) -> logits; ctx.memory_report()
     Batch.for_sequence(tokens, pos0, seq_id), Batch.concat([...])
     inspect_model(path) -> ModelInfo;  estimate_memory(cfg, ...) -> MemoryReport
@@ -39,6 +41,10 @@ if getattr(__import__("sys"), "frozen", False):
 
 _EXPORTS = {
     "load_model": "engine.model",
+    "init_from_params": "engine.init",
+    "InitParams": "engine.init",
+    "SchedulerParams": "engine.init",
+    "Loaded": "engine.init",
     "Model": "engine.model",
     "Context": "engine.context",
     "ContextParams": "engine.context",
@@ -90,6 +96,7 @@ if TYPE_CHECKING:  # what the lazy table resolves to, for type checkers
     from .hub.client import HubFile, HubRepo
     from .hub.fit import RemoteFit
     from .hub.store import STARTER_MODELS, cached_path, models_dir, pull, resolve_model_arg
+    from .init import InitParams, Loaded, SchedulerParams, init_from_params
     from .memory import MemoryReport, estimate_memory
     from .model import Model, load_model
     from .model_info import ModelInfo, inspect_model

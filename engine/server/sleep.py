@@ -177,19 +177,17 @@ def _reload(asleep: _SleepingModel, n_gpu_layers: int, ctx_params: Any) -> tuple
         EngineError (and the loader's errors): the file is gone, unreadable or another model.
     """
     from .. import jit
-    from ..context import Context
-    from ..model import load_model
+    from ..init import InitParams, init_from_params
 
-    # the thread count chosen at start-up (load_model's None would mean every core)
-    model = load_model(asleep.path, n_threads=jit.num_threads() or None, n_gpu_layers=n_gpu_layers)
-    try:
+    def same_model(model: Model) -> None:
         cfg = model.cfg
         if (cfg.arch, cfg.n_vocab, cfg.n_layer, cfg.n_embd) != asleep.shape:
             raise EngineError(f"{asleep.path} is another model than the one loaded at start-up")
-        return model, Context(model, ctx_params)
-    except BaseException:
-        model.close()
-        raise
+
+    # the thread count chosen at start-up (None would mean every core)
+    params = InitParams(ctx_params, n_threads=jit.num_threads() or None, n_gpu_layers=n_gpu_layers)
+    loaded = init_from_params(asleep.path, params, check=same_model)
+    return loaded.model, loaded.ctx
 
 
 class _SleepingModel:
