@@ -95,7 +95,7 @@ def test_top_k_ties_as_llama_cpp(x, expected):
 def test_top_k_vectorised_rows_agree_with_std_sort():
     """Rows without ties near the top take a vectorised argsort; every row must still come
     out as std::sort leaves it (tied and untied rows mixed)."""
-    from engine.sampling import _std_sort
+    from engine.sampling.std_sort import std_sort
 
     rng = np.random.default_rng(0)
     p = rng.integers(0, 40, (96, 64)).astype(np.float32)  # ties in most rows
@@ -103,7 +103,7 @@ def test_top_k_vectorised_rows_agree_with_std_sort():
     ref = []
     for row in p:
         h = np.arange(64)
-        _std_sort(row, h, 0, 64)
+        std_sort(row, h, 0, 64)
         ref.append(h[:8])
     np.testing.assert_array_equal(moe.top_k(p, 8), np.array(ref))
 

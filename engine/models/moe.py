@@ -47,7 +47,7 @@ from ..config import ModelConfig, base_config
 from ..errors import GGUFError
 from ..gguf_file import GGUFFile
 from ..quants import ExpertTensor, QTensor, matmul, matmul_many
-from ..sampling import _std_sort  # libstdc++'s std::sort, step for step: ggml_argsort's ties
+from ..sampling.std_sort import std_sort  # libstdc++'s std::sort, step for step: ggml_argsort's ties
 from . import layers as L
 
 GATINGS = ("softmax", "sigmoid", "softmax_weight")
@@ -168,14 +168,14 @@ def top_k(p: np.ndarray, k: int) -> np.ndarray:
     p = np.ascontiguousarray(p, np.float32)
     n = p.shape[1]
     # Without ties among the k+1 largest every sort agrees: one vectorised argsort. Rows
-    # with such ties replay std::sort, one call per row (a numba kernel calling _std_sort,
+    # with such ties replay std::sort, one call per row (a numba kernel calling std_sort,
     # recursive and another module's, crashed when loaded from numba's cache).
     order = np.argsort(-p, axis=1, kind="stable")[:, : min(k + 1, n)]
     top = p[np.arange(p.shape[0])[:, None], order]  # (take_along_axis: twice the time per call)
     out = order[:, :k].astype(np.int64)
     for t in np.flatnonzero((top[:, 1:] == top[:, :-1]).any(axis=1)):
         h = np.arange(n)
-        _std_sort(p[t], h, 0, n)
+        std_sort(p[t], h, 0, n)
         out[t] = h[:k]
     return out
 
