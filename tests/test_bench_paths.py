@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from engine.cli import main
+from engine.commands import bench as bench_cmd
 from engine.errors import EngineError
 from engine.tools import bench_paths
 from engine.tools.bench_paths import PathResult, StreamTiming, aggregate_ts, parse_paths
@@ -109,7 +110,7 @@ def _fake_gui(tmp_path, body: str) -> list[str]:
 def test_gui_path_reads_the_json_line(tmp_path):
     line = {"path": "gui", "samples_ts": [40.0, 44.0], "avg_ts": 42.0, "event_loop_p95_ms": 12.5, "n_gen": 16}
     cmd = _fake_gui(tmp_path, f"print('loading...')\nprint({json.dumps(json.dumps(line))})\n")
-    r = bench_paths.bench_gui("m.gguf", 16, 2, 1, command=cmd)
+    r = bench_paths.bench_gui(cmd, 16, 1)
     assert isinstance(r, PathResult) and r.test == "tg16 (gui)"
     assert r.avg_ts == pytest.approx(42.0) and r.as_dict()["event_loop_p95_ms"] == 12.5
 
@@ -121,11 +122,11 @@ def test_gui_path_reads_the_json_line(tmp_path):
 ])
 def test_gui_path_failures_are_one_clear_line(tmp_path, body, message):
     with pytest.raises(EngineError, match=message):
-        bench_paths.bench_gui("m.gguf", 4, 1, 1, command=_fake_gui(tmp_path, body))
+        bench_paths.bench_gui(_fake_gui(tmp_path, body), 4, 1)
 
 
 def test_gui_path_without_the_module_says_so(tiny_llama_path, monkeypatch, capsys):
-    monkeypatch.setattr(bench_paths, "GUI_MODULE", "app.no_such_bench_module")
+    monkeypatch.setattr(bench_cmd, "GUI_MODULE", "app.no_such_bench_module")
     argv = ["bench", "-m", str(tiny_llama_path), "-p", "0", "-n", "4", "-r", "1", "-t", "1", "--path", "engine,gui"]
     assert main(argv) == 1
     out, err = capsys.readouterr()
@@ -152,7 +153,7 @@ def test_child_processes_run_the_benchs_decode_path(tmp_path, monkeypatch, path,
             "e = os.environ.get\n"
             "sys.exit('INT8=' + e('GGSTATION_INT8', '') + '-' + e('GGSTATION_NO_INT8', ''))\n")
     with pytest.raises(EngineError, match=f"INT8={env}"):
-        bench_paths.bench_gui("m.gguf", 4, 1, 1, command=_fake_gui(tmp_path, body), decode_path=path)
+        bench_paths.bench_gui(_fake_gui(tmp_path, body), 4, 1, decode_path=path)
 
 
 class _NoProcess:

@@ -170,6 +170,15 @@ def _run_engine(args: argparse.Namespace, ctx, out: _Output) -> None:
             out.add(bench(ctx, n_prompt, n_gen, args.repetitions, n_threads, n_depth=n_depth), n_threads)
 
 
+GUI_MODULE = "app.bench_gui"  # the desktop app's benchmark: the gui path runs it as a program
+
+
+def gui_command(model: str, n_gen: int, reps: int, n_threads: int) -> list[str]:
+    """The gui path's child process: the app's benchmark printing one JSON line."""
+    return [sys.executable, "-m", GUI_MODULE, "--model", model, "-n", str(n_gen), "-r", str(reps),
+            "-t", str(n_threads), "--json"]
+
+
 def _run_path(args: argparse.Namespace, model, path: str, out: _Output) -> None:
     """The http or gui path: tgN for each -n and -t (and --clients for http)."""
     from .. import quants
@@ -177,8 +186,8 @@ def _run_path(args: argparse.Namespace, model, path: str, out: _Output) -> None:
     for n_threads, n_gen in itertools.product(args.threads, [n for n in args.n_gen if n]):
         n_threads = init_threads(n_threads)
         if path == "gui":
-            out.add(bench_paths.bench_gui(model.path, n_gen, args.repetitions, n_threads,
-                                          decode_path=quants.decode_path()), n_threads)
+            command = gui_command(model.path, n_gen, args.repetitions, n_threads)
+            out.add(bench_paths.bench_gui(command, n_gen, n_threads, decode_path=quants.decode_path()), n_threads)
             continue
         for n_clients in args.clients:
             r = bench_paths.bench_http(model.path, n_gen, args.repetitions, n_threads, n_clients,

@@ -3,8 +3,9 @@
     engine   the context decoding greedily, one token per call (engine/tools/bench.py's tgN)
     http     `python -m engine serve` in a child process, N concurrent streaming /completion
              clients (server started with -np N), ignore_eos and a fixed n_predict
-    gui      `python -m app.bench_gui --json` in a child process (the desktop app's chat path;
-             engine/ never imports Qt, so it runs as a program and prints one JSON line)
+    gui      the desktop app's benchmark in a child process (its chat path; the engine never
+             imports the app, so the command layer names the program: `python -m
+             app.bench_gui --json`, engine/commands/bench.py), which prints one JSON line
 
 Like llama-bench's tg, the http path times decoding only: a client's tokens/s is its tokens
 after the first over the time from its first token to its last (the first token's wait is
@@ -33,7 +34,6 @@ from .bench import TimedSamples
 PATHS = ("engine", "http", "gui")
 PROMPT = "Once upon a time, in a small village by the sea,"
 READY_TIMEOUT_S = 300.0  # a first start compiles the kernels (minutes on a busy 2-core machine)
-GUI_MODULE = "app.bench_gui"
 
 
 @dataclass(frozen=True)
@@ -331,19 +331,18 @@ def bench_http(model: str, n_gen: int, reps: int, n_threads: int, n_clients: int
 # -- gui -----------------------------------------------------------------------------------------
 
 
-def gui_command(model: str, n_gen: int, reps: int, n_threads: int) -> list[str]:
-    return [sys.executable, "-m", GUI_MODULE, "--model", model, "-n", str(n_gen), "-r", str(reps),
-            "-t", str(n_threads), "--json"]
+def bench_gui(command: list[str], n_gen: int, n_threads: int, timeout_s: float = 1800.0,
+              decode_path: str = "x16") -> PathResult:
+    """The desktop app's chat decode speed, from its benchmark program's JSON line.
 
-
-def bench_gui(model: str, n_gen: int, reps: int, n_threads: int, timeout_s: float = 1800.0,
-              command: list[str] | None = None, decode_path: str = "x16") -> PathResult:
-    """The desktop app's chat decode speed, from `python -m app.bench_gui ... --json`.
+    Args:
+        command: the program and its arguments (`python -m app.bench_gui ... --json`); a
+            `python -m MODULE` whose module is missing is said so.
 
     Raises:
         EngineError: the module is missing, failed, or printed no JSON line.
     """
-    cmd = command or gui_command(model, n_gen, reps, n_threads)
+    cmd = command
     env = _path_env(decode_path)
     if not env.get("DISPLAY") and not env.get("WAYLAND_DISPLAY"):
         env.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -353,8 +352,8 @@ def bench_gui(model: str, n_gen: int, reps: int, n_threads: int, timeout_s: floa
         raise EngineError(f"the gui benchmark did not finish in {timeout_s:.0f} s") from None
     if done.returncode != 0:
         err = done.stderr.strip().splitlines()
-        module = cmd[2] if len(cmd) > 2 and cmd[1] == "-m" else GUI_MODULE
-        if any("No module named" in line and module.split(".")[-1] in line for line in err[-3:]):
+        module = cmd[2] if len(cmd) > 2 and cmd[1] == "-m" else None
+        if module and any("No module named" in line and module.split(".")[-1] in line for line in err[-3:]):
             raise EngineError(f"the gui path needs the desktop app's benchmark ({module}), which this "
                               "installation does not have")
         last = err[-1] if err else f"exit code {done.returncode}"
@@ -363,7 +362,7 @@ def bench_gui(model: str, n_gen: int, reps: int, n_threads: int, timeout_s: floa
 
 
 def parse_gui_output(stdout: str, n_gen: int, n_threads: int) -> PathResult:
-    """The PathResult of app.bench_gui's one JSON line (the last line that parses)."""
+    """The PathResult of the gui benchmark's one JSON line (the last line that parses)."""
     row = None
     for line in reversed(stdout.strip().splitlines()):
         try:
