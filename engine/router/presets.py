@@ -385,6 +385,6 @@ def router_catalogue(parser: argparse.ArgumentParser, args: argparse.Namespace,
     directory: Path | None = Path(args.models_dir) if args.models_dir else models_dir()
     if not args.models_dir and directory is not None and not directory.is_dir():
         directory = None
-    preset = getattr(args, "models_preset", None)
+    preset = args.models_preset
     return Catalogue(table, explicit_options(parser, args, table), models_dir=directory,
                      preset_file=Path(preset) if preset else None, cache=discover_hub_models)
