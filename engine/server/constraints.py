@@ -24,16 +24,17 @@ from typing import Any
 from ..errors import GrammarError
 from ..grammar import Grammar, compile_grammar
 from .errors import invalid, not_supported
+from .schemas import ChatCompletionRequest, OpenAICommon
 
 RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
 
 
-def request_grammar(body: Any, *, chat: bool, tokenizer: Any = None) -> Grammar | None:
+def request_grammar(body: OpenAICommon, *, chat: bool, tokenizer: Any = None) -> Grammar | None:
     """The constraint a chat or completion body asks for, or None.
 
     Args:
-        body: a validated request body (reads `grammar`, `json_schema`, `response_format`,
-            `grammar_lazy`, `tools`, `tool_choice` where it has them).
+        body: a chat or text completion's body (reads `grammar`, `json_schema`,
+            `response_format`, `grammar_lazy`, and a chat's `tools` and `tool_choice`).
         chat: a chat completion (llama-server's chat rules) rather than a completion.
         tokenizer: the model's tokenizer: the grammar is checked against its vocabulary,
             which is built here once (on the request's thread, not the scheduler's).
@@ -41,9 +42,9 @@ def request_grammar(body: Any, *, chat: bool, tokenizer: Any = None) -> Grammar 
     Raises:
         APIError: 400 naming the field and the problem; 501 for a lazy grammar.
     """
-    grammar = getattr(body, "grammar", None) or ""
-    schema = getattr(body, "json_schema", None)
-    rf_schema = response_format_schema(getattr(body, "response_format", None))
+    grammar = body.grammar or ""
+    schema = body.json_schema
+    rf_schema = response_format_schema(body.response_format)
     if rf_schema is not None:
         schema = rf_schema
     if grammar and schema is not None:
@@ -51,9 +52,9 @@ def request_grammar(body: Any, *, chat: bool, tokenizer: Any = None) -> Grammar 
             raise invalid("Cannot use both json_schema and grammar (response_format sets a JSON schema)"
                           if rf_schema is not None else "Cannot use both json_schema and grammar")
         schema = None  # completions: the grammar wins, as in llama-server
-    if chat and grammar and _has_tools(body):
+    if chat and grammar and isinstance(body, ChatCompletionRequest) and _has_tools(body):
         raise invalid("Cannot use custom grammar constraints with tools.")
-    if getattr(body, "grammar_lazy", None) and (grammar or schema is not None):
+    if body.grammar_lazy and (grammar or schema is not None):
         raise not_supported("grammar_lazy is not supported: the grammar applies from the first token")
     if grammar:
         return _compile("grammar", "gbnf", grammar, tokenizer)
@@ -101,6 +102,5 @@ def _compile(field: str, kind: str, source: Any, tokenizer: Any) -> Grammar:
     return g
 
 
-def _has_tools(body: Any) -> bool:
-    tools = getattr(body, "tools", None)
-    return bool(tools) and getattr(body, "tool_choice", None) != "none"
+def _has_tools(body: ChatCompletionRequest) -> bool:
+    return bool(body.tools) and body.tool_choice != "none"

@@ -28,7 +28,7 @@ from ..scheduler import GenerationRequest
 from ..tokenizer.chat_template import encode_chat_prompt
 from .constraints import request_grammar
 from .errors import exceed_context, invalid
-from .schemas import ApplyTemplateRequest, ChatCompletionRequest, CompletionRequest, SamplingFields
+from .schemas import ApplyTemplateRequest, ChatCompletionRequest, CompletionRequest, OpenAICommon, SamplingFields
 from .settings import generation_settings
 from .tool_calls import THINK_OPEN, ReplyReading, is_harmony_template, prompt_opens_reasoning
 
@@ -250,9 +250,9 @@ def prompt_text(state: ServerState, prompt: Any, ids: list[int]) -> str:
 # -- several choices ------------------------------------------------------------------------
 
 
-def n_choices(state: ServerState, body: SamplingFields) -> int:
+def n_choices(state: ServerState, body: OpenAICommon) -> int:
     """`n_cmpl`, else OpenAI's `n`: choices per prompt, at most the server's slots."""
-    n = body.n_cmpl if body.n_cmpl is not None else getattr(body, "n", None)
+    n = body.n_cmpl if body.n_cmpl is not None else body.n
     n = 1 if n is None else n
     if not 1 <= n <= max(state.n_slots, 1):
         raise invalid(f"'n' must be between 1 and the server's {state.n_slots} slots (-np), got {n}")
@@ -309,7 +309,8 @@ def _continuation(state: ServerState, body: ChatCompletionRequest | ApplyTemplat
                   messages: list[dict]) -> tuple[bool, bool]:
     """(add_generation_prompt, continue the last message), llama-server's rules."""
     add_gen = body.add_generation_prompt if body.add_generation_prompt is not None else True
-    flag = getattr(body, "continue_final_message", None)
+    # only a chat completion asks to continue; /apply-template has no such field
+    flag = body.continue_final_message if isinstance(body, ChatCompletionRequest) else None
     cont = flag is True or flag in ("content", "reasoning_content")
     last_is_assistant = bool(messages) and messages[-1].get("role") == "assistant"
     if not cont and state.options.prefill_assistant and last_is_assistant:

@@ -29,7 +29,7 @@ from .schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
-    SamplingFields,
+    OpenAICommon,
     TokenizeRequest,
 )
 
@@ -126,14 +126,14 @@ async def _completion(request: Request, native: bool):
     return await _generate(request, reqs, fmts, body, native=native)
 
 
-def _formatters(cls: type[Formatter], s, body: SamplingFields, reqs: list, texts: list[str], prefix: str,
+def _formatters(cls: type[Formatter], s, body: OpenAICommon, reqs: list, texts: list[str], prefix: str,
                 **kw) -> list[Formatter]:
     """One formatter per result, sharing the request's id."""
     ident, created = prefix + uuid.uuid4().hex[:24], int(time.time())
-    stream = bool(getattr(body, "stream", False))
-    include_usage = bool((getattr(body, "stream_options", None) or {}).get("include_usage"))
+    stream = body.stream
+    include_usage = bool((body.stream_options or {}).get("include_usage"))
     verbose = rq.verbose(s, body)
-    return [cls(s, getattr(body, "model", None) or s.model_alias, s.tokenizer, n_probs=r.params.n_probs,
+    return [cls(s, body.model or s.model_alias, s.tokenizer, n_probs=r.params.n_probs,
                 include_usage=include_usage, index=i, id=ident, created=created,
                 generation_settings=rq.generation_settings(s, r, stream, body), prompt_text=text,
                 verbose=verbose, post_sampling=bool(body.post_sampling_probs),
@@ -141,10 +141,10 @@ def _formatters(cls: type[Formatter], s, body: SamplingFields, reqs: list, texts
             for i, (r, text) in enumerate(zip(reqs, texts, strict=True))]
 
 
-async def _generate(request: Request, reqs: list, fmts: list[Formatter], body: SamplingFields, native: bool):
+async def _generate(request: Request, reqs: list, fmts: list[Formatter], body: OpenAICommon, native: bool):
     """Run the results' requests; one reply, or one event stream interleaving them."""
     s = server_state(request)
-    stream = bool(getattr(body, "stream", False))
+    stream = body.stream
     for r in reqs:
         r.return_progress = bool(stream and body.return_progress)
     handles: list[RequestHandle | None] = []

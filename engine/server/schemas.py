@@ -123,7 +123,8 @@ class SamplingFields(_Body):
 
 
 class OpenAICommon(SamplingFields):
-    """Fields of OpenAI's create-completion APIs that are accepted (mostly ignored)."""
+    """The fields chat and text completions share: OpenAI's create-completion fields (mostly
+    accepted and ignored), streaming, and response_format (a JSON schema, constraints.py)."""
 
     model: str | None = None
     stream: bool = False
@@ -137,6 +138,7 @@ class OpenAICommon(SamplingFields):
     service_tier: str | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
+    response_format: dict[str, Any] | None = None  # engine/server/constraints.py
 
 
 class ContentPart(BaseModel):
@@ -169,7 +171,6 @@ class ChatCompletionRequest(OpenAICommon):
     parallel_tool_calls: bool | None = None
     functions: list[dict[str, Any]] | None = None
     function_call: str | dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = None
     modalities: list[str] | None = None
     audio: dict[str, Any] | None = None
     prediction: dict[str, Any] | None = None
@@ -193,7 +194,6 @@ class CompletionRequest(OpenAICommon):
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1, le=1)
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    response_format: dict[str, Any] | None = None  # honoured here too (engine/server/constraints.py)
     image_data: list[Any] | None = None
     multimodal_data: list[Any] | None = None
 
