@@ -113,7 +113,10 @@ class Context:
             raise InsufficientMemoryError(
                 f"cannot allocate {fmt_bytes(est.kv_bytes + est.compute_bytes)} for the KV cache and compute "
                 f"buffers ({what}): {e}; lower the context size (-c)", est.total_bytes, 0) from None
-        step.for_context(self)  # compile (or load) the layer steps before the first token
+        # the compiled decode steps (models/step.py builds them, and again after the KV cache
+        # or the decode path changed); compiled (or loaded) now, before the first token
+        self.layer_steps: step.LayerSteps | None = None
+        step.for_context(self)
 
     def _gpu_context(self, model: Model, params: ContextParams) -> GpuContext | None:
         """The offloaded layers' KV cache and scratch on the model's GPU, or None (no layers

@@ -1,6 +1,7 @@
-"""smollm3, olmo2 (as OLMo 2 and with OLMo 3's sliding window) and granite against their float64
-oracles (tests/oracles), and checks that each one's distinctive feature shows in the logits:
-smollm3's NoPE layers, olmo2's sliding layers, granite's four multipliers."""
+"""Every architecture has its float64 oracle; smollm3, olmo2 (as OLMo 2 and with OLMo 3's
+sliding window) and granite against theirs (tests/oracles), and checks that each one's
+distinctive feature shows in the logits: smollm3's NoPE layers, olmo2's sliding layers,
+granite's four multipliers."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ from engine.errors import EngineError, UnsupportedArchError
 from engine.memory import estimate_memory
 from engine.model import load_model
 from engine.model_info import inspect_model
+from engine.models import ARCHITECTURES
 from ggufgen import GRANITE_SCALES, write_tiny_model
 from hostile_gguf import KV, TensorEntry, build_layout, parse_layout
-from oracles import oracle_logits
+from oracles import ORACLES, oracle_logits
 
 F32 = dict(type_k="f32", type_v="f32")
 TOKENS = [5, 17, 42, 9, 100, 3, 77, 250, 31, 8, 64, 200, 12, 7, 150, 99, 23, 45, 61, 2, 11, 19]
@@ -27,6 +29,10 @@ VARIANTS = {  # test id -> (architecture, write_tiny_model keywords)
     "olmo3": ("olmo2", {"sliding": True}),
     "granite": ("granite", {}),
 }
+
+
+def test_every_architecture_has_an_oracle():
+    assert set(ARCHITECTURES) <= set(ORACLES)
 
 
 def _err(a: np.ndarray, b: np.ndarray) -> float:

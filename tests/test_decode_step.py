@@ -17,7 +17,8 @@ from engine import ops, quants
 from engine.batch import Batch
 from engine.context import Context, ContextParams
 from engine.model import load_model
-from engine.models import step
+from engine.models import ARCHITECTURES, step
+from engine.models.spec import LayerSpec
 from ggufgen import write_tiny_model
 from ggufgen_gptoss import write_tiny_gptoss
 from ggufgen_moe import write_tiny_moe
@@ -82,10 +83,26 @@ def decode_all(model, flag: str, monkeypatch, n_prefill: int = 4, **ctx_kw) -> n
     return np.concatenate(rows)
 
 
-@pytest.mark.parametrize("arch", [*sorted(ARCHS), "qwen3moe", "qwen2moe", "gpt-oss", "gpt-oss-mxfp4"])
-def test_step_gives_the_python_blocks_logits_bit_for_bit(tiny, arch, monkeypatch):
+STEP_ARCHS = [*sorted(ARCHS), "qwen3moe", "qwen2moe", "gpt-oss", "gpt-oss-mxfp4"]
+
+
+def test_every_architecture_is_checked_against_its_block():
+    """A new architecture joins STEP_ARCHS (and the tiny models above) or this fails."""
+    assert set(ARCHITECTURES) <= set(STEP_ARCHS)
+
+
+@pytest.mark.parametrize("arch", ["llama", "phi3", "olmo2", "qwen2moe", "gpt-oss"])
+def test_layers_have_the_tensors_their_description_reads(tiny, arch):
     model = load_model(tiny[arch])
-    assert model.arch.step is not None
+    for lw in model.weights.layers:
+        assert set(model.arch.spec.layer.tensors) <= set(vars(lw))
+
+
+@pytest.mark.parametrize("arch", STEP_ARCHS)
+def test_step_gives_the_python_blocks_logits_bit_for_bit(tiny, arch, monkeypatch):
+    """The compiled step derived from the architecture's LayerSpec against the Python block
+    (models/decoder.py) derived from the same description."""
+    model = load_model(tiny[arch])
     want = decode_all(model, "0", monkeypatch)
     got = decode_all(model, "1", monkeypatch)
     assert np.array_equal(got, want)
@@ -178,7 +195,7 @@ def test_step_groups_mixed_weight_types_as_the_python_path(tmp_path, monkeypatch
     for la, lb in zip(a.weights.layers, b.weights.layers, strict=True):
         la.attn_v, la.ffn_up, la.attn_output = lb.attn_v, lb.ffn_up, lb.attn_output
     for path, kern in (("float", "_matvec_{}"), ("x16", "_matvec_rp16_{}"), ("int8", "_matvec_rp_{}")):
-        src = step.render(a.arch.step, a.weights.layers[0], np.dtype(np.uint16), np.dtype(np.uint16), path)
+        src = step.render(a.arch.spec.layer, a.weights.layers[0], np.dtype(np.uint16), np.dtype(np.uint16), path)
         assert src.count(kern.format("q5_1") + " as") == 1 and src.count(kern.format("q8_0") + " as") == 1, path
     assert np.array_equal(decode_all(a, "1", monkeypatch), decode_all(a, "0", monkeypatch))
 
@@ -214,12 +231,12 @@ def test_step_modules_are_written_once_per_content(tmp_path, monkeypatch):
     monkeypatch.setenv("GGSTATION_STEP_DIR", str(tmp_path / "steps"))
     monkeypatch.setattr(step, "_modules", {})  # none loaded yet in this process
     lw = load_model(write_tiny_model(tmp_path / "m.gguf", "llama", n_layer=1, qtype=Q.Q8_0)).weights.layers[0]
-    src = step.render(step.StepSpec(), lw, np.dtype(np.uint16), np.dtype(np.uint16), False)
+    src = step.render(LayerSpec(), lw, np.dtype(np.uint16), np.dtype(np.uint16), False)
     fn = step.load_step(src)
     files = sorted((tmp_path / "steps").glob("step_*.py"))
     assert len(files) == 1 and files[0].read_text() == src
     assert step.load_step(src) is fn
-    step.load_step(step.render(step.StepSpec(), lw, np.dtype(np.float32), np.dtype(np.uint16), False))
+    step.load_step(step.render(LayerSpec(), lw, np.dtype(np.float32), np.dtype(np.uint16), False))
     assert len(list((tmp_path / "steps").glob("step_*.py"))) == 2
 
 
@@ -289,7 +306,7 @@ def test_steps_are_compiled_with_the_context_for_a_decodes_types(tiny, monkeypat
     """Built and compiled when the context is made: the first token compiles nothing more."""
     monkeypatch.setenv("GGSTATION_STEP", "1")
     ctx = Context(load_model(tiny["gemma3"]), ContextParams(n_ctx=64, n_seq_max=2, kv_unified=True))
-    steps = ctx._layer_steps
+    steps = ctx.layer_steps
     assert steps is not None and steps.any
     before = {id(f): len(f.signatures) for f in steps.one + steps.many}
     assert set(before.values()) == {1}
@@ -304,7 +321,7 @@ def test_a_damaged_step_module_is_written_again(tmp_path, monkeypatch):
     monkeypatch.setenv("GGSTATION_STEP_DIR", str(tmp_path / "steps"))
     monkeypatch.setattr(step, "_modules", {})
     lw = load_model(write_tiny_model(tmp_path / "m.gguf", "llama", n_layer=1, qtype=Q.Q4_0)).weights.layers[0]
-    src = step.render(step.StepSpec(), lw, np.dtype(np.uint16), np.dtype(np.uint16), False)
+    src = step.render(LayerSpec(), lw, np.dtype(np.uint16), np.dtype(np.uint16), False)
     step.load_step(src)
     (path,) = (tmp_path / "steps").glob("step_*.py")
     path.write_text(src[: len(src) // 2])  # a syntax error if imported
@@ -361,14 +378,14 @@ def test_making_a_context_prunes_stale_steps_once(tiny, tmp_path, monkeypatch):
     assert stale.exists()  # once per process
 
 
-def test_step_spec_refuses_variants_the_template_has_not():
+def test_layer_spec_refuses_variants_the_template_has_not():
     with pytest.raises(ValueError):
-        step.StepSpec(qk_norm="per-row")
+        LayerSpec(qk_norm="per-row")
     with pytest.raises(ValueError):
-        step.StepSpec(act="relu")
+        LayerSpec(act="relu")
     with pytest.raises(ValueError):
-        step.StepSpec(fused=True, act="gelu")
-    assert step.StepSpec(fused=True).weights[:3] == ("attn_qkv",) * 3
+        LayerSpec(fused=True, act="gelu")
+    assert LayerSpec(fused=True).weights[:3] == ("attn_qkv",) * 3
 
 
 @pytest.mark.parametrize(("arch", "int8"), [("qwen3moe", False), ("qwen2moe", True), ("gpt-oss", False)])

@@ -1,6 +1,7 @@
 """-ngl with the OpenGL backend: whole forward passes (prefill, then decode) on the GPU match
-the CPU's logits; the memory report per device; the fallbacks to the CPU (no GL, out of GPU
-memory, a tensor type without a shader); --list-devices."""
+the CPU's logits, for every architecture whose description (models/spec.py) the backend
+claims; the memory report per device; the fallbacks to the CPU (no GL, out of GPU memory, a
+tensor type without a shader); --list-devices."""
 
 from __future__ import annotations
 
@@ -10,13 +11,20 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
+from engine.backends.gl.offload import unsupported_reason
 from engine.batch import Batch
 from engine.context import Context, ContextParams
 from engine.model import load_model
+from engine.models import ARCHITECTURES
 from ggufgen import write_tiny_model
+from ggufgen_gptoss import write_tiny_gptoss
+from ggufgen_moe import write_tiny_moe
 from gl_helpers import gl_device
 
 TOKENS = np.array([1, 5, 9, 23, 7, 11, 3, 2, 8, 13, 17, 4, 6, 10], np.int32)
+# the architectures the GL plan (offload.gl_plan, derived from each DecoderSpec) runs, each
+# checked against the CPU's reference block below
+GL_ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3")
 
 
 def logits(path, ngl: int, n_prefill: int = 10, **ctx_kw) -> tuple[np.ndarray, Context]:
@@ -56,7 +64,22 @@ def test_gl_forward_matches_cpu(tiny, arch, ngl, n_gpu):
     assert_close(got, want)
 
 
-@pytest.mark.parametrize("arch", ["gemma2", "qwen2", "qwen3"])
+def test_gl_claims_exactly_the_architectures_checked_here(tmp_path):
+    """offload.unsupported_reason, from each architecture's description and config, accepts
+    those of GL_ARCHS and no other (smollm3: llama's layer, but NoPE layers): an architecture
+    the backend starts to claim must join GL_ARCHS, and so the forward tests here."""
+    def tiny_of(arch):
+        if arch in ("qwen3moe", "qwen2moe"):
+            return write_tiny_moe(tmp_path / f"{arch}.gguf", arch)
+        if arch == "gpt-oss":
+            return write_tiny_gptoss(tmp_path / f"{arch}.gguf")
+        return write_tiny_model(tmp_path / f"{arch}.gguf", arch)
+
+    claimed = {a for a in ARCHITECTURES if not unsupported_reason(load_model(tiny_of(a)))}
+    assert claimed == set(GL_ARCHS)
+
+
+@pytest.mark.parametrize("arch", [a for a in GL_ARCHS if a not in ("llama", "gemma3")])
 def test_gl_forward_more_archs_match_cpu(tiny, arch):
     """gemma2 (soft-caps), qwen2 (Q/K/V biases), qwen3 (Q/K norms, NEOX)."""
     gl_device()

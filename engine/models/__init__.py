@@ -1,21 +1,34 @@
 """Architecture registry keyed by `general.architecture`; aliases map in one dict.
 
 An architecture is one module here (llama.py, gemma2.py, ...) ending in its record,
-`ARCH = Architecture(name, config_from_gguf, load_layer, block[, embed, head])`
-(engine/models/base.py). Adding an architecture is one module plus its name in the tuple
-below.
+`ARCH = Architecture(name, config_from_gguf, load_layer, DecoderSpec(...))`
+(engine/models/base.py, models/spec.py). The registry finds every module of this package
+that has an ARCH, so adding an architecture is that one module (and its oracle,
+tests/oracles/<arch>.py); docs/adding-an-architecture.md says what goes in it.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+
 from ..errors import UnsupportedArchError
-from . import gemma2, gemma3, gpt_oss, granite, llama, olmo2, phi3, qwen2, qwen2moe, qwen3, qwen3moe, smollm3
 from .base import Architecture
 
-ARCHITECTURES: dict[str, Architecture] = {
-    m.ARCH.name: m.ARCH
-    for m in (llama, qwen2, qwen3, gemma2, gemma3, phi3, smollm3, olmo2, granite, qwen3moe, qwen2moe, gpt_oss)
-}
+
+def _discover() -> dict[str, Architecture]:
+    """The ARCH of every module of this package that has one, by name, in module order."""
+    found: dict[str, Architecture] = {}
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        arch = getattr(importlib.import_module(f"{__name__}.{info.name}"), "ARCH", None)
+        if isinstance(arch, Architecture):
+            if arch.name in found:
+                raise RuntimeError(f"two modules declare the architecture {arch.name!r}")
+            found[arch.name] = arch
+    return found
+
+
+ARCHITECTURES: dict[str, Architecture] = _discover()
 ARCH_ALIASES = {"mistral": "llama"}
 
 

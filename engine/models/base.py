@@ -1,6 +1,7 @@
 """What an architecture is (`Architecture`, the record each engine/models/<arch>.py
-declares as ARCH), the model-level weights every architecture has, and `bind_layer`, which
-fills an architecture's per-layer dataclass from the GGUF by field name.
+declares as ARCH: how to read it from a GGUF and its `DecoderSpec`), the model-level weights
+every architecture has, and `bind_layer`, which fills an architecture's per-layer dataclass
+from the GGUF by field name.
 
 A layer dataclass's attributes are GGUF tensor names: field `attn_q` of layer 3 is
 `blk.3.attn_q.weight`, field `attn_q_bias` is `blk.3.attn_q.bias`. Every field is required;
@@ -20,8 +21,8 @@ from ..config import ModelConfig
 from ..errors import MissingTensorError
 from ..gguf_file import GGUFFile
 from ..quants import ExpertTensor, QTensor
-from . import layers
-from .step import StepSpec
+from . import decoder, layers
+from .spec import DecoderSpec
 
 
 @dataclass(frozen=True)
@@ -30,20 +31,26 @@ class Architecture:
 
     config_from_gguf(f) -> ModelConfig (or the architecture's subclass of it)
     load_layer(f, cfg, il) -> its layer dataclass, attributes named as GGUF tensors
-    block(s, il, lw): one layer on a ubatch, s.x updated in place
-    embed(s, w) and head(s, w, out, embeddings): token embeddings into s.x, final norm and
-        logits of the output rows; the shared ones of layers.py unless the architecture differs
-    step: when block is the standard decoder layer, which variant of it (decode then runs
-        each layer of a one-token ubatch as one compiled call with the same results)
+    spec: what it computes (models/spec.py); the Python block, embedding and head below, the
+        compiled decode step and the GL plan are all derived from it
     """
 
     name: str
     config_from_gguf: Callable[[GGUFFile], ModelConfig]
     load_layer: Callable[[GGUFFile, Any, int], Any]
-    block: Callable[[layers.UbatchState, int, Any], None]
-    embed: Callable[[layers.UbatchState, Any], None] = layers.embed
-    head: Callable[[layers.UbatchState, Any, np.ndarray, bool], None] = layers.head
-    step: StepSpec | None = None  # block as a compiled single-token step (models/step.py)
+    spec: DecoderSpec = DecoderSpec()
+
+    def block(self, s: layers.UbatchState, il: int, lw: Any) -> None:
+        """Layer il on a ubatch, s.x updated in place."""
+        decoder.block(self.spec.layer, s, il, lw)
+
+    def embed(self, s: layers.UbatchState, w: ModelWeights) -> None:
+        """The ubatch's token embeddings into s.x."""
+        decoder.embed(self.spec, s, w)
+
+    def head(self, s: layers.UbatchState, w: ModelWeights, out: np.ndarray, embeddings: bool) -> None:
+        """Final norm and logits (or embeddings) of the ubatch's output rows into out."""
+        decoder.head(self.spec, s, w, out, embeddings)
 
 
 @dataclass

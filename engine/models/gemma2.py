@@ -16,9 +16,8 @@ import numpy as np
 from ..config import ModelConfig, base_config, swa_layers
 from ..gguf_file import GGUFFile
 from ..quants import QTensor
-from . import layers as L
 from .base import Architecture, bind_layer
-from .step import StepSpec
+from .spec import DecoderSpec, LayerSpec
 
 SWA_PATTERN = 2  # every 2nd layer is global
 SLIDING_WINDOW = 4096
@@ -70,21 +69,6 @@ def load_layer(f: GGUFFile, cfg: ModelConfig, il: int) -> Layer:
     return bind_layer(f, cfg, il, Layer)
 
 
-def embed(s: L.UbatchState, w) -> None:
-    L.embed(s, w, math.sqrt(s.cfg.n_embd))
-
-
-def head(s: L.UbatchState, w, out: np.ndarray, embeddings: bool) -> None:
-    L.head(s, w, out, embeddings, s.cfg.final_logit_softcap)
-
-
-def block(s: L.UbatchState, il: int, lw: Layer) -> None:
-    q, k, v = L.qkv(s, L.norm(s, s.x, lw.attn_norm), lw.attn_q, lw.attn_k, lw.attn_v)
-    o = L.attention(s, il, q, k, v, lw.attn_output, softcap=s.cfg.attn_logit_softcap)
-    s.x += L.norm(s, o, lw.post_attention_norm, o)
-    o = L.ffn(s, L.norm(s, s.x, lw.ffn_norm), lw.ffn_gate, lw.ffn_up, lw.ffn_down, "gelu")
-    s.x += L.norm(s, o, lw.post_ffw_norm, o)
-
-
-ARCH = Architecture("gemma2", config_from_gguf, load_layer, block, embed=embed, head=head,
-                    step=StepSpec(post_norms=True, act="gelu", attn_softcap=True))
+SPEC = DecoderSpec(LayerSpec(post_norms=True, act="gelu", attn_softcap=True),
+                   embed_scale="sqrt_n_embd", final_softcap=True)
+ARCH = Architecture("gemma2", config_from_gguf, load_layer, SPEC)

@@ -14,9 +14,8 @@ import numpy as np
 from ..config import ModelConfig, base_config, swa_layers
 from ..gguf_file import GGUFFile
 from . import gemma2
-from . import layers as L
 from .base import Architecture, bind_layer
-from .step import StepSpec
+from .spec import DecoderSpec, LayerSpec
 
 SWA_PATTERN = 6  # llama.cpp: every 6th layer is global, the others slide
 ROPE_BASE_SWA = 10000.0  # llama.cpp's default when the GGUF has no rope.freq_base_swa
@@ -60,16 +59,8 @@ def load_layer(f: GGUFFile, cfg: ModelConfig, il: int) -> Layer:
     return bind_layer(f, cfg, il, Layer)
 
 
-def block(s: L.UbatchState, il: int, lw: Layer) -> None:
-    q, k, v = L.qkv(s, L.norm(s, s.x, lw.attn_norm), lw.attn_q, lw.attn_k, lw.attn_v)
-    L.norm_heads(s, q, lw.attn_q_norm)
-    L.norm_heads(s, k, lw.attn_k_norm)
-    o = L.attention(s, il, q, k, v, lw.attn_output)
-    s.x += L.norm(s, o, lw.post_attention_norm, o)
-    o = L.ffn(s, L.norm(s, s.x, lw.ffn_norm), lw.ffn_gate, lw.ffn_up, lw.ffn_down, "gelu")
-    s.x += L.norm(s, o, lw.post_ffw_norm, o)
-
-
-# as gemma2: embeddings scaled by sqrt(n_embd), final logits soft-capped when the file says so
-ARCH = Architecture("gemma3", config_from_gguf, load_layer, block, embed=gemma2.embed, head=gemma2.head,
-                    step=StepSpec(qk_norm="head", post_norms=True, act="gelu"))
+# as gemma2 with per-head Q/K norms and no attention soft-cap: embeddings scaled by
+# sqrt(n_embd), final logits soft-capped when the file says so
+SPEC = DecoderSpec(LayerSpec(qk_norm="head", post_norms=True, act="gelu"),
+                   embed_scale="sqrt_n_embd", final_softcap=True)
+ARCH = Architecture("gemma3", config_from_gguf, load_layer, SPEC)

@@ -20,10 +20,9 @@ from ..config import swa_layers
 from ..errors import GGUFError
 from ..gguf_file import GGUFFile
 from ..quants import ExpertTensor, QTensor
-from . import layers as L
 from . import moe
 from .base import Architecture, bind_layer
-from .step import StepSpec
+from .spec import DecoderSpec, LayerSpec
 
 SWA_PATTERN = 2  # layer il slides when il % 2 == 0
 
@@ -74,13 +73,5 @@ def load_layer(f: GGUFFile, cfg: moe.MoeConfig, il: int) -> Layer:
                       **moe.moe_shapes(cfg))
 
 
-def block(s: L.UbatchState, il: int, lw: Layer) -> None:
-    h = L.norm(s, s.x, lw.attn_norm)
-    q, k, v = L.qkv(s, h, lw.attn_q, lw.attn_k, lw.attn_v, lw.attn_q_bias, lw.attn_k_bias, lw.attn_v_bias)
-    s.x += L.attention(s, il, q, k, v, lw.attn_output, sinks=lw.attn_sinks, bo=lw.attn_output_bias)
-    experts, _ = moe.layer_weights(lw)
-    s.x += moe.ffn(s, L.norm(s, s.x, lw.post_attention_norm), experts, s.cfg.moe)
-
-
-ARCH = Architecture("gpt-oss", config_from_gguf, load_layer, block,
-                    step=StepSpec(qkv_bias=True, moe=True, sinks=True, o_bias=True, ffn_norm="post_attention_norm"))
+SPEC = DecoderSpec(LayerSpec(qkv_bias=True, moe=True, sinks=True, o_bias=True, ffn_norm="post_attention_norm"))
+ARCH = Architecture("gpt-oss", config_from_gguf, load_layer, SPEC)

@@ -13,15 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import numpy as np
-
 from ..config import Rope, base_config, require_whole_head_rope
 from ..errors import UnsupportedArchError
 from ..gguf_file import GGUFFile
-from . import layers as L
 from .base import Architecture, rope_factors
-from .llama import Layer, LlamaConfig, load_layer
-from .step import StepSpec
+from .llama import LlamaConfig, load_layer
+from .spec import DecoderSpec, LayerSpec
 
 # scalar multipliers: 0 means "not set" for all but logit_scale, a divisor
 SCALE_RANGE = (0.0, 1e6)
@@ -61,27 +58,5 @@ def config_from_gguf(f: GGUFFile) -> GraniteConfig:
     return replace(cfg, rope_freqs=rope_factors(f, cfg, "rope_freqs.weight"))
 
 
-def embed(s: L.UbatchState, w) -> None:
-    L.embed(s, w, s.cfg.embedding_scale or 1.0)
-
-
-def head(s: L.UbatchState, w, out: np.ndarray, embeddings: bool) -> None:
-    L.head(s, w, out, embeddings)
-    if not embeddings:  # llama.cpp scales the logits only, not the embeddings it returns
-        out /= np.float32(s.cfg.logit_scale)
-
-
-def _residual(s: L.UbatchState, o: np.ndarray) -> np.ndarray:
-    if s.cfg.residual_scale:
-        o *= np.float32(s.cfg.residual_scale)
-    return o
-
-
-def block(s: L.UbatchState, il: int, lw: Layer) -> None:
-    q, k, v = L.qkv(s, L.norm(s, s.x, lw.attn_norm), lw.attn_q, lw.attn_k, lw.attn_v)
-    s.x += _residual(s, L.attention(s, il, q, k, v, lw.attn_output))
-    s.x += _residual(s, L.ffn(s, L.norm(s, s.x, lw.ffn_norm), lw.ffn_gate, lw.ffn_up, lw.ffn_down, "silu"))
-
-
-ARCH = Architecture("granite", config_from_gguf, load_layer, block, embed=embed, head=head,
-                    step=StepSpec(residual_scale=True))
+SPEC = DecoderSpec(LayerSpec(residual_scale=True), embed_scale="embedding_scale", logit_scale=True)
+ARCH = Architecture("granite", config_from_gguf, load_layer, SPEC)

@@ -14,9 +14,7 @@ import numpy as np
 from ..config import ModelConfig, base_config
 from ..gguf_file import GGUFFile
 from ..quants import QTensor
-from . import layers as L
 from .base import Architecture, bind_layer, rope_factors
-from .step import StepSpec
 
 
 @dataclass(frozen=True)
@@ -49,10 +47,5 @@ def load_layer(f: GGUFFile, cfg: ModelConfig, il: int) -> Layer:
     return bind_layer(f, cfg, il, Layer)
 
 
-def block(s: L.UbatchState, il: int, lw: Layer) -> None:
-    q, k, v = L.qkv(s, L.norm(s, s.x, lw.attn_norm), lw.attn_q, lw.attn_k, lw.attn_v)
-    s.x += L.attention(s, il, q, k, v, lw.attn_output)
-    s.x += L.ffn(s, L.norm(s, s.x, lw.ffn_norm), lw.ffn_gate, lw.ffn_up, lw.ffn_down, "silu")
-
-
-ARCH = Architecture("llama", config_from_gguf, load_layer, block, step=StepSpec())
+# the standard layer: x += attn(norm(x)); x += ffn(norm(x)) with SwiGLU (models/spec.py)
+ARCH = Architecture("llama", config_from_gguf, load_layer)

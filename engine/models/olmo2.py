@@ -23,9 +23,8 @@ import numpy as np
 from ..config import ModelConfig, Rope, base_config, require_whole_head_rope, swa_layers
 from ..gguf_file import GGUFFile
 from ..quants import QTensor
-from . import layers as L
 from .base import Architecture, bind_layer
-from .step import StepSpec
+from .spec import DecoderSpec, LayerSpec
 
 SWA_PATTERN = 4  # llama.cpp load_swa_pattern(ml, 4): layers 3, 7, ... are global
 
@@ -69,15 +68,5 @@ def load_layer(f: GGUFFile, cfg: ModelConfig, il: int) -> Layer:
     return bind_layer(f, cfg, il, Layer, attn_q_norm=(cfg.n_head * D,), attn_k_norm=(cfg.n_head_kv * D,))
 
 
-def block(s: L.UbatchState, il: int, lw: Layer) -> None:
-    q, k, v = L.qkv(s, s.x, lw.attn_q, lw.attn_k, lw.attn_v)
-    L.norm(s, s.q, lw.attn_q_norm, s.q)  # s.q, s.k: the (T, width) buffers behind q and k
-    L.norm(s, s.k, lw.attn_k_norm, s.k)
-    o = L.attention(s, il, q, k, v, lw.attn_output)
-    s.x += L.norm(s, o, lw.post_attention_norm, o)
-    o = L.ffn(s, s.x, lw.ffn_gate, lw.ffn_up, lw.ffn_down, "silu")
-    s.x += L.norm(s, o, lw.post_ffw_norm, o)
-
-
-ARCH = Architecture("olmo2", config_from_gguf, load_layer, block,
-                    step=StepSpec(qk_norm="whole", pre_norms=False, post_norms=True))
+ARCH = Architecture("olmo2", config_from_gguf, load_layer,
+                    DecoderSpec(LayerSpec(qk_norm="whole", pre_norms=False, post_norms=True)))

@@ -18,9 +18,8 @@ import numpy as np
 from ..config import ModelConfig, base_config
 from ..gguf_file import GGUFFile
 from ..quants import QTensor
-from . import layers as L
 from .base import Architecture, bind_layer, rope_factors
-from .step import StepSpec
+from .spec import DecoderSpec, LayerSpec
 
 
 @dataclass(frozen=True)
@@ -69,10 +68,4 @@ def load_layer(f: GGUFFile, cfg: ModelConfig, il: int) -> Layer:
     return bind_layer(f, cfg, il, Layer, ffn_up=(cfg.n_embd, 2 * cfg.n_ff))
 
 
-def block(s: L.UbatchState, il: int, lw: Layer) -> None:
-    q, k, v = L.qkv_fused(s, L.norm(s, s.x, lw.attn_norm), lw.attn_qkv)
-    s.x += L.attention(s, il, q, k, v, lw.attn_output)
-    s.x += L.ffn_fused(s, L.norm(s, s.x, lw.ffn_norm), lw.ffn_up, lw.ffn_down)
-
-
-ARCH = Architecture("phi3", config_from_gguf, load_layer, block, step=StepSpec(fused=True))
+ARCH = Architecture("phi3", config_from_gguf, load_layer, DecoderSpec(LayerSpec(fused=True)))

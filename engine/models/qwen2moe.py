@@ -12,10 +12,9 @@ import numpy as np
 
 from ..gguf_file import GGUFFile
 from ..quants import ExpertTensor, QTensor
-from . import layers as L
 from . import moe
 from .base import Architecture, bind_layer
-from .step import StepSpec
+from .spec import DecoderSpec, LayerSpec
 
 
 def config_from_gguf(f: GGUFFile) -> moe.MoeConfig:
@@ -58,15 +57,5 @@ def load_layer(f: GGUFFile, cfg: moe.MoeConfig, il: int) -> Layer:
     return bind_layer(f, cfg, il, cls, **moe.moe_shapes(cfg))
 
 
-def block(s: L.UbatchState, il: int, lw: Layer) -> None:
-    h = L.norm(s, s.x, lw.attn_norm)
-    if isinstance(lw, BiasedLayer):
-        q, k, v = L.qkv(s, h, lw.attn_q, lw.attn_k, lw.attn_v, lw.attn_q_bias, lw.attn_k_bias, lw.attn_v_bias)
-    else:
-        q, k, v = L.qkv(s, h, lw.attn_q, lw.attn_k, lw.attn_v)
-    s.x += L.attention(s, il, q, k, v, lw.attn_output)
-    experts, shared = moe.layer_weights(lw)
-    s.x += moe.ffn(s, L.norm(s, s.x, lw.ffn_norm), experts, s.cfg.moe, shared)
-
-
-ARCH = Architecture("qwen2moe", config_from_gguf, load_layer, block, step=StepSpec(qkv_bias=True, moe=True))
+# qkv_bias: where the layer has them (a BiasedLayer); the shared expert: moe.layer_weights
+ARCH = Architecture("qwen2moe", config_from_gguf, load_layer, DecoderSpec(LayerSpec(qkv_bias=True, moe=True)))

@@ -8,10 +8,9 @@ import numpy as np
 
 from ..config import ModelConfig, base_config
 from ..gguf_file import GGUFFile
-from . import layers as L
 from . import llama
 from .base import Architecture, bind_layer
-from .step import StepSpec
+from .spec import DecoderSpec, LayerSpec
 
 
 def config_from_gguf(f: GGUFFile) -> ModelConfig:
@@ -30,12 +29,4 @@ def load_layer(f: GGUFFile, cfg: ModelConfig, il: int) -> Layer:
     return bind_layer(f, cfg, il, Layer)
 
 
-def block(s: L.UbatchState, il: int, lw: Layer) -> None:
-    q, k, v = L.qkv(s, L.norm(s, s.x, lw.attn_norm), lw.attn_q, lw.attn_k, lw.attn_v)
-    L.norm_heads(s, q, lw.attn_q_norm)
-    L.norm_heads(s, k, lw.attn_k_norm)
-    s.x += L.attention(s, il, q, k, v, lw.attn_output)
-    s.x += L.ffn(s, L.norm(s, s.x, lw.ffn_norm), lw.ffn_gate, lw.ffn_up, lw.ffn_down, "silu")
-
-
-ARCH = Architecture("qwen3", config_from_gguf, load_layer, block, step=StepSpec(qk_norm="head"))
+ARCH = Architecture("qwen3", config_from_gguf, load_layer, DecoderSpec(LayerSpec(qk_norm="head")))

@@ -12,10 +12,9 @@ import numpy as np
 
 from ..gguf_file import GGUFFile
 from ..quants import ExpertTensor, QTensor
-from . import layers as L
 from . import moe
 from .base import Architecture, bind_layer
-from .step import StepSpec
+from .spec import DecoderSpec, LayerSpec
 
 
 def config_from_gguf(f: GGUFFile) -> moe.MoeConfig:
@@ -44,13 +43,4 @@ def load_layer(f: GGUFFile, cfg: moe.MoeConfig, il: int) -> Layer:
     return bind_layer(f, cfg, il, Layer, **moe.moe_shapes(cfg))
 
 
-def block(s: L.UbatchState, il: int, lw: Layer) -> None:
-    q, k, v = L.qkv(s, L.norm(s, s.x, lw.attn_norm), lw.attn_q, lw.attn_k, lw.attn_v)
-    L.norm_heads(s, q, lw.attn_q_norm)
-    L.norm_heads(s, k, lw.attn_k_norm)
-    s.x += L.attention(s, il, q, k, v, lw.attn_output)
-    experts, _ = moe.layer_weights(lw)
-    s.x += moe.ffn(s, L.norm(s, s.x, lw.ffn_norm), experts, s.cfg.moe)
-
-
-ARCH = Architecture("qwen3moe", config_from_gguf, load_layer, block, step=StepSpec(qk_norm="head", moe=True))
+ARCH = Architecture("qwen3moe", config_from_gguf, load_layer, DecoderSpec(LayerSpec(qk_norm="head", moe=True)))

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from ..config import ModelConfig, Rope, base_config, require_whole_head_rope
 from ..gguf_file import GGUFFile
 from .base import Architecture
-from .llama import block, load_layer
-from .step import StepSpec
+from .llama import load_layer
 
 NO_ROPE_LAYER_STEP = 4  # llama.cpp hparams.n_no_rope_layer_step for smollm3
 
@@ -40,5 +39,5 @@ def config_from_gguf(f: GGUFFile) -> SmolLM3Config:
     return cfg
 
 
-# llama's block, so llama's step (a NoPE layer's Rope has no pairs to turn)
-ARCH = Architecture("smollm3", config_from_gguf, load_layer, block, step=StepSpec())
+# llama's layer (a NoPE layer's Rope has no pairs to turn)
+ARCH = Architecture("smollm3", config_from_gguf, load_layer)

@@ -3,10 +3,11 @@
 A decode step of one token is ~12 small operations a layer (norms, fused mat-vecs, RoPE, the
 KV store, attention, residual adds). Run from Python, each pays for its glue and its numba
 dispatch: on SmolLM2 (30 layers) about 2 ms of a 10 ms token. An architecture whose block is
-the standard pre-norm decoder layer declares a `StepSpec`; for it this module writes, per
+described by a `LayerSpec` (models/spec.py: every architecture's is), this module writes, per
 combination of weight types, KV cache types and decode path, a small module whose one njit
-function calls the *same* kernels in the *same* order as the Python block (so the logits are
-bit for bit those of `block`; tests/test_decode_step.py checks every spec), and numba caches
+function calls the *same* kernels in the *same* order as the Python block (models/decoder.py;
+so the logits are bit for bit those of the block: tests/test_decode_step.py checks every
+architecture), and numba caches
 its machine code like any kernel's. Each context gets a one-token step per layer and, when it
 has several sequences, one for 2..MATVEC_MAX_TOKENS tokens (slots decoding together), both
 compiled (or loaded from the cache) with the context. A mixture-of-experts layer's step ends
@@ -33,90 +34,24 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numba
 import numpy as np
 from numba.core.registry import CPUDispatcher
 
 from .. import jit, ops
+from ..kv_cache import KVCache
 from ..quants import MATVEC_MAX_TOKENS, QUANT_TYPES, ExpertTensor, QTensor, decode_path, interleaved, path_op
 from ..quants._kern import _raw_rows
 from . import moe
+from .spec import LayerSpec
 
 log = logging.getLogger("ggstation.engine")
 
 MIN_LAYER_BYTES = 1 << 20
-
-
-@dataclass(frozen=True)
-class StepSpec:
-    """The standard decoder layer, with the variations the architectures that declare it have:
-
-    x += attn(norm(x)) [post-norm'd], x += ffn(norm(x)) [post-norm'd], with
-    qkv_bias: Q/K/V biases (attn_q_bias...; qwen2); qk_norm: RMSNorm of Q and K, "head" per
-    head (attn_q_norm, attn_k_norm; qwen3, gemma3) or "whole" over each whole projection
-    (olmo2); pre_norms: False when the sublayers read x unnormalised (olmo2, which has only
-    post-norms); post_norms: post_attention_norm and post_ffw_norm on each branch's output
-    (gemma2/3, olmo2); act: "silu" or "gelu"; attn_softcap: scores capped by
-    cfg.attn_logit_softcap (gemma2); fused: one Q|K|V weight (attn_qkv) and one gate|up weight
-    (ffn_up) with SwiGLU (phi3); residual_scale: each branch's output times
-    cfg.residual_scale before its add (granite); moe: the feed-forward is a mixture of experts
-    (qwen3moe, qwen2moe, gpt-oss; moe.ffn): the step ends with the router's logits,
-    moe.route picks the experts in Python, and a second compiled call runs them (one token;
-    moe.ffn for several), with the expert biases, activation and shared expert the layer and
-    cfg.moe have; qkv_bias then means "where the layer has them" (qwen2moe's are optional); sinks:
-    attention sinks (attn_sinks; gpt-oss); o_bias: the output projection's bias
-    (attn_output_bias; gpt-oss); ffn_norm: the layer's norm before the feed-forward
-    (gpt-oss calls it post_attention_norm).
-    """
-
-    qkv_bias: bool = False
-    qk_norm: str = ""
-    pre_norms: bool = True
-    post_norms: bool = False
-    act: str = "silu"
-    attn_softcap: bool = False
-    fused: bool = False
-    residual_scale: bool = False
-    moe: bool = False
-    sinks: bool = False
-    o_bias: bool = False
-    ffn_norm: str = "ffn_norm"
-
-    def __post_init__(self) -> None:
-        if self.qk_norm not in ("", "head", "whole") or self.act not in ("silu", "gelu"):
-            raise ValueError(f"unknown step variant {self}")
-        if self.fused and (self.act != "silu" or self.qkv_bias or self.qk_norm or self.post_norms):
-            raise ValueError(f"fused projections come with plain SwiGLU only: {self}")
-        if self.moe and (self.fused or self.post_norms or self.residual_scale or self.act != "silu"):
-            raise ValueError(f"MoE steps have pre-norms and the experts' own activation only: {self}")
-
-    @property
-    def aux(self) -> tuple[str, ...]:
-        """The layer's arrays the step reads from its `aux` tuple, in that order."""
-        names: tuple[str, ...] = ()
-        if self.qkv_bias:
-            names += ("attn_q_bias", "attn_k_bias", "attn_v_bias")
-        if self.qk_norm:
-            names += ("attn_q_norm", "attn_k_norm")
-        if self.post_norms:
-            names += ("post_attention_norm", "post_ffw_norm")
-        if self.o_bias:
-            names += ("attn_output_bias",)
-        return names
-
-    @property
-    def weights(self) -> tuple[str, ...]:
-        """The layer's weight names, in the step's wq, wk, wv, wo, wg, wu, wd order (a fused
-        weight fills the places of the ones it joins)."""
-        if self.fused:
-            return ("attn_qkv", "attn_qkv", "attn_qkv", "attn_output", "ffn_up", "ffn_up", "ffn_down")
-        if self.moe:  # the router in the feed-forward's places; the experts go to experts_step
-            return ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_inp", "ffn_gate_inp", "ffn_gate_inp")
-        return ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 
 def mode() -> str:
@@ -296,7 +231,7 @@ def _launches(src: _Source, ws: list[QTensor], args: list[str], x: str, outs: li
     return "\n".join(lines)
 
 
-def render(spec: StepSpec, lw, kdtype: np.dtype, vdtype: np.dtype, path: str, multi: bool = False) -> str:
+def render(spec: LayerSpec, lw, kdtype: np.dtype, vdtype: np.dtype, path: str, multi: bool = False) -> str:
     """The source of the step module for layer weights lw (the layer's qtypes decide which
     kernels it calls): for one token, or (multi) for 2..MATVEC_MAX_TOKENS."""
     src = _Source()
@@ -519,7 +454,7 @@ def _bufs(buf, T: int) -> tuple[np.ndarray, ...]:
     return tuple(have[n][:T] if n in have else np.empty((T, 0), np.float32) for n in _BUFFERS)
 
 
-def _servable(spec: StepSpec, lw, auto: bool, multi: bool, path: str) -> bool:
+def _servable(spec: LayerSpec, lw, auto: bool, multi: bool, path: str) -> bool:
     ws = [w for n in spec.weights if isinstance(w := getattr(lw, n, None), QTensor)]
     if len(ws) < len(spec.weights):  # an expert stack or a weight of another kind
         return False
@@ -547,7 +482,7 @@ def _experts_servable(w: moe.MoeWeights, sh: moe.SharedExpert | None, act: str) 
     return True
 
 
-def layer_spec(spec: StepSpec, lw) -> StepSpec:
+def layer_spec(spec: LayerSpec, lw) -> LayerSpec:
     """The architecture's spec as layer lw has it: Q/K/V biases are optional in some (qwen2moe)."""
     if spec.qkv_bias and getattr(lw, "attn_q_bias", None) is None:
         return replace(spec, qkv_bias=False)
@@ -560,7 +495,7 @@ class LayerSteps:
     change from token to token. The several-token ones are made for contexts with several
     sequences, whose slots decode together."""
 
-    def __init__(self, ctx, spec: StepSpec, path: str):
+    def __init__(self, ctx: StepContext, spec: LayerSpec, path: str):
         self.kv, self.path, self.buf = ctx.kv, path, ctx.buf
         cfg, kv = ctx.cfg, ctx.kv
         auto = mode() == "auto"
@@ -714,25 +649,37 @@ class UbatchSteps:
         return True
 
 
-def for_context(ctx) -> LayerSteps | None:
+class StepContext(Protocol):
+    """What the layer steps read of a context (engine.context.Context), and where they are
+    kept: the context owns them in `layer_steps`, this module builds and rebuilds them."""
+
+    model: Any  # engine.model.Model: its arch.spec and weights.layers
+    cfg: Any  # a ModelConfig subclass: the spec's flags read its fields (moe, attn_logit_softcap...)
+    kv: KVCache
+    buf: Any  # context.Buffers
+    n_seq_max: int
+    n_ubatch: int
+    layer_steps: LayerSteps | None
+
+
+def for_context(ctx: StepContext) -> LayerSteps | None:
     """The context's layer steps (built with the context, rebuilt when the KV cache or the
     decode path changes), or None where none serves."""
-    spec = ctx.model.arch.step
-    if spec is None or mode() == "0":
+    if mode() == "0":
         return None
     path = decode_path()
-    steps = getattr(ctx, "_layer_steps", None)
+    steps = ctx.layer_steps
     if steps is None or steps.kv is not ctx.kv or steps.path != path:
         try:
-            steps = LayerSteps(ctx, spec, path)
+            steps = LayerSteps(ctx, ctx.model.arch.spec.layer, path)
         except Exception as e:  # no writable directory, or a step numba cannot build: a bug, but
             # decoding through the Python blocks still gives the same logits (tests force steps on)
             log.warning("compiled decode steps unavailable (%s: %s); decoding through the Python blocks",
                         type(e).__name__, e)
             steps = None
-        ctx._layer_steps = steps
+        ctx.layer_steps = steps
     return steps if steps is not None and steps.any else None
 
 
-__all__ = ["StepSpec", "LayerSteps", "UbatchSteps", "for_context", "load_step", "prune", "render", "render_experts",
-           "mode"]
+__all__ = ["LayerSpec", "LayerSteps", "StepContext", "UbatchSteps", "for_context", "load_step", "prune", "render",
+           "render_experts", "mode"]

@@ -3,16 +3,28 @@ independent of the engine (they read the GGUF with gguf-py only)."""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+from types import ModuleType
+
 import numpy as np
 
-from . import gemma2, gemma3, gpt_oss, granite, llama, olmo2, phi3, qwen2, qwen2moe, qwen3, qwen3moe, smollm3
 from .common import GGUFModel
 
-ORACLES = {
-    "llama": llama, "qwen2": qwen2, "qwen3": qwen3, "gemma2": gemma2, "gemma3": gemma3, "phi3": phi3,
-    "smollm3": smollm3, "olmo2": olmo2, "granite": granite, "qwen3moe": qwen3moe, "qwen2moe": qwen2moe,
-    "gpt-oss": gpt_oss,
-}
+
+def _discover() -> dict[str, ModuleType]:
+    """Every module here with a forward(m, tokens, n_ctx_seq), by architecture name (the
+    module's, "_" read as "-": gpt_oss.py is "gpt-oss"), so an architecture's oracle is one
+    file."""
+    found = {}
+    for info in pkgutil.iter_modules(__path__):
+        mod = importlib.import_module(f"{__name__}.{info.name}")
+        if callable(getattr(mod, "forward", None)):
+            found[info.name.replace("_", "-")] = mod
+    return found
+
+
+ORACLES = _discover()
 
 
 def oracle_logits(path, tokens, n_ctx_seq: int) -> np.ndarray:

@@ -23,6 +23,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ...buffers import buffer_shapes, compute_buffer_bytes
 from ...config import ModelConfig
+from ...models.spec import DecoderSpec
 from ...quants import QTensor, matmul
 from ..base import gpu_placement
 from . import shaders
@@ -36,7 +37,8 @@ Op = Callable[[int], None]  # one GL step of a layer, given the ubatch's token c
 
 @dataclass(frozen=True)
 class ArchPlan:
-    """What the GL backend needs to know of an architecture it runs."""
+    """What the GL backend needs to know of an architecture it runs: the part of its
+    DecoderSpec (models/spec.py) that its shaders implement; gl_plan derives it."""
 
     act: str  # "silu" or "gelu"
     post_norms: bool  # gemma: attention and FFN outputs normed before the residual add
@@ -44,6 +46,7 @@ class ArchPlan:
     final_softcap: Callable[[ModelConfig], float] = lambda cfg: 0.0  # logits soft-cap
     attn_softcap: Callable[[ModelConfig], float] = lambda cfg: 0.0  # attention scores soft-cap
     qkv_bias: bool = False  # attn_q_bias, attn_k_bias, attn_v_bias (qwen2)
+    ffn_norm: str = "ffn_norm"  # the layer's norm before the feed-forward
 
 
 def _final_softcap(cfg) -> float:
@@ -54,24 +57,40 @@ def _attn_softcap(cfg) -> float:
     return float(cfg.attn_logit_softcap)
 
 
-# the architectures whose blocks these flags describe exactly (engine/models/<name>.py)
-ARCH_PLANS = {
-    "llama": ArchPlan("silu", False, False),
-    "qwen2": ArchPlan("silu", False, False, qkv_bias=True),
-    "qwen3": ArchPlan("silu", False, True),
-    "gemma2": ArchPlan("gelu", True, False, _final_softcap, _attn_softcap),
-    "gemma3": ArchPlan("gelu", True, True, _final_softcap),
-}
+def spec_reason(spec: DecoderSpec) -> str:
+    """Which part of the description the GL backend does not implement ("" when none): the
+    one place that decides which architectures it runs (the rest is config-level, in
+    unsupported_reason)."""
+    layer = spec.layer
+    missing = [name for name, used in (
+        ("fused Q|K|V and gate|up weights", layer.fused), ("a mixture of experts", layer.moe),
+        ("residual scaling", layer.residual_scale), ("attention sinks", layer.sinks),
+        ("an output projection bias", layer.o_bias), ("Q/K norms over whole projections", layer.qk_norm == "whole"),
+        ("sublayers without pre-norms", not layer.pre_norms), ("logit scaling", spec.logit_scale)) if used]
+    return ", ".join(missing)
+
+
+def gl_plan(spec: DecoderSpec) -> ArchPlan:
+    """The GL plan of a description spec_reason accepts."""
+    assert not spec_reason(spec), spec
+    layer = spec.layer
+    caps = dict(final_softcap=_final_softcap) if spec.final_softcap else {}
+    caps |= dict(attn_softcap=_attn_softcap) if layer.attn_softcap else {}
+    return ArchPlan(layer.act, layer.post_norms, layer.qk_norm == "head", qkv_bias=layer.qkv_bias,
+                    ffn_norm=layer.ffn_norm, **caps)
 
 
 def unsupported_reason(model) -> str:
     """Why this model cannot offload at all ("" when it can)."""
-    if model.arch.name not in ARCH_PLANS:
-        return (f"architecture {model.arch.name} has no OpenGL implementation "
-                f"(supported: {', '.join(ARCH_PLANS)})")
+    missing = spec_reason(model.arch.spec)
+    if missing:
+        return f"architecture {model.arch.name} has no OpenGL implementation (OpenGL lacks {missing})"
     cfg = model.cfg
     if cfg.head_dim % 2 or cfg.head_dim_v % 2 or max(cfg.head_dim, cfg.head_dim_v) > shaders.ATTN_MAX_DIM:
         return f"head size {cfg.head_dim} is not supported by the OpenGL attention shader"
+    # the RoPE shader turns rope_dim / 2 pairs on every layer (smollm3's NoPE layers turn none)
+    if any(cfg.layer_rope(il, cfg.n_ctx_train).n_rot != cfg.rope_dim for il in range(cfg.n_layer)):
+        return f"architecture {model.arch.name} has layers without RoPE, which OpenGL does not implement"
     return ""
 
 
@@ -130,7 +149,7 @@ class GpuModel:
     def __init__(self, ctx: GLContext, dev: GLDevice, model, n_gpu_layers: int):
         cfg = model.cfg
         self.ctx, self.dev, self.cfg = ctx, dev, cfg
-        self.plan = ARCH_PLANS[model.arch.name]
+        self.plan = gl_plan(model.arch.spec)
         self.first_layer, self.head = gpu_placement(cfg.n_layer, n_gpu_layers)
         self.n_layers = cfg.n_layer - self.first_layer
         self.host_bytes = 0  # bytes of the file now served from the GPU
@@ -430,7 +449,7 @@ class GpuContext:
             ops.append(g(lambda T: self._norm_rows(T, "o", "x", lw["post_attention_norm"], mode=1)))
         else:
             ops.append(self._mm(lw["attn_output"], "attn", "x", acc=True))
-        ops.append(g(lambda T: self._norm_rows(T, "x", "h", lw["ffn_norm"])))
+        ops.append(g(lambda T: self._norm_rows(T, "x", "h", lw[plan.ffn_norm])))
         ops += [self._mm(lw["ffn_gate"], "h", "gate"), self._mm(lw["ffn_up"], "h", "up")]
         F, kind = cfg.n_ff, 0 if plan.act == "silu" else 1
         ops.append(g(lambda T: dev.dispatch("gated_act", groups_1d(T * F), (sc,),
