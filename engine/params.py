@@ -4,8 +4,9 @@ Each entry point (serve, chat, generate, bench, perplexity, the GUI's defaults) 
 parser from the `add_*_args` functions below, so a flag has one name, one default and one
 check everywhere. Flags keep llama.cpp's names and defaults and appear under llama.cpp's
 --help groups: 'common params', 'sampling params', 'example-specific params'.
-`to_sampling_params(args)` and `to_context_params(args)` turn the parsed namespace into the
-engine's parameter objects.
+`common_params(args)` turns the parsed namespace into the typed CommonParams once; the
+commands pass that down, and `to_context_params(p)` / `init_params(p, ...)` turn it into the
+engine's parameter objects (`to_sampling_params(args)` makes its SamplingParams).
 
 Usage errors exit with status 1 (llama.cpp's), not argparse's 2, when the parser is an
 `ArgumentParser` from this module.
@@ -14,13 +15,14 @@ Usage errors exit with status 1 (llama.cpp's), not argparse's 2, when the parser
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .errors import EngineError
 from .sampling import SamplingParams, sampler_names
@@ -463,57 +465,121 @@ def n_slots(parallel: int) -> int:
     return AUTO_SLOTS if parallel < 0 else parallel
 
 
-def to_context_params(args: argparse.Namespace, **overrides: object) -> ContextParams:
-    """ContextParams from flags parsed by a parser that has the context group; -np -1 (auto)
-    gives AUTO_SLOTS sequences sharing a unified cache, as llama.cpp's server does."""
+@dataclass(frozen=True)
+class CommonParams:
+    """The shared flags' values, typed (llama.cpp's common_params): what a generating
+    command (generate, chat, serve) passes down instead of its argparse namespace. Built once
+    by common_params(args); a flag the command does not take keeps llama.cpp's default."""
+
+    model: str | None = None
+    hf_repo: str | None = None
+    hf_file: str | None = None
+    hf_token: str | None = None
+    n_threads: int = -1
+    n_ctx: int = 4096  # 0: the model's training context
+    n_batch: int = 2048
+    n_ubatch: int = 512
+    n_parallel: int = 1  # -1: auto (AUTO_SLOTS and a unified cache)
+    kv_unified: bool = False
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    n_keep: int = 0
+    context_shift: bool = False
+    n_predict: int = -1
+    prompt: str | None = None
+    prompt_file: str | None = None
+    antiprompt: tuple[str, ...] = ()  # -r/--reverse-prompt
+    verbose: bool = False
+    sampling: SamplingParams = _DEFAULTS
+    system_prompt: str | None = None
+    chat_template: str | None = None
+    chat_template_file: str | None = None
+    use_jinja: bool = True
+    n_gpu_layers: int = 0
+    device: str | None = None
+    mem_check: bool = True  # --no-mem-check turns it off
+
+    @property
+    def n_slots(self) -> int:
+        return n_slots(self.n_parallel)
+
+
+# flag dest -> CommonParams field, for the flags whose names differ from llama.cpp's fields
+_FIELD_OF_DEST = {
+    "threads": "n_threads", "ctx_size": "n_ctx", "batch_size": "n_batch", "ubatch_size": "n_ubatch",
+    "parallel": "n_parallel", "keep": "n_keep", "file": "prompt_file", "jinja": "use_jinja",
+    "stop": "antiprompt",
+}
+_FIELDS = frozenset(f.name for f in dataclasses.fields(CommonParams))
+
+
+def common_params(args: argparse.Namespace) -> CommonParams:
+    """The CommonParams of a parser built from this module's argument sets: the one place a
+    namespace's shared flags are read (the sampling flags through to_sampling_params)."""
+    kw: dict[str, Any] = {}
+    for dest, value in vars(args).items():
+        name = _FIELD_OF_DEST.get(dest, dest)
+        if name in _FIELDS and name != "sampling":
+            kw[name] = value
+    if "antiprompt" in kw:
+        kw["antiprompt"] = tuple(kw["antiprompt"])
+    if "no_mem_check" in vars(args):
+        kw["mem_check"] = not args.no_mem_check
+    if "temp" in vars(args):  # the parser has the sampling group
+        kw["sampling"] = to_sampling_params(args)
+    return CommonParams(**kw)
+
+
+def to_context_params(p: CommonParams, **overrides: object) -> ContextParams:
+    """ContextParams of the shared flags; -np -1 (auto) gives AUTO_SLOTS sequences sharing a
+    unified cache, as llama.cpp's server does."""
     from .context import ContextParams
 
     kw: dict[str, object] = dict(
-        n_ctx=args.ctx_size,
-        n_batch=args.batch_size,
-        n_ubatch=min(args.ubatch_size, args.batch_size),
-        n_seq_max=n_slots(args.parallel),
-        type_k=args.cache_type_k,
-        type_v=args.cache_type_v,
-        kv_unified=args.kv_unified or args.parallel < 0,
+        n_ctx=p.n_ctx,
+        n_batch=p.n_batch,
+        n_ubatch=min(p.n_ubatch, p.n_batch),
+        n_seq_max=p.n_slots,
+        type_k=p.cache_type_k,
+        type_v=p.cache_type_v,
+        kv_unified=p.kv_unified or p.n_parallel < 0,
+        check_memory=p.mem_check,
     )
     kw.update(overrides)
     return ContextParams(**kw)  # type: ignore[arg-type]
 
 
-def init_params(args: argparse.Namespace, n_threads: int | None,
-                scheduler: SchedulerParams | None = None) -> InitParams:
-    """The InitParams (engine/init.py) of a parser with the context, GPU and memory-check flags."""
+def init_params(p: CommonParams, n_threads: int | None, scheduler: SchedulerParams | None = None) -> InitParams:
+    """The InitParams (engine/init.py) of the shared flags, with the thread count in use."""
     from .init import InitParams
 
-    context = to_context_params(args, check_memory=not args.no_mem_check)
-    return InitParams(context, n_threads=n_threads, n_gpu_layers=args.n_gpu_layers, device=args.device,
+    return InitParams(to_context_params(p), n_threads=n_threads, n_gpu_layers=p.n_gpu_layers, device=p.device,
                       scheduler=scheduler)
 
 
-def read_prompt(args: argparse.Namespace) -> str | None:
+def read_prompt(p: CommonParams) -> str | None:
     """The prompt from -p or -f (None when neither is given).
 
     Raises:
         EngineError: both were given, or the file cannot be read.
     """
-    if args.prompt is not None and args.file is not None:
+    if p.prompt is not None and p.prompt_file is not None:
         raise EngineError("use either -p/--prompt or -f/--file, not both")
-    if args.file is None:
-        return args.prompt
+    if p.prompt_file is None:
+        return p.prompt
     try:
-        return Path(args.file).read_text(encoding="utf-8")
+        return Path(p.prompt_file).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise EngineError(f"cannot read prompt file '{args.file}': {e}") from None
+        raise EngineError(f"cannot read prompt file '{p.prompt_file}': {e}") from None
 
 
-def chat_template_override(args: argparse.Namespace) -> str | None:
+def chat_template_override(p: CommonParams) -> str | None:
     """--chat-template (text or name) or the contents of --chat-template-file, or None.
 
     Raises:
         EngineError: both flags were given, or the file cannot be read.
     """
-    text, path = args.chat_template, args.chat_template_file
+    text, path = p.chat_template, p.chat_template_file
     if text is not None and path is not None:
         raise EngineError("use either --chat-template or --chat-template-file, not both")
     if path is None:
@@ -544,10 +610,11 @@ class ModelSource:
     n_ctx: int | None = None  # the context the Hub's fit estimate is made for (None: the default)
 
 
-def model_source(args: argparse.Namespace, n_ctx: int | None = None) -> ModelSource:
-    """The ModelSource of a parser with -m and the -hf flags. LLAMA_ARG_HF_REPO stands for -hf
-    when neither -m nor -hf is given, and LLAMA_ARG_HF_FILE for -hff with a repository (read
-    here only)."""
+def model_source(args: argparse.Namespace | CommonParams, n_ctx: int | None = None) -> ModelSource:
+    """The ModelSource of -m and the -hf flags (a namespace of a parser that has them, or the
+    CommonParams made of one). LLAMA_ARG_HF_REPO stands for -hf when neither -m nor -hf is
+    given, and LLAMA_ARG_HF_FILE for -hff with a repository (read here only).
+    `n_ctx`: the context the Hub's fit estimate is made for (None: its default)."""
     repo = args.hf_repo
     if repo is None and not args.model:
         repo = os.environ.get("LLAMA_ARG_HF_REPO") or None

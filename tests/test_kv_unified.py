@@ -114,7 +114,7 @@ def test_kv_unified_flag_rules(argv, n_seq, unified):
     from engine.commands import serve
 
     sub = argparse.ArgumentParser().add_subparsers()
-    p = params.to_context_params(serve.add_parser(sub).parse_args(argv))
+    p = params.to_context_params(params.common_params(serve.add_parser(sub).parse_args(argv)))
     assert (p.n_seq_max, p.kv_unified) == (n_seq, unified)
 
 

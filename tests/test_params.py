@@ -22,6 +22,10 @@ def parse(*argv):
     return make_parser().parse_args(list(argv))
 
 
+def common(args) -> params.CommonParams:
+    return params.common_params(args)
+
+
 def usage_error(capsys, *argv) -> str:
     with pytest.raises(SystemExit) as e:
         parse(*argv)
@@ -67,11 +71,23 @@ def test_negative_temperature_is_greedy():
 
 
 def test_to_context_params():
-    cp = params.to_context_params(parse("-c", "0", "-b", "128", "-ub", "512", "-ctk", "f32"))
+    cp = params.to_context_params(common(parse("-c", "0", "-b", "128", "-ub", "512", "-ctk", "f32")))
     assert (cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.type_k, cp.type_v) == (0, 128, 128, "f32", "f16")
     assert (cp.n_seq_max, cp.kv_unified) == (1, False)
-    cp = params.to_context_params(parse("-np", "-1"))
+    cp = params.to_context_params(common(parse("-np", "-1")))
     assert (cp.n_seq_max, cp.kv_unified) == (4, True)
+
+
+def test_common_params_are_the_flags_typed():
+    parser = make_parser()
+    params.add_gpu_args(parser)
+    params.add_mem_check_arg(parser)
+    p = common(parser.parse_args(["-m", "x.gguf", "-c", "0", "-np", "-1", "-t", "2", "--keep", "-1", "-f", "p.txt",
+                                  "-r", "STOP", "--no-jinja", "--temp", "0", "--no-mem-check", "-ngl", "3"]))
+    assert (p.model, p.n_ctx, p.n_parallel, p.n_slots, p.n_threads, p.n_keep) == ("x.gguf", 0, -1, 4, 2, -1)
+    assert (p.prompt_file, p.antiprompt, p.use_jinja, p.mem_check, p.n_gpu_layers) == ("p.txt", ("STOP",), False,
+                                                                                       False, 3)
+    assert p.sampling.greedy and common(parse()) == params.CommonParams()
 
 
 @pytest.mark.parametrize(
@@ -113,23 +129,23 @@ def test_parse_logit_bias():
 def test_read_prompt(tmp_path):
     f = tmp_path / "p.txt"
     f.write_text("from file", encoding="utf-8")
-    assert params.read_prompt(parse("-p", "hello")) == "hello"
-    assert params.read_prompt(parse("-f", str(f))) == "from file"
-    assert params.read_prompt(parse()) is None
+    assert params.read_prompt(common(parse("-p", "hello"))) == "hello"
+    assert params.read_prompt(common(parse("-f", str(f)))) == "from file"
+    assert params.read_prompt(common(parse())) is None
     with pytest.raises(EngineError, match="not both"):
-        params.read_prompt(parse("-p", "x", "-f", str(f)))
+        params.read_prompt(common(parse("-p", "x", "-f", str(f))))
     with pytest.raises(EngineError, match="cannot read"):
-        params.read_prompt(parse("-f", str(tmp_path / "missing.txt")))
+        params.read_prompt(common(parse("-f", str(tmp_path / "missing.txt"))))
 
 
 def test_chat_template_override(tmp_path):
     f = tmp_path / "t.jinja"
     f.write_text("{{ x }}", encoding="utf-8")
-    assert params.chat_template_override(parse("--chat-template", "chatml")) == "chatml"
-    assert params.chat_template_override(parse("--chat-template-file", str(f))) == "{{ x }}"
-    assert params.chat_template_override(parse()) is None
+    assert params.chat_template_override(common(parse("--chat-template", "chatml"))) == "chatml"
+    assert params.chat_template_override(common(parse("--chat-template-file", str(f)))) == "{{ x }}"
+    assert params.chat_template_override(common(parse())) is None
     with pytest.raises(EngineError, match="not both"):
-        params.chat_template_override(parse("--chat-template", "a", "--chat-template-file", str(f)))
+        params.chat_template_override(common(parse("--chat-template", "a", "--chat-template-file", str(f))))
 
 
 def test_missing_model_is_a_clear_error():

@@ -332,9 +332,9 @@ def test_no_prefill_assistant_takes_the_last_message_whole():
 
 
 def test_no_jinja_renders_the_builtin_format_the_template_matches():
-    import argparse
     from types import SimpleNamespace
 
+    from engine.params import CommonParams
     from engine.server.startup import chat_template as _chat_template
 
     src = ("{% if messages[0]['role'] != 'system' %}<|im_start|>system\nDefault<|im_end|>\n{% endif %}"
@@ -342,10 +342,9 @@ def test_no_jinja_renders_the_builtin_format_the_template_matches():
            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
     model = SimpleNamespace(gguf={"tokenizer.chat_template": src})
     msgs = [{"role": "user", "content": "hi"}]
-    args = argparse.Namespace(chat_template=None, chat_template_file=None, jinja=False)
-    assert _chat_template(args, model).render(msgs) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
-    args.jinja = True
-    assert _chat_template(args, model).render(msgs).startswith("<|im_start|>system\nDefault")
+    p = CommonParams(use_jinja=False)
+    assert _chat_template(p, model).render(msgs) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert _chat_template(CommonParams(), model).render(msgs).startswith("<|im_start|>system\nDefault")
 
 
 def test_extra_sampler_fields_reach_the_chain(client):

@@ -216,7 +216,7 @@ def estimate_bytes(args: argparse.Namespace, n_slots: int, path: Path | None) ->
     info = inspect_model(path)
     if not info.ok:
         return int(os.path.getsize(path) * UNKNOWN_SIZE_FACTOR)
-    cp = params.to_context_params(args, n_seq_max=n_slots)
+    cp = params.to_context_params(params.common_params(args), n_seq_max=n_slots)
     est = info.estimate(n_ctx=cp.n_ctx, n_seq_max=cp.n_seq_max, type_k=cp.type_k, type_v=cp.type_v,
                         n_ubatch=cp.n_ubatch, n_batch=cp.n_batch, kv_unified=cp.kv_unified)
     return int(est.total_bytes)

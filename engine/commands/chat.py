@@ -155,17 +155,18 @@ def load_messages(path: str) -> list[dict]:
 def run(args: argparse.Namespace) -> int:
     from ..tokenizer.chat_template import ChatTemplate  # jinja2: not loaded for the other commands
 
-    template_override = params.chat_template_override(args)
-    model, ctx = load_for_generation(args)
+    p = params.common_params(args)
+    template_override = params.chat_template_override(p)
+    model, ctx = load_for_generation(p)
     template = ChatTemplate.from_gguf(model.gguf, override=template_override)
     chat = ChatSession(
-        ctx, model.tokenizer, template, params.to_sampling_params(args), system_prompt=args.system_prompt,
-        n_predict=args.n_predict, keep=args.keep, context_shift=args.context_shift,
+        ctx, model.tokenizer, template, p.sampling, system_prompt=p.system_prompt,
+        n_predict=p.n_predict, keep=p.n_keep, context_shift=p.context_shift,
     )
     flag = InterruptFlag().install()
     if not sys.stdin.isatty():
-        return _run_once(chat, flag, args.verbose)
-    return _run_interactive(chat, flag, args.verbose)
+        return _run_once(chat, flag, p.verbose)
+    return _run_interactive(chat, flag, p.verbose)
 
 
 def _run_once(chat: ChatSession, flag: InterruptFlag, verbose: bool) -> int:

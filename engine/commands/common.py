@@ -12,7 +12,7 @@ from pathlib import Path
 from .. import params
 
 
-def model_path(args: argparse.Namespace, n_ctx: int | None = None) -> Path:
+def model_path(args: argparse.Namespace | params.CommonParams, n_ctx: int | None = None) -> Path:
     """The model of -m/-hf as a local path; a Hub download shows its fit table and a progress
     bar on stderr (hub_pull.ConsoleReport). `n_ctx`: the context the fit is estimated for."""
     from ..hub.pull import resolve_model_path

@@ -33,10 +33,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    prompt = params.read_prompt(args)
+    p = params.common_params(args)
+    prompt = params.read_prompt(p)
     if prompt is None:
         raise EngineError("no prompt given: use -p/--prompt TEXT or -f/--file FNAME")
-    model, ctx = load_for_generation(args)
+    model, ctx = load_for_generation(p)
     tokens = model.tokenizer.encode(prompt, add_special=True, parse_special=True)
     tokens = ensure_not_empty(tokens, model.tokenizer)
     flag = InterruptFlag().install()
@@ -46,8 +47,8 @@ def run(args: argparse.Namespace) -> int:
     out = sys.stdout
     last = None
     for last in generate(
-        ctx, model.tokenizer, tokens, params.to_sampling_params(args), n_predict=args.n_predict,
-        stop=args.stop, n_keep=args.keep, context_shift=args.context_shift, cancel=flag.event,
+        ctx, model.tokenizer, tokens, p.sampling, n_predict=p.n_predict,
+        stop=list(p.antiprompt), n_keep=p.n_keep, context_shift=p.context_shift, cancel=flag.event,
     ):
         if last.text_delta:
             out.write(last.text_delta)
@@ -63,18 +64,18 @@ def run(args: argparse.Namespace) -> int:
 # -- shared with engine/commands/chat.py ---------------------------------------------------
 
 
-def load_for_generation(args: argparse.Namespace):
+def load_for_generation(p: params.CommonParams):
     """Seed start-up steps 2-3: initialise the backend, load the model, create the context."""
     from ..init import init_from_params
 
     try:
-        n_threads = init_threads(args.threads)
-        path = model_path(args, args.ctx_size)
-        loaded = init_from_params(path, params.init_params(args, n_threads))
+        n_threads = init_threads(p.n_threads)
+        path = model_path(p, p.n_ctx)
+        loaded = init_from_params(path, params.init_params(p, n_threads))
         model, ctx = loaded.model, loaded.ctx
     finally:
         resume_collector()  # paused by engine.cli.main for the process's own generate/chat
-    if args.verbose:
+    if p.verbose:
         cfg = model.cfg
         print(
             f"loaded {path} ({cfg.arch}, {cfg.n_layer} layers, n_vocab {cfg.n_vocab}); "

@@ -57,9 +57,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.model and params.model_source(args).hf_repo is None:
         return run_router(args)
     _clamp_batch(args)  # 2.
-    n_slots = params.n_slots(args.parallel)  # 3. auto parallelism
-    n_threads = _init_backend(args)  # 4.-5.
-    options = startup.server_options(args)
+    p = params.common_params(args)  # the shared flags, typed, passed down from here
+    n_slots = p.n_slots  # 3. auto parallelism
+    n_threads = _init_backend(p)  # 4.-5.
+    options = startup.server_options(args, p)
     from ..server import ServerState, listen
 
     state = ServerState(options)  # 6. server context (the scheduler joins it once loaded)
@@ -70,9 +71,9 @@ def run(args: argparse.Namespace) -> int:
 
         start_child_monitor(lambda: os.kill(os.getpid(), signal.SIGTERM))
     print(f"main: server is listening on {handle.url} - loading the model", file=sys.stderr)
-    _discover_devices(args.n_gpu_layers != 0)  # 4. the registry, while /health answers "loading"
+    _discover_devices(p.n_gpu_layers != 0)  # 4. the registry, while /health answers "loading"
     try:
-        scheduler = startup.load(args, state, model_path(args, args.ctx_size), n_threads)  # 10.
+        scheduler = startup.load(args, p, state, model_path(p, p.n_ctx), n_threads)  # 10.
     except KeyboardInterrupt:
         handle.stop(2.0)
         return 130
@@ -101,9 +102,9 @@ def _clamp_batch(args) -> None:
         args.batch_size = args.ubatch_size
 
 
-def _init_backend(args) -> int:
-    n_threads = init_threads(args.threads)
-    gpu = f", offloading {args.n_gpu_layers} layers (-ngl)" if args.n_gpu_layers != 0 else ""
+def _init_backend(p: params.CommonParams) -> int:
+    n_threads = init_threads(p.n_threads)
+    gpu = f", offloading {p.n_gpu_layers} layers (-ngl)" if p.n_gpu_layers != 0 else ""
     print(f"main: backend numba-cpu, {n_threads} threads{gpu}", file=sys.stderr)
     return n_threads
 

@@ -29,6 +29,7 @@ log = logging.getLogger("ggstation.serve")
 
 
 def setup_logging(args: argparse.Namespace) -> None:
+    """-v: the server's INFO lines on stderr; WARNING and above otherwise."""
     level = logging.INFO if args.verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 
@@ -97,8 +98,8 @@ def _template_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return kwargs
 
 
-def server_options(args: argparse.Namespace) -> ServerOptions:
-    """The ServerOptions of parsed `serve` flags.
+def server_options(args: argparse.Namespace, p: params.CommonParams | None = None) -> ServerOptions:
+    """The ServerOptions of parsed `serve` flags (`p`: their CommonParams, when made already).
 
     Raises:
         EngineError: bad --chat-template-kwargs, an unreadable --api-key-file, a
@@ -106,6 +107,7 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
     """
     from .state import ServerOptions
 
+    p = p or params.common_params(args)
     kwargs = _template_kwargs(args)
     cors = flags.cors_origins(args)
     keys = _api_keys(args)
@@ -127,12 +129,12 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
         pooling=args.pooling,
         embd_normalize=args.embd_normalize,
         cache_prompt=args.cache_prompt,
-        n_predict=args.n_predict,
+        n_predict=p.n_predict,
         max_body_bytes=int(args.max_body_mib * 1024 * 1024),
-        default_sampling=params.to_sampling_params(args),
+        default_sampling=p.sampling,
         chat_template_kwargs=kwargs,
         api_prefix=args.api_prefix or "",
-        verbose=bool(args.verbose),
+        verbose=p.verbose,
         prefill_assistant=args.prefill_assistant,
         slot_save_path=_slot_save_path(args),
         sleep_idle_seconds=args.sleep_idle_seconds,
@@ -160,40 +162,38 @@ def build_app(state: ServerState):
     return app
 
 
-def load(args: argparse.Namespace, state: ServerState, path: Path, n_threads: int) -> Scheduler:
+def load(args: argparse.Namespace, p: params.CommonParams, state: ServerState, path: Path,
+         n_threads: int) -> Scheduler:
     """The model at `path` loaded with its context and scheduler (-np -1: params.AUTO_SLOTS),
-    made the state's; the scheduler is not started.
+    made the state's; the scheduler is not started. `args`: the server's own flags."""
 
-    Raises:
-        EngineError: the model cannot be loaded, or a --chat-template cannot be used.
-    """
     from ..init import SchedulerParams, init_from_params
 
     t0 = time.perf_counter()
-    slots = SchedulerParams(params.n_slots(args.parallel), slot_prompt_similarity=args.slot_prompt_similarity,
-                            context_shift=args.context_shift, n_keep=args.keep)
-    loaded = init_from_params(path, params.init_params(args, n_threads, slots))
+    slots = SchedulerParams(p.n_slots, slot_prompt_similarity=args.slot_prompt_similarity,
+                            context_shift=p.context_shift, n_keep=p.n_keep)
+    loaded = init_from_params(path, params.init_params(p, n_threads, slots))
     assert loaded.scheduler is not None
-    state.set_ready(loaded.scheduler, chat_template(args, loaded.model))
+    state.set_ready(loaded.scheduler, chat_template(p, loaded.model))
     log.info("model %s loaded in %.2f s", path, time.perf_counter() - t0)
     return loaded.scheduler
 
 
-def chat_template(args: argparse.Namespace, model):
+def chat_template(p: params.CommonParams, model):
     """The template chat requests are rendered with (--chat-template, --jinja), None when the
     model's cannot be used (chat endpoints then fail)."""
     from ..errors import TemplateError
 
-    override = params.chat_template_override(args)
+    override = params.chat_template_override(p)
     try:
         from ..tokenizer.chat_template import ChatTemplate
 
-        template = ChatTemplate.from_gguf(model.gguf, override=override, any_text=bool(args.jinja))
+        template = ChatTemplate.from_gguf(model.gguf, override=override, any_text=p.use_jinja)
         if override is not None and template.name == "custom" and "{" not in override:
             # llama-server --jinja takes any text as a template; a mistyped name ends up here too
             log.warning("--chat-template %r is no built-in name, file or Jinja: used as the template text",
                         override[:60])
-        if not args.jinja and template.family and template.name != template.family:
+        if not p.use_jinja and template.family and template.name != template.family:
             # llama-server --no-jinja renders the format it detects in the template with its own
             # code (no default system prompt, no template logic): the built-in of that format
             template = ChatTemplate.from_gguf(model.gguf, override=template.family)
@@ -220,13 +220,14 @@ def in_process_server(argv: list[str], verify: Callable[[Path], None] | None = N
     from .state import ServerState
 
     args = flags.parse_serve_args(argv)
+    p = params.common_params(args)
     setup_logging(args)
     check_flags(args)
-    path = resolve_model_path(params.model_source(args, args.ctx_size))
+    path = resolve_model_path(params.model_source(p, p.n_ctx))
     if verify is not None:
         verify(path)
-    n_threads = init_threads(args.threads, warn=log.warning)
+    n_threads = init_threads(p.n_threads, warn=log.warning)
     log.info("backend numba-cpu, %d threads", n_threads)
-    state = ServerState(server_options(args))
-    scheduler = load(args, state, path, n_threads).start(name=f"ggstation-scheduler {args.alias or path.name}")
+    state = ServerState(server_options(args, p))
+    scheduler = load(args, p, state, path, n_threads).start(name=f"ggstation-scheduler {args.alias or path.name}")
     return scheduler, build_app(state)
