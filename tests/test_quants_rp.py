@@ -326,7 +326,7 @@ def test_unpack_inverts_repack(qtype):
 
 
 def test_release_mapped_pages_leaves_arrays_in_ram_alone():
-    from engine.gguf_file import release_mapped_pages
+    from engine.mapped_pages import release_mapped_pages
 
     a = np.arange(1 << 16, dtype=np.uint8)
     a.flags.writeable = False

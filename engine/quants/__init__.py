@@ -35,57 +35,16 @@ the kernel.
 from __future__ import annotations
 
 import functools
-import importlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 
 import numpy as np
 from gguf import GGMLQuantizationType
 
 from .. import jit, parallel
-from ..errors import UnsupportedQuantError
 from . import _q8
-from .base import ExpertTensor, QTensor, QuantType
-from .generated import MODULES, REPACKABLE
+from .base import ExpertTensor, QTensor
 from .reference import dequant_ref
-
-
-class _QuantTypes(Mapping[GGMLQuantizationType, QuantType]):
-    """GGML type -> its QuantType entry, importing the type's generated kernel module on first
-    use (a start-up imports the modules of the types its model has, not all sixteen)."""
-
-    def __init__(self, modules: Mapping[str, str]):
-        self._modules = {GGMLQuantizationType[name]: mod for name, mod in modules.items()}
-        self._entries: dict[GGMLQuantizationType, QuantType] = {}
-
-    def __getitem__(self, qtype: GGMLQuantizationType) -> QuantType:
-        qt = self._entries.get(qtype)
-        if qt is None:
-            mod = importlib.import_module(f"{__name__}.generated.{self._modules[qtype]}")  # KeyError: unknown
-            qt = self._entries[qtype] = getattr(mod, GGMLQuantizationType(qtype).name)  # (a plain int too)
-        return qt
-
-    def get(self, qtype, default=None):  # matvec's per-call lookup, without Mapping.get's try/except
-        qt = self._entries.get(qtype)
-        if qt is not None or qtype not in self._modules:
-            return qt if qt is not None else default
-        return self[qtype]
-
-    def __iter__(self) -> Iterator[GGMLQuantizationType]:
-        return iter(self._modules)
-
-    def __len__(self) -> int:
-        return len(self._modules)
-
-    def __contains__(self, qtype: object) -> bool:
-        return qtype in self._modules
-
-
-QUANT_TYPES = _QuantTypes(MODULES)
-
-SUPPORTED = frozenset(QUANT_TYPES)
-# The types with a row-interleaved copy for the decode kernels (QuantType.repack), known
-# without importing their modules.
-INTERLEAVED_TYPES = frozenset(GGMLQuantizationType[name] for name in REPACKABLE)
+from .table import INTERLEAVED_TYPES, QUANT_TYPES, SUPPORTED, QuantType, check_supported
 
 # Up to this many tokens a ubatch runs the decode kernels (weights decoded once for all tokens)
 # rather than dequantise + BLAS: the float mat-vec is ~equal to BLAS at 12-16 tokens (OpenBLAS
@@ -178,15 +137,6 @@ def _block_mins(w: QTensor, r0: int, r1: int) -> np.ndarray:
     """(r1 - r0, n_cols // 32) float32 block minimums of Q4_1/Q5_1 rows (f16 at bytes 2..4)."""
     blocks = raw_rows(w, r0, r1).reshape(r1 - r0, w.n_cols // 32, -1)
     return np.ascontiguousarray(blocks[:, :, 2:4]).view(np.float16)[:, :, 0].astype(np.float32)
-
-
-def check_supported(name: str, qtype: GGMLQuantizationType) -> None:
-    if qtype not in SUPPORTED:
-        raise UnsupportedQuantError(
-            f"tensor '{name}' uses quantisation type {getattr(qtype, 'name', qtype)}, "
-            f"which ggstation does not support (supported: "
-            f"{', '.join(sorted(t.name for t in SUPPORTED))})"
-        )
 
 
 def _qt(w: QTensor) -> QuantType | None:

@@ -15,9 +15,9 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from .. import jit, parallel
-from ..gguf_file import release_mapped_pages
+from ..mapped_pages import release_mapped_pages
 from ._ir import Layout
-from .base import QuantType
+from .table import QuantType
 
 _F32 = np.dtype(np.float32)
 _U8 = np.dtype(np.uint8)
