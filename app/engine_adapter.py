@@ -201,8 +201,8 @@ class HubAdapter(HubApi):
         return [_hub_file_info(f, cached.get((repo_id, f.filename)), f is default) for f in listed]
 
     def fit(self, repo_id: str, filename: str, token: str | None) -> HubFitInfo:
-        from engine.hub import client as hub
-        r = hub.fit(self._file(repo_id, filename, token), token=token or None)
+        from engine.hub.fit import remote_fit
+        r = remote_fit(self._file(repo_id, filename, token), token=token or None)
         verdict = {"fits": FIT_OK, "tight": FIT_TIGHT}.get(r.verdict, FIT_NO)
         return HubFitInfo(
             repo_id, filename, verdict, r.supported, "" if r.supported else r.why_unsupported(),

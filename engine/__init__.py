@@ -11,7 +11,8 @@ Public API (imported lazily so that `import engine` stays cheap):
     generate(ctx, tokenizer, prompt_tokens, SamplingParams(...)) -> GenerationStep, ...
     ChatTemplate, chat_prompt_tokens; start_server(scheduler); the starter-model store
     Hugging Face Hub (engine.hub.client): hub.search(), hub.repo(), hub.resolve("user/repo:Q4_K_M"),
-        hub.fit(file) -> RemoteFit, hub.download(file, progress, cancel), hub.cached_models();
+        hub.download(file, progress, cancel), hub.cached_models(); remote_fit(file) -> RemoteFit
+        (engine.hub.fit);
         HubFile, HubRepo, RemoteFit, HubError
     Remote OpenAI-compatible servers (engine.remote): RemoteClient(RemoteEndpoint(url, api_key))
         .list_models() / .probe() / .slots() / .metrics(); stream_chat(...) -> ChatStream of

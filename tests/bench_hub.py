@@ -31,19 +31,20 @@ def main() -> int:
     server = hub_server.start(tmp, repos)
     os.environ.update(HF_ENDPOINT=server.url, HF_HOME=str(tmp / "hf"), HF_HUB_DISABLE_TELEMETRY="1")
     from engine.hub import client as hub
+    from engine.hub.fit import remote_fit
     try:
         for n in names:
             repo_id = f"starter/{n}-GGUF"
             t0 = time.perf_counter()
             f = hub.resolve(repo_id)
             t_resolve = time.perf_counter() - t0
-            fit = hub.fit(f)
+            fit = remote_fit(f)
             t_fit = time.perf_counter() - t0
             print(f"{n}: resolve {t_resolve * 1e3:.0f} ms, fit estimate after {t_fit * 1e3:.0f} ms "
                   f"(fit alone {fit.seconds * 1e3:.0f} ms); read {fit.bytes_read / 2**20:.1f} MiB of "
                   f"{f.size / 2**20:.1f} MiB ({100 * fit.bytes_read / f.size:.1f} %); {fit.summary()}")
             t0 = time.perf_counter()
-            warm = hub.fit(hub.resolve(repo_id))
+            warm = remote_fit(hub.resolve(repo_id))
             print(f"  again, modules loaded: resolve + fit {(time.perf_counter() - t0) * 1e3:.0f} ms "
                   f"(fit {warm.seconds * 1e3:.0f} ms)")
             t0 = time.perf_counter()

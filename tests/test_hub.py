@@ -121,12 +121,12 @@ def test_hub_resolve_errors_are_one_line(server):
 
 def test_hub_gated_repo_needs_a_token(server):
     f = hub.resolve("acme/Gated-GGUF")  # the listing is public, the files are not
-    for call in (lambda: hub.fit(f), lambda: hub.download(f)):
+    for call in (lambda: hub_fit.remote_fit(f), lambda: hub.download(f)):
         with pytest.raises(HubError, match="gated repository.*HF_TOKEN.*hf auth login") as e:
             call()
         assert e.value.reason == HubError.AUTH
     with pytest.raises(HubError, match="no access") as e:
-        hub.fit(f, token="hf_" + "w" * 34)  # a token without access: 403
+        hub_fit.remote_fit(f, token="hf_" + "w" * 34)  # a token without access: 403
     assert hub.download(f, token=TOKEN).is_file()
 
 
@@ -135,7 +135,7 @@ def test_hub_gated_repo_needs_a_token(server):
 
 def test_hub_fit_reads_the_header_only(server):
     f = hub.resolve("acme/Tiny-GGUF:Q4_K_M")
-    fit = hub.fit(f)
+    fit = hub_fit.remote_fit(f)
     assert fit.supported and (fit.arch, fit.n_ctx_train, fit.has_chat_template) == ("llama", 256, True)
     assert fit.verdict == hub_fit.FITS and fit.memory is not None and fit.memory.weights_bytes > 0
     assert fit.bytes_read < f.size / 3, (fit.bytes_read, f.size)
@@ -144,7 +144,7 @@ def test_hub_fit_reads_the_header_only(server):
 
 
 def test_hub_fit_says_unsupported_up_front(server):
-    fit = hub.fit(hub.resolve("acme/Weird-GGUF"))
+    fit = hub_fit.remote_fit(hub.resolve("acme/Weird-GGUF"))
     assert not fit.supported and not fit.arch_supported and "mamba9" in fit.summary()
 
 
@@ -258,7 +258,7 @@ def test_hub_split_set_downloads_together_and_loads_as_one_model(server, payload
     f = hub.resolve("acme/Split-GGUF")
     assert f.is_split and f.quant == "Q8_0" and [p.filename for p in f.parts] == [
         f"Q8_0/tiny-Q8_0-{i:05d}-of-00003.gguf" for i in (1, 2, 3)]
-    fit = hub.fit(f)
+    fit = hub_fit.remote_fit(f)
     assert fit.supported and fit.n_params > 0 and len({e[1] for e in _cdn_gets(server)}) == 3
     path = hub.download(f)
     assert sorted(p.name for p in path.parent.iterdir()) == [p.filename.split("/")[1] for p in f.parts]
@@ -335,7 +335,7 @@ def test_cli_models_search_fit_and_pull(server, capsys):
 
 
 def test_router_lists_the_hf_cache(server):
-    from engine.router.supervisor import discover_hub_models
+    from engine.router.hub_access import discover_hub_models
 
     assert discover_hub_models() == {}
     path = hub.download(hub.resolve("acme/Split-GGUF"))
@@ -356,7 +356,7 @@ def test_hub_fit_of_a_starter_model_reads_only_its_header(tmp_path, monkeypatch,
     monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", True)
     try:
         f = hub.resolve("starter/SmolLM2-GGUF")
-        fit = hub.fit(f)
+        fit = hub_fit.remote_fit(f)
         assert fit.supported and fit.arch == "llama" and fit.has_chat_template and fit.n_ctx_train == 8192
         assert fit.bytes_read <= 4 << 20 and f.size > 90 << 20  # a few MB of a 94 MiB file
         from engine.model_info import inspect_model

@@ -14,6 +14,7 @@ import pytest
 import hub_server
 from engine.errors import HubError
 from engine.hub import client as hub
+from engine.hub.session import hub_errors
 from engine.router.hub_access import HubAccess
 
 MODEL = b"GGUF" + bytes(60)  # listed and served as is: the transfer never parses it
@@ -140,10 +141,10 @@ def test_hub_errors_maps_what_huggingface_hub_refuses_to_send():
     from huggingface_hub import ModelInfo
     from huggingface_hub.utils import validate_repo_id
 
-    with pytest.raises(HubError) as e, hub._hub_errors("x" * 300):
+    with pytest.raises(HubError) as e, hub_errors("x" * 300):
         validate_repo_id("x" * 300)
     assert e.value.reason == HubError.NOT_FOUND and "96" in str(e.value)
-    with pytest.raises(HubError) as e, hub._hub_errors("evil/repo"):
+    with pytest.raises(HubError) as e, hub_errors("evil/repo"):
         ModelInfo(**{"id": "evil/repo", "siblings": [{"size": 1}]})  # a listing that is not one
     assert e.value.reason == HubError.HUB
 

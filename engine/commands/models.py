@@ -127,12 +127,13 @@ def _search(args: argparse.Namespace) -> int:
 
 def _fit(args: argparse.Namespace) -> int:
     from ..hub import client as hub
+    from ..hub.fit import remote_fit
     from .hub_pull import print_fit
 
     file = hub.resolve(args.name, args.hf_file, args.hf_token)
     print(f"{file.spec}: {file.filename}, {_mib(file.size)}"
           + (f" (cached: {file.local_path})" if file.local_path else ""))
-    fit = hub.fit(file, n_ctx=args.ctx_size, token=args.hf_token)
+    fit = remote_fit(file, n_ctx=args.ctx_size, token=args.hf_token)
     print_fit(fit, sys.stdout)
     return 0 if fit.supported else 1
 

@@ -6,12 +6,15 @@
     download(file, token=None, progress=None, cancel=None) -> Path   (first part of the set)
     cached_models() -> list[HubFile]                           complete GGUFs in the HF cache
     remove_cached(file) -> bool                                its links and blobs out of the cache
-    fit(file, n_ctx=None, token=None) -> RemoteFit             engine/hub/fit.py: header by ranges
 
 Quant choice follows llama.cpp (common/download.cpp find_best_model): the tag is matched
 case-insensitively as `<tag>[.-]` in the file's path; without a tag Q4_K_M, then Q8_0, then the
 first model file. mmproj/imatrix/draft files are not models; a split set
 (`-00001-of-0000N.gguf`) is one file, chosen by its first part.
+
+Whether a file would load here, from its header alone before any download, is engine/hub/fit.py's
+remote_fit, on top of this module; what every request shares (endpoint, timeout, errors) is
+engine/hub/session.py's.
 
 The cache is huggingface_hub's (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub;
 read at each call): `models--user--repo/blobs/<sha256>`, `snapshots/<commit>/<path>` symlinks,
@@ -49,28 +52,23 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path, PureWindowsPath
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import HubError
 from ..gguf_split import parse_split_name
-
-if TYPE_CHECKING:
-    from .fit import RemoteFit
+from .session import TIMEOUT_S, cache_dir, endpoint, hub_errors, offline, transport_errors, unreachable
 
 log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total) over all parts
 
-DEFAULT_ENDPOINT = "https://huggingface.co"
 DEFAULT_TAGS = ("Q4_K_M", "Q8_0")  # llama.cpp's order when no tag is given
 # basename markers of GGUFs that are not a model to chat with (llama.cpp gguf_filename_is_model)
 NOT_MODEL = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")
-TOKEN_HELP = "a token is needed: pass -hft TOKEN, set HF_TOKEN, or run `hf auth login`"
 
 _CHUNK = 1 << 20
 _RETRIES = 5  # reconnects within one download() when the transfer breaks off
 _RETRY_PAUSE_S = 0.5
-_TIMEOUT_S = 30.0  # connect/read timeout of one request
 _TAG = re.compile(r"[-.]([A-Z0-9_]+)$", re.IGNORECASE)
 _NAME = r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"  # the Hub's: 1-96 chars, no '-'/'.' at the ends
 _REPO_ID = re.compile(f"{_NAME}/{_NAME}")
@@ -250,26 +248,7 @@ def choose(files: list[HubFile], tag: str | None = None, filename: str | None = 
                    HubError.QUANT_NOT_FOUND, available=tags)
 
 
-# -- environment ------------------------------------------------------------------------------
-
-
-def endpoint() -> str:
-    """HF_ENDPOINT or the public Hub, read now (not when huggingface_hub was imported)."""
-    return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
-
-
-def cache_dir() -> Path:
-    """huggingface_hub's cache directory, by its own rules, read now."""
-    env = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
-    if env:
-        return Path(os.path.expandvars(env)).expanduser()
-    home = os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface")
-    return Path(os.path.expandvars(home)).expanduser() / "hub"
-
-
-def offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
+# -- paths in the cache, checked (where the cache is: session.py) -----------------------------
 
 
 def _repo_dir(repo_id: str) -> Path:
@@ -319,60 +298,6 @@ def _check_revision(revision: str) -> str:
 
 
 # -- Hub calls --------------------------------------------------------------------------------
-
-
-def _transport_errors() -> tuple[type[BaseException], ...]:
-    """The HTTP client's connection/timeout errors (httpx2 under huggingface_hub 2.x)."""
-    out: list[type[BaseException]] = [ConnectionError, TimeoutError]
-    for mod in ("httpx2", "httpx"):
-        with contextlib.suppress(ImportError):
-            out.append(__import__(mod).TransportError)
-    return tuple(out)
-
-
-@contextlib.contextmanager
-def _hub_errors(what: str, token: str | None = None, network: bool = True) -> Iterator[None]:
-    """huggingface_hub's exceptions, and with `network` the connection's, as one-line HubErrors."""
-    from huggingface_hub import errors as hf
-
-    try:
-        yield
-    except HubError:
-        raise
-    except hf.GatedRepoError:
-        raise HubError(f"{what}: gated repository; accept its terms on the Hub, then {TOKEN_HELP}"
-                       + (" (the token given has no access)" if token else ""), HubError.AUTH) from None
-    except hf.RepositoryNotFoundError as e:
-        if e.response is not None and e.response.status_code in (401, 403):
-            raise HubError(f"{what}: not found, or private: {TOKEN_HELP}", HubError.AUTH) from None
-        raise HubError(f"{what}: no such repository on {endpoint()}", HubError.NOT_FOUND) from None
-    except hf.RevisionNotFoundError:
-        raise HubError(f"{what}: no such revision", HubError.NOT_FOUND) from None
-    except hf.RemoteEntryNotFoundError:
-        raise HubError(f"{what}: no such file in the repository", HubError.NOT_FOUND) from None
-    except (hf.OfflineModeIsEnabled, hf.LocalEntryNotFoundError):
-        raise HubError(f"{what}: offline (HF_HUB_OFFLINE is set) and not in the cache {cache_dir()}",
-                       HubError.OFFLINE) from None
-    except hf.HFValidationError as e:  # a repo id or revision huggingface_hub refuses to send
-        raise HubError(f"{what}: {str(e).strip().splitlines()[0]}", HubError.NOT_FOUND) from None
-    except hf.HfHubHTTPError as e:
-        status = e.response.status_code if e.response is not None else 0
-        if status in (401, 403):
-            raise HubError(f"{what}: access refused ({status}): {TOKEN_HELP}", HubError.AUTH) from None
-        raise HubError(f"{what}: the Hub answered {status or 'an error'}: {str(e).strip().splitlines()[0]}",
-                       HubError.HUB) from None
-    except _transport_errors() as e:
-        if not network:
-            raise
-        raise _unreachable(what, e) from None
-    except (ValueError, TypeError, KeyError) as e:  # JSON that is not a listing
-        raise HubError(f"{what}: the Hub's answer could not be read ({type(e).__name__}: {e})",
-                       HubError.HUB) from None
-
-
-def _unreachable(what: str, e: BaseException) -> HubError:
-    return HubError(f"{what}: cannot reach {endpoint()} ({type(e).__name__}: {e}); "
-                    "models already in the cache still work", HubError.OFFLINE)
 
 
 def _api(token: str | None):
@@ -435,9 +360,9 @@ def search(text: str, limit: int = 20, token: str | None = None) -> list[HubRepo
     query: dict[str, str | int | list[str]] = {
         "search": text, "filter": "gguf", "sort": "downloads", "limit": limit,
         "expand": ["downloads", "likes", "lastModified", "gated", "siblings"]}
-    with _hub_errors(f"search '{text}'", token):
+    with hub_errors(f"search '{text}'", token):
         r = get_session().get(f"{endpoint()}/api/models", params=query, headers=build_hf_headers(token=token),
-                              timeout=_TIMEOUT_S)
+                              timeout=TIMEOUT_S)
         hf_raise_for_status(r)
         found = [ModelInfo(**{"siblings": None, **item}) for item in r.json()[:limit]]
     out = []
@@ -460,7 +385,7 @@ def repo(repo_id: str, token: str | None = None, revision: str = "main") -> HubR
     _check_revision(revision)
     if offline():
         raise HubError(f"{repo_id}: offline (HF_HUB_OFFLINE is set)", HubError.OFFLINE)
-    with _hub_errors(repo_id, token):
+    with hub_errors(repo_id, token):
         info = _api(token).model_info(repo_id, revision=revision, files_metadata=True)
         # a listing without its commit is not one to download from (nor is one for huggingface_hub)
         return _repo_from_info(info, info.sha if info.sha is not None else "")
@@ -530,7 +455,7 @@ def _local_files(repo_id: str, revision: str = "main") -> list[HubFile]:
     return [replace(f, local_path=snap / f.filename) for f in group_files(repo_id, parts, commit)]
 
 
-def _with_local_path(f: HubFile) -> HubFile:
+def with_local_path(f: HubFile) -> HubFile:
     """`f` with local_path set when the cache has every part at the right size."""
     found = _cached_snapshot(f.repo_id, f.revision)
     if found is None:
@@ -627,7 +552,7 @@ def resolve(spec: str, filename: str | None = None, token: str | None = None) ->
         if e.reason != HubError.OFFLINE:
             raise
         return _resolve_cached(repo_id, tag, filename, str(e))
-    return _with_local_path(choose(listing.files, tag, filename, repo_id))
+    return with_local_path(choose(listing.files, tag, filename, repo_id))
 
 
 def _resolve_cached(repo_id: str, tag: str | None, filename: str | None, why: str) -> HubFile:
@@ -672,7 +597,7 @@ def download(file: HubFile, token: str | None = None, progress: Progress | None 
     Raises:
         HubError: OFFLINE, AUTH, NOT_FOUND, DISK_FULL, INTERRUPTED, CANCELLED, CORRUPT, HUB.
     """
-    cached = _with_local_path(file)
+    cached = with_local_path(file)
     if cached.local_path is not None:
         return cached.local_path
     if offline():
@@ -791,12 +716,12 @@ class _Downloader:
             self._check_cancel(have)
             try:
                 have, digest = self._stream(url, part, tmp, have, digest)
-            except _transport_errors() as e:
+            except transport_errors() as e:
                 failures += 1
                 have = _size_or_zero(tmp)
                 digest = _hash_prefix(tmp, have) if part.sha256 else None
                 if failures > _RETRIES and have == start:  # nothing came through at all
-                    raise _unreachable(f"{self.file.spec} ({part.filename})", e) from None
+                    raise unreachable(f"{self.file.spec} ({part.filename})", e) from None
                 if failures > _RETRIES:
                     raise HubError(
                         f"{self.file.spec}: download interrupted ({type(e).__name__}) at "
@@ -818,8 +743,8 @@ class _Downloader:
         headers["Accept-Encoding"] = "identity"
         if have:
             headers["Range"] = f"bytes={have}-"
-        with _hub_errors(f"{self.file.spec} ({part.filename})", self.token, network=False), \
-                get_session().stream("GET", url, headers=headers, timeout=_TIMEOUT_S,
+        with hub_errors(f"{self.file.spec} ({part.filename})", self.token, network=False), \
+                get_session().stream("GET", url, headers=headers, timeout=TIMEOUT_S,
                                      follow_redirects=True) as r:
             hf_raise_for_status(r)
             if have and r.status_code != 206:  # the server ignored the range: start over
@@ -924,10 +849,3 @@ def _mkdirs(path: Path) -> None:
 
 def _mib(n: int) -> str:
     return f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{n / 1024:.0f} KiB"
-
-
-def fit(file: HubFile, n_ctx: int | None = None, token: str | None = None) -> RemoteFit:
-    """Whether `file` would load here, from its header alone: see engine/hub/fit.py."""
-    from .fit import remote_fit
-
-    return remote_fit(file, n_ctx=n_ctx, token=token)

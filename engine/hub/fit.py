@@ -26,6 +26,8 @@ import psutil
 
 from ..errors import GGUFError, HubError
 from ..gguf_file import MAX_TENSORS, SUPPORTED_VERSIONS
+from . import client as hub
+from .session import TIMEOUT_S, endpoint, hub_errors
 
 if TYPE_CHECKING:
     from ..memory import MemoryReport
@@ -110,11 +112,10 @@ def remote_fit(file: HubFile, n_ctx: int | None = None, token: str | None = None
         HubError: the Hub could not be reached or refused (OFFLINE, AUTH, NOT_FOUND), or the
             header is not a GGUF one (CORRUPT).
     """
-    from . import client as hub
     t0 = time.perf_counter()
     if file.local_path is None and (file.revision == "main" or file.size is None):
         file = hub.choose(hub.repo(file.repo_id, token).files, filename=file.filename, repo_id=file.repo_id)
-    file = hub._with_local_path(file)
+    file = hub.with_local_path(file)
     if file.local_path is not None:
         return _fit(file, _inspect(file.local_path), n_ctx, 0, t0)
     with tempfile.TemporaryDirectory(prefix="ggstation-fit-") as tmp:
@@ -160,10 +161,9 @@ def _fit(file: HubFile, info: ModelInfo, n_ctx: int | None, bytes_read: int, t0:
 
 def _fetch_header(file: HubFile, part: HubPart, dest: Path, token: str | None) -> int:
     """Writes `part`'s header into a sparse file `dest` of the part's size; returns bytes read."""
-    from . import client as hub
     what = f"{file.spec} ({part.filename})"
     reader = _RangeReader(file, part, token)
-    with hub._hub_errors(what, token):
+    with hub_errors(what, token):
         try:
             end = header_length(reader)
         except GGUFError as e:
@@ -183,8 +183,7 @@ class _RangeReader:
         from huggingface_hub import hf_hub_url
         from huggingface_hub.utils import build_hf_headers
 
-        from . import client as hub
-        self.url = hf_hub_url(file.repo_id, part.filename, revision=file.revision, endpoint=hub.endpoint())
+        self.url = hf_hub_url(file.repo_id, part.filename, revision=file.revision, endpoint=endpoint())
         self.headers = build_hf_headers(token=token)
         self.headers["Accept-Encoding"] = "identity"
         self.size = part.size or 0
@@ -210,9 +209,8 @@ class _RangeReader:
     def _get(self, start: int, stop: int) -> None:
         from huggingface_hub.utils import get_session, hf_raise_for_status
 
-        from . import client as hub
         headers = dict(self.headers, Range=f"bytes={start}-{stop - 1}")
-        with get_session().stream("GET", self.url, headers=headers, timeout=hub._TIMEOUT_S,
+        with get_session().stream("GET", self.url, headers=headers, timeout=TIMEOUT_S,
                                   follow_redirects=True) as r:
             hf_raise_for_status(r)
             if r.status_code != 206 and start > 0:  # the range was ignored: skip to `start`

@@ -66,13 +66,14 @@ def pull(spec: str, filename: str | None = None, token: str | None = None, *, fo
         HubError: see engine.hub.client; UNSUPPORTED when the engine cannot run the model (unless force).
     """
     from . import client as hub
+    from .fit import remote_fit
 
     report = report or LogReport()
     file = hub.resolve(spec, filename, token)
     if file.local_path is not None:
         return file.local_path
     report.found(file)
-    fit = hub.fit(file, n_ctx=n_ctx, token=token)
+    fit = remote_fit(file, n_ctx=n_ctx, token=token)
     report.fit(fit)
     if not fit.supported and not force:
         raise HubError(f"{file.spec}: not downloaded: this engine cannot run it ({fit.why_unsupported()}); "
