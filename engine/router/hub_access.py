@@ -1,6 +1,7 @@
 """The router's side of the Hugging Face cache: check that a model can be downloaded, download
 it with progress, and remove a cached model (POST /models and DELETE /models of llama-server's
-router). The transfers themselves are engine/hub/client.py's; tests swap this object for a stand-in."""
+router), and the cached models the router's catalogue lists (engine/router/presets.py). The
+transfers themselves are engine/hub/client.py's; tests swap HubAccess for a stand-in."""
 
 from __future__ import annotations
 
@@ -32,3 +33,17 @@ class HubAccess:
             if f.spec == spec and f.local_path is not None:
                 removed = hub.remove_cached(f) or removed
         return removed
+
+
+def discover_hub_models() -> dict[str, Path]:
+    """The Hugging Face cache's complete GGUF models, named as llama-server names them
+    ("user/repo:Q4_K_M", engine/hub/client.py cached_models)."""
+    try:
+        from ..hub.client import cached_models
+    except ImportError:  # huggingface_hub missing: no cache to list
+        return {}
+    out: dict[str, Path] = {}
+    for f in cached_models():
+        if f.local_path is not None:
+            out.setdefault(f.spec, f.local_path)
+    return out

@@ -379,7 +379,7 @@ def router_catalogue(parser: argparse.ArgumentParser, args: argparse.Namespace,
     (else ggstation's own models directory, when it exists) and --models-preset; every child
     inherits the router's own command-line options."""
     from ..hub.store import models_dir
-    from .supervisor import discover_hub_models
+    from .hub_access import discover_hub_models
 
     table = OptionTable.from_parser(parser, env)
     directory: Path | None = Path(args.models_dir) if args.models_dir else models_dir()

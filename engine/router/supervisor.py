@@ -124,20 +124,6 @@ def discover_models(directory: Path) -> dict[str, Path]:
     return {p.name[: -len(".gguf")]: p for p in sorted(directory.glob("*.gguf")) if p.is_file()}
 
 
-def discover_hub_models() -> dict[str, Path]:
-    """The Hugging Face cache's complete GGUF models, named as llama-server names them
-    ("user/repo:Q4_K_M", engine/hub/client.py cached_models)."""
-    try:
-        from ..hub.client import cached_models
-    except ImportError:  # huggingface_hub missing: no cache to list
-        return {}
-    out: dict[str, Path] = {}
-    for f in cached_models():
-        if f.local_path is not None:
-            out.setdefault(f.spec, f.local_path)
-    return out
-
-
 def spec_for_file(name: str, path: Path | str) -> ModelSpec:
     """A model given as a bare file, with no preset."""
     return ModelSpec(name=name, source="models_dir", path=str(path), options=(("--model", str(path)),))
