@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ..errors import EngineError, TemplateError
 from ..sampling import SamplingParams
@@ -22,7 +22,6 @@ from ..sampling import SamplingParams
 if TYPE_CHECKING:
     from ..scheduler import Scheduler
     from ..seams import PromptTemplate, ServedModel, ServerTokenizer
-    from .sleep import SleepController
 
 DEFAULT_BODY_LIMIT = 8 * 1024 * 1024
 
@@ -31,6 +30,14 @@ class ServerStatus(enum.Enum):
     LOADING = "loading"
     READY = "ready"
     FAILED = "failed"
+
+
+class Sleeper(Protocol):
+    """The sleep controller (engine/server/sleep.py, which imports this module) as the state and
+    its owner see it: whether the model sleeps now, and who hears of each change."""
+
+    is_sleeping: bool
+    on_change: Callable[[bool], None] | None  # a router's child announces the new state
 
 
 @dataclass
@@ -80,7 +87,7 @@ class ServerState:
         self.t_start = time.time()
         self.created = int(self.t_start)
         self._ready = threading.Event()
-        self.sleep: SleepController | None = None  # set by sleep.install (--sleep-idle-seconds)
+        self.sleep: Sleeper | None = None  # set by sleep.install (--sleep-idle-seconds)
 
     # -- lifecycle -----------------------------------------------------------------
     def set_ready(self, scheduler: Scheduler, chat_template: PromptTemplate | None = None) -> None:
