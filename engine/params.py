@@ -503,6 +503,11 @@ class CommonParams:
     def n_slots(self) -> int:
         return n_slots(self.n_parallel)
 
+    @property
+    def unified_kv(self) -> bool:
+        """-kvu, or auto parallelism (-np -1), whose slots share one cache as llama-server's."""
+        return self.kv_unified or self.n_parallel < 0
+
 
 # flag dest -> CommonParams field, for the flags whose names differ from llama.cpp's fields
 _FIELD_OF_DEST = {
@@ -542,7 +547,7 @@ def to_context_params(p: CommonParams, **overrides: object) -> ContextParams:
         n_seq_max=p.n_slots,
         type_k=p.cache_type_k,
         type_v=p.cache_type_v,
-        kv_unified=p.kv_unified or p.n_parallel < 0,
+        kv_unified=p.unified_kv,
         check_memory=p.mem_check,
     )
     kw.update(overrides)

@@ -49,8 +49,8 @@ def run(args: argparse.Namespace) -> int:
     info = inspect_model(model_path(args, args.ctx_size))
     if info.error:
         raise EngineError(info.error)
-    n_seq = params.n_slots(args.parallel)
-    unified = args.parallel < 0 or args.kv_unified
+    p = params.common_params(args)
+    n_seq, unified = p.n_slots, p.unified_kv
     n_ctx = args.ctx_size or info.n_ctx_train
     check_params(ContextParams(n_ctx=n_ctx, n_ubatch=args.ubatch_size, n_seq_max=n_seq, kv_unified=unified), n_ctx)
     gpu, n_gpu = _placement(args, info.n_layer)
