@@ -140,15 +140,15 @@ def penalties(
     the penalty always lowers it); then `count * frequency_penalty + presence_penalty` is
     subtracted. `repeat_last_n` -1 takes the whole history, 0 none.
     """
-    rule = (history, repeat_last_n, repeat_penalty, frequency_penalty, presence_penalty)
+    args = (history, repeat_last_n, repeat_penalty, frequency_penalty, presence_penalty)
     if c.ids is _VOCAB_IDS.get(c.size):  # a fresh list: its logits are the vector, indexed by id
-        return Candidates(c.ids, _penalize(c.logits, *rule), False)
+        return Candidates(c.ids, _penalize(c.logits, *args), False)
     if c.size == 0:
         return Candidates(c.ids, c.logits, False)
     # a list cut by earlier steps: through a vector that holds its ids (the others -inf)
     full = np.full(int(c.ids.max()) + 1, -np.inf, np.float32)
     full[c.ids] = c.logits
-    return Candidates(c.ids, _penalize(full, *rule)[c.ids], False)
+    return Candidates(c.ids, _penalize(full, *args)[c.ids], False)
 
 
 def _penalize(logits: np.ndarray, history: Sequence[int], repeat_last_n: int,
