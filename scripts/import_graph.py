@@ -2,16 +2,18 @@
 
 Every ``import`` is counted, module-level and lazy (inside a function) alike, because a lazy
 import is still a dependency: it only hides the cycle until the call. Imports under
-``if TYPE_CHECKING:`` are left out (they never run). ``python scripts/import_graph.py`` prints the
-cycles (strongly connected components of more than one module) and the back-arrows;
-tests/test_import_graph.py keeps both at zero.
+``if TYPE_CHECKING:`` never run, so the graph leaves them out unless asked (``typing=True``);
+a cycle through them still ties the modules together for the reader and the type checker, so
+both kinds count. ``python scripts/import_graph.py`` prints the cycles (strongly connected
+components of more than one module) and the back-arrows; tests/test_import_graph.py keeps
+both at zero, and imports every engine module in `import_order`.
 """
 
 from __future__ import annotations
 
 import ast
 import sys
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,20 +38,24 @@ LAYERS: dict[str, int] = {
 FACADES = {"engine"}
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
-def modules() -> dict[str, Path]:
+def modules(root: Path = ROOT, packages: Sequence[str] = PACKAGES) -> dict[str, Path]:
+    """Dotted module name -> its file, for every module of `packages` under `root`."""
     found = {}
-    for pkg in PACKAGES:
-        for path in sorted((ROOT / pkg).rglob("*.py")):
-            if "generated" in path.parts:
+    for pkg in packages:
+        for path in sorted((root / pkg).rglob("*.py")):
+            # the generated kernels (engine/quants/generated/<type>.py: megabytes that only
+            # importlib loads, through QUANT_TYPES) are left out; their package's module table
+            # stays, so that importing it is not read as importing engine.quants
+            if "generated" in path.parts and path.name != "__init__.py":
                 continue
-            found[module_name(path)] = path
+            found[module_name(path, root)] = path
     return found
 
 
@@ -99,14 +105,16 @@ def imports_of(mod: str, path: Path, known: dict[str, Path], typing: bool = Fals
     return out
 
 
-def graph(typing: bool = False) -> dict[str, set[str]]:
+def graph(typing: bool = False, root: Path = ROOT,
+          packages: Sequence[str] = PACKAGES) -> dict[str, set[str]]:
     """Module -> the modules it imports; with ``typing``, the TYPE_CHECKING-only imports too."""
-    known = modules()
+    known = modules(root, packages)
     return {mod: imports_of(mod, path, known, typing) for mod, path in known.items()}
 
 
-def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components with more than one module (Tarjan, iterative)."""
+def components(edges: Mapping[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected component (Tarjan, iterative), each sorted, in the order Tarjan
+    completes them: a component comes after every component it imports."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     on_stack: set[str] = set()
@@ -136,8 +144,7 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
                         comp.append(top)
                         if top == node:
                             break
-                    if len(comp) > 1:
-                        found.append(sorted(comp))
+                    found.append(sorted(comp))
             elif child not in index:
                 index[child] = low[child] = counter
                 counter += 1
@@ -146,25 +153,36 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
                 work.append((child, iter(sorted(edges.get(child, ())))))
             elif child in on_stack:
                 low[node] = min(low[node], index[child])
-    return sorted(found, key=len, reverse=True)
+    return found
 
 
-def layer(mod: str) -> int:
+def cycles(edges: Mapping[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module, the largest first."""
+    return sorted((comp for comp in components(edges) if len(comp) > 1), key=len, reverse=True)
+
+
+def import_order(edges: Mapping[str, set[str]]) -> list[str]:
+    """Every module after the modules it imports (the modules of a cycle side by side)."""
+    return [mod for comp in components(edges) for mod in comp]
+
+
+def layer(mod: str, layers: Mapping[str, int] = LAYERS) -> int:
     best = ""
-    for prefix in LAYERS:
+    for prefix in layers:
         if (mod == prefix or mod.startswith(prefix + ".")) and len(prefix) > len(best):
             best = prefix
-    return LAYERS[best]
+    return layers[best]
 
 
-def back_arrows(edges: dict[str, set[str]]) -> list[tuple[str, str]]:
+def back_arrows(edges: Mapping[str, set[str]], layers: Mapping[str, int] = LAYERS,
+                facades: Collection[str] = FACADES) -> list[tuple[str, str]]:
     """Imports from a lower layer into a higher one (the library calling up into the CLI...)."""
     return sorted(
         (src, dst)
         for src, dsts in edges.items()
-        if src not in FACADES
+        if src not in facades
         for dst in dsts
-        if dst not in FACADES and layer(dst) > layer(src)
+        if dst not in facades and layer(dst, layers) > layer(src, layers)
     )
 
 
