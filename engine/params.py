@@ -323,6 +323,7 @@ def add_common_args(parser: argparse.ArgumentParser, *, prompt: bool = True) -> 
 
 
 def add_mem_check_arg(parser: argparse.ArgumentParser) -> None:
+    """--no-mem-check: load even what the memory estimate says will not fit."""
     group(parser, COMMON).add_argument(
         "--no-mem-check", action="store_true",
         help="load even when the estimated memory use (weights, KV cache, buffers) is clearly more than "
@@ -347,6 +348,7 @@ class _Int8Action(argparse.Action):
 
 
 def add_int8_arg(parser: argparse.ArgumentParser) -> None:
+    """--int8 / --no-int8: the decode path (engine/quants/__init__.py, set_decode_path)."""
     g = group(parser, COMMON)
     g.add_argument(
         "--int8", dest="int8", action=_Int8Action, default=None,
