@@ -46,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
     n_ctx = args.ctx_size
     # One chunk per decode call: the batch must hold a whole chunk.
     context = ContextParams(n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=min(args.ubatch_size, args.batch_size, n_ctx),
-                            type_k=args.cache_type_k, type_v=args.cache_type_v, check_memory=not args.no_mem_check)
+                            type_k=args.cache_type_k, type_v=args.cache_type_v, check_memory=not args.no_mem_check,
+                            decode_path=args.decode_path)
     loaded = init_from_params(model_path(args, n_ctx), InitParams(context, n_threads=n_threads,
                                                                   n_gpu_layers=args.n_gpu_layers, device=args.device))
     ctx, tok = loaded.ctx, loaded.model.tokenizer
