@@ -55,7 +55,7 @@ exact_kernel = numba.njit(**{**_OPTS, "fastmath": False})
 # kernels then compile without it (generated_kernel).
 PORTABLE_LUT = os.environ.get("GGSTATION_PORTABLE_LUT", "") not in ("", "0")
 
-# The decode mat-vecs' formulation (engine/quants/__init__.py, set_decode_path): "x16" by default
+# The default decode path (engine/quants/__init__.py, default_decode_path): "x16" by default
 # (integer dots over x in two 8-bit planes, ~15 bits: float-grade numbers at integer speed);
 # GGSTATION_INT8=1 "int8", llama.cpp's (x rounded to 8 bits: its per-logit draw puts us no
 # closer to llama.cpp's logits, docs/decode-paths.md); GGSTATION_NO_INT8=1 "float", the oracle
