@@ -35,10 +35,16 @@ def block(spec: LayerSpec, s: L.UbatchState, il: int, lw) -> None:
         L.norm(s, s.q, lw.attn_q_norm, s.q)
         L.norm(s, s.k, lw.attn_k_norm, s.k)
     o = L.attention(s, il, q, k, v, lw.attn_output,
-                    softcap=s.cfg.attn_logit_softcap if spec.attn_softcap else 0.0,
-                    sinks=lw.attn_sinks if spec.sinks else None,
-                    bo=lw.attn_output_bias if spec.o_bias else None)
-    s.x += _branch(spec, s, o, lw, "post_attention_norm")
+                    s.cfg.attn_logit_softcap if spec.attn_softcap else 0.0,
+                    lw.attn_sinks if spec.sinks else None,
+                    lw.attn_output_bias if spec.o_bias else None)
+    # each branch's output joins the residual stream post-normed and scaled (in place) as
+    # the spec says; written out twice rather than as a helper: this runs per layer and ubatch
+    if spec.post_norms:
+        o = L.norm(s, o, lw.post_attention_norm, o)
+    if spec.residual_scale and s.cfg.residual_scale:
+        o *= np.float32(s.cfg.residual_scale)
+    s.x += o
     h = L.norm(s, s.x, getattr(lw, spec.ffn_norm)) if spec.pre_norms else s.x
     if spec.moe:
         experts, shared = moe.layer_weights(lw)
@@ -47,16 +53,11 @@ def block(spec: LayerSpec, s: L.UbatchState, il: int, lw) -> None:
         o = L.ffn_fused(s, h, lw.ffn_up, lw.ffn_down)
     else:
         o = L.ffn(s, h, lw.ffn_gate, lw.ffn_up, lw.ffn_down, spec.act)
-    s.x += _branch(spec, s, o, lw, "post_ffw_norm")
-
-
-def _branch(spec: LayerSpec, s: L.UbatchState, o: np.ndarray, lw, post_norm: str) -> np.ndarray:
-    """A sublayer's output o as it joins the residual stream: post-normed, scaled (in place)."""
     if spec.post_norms:
-        o = L.norm(s, o, getattr(lw, post_norm), o)
+        o = L.norm(s, o, lw.post_ffw_norm, o)
     if spec.residual_scale and s.cfg.residual_scale:
         o *= np.float32(s.cfg.residual_scale)
-    return o
+    s.x += o
 
 
 def embed(spec: DecoderSpec, s: L.UbatchState, w) -> None:
