@@ -1,7 +1,7 @@
 """ggstation's engine: GGUF models on a numba CPU engine. Imports no Qt.
 
 Public API (imported lazily so that `import engine` stays cheap):
-    load_model(path, n_threads=None, progress=None, *, n_gpu_layers=0, device=None) -> Model
+    load_model(path, n_threads=None, progress=None, *, n_gpu_layers=0, device=None, decode_path=None) -> Model
     init_from_params(path, InitParams(ContextParams(...), scheduler=SchedulerParams(...))) -> Loaded:
         the model, its context and its scheduler built at once (how every entry point loads)
     Context(model, ContextParams(...)); ctx.decode(Batch) -> logits; ctx.memory_report()
