@@ -33,6 +33,7 @@ from .memory import (
 )
 from .model import Model
 from .models import step
+from .quants import DECODE_PATHS
 
 if TYPE_CHECKING:
     from .backends.gl.offload import GpuContext
@@ -52,6 +53,10 @@ class ContextParams:
     # refuse a context clearly larger than the memory available (memory.check_fits); the
     # environment variable GGSTATION_NO_MEM_CHECK=1 turns the check off too
     check_memory: bool = True
+    # the mat-vecs' formulation (quants.DECODE_PATHS: "x16", `--int8` "int8", `--no-int8`
+    # "float"); None: the model's (load_model's decode_path). init_from_params loads the model
+    # for this path too, since the weights' interleaved copies depend on it.
+    decode_path: str | None = None
 
 
 MAX_SEQ = 256  # llama.cpp's LLAMA_MAX_SEQ
@@ -96,6 +101,8 @@ class Context:
         self.n_seq_max = params.n_seq_max
         self.n_ctx_seq = ctx_per_seq(n_ctx, params.n_seq_max, params.kv_unified)
         self.params = params
+        # read by every ubatch (UbatchState.path) and the compiled steps (step.for_context)
+        self.decode_path: str = params.decode_path or model.decode_path
         if self.n_ctx_seq > cfg.n_ctx_train:  # llama.cpp's warning, word for word
             log.warning("n_ctx_seq (%d) > n_ctx_train (%d) -- possible training context overflow",
                         self.n_ctx_seq, cfg.n_ctx_train)
@@ -198,6 +205,8 @@ def check_params(params: ContextParams, n_ctx: int) -> None:
         raise EngineError(f"invalid number of sequences {params.n_seq_max} (-np): must be 1..{MAX_SEQ}")
     if params.n_ubatch < 1 or params.n_batch < 1:
         raise EngineError(f"n_batch and n_ubatch must be >= 1 (got {params.n_batch} and {params.n_ubatch})")
+    if params.decode_path is not None and params.decode_path not in DECODE_PATHS:
+        raise EngineError(f"invalid decode path {params.decode_path!r}: must be one of {', '.join(DECODE_PATHS)}")
     if not params.kv_unified and n_ctx < params.n_seq_max:
         raise EngineError(f"a context of {n_ctx} positions cannot be split over {params.n_seq_max} sequences; "
                           "raise -c/--ctx-size or lower -np/--parallel")

@@ -83,7 +83,8 @@ def init_from_params(path: str | os.PathLike, params: InitParams, *, progress: P
 
     Args:
         path: the .gguf file (its first part).
-        params: threads, GPU offload, the context's and the scheduler's parameters.
+        params: threads, GPU offload, the context's (its decode path too) and the scheduler's
+            parameters.
         progress: load_model's progress(fraction, message), then one message before the
             context's buffers are allocated.
         check: called with the loaded model before its context is built; an exception it
@@ -96,8 +97,9 @@ def init_from_params(path: str | os.PathLike, params: InitParams, *, progress: P
     from .context import Context
     from .model import load_model
 
-    model = load_model(path, n_threads=params.n_threads, progress=progress,
-                       n_gpu_layers=params.n_gpu_layers, device=params.device)
+    # the model is loaded for its context's decode path (the kernels it loads, the copies it makes)
+    model = load_model(path, n_threads=params.n_threads, progress=progress, n_gpu_layers=params.n_gpu_layers,
+                       device=params.device, decode_path=params.context.decode_path)
     try:
         if check is not None:
             check(model)

@@ -39,7 +39,7 @@ def warmup(model, report=None) -> float:
         if t.qtype in seen:
             continue
         seen.add(t.qtype)
-        warmup_quant(t)
+        warmup_quant(t, model.decode_path)
     inv_freq = np.ones(2)
     for rows in (1, ops.PARALLEL_MIN_ROWS):  # serial and parallel variants
         x = np.ones((rows, 2, 4), np.float32)

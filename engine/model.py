@@ -17,6 +17,7 @@ from .gguf_split import open_gguf
 from .jit import on_passing_thread, set_num_threads
 from .models import Architecture, get_arch
 from .models.base import ModelWeights, load_weights
+from .quants import check_decode_path, default_decode_path
 from .quants.base import QTensor
 
 if TYPE_CHECKING:
@@ -27,13 +28,18 @@ ProgressFn = Callable[[float, str], None]
 
 
 class Model:
-    def __init__(self, gguf: GGUFFile, arch: Architecture, cfg: ModelConfig, weights: ModelWeights):
+    def __init__(self, gguf: GGUFFile, arch: Architecture, cfg: ModelConfig, weights: ModelWeights,
+                 decode_path: str = "x16"):
         self.gguf = gguf
         self.arch = arch  # its config reader, layer loader and block (engine/models)
         self.cfg = cfg
         self.weights: ModelWeights | None = weights  # None once closed
         self.gpu: GpuModel | None = None  # the layers offloaded to a GPU (-ngl), if any
         self.path = gguf.path
+        # the mat-vecs' formulation (quants.DECODE_PATHS) its contexts decode on unless their
+        # parameters name another; its kernels are the ones loaded, and every path but "float"
+        # makes the row-interleaved copies (QTensor.packed) as the decode first reads them
+        self.decode_path = check_decode_path(decode_path)
         self._tokenizer: Tokenizer | None = None
 
     @property
@@ -86,7 +92,7 @@ def _n_elements(shape: Iterable[int]) -> int:
 
 def load_model(path: str | os.PathLike, n_threads: int | None = None,
                progress: ProgressFn | None = None, *, n_gpu_layers: int = 0,
-               device: str | None = None) -> Model:
+               device: str | None = None, decode_path: str | None = None) -> Model:
     """Memory-map a GGUF, check it, bind its weights and build its tokenizer.
 
     Args:
@@ -98,19 +104,23 @@ def load_model(path: str | os.PathLike, n_threads: int | None = None,
             head alone, n_layer + 1 or more or a negative N = everything).
         device: the GPU device's name (engine.backends.list_devices), a comma list of names,
             or "none" (CPU only); None for the first GPU that is available.
+        decode_path: the mat-vecs' formulation (quants.DECODE_PATHS: `--int8` "int8",
+            `--no-int8` "float"); None: quants.default_decode_path() (the environment's, "x16").
     Raises:
+        ValueError: a decode path that is not one of quants.DECODE_PATHS.
         GGUFError (MetadataError, MissingTensorError), UnsupportedArchError,
         UnsupportedQuantError, TokenizerError on bad or unsupported files. The file is unmapped
         before the error leaves, whatever raised (the progress callback included).
     """
     report = progress or (lambda frac, msg: None)
+    path_ = check_decode_path(decode_path or default_decode_path())
     gpu = pick_gpu(device) if n_gpu_layers != 0 else None
     t0 = time.perf_counter()
     set_num_threads(n_threads or 0)
     report(0.0, f"mapping {os.path.basename(os.fspath(path))}")
     f = open_gguf(path)  # a split set (<name>-00001-of-0000N.gguf) opens as one file
     with closing_on_error(f):  # this frame keeps no view of the map: _build's frames are cleared
-        model = _build(f, report)
+        model = _build(f, report, path_)
     if gpu is not None:
         report(0.9, f"offloading layers to {gpu}")
         from .backends import gl
@@ -161,10 +171,10 @@ def check_model(f: GGUFFile) -> tuple[Architecture, ModelConfig, ModelWeights, T
     return arch, cfg, weights, load_tokenizer(f)
 
 
-def _build(f: GGUFFile, report: ProgressFn) -> Model:
+def _build(f: GGUFFile, report: ProgressFn, decode_path: str) -> Model:
     report(0.3, "checking the model and binding tensors")
     arch, cfg, weights, tokenizer = check_model(f)
-    model = Model(f, arch, cfg, weights)
+    model = Model(f, arch, cfg, weights, decode_path)
     model._tokenizer = tokenizer
     report(0.8, "loading kernels")
     from .kernels_warmup import warmup

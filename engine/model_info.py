@@ -65,15 +65,18 @@ class ModelInfo:
     def ok(self) -> bool:
         return self.error is None
 
-    def estimate(self, **kw) -> MemoryReport:
+    def estimate(self, decode_path: str | None = None, **kw) -> MemoryReport:
         """Memory estimate for ContextParams-like keyword arguments (n_ctx, n_seq_max, ...,
-        n_gpu_layers and gpu_device for the per-device split)."""
+        n_gpu_layers and gpu_device for the per-device split); decode_path: the one the model
+        would be loaded for (None: quants.default_decode_path()), whose interleaved copies
+        count unless it is "float"."""
         if self.cfg is None:
             raise EngineError(f"{self.path}: cannot estimate memory: {self.error}")
         kw.setdefault("layer_weights_bytes", self.layer_weights_bytes)
         kw.setdefault("output_weights_bytes", self.output_weights_bytes)
         kw.setdefault("output_tied_bytes", self.output_tied_bytes)
-        kw.setdefault("repacked_bytes", self.repackable_bytes if quants.decode_path() != "float" else 0)
+        path = decode_path or quants.default_decode_path()
+        kw.setdefault("repacked_bytes", self.repackable_bytes if path != "float" else 0)
         return estimate_memory(self.cfg, self.weights_bytes, self.n_tensors, **kw)
 
 

@@ -331,33 +331,20 @@ def add_mem_check_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
-class _Int8Action(argparse.Action):
-    """`--int8` / `--no-int8`: choose the decode path as soon as the flag is parsed (before any
-    kernel runs; the same as GGSTATION_INT8=1 / GGSTATION_NO_INT8=1; neither: the default,
-    quants' "x16"). The last one given wins."""
-
-    def __init__(self, option_strings, dest, **kwargs):
-        super().__init__(option_strings, dest, nargs=0, **kwargs)
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        from . import quants
-
-        on = option_string == "--int8"
-        quants.use_int8(on)
-        setattr(namespace, self.dest, on)
-
-
 def add_int8_arg(parser: argparse.ArgumentParser) -> None:
-    """--int8 / --no-int8: the decode path (engine/quants/__init__.py, set_decode_path)."""
+    """--int8 / --no-int8: the decode path (engine/quants/__init__.py, DECODE_PATHS), as
+    `decode_path` "int8" or "float"; neither: None, which the model's load turns into the
+    default (GGSTATION_INT8=1 / GGSTATION_NO_INT8=1, else "x16"). The last one given wins.
+    CommonParams.decode_path carries it to ContextParams.decode_path."""
     g = group(parser, COMMON)
     g.add_argument(
-        "--int8", dest="int8", action=_Int8Action, default=None,
+        "--int8", dest="decode_path", action="store_const", const="int8", default=None,
         help="llama.cpp's int8 dot products against activations rounded to 8 bits (Q8 blocks; the "
         "rounding moves each logit by a draw of ~0.5 %%) instead of the default's two 8-bit planes "
         "(~15 bits, float-grade) (also: GGSTATION_INT8=1)",
     )
     g.add_argument(
-        "--no-int8", dest="int8", action=_Int8Action, default=None,
+        "--no-int8", dest="decode_path", action="store_const", const="float", default=None,
         help="float32 activations times the weights unpacked to float: the exact, slower oracle "
         "(also: GGSTATION_NO_INT8=1)",
     )
@@ -500,6 +487,7 @@ class CommonParams:
     n_gpu_layers: int = 0
     device: str | None = None
     mem_check: bool = True  # --no-mem-check turns it off
+    decode_path: str | None = None  # --int8 "int8", --no-int8 "float"; None: quants.default_decode_path()
 
     @property
     def n_slots(self) -> int:
@@ -551,6 +539,7 @@ def to_context_params(p: CommonParams, **overrides: object) -> ContextParams:
         type_v=p.cache_type_v,
         kv_unified=p.unified_kv,
         check_memory=p.mem_check,
+        decode_path=p.decode_path,
     )
     kw.update(overrides)
     return ContextParams(**kw)  # type: ignore[arg-type]

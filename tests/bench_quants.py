@@ -61,12 +61,10 @@ def bench_int8_vs_float(w, rounds=5):
     macs = w.n_rows * w.n_cols
     best_t = [np.inf] * 4
     for _ in range(rounds):
-        for k, int8 in enumerate((True, False)):
-            quants.use_int8(int8)
-            best_t[k] = min(best_t[k], best(lambda: quants.matvec(w, x[0], out), reps=20, min_time=0.05))
-            best_t[2 + k] = min(best_t[2 + k], best(lambda: quants.matvec_multi(w, x, out4), reps=10,
+        for k, path in enumerate(("int8", "float")):
+            best_t[k] = min(best_t[k], best(lambda p=path: quants.matvec(w, x[0], out, p), reps=20, min_time=0.05))
+            best_t[2 + k] = min(best_t[2 + k], best(lambda p=path: quants.matvec_multi(w, x, out4, p), reps=10,
                                                       min_time=0.05))
-    quants.use_int8(True)
     return macs / best_t[0] / 1e9, macs / best_t[1] / 1e9, 4 * macs / best_t[2] / 1e9, 4 * macs / best_t[3] / 1e9
 
 
@@ -92,7 +90,7 @@ def main():
     args = ap.parse_args()
     n = jit.set_num_threads(args.threads)
     wanted = {t.strip().upper() for t in args.types.split(",") if t.strip()}
-    print(f"threads: {n}, portable table lookup: {jit.PORTABLE_LUT}, int8: {quants.int8_enabled()}")
+    print(f"threads: {n}, portable table lookup: {jit.PORTABLE_LUT}, decode path: {quants.default_decode_path()}")
     if args.int8_vs_float:
         print(f"{'type':6} {'shape':>12} {'1 tok int8':>11} {'float':>6} {'4 tok int8':>11} {'float':>6}  GMAC/s")
         for qt in ALL:

@@ -41,8 +41,8 @@ def _log_softmax(x):
     return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
-def compare(model, ref, n_ubatch: int) -> tuple[float, float, int, int]:
-    ctx = Context(model, ContextParams(n_ctx=256, n_ubatch=n_ubatch))
+def compare(model, ref, n_ubatch: int, decode_path: str) -> tuple[float, float, int, int]:
+    ctx = Context(model, ContextParams(n_ctx=256, n_ubatch=n_ubatch, decode_path=decode_path))
     errs, flips, n_steps = [], 0, 0
     for r in ref["results"]:
         ids = r["prompt_ids"] + [s["id"] for s in r["steps"]]
@@ -66,8 +66,7 @@ def main(names: list[str]) -> None:
         model = load_model(model_store.ensure(MODELS[name]))
         ref = json.loads((DATA / f"greedy-{name}.json").read_text(encoding="utf-8"))
         for mode, (int8, n_ubatch) in modes.items():
-            quants.use_int8(int8)
-            mean, mx, flips, n = compare(model, ref, n_ubatch)
+            mean, mx, flips, n = compare(model, ref, n_ubatch, "int8" if int8 else "float")
             print(f"{name:8s} {mode:14s} top-10 log-prob error mean {mean:.4f} max {mx:.3f}, "
                   f"greedy flips {flips}/{n}", flush=True)
 

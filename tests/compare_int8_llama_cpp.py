@@ -29,7 +29,6 @@ from gguf import GGMLQuantizationType
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine import quants  # noqa: E402
 from engine.batch import Batch  # noqa: E402
 from engine.context import Context, ContextParams  # noqa: E402
 from engine.model import load_model  # noqa: E402
@@ -83,8 +82,7 @@ def build(llama_cpp: Path, lib_dir: Path, out: Path) -> Path:
 
 
 def ours(path: Path, int8: bool) -> np.ndarray:
-    quants.use_int8(int8)
-    model = load_model(path)
+    model = load_model(path, decode_path="int8" if int8 else "float")
     try:
         ctx = Context(model, ContextParams(n_ctx=64, type_k="f32", type_v="f32"))
         return np.stack([ctx.decode(Batch.for_sequence([t], i))[0]

@@ -20,19 +20,28 @@ INT8_MODULES = frozenset({"test_quants_int8"})
 FLOAT_MODULES = frozenset({"test_quants"})
 
 
+# The suite's default path is the product's, whatever GGSTATION_INT8 / GGSTATION_NO_INT8 say:
+# models loaded by module- and session-scoped fixtures (before _decode_path runs) decode on it.
+quants.set_default_decode_path("x16")
+
+
 @pytest.fixture(autouse=True)
 def _decode_path(request):
-    """The default decode path, or the one the module or a marker asks for."""
-    was = quants.decode_path()
+    """The default decode path (quants.set_default_decode_path), or the one the module or a
+    marker asks for: what the models the test loads without naming a path decode on (their
+    contexts take the model's unless ContextParams.decode_path names one), and what a direct
+    quants mat-vec without a path runs. A test that loads its model in a module- or
+    session-scoped fixture names the path in its ContextParams instead."""
+    was = quants.default_decode_path()
     module = request.node.module.__name__.rsplit(".", 1)[-1] if request.node.module else ""
     if module in INT8_MODULES or request.node.get_closest_marker("int8") is not None:
-        quants.set_decode_path("int8")
+        quants.set_default_decode_path("int8")
     elif module in FLOAT_MODULES or request.node.get_closest_marker("float") is not None:
-        quants.set_decode_path("float")
+        quants.set_default_decode_path("float")
     else:
-        quants.set_decode_path("x16")
+        quants.set_default_decode_path("x16")
     yield
-    quants.set_decode_path(was)
+    quants.set_default_decode_path(was)
 
 # llama.cpp's own output on the starter models, copied byte for byte (tests/data/README.md).
 REFERENCE_DIR = Path(__file__).resolve().parent / "data"

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from engine import ops, quants
+from engine import ops
 from engine.batch import Batch
 from engine.context import Context, ContextParams
 from engine.model import load_model
@@ -113,15 +113,14 @@ def test_step_gives_the_python_blocks_logits_bit_for_bit(tiny, arch, monkeypatch
 def test_step_float_path(tiny, arch, monkeypatch):
     """The float oracle (`--no-int8`) through the steps too: the Python blocks' bits."""
     model = load_model(tiny[arch])
-    assert quants.decode_path() == "float"
+    assert model.decode_path == "float"  # the marker's default, which the context takes
     assert np.array_equal(decode_all(model, "1", monkeypatch), decode_all(model, "0", monkeypatch))
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3", "phi3", "olmo2", "qwen3moe", "qwen2moe", "gpt-oss",
                                   "gpt-oss-mxfp4"])
 def test_step_int8_path_and_f32_cache(tiny, arch, monkeypatch):
-    model = load_model(tiny[arch])
-    quants.use_int8(True)
+    model = load_model(tiny[arch], decode_path="int8")
     want = decode_all(model, "0", monkeypatch, type_k="f32", type_v="f32")
     got = decode_all(model, "1", monkeypatch, type_k="f32", type_v="f32")
     assert np.array_equal(got, want)
@@ -129,13 +128,13 @@ def test_step_int8_path_and_f32_cache(tiny, arch, monkeypatch):
 
 
 def test_step_switches_with_the_decode_path(tiny, monkeypatch):
-    """use_int8 between two decodes of one context: the steps follow it."""
+    """The context's decode path changed between two decodes: the steps follow it."""
     monkeypatch.setenv("GGSTATION_STEP", "1")
     ctx = Context(load_model(tiny["llama"]), ContextParams(n_ctx=64))
     ctx.decode(Batch.for_sequence(TOKENS[:4], 0, 0))
     ctx.decode(Batch.for_sequence(TOKENS[4:5], 4, 0))
     first = step.for_context(ctx)
-    quants.use_int8(True)
+    ctx.decode_path = "int8"
     assert step.for_context(ctx) is not first and step.for_context(ctx).path == "int8"
 
 
@@ -163,8 +162,7 @@ def test_step_serves_sequences_of_split_and_unified_caches(tiny, unified, monkey
 def test_several_token_step_serves_slots_decoding_together(tiny, arch, unified, int8, served, monkeypatch):
     """Ubatches of 2..8 tokens: three sequences' tokens together (interleaved, as a scheduler
     may order them), and three tokens of one sequence: the Python blocks' logits bit for bit."""
-    model = load_model(tiny[arch])
-    quants.use_int8(int8)
+    model = load_model(tiny[arch], decode_path="int8" if int8 else "float")
 
     def run(flag):
         monkeypatch.setenv("GGSTATION_STEP", flag)
@@ -393,8 +391,7 @@ def test_moe_steps_serve_slots_decoding_together(tiny, arch, int8, served, monke
     """Several sequences on a MoE model: ubatches of three tokens run their attention and router
     in the several-token step and their experts through moe.ffn, one-token ubatches take the
     experts step; the logits are the Python blocks' bit for bit."""
-    model = load_model(tiny[arch])
-    quants.use_int8(int8)
+    model = load_model(tiny[arch], decode_path="int8" if int8 else "float")
 
     def run(flag):
         monkeypatch.setenv("GGSTATION_STEP", flag)

@@ -46,11 +46,11 @@ def test_int8_decode_matches_oracle(tiny):
     """Decode on the int8 path (8-bit activations, as llama.cpp) stays within the activations'
     quantisation error of the float64 oracle (the float path: 2e-3; measured 4.5e-3 here); the
     prompt of 22 tokens runs the batch path, the 8-token ubatches the int8 mat-vecs."""
-    ctx = Context(tiny, ContextParams(n_ctx=64, **F32))
+    ctx = Context(tiny, ContextParams(n_ctx=64, decode_path="int8", **F32))
     steps = np.stack([ctx.decode(Batch.for_sequence([t], i))[0] for i, t in enumerate(TOKENS)])
     ref = oracle_logits(tiny.path, TOKENS, ctx.n_ctx_seq)
     _close(steps, ref, 2e-2)
-    ctx = Context(tiny, ContextParams(n_ctx=64, n_ubatch=8, **F32))
+    ctx = Context(tiny, ContextParams(n_ctx=64, n_ubatch=8, decode_path="int8", **F32))
     _close(ctx.decode(Batch.for_sequence(TOKENS, 0, logits_all=True)), ref, 2e-2)
 
 

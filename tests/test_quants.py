@@ -135,18 +135,14 @@ def test_matvec_multi_many_matches_matvec_multi(qtype, int8):
     each weight the bits matvec_multi gives it alone, for 2..8 tokens and 1..3 weights."""
     ws = [make_tensor(qtype, n, _cols(qtype), seed=20 + n) for n in (37, 16, 5)]
     x = np.random.default_rng(8).standard_normal((8, ws[0].n_cols)).astype(np.float32)
-    was = quants.int8_enabled()
-    quants.use_int8(int8)
-    try:
-        for n_tok, n_w in ((2, 3), (3, 1), (4, 3), (5, 2), (8, 3)):
-            outs = [np.full((n_tok, w.n_rows), np.nan, np.float32) for w in ws[:n_w]]
-            quants.matvec_multi_many(ws[:n_w], x[:n_tok], outs)
-            for w, o in zip(ws[:n_w], outs, strict=True):
-                alone = np.full((n_tok, w.n_rows), np.nan, np.float32)
-                quants.matvec_multi(w, x[:n_tok], alone)
-                np.testing.assert_array_equal(o, alone, err_msg=f"{n_tok} tokens, {n_w} weights")
-    finally:
-        quants.use_int8(was)
+    path = "int8" if int8 else "float"
+    for n_tok, n_w in ((2, 3), (3, 1), (4, 3), (5, 2), (8, 3)):
+        outs = [np.full((n_tok, w.n_rows), np.nan, np.float32) for w in ws[:n_w]]
+        quants.matvec_multi_many(ws[:n_w], x[:n_tok], outs, path)
+        for w, o in zip(ws[:n_w], outs, strict=True):
+            alone = np.full((n_tok, w.n_rows), np.nan, np.float32)
+            quants.matvec_multi(w, x[:n_tok], alone, path)
+            np.testing.assert_array_equal(o, alone, err_msg=f"{n_tok} tokens, {n_w} weights")
 
 
 def test_matmul_many_fuses_few_tokens_and_mixed_types(monkeypatch):

@@ -202,26 +202,21 @@ def test_int8_close_to_float_path(qtype):
     """The int8 path differs from the exact float path by x's quantisation error only."""
     w = make_tensor(qtype, 64, _cols(qtype) * 2, seed=3)
     x = np.random.default_rng(4).standard_normal((2, w.n_cols)).astype(F32)
-    was = quants.int8_enabled()
-    try:
-        y = {}
-        for on in (False, True):
-            quants.use_int8(on)
-            y[on] = np.empty((2, w.n_rows), F32)
-            quants.matvec_multi(w, x, y[on])
-    finally:
-        quants.use_int8(was)
+    y = {}
+    for on in (False, True):
+        y[on] = np.empty((2, w.n_rows), F32)
+        quants.matvec_multi(w, x, y[on], "int8" if on else "float")
     err = nerr(y[True], y[False])
     assert 1e-4 < err < 2e-2  # Q8 has 8 bits: ~0.5 %; 0 would mean the float path ran
 
 
 def test_int8_switch():
-    """GGSTATION_INT8 turns the int8 path on (the default is the two-plane path, "x16"),
+    """GGSTATION_INT8 makes the int8 path the default (else the two-plane path, "x16"),
     GGSTATION_NO_INT8 the float oracle, whatever GGSTATION_INT8 says."""
-    code = ("from engine import quants, jit; print(jit.INT8, quants.int8_enabled(), quants.decode_path())")
-    for on, off, want in (("", "", "False False x16"), ("1", "", "True True int8"), ("0", "", "False False x16"),
-                          ("1", "1", "False False float"), ("1", "0", "True True int8"),
-                          ("", "1", "False False float")):
+    code = ("from engine import quants, jit; print(jit.INT8, quants.default_decode_path())")
+    for on, off, want in (("", "", "False x16"), ("1", "", "True int8"), ("0", "", "False x16"),
+                          ("1", "1", "False float"), ("1", "0", "True int8"),
+                          ("", "1", "False float")):
         env = {k: v for k, v in os.environ.items() if k not in ("GGSTATION_INT8", "GGSTATION_NO_INT8")}
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            env={**env, "GGSTATION_INT8": on, "GGSTATION_NO_INT8": off}, check=True)
@@ -322,16 +317,22 @@ def test_portable_int8_lowers_on_other_targets(qtype, triple, cpu, features):
 
 
 def test_int8_flags():
-    """`--int8` / `--no-int8` on the model-running commands choose the decode path; the last wins."""
+    """`--int8` / `--no-int8` on the model-running commands choose the decode path of the
+    parameters (CommonParams, then ContextParams); the last wins; parsing changes no default."""
     from engine.cli import build_parser, parse_args
+    from engine.params import common_params, to_context_params
 
     parser = build_parser()
-    quants.use_int8(False)
+    was = quants.default_decode_path()
     args = parse_args(parser, ["bench", "-m", "smollm2"])
-    assert args.int8 is None and not quants.int8_enabled()
+    assert args.decode_path is None
     for cmd in ("bench", "generate", "perplexity", "serve", "chat"):
         extra = ["-f", "text.txt"] if cmd == "perplexity" else []
         args = parse_args(parser, [cmd, "-m", "smollm2", "--int8", *extra])
-        assert args.int8 is True and quants.int8_enabled(), cmd
+        assert args.decode_path == "int8", cmd
         args = parse_args(parser, [cmd, "-m", "smollm2", "--int8", "--no-int8", *extra])
-        assert args.int8 is False and quants.decode_path() == "float", cmd
+        assert args.decode_path == "float", cmd
+    for cmd in ("generate", "serve", "chat"):  # the commands that build their context from CommonParams
+        args = parse_args(parser, [cmd, "-m", "smollm2", "--no-int8"])
+        assert to_context_params(common_params(args)).decode_path == "float", cmd
+    assert quants.default_decode_path() == was

@@ -166,14 +166,13 @@ def test_packed_copy_is_made_once_and_counted():
 
 def test_float_path_and_expert_slices_keep_the_raw_rows():
     w = make_tensor(T.Q8_0, 16, 64)
-    quants.use_int8(False)
-    quants.matvec(w, np.ones(64, F32), np.empty(16, F32))
+    quants.matvec(w, np.ones(64, F32), np.empty(16, F32), "float")
     assert w.packed_nbytes == 0
     raw = np.zeros((3 * 16, 2 * 34), np.uint8)
     stack = ExpertTensor("exps", T.Q8_0, 3, 16, 64, raw)
     e = stack.expert(1)
     assert not e.pack and e.packed is None
-    assert not quants.interleaved(e, quants.QUANT_TYPES[T.Q8_0])
+    assert not quants.interleaved(e, quants.QUANT_TYPES[T.Q8_0], "x16")
 
 
 @pytest.mark.int8
@@ -312,8 +311,7 @@ def test_memory_report_counts_the_copies(tmp_path):
     assert report.total_bytes == report.weights_bytes + report.kv_bytes + report.compute_bytes + report.metadata_bytes
     est = inspect_model(path).estimate(n_ctx=64).repacked_bytes
     assert est <= report.repacked_bytes <= est * 1.01  # the copies' last groups are padded
-    quants.use_int8(False)
-    assert inspect_model(path).estimate(n_ctx=64).repacked_bytes == 0
+    assert inspect_model(path).estimate("float", n_ctx=64).repacked_bytes == 0
 
 
 @pytest.mark.parametrize("qtype", RP_TYPES, ids=lambda t: t.name)
@@ -389,7 +387,7 @@ def test_default_path_is_float_grade(qtype):
     off; one token gives the same bits alone or in a batch."""
     from engine.quants.reference import dequant_ref
 
-    assert quants.decode_path() == "x16"
+    assert quants.default_decode_path() == "x16"
     w = make_tensor(qtype, 29, _cols(qtype), seed=8)
     x = np.random.default_rng(9).standard_normal((5, w.n_cols)).astype(F32)
     wf = dequant_ref(w.raw, qtype).astype(np.float64)
@@ -400,8 +398,7 @@ def test_default_path_is_float_grade(qtype):
     one = np.full(29, np.nan, F32)
     quants.matvec(w, x[2], one)
     assert (one == out[2]).all()
-    quants.set_decode_path("int8")
-    quants.matvec_multi(w, x, out)
+    quants.matvec_multi(w, x, out, "int8")
     assert (np.abs(out - ref) > 1e-4 * scale).any()  # 8 bits: the two planes do matter
 
 
@@ -417,9 +414,8 @@ def test_a_short_prompt_gives_the_bits_of_its_tokens_decoded_one_by_one(tmp_path
     from tests.ggufgen import write_tiny_model
 
     monkeypatch.setenv("GGSTATION_STEP", "1")
-    quants.set_decode_path(path)
     model = load_model(write_tiny_model(tmp_path / "m.gguf", "llama", n_layer=2, n_embd=256, n_ff=512, qtype=T.Q4_0))
-    ctx = Context(model, ContextParams(n_ctx=64))
+    ctx = Context(model, ContextParams(n_ctx=64, decode_path=path))
     prompt = [1, 7, 3, 9, 4, 12, 5, 8, 2, 11, 6]
     assert 8 < len(prompt) <= quants.MATVEC_MAX_TOKENS
     a = [ctx.decode(Batch.for_sequence(prompt, 0))[0].copy()]

@@ -52,8 +52,9 @@ def _log_softmax(x):
 def test_greedy_and_logprobs_match_llama_cpp(model_and_ref, path):
     """Teacher-forced with llama.cpp's own tokens so one near-tie does not derail the rest."""
     model, ref = model_and_ref
-    # ubatches of MATVEC_MAX_TOKENS run the decode path's mat-vecs
-    ctx = Context(model, ContextParams(n_ctx=256, n_ubatch=MATVEC_MAX_TOKENS if path == "int8" else 512))
+    # ubatches of MATVEC_MAX_TOKENS run the decode path's mat-vecs (the model is the module's)
+    ctx = Context(model, ContextParams(n_ctx=256, n_ubatch=MATVEC_MAX_TOKENS if path == "int8" else 512,
+                                       decode_path="int8" if path == "int8" else "x16"))
     mismatches, errs = [], []
     for r in ref["results"]:
         ids = r["prompt_ids"] + [s["id"] for s in r["steps"]]

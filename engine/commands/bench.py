@@ -108,11 +108,9 @@ class _Output:
             print(f"| --- | ---: | ---: | --- | {'---: | ' if show_ngl else ''}---: | ---: | ---: |")
 
     def set_model(self, model, ngl: int) -> None:
-        from .. import quants
-
         # which decode path ran: the numbers of the two differ by ~10 %
         self.backend = {"x16": "CPU (numba)", "int8": "CPU (numba, int8)", "float": "CPU (numba, float)"}[
-            quants.decode_path()]
+            model.decode_path]
         if model.gpu is not None:
             self.backend = "OpenGL"
         self.ngl = ngl
@@ -152,10 +150,11 @@ def _load(args: argparse.Namespace, path, ngl: int):
     from ..model import load_model
 
     if "engine" not in args.path:
-        return load_model(path, n_gpu_layers=ngl, device=args.device), None
+        return load_model(path, n_gpu_layers=ngl, device=args.device, decode_path=args.decode_path), None
     n_ctx = max([p + g + d for p, g in _tests(args) for d in args.n_depth] + [16])
     context = ContextParams(n_ctx=n_ctx, n_batch=args.batch_size, n_ubatch=args.ubatch_size,
-                            type_k=args.cache_type_k, type_v=args.cache_type_v, check_memory=not args.no_mem_check)
+                            type_k=args.cache_type_k, type_v=args.cache_type_v, check_memory=not args.no_mem_check,
+                            decode_path=args.decode_path)
     loaded = init_from_params(path, InitParams(context, n_gpu_layers=ngl, device=args.device))
     return loaded.model, loaded.ctx
 
@@ -180,18 +179,19 @@ def gui_command(model: str, n_gen: int, reps: int, n_threads: int) -> list[str]:
 
 
 def _run_path(args: argparse.Namespace, model, path: str, out: _Output) -> None:
-    """The http or gui path: tgN for each -n and -t (and --clients for http)."""
-    from .. import quants
+    """The http or gui path: tgN for each -n and -t (and --clients for http), on the model's
+    decode path (the child processes are put on it: bench_paths)."""
     from ..tools import bench_paths
+
     for n_threads, n_gen in itertools.product(args.threads, [n for n in args.n_gen if n]):
         n_threads = init_threads(n_threads)
         if path == "gui":
             command = gui_command(model.path, n_gen, args.repetitions, n_threads)
-            out.add(bench_paths.bench_gui(command, n_gen, n_threads, decode_path=quants.decode_path()), n_threads)
+            out.add(bench_paths.bench_gui(command, n_gen, n_threads, decode_path=model.decode_path), n_threads)
             continue
         for n_clients in args.clients:
             r = bench_paths.bench_http(model.path, n_gen, args.repetitions, n_threads, n_clients,
-                                       decode_path=quants.decode_path())
+                                       decode_path=model.decode_path)
             out.add(r, n_threads)
 
 

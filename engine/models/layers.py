@@ -10,8 +10,8 @@ buffers and returns the view it wrote, so a block reads as a short chain of call
     s.x += attention(s, il, q, k, v, lw.attn_output)
     s.x += ffn(s, norm(s, s.x, lw.ffn_norm), lw.ffn_gate, lw.ffn_up, lw.ffn_down, "silu")
 
-Projections go through quants.matmul: quantised mat-vecs for a few tokens (decode),
-dequantised tiles + BLAS for many (prefill).
+Projections go through quants.matmul on the context's decode path (UbatchState.path):
+quantised mat-vecs for a few tokens (decode), dequantised tiles + BLAS for many (prefill).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ class UbatchState:
         cfg, b = ctx.cfg, ctx.buf
         T = len(ub)
         self.cfg, self.kv, self.buf, self.tile = cfg, ctx.kv, b, b.tile
+        self.path: str = ctx.decode_path  # the context's decode path, passed to every mat-mul
         self.n_tokens, self.tokens, self.pos, self.seq_id = T, ub.tokens, ub.pos, ub.seq_id
         self.logits = ub.logits  # (T,) bool: entries that want output
         self.x, self.h, self.o = b.x[:T], b.h[:T], b.o[:T]  # residual, normed input, block output
@@ -85,7 +86,7 @@ def qkv(s: UbatchState, h: np.ndarray, wq: QTensor, wk: QTensor, wv: QTensor,
         bq: np.ndarray | None = None, bk: np.ndarray | None = None, bv: np.ndarray | None = None):
     """Queries (T, n_head, head_dim), keys and values (T, n_head_kv, .) of h (T, n_embd),
     plus optional biases. One fused kernel launch for a single token."""
-    matmul_many([wq, wk, wv], h, [s.q, s.k, s.v], s.tile)
+    matmul_many([wq, wk, wv], h, [s.q, s.k, s.v], s.tile, s.path)
     if bq is not None:
         s.q += bq
         s.k += bk
@@ -97,7 +98,7 @@ def qkv_fused(s: UbatchState, h: np.ndarray, wqkv: QTensor):
     """As qkv, from one weight whose output rows are Q | K | V (attn_qkv); needs the
     architecture's extra activation "qkv" (width q_dim + 2 kv_dim)."""
     out = s.buf.qkv[: s.n_tokens]
-    matmul(wqkv, h, out, s.tile)
+    matmul(wqkv, h, out, s.tile, s.path)
     qd, kd = s.q.shape[1], s.k.shape[1]
     np.copyto(s.q, out[:, :qd])
     np.copyto(s.k, out[:, qd : qd + kd])
@@ -157,7 +158,7 @@ def attention(s: UbatchState, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarr
             ops.attention_tokens(np.ascontiguousarray(q[sel]), kv.k[il], kv.v[il], kv_rows, s.pos[sel], window,
                                  scale, softcap, res, sinks, kv_base)
             attn[sel] = res
-    matmul(wo, s.attn, s.o, s.tile)
+    matmul(wo, s.attn, s.o, s.tile, s.path)
     if bo is not None:
         s.o += bo
     return s.o
@@ -166,9 +167,9 @@ def attention(s: UbatchState, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarr
 def ffn(s: UbatchState, h: np.ndarray, gate: QTensor, up: QTensor, down: QTensor,
         act: str) -> np.ndarray:
     """Gated feed-forward down(act(gate h) * up h), act "silu" or "gelu"; returns s.o."""
-    matmul_many([gate, up], h, [s.gate, s.up], s.tile)
+    matmul_many([gate, up], h, [s.gate, s.up], s.tile, s.path)
     ops.gated_act(act, s.gate, s.up, s.gate)
-    matmul(down, s.gate, s.o, s.tile)
+    matmul(down, s.gate, s.o, s.tile, s.path)
     return s.o
 
 
@@ -176,9 +177,9 @@ def ffn_fused(s: UbatchState, h: np.ndarray, gate_up: QTensor, down: QTensor) ->
     """SwiGLU feed-forward from one weight whose output rows are gate | up (phi3's ffn_up);
     needs the architecture's extra activation "gate_up" (width 2 n_ff). Returns s.o."""
     gu = s.buf.gate_up[: s.n_tokens]
-    matmul(gate_up, h, gu, s.tile)
+    matmul(gate_up, h, gu, s.tile, s.path)
     ops.swiglu_fused(gu, s.gate)
-    matmul(down, s.gate, s.o, s.tile)
+    matmul(down, s.gate, s.o, s.tile, s.path)
     return s.o
 
 
@@ -201,7 +202,7 @@ def head(s: UbatchState, w, out: np.ndarray, embeddings: bool, softcap: float = 
     if embeddings:
         out[:] = hs
         return
-    matmul(w.output, hs, out, s.tile)
+    matmul(w.output, hs, out, s.tile, s.path)
     if softcap:
         c = np.float32(softcap)
         out /= c

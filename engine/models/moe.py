@@ -250,7 +250,7 @@ def ffn(s: L.UbatchState, h: np.ndarray, w: MoeWeights, spec: MoeSpec,
         s.o[:] = 0.0
     if logits is None:
         logits = s.buf.router[:T]
-        matmul(w.router, h, logits, s.tile)
+        matmul(w.router, h, logits, s.tile, s.path)
     experts, weights = route(logits, spec, w.router_bias, w.probs_bias)
     run_experts(s, h, w, spec, experts, weights, s.o)
     return s.o
@@ -278,13 +278,13 @@ def run_experts(s: L.UbatchState, h: np.ndarray, w: MoeWeights, spec: MoeSpec,
         n = len(tok)
         hs = h if n == T else np.ascontiguousarray(h[tok])
         g, u, y = s.buf.moe_gate[:n], s.buf.moe_up[:n], s.buf.moe_out[:n]
-        matmul_many([w.gate.expert(e), w.up.expert(e)], hs, [g, u], s.tile)
+        matmul_many([w.gate.expert(e), w.up.expert(e)], hs, [g, u], s.tile, s.path)
         if w.gate_bias is not None:
             g += w.gate_bias[e]
         if w.up_bias is not None:
             u += w.up_bias[e]
         act(g, u, g)
-        matmul(w.down.expert(e), g, y, s.tile)
+        matmul(w.down.expert(e), g, y, s.tile, s.path)
         if w.down_bias is not None:
             y += w.down_bias[e]
         y *= weights[tok, slot][:, None]

@@ -44,7 +44,7 @@ from numba.core.registry import CPUDispatcher
 
 from .. import jit, ops
 from ..kv_cache import KVCache
-from ..quants import MATVEC_MAX_TOKENS, QUANT_TYPES, ExpertTensor, QTensor, decode_path, interleaved, path_op
+from ..quants import MATVEC_MAX_TOKENS, QUANT_TYPES, ExpertTensor, QTensor, interleaved, path_op
 from ..quants._kern import _raw_rows
 from . import moe
 from .spec import LayerSpec
@@ -659,6 +659,7 @@ class StepContext(Protocol):
     buf: Any  # context.Buffers
     n_seq_max: int
     n_ubatch: int
+    decode_path: str  # the mat-vecs' formulation the steps are rendered for (quants.DECODE_PATHS)
     layer_steps: LayerSteps | None
 
 
@@ -667,7 +668,7 @@ def for_context(ctx: StepContext) -> LayerSteps | None:
     decode path changes), or None where none serves."""
     if mode() == "0":
         return None
-    path = decode_path()
+    path = ctx.decode_path
     steps = ctx.layer_steps
     if steps is None or steps.kv is not ctx.kv or steps.path != path:
         try:

@@ -16,14 +16,16 @@ from which _ir.py builds the row loops as LLVM vector IR; the kernels running th
 `prange` over output rows are generated per type from one template (codegen.py ->
 generated/<qtype>.py, with greppable entry points such as `matvec_q4_k`, `dequant_q6_k`).
 
-Decode (matvec, matvec_many, matvec_multi) has three formulations (set_decode_path). The
-float path (`--no-int8`, GGSTATION_NO_INT8=1) unpacks the weights to float32 and pays one FMA
-per weight: the tested oracle. The default, "x16", writes x in two 8-bit planes a block
-(_q8.quantize_planes: ~15 bits) and takes integer dots of both with the row-interleaved copy
-(below): float-grade numbers (~5e-6 relative) at integer speed; types without that copy keep
-the float path. use_int8(True), GGSTATION_INT8=1 or `--int8`
-select llama.cpp's int8 formulation for the block types instead: x quantised once per mat-vec
-to the type's vec_dot_type (_q8.py), integer dots per block, float scales per block
+Decode (matvec, matvec_many, matvec_multi) has three formulations, DECODE_PATHS, which the
+caller names (`path`): a context decodes on its own path (Context.decode_path, from
+ContextParams.decode_path or the model's load_model(decode_path=...)) and passes it down with
+every call. The float path (`--no-int8`, GGSTATION_NO_INT8=1) unpacks the weights to float32
+and pays one FMA per weight: the tested oracle. The default, "x16", writes x in two 8-bit
+planes a block (_q8.quantize_planes: ~15 bits) and takes integer dots of both with the
+row-interleaved copy (below): float-grade numbers (~5e-6 relative) at integer speed; types
+without that copy keep the float path. "int8" (GGSTATION_INT8=1 or `--int8`) selects
+llama.cpp's int8 formulation for the block types instead: x quantised once per mat-vec to the
+type's vec_dot_type (_q8.py), integer dots per block, float scales per block
 (matvec_i8_<qtype>); prefill (matmul beyond MATVEC_MAX_TOKENS) then rounds its activations to
 the same grid, so prefilled and decoded tokens see the same numbers. The block types (each
 with a row-interleaved form, Layout.rp_block) run the
@@ -63,7 +65,10 @@ _TILE_BYTES = 1 << 21
 
 
 DECODE_PATHS = ("x16", "int8", "float")
-_path = jit.DECODE_PATH
+# The path of a model loaded without one (and of a call here that names none): the environment's
+# (jit.DECODE_PATH), or what set_default_decode_path made it. Read when a model is loaded, not
+# per mat-vec: the decode passes its context's path down.
+_default_path = jit.DECODE_PATH
 
 
 @functools.cache
@@ -74,29 +79,32 @@ def vec_dot_types() -> dict[GGMLQuantizationType, str]:
     return {GGMLQuantizationType[s.name]: s.vec_dot for s in TYPES if s.vec_dot}
 
 
-def set_decode_path(path: str) -> None:
-    """The mat-vecs' formulation: "x16" (the default: integer dots over x in two 8-bit planes,
-    ~15 bits, on the row-interleaved copies; float for the types without one), "int8" (llama.cpp's:
-    x quantised once to the type's Q8 blocks) or "float" (the oracle: float32 x times the
-    weights unpacked to float)."""
-    global _path
+def check_decode_path(path: str) -> str:
+    """`path` when it is one of the mat-vecs' formulations: "x16" (the default: integer dots over
+    x in two 8-bit planes, ~15 bits, on the row-interleaved copies; float for the types without
+    one), "int8" (llama.cpp's: x quantised once to the type's Q8 blocks) or "float" (the oracle:
+    float32 x times the weights unpacked to float).
+
+    Raises:
+        ValueError: any other name.
+    """
     if path not in DECODE_PATHS:
         raise ValueError(f"decode path {path!r} is not one of {', '.join(DECODE_PATHS)}")
-    _path = path
+    return path
 
 
-def decode_path() -> str:
-    return _path
+def default_decode_path() -> str:
+    """The path a model is loaded for when its parameters name none (GGSTATION_INT8=1 "int8",
+    GGSTATION_NO_INT8=1 "float", else "x16", unless set_default_decode_path changed it)."""
+    return _default_path
 
 
-def use_int8(on: bool) -> None:
-    """`--int8` (on: llama.cpp's 8-bit activations) or `--no-int8` (off: the float oracle)."""
-    set_decode_path("int8" if on else "float")
-
-
-def int8_enabled() -> bool:
-    """Whether the mat-vecs round x to llama.cpp's 8-bit grid (the prefill then does too)."""
-    return _path == "int8"
+def set_default_decode_path(path: str) -> None:
+    """Change default_decode_path for the models loaded from now on: for tests and measuring
+    scripts that build their models deep inside helpers (tests/conftest.py's INT8_MODULES and
+    FLOAT_MODULES); an engine's own path travels in its parameters (ContextParams.decode_path)."""
+    global _default_path
+    _default_path = check_decode_path(path)
 
 
 def round_to_vec_dot(x: np.ndarray, vec_dot: str) -> tuple[np.ndarray, np.ndarray | None]:
@@ -169,14 +177,14 @@ def get_rows(w: QTensor, ids: np.ndarray, out: np.ndarray) -> None:
 
 def interleaved(w: QTensor, qt: QuantType, path: str | None = None) -> bool:
     """Whether w's mat-vecs run on its row-interleaved copy (QTensor.packed) on the decode path
-    (None: the current one): every path but the float one, for the types that have that form
-    (qt: w's QUANT_TYPES entry, _qt checked)."""
-    return (path or _path) != "float" and qt.repack is not None and w.pack
+    (None: default_decode_path()): every path but the float one, for the types that have that
+    form (qt: w's QUANT_TYPES entry, _qt checked)."""
+    return (path or _default_path) != "float" and qt.repack is not None and w.pack
 
 
-def rows(w: QTensor, qt: QuantType) -> np.ndarray:
-    """The array w's decode kernels take on the current path: the interleaved copy or raw."""
-    if interleaved(w, qt):
+def rows(w: QTensor, qt: QuantType, path: str | None = None) -> np.ndarray:
+    """The array w's decode kernels take on the path: the interleaved copy or raw."""
+    if interleaved(w, qt, path):
         packed = w.packed
         assert packed is not None  # _qt checked the shape, and the type has the form
         return packed
@@ -185,39 +193,47 @@ def rows(w: QTensor, qt: QuantType) -> np.ndarray:
 
 def path_op(qt: QuantType, rp: bool, op: str, path: str | None = None) -> Callable | None:
     """The public wrapper of QuantType field `op` ("matvec", "matvec_same_x", "matvec_multi",
-    "matvec_multi_same_x") on the decode path (None: the current one); rp: the weights are
+    "matvec_multi_same_x") on the decode path (None: default_decode_path()); rp: the weights are
     interleaved (the wrapper then takes their copies). The interleaved copy's kernels (_rp for
     int8, _rp16 for the default), else the int8 rows' (_i8), else the float ones. None when the
     type has no such op. The one choice that quants' dispatch and the compiled steps share."""
-    path = path or _path
+    path = path or _default_path
     if rp:
         return getattr(qt, f"{op}_rp" if path == "int8" else f"{op}_rp16")
     i8 = getattr(qt, f"{op}_i8") if path == "int8" else None
     return i8 if i8 is not None else getattr(qt, op)
 
 
-def matvec(w: QTensor, x: np.ndarray, out: np.ndarray) -> None:
+# The mat-vecs below take the decode path of the caller's context (`path`, one of DECODE_PATHS;
+# None: default_decode_path(), for tests and scripts that call them alone).
+
+
+def matvec(w: QTensor, x: np.ndarray, out: np.ndarray, path: str | None = None) -> None:
+    path = path or _default_path
     qt = _qt(w)
     if qt is None:
         out[:] = dequant_ref(w.raw, w.qtype) @ x
     else:
-        _kernel(qt, interleaved(w, qt), "matvec")(rows(w, qt), x, out)
+        rp = interleaved(w, qt, path)
+        _kernel(qt, rp, "matvec", path)(rows(w, qt, path), x, out)
 
 
-def matvec_many(ws: list[QTensor], x: np.ndarray, outs: list[np.ndarray]) -> None:
+def matvec_many(ws: list[QTensor], x: np.ndarray, outs: list[np.ndarray], path: str | None = None) -> None:
     """outs[i] = ws[i] @ x for weights sharing one input (Q/K/V, gate/up): weights of the same
     type go through one fused kernel launch (saves the per-call and thread wake-up overhead)."""
+    path = path or _default_path
     qt = _qt(ws[0]) if ws else None
     if qt is not None and len(ws) <= 3 and len(outs) == len(ws) and all(
             w.qtype == qt.qtype and _qt(w) is not None and w.pack == ws[0].pack for w in ws):
-        _same_x(qt, interleaved(ws[0], qt))([rows(w, qt) for w in ws], x, outs)  # common case: one launch
+        # common case: one launch
+        _same_x(qt, interleaved(ws[0], qt, path), path)([rows(w, qt, path) for w in ws], x, outs)
         return
-    for qt, rp, raws, os_ in _by_type(ws, x, outs, lambda qt: True, matvec):
-        _same_x(qt, rp)(raws, x, os_)
+    for qt, rp, raws, os_ in _by_type(ws, x, outs, lambda qt: True, matvec, path):
+        _same_x(qt, rp, path)(raws, x, os_)
 
 
 def _by_type(ws: list[QTensor], x: np.ndarray, outs: list[np.ndarray], fusable: Callable[[QuantType], bool],
-             alone: Callable[[QTensor, np.ndarray, np.ndarray], None]
+             alone: Callable[[QTensor, np.ndarray, np.ndarray, str], None], path: str
              ) -> Iterator[tuple[QuantType, bool, list, list]]:
     """Weights sharing x grouped by type and form (interleaved or not), at most 3 a group (the
     fused kernels' arity), for one launch each, as (type, interleaved, rows, outs); a weight
@@ -226,50 +242,54 @@ def _by_type(ws: list[QTensor], x: np.ndarray, outs: list[np.ndarray], fusable: 
     for w, o in zip(ws, outs, strict=True):
         qt = _qt(w)
         if qt is None or not fusable(qt):
-            alone(w, x, o)
+            alone(w, x, o, path)
         else:
-            rp = interleaved(w, qt)
+            rp = interleaved(w, qt, path)
             g = groups.setdefault((qt.qtype, rp), (qt, rp, [], []))
-            g[2].append(rows(w, qt))
+            g[2].append(rows(w, qt, path))
             g[3].append(o)
     for qt, rp, raws, os_ in groups.values():
         for i in range(0, len(raws), 3):
             yield qt, rp, raws[i : i + 3], os_[i : i + 3]
 
 
-def _kernel(qt: QuantType, rp: bool, op: str) -> Callable:
+def _kernel(qt: QuantType, rp: bool, op: str, path: str) -> Callable:
     """path_op's wrapper for an op the caller knows the type has (every type has the mat-vecs;
     the fused ones are asked for after a check)."""
-    f = path_op(qt, rp, op)
+    f = path_op(qt, rp, op, path)
     assert f is not None, f"{qt.qtype.name} has no {op}"
     return f
 
 
-def _same_x(qt: QuantType, rp: bool) -> Callable:
-    """The fused 1..3-weight one-token kernel of the current path (rp: on interleaved copies)."""
-    return _kernel(qt, rp, "matvec_same_x")
+def _same_x(qt: QuantType, rp: bool, path: str) -> Callable:
+    """The fused 1..3-weight one-token kernel of the path (rp: on interleaved copies)."""
+    return _kernel(qt, rp, "matvec_same_x", path)
 
 
-def _multi_same_x(qt: QuantType, rp: bool) -> Callable:
-    return _kernel(qt, rp, "matvec_multi_same_x")
+def _multi_same_x(qt: QuantType, rp: bool, path: str) -> Callable:
+    return _kernel(qt, rp, "matvec_multi_same_x", path)
 
 
-def matvec_multi_many(ws: list[QTensor], x: np.ndarray, outs: list[np.ndarray]) -> None:
+def matvec_multi_many(ws: list[QTensor], x: np.ndarray, outs: list[np.ndarray], path: str | None = None) -> None:
     """outs[i] (T, n_i) = x (T, n_cols) @ ws[i].T for weights sharing x (Q/K/V, gate/up of a
     few tokens: slots decoding together): weights of one type go through one launch, which
     quantises x once (int8 path) and wakes the threads once; the same results as matvec_multi
     on each."""
-    for qt, rp, raws, os_ in _by_type(ws, x, outs, lambda qt: qt.matvec_multi_same_x is not None, matvec_multi):
-        _multi_same_x(qt, rp)(raws, x, os_)
+    path = path or _default_path
+    for qt, rp, raws, os_ in _by_type(ws, x, outs, lambda qt: qt.matvec_multi_same_x is not None, matvec_multi,
+                                      path):
+        _multi_same_x(qt, rp, path)(raws, x, os_)
 
 
-def matvec_multi(w: QTensor, x: np.ndarray, out: np.ndarray) -> None:
+def matvec_multi(w: QTensor, x: np.ndarray, out: np.ndarray, path: str | None = None) -> None:
     """out (T, n_rows) = x (T, n_cols) @ W.T; one pass over the weights for all T tokens."""
+    path = path or _default_path
     qt = _qt(w)
     if qt is None:
         out[:] = x @ dequant_ref(w.raw, w.qtype).T
     else:
-        _kernel(qt, interleaved(w, qt), "matvec_multi")(rows(w, qt), x, out)
+        rp = interleaved(w, qt, path)
+        _kernel(qt, rp, "matvec_multi", path)(rows(w, qt, path), x, out)
 
 
 def tile_rows(n_cols: int, n_tok: int = 512) -> int:
@@ -278,17 +298,20 @@ def tile_rows(n_cols: int, n_tok: int = 512) -> int:
     return int(max(16, min(TILE_ROWS, nbytes // (4 * max(1, n_cols)))))
 
 
-def matmul(w: QTensor, x: np.ndarray, out: np.ndarray, scratch: np.ndarray | None = None) -> None:
-    """out (n_tok, n_rows) = x (n_tok, n_cols) @ W.T; scratch holds >= TILE_ROWS*n_cols floats.
+def matmul(w: QTensor, x: np.ndarray, out: np.ndarray, scratch: np.ndarray | None = None,
+           path: str | None = None) -> None:
+    """out (n_tok, n_rows) = x (n_tok, n_cols) @ W.T; scratch holds >= TILE_ROWS*n_cols floats;
+    path: the decode path (its int8 form rounds the prefill's x to the int8 grid too).
 
     Few tokens: quantised mat-vec reading each weight row once. Many: tiles of rows are
     dequantised into the scratch and multiplied with single-threaded BLAS, the tiles spread
     over engine.parallel's workers (each worker owns one slice of the scratch).
     """
+    path = path or _default_path
     if x.shape[0] <= MATVEC_MAX_TOKENS:
-        matvec_multi(w, x, out)
+        matvec_multi(w, x, out, path)
         return
-    _run_tiles([_Tiles(w, x, out, scratch)])
+    _run_tiles([_Tiles(w, x, out, scratch, path)])
 
 
 class _Tiles:
@@ -298,10 +321,10 @@ class _Tiles:
     striping of parallel.run_parts leaves none of them idle at the end (a 256-row K of a
     640-wide model was one tile: one core)."""
 
-    def __init__(self, w: QTensor, x: np.ndarray, out: np.ndarray, scratch: np.ndarray | None):
+    def __init__(self, w: QTensor, x: np.ndarray, out: np.ndarray, scratch: np.ndarray | None, path: str):
         n_workers = parallel.pool_size()
         self.w, self.out, self.s_err, self.stride = w, out, None, 0
-        if _path == "int8" and w.qtype in vec_dot_types():
+        if path == "int8" and w.qtype in vec_dot_types():
             x, self.s_err = round_to_vec_dot(x, vec_dot_types()[w.qtype])
         self.x = x
         if w.qtype == GGMLQuantizationType.F32:
@@ -341,26 +364,27 @@ def _run_tiles(jobs: list[_Tiles]) -> None:
 
 
 def matmul_many(ws: list[QTensor], x: np.ndarray, outs: list[np.ndarray],
-                scratch: np.ndarray | None = None) -> None:
+                scratch: np.ndarray | None = None, path: str | None = None) -> None:
     """outs[i] = x @ ws[i].T for weights sharing the input x (Q/K/V, gate/up).
 
     Same result as calling matmul for each; for up to MATVEC_MAX_TOKENS tokens (decode, one
     or several slots) the weights of one type run in a single fused kernel launch, and for
     more the tiles of all of them in one round of the worker pool.
     """
+    path = path or _default_path
     if x.shape[0] == 1:
-        matvec_many(ws, x.reshape(-1), [o.reshape(-1) for o in outs])
+        matvec_many(ws, x.reshape(-1), [o.reshape(-1) for o in outs], path)
     elif x.shape[0] <= MATVEC_MAX_TOKENS:
-        matvec_multi_many(ws, x, outs)
+        matvec_multi_many(ws, x, outs, path)
     else:
-        _run_tiles([_Tiles(w, x, o, scratch) for w, o in zip(ws, outs, strict=True)])
+        _run_tiles([_Tiles(w, x, o, scratch, path) for w, o in zip(ws, outs, strict=True)])
 
 
-def warmup(w: QTensor) -> None:
+def warmup(w: QTensor, path: str | None = None) -> None:
     """Compile (or load from numba's cache) every kernel of w's type, on w's first row.
 
     Uses the same array types as real calls (read-only packed rows, float32 C arrays), so the
-    first request does not pay for compilation.
+    first request does not pay for compilation; path: the decode path whose kernels to load.
     """
     qt = _qt(w)
     if qt is None:
@@ -368,9 +392,9 @@ def warmup(w: QTensor) -> None:
     row = QTensor(w.name, w.qtype, 1, w.n_cols, w.raw[:1])
     x = np.zeros((1, w.n_cols), np.float32)
     out = np.zeros((1, 1), np.float32)
-    matvec(row, x[0], out[0])            # fused 1..3-weight mat-vec kernel (decode)
-    matvec_multi(row, x, out)            # 1..8 tokens
-    matvec_multi_many([row], x, [out])   # fused Q/K/V, gate/up of 2..8 tokens
+    matvec(row, x[0], out[0], path)            # fused 1..3-weight mat-vec kernel (decode)
+    matvec_multi(row, x, out, path)            # 1..8 tokens
+    matvec_multi_many([row], x, [out], path)   # fused Q/K/V, gate/up of 2..8 tokens
     dequant_rows(row, 0, 1, np.zeros((1, w.n_cols), np.float32))  # prefill tiles, get_rows
 
 
@@ -378,6 +402,6 @@ __all__ = [
     "ExpertTensor", "QTensor", "QuantType", "QUANT_TYPES", "SUPPORTED", "INTERLEAVED_TYPES",
     "check_supported", "dequant_rows", "get_rows", "matvec", "matvec_many", "matvec_multi",
     "matvec_multi_many", "matmul", "matmul_many", "tile_rows", "warmup", "TILE_ROWS", "MATVEC_MAX_TOKENS",
-    "use_int8", "int8_enabled", "interleaved", "rows", "DECODE_PATHS", "set_decode_path", "decode_path",
+    "interleaved", "rows", "DECODE_PATHS", "check_decode_path", "default_decode_path", "set_default_decode_path",
     "path_op",
 ]

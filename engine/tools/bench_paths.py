@@ -225,7 +225,7 @@ def run_clients(host: str, port: int, n_clients: int, n_gen: int, seed: int = 0)
     return [r for r in results if isinstance(r, StreamTiming)]
 
 
-# how a child process is put on a decode path (quants.set_decode_path): its flags, and its
+# how a child process is put on a decode path (quants.DECODE_PATHS): its flags, and its
 # environment without the shell's GGSTATION_INT8 / GGSTATION_NO_INT8 unless the path needs one
 _PATH_FLAGS = {"x16": (), "int8": ("--int8",), "float": ("--no-int8",)}
 _PATH_ENV = {"x16": {}, "int8": {"GGSTATION_INT8": "1"}, "float": {"GGSTATION_NO_INT8": "1"}}

@@ -221,6 +221,7 @@ class GpuContext:
         self._k: dict[int, Buffer] = {}
         self._v: dict[int, Buffer] = {}
         self._host: np.ndarray | None = None  # the CPU context's tile (fallback mat-muls)
+        self._path: str | None = None  # and its decode path
         self.scratch = Buffer(0, 0, "compute")  # allocated below
         G = cfg.n_head_kv
         kbytes = n_stream * n_ctx_seq * G * cfg.head_dim * (2 if self.kf16 else 4)
@@ -317,7 +318,7 @@ class GpuContext:
             co = self.t_rope + i * 2 * self.U * self.half
             inputs += [(co, (np.cos(theta) * r.attn_factor).astype(np.float32)),
                        (co + self.U * self.half, (np.sin(theta) * r.attn_factor).astype(np.float32))]
-        self._host = s.tile
+        self._host, self._path = s.tile, s.path
         x = np.ascontiguousarray(s.x)
         inputs.append((self.off["x"], x))
         for on_gpu, ops in self.plan:
@@ -398,7 +399,7 @@ class GpuContext:
         x = np.empty((T, self.width[src]), np.float32)
         self.ctx.call(self.dev.download, self.scratch, 4 * self.off[src], x)
         y = np.empty((T, self.width[dst]), np.float32)
-        matmul(w, x, y, self._host)
+        matmul(w, x, y, self._host, self._path)
         if acc:
             prev = np.empty_like(y)
             self.ctx.call(self.dev.download, self.scratch, 4 * self.off[dst], prev)
