@@ -22,6 +22,7 @@ from engine.models.spec import LayerSpec
 from ggufgen import write_tiny_model
 from ggufgen_gptoss import write_tiny_gptoss
 from ggufgen_moe import write_tiny_moe
+from sweeps import sweep
 
 TOKENS = np.array([1, 5, 9, 23, 7, 11, 3, 2, 8, 13, 17, 4, 6, 10, 12, 14], np.int32)
 ARCHS = {"llama": Q.Q4_0, "qwen2": Q.Q4_1, "qwen3": Q.F16, "gemma2": Q.Q5_0, "gemma3": Q.Q8_0,
@@ -98,7 +99,7 @@ def test_layers_have_the_tensors_their_description_reads(tiny, arch):
         assert set(model.arch.spec.layer.tensors) <= set(vars(lw))
 
 
-@pytest.mark.parametrize("arch", STEP_ARCHS)
+@pytest.mark.parametrize("arch", sweep(STEP_ARCHS, fast={"llama", "gemma3", "phi3"}))
 def test_step_gives_the_python_blocks_logits_bit_for_bit(tiny, arch, monkeypatch):
     """The compiled step derived from the architecture's LayerSpec against the Python block
     (models/decoder.py) derived from the same description."""
@@ -109,7 +110,7 @@ def test_step_gives_the_python_blocks_logits_bit_for_bit(tiny, arch, monkeypatch
 
 
 @pytest.mark.float
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma2", "qwen3moe"])
+@pytest.mark.parametrize("arch", sweep(["llama", "qwen2", "gemma2", "qwen3moe"], fast={"llama"}))
 def test_step_float_path(tiny, arch, monkeypatch):
     """The float oracle (`--no-int8`) through the steps too: the Python blocks' bits."""
     model = load_model(tiny[arch])
@@ -117,8 +118,8 @@ def test_step_float_path(tiny, arch, monkeypatch):
     assert np.array_equal(decode_all(model, "1", monkeypatch), decode_all(model, "0", monkeypatch))
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3", "phi3", "olmo2", "qwen3moe", "qwen2moe", "gpt-oss",
-                                  "gpt-oss-mxfp4"])
+@pytest.mark.parametrize("arch", sweep(["llama", "gemma3", "phi3", "olmo2", "qwen3moe", "qwen2moe", "gpt-oss",
+                                        "gpt-oss-mxfp4"], fast={"gemma3"}))
 def test_step_int8_path_and_f32_cache(tiny, arch, monkeypatch):
     model = load_model(tiny[arch], decode_path="int8")
     want = decode_all(model, "0", monkeypatch, type_k="f32", type_v="f32")
@@ -155,10 +156,10 @@ def test_step_serves_sequences_of_split_and_unified_caches(tiny, unified, monkey
     assert np.array_equal(run("1"), run("0"))
 
 
-@pytest.mark.parametrize(("arch", "unified", "int8"), [("llama", True, False), ("qwen2", False, False),
-                                                    ("gemma3", True, True), ("gemma2", False, False),
-                                                    ("phi3", True, True), ("olmo2", False, False),
-                                                    ("granite", True, False)])
+@pytest.mark.parametrize(("arch", "unified", "int8"), sweep(
+    [("llama", True, False), ("qwen2", False, False), ("gemma3", True, True), ("gemma2", False, False),
+     ("phi3", True, True), ("olmo2", False, False), ("granite", True, False)],
+    fast={("llama", True, False), ("gemma3", True, True)}))
 def test_several_token_step_serves_slots_decoding_together(tiny, arch, unified, int8, served, monkeypatch):
     """Ubatches of 2..8 tokens: three sequences' tokens together (interleaved, as a scheduler
     may order them), and three tokens of one sequence: the Python blocks' logits bit for bit."""
@@ -209,7 +210,7 @@ def test_auto_mode_leaves_tiny_layers_to_python(tiny, monkeypatch):
 
 
 @pytest.mark.model
-@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+@pytest.mark.parametrize("name", sweep(["smollm2", "gemma3"], fast={"smollm2"}))
 def test_starter_models_decode_through_the_step_by_default(name, request, monkeypatch):
     """By default (auto) on real models, every layer (Gemma 3's K-quants too), same logits."""
     monkeypatch.delenv("GGSTATION_STEP", raising=False)
@@ -386,7 +387,8 @@ def test_layer_spec_refuses_variants_the_template_has_not():
     assert LayerSpec(fused=True).weights[:3] == ("attn_qkv",) * 3
 
 
-@pytest.mark.parametrize(("arch", "int8"), [("qwen3moe", False), ("qwen2moe", True), ("gpt-oss", False)])
+@pytest.mark.parametrize(("arch", "int8"), sweep([("qwen3moe", False), ("qwen2moe", True), ("gpt-oss", False)],
+                                                 fast={("qwen3moe", False)}))
 def test_moe_steps_serve_slots_decoding_together(tiny, arch, int8, served, monkeypatch):
     """Several sequences on a MoE model: ubatches of three tokens run their attention and router
     in the several-token step and their experts through moe.ffn, one-token ubatches take the

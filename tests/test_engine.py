@@ -12,6 +12,7 @@ from engine.errors import ContextOverflowError, EngineError, UnsupportedArchErro
 from engine.memory import estimate_memory
 from engine.model import load_model
 from oracles import oracle_logits
+from sweeps import sweep
 
 F32 = dict(type_k="f32", type_v="f32")
 
@@ -224,7 +225,7 @@ def test_supported_architectures_are_listed_in_the_error(tmp_path):
         load_model(bad)
 
 
-@pytest.mark.parametrize("qtype", ["IQ4_NL", "IQ4_XS", "MXFP4"])
+@pytest.mark.parametrize("qtype", sweep(["IQ4_NL", "IQ4_XS", "MXFP4"], fast={"IQ4_NL", "MXFP4"}))
 def test_table_quant_weights_match_oracle(qtype, tiny_model_dir):
     """A llama whose every matrix (embeddings too) is one of the non-linear 4-bit types, read
     through the lookup kernels, against the oracle reading the same file with gguf-py.

@@ -18,6 +18,7 @@ from engine import jit, quants
 from engine.errors import UnsupportedQuantError
 from engine.quants import QTensor, _ir, _kern, iq4, mxfp4
 from engine.quants.reference import dequant_ref
+from sweeps import sweep
 
 LEGACY = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
 KQUANTS = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
@@ -129,7 +130,7 @@ def test_matvec_multi_matches_single(qtype):
 
 
 @pytest.mark.parametrize("int8", [True, False], ids=["int8", "float"])
-@pytest.mark.parametrize("qtype", ALL, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", sweep(ALL, fast={T.Q4_0, T.Q8_0, T.Q4_K}, ids=lambda t: t.name))
 def test_matvec_multi_many_matches_matvec_multi(qtype, int8):
     """The fused launch for weights sharing x (Q/K/V, gate/up of several slots' tokens) gives
     each weight the bits matvec_multi gives it alone, for 2..8 tokens and 1..3 weights."""

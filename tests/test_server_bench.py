@@ -13,7 +13,7 @@ import pytest
 
 from test_server_process import ServeProcess
 
-pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.perf]
+pytestmark = [pytest.mark.model, pytest.mark.perf]
 
 N_PREDICT = 32
 

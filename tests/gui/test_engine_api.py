@@ -93,6 +93,7 @@ def test_fake_and_real_session_set_every_attribute(tiny_llama_path, tmp_path):
         real.close()
 
 
+@pytest.mark.slow  # a whole mypy run of app/ and the fakes: ~20 s of a core
 def test_mypy_accepts_the_implementations():
     files = ["app/engine_api.py", "app/engine_adapter.py", "app/dto.py", "app/errors.py",
              "tests/gui/fake_engine.py"]
