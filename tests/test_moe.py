@@ -306,7 +306,7 @@ def test_run_experts_with_biases_matches_numpy():
                        gate_bias=bias["gate"], up_bias=bias["up"], down_bias=bias["down"])
     buf = SimpleNamespace(moe_gate=np.zeros((n_tok, F), np.float32), moe_up=np.zeros((n_tok, F), np.float32),
                           moe_out=np.zeros((n_tok, E), np.float32))
-    s = SimpleNamespace(buf=buf, tile=np.zeros(1 << 16, np.float32))
+    s = SimpleNamespace(buf=buf, tile=np.zeros(1 << 16, np.float32), path="x16")
     h = rng.standard_normal((n_tok, E)).astype(np.float32)
     experts = np.array([[0, 3], [3, 5], [1, 0], [5, 2], [3, 4]])
     weights = rng.uniform(0.1, 1.0, experts.shape).astype(np.float32)

@@ -51,7 +51,7 @@ def test_batch_matmul_tiles_cover_every_row_evenly(n_rows):
     n_cols = 640
     data = RNG.standard_normal((n_rows, n_cols)).astype(np.float32)
     w = QTensor("w", Q.Q8_0, n_rows, n_cols, quantize(data, Q.Q8_0))
-    t = quants._Tiles(w, np.zeros((64, n_cols), np.float32), np.zeros((64, n_rows), np.float32), None)
+    t = quants._Tiles(w, np.zeros((64, n_cols), np.float32), np.zeros((64, n_rows), np.float32), None, "x16")
     assert t.n_tiles % 2 == 0 or t.n_tiles == n_rows  # whole rounds of the two workers
     assert t.tile * t.n_tiles >= n_rows > t.tile * (t.n_tiles - 1)
 
@@ -79,5 +79,5 @@ def test_f32_tiles_read_the_weight_not_a_shared_scratch():
     shared scratch with no per-worker offset would race between the workers."""
     w = QTensor("w", Q.F32, 64, 32, RNG.standard_normal((64, 32)).astype(np.float32))
     t = quants._Tiles(w, np.zeros((16, 32), np.float32), np.zeros((16, 64), np.float32),
-                      np.empty(quants.TILE_ROWS * 32, np.float32))
+                      np.empty(quants.TILE_ROWS * 32, np.float32), "x16")
     assert t.scratch is None

@@ -59,17 +59,17 @@ def test_four_token_step_runs_the_multi_token_matvec(scheduler, monkeypatch):
     seen: list[tuple[str, int]] = []
     real_multi, real_fused, real_many = quants.matvec_multi, quants.matvec_multi_many, quants.matvec_many
 
-    def multi(w, x, out):
+    def multi(w, x, out, path=None):
         seen.append(("multi", x.shape[0]))
-        real_multi(w, x, out)
+        real_multi(w, x, out, path)
 
-    def fused(ws, x, outs):
+    def fused(ws, x, outs, path=None):
         seen.append((f"fused x{len(ws)}", x.shape[0]))
-        real_fused(ws, x, outs)
+        real_fused(ws, x, outs, path)
 
-    def many(ws, x, outs):
+    def many(ws, x, outs, path=None):
         seen.append(("single", 1))
-        real_many(ws, x, outs)
+        real_many(ws, x, outs, path)
 
     monkeypatch.setattr(quants, "matvec_multi", multi)
     monkeypatch.setattr(quants, "matvec_multi_many", fused)
