@@ -155,9 +155,9 @@ def test_matmul_many_fuses_few_tokens_and_mixed_types(monkeypatch):
     launches = []
     real = quants._multi_same_x
 
-    def spy(qt, rp):
+    def spy(qt, rp, path):
         launches.append(qt.qtype)
-        return real(qt, rp)
+        return real(qt, rp, path)
 
     monkeypatch.setattr(quants, "_multi_same_x", spy)
     outs = [np.empty((4, w.n_rows), np.float32) for w in ws]
