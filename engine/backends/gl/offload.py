@@ -205,9 +205,9 @@ class GpuModel:
 
 class GpuContext:
     """A context's share of the GPU: the KV cache of the offloaded layers (KVCache's
-    DeviceKV), one compute scratch of memory.compute_buffer_bytes, and the forward pass.
+    DeviceKV), one compute scratch of buffers.compute_buffer_bytes, and the forward pass.
 
-    Scratch layout (floats): the arrays of memory.buffer_shapes in order; inside `tile`, int
+    Scratch layout (floats): the arrays of buffers.buffer_shapes in order; inside `tile`, int
     arrays pos, stream, cell, base and sel (n_ubatch each), then cos/sin tables per distinct
     RoPE, then rows of logits when the head is on the GPU.
     """
