@@ -59,7 +59,9 @@ class RepResult:
         timed = self.arrivals[: self.n_streamed] if self.n_streamed >= 2 else self.arrivals
         (t0, n0), (t1, n1) = timed[0], timed[-1]
         if t1 <= t0 or n1 <= n0:
-            raise RuntimeError(f"too few UI updates to time ({len(self.arrivals)}); use a larger -n")
+            raise RuntimeError(
+                f"too few UI updates to time ({len(self.arrivals)}); use a larger -n"
+            )
         return (n1 - n0) / (t1 - t0)
 
 
@@ -124,8 +126,15 @@ class ThreadClock:
         main = threading.main_thread().native_id
         for tid, cpu in self._times().items():
             name = names.get(tid)
-            group = ("gui" if tid == main else "engine" if name == "ggstation-scheduler"
-                     else "native" if name is None else "app_threads")
+            group = (
+                "gui"
+                if tid == main
+                else "engine"
+                if name == "ggstation-scheduler"
+                else "native"
+                if name is None
+                else "app_threads"
+            )
             used[group] += cpu - self._t0.get(tid, 0.0)
         # threads that ended meanwhile (each reply's worker) are in the process's total only
         used["app_threads"] += max(self._total() - self._total0 - sum(used.values()), 0.0)
@@ -174,8 +183,11 @@ def load_model(window: MainWindow, path: str, n_ctx: int, n_threads: int) -> Non
 
     picker = window.picker
     picker.open_path(path)
-    wait_until(lambda: picker.load_panel.info is not None and picker.load_panel.info.path == path,
-               60, "the model's metadata")
+    wait_until(
+        lambda: picker.load_panel.info is not None and picker.load_panel.info.path == path,
+        60,
+        "the model's metadata",
+    )
     info = picker.load_panel.info
     assert info is not None
     if info.error:
@@ -183,7 +195,9 @@ def load_model(window: MainWindow, path: str, n_ctx: int, n_threads: int) -> Non
     picker.load_panel.set_params(LoadParams(n_ctx=n_ctx, n_threads=n_threads))
     picker.load_panel.start_load()
     error = picker.load_panel.error
-    wait_until(lambda: window.ctx.session is not None or bool(error.text()), TIMEOUT_S, "the model to load")
+    wait_until(
+        lambda: window.ctx.session is not None or bool(error.text()), TIMEOUT_S, "the model to load"
+    )
     if window.ctx.session is None:
         raise RuntimeError(error.text().replace("\n\n", " "))
 
@@ -231,7 +245,11 @@ def run_reply(window: MainWindow, text: str, probe: LagProbe) -> RepResult:
     stats = chat.chat_model.message(rows - 1).stats or {}
     if stats.get("finish_reason") not in ("length", "stop"):
         raise RuntimeError(f"the reply ended with {stats.get('finish_reason')!r}")
-    rep.gaps_ms, rep.n_generated, rep.n_prompt = probe.gaps_ms, stats["n_generated"], stats["n_prompt"]
+    rep.gaps_ms, rep.n_generated, rep.n_prompt = (
+        probe.gaps_ms,
+        stats["n_generated"],
+        stats["n_prompt"],
+    )
     # the last UI update must carry the engine's final count: nothing was lost on the way
     if not rep.arrivals or rep.arrivals[-1][1] != rep.n_generated:
         raise RuntimeError(f"the chat view got {rep.arrivals[-1:]} of {rep.n_generated} tokens")
@@ -248,12 +266,21 @@ def bench(model: str, n_prompt: int, n_gen: int, reps: int, n_threads: int) -> d
             session = window.ctx.session
             assert session is not None
             window.ctx.settings.sampling = SamplingSettings(
-                temperature=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0, seed=0,
-                max_tokens=n_gen, ignore_eos=True)
+                temperature=0.0,
+                top_k=1,
+                top_p=1.0,
+                min_p=0.0,
+                repeat_penalty=1.0,
+                seed=0,
+                max_tokens=n_gen,
+                ignore_eos=True,
+            )
             text = prompt_text(window, n_prompt)
             probe = LagProbe()
             probe.start()
-            warm = SamplingSettings(**{**window.ctx.settings.sampling.as_dict(), "max_tokens": min(n_gen, 16)})
+            warm = SamplingSettings(
+                **{**window.ctx.settings.sampling.as_dict(), "max_tokens": min(n_gen, 16)}
+            )
             saved, window.ctx.settings.sampling = window.ctx.settings.sampling, warm
             run_reply(window, text, probe)  # warm-up, as llama-bench does
             window.ctx.settings.sampling = saved
@@ -268,36 +295,56 @@ def bench(model: str, n_prompt: int, n_gen: int, reps: int, n_threads: int) -> d
     samples = [r.tokens_per_s() for r in results]
     gaps = [g for r in results for g in r.gaps_ms]
     return {
-        "path": "gui", "model": model, "n_prompt": results[0].n_prompt, "n_gen": n_gen,
-        "threads": threads, "samples_ts": samples, "avg_ts": statistics.fmean(samples),
+        "path": "gui",
+        "model": model,
+        "n_prompt": results[0].n_prompt,
+        "n_gen": n_gen,
+        "threads": threads,
+        "samples_ts": samples,
+        "avg_ts": statistics.fmean(samples),
         "stddev_ts": statistics.stdev(samples) if len(samples) > 1 else 0.0,
-        "event_loop_p50_ms": percentile(gaps, 0.50), "event_loop_p95_ms": percentile(gaps, 0.95),
+        "event_loop_p50_ms": percentile(gaps, 0.50),
+        "event_loop_p95_ms": percentile(gaps, 0.95),
         "event_loop_max_ms": max(gaps, default=0.0),
         # CPU ms per generated token, by thread group: where the decode's cores went
-        "cpu_ms_per_token": {k: round(1000.0 * v / (n_gen * reps), 3) for k, v in clock.used.items()},
+        "cpu_ms_per_token": {
+            k: round(1000.0 * v / (n_gen * reps), 3) for k, v in clock.used.items()
+        },
     }
 
 
 def _table(r: dict) -> str:
-    return "\n".join([
-        "| model | path | threads | test | t/s | event loop p50 / p95 / max |",
-        "| --- | --- | ---: | ---: | ---: | ---: |",
-        f"| {Path(r['model']).name} | gui | {r['threads']} | tg{r['n_gen']} | "
-        f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f} | {r['event_loop_p50_ms']:.1f} / "
-        f"{r['event_loop_p95_ms']:.1f} / {r['event_loop_max_ms']:.1f} ms |",
-        "",
-        "CPU ms per token: " + ", ".join(f"{k} {v:.2f}" for k, v in r["cpu_ms_per_token"].items()),
-    ])
+    return "\n".join(
+        [
+            "| model | path | threads | test | t/s | event loop p50 / p95 / max |",
+            "| --- | --- | ---: | ---: | ---: | ---: |",
+            f"| {Path(r['model']).name} | gui | {r['threads']} | tg{r['n_gen']} | "
+            f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f} | {r['event_loop_p50_ms']:.1f} / "
+            f"{r['event_loop_p95_ms']:.1f} / {r['event_loop_max_ms']:.1f} ms |",
+            "",
+            "CPU ms per token: "
+            + ", ".join(f"{k} {v:.2f}" for k, v in r["cpu_ms_per_token"].items()),
+        ]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m app.bench_gui", description=__doc__.split("\n")[0])
     p.add_argument("-m", "--model", required=True, help="GGUF model path")
-    p.add_argument("-p", "--n-prompt", type=int, default=32,
-                   help="at least this many prompt tokens, chat template included (default: 32)")
-    p.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens per reply (default: 128)")
+    p.add_argument(
+        "-p",
+        "--n-prompt",
+        type=int,
+        default=32,
+        help="at least this many prompt tokens, chat template included (default: 32)",
+    )
+    p.add_argument(
+        "-n", "--n-gen", type=int, default=128, help="generated tokens per reply (default: 128)"
+    )
     p.add_argument("-r", "--repetitions", type=int, default=5, help="timed replies (default: 5)")
-    p.add_argument("-t", "--threads", type=int, default=0, help="engine threads (default: all cores)")
+    p.add_argument(
+        "-t", "--threads", type=int, default=0, help="engine threads (default: all cores)"
+    )
     p.add_argument("--json", action="store_true", help="one JSON line on stdout")
     args = p.parse_args(argv)
     if args.n_gen < 2 or args.repetitions < 1 or args.n_prompt < 0 or args.threads < 0:
@@ -309,8 +356,13 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     try:
-        result = bench(str(Path(args.model).resolve()), args.n_prompt, args.n_gen, args.repetitions,
-                       args.threads)
+        result = bench(
+            str(Path(args.model).resolve()),
+            args.n_prompt,
+            args.n_gen,
+            args.repetitions,
+            args.threads,
+        )
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -38,7 +38,9 @@ class ChatController(QObject):
     conversation_opened = Signal(int, str)  # id, title
     storage_failed = Signal(str)  # a history read or write failed: what, and why, in words
     edit_refused = Signal(int, str)  # row, text: the edit was not applied; give the text back
-    conversation_llm = Signal(str, str)  # endpoint URL ('' for a local file), model: who answered last
+    conversation_llm = Signal(
+        str, str
+    )  # endpoint URL ('' for a local file), model: who answered last
 
     def __init__(self, ctx: AppContext, parent=None):
         super().__init__(parent)
@@ -79,7 +81,10 @@ class ChatController(QObject):
         if self.busy() or conversation_id == self.conversation_id:
             return
         try:
-            messages, title = self.ctx.store.messages(conversation_id), self.ctx.store.title(conversation_id)
+            messages, title = (
+                self.ctx.store.messages(conversation_id),
+                self.ctx.store.title(conversation_id),
+            )
         except STORE_ERRORS as e:
             self._storage_error("The conversation could not be opened", e)
             return
@@ -87,7 +92,9 @@ class ChatController(QObject):
         self.chat_model.set_messages(messages)
         self.conversation_opened.emit(conversation_id, title)
         last = next((m.stats for m in reversed(messages) if m.stats), {})
-        self.context_changed.emit(last.get("n_prompt", 0) + last.get("n_generated", 0), self.n_ctx())
+        self.context_changed.emit(
+            last.get("n_prompt", 0) + last.get("n_generated", 0), self.n_ctx()
+        )
         replay = last.get("replay")
         if isinstance(replay, dict) and replay.get("model"):
             self.conversation_llm.emit(str(replay.get("endpoint") or ""), str(replay["model"]))
@@ -147,7 +154,9 @@ class ChatController(QObject):
                 title = " ".join(text.split()[:8])[:60] or "New chat"
                 self.conversation_id = self.ctx.store.create(title, self.ctx.settings.system_prompt)
                 self.conversation_opened.emit(self.conversation_id, title)
-            self.ctx.store.add_message(self.conversation_id, message)  # committed before the reply starts
+            self.ctx.store.add_message(
+                self.conversation_id, message
+            )  # committed before the reply starts
         except STORE_ERRORS as e:
             self._not_saved(message, "Your message was not saved", e)
         self.refresh_conversations()
@@ -182,7 +191,9 @@ class ChatController(QObject):
         to choose one."""
         llm = self.ctx.chat_llm
         if llm is None:
-            self.failed.emit("Load a model first (Ctrl+O or the Models tab), or choose one on a remote server.")
+            self.failed.emit(
+                "Load a model first (Ctrl+O or the Models tab), or choose one on a remote server."
+            )
         return llm
 
     def _truncate(self, row: int) -> bool:

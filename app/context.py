@@ -11,7 +11,15 @@ import sqlite3
 
 from PySide6.QtCore import QObject, QSettings, Signal
 
-from .dto import DeviceDesc, EndpointInfo, LoadParams, MemoryFigures, RemoteLoad, RemoteServerState, ServerSettings
+from .dto import (
+    DeviceDesc,
+    EndpointInfo,
+    LoadParams,
+    MemoryFigures,
+    RemoteLoad,
+    RemoteServerState,
+    ServerSettings,
+)
 from .engine_api import ChatLlmApi, EngineApi, ServerHandle, SessionApi
 from .key_store import KeyStore
 from .machine import free_port, port_in_use
@@ -34,8 +42,13 @@ class AppContext(QObject):
     chat_llm_changed = Signal(object)  # ChatLlmApi | None: what the chat pane now talks to
     remote_polled = Signal(object)  # RemoteLoad of the chosen remote server
 
-    def __init__(self, engine: EngineApi, store: ConversationStore, qsettings: QSettings,
-                 notices: list[str] | None = None):
+    def __init__(
+        self,
+        engine: EngineApi,
+        store: ConversationStore,
+        qsettings: QSettings,
+        notices: list[str] | None = None,
+    ):
         super().__init__()
         self.engine, self.store, self.qsettings = engine, store, qsettings
         self.notices = notices or []  # data-folder problems found at start, for the window to show
@@ -137,7 +150,9 @@ class AppContext(QObject):
         self.remote_chat = self.remote_endpoint = None
 
     def _on_remote_polled(self, load: RemoteLoad) -> None:
-        if self.remote_endpoint is not None and load.url == self.remote_endpoint.url:  # not a late one
+        if (
+            self.remote_endpoint is not None and load.url == self.remote_endpoint.url
+        ):  # not a late one
             self.remote_polled.emit(load)
 
     # server ---------------------------------------------------------------------------------
@@ -173,7 +188,9 @@ class AppContext(QObject):
         """Write the settings; False (and a log line) when they could not be written."""
         if save_settings(self.qsettings, self.settings):
             return True
-        log.warning("settings not saved to %s: %s", self.qsettings.fileName(), self.qsettings.status().name)
+        log.warning(
+            "settings not saved to %s: %s", self.qsettings.fileName(), self.qsettings.status().name
+        )
         return False
 
     def shutdown(self) -> None:

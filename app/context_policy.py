@@ -16,11 +16,12 @@ CONTEXT_POLICY = (
 )
 
 
-def fit_to_context(count_tokens: Callable[[list[dict]], int], messages: list[dict],
-                   n_ctx: int, max_tokens: int) -> tuple[list[dict], int, int]:
+def fit_to_context(
+    count_tokens: Callable[[list[dict]], int], messages: list[dict], n_ctx: int, max_tokens: int
+) -> tuple[list[dict], int, int]:
     """Drop the oldest turns until prompt + max_tokens fits. Returns (messages, n_dropped, max_tokens)."""
     head = messages[:1] if messages and messages[0]["role"] == "system" else []
-    rest = messages[len(head):]
+    rest = messages[len(head) :]
     n_prompt = count_tokens(head + rest)
     dropped = 0
     while n_prompt + max_tokens > n_ctx and len(rest) > 1:

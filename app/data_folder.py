@@ -24,7 +24,10 @@ from .storage import ConversationStore
 
 log = logging.getLogger(__name__)
 
-STORE_ERRORS = (sqlite3.Error, OSError)  # what a store call or a file write raises when the disk misbehaves
+STORE_ERRORS = (
+    sqlite3.Error,
+    OSError,
+)  # what a store call or a file write raises when the disk misbehaves
 _DAMAGED = {"SQLITE_CORRUPT", "SQLITE_NOTADB"}
 
 
@@ -53,7 +56,11 @@ def describe_storage_error(e: BaseException) -> str:
     text = str(e).lower()
     if name == "SQLITE_FULL" or "disk is full" in text or getattr(e, "errno", None) == errno.ENOSPC:
         return "the disk is full"
-    if name == "SQLITE_READONLY" or "readonly" in text or getattr(e, "errno", None) in (errno.EROFS, errno.EACCES):
+    if (
+        name == "SQLITE_READONLY"
+        or "readonly" in text
+        or getattr(e, "errno", None) in (errno.EROFS, errno.EACCES)
+    ):
         return "the data folder or the history file is read-only"
     if name in ("SQLITE_BUSY", "SQLITE_LOCKED") or "locked" in text:
         return "another program is using the history file"
@@ -78,14 +85,19 @@ def open_store(path: Path) -> tuple[ConversationStore, str]:
         try:
             aside = set_aside(path)
         except OSError as e:
-            return _in_memory(path, f"the history file is damaged and could not be moved aside ({e.strerror or e})",
-                              copy=False)
+            return _in_memory(
+                path,
+                f"the history file is damaged and could not be moved aside ({e.strerror or e})",
+                copy=False,
+            )
         try:
             store = _open_checked(path)
         except STORE_ERRORS as e:
             return _in_memory(path, describe_storage_error(e))
-        return store, (f"Your conversation history could not be read ({describe_storage_error(error)}). "
-                       f"It was kept as {aside.name} in {aside.parent}, and a new, empty history was started.")
+        return store, (
+            f"Your conversation history could not be read ({describe_storage_error(error)}). "
+            f"It was kept as {aside.name} in {aside.parent}, and a new, empty history was started."
+        )
     return _in_memory(path, describe_storage_error(error))
 
 
@@ -100,13 +112,23 @@ def _open_checked(path: Path) -> ConversationStore:
 
 def _is_damaged(path: Path, e: BaseException) -> bool:
     # Only damage justifies moving a file: a locked or read-only history is the user's, intact.
-    return path.is_dir() or isinstance(e, DamagedStoreError) or getattr(e, "sqlite_errorname", "") in _DAMAGED
+    return (
+        path.is_dir()
+        or isinstance(e, DamagedStoreError)
+        or getattr(e, "sqlite_errorname", "") in _DAMAGED
+    )
 
 
 def _in_memory(path: Path, reason: str, copy: bool = True) -> tuple[ConversationStore, str]:
-    store = ConversationStore.read_only_copy(path) if copy and path.is_file() else ConversationStore(":memory:")
-    return store, (f"Conversation history will not be saved: {reason} ({path.parent}). "
-                   "Chats still work, and last until you quit.")
+    store = (
+        ConversationStore.read_only_copy(path)
+        if copy and path.is_file()
+        else ConversationStore(":memory:")
+    )
+    return store, (
+        f"Conversation history will not be saved: {reason} ({path.parent}). "
+        "Chats still work, and last until you quit."
+    )
 
 
 def set_aside(path: Path) -> Path:
@@ -141,8 +163,10 @@ def open_settings(qs: QSettings) -> tuple[QSettings, str]:
             aside = set_aside(path)
         except OSError as e:
             return qs, f"Settings could not be read, and will not be saved ({e.strerror or e})."
-        return (QSettings(str(path), qs.format()),
-                f"Settings could not be read and were reset. The old file was kept as {aside.name}.")
+        return (
+            QSettings(str(path), qs.format()),
+            f"Settings could not be read and were reset. The old file was kept as {aside.name}.",
+        )
     _, bad = read_settings(qs)
     if bad:
         aside = _copy_aside(path) if is_ini else None

@@ -51,7 +51,9 @@ class LoadParams:
     type_k: str = "f16"
     n_batch: int = 512
     n_ubatch: int = 512
-    n_gpu_layers: int = 0  # -ngl: the last N layers on the GPU, the head counting as the last; -1 = all
+    n_gpu_layers: int = (
+        0  # -ngl: the last N layers on the GPU, the head counting as the last; -1 = all
+    )
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,9 @@ class MemoryFigures:
     rss_bytes: int = 0
     total_bytes: int = 0
     devices: tuple[DeviceShare, ...] = ()  # per device; the figures above are the sums
-    repacked_bytes: int = 0  # of the weights, those held as interleaved copies (replacing mapped pages)
+    repacked_bytes: int = (
+        0  # of the weights, those held as interleaved copies (replacing mapped pages)
+    )
 
     @property
     def gpu_shares(self) -> tuple[DeviceShare, ...]:
@@ -115,13 +119,22 @@ class MemoryFigures:
         return self.total_bytes - sum(d.total_bytes for d in self.gpu_shares)
 
     @classmethod
-    def from_report(cls, report: MemoryReport,
-                    devices: tuple[DeviceShare, ...] | None = None) -> MemoryFigures:
+    def from_report(
+        cls, report: MemoryReport, devices: tuple[DeviceShare, ...] | None = None
+    ) -> MemoryFigures:
         """The engine's report with its "not known" Nones shown as 0; `devices` replaces the
         report's own per-device shares (to add capacities and verdicts)."""
         if devices is None:
-            devices = tuple(DeviceShare(d.device, int(d.weights_bytes), int(d.kv_bytes),
-                                        int(d.compute_bytes), int(d.n_layers)) for d in report.devices)
+            devices = tuple(
+                DeviceShare(
+                    d.device,
+                    int(d.weights_bytes),
+                    int(d.kv_bytes),
+                    int(d.compute_bytes),
+                    int(d.n_layers),
+                )
+                for d in report.devices
+            )
         return cls(
             weights_bytes=int(report.weights_bytes),
             weights_resident_bytes=int(report.weights_resident_bytes or 0),

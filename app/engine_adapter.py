@@ -52,7 +52,16 @@ from .remote_adapter import RemoteAdapter
 from .stream_buffer import FRAME_MS
 
 if TYPE_CHECKING:
-    from engine import ChatTemplate, Context, HubFile, MemoryReport, Model, ModelInfo, RequestHandle, Scheduler
+    from engine import (
+        ChatTemplate,
+        Context,
+        HubFile,
+        MemoryReport,
+        Model,
+        ModelInfo,
+        RequestHandle,
+        Scheduler,
+    )
     from engine.backends import DeviceInfo
 
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.")
@@ -72,7 +81,9 @@ def _main_quant(counts: dict[str, int]) -> str:
     if not quantised:
         return "?"
     top = max(quantised.values())
-    ranked = sorted((k for k, v in quantised.items() if v >= 0.2 * top), key=lambda k: -quantised[k])
+    ranked = sorted(
+        (k for k, v in quantised.items() if v >= 0.2 * top), key=lambda k: -quantised[k]
+    )
     return " / ".join(ranked)
 
 
@@ -85,9 +96,13 @@ class _StepStream(ReplyStream):
     def __iter__(self) -> Iterator[ReplyStep]:
         for s in self._handle:
             yield ReplyStep(
-                text_delta=s.text_delta, finish_reason=s.finish_reason,
-                n_prompt=s.n_prompt, n_generated=s.n_generated, n_cached=s.n_cached,
-                t_prompt_ms=s.t_prompt_ms, t_gen_ms=s.t_gen_ms,
+                text_delta=s.text_delta,
+                finish_reason=s.finish_reason,
+                n_prompt=s.n_prompt,
+                n_generated=s.n_generated,
+                n_cached=s.n_cached,
+                t_prompt_ms=s.t_prompt_ms,
+                t_gen_ms=s.t_gen_ms,
             )
 
     def cancel(self) -> None:
@@ -109,8 +124,9 @@ class LlmSession(SessionApi):
     template_name: str
     endpoint: str = ""  # loaded here
 
-    def __init__(self, llm: Model, ctx: Context, scheduler: Scheduler, params: LoadParams,
-                 sha256: str):
+    def __init__(
+        self, llm: Model, ctx: Context, scheduler: Scheduler, params: LoadParams, sha256: str
+    ):
         from engine import ChatTemplate
 
         self.llm, self.ctx, self.scheduler, self.params = llm, ctx, scheduler, params
@@ -128,8 +144,13 @@ class LlmSession(SessionApi):
 
     def layers(self) -> list[TensorRow]:
         rows = [
-            TensorRow(layer_of(t.name), t.name, t.qtype.name, tuple(int(d) for d in t.shape),
-                      int(t.nbytes))
+            TensorRow(
+                layer_of(t.name),
+                t.name,
+                t.qtype.name,
+                tuple(int(d) for d in t.shape),
+                int(t.nbytes),
+            )
             for t in self.llm.gguf.tensors.values()
         ]
         return sorted(rows, key=lambda r: (r.layer if r.layer >= 0 else 1 << 30, r.name))
@@ -150,26 +171,41 @@ class LlmSession(SessionApi):
         from engine import GenerationRequest, SamplingParams
 
         sp = SamplingParams(
-            temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-            min_p=sampling.min_p, repeat_penalty=sampling.repeat_penalty, seed=sampling.seed,
-            ignore_eos=sampling.ignore_eos, logprobs=False,  # the chat shows none: spare the softmax
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
+            min_p=sampling.min_p,
+            repeat_penalty=sampling.repeat_penalty,
+            seed=sampling.seed,
+            ignore_eos=sampling.ignore_eos,
+            logprobs=False,  # the chat shows none: spare the softmax
         )
-        request = GenerationRequest(prompt=self._tokens(messages), params=sp,
-                                    n_predict=sampling.max_tokens,
-                                    stop=self._template.stop_strings,
-                                    wake_interval_s=FRAME_MS / 1000)  # shown once a frame anyway
+        request = GenerationRequest(
+            prompt=self._tokens(messages),
+            params=sp,
+            n_predict=sampling.max_tokens,
+            stop=self._template.stop_strings,
+            wake_interval_s=FRAME_MS / 1000,
+        )  # shown once a frame anyway
         return _StepStream(self.scheduler.submit(request))
 
     def start_server(self, settings: ServerSettings, on_log: LogFn) -> ServerHandle:
         from engine import start_server
 
         def log_request(entry: dict) -> None:
-            on_log(f"{entry.get('method', '?')} {entry.get('path', '?')} {entry.get('status', '?')} "
-                   f"{entry.get('duration_ms', 0):.0f} ms")
+            on_log(
+                f"{entry.get('method', '?')} {entry.get('path', '?')} {entry.get('status', '?')} "
+                f"{entry.get('duration_ms', 0):.0f} ms"
+            )
 
-        return start_server(self.scheduler, host=settings.host, port=settings.port,
-                            api_keys=[settings.api_key] if settings.api_key else (),
-                            cors=settings.cors, request_log=log_request)
+        return start_server(
+            self.scheduler,
+            host=settings.host,
+            port=settings.port,
+            api_keys=[settings.api_key] if settings.api_key else (),
+            cors=settings.cors,
+            request_log=log_request,
+        )
 
     def close(self) -> None:
         self.scheduler.stop()
@@ -186,47 +222,76 @@ class HubAdapter(HubApi):
 
     def search(self, text: str, token: str | None) -> list[HubRepoInfo]:
         from engine.hub import client as hub
-        return [HubRepoInfo(r.repo_id, r.downloads, r.likes, r.gated, len(r.files))
-                for r in hub.search(text, token=token or None)]
+
+        return [
+            HubRepoInfo(r.repo_id, r.downloads, r.likes, r.gated, len(r.files))
+            for r in hub.search(text, token=token or None)
+        ]
 
     def files(self, repo_id: str, token: str | None) -> list[HubFileInfo]:
         from engine.hub import client as hub
+
         listed = hub.repo(repo_id, token=token or None).files
         if not listed:
             return []
         default = hub.choose(listed, repo_id=repo_id)
         with self._lock:
             self._known.update({(repo_id, f.filename): f for f in listed})
-        cached = {(c.repo_id, c.filename): c.local_path for c in hub.cached_models() if c.repo_id == repo_id}
+        cached = {
+            (c.repo_id, c.filename): c.local_path
+            for c in hub.cached_models()
+            if c.repo_id == repo_id
+        }
         return [_hub_file_info(f, cached.get((repo_id, f.filename)), f is default) for f in listed]
 
     def fit(self, repo_id: str, filename: str, token: str | None) -> HubFitInfo:
         from engine.hub.fit import remote_fit
+
         r = remote_fit(self._file(repo_id, filename, token), token=token or None)
         verdict = {"fits": FIT_OK, "tight": FIT_TIGHT}.get(r.verdict, FIT_NO)
         return HubFitInfo(
-            repo_id, filename, verdict, r.supported, "" if r.supported else r.why_unsupported(),
-            r.arch or "?", int(r.n_params), int(r.n_ctx_train), int(r.n_ctx), bool(r.has_chat_template),
-            int(r.needed_bytes), int(r.available_bytes), int(r.bytes_read),
+            repo_id,
+            filename,
+            verdict,
+            r.supported,
+            "" if r.supported else r.why_unsupported(),
+            r.arch or "?",
+            int(r.n_params),
+            int(r.n_ctx_train),
+            int(r.n_ctx),
+            bool(r.has_chat_template),
+            int(r.needed_bytes),
+            int(r.available_bytes),
+            int(r.bytes_read),
         )
 
-    def download(self, repo_id: str, filename: str, token: str | None, progress: DownloadProgressFn,
-                 cancel: threading.Event) -> str:
+    def download(
+        self,
+        repo_id: str,
+        filename: str,
+        token: str | None,
+        progress: DownloadProgressFn,
+        cancel: threading.Event,
+    ) -> str:
         from engine.hub import client as hub
+
         file = self._file(repo_id, filename, token)
         return str(hub.download(file, token=token or None, progress=progress, cancel=cancel))
 
     def discard(self, repo_id: str, filename: str, token: str | None) -> None:
         from engine.hub import client as hub
+
         hub.discard_partial(self._file(repo_id, filename, token))
 
     def cached_models(self) -> list[HubFileInfo]:
         from engine.hub import client as hub
+
         return [_hub_file_info(f, f.local_path) for f in hub.cached_models()]
 
     def _file(self, repo_id: str, filename: str, token: str | None) -> HubFile:
         """The listed file, else looked up (one API call; offline: from the cache)."""
         from engine.hub import client as hub
+
         with self._lock:
             known = self._known.get((repo_id, filename))
         return known or hub.resolve(repo_id, filename=filename, token=token or None)
@@ -240,15 +305,30 @@ def _estimated_shares(report: MemoryReport, gpus: list[DeviceInfo]) -> tuple[Dev
     shares = []
     for d in report.devices:
         fit = fits.get(d.device)
-        shares.append(DeviceShare(d.device, int(d.weights_bytes), int(d.kv_bytes), int(d.compute_bytes),
-                                  int(d.n_layers), int(fit.capacity_bytes or 0) if fit else 0,
-                                  fit.verdict if fit else ""))
+        shares.append(
+            DeviceShare(
+                d.device,
+                int(d.weights_bytes),
+                int(d.kv_bytes),
+                int(d.compute_bytes),
+                int(d.n_layers),
+                int(fit.capacity_bytes or 0) if fit else 0,
+                fit.verdict if fit else "",
+            )
+        )
     return tuple(shares)
 
 
 def _hub_file_info(f: HubFile, local_path: Path | None, default: bool = False) -> HubFileInfo:
-    return HubFileInfo(f.repo_id, f.filename, f.quant or "", f.size, len(f.parts),
-                       str(local_path) if local_path else None, default)
+    return HubFileInfo(
+        f.repo_id,
+        f.filename,
+        f.quant or "",
+        f.size,
+        len(f.parts),
+        str(local_path) if local_path else None,
+        default,
+    )
 
 
 class EngineAdapter(EngineApi):
@@ -270,23 +350,41 @@ class EngineAdapter(EngineApi):
         name = Path(path).stem
         if info.error:  # the path is in the row already: keep the reason only
             reason = info.error.removeprefix(f"{path}: ")
-            return LlmFileInfo(path=str(path), name=name, file_size=int(info.file_size), error=reason)
+            return LlmFileInfo(
+                path=str(path), name=name, file_size=int(info.file_size), error=reason
+            )
         return LlmFileInfo(
-            path=str(path), name=name, title=info.name, arch=info.arch, n_params=int(info.n_params),
-            quant_mix=dict(info.quant_bytes), quant=info.file_type or _main_quant(info.quant_counts),
-            file_size=int(info.file_size), n_ctx_train=int(info.n_ctx_train),
+            path=str(path),
+            name=name,
+            title=info.name,
+            arch=info.arch,
+            n_params=int(info.n_params),
+            quant_mix=dict(info.quant_bytes),
+            quant=info.file_type or _main_quant(info.quant_counts),
+            file_size=int(info.file_size),
+            n_ctx_train=int(info.n_ctx_train),
             has_chat_template=bool(info.has_chat_template),
-            template_name=info.chat_template_name, tokenizer=info.tokenizer,
-            n_expert=int(info.n_expert), n_expert_used=int(info.n_expert_used),
-            active_params=int(info.active_params), n_layer=int(info.n_layer),
+            template_name=info.chat_template_name,
+            tokenizer=info.tokenizer,
+            n_expert=int(info.n_expert),
+            n_expert_used=int(info.n_expert_used),
+            active_params=int(info.active_params),
+            n_layer=int(info.n_layer),
         )
 
     def estimate(self, path: str, params: LoadParams) -> MemoryFigures:
         info = self._infos.get(path) or self._model_info(path)
         gpu, n_gpu = self._placement(info, params)
-        report = info.estimate(n_ctx=params.n_ctx, n_seq_max=params.n_seq_max, type_k=params.type_k,
-                               type_v=params.type_k, n_ubatch=params.n_ubatch, n_batch=params.n_batch,
-                               n_gpu_layers=n_gpu, gpu_device=gpu.name if gpu else "GL0")
+        report = info.estimate(
+            n_ctx=params.n_ctx,
+            n_seq_max=params.n_seq_max,
+            type_k=params.type_k,
+            type_v=params.type_k,
+            n_ubatch=params.n_ubatch,
+            n_batch=params.n_batch,
+            n_gpu_layers=n_gpu,
+            gpu_device=gpu.name if gpu else "GL0",
+        )
         return MemoryFigures.from_report(report, _estimated_shares(report, [gpu] if gpu else []))
 
     def _placement(self, info: ModelInfo, params: LoadParams) -> tuple[DeviceInfo | None, int]:
@@ -300,8 +398,9 @@ class EngineAdapter(EngineApi):
         top = info.n_layer + 1
         return gpu, top if params.n_gpu_layers < 0 else min(params.n_gpu_layers, top)
 
-    def load(self, path: str, params: LoadParams, progress: ProgressFn,
-             cancel: threading.Event) -> SessionApi:
+    def load(
+        self, path: str, params: LoadParams, progress: ProgressFn, cancel: threading.Event
+    ) -> SessionApi:
         from engine import ContextParams, InitParams, SchedulerParams, init_from_params
 
         def stage(start: float, span: float) -> ProgressFn:
@@ -309,17 +408,32 @@ class EngineAdapter(EngineApi):
                 if cancel.is_set():  # raised inside load_model: it unwinds and nothing is kept
                     raise LoadCancelled("Loading cancelled")
                 progress(start + span * fraction, message)
+
             return report
 
         report = stage(0.0, 0.8)
         gpu, n_gpu = (None, 0)
         if params.n_gpu_layers:
             gpu, n_gpu = self._placement(self._infos.get(path) or self._model_info(path), params)
-        context = ContextParams(n_ctx=params.n_ctx, n_batch=params.n_batch, n_ubatch=params.n_ubatch,
-                                n_seq_max=params.n_seq_max, type_k=params.type_k, type_v=params.type_k)
-        loaded = init_from_params(path, InitParams(context, n_threads=params.n_threads or None,
-                                                   n_gpu_layers=n_gpu, device=gpu.name if gpu and n_gpu else None,
-                                                   scheduler=SchedulerParams()), progress=report)
+        context = ContextParams(
+            n_ctx=params.n_ctx,
+            n_batch=params.n_batch,
+            n_ubatch=params.n_ubatch,
+            n_seq_max=params.n_seq_max,
+            type_k=params.type_k,
+            type_v=params.type_k,
+        )
+        loaded = init_from_params(
+            path,
+            InitParams(
+                context,
+                n_threads=params.n_threads or None,
+                n_gpu_layers=n_gpu,
+                device=gpu.name if gpu and n_gpu else None,
+                scheduler=SchedulerParams(),
+            ),
+            progress=report,
+        )
         try:
             sha = file_sha256(path, stage(0.8, 0.2))
         except BaseException:
@@ -334,8 +448,11 @@ class EngineAdapter(EngineApi):
         out = []
         for spec in STARTER_MODELS.values():
             cached = cached_path(spec.name)
-            out.append(StarterModel(spec.name, spec.description, int(spec.size),
-                                    str(cached) if cached else None))
+            out.append(
+                StarterModel(
+                    spec.name, spec.description, int(spec.size), str(cached) if cached else None
+                )
+            )
         return out
 
     def pull(self, name: str, progress: PullProgressFn, cancel: threading.Event) -> str:
@@ -364,8 +481,19 @@ class EngineAdapter(EngineApi):
     def devices(self, refresh: bool = False) -> list[DeviceDesc]:
         from engine.backends import list_devices
 
-        return [DeviceDesc(d.name, d.backend, d.description, d.total_bytes, d.free_bytes, tuple(d.caps),
-                           d.available, d.reason) for d in list_devices(refresh)]
+        return [
+            DeviceDesc(
+                d.name,
+                d.backend,
+                d.description,
+                d.total_bytes,
+                d.free_bytes,
+                tuple(d.caps),
+                d.available,
+                d.reason,
+            )
+            for d in list_devices(refresh)
+        ]
 
     def hub(self) -> HubApi:
         return self._hub

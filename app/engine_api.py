@@ -62,7 +62,9 @@ class ChatLlmApi(Protocol):
     path: str  # the GGUF file; for a remote model, its id
     name: str  # the file's stem, as the window title shows it; for a remote model, its id
     n_ctx: int  # the whole KV cache, all slots together (a remote model: as n_ctx_seq)
-    n_ctx_seq: int  # what one conversation can use; 0: not known (a remote server that does not say)
+    n_ctx_seq: (
+        int  # what one conversation can use; 0: not known (a remote server that does not say)
+    )
     sha256: str  # of the GGUF, for the replay record ('' for a remote model)
     template_source: str  # the chat template text in use ('' when the server applies its own)
     template_name: str  # 'gguf' for the model's own template, else the built-in's name
@@ -106,8 +108,14 @@ class HubApi(Protocol):
         """Reads the file's header only (HTTP ranges), never the weights."""
         ...
 
-    def download(self, repo_id: str, filename: str, token: str | None, progress: DownloadProgressFn,
-                 cancel: threading.Event) -> str:
+    def download(
+        self,
+        repo_id: str,
+        filename: str,
+        token: str | None,
+        progress: DownloadProgressFn,
+        cancel: threading.Event,
+    ) -> str:
         """Returns the first part's path. Once `cancel` is set: HubError(CANCELLED), and the
         partial file is kept, so that the next download() resumes it."""
         ...
@@ -133,8 +141,9 @@ class RemoteApi(Protocol):
         """Lists the models (GET /v1/models) and probes /props."""
         ...
 
-    def open_chat(self, endpoint: EndpointInfo, api_key: str, model: str,
-                  server: RemoteServerState) -> ChatLlmApi:
+    def open_chat(
+        self, endpoint: EndpointInfo, api_key: str, model: str, server: RemoteServerState
+    ) -> ChatLlmApi:
         """A chat LLM for the chat pane; cheap, nothing is sent until it generates."""
         ...
 
@@ -150,8 +159,9 @@ class EngineApi(Protocol):
 
     def estimate(self, path: str, params: LoadParams) -> MemoryFigures: ...
 
-    def load(self, path: str, params: LoadParams, progress: ProgressFn,
-             cancel: threading.Event) -> SessionApi:
+    def load(
+        self, path: str, params: LoadParams, progress: ProgressFn, cancel: threading.Event
+    ) -> SessionApi:
         """Raises LoadCancelled once `cancel` is set; nothing stays loaded then."""
         ...
 

@@ -64,14 +64,22 @@ class DownloadManager(QObject):
     failed = Signal(str, str)  # reason (HubError.AUTH, ...), message
     discarded = Signal(str, str)  # repo_id, filename: cancelled and its partial file deleted
 
-    def __init__(self, pool: WorkerPool, hub: HubApi, qsettings: QSettings,
-                 token: Callable[[], str | None], parent: QObject | None = None):
+    def __init__(
+        self,
+        pool: WorkerPool,
+        hub: HubApi,
+        qsettings: QSettings,
+        token: Callable[[], str | None],
+        parent: QObject | None = None,
+    ):
         super().__init__(parent)
         self._pool, self._hub, self._qs, self._token = pool, hub, qsettings, token
         self.model = HubDownloadTableModel(self)
         self._requests = 0
         self._running: dict[int, tuple[Download, HubDownloadWorker]] = {}
-        self._meters: dict[int, RateMeter | None] = {}  # None until the first report (see _on_progress)
+        self._meters: dict[
+            int, RateMeter | None
+        ] = {}  # None until the first report (see _on_progress)
         self._discarding: dict[int, Download] = {}
         self._saved_at = 0.0
         for d in self._restore():
@@ -190,7 +198,9 @@ class DownloadManager(QObject):
     def _discard(self, d: Download) -> None:
         self._requests += 1
         self._discarding[self._requests] = d
-        worker = HubCallWorker(self._requests, self._hub.discard, d.repo_id, d.filename, self._token())
+        worker = HubCallWorker(
+            self._requests, self._hub.discard, d.repo_id, d.filename, self._token()
+        )
         worker.result.connect(self._on_discarded)
         worker.hub_failed.connect(self._on_discard_failed)
         self._pool.start(worker)
@@ -215,8 +225,17 @@ class DownloadManager(QObject):
     # persistence ------------------------------------------------------------------------------
     def _save(self) -> None:
         self._saved_at = time.monotonic()
-        records = [{"repo_id": d.repo_id, "filename": d.filename, "quant": d.quant, "total": d.total,
-                    "done": d.done} for d in self.model.rows() if d.state != DONE]
+        records = [
+            {
+                "repo_id": d.repo_id,
+                "filename": d.filename,
+                "quant": d.quant,
+                "total": d.total,
+                "done": d.done,
+            }
+            for d in self.model.rows()
+            if d.state != DONE
+        ]
         self._qs.setValue(SETTINGS_KEY, json.dumps(records))
         self._qs.sync()
 
@@ -229,8 +248,17 @@ class DownloadManager(QObject):
         out = []
         for r in records if isinstance(records, list) else []:
             try:
-                out.append(Download(str(r["repo_id"]), str(r["filename"]), str(r.get("quant", "")),
-                                    int(r.get("total", 0)), int(r.get("done", 0)), PAUSED, earlier=True))
+                out.append(
+                    Download(
+                        str(r["repo_id"]),
+                        str(r["filename"]),
+                        str(r.get("quant", "")),
+                        int(r.get("total", 0)),
+                        int(r.get("done", 0)),
+                        PAUSED,
+                        earlier=True,
+                    )
+                )
             except (KeyError, TypeError, ValueError):
                 continue
         return out

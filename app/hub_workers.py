@@ -74,7 +74,9 @@ class HubDownloadWorker(HubWorker):
         self._emitted_at = 0.0
 
     def call(self) -> None:
-        path = self._hub.download(self._repo_id, self._filename, self._token, self._progress, self._cancel)
+        path = self._hub.download(
+            self._repo_id, self._filename, self._token, self._progress, self._cancel
+        )
         self.downloaded.emit(self.request, path)
 
     def _progress(self, done: int, total: int) -> None:

@@ -33,7 +33,9 @@ class KeyStore:
 
     def describe(self) -> str:
         if self.persistent:
-            return f"The key is saved in the system keyring ({type(keyring.get_keyring()).__name__})."
+            return (
+                f"The key is saved in the system keyring ({type(keyring.get_keyring()).__name__})."
+            )
         return "No system keyring is available: the key is kept until ggstation closes, then forgotten."
 
     def is_session_only(self, url: str) -> bool:

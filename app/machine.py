@@ -18,8 +18,21 @@ import psutil
 from .dto import BackendInfo
 
 _SIMD_OF_INTEREST = (
-    "sse4.2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni",
-    "avx512bf16", "avxvnni", "amx-int8", "neon", "sve", "dotprod",
+    "sse4.2",
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512vnni",
+    "avx512bf16",
+    "avxvnni",
+    "amx-int8",
+    "neon",
+    "sve",
+    "dotprod",
 )
 
 

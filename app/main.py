@@ -19,10 +19,17 @@ APP_NAME = "ggstation"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-m", "--model", help="GGUF file to load at start")
-    parser.add_argument("--self-test", action="store_true",
-                        help="load a model, chat, start the server, make one request, exit 0 on success")
-    parser.add_argument("--theme", choices=("system", "light", "dark"), help="override the colour scheme")
-    parser.add_argument("--data-dir", help="where conversations and settings live (default: user data dir)")
+    parser.add_argument(
+        "--self-test",
+        action="store_true",
+        help="load a model, chat, start the server, make one request, exit 0 on success",
+    )
+    parser.add_argument(
+        "--theme", choices=("system", "light", "dark"), help="override the colour scheme"
+    )
+    parser.add_argument(
+        "--data-dir", help="where conversations and settings live (default: user data dir)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,7 +57,9 @@ def run(args: argparse.Namespace) -> int:
         except Exception as e:  # unknown name or missing file: say so before any window opens
             print(f"error: {e}", file=sys.stderr)
             return 1
-    data_dir = args.data_dir or (tempfile.mkdtemp(prefix="ggstation-selftest-") if args.self_test else None)
+    data_dir = args.data_dir or (
+        tempfile.mkdtemp(prefix="ggstation-selftest-") if args.self_test else None
+    )
     ctx = build_context(data_dir, engine)
     from .main_window import MainWindow
     from .theme import apply_theme, follow_system
@@ -81,7 +90,9 @@ def build_context(data_dir: str | None = None, engine: EngineApi | None = None) 
     if data_dir:
         folder = open_data_folder(Path(data_dir))
     else:
-        base = Path(QStandardPaths.writableLocation(QStandardPaths.StandardLocation.AppDataLocation))
+        base = Path(
+            QStandardPaths.writableLocation(QStandardPaths.StandardLocation.AppDataLocation)
+        )
         folder = open_data_folder(base, QSettings())
     return AppContext(engine or EngineAdapter(), folder.store, folder.settings, folder.notices)
 

@@ -63,14 +63,20 @@ class MainWindow(QMainWindow):
     def _build_toolbar(self) -> None:
         bar = QToolBar("Main", objectName="mainToolbar", movable=False)
         bar.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
-        self.open_action = QAction(icon("open"), "Open model…", self, shortcut=QKeySequence("Ctrl+O"))
+        self.open_action = QAction(
+            icon("open"), "Open model…", self, shortcut=QKeySequence("Ctrl+O")
+        )
         self.open_action.triggered.connect(self.on_open_action_triggered)
-        self.new_action = QAction(icon("new_chat"), "New chat", self, shortcut=QKeySequence("Ctrl+N"))
+        self.new_action = QAction(
+            icon("new_chat"), "New chat", self, shortcut=QKeySequence("Ctrl+N")
+        )
         self.new_action.triggered.connect(self.chat.new_conversation)
         bar.addAction(self.open_action)
         bar.addAction(self.new_action)
         spacer = QWidget()
-        spacer.setSizePolicy(spacer.sizePolicy().Policy.Expanding, spacer.sizePolicy().Policy.Preferred)
+        spacer.setSizePolicy(
+            spacer.sizePolicy().Policy.Expanding, spacer.sizePolicy().Policy.Preferred
+        )
         bar.addWidget(spacer)
         self.llm_label = QLabel("No model loaded", objectName="toolbarModel")
         bar.addWidget(self.llm_label)
@@ -123,7 +129,9 @@ class MainWindow(QMainWindow):
         ctx.server_failed.connect(self.on_ctx_server_failed)
         ctx.request_logged.connect(self.server_panel.append_log)
         ctx.devices_found.connect(self.dashboard.set_devices)
-        ctx.devices_found.connect(lambda devices: self.dashboard.backends.set_opengl(*opengl_info(devices)))
+        ctx.devices_found.connect(
+            lambda devices: self.dashboard.backends.set_opengl(*opengl_info(devices))
+        )
         self.dashboard.backends.refresh_requested.connect(lambda: ctx.refresh_devices(refresh=True))
         ctx.chat_llm_changed.connect(self.on_ctx_chat_llm_changed)
         ctx.remote_polled.connect(self.on_ctx_remote_polled)
@@ -195,16 +203,22 @@ class MainWindow(QMainWindow):
         elif remote is not None:
             self.llm_label.setText(f"{llm.name} @ {remote.label}  ")
             self.status.set_remote_llm(llm.name, remote.label)
-            self.chat_pane.view.placeholder = f"{llm.name} on {remote.label} is ready. Type a message below."
+            self.chat_pane.view.placeholder = (
+                f"{llm.name} on {remote.label} is ready. Type a message below."
+            )
         else:
             self.llm_label.setText(f"{llm.name}  ")
             self.status.set_llm(self.ctx.session)
             self.chat_pane.view.placeholder = f"{llm.name} is ready. Type a message below."
         server = self.picker.remote.servers.get(remote.url) if remote is not None else None
-        self.dashboard.clear_remote(remote.label if remote is not None and not (server and server.monitored) else "")
+        self.dashboard.clear_remote(
+            remote.label if remote is not None and not (server and server.monitored) else ""
+        )
         plain = remote is not None and server is not None and server.kind == "openai"
-        self.sampling.set_unsupported(LLAMA_ONLY_FIELDS if plain else set(),
-                                      f"Not sent: {remote.label} speaks plain OpenAI" if remote is not None else "")
+        self.sampling.set_unsupported(
+            LLAMA_ONLY_FIELDS if plain else set(),
+            f"Not sent: {remote.label} speaks plain OpenAI" if remote is not None else "",
+        )
         self.chat_pane.set_context(0, self.chat.n_ctx())
         self.chat_pane.view.viewport().update()
 
@@ -223,8 +237,11 @@ class MainWindow(QMainWindow):
         if not endpoint or (llm is not None and llm.endpoint == endpoint and llm.name == model):
             return
         if not self.picker.remote.select(endpoint, model):
-            self.status.showMessage(f"This conversation used {model} on {endpoint}, which is not among "
-                                    "the remote servers.", 8000)
+            self.status.showMessage(
+                f"This conversation used {model} on {endpoint}, which is not among "
+                "the remote servers.",
+                8000,
+            )
 
     def on_ctx_server_started(self, handle: ServerHandle) -> None:
         self._show_server(handle.url)
@@ -254,15 +271,25 @@ class MainWindow(QMainWindow):
     def on_sidebar_export_requested(self, conversation_id: int, fmt: str) -> None:
         store = self.ctx.store
         name = self.chat.conversations.title(conversation_id).replace("/", "-") or "conversation"
-        path, _ = QFileDialog.getSaveFileName(self, "Export conversation", f"{name}.{fmt}",
-                                              "Markdown (*.md)" if fmt == "md" else "JSON (*.json)")
+        path, _ = QFileDialog.getSaveFileName(
+            self,
+            "Export conversation",
+            f"{name}.{fmt}",
+            "Markdown (*.md)" if fmt == "md" else "JSON (*.json)",
+        )
         if not path:
             return
         try:
-            text = store.export_markdown(conversation_id) if fmt == "md" else store.export_json(conversation_id)
+            text = (
+                store.export_markdown(conversation_id)
+                if fmt == "md"
+                else store.export_json(conversation_id)
+            )
             Path(path).write_text(text, encoding="utf-8")
         except STORE_ERRORS as e:
-            self.banner.show_notice(f"The conversation was not exported to {path}: {describe_storage_error(e)}.")
+            self.banner.show_notice(
+                f"The conversation was not exported to {path}: {describe_storage_error(e)}."
+            )
 
     def on_sidebar_import_requested(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Import conversation", "", "JSON (*.json)")
@@ -272,9 +299,12 @@ class MainWindow(QMainWindow):
     # state ----------------------------------------------------------------------------------
     def _restore_state(self) -> None:
         qs = self.ctx.qsettings
-        for key, restore in (("window/geometry", self.restoreGeometry), ("window/state", self.restoreState),
-                             ("window/chat_splitter", self.chat_splitter.restoreState),
-                             ("window/picker_splitter", self.picker.splitter.restoreState)):
+        for key, restore in (
+            ("window/geometry", self.restoreGeometry),
+            ("window/state", self.restoreState),
+            ("window/chat_splitter", self.chat_splitter.restoreState),
+            ("window/picker_splitter", self.picker.splitter.restoreState),
+        ):
             value = qs.value(key)
             if isinstance(value, QByteArray):
                 restore(value)

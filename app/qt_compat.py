@@ -29,6 +29,8 @@ def protect_none_refcount() -> bool:
     if not affected(PySide6.__version_info__) or getattr(sys, "_ggstation_none_protected", False):
         return False
     for singleton in (None, True, False):
-        ctypes.c_ssize_t.from_address(id(singleton)).value += SPARE_REFS  # ob_refcnt: PyObject's 1st field
+        ctypes.c_ssize_t.from_address(
+            id(singleton)
+        ).value += SPARE_REFS  # ob_refcnt: PyObject's 1st field
     sys._ggstation_none_protected = True
     return True

@@ -48,9 +48,15 @@ class RemoteReplyStream(ReplyStream):
 
     def __iter__(self) -> Iterator[ReplyStep]:
         for d in self._stream:
-            yield ReplyStep(text_delta=d.text, finish_reason=d.finish_reason, n_prompt=d.n_prompt,
-                            n_generated=d.n_generated, n_cached=d.n_cached, t_prompt_ms=d.t_prompt_ms,
-                            t_gen_ms=d.t_gen_ms)
+            yield ReplyStep(
+                text_delta=d.text,
+                finish_reason=d.finish_reason,
+                n_prompt=d.n_prompt,
+                n_generated=d.n_generated,
+                n_cached=d.n_cached,
+                t_prompt_ms=d.t_prompt_ms,
+                t_gen_ms=d.t_gen_ms,
+            )
 
     def cancel(self) -> None:
         self._stream.cancel()
@@ -84,19 +90,35 @@ class RemoteChat(ChatLlmApi):
         from engine import RemoteSampling, stream_chat
 
         s = sampling
-        fields = RemoteSampling(temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens,
-                                seed=s.seed if s.seed >= 0 else None, top_k=s.top_k, min_p=s.min_p,
-                                repeat_penalty=s.repeat_penalty)
-        stream = stream_chat(_endpoint(self._endpoint, self._key), self.name, messages, fields,
-                             _server_info(self._server))
+        fields = RemoteSampling(
+            temperature=s.temperature,
+            top_p=s.top_p,
+            max_tokens=s.max_tokens,
+            seed=s.seed if s.seed >= 0 else None,
+            top_k=s.top_k,
+            min_p=s.min_p,
+            repeat_penalty=s.repeat_penalty,
+        )
+        stream = stream_chat(
+            _endpoint(self._endpoint, self._key),
+            self.name,
+            messages,
+            fields,
+            _server_info(self._server),
+        )
         return RemoteReplyStream(stream)
 
 
 def _server_info(server: RemoteServerState) -> ServerInfo:
     from engine import ServerInfo
 
-    return ServerInfo(kind=server.kind, n_ctx=server.n_ctx, total_slots=server.total_slots,
-                      has_slots=server.has_slots, has_metrics=server.has_metrics)
+    return ServerInfo(
+        kind=server.kind,
+        n_ctx=server.n_ctx,
+        total_slots=server.total_slots,
+        has_slots=server.has_slots,
+        has_metrics=server.has_metrics,
+    )
 
 
 class RemoteAdapter(RemoteApi):
@@ -114,13 +136,18 @@ class RemoteAdapter(RemoteApi):
             models = client.list_models()  # first: a wrong key or a non-OpenAI server fails here
             info = client.probe()
         return RemoteServerState(
-            url=endpoint.url, kind=info.kind, models=tuple(RemoteModelInfo(m.id, m.n_ctx) for m in models),
-            n_ctx=info.n_ctx, total_slots=info.total_slots, has_slots=info.has_slots,
+            url=endpoint.url,
+            kind=info.kind,
+            models=tuple(RemoteModelInfo(m.id, m.n_ctx) for m in models),
+            n_ctx=info.n_ctx,
+            total_slots=info.total_slots,
+            has_slots=info.has_slots,
             has_metrics=info.has_metrics,
         )
 
-    def open_chat(self, endpoint: EndpointInfo, api_key: str, model: str,
-                  server: RemoteServerState) -> RemoteChat:
+    def open_chat(
+        self, endpoint: EndpointInfo, api_key: str, model: str, server: RemoteServerState
+    ) -> RemoteChat:
         return RemoteChat(endpoint, api_key, model, server)
 
     def poll(self, endpoint: EndpointInfo, api_key: str, server: RemoteServerState) -> RemoteLoad:
@@ -131,8 +158,10 @@ class RemoteAdapter(RemoteApi):
         processing = 0
         with RemoteClient(_endpoint(endpoint, api_key)) as client:
             if server.has_slots:
-                slots = tuple(RemoteSlotRow(s.id, s.n_ctx, s.is_processing, s.n_prompt_tokens + s.n_decoded)
-                              for s in client.slots())
+                slots = tuple(
+                    RemoteSlotRow(s.id, s.n_ctx, s.is_processing, s.n_prompt_tokens + s.n_decoded)
+                    for s in client.slots()
+                )
             if server.has_metrics:
                 m = client.metrics()
                 total, processing = m.tokens_predicted_total, int(m.requests_processing)

@@ -20,7 +20,9 @@ PROMPT = "Say hello in five words."
 
 
 def _http_get(url: str, api_key: str) -> dict:
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    req = urllib.request.Request(
+        url, headers={"Authorization": f"Bearer {api_key}"} if api_key else {}
+    )
     with urllib.request.urlopen(req, timeout=30) as r:
         return json.loads(r.read().decode())
 
@@ -37,7 +39,9 @@ class SelfTest(QObject):
         QTimer.singleShot(TIMEOUT_S * 1000, lambda: self.fail(f"timed out after {TIMEOUT_S} s"))
         path = self.model_path or self._default_model()
         if not path:
-            QTimer.singleShot(0, lambda: self.fail("no model: pass -m MODEL or pull a starter model"))
+            QTimer.singleShot(
+                0, lambda: self.fail("no model: pass -m MODEL or pull a starter model")
+            )
             return
         self.facts["model"] = path.rsplit("/", 1)[-1]
         worker = self.ctx.load(path, LoadParams(n_ctx=512, n_seq_max=2))
@@ -84,7 +88,9 @@ class SelfTest(QObject):
         self.ctx.pool.start(worker)
 
     def _on_http(self, body: dict) -> None:
-        self.facts["http"] = f"/v1/models {len(body.get('data', []))} model(s) in {self._lap():.1f}s"
+        self.facts["http"] = (
+            f"/v1/models {len(body.get('data', []))} model(s) in {self._lap():.1f}s"
+        )
         self.ctx.stop_server()
         self.exit_code = 0
         self._finish("ok")
@@ -96,7 +102,10 @@ class SelfTest(QObject):
 
     def _finish(self, verdict: str) -> None:
         facts = " ".join(f"{k}={v}" for k, v in self.facts.items())
-        print(f"ggstation self-test {verdict}: {facts} total={time.perf_counter() - self.t0:.1f}s",
-              file=sys.stdout if self.exit_code == 0 else sys.stderr, flush=True)
+        print(
+            f"ggstation self-test {verdict}: {facts} total={time.perf_counter() - self.t0:.1f}s",
+            file=sys.stdout if self.exit_code == 0 else sys.stderr,
+            flush=True,
+        )
         self.window.close()
         QApplication.instance().exit(self.exit_code)

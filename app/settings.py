@@ -12,10 +12,15 @@ from .resources import resource_path
 
 BUILTIN_PRESETS: dict[str, SamplingSettings] = {
     "Balanced": SamplingSettings(),
-    "Precise": SamplingSettings(temperature=0.2, top_k=20, top_p=0.9, min_p=0.1, repeat_penalty=1.05),
-    "Creative": SamplingSettings(temperature=1.0, top_k=100, top_p=0.98, min_p=0.02, repeat_penalty=1.0),
-    "Greedy (deterministic)": SamplingSettings(temperature=0.0, top_k=1, top_p=1.0, min_p=0.0,
-                                               repeat_penalty=1.0, seed=0),
+    "Precise": SamplingSettings(
+        temperature=0.2, top_k=20, top_p=0.9, min_p=0.1, repeat_penalty=1.05
+    ),
+    "Creative": SamplingSettings(
+        temperature=1.0, top_k=100, top_p=0.98, min_p=0.02, repeat_penalty=1.0
+    ),
+    "Greedy (deterministic)": SamplingSettings(
+        temperature=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0, seed=0
+    ),
 }
 
 
@@ -38,8 +43,11 @@ class AppSettings:
 
     def endpoints(self) -> list[EndpointInfo]:
         """The remote servers; entries that are not {name, url} strings are skipped."""
-        return [EndpointInfo(str(e.get("name") or ""), e["url"]) for e in self.remote_endpoints
-                if isinstance(e, dict) and isinstance(e.get("url"), str)]
+        return [
+            EndpointInfo(str(e.get("name") or ""), e["url"])
+            for e in self.remote_endpoints
+            if isinstance(e, dict) and isinstance(e.get("url"), str)
+        ]
 
     def set_endpoints(self, endpoints: list[EndpointInfo]) -> None:
         self.remote_endpoints = [{"name": e.name, "url": e.url} for e in endpoints]

@@ -47,7 +47,9 @@ BUSY_TIMEOUT_S = 5.0
 # file at the same moment; the whole setup is retried for this long.
 OPEN_RETRY_S = 10.0
 
-MAX_IMPORT_BYTES = 64 * 1024 * 1024  # an export far larger than any chat; bounds the memory an import takes
+MAX_IMPORT_BYTES = (
+    64 * 1024 * 1024
+)  # an export far larger than any chat; bounds the memory an import takes
 MAX_STATS_DEPTH = 16  # the app writes 3 levels (stats.replay.sampling)
 ROLES = ("user", "assistant", "system")
 # the stats the window reads: token counts go through Qt int signals (32 bits), times are shown
@@ -95,8 +97,9 @@ class ConversationStore:
                 # BEGIN IMMEDIATE takes the write lock first (waiting on the busy timeout) rather
                 # than upgrading a read lock mid-script, which sqlite refuses without waiting. The
                 # user_version write makes a read-only file fail here, not at the first message.
-                self._db.executescript(f"BEGIN IMMEDIATE;\n{SCHEMA}\n"
-                                       f"PRAGMA user_version={SCHEMA_VERSION};\nCOMMIT;")
+                self._db.executescript(
+                    f"BEGIN IMMEDIATE;\n{SCHEMA}\nPRAGMA user_version={SCHEMA_VERSION};\nCOMMIT;"
+                )
                 return
             except sqlite3.OperationalError as e:
                 if self._db.in_transaction:
@@ -143,7 +146,9 @@ class ConversationStore:
 
     def rename(self, conversation_id: int, title: str) -> None:
         with self._db:
-            self._db.execute("UPDATE conversations SET title=? WHERE id=?", (title, conversation_id))
+            self._db.execute(
+                "UPDATE conversations SET title=? WHERE id=?", (title, conversation_id)
+            )
 
     def delete(self, conversation_id: int) -> None:
         with self._db:
@@ -164,7 +169,9 @@ class ConversationStore:
                 (like, like),
             )
         else:
-            rows = self._db.execute("SELECT id, title, updated FROM conversations ORDER BY updated DESC")
+            rows = self._db.execute(
+                "SELECT id, title, updated FROM conversations ORDER BY updated DESC"
+            )
         return [Conversation(*r) for r in rows]
 
     # messages ---------------------------------------------------------------------------------
@@ -175,7 +182,9 @@ class ConversationStore:
                 "INSERT INTO messages(conversation_id, role, content, stats, created) VALUES (?,?,?,?,?)",
                 (conversation_id, message.role, message.content, json.dumps(message.stats), now),
             )
-            self._db.execute("UPDATE conversations SET updated=? WHERE id=?", (now, conversation_id))
+            self._db.execute(
+                "UPDATE conversations SET updated=? WHERE id=?", (now, conversation_id)
+            )
         message.id = int(cur.lastrowid)
         return message.id
 
@@ -193,7 +202,8 @@ class ConversationStore:
         """Delete message `message_id` and everything after it (edit / regenerate)."""
         with self._db:
             self._db.execute(
-                "DELETE FROM messages WHERE conversation_id=? AND id>=?", (conversation_id, message_id)
+                "DELETE FROM messages WHERE conversation_id=? AND id>=?",
+                (conversation_id, message_id),
             )
 
     def messages(self, conversation_id: int) -> list[Message]:
@@ -201,7 +211,10 @@ class ConversationStore:
             "SELECT id, role, content, stats FROM messages WHERE conversation_id=? ORDER BY id",
             (conversation_id,),
         )
-        return [Message(role, content, mid, json.loads(stats or "{}")) for mid, role, content, stats in rows]
+        return [
+            Message(role, content, mid, json.loads(stats or "{}"))
+            for mid, role, content, stats in rows
+        ]
 
     def import_file(self, path: str | Path) -> int:
         """import_json of the file at `path`, read only if it is a regular file of at most
@@ -273,8 +286,11 @@ def parse_export(text: str) -> tuple[str, list[Message]]:
     _check_text(title or "", "the title")
     found = data.get("messages")
     if not isinstance(found, list):
-        raise ImportFormatError("it has no list of messages" if found is None
-                                else f"its messages are a {_kind(found)}, not a list")
+        raise ImportFormatError(
+            "it has no list of messages"
+            if found is None
+            else f"its messages are a {_kind(found)}, not a list"
+        )
     return title or "Imported chat", [_message(i, m) for i, m in enumerate(found)]
 
 
@@ -311,7 +327,9 @@ def _check_stats(stats: dict, where: str) -> None:
         raise ImportFormatError(f"{where}: finish_reason is not text")
     replay = stats.get("replay", {})
     if not isinstance(replay, dict) or not isinstance(replay.get("sampling", {}), dict):
-        raise ImportFormatError(f"{where}: replay is not an object with an object of sampling settings")
+        raise ImportFormatError(
+            f"{where}: replay is not an object with an object of sampling settings"
+        )
     pending: list[tuple[Any, int]] = [(stats, 1)]  # a loop, not recursion: the depth is the input's
     while pending:
         value, depth = pending.pop()
@@ -335,8 +353,15 @@ def _check_text(text: str, where: str) -> None:
 
 
 def _kind(value: Any) -> str:
-    return {dict: "object", list: "list", str: "text", bool: "boolean", int: "number",
-            float: "number", type(None): "null"}.get(type(value), type(value).__name__)
+    return {
+        dict: "object",
+        list: "list",
+        str: "text",
+        bool: "boolean",
+        int: "number",
+        float: "number",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
 
 
 def _short(e: BaseException, limit: int = 120) -> str:

@@ -50,8 +50,12 @@ def merge_steps(steps: list[ReplyStep]) -> tuple[str, ReplyStep | None]:
 class FramePacer:
     """The next frame's interval from the GUI thread's CPU use during the last one."""
 
-    def __init__(self, frame_ms: float = FRAME_MS, max_frame_ms: float = MAX_FRAME_MS,
-                 max_share: float = MAX_GUI_SHARE) -> None:
+    def __init__(
+        self,
+        frame_ms: float = FRAME_MS,
+        max_frame_ms: float = MAX_FRAME_MS,
+        max_share: float = MAX_GUI_SHARE,
+    ) -> None:
         self.frame_ms, self.max_frame_ms, self.max_share = frame_ms, max_frame_ms, max_share
         self._cpu = time.thread_time()  # call start() and next_ms() on the GUI thread
 

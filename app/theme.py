@@ -11,25 +11,41 @@ from .resources import stylesheet
 ACCENT = QColor("#3d7eff")
 
 _DARK = {
-    QPalette.ColorRole.Window: "#1e1f22", QPalette.ColorRole.WindowText: "#e6e6e6",
-    QPalette.ColorRole.Base: "#25262a", QPalette.ColorRole.AlternateBase: "#2c2e33",
-    QPalette.ColorRole.Text: "#e6e6e6", QPalette.ColorRole.Button: "#2c2e33",
-    QPalette.ColorRole.ButtonText: "#e6e6e6", QPalette.ColorRole.ToolTipBase: "#2c2e33",
-    QPalette.ColorRole.ToolTipText: "#e6e6e6", QPalette.ColorRole.PlaceholderText: "#8a8d93",
-    QPalette.ColorRole.Mid: "#3a3c42", QPalette.ColorRole.Midlight: "#34363b",
-    QPalette.ColorRole.Dark: "#151618", QPalette.ColorRole.Light: "#3f4147",
-    QPalette.ColorRole.Highlight: ACCENT.name(), QPalette.ColorRole.HighlightedText: "#ffffff",
+    QPalette.ColorRole.Window: "#1e1f22",
+    QPalette.ColorRole.WindowText: "#e6e6e6",
+    QPalette.ColorRole.Base: "#25262a",
+    QPalette.ColorRole.AlternateBase: "#2c2e33",
+    QPalette.ColorRole.Text: "#e6e6e6",
+    QPalette.ColorRole.Button: "#2c2e33",
+    QPalette.ColorRole.ButtonText: "#e6e6e6",
+    QPalette.ColorRole.ToolTipBase: "#2c2e33",
+    QPalette.ColorRole.ToolTipText: "#e6e6e6",
+    QPalette.ColorRole.PlaceholderText: "#8a8d93",
+    QPalette.ColorRole.Mid: "#3a3c42",
+    QPalette.ColorRole.Midlight: "#34363b",
+    QPalette.ColorRole.Dark: "#151618",
+    QPalette.ColorRole.Light: "#3f4147",
+    QPalette.ColorRole.Highlight: ACCENT.name(),
+    QPalette.ColorRole.HighlightedText: "#ffffff",
     QPalette.ColorRole.Link: "#7aa7ff",
 }
 _LIGHT = {
-    QPalette.ColorRole.Window: "#f4f5f7", QPalette.ColorRole.WindowText: "#1d1f23",
-    QPalette.ColorRole.Base: "#ffffff", QPalette.ColorRole.AlternateBase: "#f0f2f5",
-    QPalette.ColorRole.Text: "#1d1f23", QPalette.ColorRole.Button: "#ffffff",
-    QPalette.ColorRole.ButtonText: "#1d1f23", QPalette.ColorRole.ToolTipBase: "#ffffff",
-    QPalette.ColorRole.ToolTipText: "#1d1f23", QPalette.ColorRole.PlaceholderText: "#80848c",
-    QPalette.ColorRole.Mid: "#c9ccd2", QPalette.ColorRole.Midlight: "#e3e5e9",
-    QPalette.ColorRole.Dark: "#a0a4ab", QPalette.ColorRole.Light: "#ffffff",
-    QPalette.ColorRole.Highlight: ACCENT.name(), QPalette.ColorRole.HighlightedText: "#ffffff",
+    QPalette.ColorRole.Window: "#f4f5f7",
+    QPalette.ColorRole.WindowText: "#1d1f23",
+    QPalette.ColorRole.Base: "#ffffff",
+    QPalette.ColorRole.AlternateBase: "#f0f2f5",
+    QPalette.ColorRole.Text: "#1d1f23",
+    QPalette.ColorRole.Button: "#ffffff",
+    QPalette.ColorRole.ButtonText: "#1d1f23",
+    QPalette.ColorRole.ToolTipBase: "#ffffff",
+    QPalette.ColorRole.ToolTipText: "#1d1f23",
+    QPalette.ColorRole.PlaceholderText: "#80848c",
+    QPalette.ColorRole.Mid: "#c9ccd2",
+    QPalette.ColorRole.Midlight: "#e3e5e9",
+    QPalette.ColorRole.Dark: "#a0a4ab",
+    QPalette.ColorRole.Light: "#ffffff",
+    QPalette.ColorRole.Highlight: ACCENT.name(),
+    QPalette.ColorRole.HighlightedText: "#ffffff",
     QPalette.ColorRole.Link: "#2a62d4",
 }
 
@@ -49,8 +65,14 @@ def apply_theme(app: QApplication, mode: str = "system") -> None:
     palette = QPalette()
     for role, colour in (_DARK if dark else _LIGHT).items():
         palette.setColor(role, QColor(colour))
-    for role in (QPalette.ColorRole.Text, QPalette.ColorRole.WindowText, QPalette.ColorRole.ButtonText):
-        palette.setColor(QPalette.ColorGroup.Disabled, role, QColor("#6c6f75" if dark else "#a4a7ad"))
+    for role in (
+        QPalette.ColorRole.Text,
+        QPalette.ColorRole.WindowText,
+        QPalette.ColorRole.ButtonText,
+    ):
+        palette.setColor(
+            QPalette.ColorGroup.Disabled, role, QColor("#6c6f75" if dark else "#a4a7ad")
+        )
     app.setPalette(palette)
     app.setStyleSheet(stylesheet())
 

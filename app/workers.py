@@ -18,7 +18,14 @@ from typing import Any, TypeVar
 from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
 
 from .context_policy import fit_to_context
-from .dto import EndpointInfo, LoadParams, RemoteLoad, RemoteServerState, ReplyStep, SamplingSettings
+from .dto import (
+    EndpointInfo,
+    LoadParams,
+    RemoteLoad,
+    RemoteServerState,
+    ReplyStep,
+    SamplingSettings,
+)
 from .engine_api import ChatLlmApi, EngineApi, RemoteApi, ReplyStream, SessionApi
 from .errors import AppError, LoadCancelled, plain_error
 from .machine import now_ms
@@ -80,7 +87,9 @@ class WorkerPool(QObject):
         worker.moveToThread(thread)
         thread.started.connect(worker.run)
         worker.finished.connect(thread.quit)
-        thread.finished.connect(self._on_thread_finished)  # queued: the pool lives on the GUI thread
+        thread.finished.connect(
+            self._on_thread_finished
+        )  # queued: the pool lives on the GUI thread
         self._running[thread] = worker
         QTimer.singleShot(0, self, lambda: self._launch(thread, worker))
         return worker
@@ -185,8 +194,13 @@ class GenerationWorker(TaskWorker):
 
     replied = Signal(dict)  # stats + replay record
 
-    def __init__(self, session: ChatLlmApi, messages: list[dict], sampling: SamplingSettings,
-                 buffer: StepBuffer):
+    def __init__(
+        self,
+        session: ChatLlmApi,
+        messages: list[dict],
+        sampling: SamplingSettings,
+        buffer: StepBuffer,
+    ):
         super().__init__()
         self._session, self._messages, self._sampling = session, messages, sampling
         self._buffer = buffer
@@ -226,21 +240,34 @@ class GenerationWorker(TaskWorker):
             step = ReplyStep("", "stopped", 0, 0)
         self.replied.emit(self._stats(step, ttft, s, dropped))
 
-    def _stats(self, step: ReplyStep, ttft: float | None, s: SamplingSettings, dropped: int) -> dict:
+    def _stats(
+        self, step: ReplyStep, ttft: float | None, s: SamplingSettings, dropped: int
+    ) -> dict:
         llm = self._session
         tmpl = llm.template_source
         finish = "stopped" if self._cancel.is_set() else step.finish_reason
         # a conversation remembers which LLM answered: the file, or the server and its model id
-        where = {"model": llm.name, "endpoint": llm.endpoint} if llm.endpoint else {"model": Path(llm.path).name}
+        where = (
+            {"model": llm.name, "endpoint": llm.endpoint}
+            if llm.endpoint
+            else {"model": Path(llm.path).name}
+        )
         return {
-            "n_prompt": step.n_prompt, "n_generated": step.n_generated, "n_cached": step.n_cached,
-            "t_prompt_ms": round(step.t_prompt_ms, 2), "t_gen_ms": round(step.t_gen_ms, 2),
+            "n_prompt": step.n_prompt,
+            "n_generated": step.n_generated,
+            "n_cached": step.n_cached,
+            "t_prompt_ms": round(step.t_prompt_ms, 2),
+            "t_gen_ms": round(step.t_gen_ms, 2),
             "ttft_ms": round(ttft, 1) if ttft is not None else None,
-            "finish_reason": finish, "dropped_messages": dropped,
+            "finish_reason": finish,
+            "dropped_messages": dropped,
             "replay": {
-                **where, "model_sha256": llm.sha256, "template": llm.template_name,
+                **where,
+                "model_sha256": llm.sha256,
+                "template": llm.template_name,
                 "template_sha256": hashlib.sha256(tmpl.encode()).hexdigest()[:16],
-                "sampling": s.as_dict(), "n_ctx": llm.n_ctx,
+                "sampling": s.as_dict(),
+                "n_ctx": llm.n_ctx,
             },
         }
 
@@ -286,8 +313,14 @@ class RemotePoller(TaskWorker):
 
     polled = Signal(object)  # RemoteLoad
 
-    def __init__(self, remote: RemoteApi, endpoint: EndpointInfo, api_key: str, server: RemoteServerState,
-                 interval_s: float = 1.0):
+    def __init__(
+        self,
+        remote: RemoteApi,
+        endpoint: EndpointInfo,
+        api_key: str,
+        server: RemoteServerState,
+        interval_s: float = 1.0,
+    ):
         super().__init__()
         self._remote, self._endpoint, self._key, self._server = remote, endpoint, api_key, server
         self._interval = interval_s

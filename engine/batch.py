@@ -41,8 +41,9 @@ class Batch:
         )
 
     @classmethod
-    def for_sequence(cls, tokens, pos0: int, seq_id: int = 0, logits_last: bool = True,
-                     logits_all: bool = False) -> Batch:
+    def for_sequence(
+        cls, tokens, pos0: int, seq_id: int = 0, logits_last: bool = True, logits_all: bool = False
+    ) -> Batch:
         """Consecutive tokens of one sequence starting at position pos0."""
         n = len(tokens)
         out = np.zeros(n, np.bool_)

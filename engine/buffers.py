@@ -27,9 +27,12 @@ def buffer_shapes(cfg: ModelConfig, n_ubatch: int, n_ctx_seq: int) -> dict[str, 
         x=(U, E),  # residual stream
         h=(U, E),  # normed input of a block
         o=(U, E),  # block output
-        q=(U, q_dim), k=(U, kv_dim), v=(U, v_dim),
+        q=(U, q_dim),
+        k=(U, kv_dim),
+        v=(U, v_dim),
         attn=(U, attn_dim),  # attention output, before the output projection
-        gate=(U, F), up=(U, F),
+        gate=(U, F),
+        up=(U, F),
         tile=(TILE_ROWS * max(E, F, attn_dim),),  # dequantised weight tile for BLAS
     )
     shapes.update((name, (U, width)) for name, width in cfg.extra_acts)

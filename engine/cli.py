@@ -30,7 +30,9 @@ def _load(name: str):
 class _VersionAction(argparse.Action):
     """`--version`: the version and the facts a bug report needs, computed only when asked."""
 
-    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+    def __init__(
+        self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None
+    ):
         super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
 
     def __call__(self, parser, namespace, values, option_string=None):
@@ -47,8 +49,11 @@ def build_parser():
         prog="ggstation",
         description="Desktop inference workstation for GGUF models (numba CPU engine).",
     )
-    parser.add_argument("--version", action=_VersionAction,
-                        help="print the version, Python/numba versions and the CPU numba targets, then exit")
+    parser.add_argument(
+        "--version",
+        action=_VersionAction,
+        help="print the version, Python/numba versions and the CPU numba targets, then exit",
+    )
     # `serve` takes llama-server command lines, whose newer flags we may not know yet: it logs
     # them and starts (llama-server's own users expect a flag to never stop a deployment).
     parser.set_defaults(accepts_unknown_flags=False, unknown_flags=[])

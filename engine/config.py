@@ -42,9 +42,13 @@ class Yarn:
         below start keep their unscaled angle, pairs above end are fully interpolated."""
 
         def dim(n_turns: float) -> float:
-            return n_rot * math.log(self.n_ctx_orig / (n_turns * 2 * math.pi)) / (2 * math.log(base))
+            return (
+                n_rot * math.log(self.n_ctx_orig / (n_turns * 2 * math.pi)) / (2 * math.log(base))
+            )
 
-        return max(0.0, math.floor(dim(self.beta_fast))), min(n_rot - 1.0, math.ceil(dim(self.beta_slow)))
+        return max(0.0, math.floor(dim(self.beta_fast))), min(
+            n_rot - 1.0, math.ceil(dim(self.beta_slow))
+        )
 
     def context_attn_factor(self, factor: float) -> float:
         """llama_context's yarn_attn_factor before rope.scaling.attn_factor: ggml multiplies
@@ -66,8 +70,16 @@ class Rope:
     attn_factor: float = 1.0  # multiplies cos and sin (LongRoPE)
 
     @classmethod
-    def make(cls, n_rot: int, base: float, neox: bool, scale: float = 1.0, factors: Sequence[float] = (),
-             attn_factor: float = 1.0, yarn: Yarn | None = None) -> Rope:
+    def make(
+        cls,
+        n_rot: int,
+        base: float,
+        neox: bool,
+        scale: float = 1.0,
+        factors: Sequence[float] = (),
+        attn_factor: float = 1.0,
+        yarn: Yarn | None = None,
+    ) -> Rope:
         """Pair i turns by pos * base^(-2i/n_rot) / (scale * factors[i]): `scale` is linear
         position scaling, `factors` per-pair frequency divisors (LongRoPE, Llama 3). With
         YaRN the 1/scale becomes a mix of 1/scale and 1 (still linear in the position, so an
@@ -140,8 +152,15 @@ class ModelConfig:
         attn = self.rope_attn_factor
         if self.rope_yarn is not None:  # from the model's scale, not the layer's (llama_context)
             attn *= self.rope_yarn.context_attn_factor(self.rope_scale)
-        return Rope.make(self.rope_dim, base, self.rope_neox, scale, self.rope_factors(n_ctx_seq), attn,
-                         self.rope_yarn)
+        return Rope.make(
+            self.rope_dim,
+            base,
+            self.rope_neox,
+            scale,
+            self.rope_factors(n_ctx_seq),
+            attn,
+            self.rope_yarn,
+        )
 
     def rope_factors(self, n_ctx_seq: int) -> tuple[float, ...]:
         """Per-pair frequency divisors (none by default; LongRoPE picks by context size)."""
@@ -163,8 +182,10 @@ def base_config(f: GGUFFile, cls: type[ModelConfig] = ModelConfig, **overrides: 
     n_head = f.get_int(k("attention.head_count"))
     n_head_kv = f.get_int(k("attention.head_count_kv"), n_head)
     if not f.has(k("attention.key_length")) and n_embd % n_head:
-        raise GGUFError(f"{f.path}: embedding_length {n_embd} is not a multiple of head_count {n_head} "
-                        f"(and the file has no attention.key_length)")
+        raise GGUFError(
+            f"{f.path}: embedding_length {n_embd} is not a multiple of head_count {n_head} "
+            f"(and the file has no attention.key_length)"
+        )
     head_dim = f.get_int(k("attention.key_length"), n_embd // n_head)
     head_dim_v = f.get_int(k("attention.value_length"), head_dim)
     n_layer = f.get_int(k("block_count"))
@@ -180,11 +201,15 @@ def base_config(f: GGUFFile, cls: type[ModelConfig] = ModelConfig, **overrides: 
         rope_scale = f.get_float(k("rope.scaling.factor"), 1.0) or 1.0
     n_ctx_train = f.get_int(k("context_length"), 2048)
     if scaling == "yarn":
-        yarn = Yarn(f.get_int(k("rope.scaling.original_context_length"), n_ctx_train, lo=0, hi=1 << 30)
-                    or n_ctx_train)
+        yarn = Yarn(
+            f.get_int(k("rope.scaling.original_context_length"), n_ctx_train, lo=0, hi=1 << 30)
+            or n_ctx_train
+        )
         if f.get_float(k("rope.freq_base"), 10000.0) <= 1.0:  # corr_dims divides by ln(base)
-            raise GGUFError(f"{f.path}: YaRN needs rope.freq_base above 1, found "
-                            f"{f.get_float(k('rope.freq_base'), 10000.0):g}")
+            raise GGUFError(
+                f"{f.path}: YaRN needs rope.freq_base above 1, found "
+                f"{f.get_float(k('rope.freq_base'), 10000.0):g}"
+            )
     values: dict[str, Any] = dict(
         arch=arch,
         n_layer=n_layer,
@@ -219,8 +244,10 @@ def swa_layers(f: GGUFFile, default_period: int) -> tuple[bool, ...]:
     if f.array_len(key) is not None:
         pattern = f.get_array(key)
         if not all(isinstance(x, (bool, int)) for x in pattern):
-            raise MetadataError(f"{f.path}: metadata key '{key}' should be an integer or an array of booleans, "
-                                f"found {describe_value(f.metadata, key)}")
+            raise MetadataError(
+                f"{f.path}: metadata key '{key}' should be an integer or an array of booleans, "
+                f"found {describe_value(f.metadata, key)}"
+            )
         if len(pattern) == n_layer:
             return tuple(bool(x) for x in pattern)
         period = default_period
@@ -233,29 +260,50 @@ def require_whole_head_rope(f: GGUFFile, cfg: ModelConfig) -> None:
     """For architectures whose llama.cpp graph asserts n_rot == head size == value head size
     (smollm3, olmo2, granite): a file breaking that is rejected here, not run differently."""
     if cfg.rope_dim != cfg.head_dim or cfg.head_dim_v != cfg.head_dim:
-        raise GGUFError(f"{f.path}: architecture {cfg.arch} rotates whole heads: rope.dimension_count "
-                        f"{cfg.rope_dim}, key_length {cfg.head_dim} and value_length {cfg.head_dim_v} must be equal")
+        raise GGUFError(
+            f"{f.path}: architecture {cfg.arch} rotates whole heads: rope.dimension_count "
+            f"{cfg.rope_dim}, key_length {cfg.head_dim} and value_length {cfg.head_dim_v} must be equal"
+        )
 
 
 def _check(f: GGUFFile, cfg: ModelConfig) -> None:
     """What must hold between the hyper-parameters, and between them and the vocabulary."""
-    for name in ("n_layer", "n_embd", "n_head", "n_head_kv", "head_dim", "head_dim_v", "n_ff", "n_vocab",
-                 "n_ctx_train"):
+    for name in (
+        "n_layer",
+        "n_embd",
+        "n_head",
+        "n_head_kv",
+        "head_dim",
+        "head_dim_v",
+        "n_ff",
+        "n_vocab",
+        "n_ctx_train",
+    ):
         v = getattr(cfg, name)
         if not isinstance(v, int) or v <= 0 or v > 1 << 24:
             raise GGUFError(f"{f.path}: invalid hyper-parameter {name} = {v}")
     if cfg.n_head % cfg.n_head_kv:
-        raise GGUFError(f"{f.path}: head_count {cfg.n_head} is not a multiple of head_count_kv {cfg.n_head_kv}")
+        raise GGUFError(
+            f"{f.path}: head_count {cfg.n_head} is not a multiple of head_count_kv {cfg.n_head_kv}"
+        )
     if not 0 <= cfg.rope_dim <= cfg.head_dim or cfg.rope_dim % 2:
-        raise GGUFError(f"{f.path}: invalid rope.dimension_count {cfg.rope_dim} (an even number up to the "
-                        f"head size {cfg.head_dim})")
+        raise GGUFError(
+            f"{f.path}: invalid rope.dimension_count {cfg.rope_dim} (an even number up to the "
+            f"head size {cfg.head_dim})"
+        )
     if cfg.sliding_window < 0 or len(cfg.swa_layers) not in (0, cfg.n_layer):
-        raise GGUFError(f"{f.path}: invalid sliding window {cfg.sliding_window} over {len(cfg.swa_layers)} layers")
+        raise GGUFError(
+            f"{f.path}: invalid sliding window {cfg.sliding_window} over {len(cfg.swa_layers)} layers"
+        )
     for name in ("norm_eps", "rope_base", "rope_scale", "rope_attn_factor", "attn_scale"):
         v = getattr(cfg, name)
         if not math.isfinite(v) or v < 0:
             raise GGUFError(f"{f.path}: invalid hyper-parameter {name} = {v}")
     n_tokens = f.array_len("tokenizer.ggml.tokens")
-    if n_tokens is not None and n_tokens != cfg.n_vocab:  # llama.cpp: token_embd has one row per token
-        raise GGUFError(f"{f.path}: the vocabulary has {n_tokens} tokens but the model has {cfg.n_vocab} "
-                        "(rows of token_embd.weight or vocab_size)")
+    if (
+        n_tokens is not None and n_tokens != cfg.n_vocab
+    ):  # llama.cpp: token_embd has one row per token
+        raise GGUFError(
+            f"{f.path}: the vocabulary has {n_tokens} tokens but the model has {cfg.n_vocab} "
+            "(rows of token_embd.weight or vocab_size)"
+        )

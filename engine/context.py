@@ -83,9 +83,9 @@ class Buffers:
 
 class Context:
     """Raises:
-        EngineError: parameters no context can have (n_ctx < 0, n_seq_max 0 or above 256...).
-        InsufficientMemoryError: the KV cache and buffers would not fit in the memory available
-            (checked before anything is allocated, unless params.check_memory is off).
+    EngineError: parameters no context can have (n_ctx < 0, n_seq_max 0 or above 256...).
+    InsufficientMemoryError: the KV cache and buffers would not fit in the memory available
+        (checked before anything is allocated, unless params.check_memory is off).
     """
 
     def __init__(self, model: Model, params: ContextParams | None = None):
@@ -104,10 +104,19 @@ class Context:
         # read by every ubatch (UbatchState.path) and the compiled steps (step.for_context)
         self.decode_path: str = params.decode_path or model.decode_path
         if self.n_ctx_seq > cfg.n_ctx_train:  # llama.cpp's warning, word for word
-            log.warning("n_ctx_seq (%d) > n_ctx_train (%d) -- possible training context overflow",
-                        self.n_ctx_seq, cfg.n_ctx_train)
-        kw: dict[str, Any] = dict(n_seq_max=params.n_seq_max, type_k=params.type_k, type_v=params.type_v,
-                  n_ubatch=self.n_ubatch, n_batch=params.n_batch, kv_unified=params.kv_unified)
+            log.warning(
+                "n_ctx_seq (%d) > n_ctx_train (%d) -- possible training context overflow",
+                self.n_ctx_seq,
+                cfg.n_ctx_train,
+            )
+        kw: dict[str, Any] = dict(
+            n_seq_max=params.n_seq_max,
+            type_k=params.type_k,
+            type_v=params.type_v,
+            n_ubatch=self.n_ubatch,
+            n_batch=params.n_batch,
+            kv_unified=params.kv_unified,
+        )
         est = estimate_memory(cfg, model.weights_bytes, len(model.gguf.tensors), n_ctx=n_ctx, **kw)
         what = f"n_ctx {n_ctx} with {params.n_seq_max} sequence(s)"
         if params.check_memory and not mem_check_disabled():
@@ -119,7 +128,10 @@ class Context:
         except (MemoryError, ValueError) as e:  # numpy: "array is too big", or the OS refused
             raise InsufficientMemoryError(
                 f"cannot allocate {fmt_bytes(est.kv_bytes + est.compute_bytes)} for the KV cache and compute "
-                f"buffers ({what}): {e}; lower the context size (-c)", est.total_bytes, 0) from None
+                f"buffers ({what}): {e}; lower the context size (-c)",
+                est.total_bytes,
+                0,
+            ) from None
         # the compiled decode steps (models/step.py builds them, and again after the KV cache
         # or the decode path changed); compiled (or loaded) now, before the first token
         self.layer_steps: step.LayerSteps | None = None
@@ -135,21 +147,38 @@ class Context:
 
         n_stream = kv_streams(params.n_seq_max, params.kv_unified and params.n_seq_max > 1)
         try:
-            gpu = GpuContext(model.gpu, self.cfg, self.n_ubatch, self.n_ctx_seq, n_stream,
-                             params.type_k, params.type_v)
+            gpu = GpuContext(
+                model.gpu,
+                self.cfg,
+                self.n_ubatch,
+                self.n_ctx_seq,
+                n_stream,
+                params.type_k,
+                params.type_v,
+            )
             # the GPU buffers go with the context (not at exit: the GL thread may be gone)
             weakref.finalize(self, gpu.close).atexit = False
             return gpu
         except (gl.GLOutOfMemoryError, gl.GLContextLostError, ValueError) as e:
-            log.warning("OpenGL: cannot hold the KV cache and compute buffer (%s); this context runs "
-                        "every layer on the CPU", e)
+            log.warning(
+                "OpenGL: cannot hold the KV cache and compute buffer (%s); this context runs "
+                "every layer on the CPU",
+                e,
+            )
             return None
 
     def _new_kv(self) -> KVCache:
         """An empty KV cache for these params, its GPU layers' share on self.gpu (if any)."""
         p = self.params
-        return KVCache(self.cfg, self.n_ctx_seq, p.n_seq_max, p.type_k, p.type_v, unified=p.kv_unified,
-                       device=self.gpu)
+        return KVCache(
+            self.cfg,
+            self.n_ctx_seq,
+            p.n_seq_max,
+            p.type_k,
+            p.type_v,
+            unified=p.kv_unified,
+            device=self.gpu,
+        )
 
     def close_gpu(self) -> None:
         """Free the context's GPU buffers (the context must not decode afterwards)."""
@@ -168,7 +197,9 @@ class Context:
         if len(batch) > self.n_batch:
             raise EngineError(f"batch of {len(batch)} tokens exceeds n_batch = {self.n_batch}")
         # cells for the whole batch first (a full unified pool fails before any compute)
-        self.kv.reserve_batch({int(q): int(batch.pos[batch.seq_id == q][-1]) + 1 for q in np.unique(batch.seq_id)})
+        self.kv.reserve_batch(
+            {int(q): int(batch.pos[batch.seq_id == q][-1]) + 1 for q in np.unique(batch.seq_id)}
+        )
         width = self.cfg.n_embd if embeddings else self.cfg.n_vocab
         out = np.empty((batch.n_outputs, width), np.float32)
         row = 0
@@ -180,14 +211,18 @@ class Context:
                 row += n_out
         except DeviceLostError as e:
             self._lose_gpu()
-            raise DeviceLostError(f"{e}; the model now runs on the CPU and every sequence's KV cache was "
-                                  "cleared: send the request again") from None
+            raise DeviceLostError(
+                f"{e}; the model now runs on the CPU and every sequence's KV cache was "
+                "cleared: send the request again"
+            ) from None
         return out
 
     def _lose_gpu(self) -> None:
         """After a GPU reset: every layer on the CPU from now on, with a fresh KV cache (the
         GPU's share of the old one is gone, so no sequence keeps any of it)."""
-        log.error("the GPU was lost: falling back to the CPU for every layer; the KV cache is cleared")
+        log.error(
+            "the GPU was lost: falling back to the CPU for every layer; the KV cache is cleared"
+        )
         self.gpu = None
         if self.model.gpu is not None:
             self.model.gpu = None  # its buffers died with the context
@@ -200,13 +235,23 @@ class Context:
 def check_params(params: ContextParams, n_ctx: int) -> None:
     """One clear line for values no context can have (before any arithmetic on them)."""
     if not 0 < n_ctx <= MAX_CTX:
-        raise EngineError(f"invalid context size {n_ctx}: must be 1..{MAX_CTX} (0 = the model's own)")
+        raise EngineError(
+            f"invalid context size {n_ctx}: must be 1..{MAX_CTX} (0 = the model's own)"
+        )
     if not 1 <= params.n_seq_max <= MAX_SEQ:
-        raise EngineError(f"invalid number of sequences {params.n_seq_max} (-np): must be 1..{MAX_SEQ}")
+        raise EngineError(
+            f"invalid number of sequences {params.n_seq_max} (-np): must be 1..{MAX_SEQ}"
+        )
     if params.n_ubatch < 1 or params.n_batch < 1:
-        raise EngineError(f"n_batch and n_ubatch must be >= 1 (got {params.n_batch} and {params.n_ubatch})")
+        raise EngineError(
+            f"n_batch and n_ubatch must be >= 1 (got {params.n_batch} and {params.n_ubatch})"
+        )
     if params.decode_path is not None and params.decode_path not in DECODE_PATHS:
-        raise EngineError(f"invalid decode path {params.decode_path!r}: must be one of {', '.join(DECODE_PATHS)}")
+        raise EngineError(
+            f"invalid decode path {params.decode_path!r}: must be one of {', '.join(DECODE_PATHS)}"
+        )
     if not params.kv_unified and n_ctx < params.n_seq_max:
-        raise EngineError(f"a context of {n_ctx} positions cannot be split over {params.n_seq_max} sequences; "
-                          "raise -c/--ctx-size or lower -np/--parallel")
+        raise EngineError(
+            f"a context of {n_ctx} positions cannot be split over {params.n_seq_max} sequences; "
+            "raise -c/--ctx-size or lower -np/--parallel"
+        )

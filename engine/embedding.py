@@ -20,7 +20,9 @@ def pool_embeddings(rows: np.ndarray, pooling: str, normalize: int) -> np.ndarra
     elif pooling == "none":
         return np.stack([normalize_embedding(r, normalize) for r in rows])
     else:
-        raise InvalidRequestError(f"unknown pooling type {pooling!r}; expected one of {POOLING_TYPES}")
+        raise InvalidRequestError(
+            f"unknown pooling type {pooling!r}; expected one of {POOLING_TYPES}"
+        )
     return normalize_embedding(out, normalize)
 
 

@@ -201,7 +201,9 @@ class APIError(EngineError):
         self.extra = extra
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"code": self.status, "message": self.message, "type": self.type, **self.extra}}
+        return {
+            "error": {"code": self.status, "message": self.message, "type": self.type, **self.extra}
+        }
 
 
 class RemoteError(EngineError):

@@ -34,9 +34,10 @@ def validate_batch(ctx, batch: Batch) -> None:
             )
         if pos[-1] >= ctx.n_ctx_seq:
             raise ContextOverflowError(
-                int(pos[-1]) + 1, ctx.n_ctx_seq,
+                int(pos[-1]) + 1,
+                ctx.n_ctx_seq,
                 f"sequence {int(s)}: {int(pos[-1]) + 1} tokens exceed the context size of "
-                f"{ctx.n_ctx_seq} per sequence"
+                f"{ctx.n_ctx_seq} per sequence",
             )
 
 

@@ -62,23 +62,40 @@ _MIN_KV_BYTES = 8 + 4 + 1  # empty key, type, 1-byte value
 _MIN_TENSOR_INFO_BYTES = 8 + 4 + 8 + 4 + 8  # empty name, n_dims, one dim, type, offset
 
 _SCALAR_FORMATS = {
-    GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H",
-    GGUFValueType.INT16: "<h", GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i",
-    GGUFValueType.FLOAT32: "<f", GGUFValueType.BOOL: "<?", GGUFValueType.UINT64: "<Q",
-    GGUFValueType.INT64: "<q", GGUFValueType.FLOAT64: "<d",
+    GGUFValueType.UINT8: "<B",
+    GGUFValueType.INT8: "<b",
+    GGUFValueType.UINT16: "<H",
+    GGUFValueType.INT16: "<h",
+    GGUFValueType.UINT32: "<I",
+    GGUFValueType.INT32: "<i",
+    GGUFValueType.FLOAT32: "<f",
+    GGUFValueType.BOOL: "<?",
+    GGUFValueType.UINT64: "<Q",
+    GGUFValueType.INT64: "<q",
+    GGUFValueType.FLOAT64: "<d",
 }
 _SCALARS = {t: struct.Struct(f) for t, f in _SCALAR_FORMATS.items()}
 _ARRAY_DTYPES = {
-    GGUFValueType.UINT8: "<u1", GGUFValueType.INT8: "<i1", GGUFValueType.UINT16: "<u2",
-    GGUFValueType.INT16: "<i2", GGUFValueType.UINT32: "<u4", GGUFValueType.INT32: "<i4",
-    GGUFValueType.FLOAT32: "<f4", GGUFValueType.BOOL: "<u1", GGUFValueType.UINT64: "<u8",
-    GGUFValueType.INT64: "<i8", GGUFValueType.FLOAT64: "<f8",
+    GGUFValueType.UINT8: "<u1",
+    GGUFValueType.INT8: "<i1",
+    GGUFValueType.UINT16: "<u2",
+    GGUFValueType.INT16: "<i2",
+    GGUFValueType.UINT32: "<u4",
+    GGUFValueType.INT32: "<i4",
+    GGUFValueType.FLOAT32: "<f4",
+    GGUFValueType.BOOL: "<u1",
+    GGUFValueType.UINT64: "<u8",
+    GGUFValueType.INT64: "<i8",
+    GGUFValueType.FLOAT64: "<f8",
 }
 # Tensor types viewed with their own dtype; every other type is viewed as packed uint8 rows.
 _PLAIN_DTYPES = {
-    GGMLQuantizationType.F32: "<f4", GGMLQuantizationType.F16: "<f2",
-    GGMLQuantizationType.F64: "<f8", GGMLQuantizationType.I8: "<i1",
-    GGMLQuantizationType.I16: "<i2", GGMLQuantizationType.I32: "<i4",
+    GGMLQuantizationType.F32: "<f4",
+    GGMLQuantizationType.F16: "<f2",
+    GGMLQuantizationType.F64: "<f8",
+    GGMLQuantizationType.I8: "<i1",
+    GGMLQuantizationType.I16: "<i2",
+    GGMLQuantizationType.I32: "<i4",
     GGMLQuantizationType.I64: "<i8",
 }
 _U32 = struct.Struct("<I")
@@ -159,7 +176,9 @@ class _Cursor:
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError:
-            raise self.fail(f"{what} at offset {self.pos - n} is not valid UTF-8: {raw[:40]!r}") from None
+            raise self.fail(
+                f"{what} at offset {self.pos - n} is not valid UTF-8: {raw[:40]!r}"
+            ) from None
 
     def count(self, what: str, min_item_bytes: int, cap: int) -> int:
         n = self.u64(what)
@@ -181,8 +200,13 @@ class LazyMetadata(Mapping):
     a wrong value has.
     """
 
-    def __init__(self, values: dict[str, Any], decode, types: dict[str, tuple[GGUFValueType, GGUFValueType | None]],
-                 path: str = ""):
+    def __init__(
+        self,
+        values: dict[str, Any],
+        decode,
+        types: dict[str, tuple[GGUFValueType, GGUFValueType | None]],
+        path: str = "",
+    ):
         self._values = values
         self._decode = decode
         self._types = types  # key -> (value type, item type of an array)
@@ -233,7 +257,9 @@ class GGUFFile:
             self._fail_short_file()
         self.tensors: dict[str, TensorInfo] = {}
         try:  # no local name for the map: a failed open must leave nothing holding it
-            self._map: np.memmap | None = np.memmap(self.path, dtype=np.uint8, mode="r")  # None once closed
+            self._map: np.memmap | None = np.memmap(
+                self.path, dtype=np.uint8, mode="r"
+            )  # None once closed
         except (OSError, ValueError) as e:
             raise GGUFError(f"{self.path}: cannot map file: {e}") from None
         with closing_on_error(self):
@@ -268,8 +294,12 @@ class GGUFFile:
         except OSError as e:
             raise GGUFError(f"{self.path}: cannot read: {e.strerror}") from None
         if len(magic) == 4 and magic != GGUF_MAGIC:
-            raise GGUFError(f"{self.path}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
-        raise GGUFError(f"{self.path}: truncated: {self.file_size} bytes, a GGUF header needs {_HEADER.size}")
+            raise GGUFError(
+                f"{self.path}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})"
+            )
+        raise GGUFError(
+            f"{self.path}: truncated: {self.file_size} bytes, a GGUF header needs {_HEADER.size}"
+        )
 
     def _parse_header(self, cur: _Cursor) -> tuple[int, int, int]:
         magic, version = struct.unpack_from("<4sI", cur.buf, 0)
@@ -295,7 +325,10 @@ class GGUFFile:
                 raise cur.fail(f"duplicate metadata key '{key}'")
             raw_type = cur.u32(f"value type of '{key}'")
             v = values[key] = self._parse_value(cur, key, raw_type)
-            types[key] = (GGUFValueType(raw_type), v.item_type if isinstance(v, _ArrayRef) else None)
+            types[key] = (
+                GGUFValueType(raw_type),
+                v.item_type if isinstance(v, _ArrayRef) else None,
+            )
         return values, types
 
     def _value_type(self, cur: _Cursor, key: str, raw_type: int) -> GGUFValueType:
@@ -312,7 +345,9 @@ class GGUFFile:
             return cur.scalar(_SCALARS[vtype], f"value of '{key}'")
         item_type = self._value_type(cur, key, cur.u32(f"array item type of '{key}'"))
         if item_type == GGUFValueType.ARRAY:
-            raise cur.fail(f"metadata key '{key}' is a nested array, which GGUF readers do not support")
+            raise cur.fail(
+                f"metadata key '{key}' is a nested array, which GGUF readers do not support"
+            )
         if item_type == GGUFValueType.STRING:
             n = cur.count(f"array length of '{key}'", 8, MAX_STRING_ARRAY)
             start = cur.pos
@@ -342,7 +377,9 @@ class GGUFFile:
             pos += length
         cur.pos = pos
 
-    def _parse_tensor_infos(self, cur: _Cursor, n_tensors: int) -> list[tuple[str, int, tuple, int]]:
+    def _parse_tensor_infos(
+        self, cur: _Cursor, n_tensors: int
+    ) -> list[tuple[str, int, tuple, int]]:
         infos, seen = [], set()
         for i in range(n_tensors):
             name = cur.string(f"name of tensor {i}", MAX_NAME_BYTES)
@@ -396,21 +433,29 @@ class GGUFFile:
                 )
         return tensors
 
-    def _check_tensor(self, name: str, raw_type: int, shape: tuple[int, ...]) -> tuple[GGMLQuantizationType, int]:
+    def _check_tensor(
+        self, name: str, raw_type: int, shape: tuple[int, ...]
+    ) -> tuple[GGMLQuantizationType, int]:
         """Returns (qtype, nbytes) after checking the dims and the type id."""
         n_elements = 1
         for d in shape:
             if d == 0 or d >= 1 << 63:  # ggml's ne is int64: the top half is negative
                 signed = [x - (1 << 64) if x >= 1 << 63 else x for x in shape]
-                raise GGUFError(f"{self.path}: tensor '{name}' has invalid shape {signed} (dims must be positive)")
+                raise GGUFError(
+                    f"{self.path}: tensor '{name}' has invalid shape {signed} (dims must be positive)"
+                )
             n_elements *= d
         if n_elements >= 1 << 63:
-            raise GGUFError(f"{self.path}: tensor '{name}' shape {list(shape)} has too many elements")
+            raise GGUFError(
+                f"{self.path}: tensor '{name}' shape {list(shape)} has too many elements"
+            )
         try:
             qtype = GGMLQuantizationType(raw_type)
             block, type_size = GGML_QUANT_SIZES[qtype]
         except (ValueError, KeyError):
-            raise GGUFError(f"{self.path}: tensor '{name}' has unknown type id {raw_type}") from None
+            raise GGUFError(
+                f"{self.path}: tensor '{name}' has unknown type id {raw_type}"
+            ) from None
         if shape[0] % block:
             raise GGUFError(
                 f"{self.path}: tensor '{name}' row length {shape[0]} is not a multiple of the "
@@ -418,7 +463,9 @@ class GGUFFile:
             )
         return qtype, n_elements // block * type_size
 
-    def _view(self, qtype: GGMLQuantizationType, shape: tuple[int, ...], start: int, nbytes: int) -> np.ndarray:
+    def _view(
+        self, qtype: GGMLQuantizationType, shape: tuple[int, ...], start: int, nbytes: int
+    ) -> np.ndarray:
         """numpy view (reversed ggml shape); packed types keep bytes in the last axis."""
         assert self._map is not None  # called while opening
         # a plain ndarray over the map (its base keeps the map alive): numba types an
@@ -483,17 +530,23 @@ class GGUFFile:
     @overload
     def get_int(self, key: str, *, lo: int | None = None, hi: int | None = None) -> int: ...
     @overload
-    def get_int(self, key: str, default: _D, *, lo: int | None = None, hi: int | None = None) -> int | _D: ...
-    def get_int(self, key: str, default: Any = ..., *, lo: int | None = None, hi: int | None = None) -> Any:
+    def get_int(
+        self, key: str, default: _D, *, lo: int | None = None, hi: int | None = None
+    ) -> int | _D: ...
+    def get_int(
+        self, key: str, default: Any = ..., *, lo: int | None = None, hi: int | None = None
+    ) -> Any:
         return meta_int(self.metadata, key, default, lo=lo, hi=hi)
 
     @overload
     def get_float(self, key: str, *, lo: float | None = None, hi: float | None = None) -> float: ...
     @overload
-    def get_float(self, key: str, default: _D, *, lo: float | None = None,
-                  hi: float | None = None) -> float | _D: ...
-    def get_float(self, key: str, default: Any = ..., *, lo: float | None = None,
-                  hi: float | None = None) -> Any:
+    def get_float(
+        self, key: str, default: _D, *, lo: float | None = None, hi: float | None = None
+    ) -> float | _D: ...
+    def get_float(
+        self, key: str, default: Any = ..., *, lo: float | None = None, hi: float | None = None
+    ) -> Any:
         return meta_float(self.metadata, key, default, lo=lo, hi=hi)
 
     @overload
@@ -552,14 +605,18 @@ class GGUFFile:
         per-expert biases (n_ff_exp, n_expert); the shape must match exactly."""
         info = self._info(name)
         if tuple(info.shape) != tuple(shape):
-            raise GGUFError(f"{self.path}: tensor '{name}' has shape {list(info.shape)}, expected {list(shape)}")
+            raise GGUFError(
+                f"{self.path}: tensor '{name}' has shape {list(info.shape)}, expected {list(shape)}"
+            )
         return self.vector(name).reshape(shape[1], shape[0])
 
     def vector(self, name: str, n: int | None = None) -> np.ndarray:
         """A 1-D F32 tensor (norm weights, biases) as float32 (small, may be copied)."""
         info = self._info(name)
         if n is not None and int(np.prod(info.shape)) != n:
-            raise GGUFError(f"{self.path}: tensor '{name}' has {list(info.shape)} elements, expected {n}")
+            raise GGUFError(
+                f"{self.path}: tensor '{name}' has {list(info.shape)} elements, expected {n}"
+            )
         if info.qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
             return np.asarray(info.data, dtype=np.float32).reshape(-1)
         check_supported(name, info.qtype)

@@ -99,7 +99,9 @@ class SplitGGUFFile(GGUFFile):
             _check_shard(shard, i, count)
             for name, info in shard.tensors.items():
                 if name in self.tensors:
-                    raise GGUFError(f"{shard_path}: tensor '{name}' is also in another part of the set")
+                    raise GGUFError(
+                        f"{shard_path}: tensor '{name}' is also in another part of the set"
+                    )
                 self.tensors[name] = info
         expected = self.get_int(KEY_SPLIT_TENSORS, None)
         if expected is not None and expected != len(self.tensors):
@@ -162,8 +164,10 @@ def open_gguf(path: str | os.PathLike) -> GGUFFile:
     """
     parsed = parse_split_name(Path(path).name)
     if parsed is not None and parsed[1] > 0:
-        raise GGUFError(f"{os.fspath(path)}: part {parsed[1] + 1} of a {parsed[2]}-part split model; "
-                        f"load it from its first part ({split_paths(path)[0].name})")
+        raise GGUFError(
+            f"{os.fspath(path)}: part {parsed[1] + 1} of a {parsed[2]}-part split model; "
+            f"load it from its first part ({split_paths(path)[0].name})"
+        )
     if parsed is not None:
         return SplitGGUFFile(path)
     f = GGUFFile(path)

@@ -58,8 +58,9 @@ def _llg() -> Any:
     except ImportError as e:  # a core dependency; only a broken install gets here
         # (PackageNotFoundError is one too: llguidance reads its own version at import, so a
         # bundle needs its metadata, packaging/ggstation.spec)
-        raise GrammarError("constrained output needs the 'llguidance' package "
-                           "(pip install llguidance)") from e
+        raise GrammarError(
+            "constrained output needs the 'llguidance' package (pip install llguidance)"
+        ) from e
     return llguidance
 
 
@@ -114,8 +115,9 @@ class Grammar:
             except ValueError as e:
                 raise GrammarError(f"the JSON schema is not valid JSON: {e}") from None
         if not isinstance(schema, (dict, bool)):
-            raise GrammarError(f"a JSON schema must be an object or a boolean, "
-                               f"got {type(schema).__name__}")
+            raise GrammarError(
+                f"a JSON schema must be an object or a boolean, got {type(schema).__name__}"
+            )
         try:
             text = json.dumps(schema, ensure_ascii=False)
             check_source("json_schema", text)
@@ -124,14 +126,20 @@ class Grammar:
             raise GrammarError("invalid JSON schema: nested too deeply") from None
         except (ValueError, TypeError) as e:
             raise GrammarError(f"invalid JSON schema: {e}") from None
-        return cls._checked("json_schema", text, lambda: llg.LLMatcher.grammar_from_json_schema(
-            closed, defaults=_JSON_DEFAULTS), what="JSON schema")
+        return cls._checked(
+            "json_schema",
+            text,
+            lambda: llg.LLMatcher.grammar_from_json_schema(closed, defaults=_JSON_DEFAULTS),
+            what="JSON schema",
+        )
 
     @classmethod
     def from_regex(cls, pattern: str) -> Grammar:
         llg = _llg()
         check_source("regex", pattern)
-        return cls._checked("regex", pattern, lambda: llg.LLMatcher.grammar_from_regex(pattern), what="regex")
+        return cls._checked(
+            "regex", pattern, lambda: llg.LLMatcher.grammar_from_regex(pattern), what="regex"
+        )
 
     def check_vocabulary(self, tokenizer: GenerationTokenizer) -> None:
         """Check the grammar against a model's vocabulary, up to its first token's mask
@@ -151,7 +159,9 @@ class Grammar:
         thread once, then reused)."""
         proto = self._prototypes.get(vocab)
         if proto is None:
-            proto = self._prototypes[vocab] = on_compiler_thread(lambda: _first_mask_matcher(self.compiled, vocab))
+            proto = self._prototypes[vocab] = on_compiler_thread(
+                lambda: _first_mask_matcher(self.compiled, vocab)
+            )
         return proto
 
     @classmethod
@@ -192,7 +202,9 @@ def _first_mask_matcher(compiled: str, vocab: Any) -> Any:
         if probe.consume_token(int(token)) and not probe.is_error():
             probe.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
         if probe.is_error():
-            raise GrammarError(f"invalid grammar: it fails after its first token: {_first_line([probe.get_error()])}")
+            raise GrammarError(
+                f"invalid grammar: it fails after its first token: {_first_line([probe.get_error()])}"
+            )
     return matcher
 
 
@@ -206,7 +218,8 @@ def is_lark(text: str) -> bool:
     """Lark rather than GBNF: llama.cpp's `%llguidance` header, or a `start:` rule in a text
     without GBNF's `::=` (llguidance's own check also takes GBNF's `start ::=` for Lark)."""
     return text.lstrip().startswith("%llguidance") or (
-        "::=" not in text and re.search(r"(?m)^\s*start\s*:", text) is not None)
+        "::=" not in text and re.search(r"(?m)^\s*start\s*:", text) is not None
+    )
 
 
 def gbnf_to_lark(text: str) -> str:
@@ -223,7 +236,9 @@ def gbnf_to_lark(text: str) -> str:
         new = {}
         for i, name in enumerate(rules):
             base = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_") or "rule"
-            new[name] = "root" if name == "root" else f"{'r_' if base[0].isdigit() else ''}{base}_{i}"
+            new[name] = (
+                "root" if name == "root" else f"{'r_' if base[0].isdigit() else ''}{base}_{i}"
+            )
         stack: list[Any] = list(rules.values())
         while stack:
             node = stack.pop()
@@ -286,8 +301,19 @@ def _resolve(conv: Any, rules: dict[str, Any]) -> None:
 
 
 # where a JSON schema holds subschemas: keyword -> how (one schema, a list, a name map)
-_SUBSCHEMA_ONE = ("additionalProperties", "items", "not", "if", "then", "else", "contains",
-                  "propertyNames", "unevaluatedItems", "unevaluatedProperties", "additionalItems")
+_SUBSCHEMA_ONE = (
+    "additionalProperties",
+    "items",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contains",
+    "propertyNames",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+    "additionalItems",
+)
 _SUBSCHEMA_LIST = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
 _SUBSCHEMA_MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 
@@ -318,8 +344,12 @@ def close_objects(schema: Any, depth: int = 0) -> Any:
 
 def compile_grammar(kind: str, source: Any) -> Grammar:
     """`Grammar.from_<kind>(source)`; raises GrammarError naming the problem."""
-    builders = {"gbnf": Grammar.from_gbnf, "lark": Grammar.from_lark,
-                "json_schema": Grammar.from_json_schema, "regex": Grammar.from_regex}
+    builders = {
+        "gbnf": Grammar.from_gbnf,
+        "lark": Grammar.from_lark,
+        "json_schema": Grammar.from_json_schema,
+        "regex": Grammar.from_regex,
+    }
     if kind not in builders:
         raise GrammarError(f"unknown grammar kind {kind!r} (one of {', '.join(GRAMMAR_KINDS)})")
     return builders[kind](source)
@@ -349,8 +379,9 @@ def token_bytes(tokenizer: GenerationTokenizer) -> list[bytes]:
         piece = tokenizer.token_to_piece(i, special=True)
         if attr is not None:
             a = attr(i)
-            special = bool(a & _CONTROL) or (bool(a & _USER_DEFINED) and piece.startswith(b"<")
-                                             and piece.endswith(b">"))
+            special = bool(a & _CONTROL) or (
+                bool(a & _USER_DEFINED) and piece.startswith(b"<") and piece.endswith(b">")
+            )
         else:  # a tokenizer without attributes: hidden when not rendering specials
             special = bool(piece) and not tokenizer.token_to_piece(i, special=False)
         out.append(_SPECIAL_PREFIX + piece if special else piece)
@@ -402,8 +433,9 @@ def _build_vocabulary(tokenizer: GenerationTokenizer) -> llguidance.LLTokenizer:
     eos_ids = eog if eog else [int(eos)]  # type: ignore[arg-type]
     adapter = _TokenizerAdapter(tokenizer, eos_ids[0])
     try:
-        return llg.LLTokenizer(llg.TokenizerWrapper(adapter), n_vocab=tokenizer.n_vocab,
-                               eos_token=eos_ids)
+        return llg.LLTokenizer(
+            llg.TokenizerWrapper(adapter), n_vocab=tokenizer.n_vocab, eos_token=eos_ids
+        )
     except Exception as e:  # llguidance rejects vocabularies it cannot index
         raise GrammarError(f"cannot build the grammar vocabulary for this model: {e}") from e
 

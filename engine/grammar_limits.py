@@ -54,7 +54,9 @@ def check_source(kind: str, text: str) -> None:
     """
     what = "JSON schema" if kind == "json_schema" else "regex" if kind == "regex" else "grammar"
     if len(text) > MAX_GRAMMAR_CHARS:
-        raise GrammarError(f"the {what} is too large: {len(text)} characters, at most {MAX_GRAMMAR_CHARS}")
+        raise GrammarError(
+            f"the {what} is too large: {len(text)} characters, at most {MAX_GRAMMAR_CHARS}"
+        )
     if kind in ("gbnf", "lark"):
         n_rules = len((_GBNF_RULE if "::=" in text else _LARK_RULE).findall(text))
         if n_rules > MAX_RULES:
@@ -68,8 +70,10 @@ def _check_repetitions(what: str, text: str) -> None:
     for m in _REPETITION.finditer(text):
         for count in m.groups():
             if count and int(count) > MAX_REPETITION:
-                raise GrammarError(f"the {what} repeats too often: {m.group(0)!r}, "
-                                   f"at most {MAX_REPETITION} repetitions")
+                raise GrammarError(
+                    f"the {what} repeats too often: {m.group(0)!r}, "
+                    f"at most {MAX_REPETITION} repetitions"
+                )
 
 
 class _CompilerThread:
@@ -96,7 +100,9 @@ class _CompilerThread:
                 # stack_size is process-wide: set it only for this thread's creation
                 previous = threading.stack_size(size)
                 try:
-                    thread = threading.Thread(target=self._loop, name="grammar-compiler", daemon=True)
+                    thread = threading.Thread(
+                        target=self._loop, name="grammar-compiler", daemon=True
+                    )
                     thread.start()
                 except (RuntimeError, MemoryError, ValueError):  # address space capped (ulimit -v)
                     continue
@@ -104,8 +110,10 @@ class _CompilerThread:
                     threading.stack_size(previous)
                 self._thread = thread
                 return
-            raise GrammarError("cannot start the grammar compiler's thread: not enough address space "
-                               f"for its {COMPILER_STACK_BYTES // 4 >> 20} MiB stack")
+            raise GrammarError(
+                "cannot start the grammar compiler's thread: not enough address space "
+                f"for its {COMPILER_STACK_BYTES // 4 >> 20} MiB stack"
+            )
 
     def _loop(self) -> None:
         while True:

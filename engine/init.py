@@ -77,8 +77,13 @@ class Loaded:
         self.model.close()
 
 
-def init_from_params(path: str | os.PathLike, params: InitParams, *, progress: ProgressFn | None = None,
-                     check: Callable[[Model], None] | None = None) -> Loaded:
+def init_from_params(
+    path: str | os.PathLike,
+    params: InitParams,
+    *,
+    progress: ProgressFn | None = None,
+    check: Callable[[Model], None] | None = None,
+) -> Loaded:
     """The model at `path` loaded, with its context and (params.scheduler) its scheduler.
 
     Args:
@@ -98,8 +103,14 @@ def init_from_params(path: str | os.PathLike, params: InitParams, *, progress: P
     from .model import load_model
 
     # the model is loaded for its context's decode path (the kernels it loads, the copies it makes)
-    model = load_model(path, n_threads=params.n_threads, progress=progress, n_gpu_layers=params.n_gpu_layers,
-                       device=params.device, decode_path=params.context.decode_path)
+    model = load_model(
+        path,
+        n_threads=params.n_threads,
+        progress=progress,
+        n_gpu_layers=params.n_gpu_layers,
+        device=params.device,
+        decode_path=params.context.decode_path,
+    )
     try:
         if check is not None:
             check(model)
@@ -111,9 +122,15 @@ def init_from_params(path: str | os.PathLike, params: InitParams, *, progress: P
             from .scheduler import Scheduler
 
             sp = params.scheduler
-            scheduler = Scheduler(ctx, model.tokenizer, model=model, n_slots=sp.n_slots,
-                                  slot_prompt_similarity=sp.slot_prompt_similarity,
-                                  context_shift=sp.context_shift, n_keep=sp.n_keep)
+            scheduler = Scheduler(
+                ctx,
+                model.tokenizer,
+                model=model,
+                n_slots=sp.n_slots,
+                slot_prompt_similarity=sp.slot_prompt_similarity,
+                context_shift=sp.context_shift,
+                n_keep=sp.n_keep,
+            )
     except BaseException:
         model.close()
         raise

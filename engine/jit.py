@@ -38,7 +38,9 @@ def serial_and_parallel(fn: Callable[..., Any]) -> tuple[Any, Any]:
     serial code in the parallel kernel ran long attention on one core. The parallel one is
     compiled from a copy of the function under another qualified name.
     """
-    twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    twin = types.FunctionType(
+        fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
+    )
     twin.__qualname__ = fn.__qualname__ + "__parallel"
     twin.__module__, twin.__doc__ = fn.__module__, fn.__doc__
     return kernel(fn), parallel_kernel(twin)
@@ -60,8 +62,13 @@ PORTABLE_LUT = os.environ.get("GGSTATION_PORTABLE_LUT", "") not in ("", "0")
 # GGSTATION_INT8=1 "int8", llama.cpp's (x rounded to 8 bits: its per-logit draw puts us no
 # closer to llama.cpp's logits, docs/decode-paths.md); GGSTATION_NO_INT8=1 "float", the oracle
 # (float32 x times the weights unpacked to float), which wins over GGSTATION_INT8.
-DECODE_PATH = ("float" if os.environ.get("GGSTATION_NO_INT8", "") not in ("", "0")
-               else "int8" if os.environ.get("GGSTATION_INT8", "") not in ("", "0") else "x16")
+DECODE_PATH = (
+    "float"
+    if os.environ.get("GGSTATION_NO_INT8", "") not in ("", "0")
+    else "int8"
+    if os.environ.get("GGSTATION_INT8", "") not in ("", "0")
+    else "x16"
+)
 INT8 = DECODE_PATH == "int8"
 
 _n_threads = 0  # set by set_num_threads (0: numba's default, every core)
@@ -254,6 +261,8 @@ def generated_kernel(module_file: str, sources, digest: str, parallel: bool = Tr
         warnings.warn(
             f"{module_file} is older than {', '.join(m.__name__ for m in sources)}: generated "
             "kernels older than their sources compile without numba's cache until you run "
-            "`python -m engine.quants.codegen`", RuntimeWarning, stacklevel=2,
+            "`python -m engine.quants.codegen`",
+            RuntimeWarning,
+            stacklevel=2,
         )
     return uncached

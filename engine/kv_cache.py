@@ -32,7 +32,9 @@ GROW_CELLS = 32  # a unified sequence's run grows by at least this, so decode ra
 
 def cache_dtype(name: str) -> np.dtype:
     if name not in CACHE_TYPES:
-        raise EngineError(f"unsupported KV cache type '{name}' (supported: {', '.join(CACHE_TYPES)})")
+        raise EngineError(
+            f"unsupported KV cache type '{name}' (supported: {', '.join(CACHE_TYPES)})"
+        )
     return np.dtype(CACHE_TYPES[name])
 
 
@@ -75,16 +77,24 @@ class DeviceKV(Protocol):
 
 class KVCache:
     """Args:
-        n_ctx_seq: positions one sequence may use (unified: the whole pool, n_ctx).
-        n_seq_max: sequences.
-        unified: one pool of n_ctx_seq cells shared by all sequences, instead of n_ctx_seq
-            cells for each.
-        device: where the layers a GPU runs keep their keys and values; their host arrays
-            have no cells.
+    n_ctx_seq: positions one sequence may use (unified: the whole pool, n_ctx).
+    n_seq_max: sequences.
+    unified: one pool of n_ctx_seq cells shared by all sequences, instead of n_ctx_seq
+        cells for each.
+    device: where the layers a GPU runs keep their keys and values; their host arrays
+        have no cells.
     """
 
-    def __init__(self, cfg: ModelConfig, n_ctx_seq: int, n_seq_max: int, type_k: str = "f16",
-                 type_v: str = "f16", unified: bool = False, device: DeviceKV | None = None):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        n_ctx_seq: int,
+        n_seq_max: int,
+        type_k: str = "f16",
+        type_v: str = "f16",
+        unified: bool = False,
+        device: DeviceKV | None = None,
+    ):
         self.cfg = cfg
         self.n_ctx_seq = n_ctx_seq
         self.n_seq_max = n_seq_max
@@ -195,14 +205,17 @@ class KVCache:
         if n_pos <= self._cap[seq]:
             return
         if not self.unified:
-            raise KVCacheFullError(f"sequence {seq}: {n_pos} positions exceed its {self.n_cells} cells")
+            raise KVCacheFullError(
+                f"sequence {seq}: {n_pos} positions exceed its {self.n_cells} cells"
+            )
         n_len = int(self._len[seq])
         others = [s for s in range(self.n_seq_max) if s != seq and self._cap[s] > 0]
         free_after_compaction = self.n_cells - sum(self._kept(s) for s in others)
         if n_pos > free_after_compaction:
             raise KVCacheFullError(
                 f"the unified KV cache is full: sequence {seq} needs {n_pos} cells, "
-                f"{free_after_compaction} are not held by other sequences")
+                f"{free_after_compaction} are not held by other sequences"
+            )
         want = min(max(n_pos, -(-n_pos // GROW_CELLS) * GROW_CELLS), free_after_compaction)
         runs = self._free_runs(others)
         if self._cap[seq] > 0:  # grow in place when the run after it is free
@@ -274,7 +287,9 @@ class KVCache:
     def commit(self, seq: int, n_pos: int) -> None:
         self._len[seq] = n_pos
 
-    def store(self, il: int, seq: np.ndarray, pos: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
+    def store(
+        self, il: int, seq: np.ndarray, pos: np.ndarray, k: np.ndarray, v: np.ndarray
+    ) -> None:
         """k (T, G, D), v (T, G, Dv) float32 for tokens at (seq[t], pos[t]); the cells must be
         reserved (see reserve)."""
         kc, vc = self.k[il], self.v[il]
@@ -303,8 +318,10 @@ class KVCache:
         """Copies of every layer's keys and values of seq's positions (slot files)."""
         n = self.seq_len(seq)
         st, cells = self._run(seq, 0, n)
-        return ([self._read(il, "k", st, cells.start, cells.stop) for il in range(len(self.k))],
-                [self._read(il, "v", st, cells.start, cells.stop) for il in range(len(self.v))])
+        return (
+            [self._read(il, "k", st, cells.start, cells.stop) for il in range(len(self.k))],
+            [self._read(il, "v", st, cells.start, cells.stop) for il in range(len(self.v))],
+        )
 
     def set_seq_state(self, seq: int, k: list[np.ndarray], v: list[np.ndarray]) -> None:
         """Replace seq's cache by these keys and values (shapes and types as seq_state's).
@@ -319,10 +336,14 @@ class KVCache:
         n = int(k[0].shape[0]) if k else 0
         for a, c in zip((*k, *v), (*self.k, *self.v), strict=True):
             if a.shape != (n, *c.shape[2:]) or a.dtype != c.dtype:
-                raise EngineError(f"state shape {a.shape} {a.dtype} does not match the cache's "
-                                  f"(n, {', '.join(map(str, c.shape[2:]))}) {c.dtype}")
+                raise EngineError(
+                    f"state shape {a.shape} {a.dtype} does not match the cache's "
+                    f"(n, {', '.join(map(str, c.shape[2:]))}) {c.dtype}"
+                )
         if n > self.n_ctx_seq:
-            raise KVCacheFullError(f"{n} positions do not fit in the {self.n_ctx_seq} of a sequence")
+            raise KVCacheFullError(
+                f"{n} positions do not fit in the {self.n_ctx_seq} of a sequence"
+            )
         self.seq_clear(seq)
         self.reserve(seq, n)
         st, cells = self._run(seq, 0, n)
@@ -370,7 +391,13 @@ class KVCache:
         self.reserve(dst, p1)
         (s_st, s_cells), (d_st, d_cells) = self._run(src, p0, p1), self._run(dst, p0, p1)
         for il, kind in self._all():
-            self._write(il, kind, d_st, d_cells.start, self._read(il, kind, s_st, s_cells.start, s_cells.stop))
+            self._write(
+                il,
+                kind,
+                d_st,
+                d_cells.start,
+                self._read(il, kind, s_st, s_cells.start, s_cells.stop),
+            )
         self._len[dst] = p1
 
     def seq_shift_discard(self, seq: int, p0: int, n_discard: int) -> None:
@@ -394,6 +421,8 @@ class KVCache:
                 # rotation, without the attention factor the keys already carry.
                 delta = np.full(cnt, -n_discard, np.int32)
                 rope(kf, delta, self.rope[il].inv_freq, self.rope[il].neox)
-                self._write(il, "k", st, b + p0, kf.astype(np.float16).view(np.uint16) if f16 else kf)
+                self._write(
+                    il, "k", st, b + p0, kf.astype(np.float16).view(np.uint16) if f16 else kf
+                )
                 self._write(il, "v", st, b + p0, self._read(il, "v", st, b + src0, b + src0 + cnt))
         self._len[seq] = n - n_discard

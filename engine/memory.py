@@ -150,11 +150,20 @@ def _devices(ctx: MeasuredContext) -> tuple[DeviceMemory, ...]:
     the GPU leave the CPU's mapped total (as llama.cpp's CPU_Mapped buffer shrinks)."""
     model, kv, gpu = ctx.model, ctx.kv, ctx.gpu
     if gpu is None:
-        return (DeviceMemory(CPU, model.weights_bytes, kv.nbytes, ctx.buf.nbytes, model.cfg.n_layer),)
+        return (
+            DeviceMemory(CPU, model.weights_bytes, kv.nbytes, ctx.buf.nbytes, model.cfg.n_layer),
+        )
     gm = gpu.gm
-    cpu = DeviceMemory(CPU, model.weights_bytes - gm.host_bytes, kv.host_nbytes, ctx.buf.nbytes,
-                       model.cfg.n_layer - gm.n_layers)
-    return cpu, DeviceMemory(gpu.device_name, gm.weights_bytes, gpu.nbytes, gpu.scratch_bytes, gm.n_layers)
+    cpu = DeviceMemory(
+        CPU,
+        model.weights_bytes - gm.host_bytes,
+        kv.host_nbytes,
+        ctx.buf.nbytes,
+        model.cfg.n_layer - gm.n_layers,
+    )
+    return cpu, DeviceMemory(
+        gpu.device_name, gm.weights_bytes, gpu.nbytes, gpu.scratch_bytes, gm.n_layers
+    )
 
 
 def ctx_per_seq(n_ctx: int, n_seq_max: int, kv_unified: bool) -> int:
@@ -168,12 +177,25 @@ def kv_streams(n_seq_max: int, kv_unified: bool) -> int:
     return 1 if kv_unified else n_seq_max
 
 
-def estimate_memory(cfg: ModelConfig, weights_bytes: int, n_tensors: int, n_ctx: int = 4096,
-                    n_seq_max: int = 1, type_k: str = "f16", type_v: str = "f16",
-                    n_ubatch: int = 512, n_batch: int = 2048, kv_unified: bool = False, *,
-                    n_gpu_layers: int = 0, gpu_device: str = "GL0",
-                    layer_weights_bytes: Sequence[int] | None = None, output_weights_bytes: int = 0,
-                    output_tied_bytes: int = 0, repacked_bytes: int = 0) -> MemoryReport:
+def estimate_memory(
+    cfg: ModelConfig,
+    weights_bytes: int,
+    n_tensors: int,
+    n_ctx: int = 4096,
+    n_seq_max: int = 1,
+    type_k: str = "f16",
+    type_v: str = "f16",
+    n_ubatch: int = 512,
+    n_batch: int = 2048,
+    kv_unified: bool = False,
+    *,
+    n_gpu_layers: int = 0,
+    gpu_device: str = "GL0",
+    layer_weights_bytes: Sequence[int] | None = None,
+    output_weights_bytes: int = 0,
+    output_tied_bytes: int = 0,
+    repacked_bytes: int = 0,
+) -> MemoryReport:
     """What Context(model, ContextParams(...)) will allocate, before loading anything.
 
     Args:
@@ -194,8 +216,17 @@ def estimate_memory(cfg: ModelConfig, weights_bytes: int, n_tensors: int, n_ctx:
     n_ubatch = min(n_ubatch, n_batch)
     kv_total = kv_bytes(cfg, n_ctx_seq, kv_streams(n_seq_max, kv_unified), type_k, type_v)
     compute = compute_buffer_bytes(cfg, n_ubatch, n_ctx_seq)
-    devices = split_devices(cfg, weights_bytes, kv_total, compute, n_gpu_layers, gpu_device,
-                            layer_weights_bytes, output_weights_bytes, output_tied_bytes)
+    devices = split_devices(
+        cfg,
+        weights_bytes,
+        kv_total,
+        compute,
+        n_gpu_layers,
+        gpu_device,
+        layer_weights_bytes,
+        output_weights_bytes,
+        output_tied_bytes,
+    )
     return MemoryReport(
         weights_bytes=sum(d.weights_bytes for d in devices),
         weights_resident_bytes=None,
@@ -212,9 +243,17 @@ def estimate_memory(cfg: ModelConfig, weights_bytes: int, n_tensors: int, n_ctx:
     )
 
 
-def split_devices(cfg: ModelConfig, weights_bytes: int, kv_total: int, compute: int,
-                  n_gpu_layers: int, gpu_device: str, layer_weights_bytes: Sequence[int] | None,
-                  output_weights_bytes: int, output_tied_bytes: int) -> tuple[DeviceMemory, ...]:
+def split_devices(
+    cfg: ModelConfig,
+    weights_bytes: int,
+    kv_total: int,
+    compute: int,
+    n_gpu_layers: int,
+    gpu_device: str,
+    layer_weights_bytes: Sequence[int] | None,
+    output_weights_bytes: int,
+    output_tied_bytes: int,
+) -> tuple[DeviceMemory, ...]:
     """Each device's share under llama.cpp's placement (backends.gpu_placement): the GPU gets
     the last repeating layers with their weights and KV cache, the output head from -ngl 1 on,
     and one compute scratch of the CPU's size; the CPU keeps the rest (token embedding,
@@ -224,17 +263,23 @@ def split_devices(cfg: ModelConfig, weights_bytes: int, kv_total: int, compute: 
         return (DeviceMemory(CPU, weights_bytes, kv_total, compute, cfg.n_layer),)
     if layer_weights_bytes is None or len(layer_weights_bytes) != cfg.n_layer:
         got = "none" if layer_weights_bytes is None else len(layer_weights_bytes)
-        raise ValueError(f"splitting {cfg.n_layer} layers across devices needs each layer's weight "
-                         f"bytes (got {got})")
+        raise ValueError(
+            f"splitting {cfg.n_layer} layers across devices needs each layer's weight "
+            f"bytes (got {got})"
+        )
     first, head = gpu_placement(cfg.n_layer, n_gpu_layers)
     n_gpu = cfg.n_layer - first
-    gpu_weights = sum(layer_weights_bytes[cfg.n_layer - n_gpu:]) + (output_weights_bytes if head else 0)
+    gpu_weights = sum(layer_weights_bytes[cfg.n_layer - n_gpu :]) + (
+        output_weights_bytes if head else 0
+    )
     # the cache gives every layer the same (n_stream, n_cells, n_head_kv, head_dim) arrays,
     # sliding-window layers included (kv_cache.KVCache), so a layer's share is exact
     gpu_kv = kv_total // cfg.n_layer * n_gpu
     cpu_weights = weights_bytes - gpu_weights + (output_tied_bytes if head else 0)
-    return (DeviceMemory(CPU, cpu_weights, kv_total - gpu_kv, compute, cfg.n_layer - n_gpu),
-            DeviceMemory(gpu_device, gpu_weights, gpu_kv, compute, n_gpu))
+    return (
+        DeviceMemory(CPU, cpu_weights, kv_total - gpu_kv, compute, cfg.n_layer - n_gpu),
+        DeviceMemory(gpu_device, gpu_weights, gpu_kv, compute, n_gpu),
+    )
 
 
 # --- will it fit? ------------------------------------------------------------------------------
@@ -244,7 +289,9 @@ def split_devices(cfg: ModelConfig, weights_bytes: int, kv_total: int, compute: 
 # The weights are mapped from the file; they count too, as they must stay resident to run at
 # speed, but the kernel can drop and re-read them, so only the total is compared.
 NO_MEM_CHECK_ENV = "GGSTATION_NO_MEM_CHECK"
-REFUSE_FACTOR = 1.1  # refuse above 110 % of available RAM + free swap: the estimate is close, not exact
+REFUSE_FACTOR = (
+    1.1  # refuse above 110 % of available RAM + free swap: the estimate is close, not exact
+)
 WARN_FACTOR = 0.8  # warn above 80 % of available RAM: it will swap or page the weights in and out
 
 
@@ -264,8 +311,10 @@ class MemoryFit:
 
     def summary(self) -> str:
         """e.g. "needs 1.2 GiB, 21.3 GiB available (+ 0 B free swap): fits"."""
-        return (f"needs {fmt_bytes(self.needed_bytes)}, {fmt_bytes(self.available_bytes)} available "
-                f"(+ {fmt_bytes(self.swap_free_bytes)} free swap): {self.verdict}")
+        return (
+            f"needs {fmt_bytes(self.needed_bytes)}, {fmt_bytes(self.available_bytes)} available "
+            f"(+ {fmt_bytes(self.swap_free_bytes)} free swap): {self.verdict}"
+        )
 
 
 def fmt_bytes(n: int) -> str:
@@ -335,8 +384,14 @@ def device_fits(est: MemoryReport, devices: Sequence[DeviceInfo]) -> list[Device
         if share.device == CPU:
             continue
         info = known.get(share.device)
-        fits.append(DeviceFit(share.device, share.total_bytes, info.free_bytes if info else None,
-                              info.total_bytes if info else None))
+        fits.append(
+            DeviceFit(
+                share.device,
+                share.total_bytes,
+                info.free_bytes if info else None,
+                info.total_bytes if info else None,
+            )
+        )
     return fits
 
 
@@ -344,10 +399,12 @@ def mem_check_disabled() -> bool:
     return os.environ.get(NO_MEM_CHECK_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def largest_fitting_ctx(cfg: ModelConfig, weights_bytes: int, n_tensors: int, limit_bytes: float,
-                        **kw: Any) -> int:
+def largest_fitting_ctx(
+    cfg: ModelConfig, weights_bytes: int, n_tensors: int, limit_bytes: float, **kw: Any
+) -> int:
     """The largest n_ctx (a multiple of 256, at least 0) whose estimate stays under limit_bytes,
     all else in `kw` (estimate_memory's keywords) as given."""
+
     def total(n_ctx: int) -> int:
         return estimate_memory(cfg, weights_bytes, n_tensors, n_ctx=n_ctx, **kw).host_bytes
 
@@ -360,9 +417,15 @@ def largest_fitting_ctx(cfg: ModelConfig, weights_bytes: int, n_tensors: int, li
     return lo
 
 
-def check_fits(est: MemoryReport, cfg: ModelConfig, n_tensors: int, what: str,
-               log: logging.Logger | None = None, available: tuple[int, int] | None = None,
-               **kw: Any) -> MemoryFit:
+def check_fits(
+    est: MemoryReport,
+    cfg: ModelConfig,
+    n_tensors: int,
+    what: str,
+    log: logging.Logger | None = None,
+    available: tuple[int, int] | None = None,
+    **kw: Any,
+) -> MemoryFit:
     """Refuse (InsufficientMemoryError) a context whose estimate is clearly more than the memory
     available; log a warning when it is close. `what` names the request ("n_ctx 4096, 1
     sequence"); `kw` are the estimate's keywords, to say which context size would fit."""
@@ -372,22 +435,40 @@ def check_fits(est: MemoryReport, cfg: ModelConfig, n_tensors: int, what: str,
     if fit.verdict == "too big":
         limit = fit.available_bytes + fit.swap_free_bytes
         # the file's weights: an offloaded tied output counts twice in the devices' sum
-        tied = kw.get("output_tied_bytes", 0) if gpu_placement(cfg.n_layer, kw.get("n_gpu_layers", 0))[1] else 0
-        n_fit = largest_fitting_ctx(cfg, est.weights_bytes - tied, n_tensors,
-                                    WARN_FACTOR * fit.available_bytes, **kw)
-        advice = (f"lower the context size (-c {n_fit} or less would fit)" if n_fit >= 256 else
-                  "the weights alone leave too little room: free memory or use a smaller model")
+        tied = (
+            kw.get("output_tied_bytes", 0)
+            if gpu_placement(cfg.n_layer, kw.get("n_gpu_layers", 0))[1]
+            else 0
+        )
+        n_fit = largest_fitting_ctx(
+            cfg, est.weights_bytes - tied, n_tensors, WARN_FACTOR * fit.available_bytes, **kw
+        )
+        advice = (
+            f"lower the context size (-c {n_fit} or less would fit)"
+            if n_fit >= 256
+            else "the weights alone leave too little room: free memory or use a smaller model"
+        )
         host = next((d for d in est.devices if d.device == CPU), None)
-        w, kv, compute = ((host.weights_bytes, host.kv_bytes, host.compute_bytes) if host else
-                          (est.weights_bytes, est.kv_bytes, est.compute_bytes))
+        w, kv, compute = (
+            (host.weights_bytes, host.kv_bytes, host.compute_bytes)
+            if host
+            else (est.weights_bytes, est.kv_bytes, est.compute_bytes)
+        )
         raise InsufficientMemoryError(
             f"not enough memory for {what}: it needs {fmt_bytes(fit.needed_bytes)} (weights "
             f"{fmt_bytes(w)}, KV cache {fmt_bytes(kv)}, compute buffers "
             f"{fmt_bytes(compute)}) but {fmt_bytes(fit.available_bytes)} of RAM and "
             f"{fmt_bytes(fit.swap_free_bytes)} of swap are free; {advice}, or set "
             f"{NO_MEM_CHECK_ENV}=1 (--no-mem-check) to try anyway",
-            fit.needed_bytes, limit)
+            fit.needed_bytes,
+            limit,
+        )
     if fit.verdict == "tight" and log is not None:
-        log.warning("%s needs %s of the %s of RAM available: expect swapping; a smaller context (-c) "
-                    "would leave room", what, fmt_bytes(fit.needed_bytes), fmt_bytes(fit.available_bytes))
+        log.warning(
+            "%s needs %s of the %s of RAM available: expect swapping; a smaller context (-c) "
+            "would leave room",
+            what,
+            fmt_bytes(fit.needed_bytes),
+            fmt_bytes(fit.available_bytes),
+        )
     return fit

@@ -17,8 +17,18 @@ from gguf import GGUFValueType
 
 from .errors import MetadataError
 
-_INT_TYPES = frozenset({GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16, GGUFValueType.INT16,
-                        GGUFValueType.UINT32, GGUFValueType.INT32, GGUFValueType.UINT64, GGUFValueType.INT64})
+_INT_TYPES = frozenset(
+    {
+        GGUFValueType.UINT8,
+        GGUFValueType.INT8,
+        GGUFValueType.UINT16,
+        GGUFValueType.INT16,
+        GGUFValueType.UINT32,
+        GGUFValueType.INT32,
+        GGUFValueType.UINT64,
+        GGUFValueType.INT64,
+    }
+)
 _NUMBER_TYPES = _INT_TYPES | {GGUFValueType.FLOAT32, GGUFValueType.FLOAT64}
 
 # Ranges of the hyper-parameters, by key without its "{arch}." prefix. The typed getters check
@@ -52,9 +62,16 @@ HPARAM_LIMITS: dict[str, tuple[float, float]] = {
 
 _ITEM_KINDS = {  # meta_array's `item` -> (GGUF item types accepted, Python check, words)
     "string": (frozenset({GGUFValueType.STRING}), lambda v: isinstance(v, str), "strings"),
-    "int": (_INT_TYPES, lambda v: isinstance(v, (int, np.integer)) and not isinstance(v, bool), "integers"),
-    "number": (_NUMBER_TYPES, lambda v: isinstance(v, (int, float, np.integer, np.floating))
-               and not isinstance(v, bool), "numbers"),
+    "int": (
+        _INT_TYPES,
+        lambda v: isinstance(v, (int, np.integer)) and not isinstance(v, bool),
+        "integers",
+    ),
+    "number": (
+        _NUMBER_TYPES,
+        lambda v: isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool),
+        "numbers",
+    ),
     "bool": (frozenset({GGUFValueType.BOOL}), lambda v: isinstance(v, bool), "booleans"),
 }
 
@@ -79,7 +96,9 @@ def describe_value(meta: Mapping[str, Any], key: str) -> str:
 
 
 def _wrong(meta: Mapping[str, Any], key: str, expected: str) -> MetadataError:
-    return MetadataError(f"{_prefix(meta)}metadata key '{key}' should be {expected}, found {describe_value(meta, key)}")
+    return MetadataError(
+        f"{_prefix(meta)}metadata key '{key}' should be {expected}, found {describe_value(meta, key)}"
+    )
 
 
 def _lookup(meta: Mapping[str, Any], key: str, default: Any) -> tuple[bool, Any]:
@@ -91,14 +110,18 @@ def _lookup(meta: Mapping[str, Any], key: str, default: Any) -> tuple[bool, Any]
     return False, default
 
 
-def _check_range(meta: Mapping[str, Any], key: str, v: float, lo: float | None, hi: float | None) -> None:
+def _check_range(
+    meta: Mapping[str, Any], key: str, v: float, lo: float | None, hi: float | None
+) -> None:
     if lo is None and hi is None:
         lo, hi = HPARAM_LIMITS.get(key.partition(".")[2], (None, None))
     if (lo is not None and v < lo) or (hi is not None and v > hi):
         bounds = f"{lo if lo is not None else '-inf'}..{hi if hi is not None else 'inf'}"
-        raise MetadataError(f"{_prefix(meta)}metadata key '{key}' is {v:g}, out of range ({bounds})"
-                            if isinstance(v, float) else
-                            f"{_prefix(meta)}metadata key '{key}' is {v}, out of range ({bounds})")
+        raise MetadataError(
+            f"{_prefix(meta)}metadata key '{key}' is {v:g}, out of range ({bounds})"
+            if isinstance(v, float)
+            else f"{_prefix(meta)}metadata key '{key}' is {v}, out of range ({bounds})"
+        )
 
 
 def meta_str(meta: Mapping[str, Any], key: str, default: Any = ...) -> Any:
@@ -108,8 +131,14 @@ def meta_str(meta: Mapping[str, Any], key: str, default: Any = ...) -> Any:
     return v
 
 
-def meta_int(meta: Mapping[str, Any], key: str, default: Any = ..., *, lo: float | None = None,
-             hi: float | None = None) -> Any:
+def meta_int(
+    meta: Mapping[str, Any],
+    key: str,
+    default: Any = ...,
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+) -> Any:
     """An integer (of any GGUF integer type); of a per-layer array, the first item."""
     found, v = _lookup(meta, key, default)
     if not found:
@@ -123,8 +152,14 @@ def meta_int(meta: Mapping[str, Any], key: str, default: Any = ..., *, lo: float
     return v
 
 
-def meta_float(meta: Mapping[str, Any], key: str, default: Any = ..., *, lo: float | None = None,
-               hi: float | None = None) -> Any:
+def meta_float(
+    meta: Mapping[str, Any],
+    key: str,
+    default: Any = ...,
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+) -> Any:
     """A finite number (float or integer types)."""
     found, v = _lookup(meta, key, default)
     if not found:
@@ -148,7 +183,9 @@ def meta_bool(meta: Mapping[str, Any], key: str, default: Any = ...) -> Any:
     return bool(v)
 
 
-def meta_array(meta: Mapping[str, Any], key: str, default: Any = ..., item: str | None = None) -> Any:
+def meta_array(
+    meta: Mapping[str, Any], key: str, default: Any = ..., item: str | None = None
+) -> Any:
     """A list; `item` ("string", "int", "number", "bool") checks the items' type: from the GGUF
     item type when the mapping knows it (no scan of a 262k-entry array), else item by item."""
     value_type = getattr(meta, "value_type", None)

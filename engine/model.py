@@ -28,8 +28,14 @@ ProgressFn = Callable[[float, str], None]
 
 
 class Model:
-    def __init__(self, gguf: GGUFFile, arch: Architecture, cfg: ModelConfig, weights: ModelWeights,
-                 decode_path: str = "x16"):
+    def __init__(
+        self,
+        gguf: GGUFFile,
+        arch: Architecture,
+        cfg: ModelConfig,
+        weights: ModelWeights,
+        decode_path: str = "x16",
+    ):
         self.gguf = gguf
         self.arch = arch  # its config reader, layer loader and block (engine/models)
         self.cfg = cfg
@@ -90,9 +96,15 @@ def _n_elements(shape: Iterable[int]) -> int:
     return n
 
 
-def load_model(path: str | os.PathLike, n_threads: int | None = None,
-               progress: ProgressFn | None = None, *, n_gpu_layers: int = 0,
-               device: str | None = None, decode_path: str | None = None) -> Model:
+def load_model(
+    path: str | os.PathLike,
+    n_threads: int | None = None,
+    progress: ProgressFn | None = None,
+    *,
+    n_gpu_layers: int = 0,
+    device: str | None = None,
+    decode_path: str | None = None,
+) -> Model:
     """Memory-map a GGUF, check it, bind its weights and build its tokenizer.
 
     Args:
@@ -148,7 +160,9 @@ def pick_gpu(device: str | None) -> str | None:
     names = [n.strip() for n in (device or "").split(",") if n.strip()]
     for n in names:
         if n not in known:
-            raise EngineError(f"unknown device '{n}' (available: {', '.join(known)}; see --list-devices)")
+            raise EngineError(
+                f"unknown device '{n}' (available: {', '.join(known)}; see --list-devices)"
+            )
     gpus = [n for n in (names or known) if n != CPU]
     for n in gpus:
         if known[n].available:
@@ -167,7 +181,9 @@ def check_model(f: GGUFFile) -> tuple[Architecture, ModelConfig, ModelWeights, T
     arch = get_arch(f.arch)
     cfg = arch.config_from_gguf(f)
     weights = load_weights(f, cfg, arch.load_layer)
-    f.get_str("tokenizer.chat_template", None)  # a template of another type is an error, not ignored
+    f.get_str(
+        "tokenizer.chat_template", None
+    )  # a template of another type is an error, not ignored
     return arch, cfg, weights, load_tokenizer(f)
 
 

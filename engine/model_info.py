@@ -105,7 +105,9 @@ def file_type_name(value) -> str:
         name = LlamaFileType(int(value)).name
     except (TypeError, ValueError, OverflowError):
         return ""
-    return name.removeprefix("MOSTLY_") if name.startswith("MOSTLY_") or name in ("ALL_F32",) else name
+    return (
+        name.removeprefix("MOSTLY_") if name.startswith("MOSTLY_") or name in ("ALL_F32",) else name
+    )
 
 
 def _fill(info: ModelInfo, f: GGUFFile) -> None:
@@ -140,7 +142,12 @@ def _fill(info: ModelInfo, f: GGUFFile) -> None:
     info.cfg = cfg
     _fill_placement(info, f, cfg.n_layer)
     _fill_experts(info, f, cfg)
-    info.n_ctx_train, info.n_layer, info.n_embd, info.n_vocab = cfg.n_ctx_train, cfg.n_layer, cfg.n_embd, cfg.n_vocab
+    info.n_ctx_train, info.n_layer, info.n_embd, info.n_vocab = (
+        cfg.n_ctx_train,
+        cfg.n_layer,
+        cfg.n_embd,
+        cfg.n_vocab,
+    )
 
 
 def _fill_placement(info: ModelInfo, f: GGUFFile, n_layer: int) -> None:
@@ -158,12 +165,19 @@ def _fill_placement(info: ModelInfo, f: GGUFFile, n_layer: int) -> None:
     tied = 0
     if "output.weight" not in f.tensors and "token_embd.weight" in f.tensors:
         tied = f.tensors["token_embd.weight"].nbytes  # the embedding doubles as the output matrix
-    info.layer_weights_bytes, info.output_weights_bytes, info.output_tied_bytes = per_layer, head + tied, tied
+    info.layer_weights_bytes, info.output_weights_bytes, info.output_tied_bytes = (
+        per_layer,
+        head + tied,
+        tied,
+    )
     packable = quants.INTERLEAVED_TYPES
     info.repackable_bytes = sum(
-        t.nbytes for t in f.tensors.values()
-        if t.qtype in packable and len(t.shape) == 2
-        and not (t.name == "token_embd.weight" and "output.weight" in f.tensors))
+        t.nbytes
+        for t in f.tensors.values()
+        if t.qtype in packable
+        and len(t.shape) == 2
+        and not (t.name == "token_embd.weight" and "output.weight" in f.tensors)
+    )
 
 
 def _fill_experts(info: ModelInfo, f: GGUFFile, cfg: ModelConfig) -> None:

@@ -74,11 +74,20 @@ def _rope_rows(x, pos, inv_freq, neox, mscale):  # x (T, H, D) in place; pos (T,
     for t in prange(x.shape[0]):
         for i in range(half):
             theta = pos[t] * inv_freq[i]
-            _rotate(x, t, i, half, np.float32(math.cos(theta) * mscale), np.float32(math.sin(theta) * mscale), neox)
+            _rotate(
+                x,
+                t,
+                i,
+                half,
+                np.float32(math.cos(theta) * mscale),
+                np.float32(math.sin(theta) * mscale),
+                neox,
+            )
 
 
-def rope(x: np.ndarray, pos: np.ndarray, inv_freq: np.ndarray, neox: bool,
-         mscale: float = 1.0) -> None:
+def rope(
+    x: np.ndarray, pos: np.ndarray, inv_freq: np.ndarray, neox: bool, mscale: float = 1.0
+) -> None:
     """Rotate the first 2*len(inv_freq) dims of every head of x (T, H, D) in place by token
     positions (angle pos * inv_freq[i] for pair i, see config.Rope); cos and sin are
     multiplied by mscale (LongRoPE's attention factor)."""
@@ -160,8 +169,13 @@ def gated_act(act: str, g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
     _rows(_geglu if act == "gelu" else _swiglu, g.shape[0], g, u, out)
 
 
-def swiglu_oai(g: np.ndarray, u: np.ndarray, out: np.ndarray, alpha: float = OAI_ALPHA,
-               limit: float = OAI_LIMIT) -> None:
+def swiglu_oai(
+    g: np.ndarray,
+    u: np.ndarray,
+    out: np.ndarray,
+    alpha: float = OAI_ALPHA,
+    limit: float = OAI_LIMIT,
+) -> None:
     """out = x * sigmoid(alpha * x) * (y + 1) with x = min(g, limit), y = clamp(u, +-limit)
     (ggml_swiglu_oai, gpt-oss's expert activation); out may alias g."""
     a, lim = np.float32(alpha), np.float32(limit)
@@ -205,11 +219,15 @@ def _f16_row(typingctx, src, s, j, g, dst, jj):
         sa = _arr(context, builder, signature.args[0], srcv)
         da = _arr(context, builder, signature.args[4], dstv)
         st = cgutils.unpack_tuple(builder, sa.strides)
-        off = builder.add(builder.add(builder.mul(idx(1), st[0]), builder.mul(idx(2), st[1])),
-                          builder.mul(idx(3), st[2]))
+        off = builder.add(
+            builder.add(builder.mul(idx(1), st[0]), builder.mul(idx(2), st[1])),
+            builder.mul(idx(3), st[2]),
+        )
         p = builder.gep(builder.bitcast(sa.data, i8p), [off])
-        q = builder.gep(builder.bitcast(da.data, i8p),
-                        [builder.mul(idx(5), cgutils.unpack_tuple(builder, da.strides)[0])])
+        q = builder.gep(
+            builder.bitcast(da.data, i8p),
+            [builder.mul(idx(5), cgutils.unpack_tuple(builder, da.strides)[0])],
+        )
         em = make_emit(context, builder)
         n16 = builder.udiv(cgutils.unpack_tuple(builder, sa.shape)[3], ir.Constant(i64, 16))
         with cgutils.for_range(builder, n16) as loop:
@@ -225,8 +243,14 @@ def _f16_row(typingctx, src, s, j, g, dst, jj):
 # one ulp); x clamped to [-87.3, 88.7] so that 2^k stays a normal float
 _EXP_LO, _EXP_HI, _LOG2E = -87.3, 88.7, 1.4426950408889634
 _LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4
-_EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1,
-             5.0000001201e-1)
+_EXP_POLY = (
+    1.9875691500e-4,
+    1.3981999507e-3,
+    8.3334519073e-3,
+    4.1665795894e-2,
+    1.6666665459e-1,
+    5.0000001201e-1,
+)
 
 
 def _emit_exp(builder, x):
@@ -251,8 +275,9 @@ def _emit_exp(builder, x):
     def add(a, b):
         return fast(builder.fadd(a, b))
 
-    floor = builder.module.declare_intrinsic("llvm.floor.v16f32" if vec else "llvm.floor.f32",
-                                             fnty=ir.FunctionType(ty, [ty]))
+    floor = builder.module.declare_intrinsic(
+        "llvm.floor.v16f32" if vec else "llvm.floor.f32", fnty=ir.FunctionType(ty, [ty])
+    )
     x = builder.select(builder.fcmp_ordered("<", x, c(_EXP_LO)), c(_EXP_LO), x)
     x = builder.select(builder.fcmp_ordered(">", x, c(_EXP_HI)), c(_EXP_HI), x)
     k = builder.call(floor, [add(mul(x, c(_LOG2E)), c(0.5))])
@@ -262,7 +287,9 @@ def _emit_exp(builder, x):
     for coef in _EXP_POLY[1:]:
         p = add(mul(p, r), c(coef))
     p = add(add(mul(p, mul(r, r)), r), c(1.0))
-    two_k = builder.bitcast(builder.shl(builder.add(builder.fptosi(k, ity), c(127, ity)), c(23, ity)), ty)
+    two_k = builder.bitcast(
+        builder.shl(builder.add(builder.fptosi(k, ity), c(127, ity)), c(23, ity)), ty
+    )
     return mul(p, two_k)
 
 
@@ -280,24 +307,32 @@ def _exp_row(typingctx, sc, r, n, m):
         a = context.make_array(signature.args[0])(context, builder, args[0])
         rr, nn = (context.cast(builder, args[i], signature.args[i], types.int64) for i in (1, 2))
         m = context.cast(builder, args[3], signature.args[3], types.float32)
-        row = builder.gep(builder.bitcast(a.data, ir.IntType(8).as_pointer()),
-                          [builder.mul(rr, cgutils.unpack_tuple(builder, a.strides)[0])])
+        row = builder.gep(
+            builder.bitcast(a.data, ir.IntType(8).as_pointer()),
+            [builder.mul(rr, cgutils.unpack_tuple(builder, a.strides)[0])],
+        )
         p = builder.bitcast(row, f32.as_pointer())
         msplat = builder.shuffle_vector(
             builder.insert_element(ir.Constant(v16f, ir.Undefined), m, ir.Constant(i32, 0)),
-            ir.Constant(v16f, ir.Undefined), ir.Constant(ir.VectorType(i32, 16), [0] * 16))
+            ir.Constant(v16f, ir.Undefined),
+            ir.Constant(ir.VectorType(i32, 16), [0] * 16),
+        )
         vsum = cgutils.alloca_once_value(builder, ir.Constant(v16f, [0.0] * 16))
         n16 = builder.udiv(nn, ir.Constant(i64, 16))
         with cgutils.for_range(builder, n16) as loop:
-            vp = builder.bitcast(builder.gep(p, [builder.mul(loop.index, ir.Constant(i64, 16))]),
-                                 v16f.as_pointer())
+            vp = builder.bitcast(
+                builder.gep(p, [builder.mul(loop.index, ir.Constant(i64, 16))]), v16f.as_pointer()
+            )
             e = _emit_exp(builder, builder.fsub(builder.load(vp, align=4), msplat))
             builder.store(e, vp, align=4)
             builder.store(builder.fadd(builder.load(vsum), e), vsum)
         acc = builder.load(vsum)
         tot = cgutils.alloca_once_value(builder, ir.Constant(f32, 0.0))
         for i in range(16):
-            builder.store(builder.fadd(builder.load(tot), builder.extract_element(acc, ir.Constant(i32, i))), tot)
+            builder.store(
+                builder.fadd(builder.load(tot), builder.extract_element(acc, ir.Constant(i32, i))),
+                tot,
+            )
         done = builder.mul(n16, ir.Constant(i64, 16))
         with cgutils.for_range(builder, builder.sub(nn, done)) as loop:
             sp = builder.gep(p, [builder.add(done, loop.index)])
@@ -336,7 +371,9 @@ def _geglu_rows(g, u, out):  # tanh-approximated GELU, as ggml_gelu
         # 0.5*v*(1+tanh(z)) == v*sigmoid(2z); exp is much cheaper than tanh here
         for i in range(F):
             v = g[t, i]
-            e[0, i] = min(np.float32(-2.0) * c * (v + np.float32(0.044715) * v * v * v), _SIGMOID_EXP_MAX)
+            e[0, i] = min(
+                np.float32(-2.0) * c * (v + np.float32(0.044715) * v * v * v), _SIGMOID_EXP_MAX
+            )
         _exp_row(e, 0, F, np.float32(0.0))  # type: ignore[call-arg]
         for i in range(F):
             out[t, i] = g[t, i] / (np.float32(1.0) + e[0, i]) * u[t, i]
@@ -365,6 +402,7 @@ def _load_block(src, s, j0, n, g, bits, vals):
 @overload(_load_block, jit_options=dict(fastmath=True))
 def _load_block_impl(src, s, j0, n, g, bits, vals):
     if src.dtype == types.uint16:
+
         def f16(src, s, j0, n, g, bits, vals):
             # bits aliases vals' memory. Branch-free so that LLVM vectorises it: move
             # exponent+mantissa into float32 position and rescale by 2^112 (exact for normals
@@ -379,8 +417,11 @@ def _load_block_impl(src, s, j0, n, g, bits, vals):
                     bits[jj, d] = np.uint32(src[s, j0 + jj, g, d] & 0x7FFF) << 13
             for jj in range(n):
                 for d in range(D):
-                    sign = np.float32(1.0) - np.float32(2.0) * np.float32(src[s, j0 + jj, g, d] >> 15)
+                    sign = np.float32(1.0) - np.float32(2.0) * np.float32(
+                        src[s, j0 + jj, g, d] >> 15
+                    )
                     vals[jj, d] = vals[jj, d] * _TWO112 * sign
+
         return f16
 
     def f32(src, s, j0, n, g, bits, vals):
@@ -388,6 +429,7 @@ def _load_block_impl(src, s, j0, n, g, bits, vals):
         for jj in range(n):
             for d in range(D):
                 vals[jj, d] = src[s, j0 + jj, g, d]
+
     return f32
 
 
@@ -424,8 +466,26 @@ def _merge_splits(pm, pl, pacc, n_split, G, sinks, out):
 
 
 @kernel
-def _attn_item(q, k, v, seq, base, pos, window, scale, softcap, n_split, split_len, bits, vals, sc,
-               pm, pl, pacc, it):
+def _attn_item(
+    q,
+    k,
+    v,
+    seq,
+    base,
+    pos,
+    window,
+    scale,
+    softcap,
+    n_split,
+    split_len,
+    bits,
+    vals,
+    sc,
+    pm,
+    pl,
+    pacc,
+    it,
+):
     """Work item `it` of _attn_body: token t, KV head g, split sp of the token's positions.
 
     One pass over its keys and values, flash-attention style: each block of keys is converted
@@ -486,8 +546,27 @@ def _attn_item(q, k, v, seq, base, pos, window, scale, softcap, n_split, split_l
                     pacc[it, r, d] += w * vals[jj, d]
 
 
-def _attn_body(q, k, v, seq, base, pos, window, scale, softcap, sinks, out, n_split, split_len,
-               kbits, kvals, sbuf, pm, pl, pacc):
+def _attn_body(
+    q,
+    k,
+    v,
+    seq,
+    base,
+    pos,
+    window,
+    scale,
+    softcap,
+    sinks,
+    out,
+    n_split,
+    split_len,
+    kbits,
+    kvals,
+    sbuf,
+    pm,
+    pl,
+    pacc,
+):
     # q (T, H, D); k (S, C, G, D), v (S, C, G, Dv) float32 or float16 bits; out (T, H, Dv).
     # Token t's position j is cell base[t] + j of row seq[t].
     # Work items (token, KV head, split) in parallel, each split covering split_len positions
@@ -497,8 +576,26 @@ def _attn_body(q, k, v, seq, base, pos, window, scale, softcap, sinks, out, n_sp
     T, G = q.shape[0], k.shape[2]
     for it in prange(T * G * n_split):
         tid = numba.get_thread_id()
-        _attn_item(q, k, v, seq, base, pos, window, scale, softcap, n_split, split_len,
-                   kbits[tid], kvals[tid], sbuf[tid], pm, pl, pacc, it)
+        _attn_item(
+            q,
+            k,
+            v,
+            seq,
+            base,
+            pos,
+            window,
+            scale,
+            softcap,
+            n_split,
+            split_len,
+            kbits[tid],
+            kvals[tid],
+            sbuf[tid],
+            pm,
+            pl,
+            pacc,
+            it,
+        )
     _merge_splits(pm, pl, pacc, n_split, G, sinks, out)
 
 
@@ -559,11 +656,31 @@ class AttentionPlan:
         self.pacc = np.empty((n_items, H // G, Dv), np.float32)
 
     def args(self) -> tuple:
-        return (self.n_split, self.split_len, self.kbits, self.kvals, self.sbuf, self.pm, self.pl, self.pacc)
+        return (
+            self.n_split,
+            self.split_len,
+            self.kbits,
+            self.kvals,
+            self.sbuf,
+            self.pm,
+            self.pl,
+            self.pacc,
+        )
 
 
-def attention_tokens(q, k, v, seq, pos, window, scale, softcap, out,
-                     sinks: np.ndarray | None = None, base: np.ndarray | None = None) -> None:
+def attention_tokens(
+    q,
+    k,
+    v,
+    seq,
+    pos,
+    window,
+    scale,
+    softcap,
+    out,
+    sinks: np.ndarray | None = None,
+    base: np.ndarray | None = None,
+) -> None:
     """Per-token attention over the cache (decode path): each token attends to its own
     sequence's positions [max(0, pos-window+1), pos], position j of token t at k[seq[t],
     base[t] + j] (base None: at cell j; a unified cache's sequences start at their run's first
@@ -577,7 +694,20 @@ def attention_tokens(q, k, v, seq, pos, window, scale, softcap, out,
     plan = AttentionPlan(T, H, k.shape[2], D, v.shape[3], int(pos.max()) + 1, window)
     fn = _attn_p if plan.parallel else _attn_s
     cells0 = np.zeros(T, np.int64) if base is None else base
-    fn(q, k, v, seq, cells0, pos, window, np.float32(scale), np.float32(softcap), sk, out, *plan.args())
+    fn(
+        q,
+        k,
+        v,
+        seq,
+        cells0,
+        pos,
+        window,
+        np.float32(scale),
+        np.float32(softcap),
+        sk,
+        out,
+        *plan.args(),
+    )
 
 
 @kernel
@@ -594,7 +724,9 @@ def f32_to_f16_bits(f):
     if e <= np.uint32(0x38000000):  # below the smallest normal half: subnormal or zero
         if e < np.uint32(0x33000000):
             return np.uint16(sign)
-        m = (np.uint32(0x00800000) | (f & np.uint32(0x007FFFFF))) >> (np.uint32(113) - (e >> np.uint32(23)))
+        m = (np.uint32(0x00800000) | (f & np.uint32(0x007FFFFF))) >> (
+            np.uint32(113) - (e >> np.uint32(23))
+        )
         # ties to even; the bits the shift dropped count as "more than half" when non-zero
         if (m & np.uint32(0x3FFF)) != np.uint32(0x1000) or (f & np.uint32(0x7FF)) != 0:
             m += np.uint32(0x1000)
@@ -625,8 +757,9 @@ def store_kv_f32(dst, st, cell, src):
             dst[st, cell, g, d] = src[g * D + d]
 
 
-def attention_chunk(q, kf, vf, pos, window, scale, softcap, out,
-                    sinks: np.ndarray | None = None, k0: int = 0) -> None:
+def attention_chunk(
+    q, kf, vf, pos, window, scale, softcap, out, sinks: np.ndarray | None = None, k0: int = 0
+) -> None:
     """Batch attention for one sequence's chunk with numpy BLAS (prefill path).
 
     q (m, H, D) queries at positions pos (m,); kf (L, G, D) and vf (L, G, Dv) float32 keys and

@@ -49,7 +49,11 @@ def set_pool_size(n: int) -> None:
             return
         if _pool is not None:
             _pool.shutdown(wait=False)
-        _pool = ThreadPoolExecutor(n, thread_name_prefix="ggstation-blas", initializer=_init_worker) if n > 1 else None
+        _pool = (
+            ThreadPoolExecutor(n, thread_name_prefix="ggstation-blas", initializer=_init_worker)
+            if n > 1
+            else None
+        )
         _size = n
 
 

@@ -140,12 +140,19 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     """-m/--model, the Hugging Face flags (-hf, -hff, -hft) and -t/--threads."""
     g = group(parser, COMMON)
     g.add_argument(
-        "-m", "--model", metavar="FNAME", default=None,
+        "-m",
+        "--model",
+        metavar="FNAME",
+        default=None,
         help="model path, or a starter model name (e.g. smollm2)",
     )
     add_hf_args(parser)
     g.add_argument(
-        "-t", "--threads", metavar="N", type=int, default=-1,
+        "-t",
+        "--threads",
+        metavar="N",
+        type=int,
+        default=-1,
         help="number of CPU threads to use during generation (default: -1 = all cores)",
     )
 
@@ -154,57 +161,111 @@ def add_hf_args(parser: argparse.ArgumentParser) -> None:
     """-hf/-hff/-hft: a model from the Hugging Face Hub (engine/hub/client.py), llama.cpp's flags."""
     g = group(parser, COMMON)
     g.add_argument(
-        "-hf", "-hfr", "--hf-repo", dest="hf_repo", metavar="<user>/<model>[:quant]", default=None,
+        "-hf",
+        "-hfr",
+        "--hf-repo",
+        dest="hf_repo",
+        metavar="<user>/<model>[:quant]",
+        default=None,
         help="Hugging Face model repository; quant is optional, case-insensitive, default Q4_K_M "
         "(else Q8_0, else the first GGUF); downloaded into the HF cache unless already there "
         "(env: LLAMA_ARG_HF_REPO)",
     )
-    g.add_argument("-hff", "--hf-file", dest="hf_file", metavar="FILE", default=None,
-                   help="Hugging Face model file; overrides the quant in -hf (env: LLAMA_ARG_HF_FILE)")
-    g.add_argument("-hft", "--hf-token", dest="hf_token", metavar="TOKEN", default=None,
-                   help="Hugging Face access token (default: HF_TOKEN, else `hf auth login`'s)")
+    g.add_argument(
+        "-hff",
+        "--hf-file",
+        dest="hf_file",
+        metavar="FILE",
+        default=None,
+        help="Hugging Face model file; overrides the quant in -hf (env: LLAMA_ARG_HF_FILE)",
+    )
+    g.add_argument(
+        "-hft",
+        "--hf-token",
+        dest="hf_token",
+        metavar="TOKEN",
+        default=None,
+        help="Hugging Face access token (default: HF_TOKEN, else `hf auth login`'s)",
+    )
 
 
 def add_context_args(parser: argparse.ArgumentParser) -> None:
     """KV cache and batching: -c, -b, -ub, -np, -kvu, -ctk, -ctv, --keep, --context-shift."""
     g = group(parser, COMMON)
     g.add_argument(
-        "-c", "--ctx-size", metavar="N", type=_int_at_least(0), default=4096,
+        "-c",
+        "--ctx-size",
+        metavar="N",
+        type=_int_at_least(0),
+        default=4096,
         help="size of the prompt context (default: 4096, 0 = loaded from model)",
     )
     g.add_argument(
-        "-b", "--batch-size", metavar="N", type=_int_at_least(1), default=2048,
+        "-b",
+        "--batch-size",
+        metavar="N",
+        type=_int_at_least(1),
+        default=2048,
         help="logical maximum batch size (default: 2048)",
     )
     g.add_argument(
-        "-ub", "--ubatch-size", metavar="N", type=_int_at_least(1), default=512,
+        "-ub",
+        "--ubatch-size",
+        metavar="N",
+        type=_int_at_least(1),
+        default=512,
         help="physical maximum batch size (default: 512)",
     )
     g.add_argument(
-        "-np", "--parallel", metavar="N", type=_parallel, default=1,
+        "-np",
+        "--parallel",
+        metavar="N",
+        type=_parallel,
+        default=1,
         help="number of parallel sequences to decode (default: 1, -1 = auto)",
     )
     g.add_argument(
-        "-kvu", "--kv-unified", action="store_true",
+        "-kvu",
+        "--kv-unified",
+        action="store_true",
         help="use a single unified KV buffer shared by all sequences (default: enabled if the number "
-             "of slots is auto)",
+        "of slots is auto)",
     )
-    g.add_argument("-no-kvu", "--no-kv-unified", dest="kv_unified", action="store_false", help=argparse.SUPPRESS)
     g.add_argument(
-        "-ctk", "--cache-type-k", metavar="TYPE", type=_cache_type, default="f16",
+        "-no-kvu",
+        "--no-kv-unified",
+        dest="kv_unified",
+        action="store_false",
+        help=argparse.SUPPRESS,
+    )
+    g.add_argument(
+        "-ctk",
+        "--cache-type-k",
+        metavar="TYPE",
+        type=_cache_type,
+        default="f16",
         help=f"KV cache data type for K; allowed values: {', '.join(CACHE_TYPES)} (default: f16)",
     )
     g.add_argument(
-        "-ctv", "--cache-type-v", metavar="TYPE", type=_cache_type, default="f16",
+        "-ctv",
+        "--cache-type-v",
+        metavar="TYPE",
+        type=_cache_type,
+        default="f16",
         help=f"KV cache data type for V; allowed values: {', '.join(CACHE_TYPES)} (default: f16)",
     )
     g.add_argument(
-        "--keep", metavar="N", type=_int_at_least(-1), default=0,
+        "--keep",
+        metavar="N",
+        type=_int_at_least(-1),
+        default=0,
         help="number of tokens to keep from the initial prompt on a context shift "
         "(default: 0, -1 = all)",
     )
     g.add_argument(
-        "--context-shift", dest="context_shift", action=argparse.BooleanOptionalAction,
+        "--context-shift",
+        dest="context_shift",
+        action=argparse.BooleanOptionalAction,
         default=False,
         help="on infinite generation, shift the context instead of stopping (default: disabled)",
     )
@@ -214,78 +275,182 @@ def add_generation_args(parser: argparse.ArgumentParser, *, prompt: bool = True)
     """-n/--n-predict, --verbose and (with prompt=True) -p/--prompt, -f/--file, -r."""
     g = group(parser, COMMON)
     g.add_argument(
-        "-n", "--n-predict", "--predict", dest="n_predict", metavar="N",
-        type=_int_at_least(-1), default=-1,
+        "-n",
+        "--n-predict",
+        "--predict",
+        dest="n_predict",
+        metavar="N",
+        type=_int_at_least(-1),
+        default=-1,
         help="number of tokens to predict (default: -1, -1 = infinity)",
     )
     if prompt:
-        g.add_argument("-p", "--prompt", metavar="PROMPT", default=None,
-                       help="prompt to start generation with")
-        g.add_argument("-f", "--file", metavar="FNAME", default=None,
-                       help="a file containing the prompt")
         g.add_argument(
-            "-r", "--reverse-prompt", dest="stop", metavar="PROMPT", action="append",
-            default=[], help="halt generation at PROMPT (may be given several times)",
+            "-p", "--prompt", metavar="PROMPT", default=None, help="prompt to start generation with"
         )
-    g.add_argument("-v", "--verbose", "--log-verbose", dest="verbose", action="store_true",
-                   help="print timings and extra information")
+        g.add_argument(
+            "-f", "--file", metavar="FNAME", default=None, help="a file containing the prompt"
+        )
+        g.add_argument(
+            "-r",
+            "--reverse-prompt",
+            dest="stop",
+            metavar="PROMPT",
+            action="append",
+            default=[],
+            help="halt generation at PROMPT (may be given several times)",
+        )
+    g.add_argument(
+        "-v",
+        "--verbose",
+        "--log-verbose",
+        dest="verbose",
+        action="store_true",
+        help="print timings and extra information",
+    )
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     """Every SamplingParams field as a flag, llama.cpp names and defaults."""
     g = group(parser, SAMPLING)
     d = _DEFAULTS
-    g.add_argument("-s", "--seed", metavar="SEED", type=_seed, default=d.seed,
-                   help="RNG seed (default: -1, use random seed for -1)")
-    g.add_argument("--temp", metavar="N", type=_finite_float, default=d.temperature,
-                   help=f"temperature (default: {d.temperature}; <= 0 = greedy)")
-    g.add_argument("--top-k", metavar="N", type=int, default=d.top_k,
-                   help=f"top-k sampling (default: {d.top_k}, 0 = disabled)")
-    g.add_argument("--top-p", metavar="N", type=_finite_float, default=d.top_p,
-                   help=f"top-p sampling (default: {d.top_p}, 1.0 = disabled)")
-    g.add_argument("--min-p", metavar="N", type=_finite_float, default=d.min_p,
-                   help=f"min-p sampling (default: {d.min_p}, 0.0 = disabled)")
-    g.add_argument("--typical", metavar="N", type=_finite_float, default=d.typical_p,
-                   help=f"locally typical sampling, parameter p (default: {d.typical_p}, "
-                   "1.0 = disabled)")
-    g.add_argument("--repeat-last-n", metavar="N", type=_int_at_least(-1),
-                   default=d.repeat_last_n,
-                   help=f"last n tokens to consider for penalize (default: {d.repeat_last_n}, "
-                   "0 = disabled, -1 = ctx_size)")
-    g.add_argument("--repeat-penalty", metavar="N", type=_finite_float,
-                   default=d.repeat_penalty,
-                   help=f"penalize repeat sequence of tokens (default: {d.repeat_penalty}, "
-                   "1.0 = disabled)")
-    g.add_argument("--presence-penalty", metavar="N", type=_finite_float,
-                   default=d.presence_penalty,
-                   help=f"repeat alpha presence penalty (default: {d.presence_penalty}, "
-                   "0.0 = disabled)")
-    g.add_argument("--frequency-penalty", metavar="N", type=_finite_float,
-                   default=d.frequency_penalty,
-                   help=f"repeat alpha frequency penalty (default: {d.frequency_penalty}, "
-                   "0.0 = disabled)")
-    g.add_argument("--top-nsigma", "--top-n-sigma", dest="top_n_sigma", metavar="N", type=_finite_float,
-                   default=d.top_n_sigma, help=f"top-n-sigma sampling (default: {d.top_n_sigma}, -1.0 = disabled)")
-    g.add_argument("--xtc-probability", metavar="N", type=_finite_float, default=d.xtc_probability,
-                   help=f"xtc probability (default: {d.xtc_probability}, 0.0 = disabled)")
-    g.add_argument("--xtc-threshold", metavar="N", type=_finite_float, default=d.xtc_threshold,
-                   help=f"xtc threshold (default: {d.xtc_threshold}, 1.0 = disabled)")
-    g.add_argument("--dynatemp-range", metavar="N", type=_finite_float, default=d.dynatemp_range,
-                   help=f"dynamic temperature range (default: {d.dynatemp_range}, 0.0 = disabled)")
-    g.add_argument("--dynatemp-exp", metavar="N", type=_finite_float, default=d.dynatemp_exponent,
-                   help=f"dynamic temperature exponent (default: {d.dynatemp_exponent})")
-    g.add_argument("--samplers", metavar="SAMPLERS", default=None,
-                   type=lambda v: sampler_names(v.split(";")),
-                   help="samplers used for generation in order, separated by ';' "
-                   f"(default: {';'.join(d.samplers)})")
-    g.add_argument("--sampling-seq", "--sampler-seq", dest="samplers", metavar="SEQUENCE",
-                   type=sampler_names, help="simplified sequence for samplers, one letter each "
-                   "(e.g. 'edskypmxt')")
-    g.add_argument("--ignore-eos", action="store_true",
-                   help="ignore end of stream token and continue generating")
     g.add_argument(
-        "-l", "--logit-bias", metavar="TOKEN_ID(+/-)BIAS", type=parse_logit_bias,
-        action="append", default=[],
+        "-s",
+        "--seed",
+        metavar="SEED",
+        type=_seed,
+        default=d.seed,
+        help="RNG seed (default: -1, use random seed for -1)",
+    )
+    g.add_argument(
+        "--temp",
+        metavar="N",
+        type=_finite_float,
+        default=d.temperature,
+        help=f"temperature (default: {d.temperature}; <= 0 = greedy)",
+    )
+    g.add_argument(
+        "--top-k",
+        metavar="N",
+        type=int,
+        default=d.top_k,
+        help=f"top-k sampling (default: {d.top_k}, 0 = disabled)",
+    )
+    g.add_argument(
+        "--top-p",
+        metavar="N",
+        type=_finite_float,
+        default=d.top_p,
+        help=f"top-p sampling (default: {d.top_p}, 1.0 = disabled)",
+    )
+    g.add_argument(
+        "--min-p",
+        metavar="N",
+        type=_finite_float,
+        default=d.min_p,
+        help=f"min-p sampling (default: {d.min_p}, 0.0 = disabled)",
+    )
+    g.add_argument(
+        "--typical",
+        metavar="N",
+        type=_finite_float,
+        default=d.typical_p,
+        help=f"locally typical sampling, parameter p (default: {d.typical_p}, 1.0 = disabled)",
+    )
+    g.add_argument(
+        "--repeat-last-n",
+        metavar="N",
+        type=_int_at_least(-1),
+        default=d.repeat_last_n,
+        help=f"last n tokens to consider for penalize (default: {d.repeat_last_n}, "
+        "0 = disabled, -1 = ctx_size)",
+    )
+    g.add_argument(
+        "--repeat-penalty",
+        metavar="N",
+        type=_finite_float,
+        default=d.repeat_penalty,
+        help=f"penalize repeat sequence of tokens (default: {d.repeat_penalty}, 1.0 = disabled)",
+    )
+    g.add_argument(
+        "--presence-penalty",
+        metavar="N",
+        type=_finite_float,
+        default=d.presence_penalty,
+        help=f"repeat alpha presence penalty (default: {d.presence_penalty}, 0.0 = disabled)",
+    )
+    g.add_argument(
+        "--frequency-penalty",
+        metavar="N",
+        type=_finite_float,
+        default=d.frequency_penalty,
+        help=f"repeat alpha frequency penalty (default: {d.frequency_penalty}, 0.0 = disabled)",
+    )
+    g.add_argument(
+        "--top-nsigma",
+        "--top-n-sigma",
+        dest="top_n_sigma",
+        metavar="N",
+        type=_finite_float,
+        default=d.top_n_sigma,
+        help=f"top-n-sigma sampling (default: {d.top_n_sigma}, -1.0 = disabled)",
+    )
+    g.add_argument(
+        "--xtc-probability",
+        metavar="N",
+        type=_finite_float,
+        default=d.xtc_probability,
+        help=f"xtc probability (default: {d.xtc_probability}, 0.0 = disabled)",
+    )
+    g.add_argument(
+        "--xtc-threshold",
+        metavar="N",
+        type=_finite_float,
+        default=d.xtc_threshold,
+        help=f"xtc threshold (default: {d.xtc_threshold}, 1.0 = disabled)",
+    )
+    g.add_argument(
+        "--dynatemp-range",
+        metavar="N",
+        type=_finite_float,
+        default=d.dynatemp_range,
+        help=f"dynamic temperature range (default: {d.dynatemp_range}, 0.0 = disabled)",
+    )
+    g.add_argument(
+        "--dynatemp-exp",
+        metavar="N",
+        type=_finite_float,
+        default=d.dynatemp_exponent,
+        help=f"dynamic temperature exponent (default: {d.dynatemp_exponent})",
+    )
+    g.add_argument(
+        "--samplers",
+        metavar="SAMPLERS",
+        default=None,
+        type=lambda v: sampler_names(v.split(";")),
+        help="samplers used for generation in order, separated by ';' "
+        f"(default: {';'.join(d.samplers)})",
+    )
+    g.add_argument(
+        "--sampling-seq",
+        "--sampler-seq",
+        dest="samplers",
+        metavar="SEQUENCE",
+        type=sampler_names,
+        help="simplified sequence for samplers, one letter each (e.g. 'edskypmxt')",
+    )
+    g.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="ignore end of stream token and continue generating",
+    )
+    g.add_argument(
+        "-l",
+        "--logit-bias",
+        metavar="TOKEN_ID(+/-)BIAS",
+        type=parse_logit_bias,
+        action="append",
+        default=[],
         help="modifies the likelihood of token appearing in the completion, i.e. "
         "`--logit-bias 15043+1` to increase likelihood of token ' Hello', "
         "or `--logit-bias 15043-1` to decrease it",
@@ -295,20 +460,35 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
 def add_chat_args(parser: argparse.ArgumentParser) -> None:
     """-sys/--system-prompt, --chat-template(-file), --jinja/--no-jinja."""
     g = group(parser, EXAMPLE)
-    g.add_argument("-sys", "--system-prompt", metavar="PROMPT", default=None,
-                   help="system prompt to use with the model's chat template")
     g.add_argument(
-        "--chat-template", metavar="JINJA_TEMPLATE", default=None,
+        "-sys",
+        "--system-prompt",
+        metavar="PROMPT",
+        default=None,
+        help="system prompt to use with the model's chat template",
+    )
+    g.add_argument(
+        "--chat-template",
+        metavar="JINJA_TEMPLATE",
+        default=None,
         help="set a custom jinja chat template or a built-in template name "
         "(default: the template in the model's metadata)",
     )
-    g.add_argument("--chat-template-file", metavar="JINJA_TEMPLATE_FILE", default=None,
-                   help="set a custom jinja chat template file")
-    g.add_argument("--jinja", dest="jinja", action=argparse.BooleanOptionalAction,
-                   default=True,
-                   help="use the jinja template engine for chat (default: enabled; with --no-jinja "
-                   "the server renders the built-in format the template matches, as llama-server's "
-                   "legacy templates: no default system prompt, no template logic)")
+    g.add_argument(
+        "--chat-template-file",
+        metavar="JINJA_TEMPLATE_FILE",
+        default=None,
+        help="set a custom jinja chat template file",
+    )
+    g.add_argument(
+        "--jinja",
+        dest="jinja",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="use the jinja template engine for chat (default: enabled; with --no-jinja "
+        "the server renders the built-in format the template matches, as llama-server's "
+        "legacy templates: no default system prompt, no template logic)",
+    )
 
 
 def add_common_args(parser: argparse.ArgumentParser, *, prompt: bool = True) -> None:
@@ -325,7 +505,8 @@ def add_common_args(parser: argparse.ArgumentParser, *, prompt: bool = True) -> 
 def add_mem_check_arg(parser: argparse.ArgumentParser) -> None:
     """--no-mem-check: load even what the memory estimate says will not fit."""
     group(parser, COMMON).add_argument(
-        "--no-mem-check", action="store_true",
+        "--no-mem-check",
+        action="store_true",
         help="load even when the estimated memory use (weights, KV cache, buffers) is clearly more than "
         "the RAM and swap available (also: GGSTATION_NO_MEM_CHECK=1)",
     )
@@ -338,13 +519,21 @@ def add_int8_arg(parser: argparse.ArgumentParser) -> None:
     CommonParams.decode_path carries it to ContextParams.decode_path."""
     g = group(parser, COMMON)
     g.add_argument(
-        "--int8", dest="decode_path", action="store_const", const="int8", default=None,
+        "--int8",
+        dest="decode_path",
+        action="store_const",
+        const="int8",
+        default=None,
         help="llama.cpp's int8 dot products against activations rounded to 8 bits (Q8 blocks; the "
         "rounding moves each logit by a draw of ~0.5 %%) instead of the default's two 8-bit planes "
         "(~15 bits, float-grade) (also: GGSTATION_INT8=1)",
     )
     g.add_argument(
-        "--no-int8", dest="decode_path", action="store_const", const="float", default=None,
+        "--no-int8",
+        dest="decode_path",
+        action="store_const",
+        const="float",
+        default=None,
         help="float32 activations times the weights unpacked to float: the exact, slower oracle "
         "(also: GGSTATION_NO_INT8=1)",
     )
@@ -385,8 +574,10 @@ def devices_text() -> str:
 def _split_mode(value: str) -> str:
     v = value.strip().lower()
     if v == "row":
-        raise argparse.ArgumentTypeError("split mode 'row' needs several GPUs of one backend; "
-                                         "ggstation has one OpenGL device: use none or layer")
+        raise argparse.ArgumentTypeError(
+            "split mode 'row' needs several GPUs of one backend; "
+            "ggstation has one OpenGL device: use none or layer"
+        )
     if v not in ("none", "layer"):
         raise argparse.ArgumentTypeError(f"invalid split mode '{value}' (none, layer or row)")
     return v
@@ -395,16 +586,36 @@ def _split_mode(value: str) -> str:
 def add_gpu_args(parser: argparse.ArgumentParser, ngl_type=int, ngl_default=0) -> None:
     """llama.cpp's device flags: -ngl, --device, --list-devices, -sm."""
     g = group(parser, COMMON)
-    g.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="n_gpu_layers", type=ngl_type,
-                   default=ngl_default, metavar="N",
-                   help="layers to offload to the GPU (OpenGL compute), the last ones, the output head "
-                   "counting as the last layer as in llama.cpp (default: 0, CPU only)")
-    g.add_argument("-dev", "--device", default=None, metavar="<dev1,dev2,..>",
-                   help="devices to offload to, comma-separated (see --list-devices); none = CPU only")
-    g.add_argument("--list-devices", action=ListDevicesAction, help="print the compute devices and exit")
-    g.add_argument("-sm", "--split-mode", type=_split_mode, default="layer", metavar="{none,layer,row}",
-                   help="how to split the model over GPUs; with one GPU none and layer are the same "
-                   "(default: layer)")
+    g.add_argument(
+        "-ngl",
+        "--gpu-layers",
+        "--n-gpu-layers",
+        dest="n_gpu_layers",
+        type=ngl_type,
+        default=ngl_default,
+        metavar="N",
+        help="layers to offload to the GPU (OpenGL compute), the last ones, the output head "
+        "counting as the last layer as in llama.cpp (default: 0, CPU only)",
+    )
+    g.add_argument(
+        "-dev",
+        "--device",
+        default=None,
+        metavar="<dev1,dev2,..>",
+        help="devices to offload to, comma-separated (see --list-devices); none = CPU only",
+    )
+    g.add_argument(
+        "--list-devices", action=ListDevicesAction, help="print the compute devices and exit"
+    )
+    g.add_argument(
+        "-sm",
+        "--split-mode",
+        type=_split_mode,
+        default="layer",
+        metavar="{none,layer,row}",
+        help="how to split the model over GPUs; with one GPU none and layer are the same "
+        "(default: layer)",
+    )
 
 
 def defaults(argv: list[str] | None = None) -> argparse.Namespace:
@@ -487,7 +698,9 @@ class CommonParams:
     n_gpu_layers: int = 0
     device: str | None = None
     mem_check: bool = True  # --no-mem-check turns it off
-    decode_path: str | None = None  # --int8 "int8", --no-int8 "float"; None: quants.default_decode_path()
+    decode_path: str | None = (
+        None  # --int8 "int8", --no-int8 "float"; None: quants.default_decode_path()
+    )
 
     @property
     def n_slots(self) -> int:
@@ -501,8 +714,14 @@ class CommonParams:
 
 # flag dest -> CommonParams field, for the flags whose names differ from llama.cpp's fields
 _FIELD_OF_DEST = {
-    "threads": "n_threads", "ctx_size": "n_ctx", "batch_size": "n_batch", "ubatch_size": "n_ubatch",
-    "parallel": "n_parallel", "keep": "n_keep", "file": "prompt_file", "jinja": "use_jinja",
+    "threads": "n_threads",
+    "ctx_size": "n_ctx",
+    "batch_size": "n_batch",
+    "ubatch_size": "n_ubatch",
+    "parallel": "n_parallel",
+    "keep": "n_keep",
+    "file": "prompt_file",
+    "jinja": "use_jinja",
     "stop": "antiprompt",
 }
 _FIELDS = frozenset(f.name for f in dataclasses.fields(CommonParams))
@@ -545,12 +764,19 @@ def to_context_params(p: CommonParams, **overrides: object) -> ContextParams:
     return ContextParams(**kw)  # type: ignore[arg-type]
 
 
-def init_params(p: CommonParams, n_threads: int | None, scheduler: SchedulerParams | None = None) -> InitParams:
+def init_params(
+    p: CommonParams, n_threads: int | None, scheduler: SchedulerParams | None = None
+) -> InitParams:
     """The InitParams (engine/init.py) of the shared flags, with the thread count in use."""
     from .init import InitParams
 
-    return InitParams(to_context_params(p), n_threads=n_threads, n_gpu_layers=p.n_gpu_layers, device=p.device,
-                      scheduler=scheduler)
+    return InitParams(
+        to_context_params(p),
+        n_threads=n_threads,
+        n_gpu_layers=p.n_gpu_layers,
+        device=p.device,
+        scheduler=scheduler,
+    )
 
 
 def read_prompt(p: CommonParams) -> str | None:

@@ -141,10 +141,14 @@ def normalize_url(text: str) -> str:
         parts = urlsplit(raw)
         parts.port  # noqa: B018  (raises ValueError on a bad port)
     except ValueError as e:
-        raise RemoteError(f"{text.strip()!r} is not a valid URL: {e}", RemoteError.BAD_URL) from None
+        raise RemoteError(
+            f"{text.strip()!r} is not a valid URL: {e}", RemoteError.BAD_URL
+        ) from None
     if parts.scheme not in ("http", "https") or not parts.hostname or " " in raw:
-        raise RemoteError(f"{text.strip()!r} is not an http(s) URL (example: http://192.168.1.20:8080)",
-                          RemoteError.BAD_URL)
+        raise RemoteError(
+            f"{text.strip()!r} is not an http(s) URL (example: http://192.168.1.20:8080)",
+            RemoteError.BAD_URL,
+        )
     path = parts.path.rstrip("/").removesuffix("/v1")
     return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
 
@@ -156,7 +160,8 @@ class RemoteClient:
     def __init__(self, endpoint: RemoteEndpoint, timeout_s: float = REQUEST_TIMEOUT_S):
         self.endpoint = endpoint
         self._http = httpx.Client(
-            headers=_headers(endpoint), follow_redirects=True,
+            headers=_headers(endpoint),
+            follow_redirects=True,
             timeout=httpx.Timeout(timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s)),
         )
 
@@ -173,9 +178,12 @@ class RemoteClient:
         """GET /v1/models. Raises RemoteError(NOT_OPENAI) when the answer is not a model list."""
         data = self._get_json("/v1/models")
         items = data.get("data") if isinstance(data, dict) else None
-        if not isinstance(items, list) or not all(isinstance(m, dict) and isinstance(m.get("id"), str)
-                                                  for m in items):
-            raise _not_openai(self.endpoint, "/v1/models", "it has no 'data' list of models with an 'id'")
+        if not isinstance(items, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("id"), str) for m in items
+        ):
+            raise _not_openai(
+                self.endpoint, "/v1/models", "it has no 'data' list of models with an 'id'"
+            )
         return [RemoteModel(m["id"], str(m.get("owned_by") or ""), _model_n_ctx(m)) for m in items]
 
     def probe(self) -> ServerInfo:
@@ -196,7 +204,9 @@ class RemoteClient:
         if props.get("role") == "router":  # its /slots and /metrics are per model (?model=)
             return ServerInfo(kind=kind, build_info=build)
         return ServerInfo(
-            kind=kind, n_ctx=_int(n_ctx), total_slots=_int(props.get("total_slots", 0)),
+            kind=kind,
+            n_ctx=_int(n_ctx),
+            total_slots=_int(props.get("total_slots", 0)),
             # llama-server has served /slots by default since 2025 and /metrics only with --metrics
             has_slots=bool(props.get("endpoint_slots", True)),
             has_metrics=bool(props.get("endpoint_metrics", False)),
@@ -236,9 +246,13 @@ class ChatStream:
     """A streamed chat completion: iterate it once (from one thread) for ChatDeltas; cancel()
     from any thread closes the connection, which ends the iteration without an error."""
 
-    def __init__(self, endpoint: RemoteEndpoint, body: dict, read_timeout_s: float = STREAM_READ_TIMEOUT_S):
+    def __init__(
+        self, endpoint: RemoteEndpoint, body: dict, read_timeout_s: float = STREAM_READ_TIMEOUT_S
+    ):
         self.endpoint, self.body = endpoint, body
-        self._timeout = httpx.Timeout(read_timeout_s, connect=CONNECT_TIMEOUT_S, write=REQUEST_TIMEOUT_S)
+        self._timeout = httpx.Timeout(
+            read_timeout_s, connect=CONNECT_TIMEOUT_S, write=REQUEST_TIMEOUT_S
+        )
         self._cancelled = threading.Event()
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
@@ -263,7 +277,9 @@ class ChatStream:
     def __iter__(self) -> Iterator[ChatDelta]:
         if self._cancelled.is_set():
             return
-        self._http = httpx.Client(headers=_headers(self.endpoint), timeout=self._timeout, follow_redirects=True)
+        self._http = httpx.Client(
+            headers=_headers(self.endpoint), timeout=self._timeout, follow_redirects=True
+        )
         try:
             yield from self._run()
         finally:
@@ -274,10 +290,16 @@ class ChatStream:
         url = self.endpoint.url + "/v1/chat/completions"
         acc = _Accumulator(time.perf_counter())
         try:
-            with self._http.stream("POST", url, json=self.body, extensions={"trace": self._trace}) as resp:
+            with self._http.stream(
+                "POST", url, json=self.body, extensions={"trace": self._trace}
+            ) as resp:
                 if resp.status_code >= 400:
-                    raise _status_error(self.endpoint, "/v1/chat/completions", resp.status_code,
-                                        resp.read().decode("utf-8", "replace"))
+                    raise _status_error(
+                        self.endpoint,
+                        "/v1/chat/completions",
+                        resp.status_code,
+                        resp.read().decode("utf-8", "replace"),
+                    )
                 acc.started = True
                 if "text/event-stream" not in resp.headers.get("content-type", ""):
                     yield from acc.whole(resp.read(), self.endpoint)  # the server did not stream
@@ -331,10 +353,10 @@ class _Accumulator:
 
     def feed_line(self, line: str, ep: RemoteEndpoint) -> ChatDelta | None:
         if line.startswith("error:"):  # llama-server's way of failing a stream
-            raise _server_error(ep, "/v1/chat/completions", line[len("error:"):].strip())
+            raise _server_error(ep, "/v1/chat/completions", line[len("error:") :].strip())
         if not line.startswith("data:"):
             return None  # blank separators, comments (":"), event names
-        payload = line[len("data:"):].strip()
+        payload = line[len("data:") :].strip()
         if payload == "[DONE]":
             self.done = True
             return None
@@ -369,8 +391,13 @@ class _Accumulator:
         if not self.n_chunks:
             self.t_first = now
         self.n_chunks += 1
-        return ChatDelta(text, None, n_generated=self.n_chunks,
-                         t_prompt_ms=(self.t_first - self.t0) * 1000.0, t_gen_ms=(now - self.t_first) * 1000.0)
+        return ChatDelta(
+            text,
+            None,
+            n_generated=self.n_chunks,
+            t_prompt_ms=(self.t_first - self.t0) * 1000.0,
+            t_gen_ms=(now - self.t_first) * 1000.0,
+        )
 
     def whole(self, body: bytes, ep: RemoteEndpoint) -> Iterator[ChatDelta]:
         """A chat.completion sent in one piece, as some servers answer stream=true."""
@@ -380,12 +407,16 @@ class _Accumulator:
             text = message.get("content") or ""
             self.finish_reason = str(obj["choices"][0].get("finish_reason") or "stop")
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-            raise _not_openai(ep, "/v1/chat/completions", "the answer is not JSON or not an event stream") from None
+            raise _not_openai(
+                ep, "/v1/chat/completions", "the answer is not JSON or not an event stream"
+            ) from None
         self.usage = _dict(obj.get("usage"))
         self.t_first = time.perf_counter()
         if text:
             self.n_chunks = 1
-            yield ChatDelta(str(text), None, n_generated=1, t_prompt_ms=(self.t_first - self.t0) * 1000.0)
+            yield ChatDelta(
+                str(text), None, n_generated=1, t_prompt_ms=(self.t_first - self.t0) * 1000.0
+            )
         yield self.final()
 
     def final(self) -> ChatDelta:
@@ -395,7 +426,8 @@ class _Accumulator:
         u, t = self.usage, self.timings
         details = _dict(u.get("prompt_tokens_details"))
         return ChatDelta(
-            "", self.finish_reason,
+            "",
+            self.finish_reason,
             n_prompt=_int(u.get("prompt_tokens", t.get("prompt_n", 0))),
             n_generated=_int(u.get("completion_tokens", t.get("predicted_n", self.n_chunks))),
             n_cached=_int(t.get("cache_n", details.get("cached_tokens", 0))),
@@ -404,14 +436,20 @@ class _Accumulator:
         )
 
 
-def chat_body(model: str, messages: list[dict], sampling: RemoteSampling, info: ServerInfo | None) -> dict:
+def chat_body(
+    model: str, messages: list[dict], sampling: RemoteSampling, info: ServerInfo | None
+) -> dict:
     """The POST /v1/chat/completions body: OpenAI's fields always, llama-server's extras only
     for a server that speaks them (another server may reject unknown fields)."""
     s = sampling
     body: dict[str, Any] = {
-        "model": model, "messages": messages, "stream": True,
+        "model": model,
+        "messages": messages,
+        "stream": True,
         "stream_options": {"include_usage": True},
-        "temperature": s.temperature, "top_p": s.top_p, "max_tokens": s.max_tokens,
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "max_tokens": s.max_tokens,
     }
     if s.seed is not None:
         body["seed"] = s.seed
@@ -423,8 +461,13 @@ def chat_body(model: str, messages: list[dict], sampling: RemoteSampling, info: 
     return body
 
 
-def stream_chat(endpoint: RemoteEndpoint, model: str, messages: list[dict], sampling: RemoteSampling,
-                info: ServerInfo | None = None) -> ChatStream:
+def stream_chat(
+    endpoint: RemoteEndpoint,
+    model: str,
+    messages: list[dict],
+    sampling: RemoteSampling,
+    info: ServerInfo | None = None,
+) -> ChatStream:
     """A streamed reply of `model` on `endpoint`; nothing is sent until it is iterated.
 
     Args:
@@ -446,12 +489,14 @@ def parse_metrics(text: str) -> RemoteMetrics:
     for line in text.splitlines():
         if not line.startswith("llamacpp:"):
             continue
-        name, _, rest = line[len("llamacpp:"):].partition(" ")
+        name, _, rest = line[len("llamacpp:") :].partition(" ")
         try:
             values[name.split("{")[0]] = float(rest.split()[0])
         except (ValueError, IndexError):
             continue
-    return RemoteMetrics(**{k: v for k, v in values.items() if k in RemoteMetrics.__dataclass_fields__})
+    return RemoteMetrics(
+        **{k: v for k, v in values.items() if k in RemoteMetrics.__dataclass_fields__}
+    )
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -492,8 +537,13 @@ def _model_n_ctx(m: dict) -> int:
 def _slot(s: dict) -> RemoteSlot:
     nxt = s.get("next_token")
     first = nxt[0] if isinstance(nxt, list) and nxt and isinstance(nxt[0], dict) else {}
-    return RemoteSlot(_int(s.get("id")), _int(s.get("n_ctx")), bool(s.get("is_processing")),
-                      _int(s.get("n_prompt_tokens")), _int(first.get("n_decoded")))
+    return RemoteSlot(
+        _int(s.get("id")),
+        _int(s.get("n_ctx")),
+        bool(s.get("is_processing")),
+        _int(s.get("n_prompt_tokens")),
+        _int(first.get("n_decoded")),
+    )
 
 
 def _message_of(body: str) -> str:
@@ -512,12 +562,18 @@ def _message_of(body: str) -> str:
 
 def _transport_error(ep: RemoteEndpoint, e: httpx.HTTPError) -> RemoteError:
     if isinstance(e, httpx.TimeoutException):
-        return RemoteError(f"{ep.url} did not answer in time ({type(e).__name__}). Is the server busy or "
-                           "behind a firewall?", RemoteError.TIMEOUT)
+        return RemoteError(
+            f"{ep.url} did not answer in time ({type(e).__name__}). Is the server busy or "
+            "behind a firewall?",
+            RemoteError.TIMEOUT,
+        )
     if isinstance(e, httpx.UnsupportedProtocol | httpx.InvalidURL):
         return RemoteError(f"{ep.url} is not a usable URL: {e}", RemoteError.BAD_URL)
-    return RemoteError(f"Cannot reach {ep.url}: {e or type(e).__name__}. Check the address and that the "
-                       "server is running.", RemoteError.UNREACHABLE)
+    return RemoteError(
+        f"Cannot reach {ep.url}: {e or type(e).__name__}. Check the address and that the "
+        "server is running.",
+        RemoteError.UNREACHABLE,
+    )
 
 
 def _status_error(ep: RemoteEndpoint, path: str, status: int, body: str) -> RemoteError:
@@ -526,8 +582,12 @@ def _status_error(ep: RemoteEndpoint, path: str, status: int, body: str) -> Remo
         what = "refused the API key" if ep.api_key else "needs an API key"
         return RemoteError(f"{ep.url} {what} (HTTP {status}: {msg})", RemoteError.AUTH, status)
     if status == 404:
-        return RemoteError(f"{ep.url}{path} was not found (HTTP 404: {msg})", RemoteError.NOT_FOUND, status)
-    return RemoteError(f"{ep.url}{path} failed with HTTP {status}: {msg}", RemoteError.SERVER, status)
+        return RemoteError(
+            f"{ep.url}{path} was not found (HTTP 404: {msg})", RemoteError.NOT_FOUND, status
+        )
+    return RemoteError(
+        f"{ep.url}{path} failed with HTTP {status}: {msg}", RemoteError.SERVER, status
+    )
 
 
 def _server_error(ep: RemoteEndpoint, path: str, body: str) -> RemoteError:
@@ -535,9 +595,13 @@ def _server_error(ep: RemoteEndpoint, path: str, body: str) -> RemoteError:
 
 
 def _not_openai(ep: RemoteEndpoint, path: str, why: str) -> RemoteError:
-    return RemoteError(f"{ep.url}{path} did not answer like an OpenAI-compatible server: {why}.",
-                       RemoteError.NOT_OPENAI)
+    return RemoteError(
+        f"{ep.url}{path} did not answer like an OpenAI-compatible server: {why}.",
+        RemoteError.NOT_OPENAI,
+    )
 
 
 def _broken(ep: RemoteEndpoint) -> RemoteError:
-    return RemoteError(f"The connection to {ep.url} ended in the middle of the reply.", RemoteError.BROKEN)
+    return RemoteError(
+        f"The connection to {ep.url} ended in the middle of the reply.", RemoteError.BROKEN
+    )

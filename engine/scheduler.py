@@ -153,8 +153,10 @@ class Scheduler:
         self.model = model
         self.n_slots = int(n_slots or ctx.n_seq_max)
         if not 1 <= self.n_slots <= ctx.n_seq_max:
-            raise EngineError(f"{self.n_slots} slots need a context with as many sequences "
-                              f"(it has {ctx.n_seq_max})")
+            raise EngineError(
+                f"{self.n_slots} slots need a context with as many sequences "
+                f"(it has {ctx.n_seq_max})"
+            )
         self.n_batch = int(ctx.n_batch)
         self._budget = self.n_batch  # tokens per step; halved while a unified KV pool is full
         self.n_ctx_seq = int(ctx.n_ctx_seq)
@@ -197,8 +199,9 @@ class Scheduler:
         self._wakeup.set()
         return handle
 
-    def stream(self, request: GenerationRequest,
-               cancel: threading.Event | None = None) -> Iterator[GenerationStep]:
+    def stream(
+        self, request: GenerationRequest, cancel: threading.Event | None = None
+    ) -> Iterator[GenerationStep]:
         """Submit `request` and step on the calling thread until it ends, yielding its steps.
 
         For a scheduler that is not running its own loop (CLI). Setting `cancel` stops the
@@ -340,7 +343,11 @@ class Scheduler:
         now = time.perf_counter()
         for slot in self.slots:
             h = slot.handle
-            if h is not None and h.held and (urgent or now - h.t_woken + self._dt_step >= h.wake_interval_s):
+            if (
+                h is not None
+                and h.held
+                and (urgent or now - h.t_woken + self._dt_step >= h.wake_interval_s)
+            ):
                 h.wake()
 
     # ------------------------------------------------------------------ admission
@@ -365,11 +372,17 @@ class Scheduler:
         n_vocab = self.ctx.n_vocab
         bad = next((int(t) for t in request.prompt if not 0 <= int(t) < n_vocab), None)
         if bad is not None:
-            raise InvalidRequestError(f"token id {bad} is out of range (vocabulary has {n_vocab} tokens)")
+            raise InvalidRequestError(
+                f"token id {bad} is out of range (vocabulary has {n_vocab} tokens)"
+            )
         if not -1 <= request.id_slot < self.n_slots:
-            raise InvalidRequestError(f"id_slot {request.id_slot} out of range (0..{self.n_slots - 1})")
+            raise InvalidRequestError(
+                f"id_slot {request.id_slot} out of range (0..{self.n_slots - 1})"
+            )
         if isinstance(request, EmbeddingRequest) and request.pooling not in POOLING_TYPES:
-            raise InvalidRequestError(f"unknown pooling {request.pooling!r}; expected one of {POOLING_TYPES}")
+            raise InvalidRequestError(
+                f"unknown pooling {request.pooling!r}; expected one of {POOLING_TYPES}"
+            )
 
     def _drain_pending(self, err: Exception) -> None:
         with self._lock:
@@ -418,7 +431,9 @@ class Scheduler:
         if request.id_slot >= 0:
             return self.slots[request.id_slot]
         if isinstance(request, GenerationRequest) and request.cache_prompt:
-            best = max(free, key=lambda s: (common_prefix(s.cache_tokens, request.prompt), -s.t_last_used))
+            best = max(
+                free, key=lambda s: (common_prefix(s.cache_tokens, request.prompt), -s.t_last_used)
+            )
             lcp = common_prefix(best.cache_tokens, request.prompt)
             if lcp > 0 and lcp >= self.slot_prompt_similarity * len(request.prompt):
                 return best
@@ -451,11 +466,20 @@ class Scheduler:
         slot.n_keep = self.n_keep if req.n_keep is None else req.n_keep
         # llama-server: without a context shift a reply ends when prompt + reply fill the slot
         n_room = -1 if self.context_shift else self.n_ctx_seq - len(req.prompt)
-        slot.generator = SequenceGenerator(self.tokenizer, req.params, req.n_predict, req.stop,
-                                           n_room=n_room, prompt_tokens=req.prompt, n_cached=n_reuse,
-                                           grammar=req.grammar)
+        slot.generator = SequenceGenerator(
+            self.tokenizer,
+            req.params,
+            req.n_predict,
+            req.stop,
+            n_room=n_room,
+            prompt_tokens=req.prompt,
+            n_cached=n_reuse,
+            grammar=req.grammar,
+        )
         slot.state = SlotState.PROMPT
-        if req.return_progress:  # llama-server's first report: the reused prefix, nothing decoded yet
+        if (
+            req.return_progress
+        ):  # llama-server's first report: the reused prefix, nothing decoded yet
             handle.put(PromptProgress(len(req.prompt), n_reuse, n_reuse))
 
     # ------------------------------------------------------------------ generation
@@ -491,13 +515,25 @@ class Scheduler:
         del slot.cache_tokens[n_keep : n_keep + n_discard]
         assert slot.generator is not None
         slot.generator.truncated = True
-        log.info("slot %d: context shift, n_keep = %d, n_left = %d, n_discard = %d",
-                 slot.id, n_keep, n_left, n_discard)
+        log.info(
+            "slot %d: context shift, n_keep = %d, n_left = %d, n_discard = %d",
+            slot.id,
+            n_keep,
+            n_left,
+            n_discard,
+        )
 
     def _decode(self, entries: list[_Entry], embeddings: bool = False) -> np.ndarray:
-        parts = [Batch.for_sequence(np.asarray(e.tokens, np.int32), e.pos0, e.slot.id,
-                                    logits_last=e.wants_logits, logits_all=embeddings)
-                 for e in entries]
+        parts = [
+            Batch.for_sequence(
+                np.asarray(e.tokens, np.int32),
+                e.pos0,
+                e.slot.id,
+                logits_last=e.wants_logits,
+                logits_all=embeddings,
+            )
+            for e in entries
+        ]
         batch = parts[0] if len(parts) == 1 else Batch.concat(parts)
         return self.ctx.decode(batch, embeddings=embeddings)
 
@@ -530,8 +566,12 @@ class Scheduler:
                 slot.i_prompt += len(e.tokens)
                 m.n_prompt_tokens_total += len(e.tokens)
                 m.t_prompt_s_total += dt
-                if slot.handle is not None and getattr(slot.handle.request, "return_progress", False):
-                    slot.handle.put(PromptProgress(len(slot.prompt), slot.n_prompt_cached, slot.i_prompt))
+                if slot.handle is not None and getattr(
+                    slot.handle.request, "return_progress", False
+                ):
+                    slot.handle.put(
+                        PromptProgress(len(slot.prompt), slot.n_prompt_cached, slot.i_prompt)
+                    )
             else:
                 m.t_predicted_s_total += dt
             if e.wants_logits:
@@ -546,7 +586,9 @@ class Scheduler:
         idle = [s for s in self.slots if not s.busy and s.cache_tokens]
         if idle:
             slot = min(idle, key=lambda s: s.t_last_used)
-            log.warning("KV cache full: purging slot %d with %d tokens", slot.id, len(slot.cache_tokens))
+            log.warning(
+                "KV cache full: purging slot %d with %d tokens", slot.id, len(slot.cache_tokens)
+            )
             self._reset_slot(slot, clear_cache=True)
             return
         if sum(len(e.tokens) for e in entries) > 1:
@@ -558,7 +600,9 @@ class Scheduler:
             if slot.busy and slot.state is not SlotState.EMBEDDING:
                 self._fail(slot, EngineError("Context size has been exceeded."))
 
-    def _recover(self, entries: list[_Entry], err: Exception) -> tuple[list[_Entry], np.ndarray] | None:
+    def _recover(
+        self, entries: list[_Entry], err: Exception
+    ) -> tuple[list[_Entry], np.ndarray] | None:
         """A combined decode failed: free idle caches and retry, then isolate the culprit."""
         log.warning("decode of %d sequences failed (%s); retrying", len(entries), err)
         for slot in self.slots:
@@ -571,7 +615,12 @@ class Scheduler:
                 self._decode([e])
             except Exception as err1:
                 self._rollback([e])
-                self._fail(e.slot, err1 if isinstance(err1, EngineError) else EngineError(f"decode failed: {err1}"))
+                self._fail(
+                    e.slot,
+                    err1
+                    if isinstance(err1, EngineError)
+                    else EngineError(f"decode failed: {err1}"),
+                )
                 continue
             self._rollback([e])  # re-run together below for consistent bookkeeping
             ok.append(e)
@@ -612,7 +661,9 @@ class Scheduler:
     def _run_embedding_chunk(self, slot: _Slot) -> None:
         assert slot.handle is not None and isinstance(slot.handle.request, EmbeddingRequest)
         req = slot.handle.request
-        entry = _Entry(slot, slot.prompt[slot.i_prompt : slot.i_prompt + self.n_batch], slot.i_prompt, True)
+        entry = _Entry(
+            slot, slot.prompt[slot.i_prompt : slot.i_prompt + self.n_batch], slot.i_prompt, True
+        )
         try:
             rows = self._decode([entry], embeddings=True)
         except Exception as e:
@@ -641,7 +692,9 @@ class Scheduler:
         self.metrics.n_requests_failed += 1
         self._release(slot, err, clear_cache=True)
 
-    def _release(self, slot: _Slot, error: Exception | None = None, clear_cache: bool = False) -> None:
+    def _release(
+        self, slot: _Slot, error: Exception | None = None, clear_cache: bool = False
+    ) -> None:
         handle = slot.handle
         self._reset_slot(slot, clear_cache)
         if handle is not None:
@@ -662,6 +715,11 @@ class Scheduler:
 
 
 __all__ = [
-    "EmbeddingRequest", "EmbeddingResult", "GenerationRequest", "RequestHandle",
-    "Scheduler", "SchedulerMetrics", "SlotState",
+    "EmbeddingRequest",
+    "EmbeddingResult",
+    "GenerationRequest",
+    "RequestHandle",
+    "Scheduler",
+    "SchedulerMetrics",
+    "SlotState",
 ]

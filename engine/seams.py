@@ -64,7 +64,9 @@ class GenerationTokenizer(Protocol):
 class ChatTokenizer(GenerationTokenizer, Protocol):
     """A tokenizer that also turns rendered chat text into prompt tokens."""
 
-    def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
+    def encode(
+        self, text: str, add_special: bool = True, parse_special: bool = False
+    ) -> list[int]: ...
 
 
 class ServerTokenizer(ChatTokenizer, Protocol):
@@ -88,8 +90,13 @@ class PromptTemplate(Protocol):
     @property
     def stop_strings(self) -> tuple[str, ...]: ...
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True,
-               tools: list | None = None, **extra: Any) -> str: ...
+    def render(
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool = True,
+        tools: list | None = None,
+        **extra: Any,
+    ) -> str: ...
 
 
 class ModelFacts(Protocol):

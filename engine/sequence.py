@@ -164,7 +164,9 @@ class SequenceGenerator:
         prob: float | None = None
         top_probs: tuple[tuple[int, float], ...] = ()
         if self.params.post_sampling_probs and self.sampler.last_candidates is not None:
-            prob, top_probs = candidate_probs(self.sampler.last_candidates, self.params.n_probs, token)
+            prob, top_probs = candidate_probs(
+                self.sampler.last_candidates, self.params.n_probs, token
+            )
         self._history.append(token)
         self.tokens.append(token)
 
@@ -202,7 +204,9 @@ class SequenceGenerator:
         """Update the text state for `token`; returns (text to release, stop word or None)."""
         # an end-of-generation token the grammar accepted completes it, even with ignore_eos
         # (the sampler only picks one when the grammar allows nothing else)
-        if (self.matcher is not None or not self.params.ignore_eos) and self.tokenizer.is_eog(token):
+        if (self.matcher is not None or not self.params.ignore_eos) and self.tokenizer.is_eog(
+            token
+        ):
             self.finish_reason = "stop"
             return self._release_all(), None
         self._pending += self._detok.add(token)
@@ -250,4 +254,3 @@ def _partial_stop_len(text: str, stops: Sequence[str]) -> int:
                 best = n
                 break
     return best
-

@@ -49,9 +49,20 @@ MAX_META_BYTES = 4096  # the JSON header we write is about 120 bytes
 _MAX_META_BRACKETS = 16  # ours has 3; bounds json.loads' recursion on a planted header
 _FORBIDDEN = set(':*?"<>|/\\') | {"\ufffd", "\ufeff", "\uff0e", "\u2215", "\u2216"}
 _INVALID = "No available space in KV cache or invalid slot save file"  # llama-server's words
-_OPEN_READ = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0)
-_OPEN_NEW = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
-             | getattr(os, "O_CLOEXEC", 0))
+_OPEN_READ = (
+    os.O_RDONLY
+    | getattr(os, "O_NONBLOCK", 0)
+    | getattr(os, "O_BINARY", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
+_OPEN_NEW = (
+    os.O_WRONLY
+    | os.O_CREAT
+    | os.O_EXCL
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_BINARY", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
 _TMP_NAME_BYTES = 64  # of the slot's name in its temporary file's: short enough for any valid name
 
 
@@ -89,8 +100,13 @@ def unpack_tokens(words: np.ndarray) -> list[int]:
 
 
 def _cache_meta(kv) -> dict[str, Any]:
-    return {"n_layer": len(kv.k), "k_shape": list(kv.k[0].shape[2:]), "v_shape": list(kv.v[0].shape[2:]),
-            "type_k": kv.type_k, "type_v": kv.type_v}
+    return {
+        "n_layer": len(kv.k),
+        "k_shape": list(kv.k[0].shape[2:]),
+        "v_shape": list(kv.v[0].shape[2:]),
+        "type_k": kv.type_k,
+        "type_v": kv.type_v,
+    }
 
 
 # --- save ----------------------------------------------------------------------------------------
@@ -128,7 +144,9 @@ def write(save_dir: str, name: str, snap: Snapshot) -> int:
     path = os.path.join(save_dir, name)
     try:
         if stat.S_ISDIR(os.lstat(path).st_mode):
-            raise InvalidRequestError(f"Unable to save slot: '{name}' is a directory in the slot save path")
+            raise InvalidRequestError(
+                f"Unable to save slot: '{name}' is a directory in the slot save path"
+            )
     except FileNotFoundError:
         pass
     except OSError as e:
@@ -203,7 +221,13 @@ class CacheShape:
     def max_file_bytes(self) -> int:
         """The largest file a slot can hold: headers, n_ctx_seq packed tokens and n_ctx_seq
         positions of keys and values."""
-        return 12 + 4 * (self.n_ctx_seq + 4) + 12 + MAX_META_BYTES + self.n_ctx_seq * self.bytes_per_pos
+        return (
+            12
+            + 4 * (self.n_ctx_seq + 4)
+            + 12
+            + MAX_META_BYTES
+            + self.n_ctx_seq * self.bytes_per_pos
+        )
 
 
 @dataclass(frozen=True)
@@ -237,8 +261,10 @@ def load(path: str, shape: CacheShape) -> SlotFile:
         if not stat.S_ISREG(st.st_mode):
             raise SlotFileError(_INVALID)
         if st.st_size > shape.max_file_bytes:
-            raise SlotFileError(f"the slot save file has {st.st_size} bytes, more than a slot of this "
-                                f"server holds ({shape.max_file_bytes} bytes at most)")
+            raise SlotFileError(
+                f"the slot save file has {st.st_size} bytes, more than a slot of this "
+                f"server holds ({shape.max_file_bytes} bytes at most)"
+            )
         with os.fdopen(fd, "rb", closefd=False) as f:
             return _parse(_Reader(f, st.st_size), shape)
     except OSError:

@@ -84,7 +84,9 @@ class EmbeddingRequest:
 
     prompt: list[int]
     pooling: str = "mean"
-    normalize: int = 2  # llama.cpp --embd-normalize: -1 none, 0 max-abs int16, 1 L1, 2 L2, >2 p-norm
+    normalize: int = (
+        2  # llama.cpp --embd-normalize: -1 none, 0 max-abs int16, 1 L1, 2 L2, >2 p-norm
+    )
     id_slot: int = -1
 
 
@@ -129,7 +131,9 @@ class RequestHandle(Generic[ItemT]):
         self._items: collections.deque[ItemT | BaseException | _End] = collections.deque()
         self._cond = threading.Condition(threading.Lock())
         self.held = False  # items put since the consumer was last woken
-        self.wake_interval_s = request.wake_interval_s if isinstance(request, GenerationRequest) else WAKE_INTERVAL_S
+        self.wake_interval_s = (
+            request.wake_interval_s if isinstance(request, GenerationRequest) else WAKE_INTERVAL_S
+        )
         self.t_woken = 0.0  # perf_counter of the last wake-up (0: never)
         self._cancelled = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -245,7 +249,9 @@ class RequestHandle(Generic[ItemT]):
         written out together); never blocks the event loop. An error is raised after the
         list of the items put before it."""
         async for raw in self._ready():
-            n = next((i for i, r in enumerate(raw) if isinstance(r, BaseException)), len(raw)) or len(raw)
+            n = next(
+                (i for i, r in enumerate(raw) if isinstance(r, BaseException)), len(raw)
+            ) or len(raw)
             self._requeue(raw[n:])
             batch = list(self._each(raw[:n]))
             if batch:

@@ -107,6 +107,8 @@ def version_text() -> str:
     if getattr(sys, "frozen", False):
         first += " [bundle]"
     libs = ", ".join(f"{name} {_dist_version(name)}" for name in ("numba", "llvmlite", "numpy"))
-    second = (f"Python {platform.python_version()}, {libs}; CPU {cpu_target()}, {os.cpu_count()} threads; "
-              f"{platform.system()} {platform.machine()}")
+    second = (
+        f"Python {platform.python_version()}, {libs}; CPU {cpu_target()}, {os.cpu_count()} threads; "
+        f"{platform.system()} {platform.machine()}"
+    )
     return f"{first}\n{second}"

@@ -26,8 +26,18 @@ SMOKE_TIMEOUT_S = 900  # the first run compiles the numba kernels (a minute or t
 
 
 def pyinstaller_cmd(dist: Path, work: Path) -> list[str]:
-    return [sys.executable, "-m", "PyInstaller", "--noconfirm", "--clean",
-            "--distpath", str(dist), "--workpath", str(work), str(SPEC)]
+    return [
+        sys.executable,
+        "-m",
+        "PyInstaller",
+        "--noconfirm",
+        "--clean",
+        "--distpath",
+        str(dist),
+        "--workpath",
+        str(work),
+        str(SPEC),
+    ]
 
 
 def default_model() -> str | None:
@@ -60,9 +70,13 @@ def smoke(exe: Path, model: str | None) -> None:
         print(f"$ {shlex.join(cmd[1:])}  [{time.perf_counter() - t0:.1f} s, exit {r.returncode}]")
         print(_indent(r.stdout.strip() or r.stderr.strip(), 1500))
         if r.returncode != 0:
-            sys.exit(f"smoke test of the bundle failed: {shlex.join(cmd)}\n{_indent(r.stderr.strip(), 3000)}")
+            sys.exit(
+                f"smoke test of the bundle failed: {shlex.join(cmd)}\n{_indent(r.stderr.strip(), 3000)}"
+            )
     if not model:
-        print("no model for info/generate/self-test: pull one (ggstation models pull smollm2) or pass --model")
+        print(
+            "no model for info/generate/self-test: pull one (ggstation models pull smollm2) or pass --model"
+        )
 
 
 def _indent(text: str, limit: int) -> str:
@@ -81,22 +95,35 @@ def size_report(bundle: Path, top: int = 15) -> str:
     internal = bundle / "_internal"
     parts = [p for p in bundle.iterdir() if p != internal]
     parts += list(internal.iterdir()) if internal.is_dir() else []
-    sizes = sorted(((tree_size(p), p.relative_to(bundle)) for p in parts), key=lambda t: t[0], reverse=True)
+    sizes = sorted(
+        ((tree_size(p), p.relative_to(bundle)) for p in parts), key=lambda t: t[0], reverse=True
+    )
     lines = [f"{bundle}: {tree_size(bundle) / 2**20:.0f} MiB"]
     lines += [f"  {n / 2**20:7.1f} MiB  {p.as_posix()}" for n, p in sizes[:top]]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n".join(__doc__.splitlines()[1:]))
-    parser.add_argument("--model", help="GGUF path or starter-model name for the smoke test "
-                        "(default: the cached smollm2 starter model; none: --version only)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(__doc__.splitlines()[1:]),
+    )
+    parser.add_argument(
+        "--model",
+        help="GGUF path or starter-model name for the smoke test "
+        "(default: the cached smollm2 starter model; none: --version only)",
+    )
     parser.add_argument("--skip-smoke", action="store_true", help="build only, run nothing")
-    parser.add_argument("--dist", type=Path, default=ROOT / "dist", help="output folder (default: dist/)")
-    parser.add_argument("--work", type=Path, default=ROOT / "build" / "pyinstaller",
-                        help="PyInstaller's build files (default: build/pyinstaller/)")
+    parser.add_argument(
+        "--dist", type=Path, default=ROOT / "dist", help="output folder (default: dist/)"
+    )
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=ROOT / "build" / "pyinstaller",
+        help="PyInstaller's build files (default: build/pyinstaller/)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = parser.parse_args(argv)
 

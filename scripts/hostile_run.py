@@ -136,17 +136,43 @@ def memory_kib(pid: int) -> dict[str, int]:
 
 def engine_file(cwd: str, env: dict[str, str]) -> str:
     """Which engine package `python -m engine` imports in this cwd and environment."""
-    done = subprocess.run([sys.executable, "-c", "import engine; print(engine.__file__)"], cwd=cwd,
-                          env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", "import engine; print(engine.__file__)"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return (done.stdout or done.stderr).strip()
 
 
-def start_server(args: argparse.Namespace, save_dir: str, log_path: str) -> tuple[subprocess.Popen, int]:
+def start_server(
+    args: argparse.Namespace, save_dir: str, log_path: str
+) -> tuple[subprocess.Popen, int]:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": args.cwd}
-    cmd = [sys.executable, "-m", "engine", "serve", "-m", args.model, "--host", "127.0.0.1",
-           "--port", str(port), "-np", "2", "-c", str(args.ctx), "-t", str(args.threads),
-           "--slot-save-path", save_dir, "--ui-mcp-proxy"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "engine",
+        "serve",
+        "-m",
+        args.model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "-np",
+        "2",
+        "-c",
+        str(args.ctx),
+        "-t",
+        str(args.threads),
+        "--slot-save-path",
+        save_dir,
+        "--ui-mcp-proxy",
+    ]
     log = open(log_path, "wb")  # noqa: SIM115 - the server writes to it until it ends
     proc = subprocess.Popen(cmd, cwd=args.cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
     return proc, port
@@ -196,8 +222,14 @@ def _ref_chain(n: int) -> dict:
 
 def hostile_cases(secret_url: str, save_dir: str) -> list[tuple[str, str, str, dict[str, Any]]]:
     """(class, method, path, httpx kwargs) for one round; built once, bodies reused."""
-    gbnf_chain = "root ::= r0\n" + "".join(f'r{i} ::= "x" r{i + 1}\n' for i in range(4999)) + 'r4999 ::= "x"\n'
-    lark_chain = "start: r0\n" + "".join(f'r{i}: "x" r{i + 1}\n' for i in range(4999)) + 'r4999: "x"\n'
+    gbnf_chain = (
+        "root ::= r0\n"
+        + "".join(f'r{i} ::= "x" r{i + 1}\n' for i in range(4999))
+        + 'r4999 ::= "x"\n'
+    )
+    lark_chain = (
+        "start: r0\n" + "".join(f'r{i}: "x" r{i + 1}\n' for i in range(4999)) + 'r4999: "x"\n'
+    )
     schema = _ref_chain(2000)
     deep = _deep(100_000)
     os.makedirs(os.path.join(save_dir, "adir"), exist_ok=True)
@@ -210,13 +242,39 @@ def hostile_cases(secret_url: str, save_dir: str) -> list[tuple[str, str, str, d
         ("gbnf_chain_5000", "POST", "/completion", completion(grammar=gbnf_chain)),
         ("lark_chain_5000", "POST", "/completion", completion(grammar=lark_chain)),
         ("schema_ref_2000_completion", "POST", "/completion", completion(json_schema=schema)),
-        ("schema_ref_2000_chat", "POST", "/v1/chat/completions", {"json": {
-            **chat, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}}),
-        ("schema_ref_2000_responses", "POST", "/v1/responses", {"json": {
-            "input": "Hi", "max_output_tokens": 16,
-            "text": {"format": {"type": "json_schema", "name": "x", "schema": schema}}}}),
+        (
+            "schema_ref_2000_chat",
+            "POST",
+            "/v1/chat/completions",
+            {
+                "json": {
+                    **chat,
+                    "response_format": {
+                        "type": "json_schema",
+                        "json_schema": {"name": "x", "schema": schema},
+                    },
+                }
+            },
+        ),
+        (
+            "schema_ref_2000_responses",
+            "POST",
+            "/v1/responses",
+            {
+                "json": {
+                    "input": "Hi",
+                    "max_output_tokens": 16,
+                    "text": {"format": {"type": "json_schema", "name": "x", "schema": schema}},
+                }
+            },
+        ),
         ("gbnf_repeat_1e6", "POST", "/completion", completion(grammar='root ::= "x"{1000000}')),
-        ("gbnf_literal_1MB", "POST", "/completion", completion(grammar='root ::= "' + "x" * 1_000_000 + '"')),
+        (
+            "gbnf_literal_1MB",
+            "POST",
+            "/completion",
+            completion(grammar='root ::= "' + "x" * 1_000_000 + '"'),
+        ),
         ("huge_min_keep", "POST", "/completion", completion(min_keep=HUGE)),
         ("huge_seed", "POST", "/completion", completion(seed=HUGE)),
         ("huge_top_k", "POST", "/completion", completion(top_k=HUGE)),
@@ -225,10 +283,21 @@ def hostile_cases(secret_url: str, save_dir: str) -> list[tuple[str, str, str, d
         ("huge_logit_bias", "POST", "/completion", completion(logit_bias=[[HUGE, 1.0]])),
         ("huge_detokenize", "POST", "/detokenize", {"json": {"tokens": [HUGE]}}),
         ("huge_slot_id", "POST", f"/slots/{HUGE}?action=save", {"json": {"filename": "a.bin"}}),
-        ("slots_deep_body", "POST", "/slots/0?action=save", {"content": deep.encode(),
-                                                            "headers": {"content-type": "application/json"}}),
-        ("slots_deep_filename", "POST", "/slots/0?action=restore", {
-            "content": ('{"filename": ' + deep + "}").encode(), "headers": {"content-type": "application/json"}}),
+        (
+            "slots_deep_body",
+            "POST",
+            "/slots/0?action=save",
+            {"content": deep.encode(), "headers": {"content-type": "application/json"}},
+        ),
+        (
+            "slots_deep_filename",
+            "POST",
+            "/slots/0?action=restore",
+            {
+                "content": ('{"filename": ' + deep + "}").encode(),
+                "headers": {"content-type": "application/json"},
+            },
+        ),
         ("slot_save_255", "POST", "/slots/0?action=save", {"json": {"filename": "a" * 255}}),
         ("slot_restore_255", "POST", "/slots/0?action=restore", {"json": {"filename": "a" * 255}}),
         ("slot_save_300", "POST", "/slots/0?action=save", {"json": {"filename": "a" * 300}}),
@@ -243,44 +312,121 @@ def hostile_cases(secret_url: str, save_dir: str) -> list[tuple[str, str, str, d
         ("cors_port_99999", "GET", "/cors-proxy", {"params": {"url": "http://127.0.0.1:99999/"}}),
         ("cors_crlf", "GET", "/cors-proxy", {"params": {"url": secret_url + "\r\nX-Injected: 1"}}),
         ("cors_idna", "GET", "/cors-proxy", {"params": {"url": "http://⒈.example/"}}),
-        ("cors_evil_origin", "GET", "/cors-proxy", {"params": {"url": secret_url},
-                                                   "headers": {"Origin": "http://evil.example"}}),
+        (
+            "cors_evil_origin",
+            "GET",
+            "/cors-proxy",
+            {"params": {"url": secret_url}, "headers": {"Origin": "http://evil.example"}},
+        ),
         ("cors_own_page", "GET", "/cors-proxy", {"params": {"url": secret_url}}),
-        ("malformed_json", "POST", "/completion", {"content": b'{"prompt": "Hi", "n_predict": ',
-                                                  "headers": {"content-type": "application/json"}}),
-        ("malformed_utf8", "POST", "/v1/chat/completions", {"content": b'{"messages": "\xff\xfe"}',
-                                                           "headers": {"content-type": "application/json"}}),
-        ("json_surrogate", "POST", "/completion", {"content": b'{"prompt": "\\ud800", "n_predict": 8}',
-                                                  "headers": {"content-type": "application/json"}}),
-        ("json_1e999", "POST", "/completion", {"content": b'{"prompt": "Hi", "n_predict": 8, "temperature": 1e999}',
-                                              "headers": {"content-type": "application/json"}}),
-        ("deep_completion", "POST", "/completion", {"content": ('{"prompt": ' + deep + ', "n_predict": 8}').encode(),
-                                                   "headers": {"content-type": "application/json"}}),
-        ("deep_chat", "POST", "/v1/chat/completions", {
-            "content": ('{"messages": [{"role": "user", "content": "Hi", "x": ' + deep
-                        + '}], "max_tokens": 8}').encode(),
-            "headers": {"content-type": "application/json"}}),
-        ("deep_tokenize", "POST", "/tokenize", {"content": ('{"content": ' + deep + "}").encode(),
-                                               "headers": {"content-type": "application/json"}}),
-        ("prompt_over_ctx", "POST", "/completion", {"json": {"prompt": "hello " * 6000, "n_predict": 8}}),
-        ("chat_over_ctx", "POST", "/v1/chat/completions", {"json": {
-            "messages": [{"role": "user", "content": "hello " * 6000}], "max_tokens": 8}}),
+        (
+            "malformed_json",
+            "POST",
+            "/completion",
+            {
+                "content": b'{"prompt": "Hi", "n_predict": ',
+                "headers": {"content-type": "application/json"},
+            },
+        ),
+        (
+            "malformed_utf8",
+            "POST",
+            "/v1/chat/completions",
+            {
+                "content": b'{"messages": "\xff\xfe"}',
+                "headers": {"content-type": "application/json"},
+            },
+        ),
+        (
+            "json_surrogate",
+            "POST",
+            "/completion",
+            {
+                "content": b'{"prompt": "\\ud800", "n_predict": 8}',
+                "headers": {"content-type": "application/json"},
+            },
+        ),
+        (
+            "json_1e999",
+            "POST",
+            "/completion",
+            {
+                "content": b'{"prompt": "Hi", "n_predict": 8, "temperature": 1e999}',
+                "headers": {"content-type": "application/json"},
+            },
+        ),
+        (
+            "deep_completion",
+            "POST",
+            "/completion",
+            {
+                "content": ('{"prompt": ' + deep + ', "n_predict": 8}').encode(),
+                "headers": {"content-type": "application/json"},
+            },
+        ),
+        (
+            "deep_chat",
+            "POST",
+            "/v1/chat/completions",
+            {
+                "content": (
+                    '{"messages": [{"role": "user", "content": "Hi", "x": '
+                    + deep
+                    + '}], "max_tokens": 8}'
+                ).encode(),
+                "headers": {"content-type": "application/json"},
+            },
+        ),
+        (
+            "deep_tokenize",
+            "POST",
+            "/tokenize",
+            {
+                "content": ('{"content": ' + deep + "}").encode(),
+                "headers": {"content-type": "application/json"},
+            },
+        ),
+        (
+            "prompt_over_ctx",
+            "POST",
+            "/completion",
+            {"json": {"prompt": "hello " * 6000, "n_predict": 8}},
+        ),
+        (
+            "chat_over_ctx",
+            "POST",
+            "/v1/chat/completions",
+            {"json": {"messages": [{"role": "user", "content": "hello " * 6000}], "max_tokens": 8}},
+        ),
     ]
     return cases
 
 
 def normal_request(rec: Recorder, client: httpx.Client, i: int) -> str:
     if i % 2:
-        return rec.send(client, NORMAL, "POST", "/v1/chat/completions", json={
-            "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 8})
-    return rec.send(client, NORMAL, "POST", "/completion", json={"prompt": "Once upon a time", "n_predict": 8})
+        return rec.send(
+            client,
+            NORMAL,
+            "POST",
+            "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 8},
+        )
+    return rec.send(
+        client, NORMAL, "POST", "/completion", json={"prompt": "Once upon a time", "n_predict": 8}
+    )
 
 
 # -- the run ------------------------------------------------------------------------------------
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    report: dict[str, Any] = {"cwd": args.cwd, "rounds_done": 0, "alive": True, "exit_code": None, "memory": {}}
+    report: dict[str, Any] = {
+        "cwd": args.cwd,
+        "rounds_done": 0,
+        "alive": True,
+        "exit_code": None,
+        "memory": {},
+    }
     env = {**os.environ, "PYTHONPATH": args.cwd}
     report["engine_file"] = engine_file(args.cwd, env)
     print(f"engine imported from: {report['engine_file']}", flush=True)
@@ -333,8 +479,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     if proc.poll() is not None:
                         report["killed_by"] = name
                 alive = proc.poll() is None
-                print(f"round {r}: {time.monotonic() - t0:.1f} s, server {'alive' if alive else 'DEAD'}, "
-                      f"RSS {memory_kib(proc.pid).get('VmRSS', 0) / 1024:.0f} MiB", flush=True)
+                print(
+                    f"round {r}: {time.monotonic() - t0:.1f} s, server {'alive' if alive else 'DEAD'}, "
+                    f"RSS {memory_kib(proc.pid).get('VmRSS', 0) / 1024:.0f} MiB",
+                    flush=True,
+                )
                 if not alive:
                     report["alive"], report["exit_code"] = False, proc.returncode
                     report["died_in_round"] = r
@@ -371,16 +520,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def print_summary(report: dict[str, Any]) -> None:
     print(f"\nengine: {report['engine_file']}")
-    print(f"rounds done: {report['rounds_done']}, server alive: {report['alive']}"
-          + (f", exit code {report['exit_code']} (died in round {report.get('died_in_round')}, "
-             f"killed by {report.get('killed_by')})" if not report["alive"] else ""))
+    print(
+        f"rounds done: {report['rounds_done']}, server alive: {report['alive']}"
+        + (
+            f", exit code {report['exit_code']} (died in round {report.get('died_in_round')}, "
+            f"killed by {report.get('killed_by')})"
+            if not report["alive"]
+            else ""
+        )
+    )
     if report.get("skipped"):
         print(f"skipped: {', '.join(report['skipped'])}")
     cols = ("n", "ok", "c4xx", "c5xx", "timeout", "conn")
-    print(f"{'class':30} {'n':>4} {'2xx':>4} {'4xx':>4} {'5xx':>4} {'t/o':>4} {'conn':>4} {'max s':>7}  codes")
+    print(
+        f"{'class':30} {'n':>4} {'2xx':>4} {'4xx':>4} {'5xx':>4} {'t/o':>4} {'conn':>4} {'max s':>7}  codes"
+    )
     for name, st in sorted(report["classes"].items(), key=lambda kv: (kv[0] != NORMAL, kv[0])):
         codes = " ".join(f"{k}x{v}" for k, v in sorted(st["codes"].items()))
-        print(f"{name:30} " + " ".join(f"{st[c]:>4}" for c in cols) + f" {st['max_s']:>7.2f}  {codes}")
+        print(
+            f"{name:30} " + " ".join(f"{st[c]:>4}" for c in cols) + f" {st['max_s']:>7.2f}  {codes}"
+        )
     bad = {k: v["first_5xx"] for k, v in report["classes"].items() if v["first_5xx"]}
     for name, body in sorted(bad.items()):
         print(f"  5xx {name}: {body[:150]!r}")
@@ -395,8 +554,11 @@ def print_summary(report: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--cwd", default=str(Path(__file__).resolve().parent.parent),
-                   help="tree whose engine to run (cwd and PYTHONPATH of the server; default: this repository)")
+    p.add_argument(
+        "--cwd",
+        default=str(Path(__file__).resolve().parent.parent),
+        help="tree whose engine to run (cwd and PYTHONPATH of the server; default: this repository)",
+    )
     p.add_argument("-m", "--model", default=str(DEFAULT_MODEL))
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--max-seconds", type=float, default=300.0, help="time limit for the rounds")
@@ -404,9 +566,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--startup-timeout", type=float, default=300.0)
     p.add_argument("--ctx", type=int, default=1024, help="server -c (shared by the 2 slots)")
     p.add_argument("--threads", type=int, default=1, help="server -t")
-    p.add_argument("--normal-pause", type=float, default=0.5, help="seconds between the normal completions")
-    p.add_argument("--skip", default="", help="comma-separated request classes not to send (e.g. ones "
-                   "that kill an old server, to see what the rest get)")
+    p.add_argument(
+        "--normal-pause", type=float, default=0.5, help="seconds between the normal completions"
+    )
+    p.add_argument(
+        "--skip",
+        default="",
+        help="comma-separated request classes not to send (e.g. ones "
+        "that kill an old server, to see what the rest get)",
+    )
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     args = p.parse_args(argv)
     args.cwd = str(Path(args.cwd).resolve())

@@ -97,7 +97,9 @@ def imports_of(mod: str, path: Path, known: dict[str, Path], typing: bool = Fals
                 anchor = mod.split(".") if is_pkg else mod.split(".")[:-1]
                 anchor = anchor[: len(anchor) - (node.level - 1)]
                 base = ".".join([*anchor, base] if base else anchor)
-            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+            targets = [
+                f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names
+            ]
         for target in targets:
             hit = _resolve(target, known)
             if hit and hit != mod:
@@ -105,8 +107,9 @@ def imports_of(mod: str, path: Path, known: dict[str, Path], typing: bool = Fals
     return out
 
 
-def graph(typing: bool = False, root: Path = ROOT,
-          packages: Sequence[str] = PACKAGES) -> dict[str, set[str]]:
+def graph(
+    typing: bool = False, root: Path = ROOT, packages: Sequence[str] = PACKAGES
+) -> dict[str, set[str]]:
     """Module -> the modules it imports; with ``typing``, the TYPE_CHECKING-only imports too."""
     known = modules(root, packages)
     return {mod: imports_of(mod, path, known, typing) for mod, path in known.items()}
@@ -174,8 +177,11 @@ def layer(mod: str, layers: Mapping[str, int] = LAYERS) -> int:
     return layers[best]
 
 
-def back_arrows(edges: Mapping[str, set[str]], layers: Mapping[str, int] = LAYERS,
-                facades: Collection[str] = FACADES) -> list[tuple[str, str]]:
+def back_arrows(
+    edges: Mapping[str, set[str]],
+    layers: Mapping[str, int] = LAYERS,
+    facades: Collection[str] = FACADES,
+) -> list[tuple[str, str]]:
     """Imports from a lower layer into a higher one (the library calling up into the CLI...)."""
     return sorted(
         (src, dst)
@@ -197,8 +203,10 @@ def main() -> int:
         print(f"cycle of {len(comp)}, counting TYPE_CHECKING imports: {' '.join(comp)}")
     for src, dst in arrows:
         print(f"back-arrow: {src} -> {dst}")
-    print(f"{len(edges)} modules, {len(found)} cycles ({len(typed)} counting TYPE_CHECKING imports), "
-          f"{len(arrows)} back-arrows")
+    print(
+        f"{len(edges)} modules, {len(found)} cycles ({len(typed)} counting TYPE_CHECKING imports), "
+        f"{len(arrows)} back-arrows"
+    )
     return 1 if found or typed or arrows else 0
 
 

@@ -35,17 +35,24 @@ SMOL, GEMMA = "local-demo/SmolLM2-135M-Instruct-GGUF", "local-demo/gemma-3-270m-
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--theme", default="light", choices=("light", "dark"))
-    parser.add_argument("-o", "--output", default=str(ROOT / "docs" / "screenshots" / "discover.png"))
+    parser.add_argument(
+        "-o", "--output", default=str(ROOT / "docs" / "screenshots" / "discover.png")
+    )
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="ggstation-discover-"))
     engine = EngineAdapter()
     cached = {s.name: s.cached_path for s in engine.starter_models()}
     if not all(cached.values()):
-        sys.exit("run `ggstation models pull smollm2` and `ggstation models pull gemma3-270m` first")
-    server = hub_server.start(tmp, {
-        SMOL: {"SmolLM2-135M-Instruct-Q4_1.gguf": Path(cached["smollm2"])},
-        GEMMA: {"gemma-3-270m-it-Q4_K_M.gguf": Path(cached["gemma3-270m"])},
-    })
+        sys.exit(
+            "run `ggstation models pull smollm2` and `ggstation models pull gemma3-270m` first"
+        )
+    server = hub_server.start(
+        tmp,
+        {
+            SMOL: {"SmolLM2-135M-Instruct-Q4_1.gguf": Path(cached["smollm2"])},
+            GEMMA: {"gemma-3-270m-it-Q4_K_M.gguf": Path(cached["gemma3-270m"])},
+        },
+    )
     server.repos[SMOL].downloads, server.repos[SMOL].likes = 1200, 31
     server.repos[GEMMA].downloads, server.repos[GEMMA].likes = 860, 12
     os.environ["HF_ENDPOINT"], os.environ["HF_HOME"] = server.url, str(tmp / "hf-home")

@@ -69,8 +69,18 @@ def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     from engine import resolve_model_arg
 
-    server = ServeProcess(resolve_model_arg(args.model), "-np", "2", "-c", "4096", "--metrics",
-                          "--api-key", KEY, "--alias", "smollm2-135m")
+    server = ServeProcess(
+        resolve_model_arg(args.model),
+        "-np",
+        "2",
+        "-c",
+        "4096",
+        "--metrics",
+        "--api-key",
+        KEY,
+        "--alias",
+        "smollm2-135m",
+    )
     plain = openai_server.start(api_key="other", models=("gpt-4o-mini", "llama-3.1-8b-instruct"))
     try:
         server.wait_ready()

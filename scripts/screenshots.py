@@ -31,7 +31,10 @@ from app.main_window import TAB_CHAT, TAB_MEMORY, TAB_MODELS, TAB_SERVER, MainWi
 from app.theme import apply_theme  # noqa: E402
 
 OUT = ROOT / "docs" / "screenshots"
-QUESTIONS = ("What is a KV cache? One short paragraph.", "Show a Python function that adds two numbers.")
+QUESTIONS = (
+    "What is a KV cache? One short paragraph.",
+    "Show a Python function that adds two numbers.",
+)
 
 
 def make_engine(args, tmp: Path):
@@ -70,7 +73,9 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("-m", "--model")
     parser.add_argument("--fake", action="store_true")
-    parser.add_argument("--gpu", action="store_true", help="with --fake: a GL0 device, 2 layers on it")
+    parser.add_argument(
+        "--gpu", action="store_true", help="with --fake: a GL0 device, 2 layers on it"
+    )
     parser.add_argument("--out", help=f"folder for the PNGs (default {OUT})")
     args = parser.parse_args()
     if args.gpu and not args.fake:

@@ -40,11 +40,29 @@ def main() -> int:
     ap.add_argument("-r", default="3")
     args = ap.parse_args()
     from engine.hub import store as model_store
+
     subprocess.run([sys.executable, "-m", "engine", "bench", "--list-devices"], check=False)
     for name in args.models.split(","):
         path = str(model_store.ensure(name))
-        subprocess.run([sys.executable, "-m", "engine", "bench", "-m", path, "-ngl", "0,99", "-p", args.p,
-                        "-n", args.n, "-r", args.r], check=False)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "engine",
+                "bench",
+                "-m",
+                path,
+                "-ngl",
+                "0,99",
+                "-p",
+                args.p,
+                "-n",
+                args.n,
+                "-r",
+                args.r,
+            ],
+            check=False,
+        )
         print(f"{name}: max |GPU - CPU| / max |CPU| logits = {max_rel_diff(path):.2e}", flush=True)
     return 0
 

@@ -38,14 +38,19 @@ SCHEMA = {
         "name": {"type": "string", "maxLength": 40},
         "age": {"type": "integer", "minimum": 0},
         "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 6},
-        "address": {"type": "object", "properties": {"city": {"type": "string"}, "zip": {"type": "string"}},
-                    "required": ["city"]},
+        "address": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "zip": {"type": "string"}},
+            "required": ["city"],
+        },
     },
     "required": ["name", "age", "tags", "address"],
 }
 GRAMMARS = {
     "gbnf a{5}": lambda: Grammar.from_gbnf('root ::= "a"{5}'),
-    "gbnf words": lambda: Grammar.from_gbnf('root ::= word (" " word){0,60} "."\nword ::= [a-z]{1,10}'),
+    "gbnf words": lambda: Grammar.from_gbnf(
+        'root ::= word (" " word){0,60} "."\nword ::= [a-z]{1,10}'
+    ),
     "json object": lambda: Grammar.from_json_schema({"type": "object"}),
     "json schema": lambda: Grammar.from_json_schema(SCHEMA),
 }
@@ -79,7 +84,9 @@ def bench_parts(g: Grammar, tok, n_vocab: int, n_tokens: int, rng) -> dict[str, 
     return t
 
 
-def bench_steps(g: Grammar | None, tok, n_vocab: int, n_tokens: int, rng) -> tuple[list[float], list[str]]:
+def bench_steps(
+    g: Grammar | None, tok, n_vocab: int, n_tokens: int, rng
+) -> tuple[list[float], list[str]]:
     """Whole SequenceGenerator.accept() steps; restarts the sequence when it finishes."""
     times, texts = [], []
     gen = SequenceGenerator(tok, PARAMS, -1, grammar=g)
@@ -103,19 +110,25 @@ def main() -> None:
     tok = load_tokenizer(GGUFFile(path))
     n_vocab = tok.n_vocab
     rng = np.random.default_rng(0)
-    print(f"{Path(path).name}: n_vocab {n_vocab}, {args.tokens} tokens per grammar; ms median / p95\n")
+    print(
+        f"{Path(path).name}: n_vocab {n_vocab}, {args.tokens} tokens per grammar; ms median / p95\n"
+    )
 
     t0 = time.perf_counter()
     grammar_mod.token_bytes(tok)
     t1 = time.perf_counter()
     vocabulary_for(tok)
     t2 = time.perf_counter()
-    print(f"one-off: token bytes {1e3 * (t1 - t0):.0f} ms, llguidance vocabulary (incl. bytes) "
-          f"{1e3 * (t2 - t1):.0f} ms (cached per tokenizer)\n")
+    print(
+        f"one-off: token bytes {1e3 * (t1 - t0):.0f} ms, llguidance vocabulary (incl. bytes) "
+        f"{1e3 * (t2 - t1):.0f} ms (cached per tokenizer)\n"
+    )
 
     plain, _ = bench_steps(None, tok, n_vocab, args.tokens, rng)
-    print(f"{'grammar':<12} {'compile':>8} {'matcher':>8} | {'masked logits':>17} {'accept':>17} |"
-          f" {'step':>17} {'step - plain':>12}")
+    print(
+        f"{'grammar':<12} {'compile':>8} {'matcher':>8} | {'masked logits':>17} {'accept':>17} |"
+        f" {'step':>17} {'step - plain':>12}"
+    )
     for name, make in GRAMMARS.items():
         t0 = time.perf_counter()
         g = make()
@@ -128,8 +141,10 @@ def main() -> None:
             for text in texts:
                 json.loads(text)
         extra = (np.median(steps) - np.median(plain)) * 1e3
-        print(f"{name:<12} {1e3 * (t1 - t0):7.2f}  {1e3 * (t2 - t1):7.2f}  | {ms(parts['mask'])} "
-              f"{ms(parts['accept'])} | {ms(steps)} {extra:+9.3f} ms")
+        print(
+            f"{name:<12} {1e3 * (t1 - t0):7.2f}  {1e3 * (t2 - t1):7.2f}  | {ms(parts['mask'])} "
+            f"{ms(parts['accept'])} | {ms(steps)} {extra:+9.3f} ms"
+        )
     print(f"{'(none)':<12} {'':>8} {'':>8} | {'':>17} {'':>17} | {ms(plain)}")
 
 

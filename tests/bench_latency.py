@@ -28,7 +28,9 @@ class Figures:
 
     def pytest_runtest_logreport(self, report) -> None:
         if report.when == "call":
-            self.rows += [(*value, report.outcome) for key, value in report.user_properties if key == "perf"]
+            self.rows += [
+                (*value, report.outcome) for key, value in report.user_properties if key == "perf"
+            ]
 
 
 def main(argv: list[str]) -> int:

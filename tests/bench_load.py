@@ -73,12 +73,30 @@ class Outcome:
     error: str | None = None
 
 
-def make_jobs(n_clients: int, n_requests: int, seed: int, n_min: int, n_max: int,
-              temperature: float, kinds: tuple[str, ...] = KINDS) -> list[list[Job]]:
+def make_jobs(
+    n_clients: int,
+    n_requests: int,
+    seed: int,
+    n_min: int,
+    n_max: int,
+    temperature: float,
+    kinds: tuple[str, ...] = KINDS,
+) -> list[list[Job]]:
     """Each client's requests, the same for the same seed."""
     rng = random.Random(seed)
-    return [[Job(rng.choice(kinds), rng.choice(PROMPTS), rng.randint(n_min, n_max), temperature,
-                 rng.randrange(2**31)) for _ in range(n_requests)] for _ in range(n_clients)]
+    return [
+        [
+            Job(
+                rng.choice(kinds),
+                rng.choice(PROMPTS),
+                rng.randint(n_min, n_max),
+                temperature,
+                rng.randrange(2**31),
+            )
+            for _ in range(n_requests)
+        ]
+        for _ in range(n_clients)
+    ]
 
 
 def request_for(job: Job) -> tuple[str, dict]:
@@ -86,7 +104,11 @@ def request_for(job: Job) -> tuple[str, dict]:
     stream = job.kind.endswith("_stream")
     common = {"temperature": job.temperature, "seed": job.seed, "stream": stream}
     if job.kind.startswith("chat"):
-        body = {"messages": [{"role": "user", "content": job.prompt}], "max_tokens": job.n_predict, **common}
+        body = {
+            "messages": [{"role": "user", "content": job.prompt}],
+            "max_tokens": job.n_predict,
+            **common,
+        }
         if stream:
             body["stream_options"] = {"include_usage": True}
         return "/v1/chat/completions", body
@@ -165,10 +187,13 @@ async def run_job(client: httpx.AsyncClient, job: Job) -> Outcome:
     return out
 
 
-async def run_clients(url: str, jobs: list[list[Job]], timeout: float,
-                      keep_alive: bool = True) -> tuple[list[Outcome], float]:
+async def run_clients(
+    url: str, jobs: list[list[Job]], timeout: float, keep_alive: bool = True
+) -> tuple[list[Outcome], float]:
     """Run every client's jobs concurrently; returns the outcomes and the wall time."""
-    limits = httpx.Limits(max_connections=len(jobs), max_keepalive_connections=len(jobs) if keep_alive else 0)
+    limits = httpx.Limits(
+        max_connections=len(jobs), max_keepalive_connections=len(jobs) if keep_alive else 0
+    )
     async with httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) as client:
 
         async def one_client(mine: list[Job]) -> list[Outcome]:
@@ -199,14 +224,23 @@ def summarise(outcomes: list[Outcome], wall: float) -> dict:
     ttft = [o.ttft for o in ok if o.ttft is not None]
     n_gen = sum(o.n_gen for o in ok)
     return {
-        "requests": len(outcomes), "ok": len(ok), "failures": len(outcomes) - len(ok),
+        "requests": len(outcomes),
+        "ok": len(ok),
+        "failures": len(outcomes) - len(ok),
         "failure_kinds": dict(Counter(o.error for o in outcomes if o.error is not None)),
-        "wall_s": wall, "requests_per_s": len(ok) / wall, "generated_tokens": n_gen,
+        "wall_s": wall,
+        "requests_per_s": len(ok) / wall,
+        "generated_tokens": n_gen,
         "generated_tokens_per_s": n_gen / wall,
-        "latency_p50_s": percentile(lat, 0.5), "latency_p95_s": percentile(lat, 0.95),
-        "ttft_p50_s": percentile(ttft, 0.5), "ttft_p95_s": percentile(ttft, 0.95),
-        "by_kind": {k: {"n": len(v), "latency_p50_s": percentile(v, 0.5)}
-                    for k in KINDS if (v := [o.latency for o in ok if o.kind == k])},
+        "latency_p50_s": percentile(lat, 0.5),
+        "latency_p95_s": percentile(lat, 0.95),
+        "ttft_p50_s": percentile(ttft, 0.5),
+        "ttft_p95_s": percentile(ttft, 0.95),
+        "by_kind": {
+            k: {"n": len(v), "latency_p50_s": percentile(v, 0.5)}
+            for k in KINDS
+            if (v := [o.latency for o in ok if o.kind == k])
+        },
     }
 
 
@@ -224,13 +258,21 @@ def rss_mib(pid: int | None) -> dict[str, float]:
 
 def print_report(s: dict, rss: dict[str, dict[str, float]], props: dict) -> None:
     print(f"server: n_ctx_seq {props.get('n_ctx_seq', '?')}, slots {props.get('total_slots', '?')}")
-    print(f"requests {s['requests']}, ok {s['ok']}, failures {s['failures']} {s['failure_kinds'] or ''}")
-    print(f"wall {s['wall_s']:.1f} s, {s['requests_per_s']:.2f} req/s, "
-          f"{s['generated_tokens']} tokens generated, {s['generated_tokens_per_s']:.1f} tok/s")
-    print(f"latency p50 {s['latency_p50_s']:.2f} s, p95 {s['latency_p95_s']:.2f} s; "
-          f"time to first token (streams) p50 {s['ttft_p50_s']:.2f} s, p95 {s['ttft_p95_s']:.2f} s")
-    print("latency p50 by kind: " + ", ".join(f"{k} {v['latency_p50_s']:.2f} s (n={v['n']})"
-                                              for k, v in s["by_kind"].items()))
+    print(
+        f"requests {s['requests']}, ok {s['ok']}, failures {s['failures']} {s['failure_kinds'] or ''}"
+    )
+    print(
+        f"wall {s['wall_s']:.1f} s, {s['requests_per_s']:.2f} req/s, "
+        f"{s['generated_tokens']} tokens generated, {s['generated_tokens_per_s']:.1f} tok/s"
+    )
+    print(
+        f"latency p50 {s['latency_p50_s']:.2f} s, p95 {s['latency_p95_s']:.2f} s; "
+        f"time to first token (streams) p50 {s['ttft_p50_s']:.2f} s, p95 {s['ttft_p95_s']:.2f} s"
+    )
+    print(
+        "latency p50 by kind: "
+        + ", ".join(f"{k} {v['latency_p50_s']:.2f} s (n={v['n']})" for k, v in s["by_kind"].items())
+    )
     for when, r in rss.items():
         if r:
             print(f"RSS {when:<13} {r['VmRSS']:7.1f} MiB (peak {r['VmHWM']:.1f} MiB)")
@@ -245,6 +287,7 @@ def resolve_model(arg: str) -> str:
         return arg
     sys.path.insert(0, str(ROOT))
     from engine.hub import store as model_store
+
     return str(model_store.resolve_model_arg(arg))
 
 
@@ -265,7 +308,16 @@ class ServerProcess:
             cmd = [sys.executable, "-m", "engine", "serve"]
         else:
             cmd = [args.server_bin or "llama-server"]
-        cmd += ["-m", model, "-np", str(args.parallel), "--host", "127.0.0.1", "--port", str(self.port)]
+        cmd += [
+            "-m",
+            model,
+            "-np",
+            str(args.parallel),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+        ]
         cmd += ["-t", str(args.threads)] if args.threads else []
         cmd += ["-c", str(args.ctx_size)] if args.ctx_size else []
         self.cmd = cmd + shlex.split(args.server_args)
@@ -276,11 +328,15 @@ class ServerProcess:
     def __enter__(self) -> ServerProcess:
         print(f"starting: {shlex.join(self.cmd)}  (log: {self.log_path})", flush=True)
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(self.cmd, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                self.cmd, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT
+            )
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < 900:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}; see {self.log_path}")
+                raise RuntimeError(
+                    f"server exited with {self.proc.returncode}; see {self.log_path}"
+                )
             try:
                 if httpx.get(self.url + "/health", timeout=2).status_code == 200:
                     print(f"ready after {time.perf_counter() - t0:.1f} s", flush=True)
@@ -308,7 +364,10 @@ def server_props(url: str) -> dict:
     """n_ctx_seq and total_slots from /props (both servers answer it)."""
     try:
         p = httpx.get(url + "/props", timeout=10).json()
-        return {"n_ctx_seq": p["default_generation_settings"]["n_ctx"], "total_slots": p.get("total_slots")}
+        return {
+            "n_ctx_seq": p["default_generation_settings"]["n_ctx"],
+            "total_slots": p.get("total_slots"),
+        }
     except (httpx.HTTPError, ValueError, KeyError):
         return {}
 
@@ -322,16 +381,24 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server", choices=["ggstation", "llama-server"], default="ggstation")
     p.add_argument("--server-bin", help="llama-server's path (default: llama-server on PATH)")
     p.add_argument("--server-args", default="", help="more flags for the server, one string")
-    p.add_argument("--server-log", help="where the started server's output goes (default: a temp file)")
+    p.add_argument(
+        "--server-log", help="where the started server's output goes (default: a temp file)"
+    )
     p.add_argument("-m", "--model", default="smollm2", help="GGUF path or starter-model name")
     p.add_argument("-np", "--parallel", type=int, default=4)
     p.add_argument("-t", "--threads", type=int, default=0, help="server threads (default: its own)")
-    p.add_argument("-c", "--ctx-size", type=int, default=0, help="server context (default: its own)")
-    p.add_argument("--port", type=int, default=0, help="port of a started server (default: a free one)")
+    p.add_argument(
+        "-c", "--ctx-size", type=int, default=0, help="server context (default: its own)"
+    )
+    p.add_argument(
+        "--port", type=int, default=0, help="port of a started server (default: a free one)"
+    )
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[1], formatter_class=argparse.RawTextHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[1], formatter_class=argparse.RawTextHelpFormatter
+    )
     add_server_arguments(p)
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--requests", type=int, default=30, help="requests per client")
@@ -339,26 +406,38 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--warmup", type=int, default=4, help="sequential requests before the run, not counted")
+    p.add_argument(
+        "--warmup", type=int, default=4, help="sequential requests before the run, not counted"
+    )
     p.add_argument("--timeout", type=float, default=600, help="seconds per request")
-    p.add_argument("--no-keep-alive", dest="keep_alive", action="store_false",
-                   help="a new connection per request (default: pooled keep-alive connections)")
+    p.add_argument(
+        "--no-keep-alive",
+        dest="keep_alive",
+        action="store_false",
+        help="a new connection per request (default: pooled keep-alive connections)",
+    )
     p.add_argument("--json", help="also write the figures to this file")
     return p.parse_args(argv)
 
 
 def measure(url: str, pid: int | None, args: argparse.Namespace) -> dict:
     rss = {"at start": rss_mib(pid)}
-    warm = make_jobs(1, args.warmup, args.seed + 1, args.min_tokens, args.max_tokens, args.temperature)
+    warm = make_jobs(
+        1, args.warmup, args.seed + 1, args.min_tokens, args.max_tokens, args.temperature
+    )
     asyncio.run(run_clients(url, warm, args.timeout, args.keep_alive))
     rss["after warm-up"] = rss_mib(pid)
-    jobs = make_jobs(args.clients, args.requests, args.seed, args.min_tokens, args.max_tokens, args.temperature)
+    jobs = make_jobs(
+        args.clients, args.requests, args.seed, args.min_tokens, args.max_tokens, args.temperature
+    )
     outcomes, wall = asyncio.run(run_clients(url, jobs, args.timeout, args.keep_alive))
     rss["after run"] = rss_mib(pid)
     figures = summarise(outcomes, wall)
     props = server_props(url)
-    print(f"\n{args.clients} clients x {args.requests} requests, {args.min_tokens}-{args.max_tokens} tokens, "
-          f"temperature {args.temperature}, seed {args.seed}, load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"\n{args.clients} clients x {args.requests} requests, {args.min_tokens}-{args.max_tokens} tokens, "
+        f"temperature {args.temperature}, seed {args.seed}, load average {os.getloadavg()[0]:.2f}"
+    )
     print_report(figures, rss, props)
     return {**figures, "rss_mib": rss, "server": props}
 

@@ -35,9 +35,23 @@ from bench_load import ServerProcess, add_server_arguments, make_jobs, rss_mib, 
 
 CHAT = "/v1/chat/completions"
 # kind -> weight in the mix; the huge_* kinds and many_messages carry 0.1-1 MB bodies
-KINDS = {"malformed_json": 6, "invalid_utf8": 3, "wrong_types": 8, "deep_nesting": 1, "huge_prompt": 1,
-         "huge_chat": 1, "huge_word": 1, "huge_field": 1, "over_limit": 1, "bad_tokens": 3, "many_messages": 1,
-         "big_logit_bias": 1, "unknown_path": 3, "wrong_method": 3, "dropped_stream": 2}
+KINDS = {
+    "malformed_json": 6,
+    "invalid_utf8": 3,
+    "wrong_types": 8,
+    "deep_nesting": 1,
+    "huge_prompt": 1,
+    "huge_chat": 1,
+    "huge_word": 1,
+    "huge_field": 1,
+    "over_limit": 1,
+    "bad_tokens": 3,
+    "many_messages": 1,
+    "big_logit_bias": 1,
+    "unknown_path": 3,
+    "wrong_method": 3,
+    "dropped_stream": 2,
+}
 
 
 @dataclass(frozen=True)
@@ -75,37 +89,77 @@ def hostile_requests(rng: random.Random, n: int, kinds: tuple[str, ...] = ()) ->
             case "invalid_utf8":
                 return Hostile(kind, "/completion", b'{"prompt": "abc\xff\xfe\xc3"}')
             case "wrong_types":
-                body = rng.choice([{"messages": "hi"}, {"prompt": 5, "n_predict": "x"},
-                                   {"prompt": "a", "temperature": [1]},
-                                   {"messages": [{"role": 3, "content": {"a": 1}}]},
-                                   [1, 2, 3], "text", None, {"prompt": "a", "n_predict": 2**70},
-                                   {"prompt": "a", "logit_bias": "x"}])
-                return Hostile(kind, rng.choice([CHAT, "/completion", "/v1/completions", "/tokenize"]), _j(body))
+                body = rng.choice(
+                    [
+                        {"messages": "hi"},
+                        {"prompt": 5, "n_predict": "x"},
+                        {"prompt": "a", "temperature": [1]},
+                        {"messages": [{"role": 3, "content": {"a": 1}}]},
+                        [1, 2, 3],
+                        "text",
+                        None,
+                        {"prompt": "a", "n_predict": 2**70},
+                        {"prompt": "a", "logit_bias": "x"},
+                    ]
+                )
+                return Hostile(
+                    kind,
+                    rng.choice([CHAT, "/completion", "/v1/completions", "/tokenize"]),
+                    _j(body),
+                )
             case "deep_nesting":
                 depth = rng.randint(10_000, 200_000)
                 return Hostile(kind, rng.choice([CHAT, "/completion"]), b"[" * depth + b"]" * depth)
             case "huge_prompt":  # far over the context: tokenized, then refused
-                return Hostile(kind, "/completion", _j({"prompt": _words(rng, big), "n_predict": 4}))
+                return Hostile(
+                    kind, "/completion", _j({"prompt": _words(rng, big), "n_predict": 4})
+                )
             case "huge_chat":
-                return Hostile(kind, CHAT, _j({"messages": [{"role": "user", "content": _words(rng, big)}]}))
+                return Hostile(
+                    kind, CHAT, _j({"messages": [{"role": "user", "content": _words(rng, big)}]})
+                )
             case "huge_word":  # one pre-tokenizer word of random letters
                 word = "".join(rng.choices(string.ascii_letters, k=rng.randint(10_000, 200_000)))
                 return Hostile(kind, "/tokenize", _j({"content": word}))
             case "huge_field":
-                return Hostile(kind, CHAT, _j({"messages": [{"role": "user", "content": "hi"}],
-                                               "model": "m" * big, "stop": ["s" * 1000] * 16, "max_tokens": 2}))
+                return Hostile(
+                    kind,
+                    CHAT,
+                    _j(
+                        {
+                            "messages": [{"role": "user", "content": "hi"}],
+                            "model": "m" * big,
+                            "stop": ["s" * 1000] * 16,
+                            "max_tokens": 2,
+                        }
+                    ),
+                )
             case "over_limit":
                 return Hostile(kind, "/completion", b'{"prompt": "' + b"a" * (9 << 20) + b'"}')
             case "bad_tokens":
                 return Hostile(kind, "/completion", _j({"prompt": [10**9, -1, 5], "n_predict": 2}))
             case "many_messages":
-                msgs = [{"role": rng.choice(["user", "assistant"]), "content": _words(rng, 20)} for _ in range(1000)]
+                msgs = [
+                    {"role": rng.choice(["user", "assistant"]), "content": _words(rng, 20)}
+                    for _ in range(1000)
+                ]
                 return Hostile(kind, CHAT, _j({"messages": msgs, "max_tokens": 2}))
             case "big_logit_bias":
-                return Hostile(kind, "/completion", _j({"prompt": "hi", "n_predict": 2,
-                                                        "logit_bias": {str(i): -1.0 for i in range(50_000)}}))
+                return Hostile(
+                    kind,
+                    "/completion",
+                    _j(
+                        {
+                            "prompt": "hi",
+                            "n_predict": 2,
+                            "logit_bias": {str(i): -1.0 for i in range(50_000)},
+                        }
+                    ),
+                )
             case "unknown_path":
-                return Hostile(kind, rng.choice(["/v1/nothing", "/completion/x", "/" + "p" * 5000]), valid)
+                return Hostile(
+                    kind, rng.choice(["/v1/nothing", "/completion/x", "/" + "p" * 5000]), valid
+                )
             case "wrong_method":
                 return Hostile(kind, rng.choice([CHAT, "/completion"]), None, method="GET")
             case "dropped_stream":
@@ -135,7 +189,9 @@ async def send_hostile(client: httpx.AsyncClient, h: Hostile) -> str:
         return type(e).__name__
 
 
-async def hostile_round(url: str, requests: list[Hostile], concurrency: int, timeout: float) -> Counter:
+async def hostile_round(
+    url: str, requests: list[Hostile], concurrency: int, timeout: float
+) -> Counter:
     gate = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) as client:
@@ -151,7 +207,9 @@ def proc_counts(pid: int | None) -> dict[str, int]:
     if pid is None:
         return {}
     status = Path(f"/proc/{pid}/status").read_text()
-    threads = int(next(line for line in status.splitlines() if line.startswith("Threads:")).split()[1])
+    threads = int(
+        next(line for line in status.splitlines() if line.startswith("Threads:")).split()[1]
+    )
     return {"threads": threads, "fds": len(os.listdir(f"/proc/{pid}/fd"))}
 
 
@@ -169,36 +227,54 @@ async def one_round(url: str, args: argparse.Namespace, r: int) -> tuple[Counter
     hostile = hostile_requests(random.Random(seed), args.hostile, args.kinds)
     jobs = make_jobs(args.clients, args.valid, seed, 16, 64, 0.0)
     (outcomes, _), statuses = await asyncio.gather(
-        run_clients(url, jobs, args.timeout), hostile_round(url, hostile, args.concurrency, args.timeout))
+        run_clients(url, jobs, args.timeout),
+        hostile_round(url, hostile, args.concurrency, args.timeout),
+    )
     return Counter(o.error or "ok" for o in outcomes), statuses
 
 
 def run_rounds(url: str, pid: int | None, args: argparse.Namespace) -> list[dict]:
     rows = [{"round": 0, **rss_mib(pid), **proc_counts(pid)}]
-    print(f"round  seconds  VmRSS MiB  (delta)  VmHWM MiB  threads  fds   valid / hostile answers "
-          f"(load {os.getloadavg()[0]:.1f})")
+    print(
+        f"round  seconds  VmRSS MiB  (delta)  VmHWM MiB  threads  fds   valid / hostile answers "
+        f"(load {os.getloadavg()[0]:.1f})"
+    )
     print(f"{0:>5}  {'':>7}  {rows[0].get('VmRSS', 0):9.1f}")
     statuses_all: Counter = Counter()
     for r in range(1, args.rounds + 1):
         t0 = time.perf_counter()
         valid, statuses = asyncio.run(one_round(url, args, r))
         time.sleep(args.settle)
-        row = {"round": r, "seconds": time.perf_counter() - t0, **rss_mib(pid), **proc_counts(pid),
-               "valid": dict(valid), "hostile": {f"{k} {s}": n for (k, s), n in statuses.items()}}
+        row = {
+            "round": r,
+            "seconds": time.perf_counter() - t0,
+            **rss_mib(pid),
+            **proc_counts(pid),
+            "valid": dict(valid),
+            "hostile": {f"{k} {s}": n for (k, s), n in statuses.items()},
+        }
         rows.append(row)
         statuses_all.update(statuses)
         bad = {k: v for k, v in valid.items() if k != "ok"}
         delta = row.get("VmRSS", 0) - rows[-2].get("VmRSS", 0)
-        print(f"{r:>5}  {row['seconds']:7.1f}  {row.get('VmRSS', 0):9.1f}  ({delta:+6.1f})  {row.get('VmHWM', 0):9.1f}"
-              f"  {row.get('threads', 0):7}  {row.get('fds', 0):3}   ok {valid.get('ok', 0)} {bad or ''}"
-              f" / 5xx {sum(n for (_, s), n in statuses.items() if s.startswith('5'))}", flush=True)
+        print(
+            f"{r:>5}  {row['seconds']:7.1f}  {row.get('VmRSS', 0):9.1f}  ({delta:+6.1f})  {row.get('VmHWM', 0):9.1f}"
+            f"  {row.get('threads', 0):7}  {row.get('fds', 0):3}   ok {valid.get('ok', 0)} {bad or ''}"
+            f" / 5xx {sum(n for (_, s), n in statuses.items() if s.startswith('5'))}",
+            flush=True,
+        )
     by_status = Counter()
     for (kind, status), n in statuses_all.items():
         by_status[f"{kind}: {status}"] += n
-    print("hostile answers over all rounds: " + ", ".join(f"{k} x{v}" for k, v in sorted(by_status.items())))
+    print(
+        "hostile answers over all rounds: "
+        + ", ".join(f"{k} x{v}" for k, v in sorted(by_status.items()))
+    )
     rss = [row.get("VmRSS", 0.0) for row in rows[1:]]
-    half = rss[len(rss) // 2:]
-    print(f"growth per round: {slope(rss):+.2f} MiB over all rounds, {slope(half):+.2f} MiB over the second half")
+    half = rss[len(rss) // 2 :]
+    print(
+        f"growth per round: {slope(rss):+.2f} MiB over all rounds, {slope(half):+.2f} MiB over the second half"
+    )
     return rows
 
 
@@ -210,9 +286,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=32, help="hostile requests in flight at once")
     p.add_argument("--clients", type=int, default=4, help="valid clients per round")
     p.add_argument("--valid", type=int, default=4, help="valid requests per client per round")
-    p.add_argument("--kinds", type=lambda v: tuple(v.split(",")), default=(),
-                   help=f"hostile kinds to send, comma-separated (default: all of {', '.join(KINDS)})")
-    p.add_argument("--same-every-round", action="store_true", help="repeat round 1's requests (no new strings)")
+    p.add_argument(
+        "--kinds",
+        type=lambda v: tuple(v.split(",")),
+        default=(),
+        help=f"hostile kinds to send, comma-separated (default: all of {', '.join(KINDS)})",
+    )
+    p.add_argument(
+        "--same-every-round", action="store_true", help="repeat round 1's requests (no new strings)"
+    )
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--settle", type=float, default=1.0, help="seconds to wait before reading RSS")
     p.add_argument("--timeout", type=float, default=600)

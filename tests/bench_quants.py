@@ -62,10 +62,20 @@ def bench_int8_vs_float(w, rounds=5):
     best_t = [np.inf] * 4
     for _ in range(rounds):
         for k, path in enumerate(("int8", "float")):
-            best_t[k] = min(best_t[k], best(lambda p=path: quants.matvec(w, x[0], out, p), reps=20, min_time=0.05))
-            best_t[2 + k] = min(best_t[2 + k], best(lambda p=path: quants.matvec_multi(w, x, out4, p), reps=10,
-                                                      min_time=0.05))
-    return macs / best_t[0] / 1e9, macs / best_t[1] / 1e9, 4 * macs / best_t[2] / 1e9, 4 * macs / best_t[3] / 1e9
+            best_t[k] = min(
+                best_t[k],
+                best(lambda p=path: quants.matvec(w, x[0], out, p), reps=20, min_time=0.05),
+            )
+            best_t[2 + k] = min(
+                best_t[2 + k],
+                best(lambda p=path: quants.matvec_multi(w, x, out4, p), reps=10, min_time=0.05),
+            )
+    return (
+        macs / best_t[0] / 1e9,
+        macs / best_t[1] / 1e9,
+        4 * macs / best_t[2] / 1e9,
+        4 * macs / best_t[3] / 1e9,
+    )
 
 
 def decode_step(calls, ws, xs, outs, head):
@@ -76,7 +86,9 @@ def decode_step(calls, ws, xs, outs, head):
             quants.matvec_many([ws[a] for a in arg], xs[w0.n_cols], [outs[a] for a in arg])
         else:
             quants.matvec(ws[arg], xs[ws[arg].n_cols], outs[arg])
-    head_out = outs["token_embd.weight"] if head is ws["token_embd.weight"] else outs["output.weight"]
+    head_out = (
+        outs["token_embd.weight"] if head is ws["token_embd.weight"] else outs["output.weight"]
+    )
     quants.matvec(head, xs[head.n_cols], head_out)
 
 
@@ -85,19 +97,29 @@ def main():
     ap.add_argument("threads", nargs="?", type=int, default=2)
     ap.add_argument("--types", default="", help="comma-separated GGML type names (default: all)")
     ap.add_argument("--no-models", action="store_true", help="skip the starter-model decode steps")
-    ap.add_argument("--int8-vs-float", action="store_true",
-                    help="mat-vec GMAC/s of the int8 and the float path per type, nothing else")
+    ap.add_argument(
+        "--int8-vs-float",
+        action="store_true",
+        help="mat-vec GMAC/s of the int8 and the float path per type, nothing else",
+    )
     args = ap.parse_args()
     n = jit.set_num_threads(args.threads)
     wanted = {t.strip().upper() for t in args.types.split(",") if t.strip()}
-    print(f"threads: {n}, portable table lookup: {jit.PORTABLE_LUT}, decode path: {quants.default_decode_path()}")
+    print(
+        f"threads: {n}, portable table lookup: {jit.PORTABLE_LUT}, decode path: {quants.default_decode_path()}"
+    )
     if args.int8_vs_float:
-        print(f"{'type':6} {'shape':>12} {'1 tok int8':>11} {'float':>6} {'4 tok int8':>11} {'float':>6}  GMAC/s")
+        print(
+            f"{'type':6} {'shape':>12} {'1 tok int8':>11} {'float':>6} {'4 tok int8':>11} {'float':>6}  GMAC/s"
+        )
         for qt in ALL:
             if quants.QUANT_TYPES[qt].matvec_i8 is None or wanted and qt.name not in wanted:
                 continue
             r = bench_int8_vs_float(make_tensor(qt, 2048, 2048))
-            print(f"{qt.name:6} {'2048x2048':>12} {r[0]:11.1f} {r[1]:6.1f} {r[2]:11.1f} {r[3]:6.1f}", flush=True)
+            print(
+                f"{qt.name:6} {'2048x2048':>12} {r[0]:11.1f} {r[1]:6.1f} {r[2]:11.1f} {r[3]:6.1f}",
+                flush=True,
+            )
         return
     print(f"{'type':6} {'shape':>12} {'matvec GMAC/s':>14} {'x4 GMAC/s':>10} {'dequant Gw/s':>13}")
     for qt in ALL:
@@ -119,8 +141,10 @@ def main():
         total_t, total_macs, per_type = 0.0, 0, {}
         names = [n for n, ti in f.tensors.items() if len(ti.shape) == 2]
         ws = {tn: f.qtensor(tn) for tn in names}
-        xs = {w.n_cols: np.random.default_rng(0).standard_normal(w.n_cols).astype(np.float32)
-              for w in ws.values()}
+        xs = {
+            w.n_cols: np.random.default_rng(0).standard_normal(w.n_cols).astype(np.float32)
+            for w in ws.values()
+        }
         outs = {tn: np.empty(w.n_rows, np.float32) for tn, w in ws.items()}
         for tn, w in ws.items():
             x, out = xs[w.n_cols], outs[tn]
@@ -130,8 +154,10 @@ def main():
             a = per_type.setdefault(w.qtype.name, [0.0, 0])
             a[0] += t
             a[1] += w.n_rows * w.n_cols
-        print(f"\n{name}: decode-step weight time {total_t * 1e3:.2f} ms for {total_macs / 1e6:.0f} M MACs "
-              f"({total_macs / total_t / 1e9:.1f} GMAC/s, {len(names)} separate mat-vecs, best of each)")
+        print(
+            f"\n{name}: decode-step weight time {total_t * 1e3:.2f} ms for {total_macs / 1e6:.0f} M MACs "
+            f"({total_macs / total_t / 1e9:.1f} GMAC/s, {len(names)} separate mat-vecs, best of each)"
+        )
         for k, (t, m) in sorted(per_type.items()):
             print(f"   {k:6} {t * 1e3:7.2f} ms  {m / 1e6:7.1f} M MACs  {m / t / 1e9:6.1f} GMAC/s")
 
@@ -149,8 +175,11 @@ def main():
             calls.append(("one", p + "ffn_down.weight"))
         step = partial(decode_step, calls, ws, xs, outs, head)
         ts = [best(step, reps=3, min_time=0.05) for _ in range(3)]
-        print(f"   whole step back to back (fused QKV, gate/up; {len(calls) + 1} calls): "
-              f"{min(ts) * 1e3:.2f} ms")
+        print(
+            f"   whole step back to back (fused QKV, gate/up; {len(calls) + 1} calls): "
+            f"{min(ts) * 1e3:.2f} ms"
+        )
+
 
 if __name__ == "__main__":
     main()

@@ -42,8 +42,12 @@ def free_port() -> int:
 
 
 def start(argv: list[str], url: str, timeout: float = 180) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "engine", "serve", *argv], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "engine", "serve", *argv],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -66,10 +70,19 @@ def stop(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
-async def stream_one(client: httpx.AsyncClient, url: str, model: str, prompt: str, n: int) -> tuple[float, int]:
+async def stream_one(
+    client: httpx.AsyncClient, url: str, model: str, prompt: str, n: int
+) -> tuple[float, int]:
     """(time to first content, generated tokens) of one streamed chat request."""
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": n, "stream": True,
-            "temperature": 0, "ignore_eos": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": n,
+        "stream": True,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+    }
     t0 = time.perf_counter()
     ttft, tokens = float("nan"), 0
     async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
@@ -92,8 +105,12 @@ async def throughput(url: str, model: str, clients: int, requests: int, n: int) 
         await stream_one(client, url, model, "warm up", 8)
 
         async def one_client(i: int) -> int:
-            return sum([(await stream_one(client, url, model, f"Tell me a story number {i}-{k}.", n))[1]
-                        for k in range(requests)])
+            return sum(
+                [
+                    (await stream_one(client, url, model, f"Tell me a story number {i}-{k}.", n))[1]
+                    for k in range(requests)
+                ]
+            )
 
         t0 = time.perf_counter()
         tokens = sum(await asyncio.gather(*(one_client(i) for i in range(clients))))
@@ -103,7 +120,9 @@ async def throughput(url: str, model: str, clients: int, requests: int, n: int) 
 async def ttft(url: str, model: str, k: int = 10) -> float:
     async with httpx.AsyncClient(timeout=120) as client:
         await stream_one(client, url, model, "Hi", 1)
-        return statistics.median([(await stream_one(client, url, model, "Hi", 1))[0] for _ in range(k)])
+        return statistics.median(
+            [(await stream_one(client, url, model, "Hi", 1))[0] for _ in range(k)]
+        )
 
 
 def load(url: str, model: str) -> None:
@@ -133,36 +152,66 @@ def main(argv: list[str]) -> int:
     for threads in (2, 1):
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        proc = start(["-m", args.model, "-np", "4", "-t", str(threads), "-c", "4096", "--port", str(port)], url)
+        proc = start(
+            ["-m", args.model, "-np", "4", "-t", str(threads), "-c", "4096", "--port", str(port)],
+            url,
+        )
         try:
             name = Path(args.model).name
-            rows.append((f"single process, -np 4 -t {threads}",
-                         asyncio.run(throughput(url, name, args.clients, args.requests, args.n)),
-                         asyncio.run(ttft(url, name))))
+            rows.append(
+                (
+                    f"single process, -np 4 -t {threads}",
+                    asyncio.run(throughput(url, name, args.clients, args.requests, args.n)),
+                    asyncio.run(ttft(url, name)),
+                )
+            )
         finally:
             stop(proc)
 
     with tempfile.TemporaryDirectory() as d:
         preset = Path(d) / "preset.ini"
-        preset.write_text("[*]\nparallel = 4\nthreads = 1\nctx-size = 4096\n\n"
-                          f"[r1]\nmodel = {args.model}\n\n"
-                          f"[r2]\nmodel = {args.model}\nmin-replicas = 2\nmax-replicas = 2\n")
+        preset.write_text(
+            "[*]\nparallel = 4\nthreads = 1\nctx-size = 4096\n\n"
+            f"[r1]\nmodel = {args.model}\n\n"
+            f"[r2]\nmodel = {args.model}\nmin-replicas = 2\nmax-replicas = 2\n"
+        )
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         env_dir = Path(d) / "store"
         os.environ.setdefault("GGSTATION_MODELS_DIR", str(env_dir))
-        proc = start(["--ray", "--port", str(port), "--models-preset", str(preset), "--models-max", "1",
-                      "--no-models-autoload"], url)
+        proc = start(
+            [
+                "--ray",
+                "--port",
+                str(port),
+                "--models-preset",
+                str(preset),
+                "--models-max",
+                "1",
+                "--no-models-autoload",
+            ],
+            url,
+        )
         try:
-            for model, label in (("r1", "Ray Serve, 1 replica -np 4 -t 1"), ("r2", "Ray Serve, 2 replicas -np 4 -t 1")):
+            for model, label in (
+                ("r1", "Ray Serve, 1 replica -np 4 -t 1"),
+                ("r2", "Ray Serve, 2 replicas -np 4 -t 1"),
+            ):
                 load(url, model)
-                rows.append((label, asyncio.run(throughput(url, model, args.clients, args.requests, args.n)),
-                             asyncio.run(ttft(url, model))))
+                rows.append(
+                    (
+                        label,
+                        asyncio.run(throughput(url, model, args.clients, args.requests, args.n)),
+                        asyncio.run(ttft(url, model)),
+                    )
+                )
         finally:
             stop(proc)
 
-    print(f"\n{args.clients} streaming clients x {args.requests} requests x {args.n} tokens; "
-          f"{os.cpu_count()} CPUs; model {Path(args.model).name}")
+    print(
+        f"\n{args.clients} streaming clients x {args.requests} requests x {args.n} tokens; "
+        f"{os.cpu_count()} CPUs; model {Path(args.model).name}"
+    )
     print(f"{'server':40s} {'tokens/s':>9s} {'TTFT ms':>8s}")
     for label, tps, t in rows:
         print(f"{label:40s} {tps:9.1f} {t * 1e3:8.1f}")

@@ -69,9 +69,11 @@ def main() -> None:
         out = tok.decode(ids, skip_special=True)
         t5 = time.perf_counter()
         assert ids == ids2
-        print(f"{Path(path).name}: GGUFFile {t1 - t0:.2f} s, load_tokenizer {t2 - t1:.2f} s, "
-              f"encode {t3 - t2:.2f} s (CPU {c3 - c2:.2f} s; {len(ids)} tokens), again (warm cache) {t4 - t3:.2f} s, "
-              f"decode {t5 - t4:.2f} s, round trip {'ok' if out == text else 'DIFFERS'}")
+        print(
+            f"{Path(path).name}: GGUFFile {t1 - t0:.2f} s, load_tokenizer {t2 - t1:.2f} s, "
+            f"encode {t3 - t2:.2f} s (CPU {c3 - c2:.2f} s; {len(ids)} tokens), again (warm cache) {t4 - t3:.2f} s, "
+            f"decode {t5 - t4:.2f} s, round trip {'ok' if out == text else 'DIFFERS'}"
+        )
 
 
 if __name__ == "__main__":

@@ -33,11 +33,30 @@ from ggufgen_gptoss import write_tiny_gptoss  # noqa: E402
 
 BIN = "/tmp/lcp/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin/llama-server"
 PORT = 18089
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-             "type": "object", "properties": {"location": {"type": "string", "maxLength": 8}},
-             "required": ["location"]}}},
-         {"type": "function", "function": {"name": "search", "parameters": {
-             "type": "object", "properties": {"q": {"type": "integer"}}, "required": ["q"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"location": {"type": "string", "maxLength": 8}},
+                "required": ["location"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "parameters": {
+                "type": "object",
+                "properties": {"q": {"type": "integer"}},
+                "required": ["q"],
+            },
+        },
+    },
+]
 FORCED = [
     "<|channel|>analysis<|message|>User asks. Answer.<|end|><|start|>assistant<|channel|>final<|message|>Sunny.",
     "<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant<|channel|>final<|message|>Done.",
@@ -62,11 +81,23 @@ def compare(url: str, body: dict, tools: bool) -> str:
     if "choices" not in r:
         return f"llama-server refused the reply: {r['error']['message'][:70]}"
     msg, raw = r["choices"][0]["message"], r["__verbose"]["content"]
-    ours = parse_message(raw, tool_names={"get_weather", "search"}, parse_tools=tools,
-                         reasoning=body.get("reasoning_format") != "none", harmony=True)
-    theirs = (msg.get("content") or "", msg.get("reasoning_content") or "",
-              [(c["function"]["name"], c["function"]["arguments"]) for c in msg.get("tool_calls", [])])
-    same = theirs == (ours.content, ours.reasoning, [(c.name, c.arguments) for c in ours.tool_calls])
+    ours = parse_message(
+        raw,
+        tool_names={"get_weather", "search"},
+        parse_tools=tools,
+        reasoning=body.get("reasoning_format") != "none",
+        harmony=True,
+    )
+    theirs = (
+        msg.get("content") or "",
+        msg.get("reasoning_content") or "",
+        [(c["function"]["name"], c["function"]["arguments"]) for c in msg.get("tool_calls", [])],
+    )
+    same = theirs == (
+        ours.content,
+        ours.reasoning,
+        [(c.name, c.arguments) for c in ours.tool_calls],
+    )
     detail = "" if same else f"\n    llama: {theirs}\n    ours:  {ours}"
     return ("same  " if same else "DIFFERENT  ") + repr(raw[:90]) + detail
 
@@ -75,10 +106,16 @@ def main() -> None:
     server = sys.argv[1] if len(sys.argv) > 1 else BIN
     url = f"http://127.0.0.1:{PORT}"
     with tempfile.TemporaryDirectory() as tmp:
-        model = write_tiny_gptoss(Path(tmp) / "m.gguf", qtype=GGMLQuantizationType.F32, n_ctx_train=4096)
+        model = write_tiny_gptoss(
+            Path(tmp) / "m.gguf", qtype=GGMLQuantizationType.F32, n_ctx_train=4096
+        )
         env = {**os.environ, "LD_LIBRARY_PATH": str(Path(server).parent)}
-        proc = subprocess.Popen([server, "-m", str(model), "--port", str(PORT), "-np", "1", "-c", "4096", "-t", "1"],
-                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [server, "-m", str(model), "--port", str(PORT), "-np", "1", "-c", "4096", "-t", "1"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             for _ in range(100):
                 try:
@@ -87,15 +124,30 @@ def main() -> None:
                 except httpx.HTTPError:
                     pass
                 time.sleep(0.2)
-            base = {"messages": [{"role": "user", "content": "Weather?"}], "max_tokens": 300, "temperature": 0}
+            base = {
+                "messages": [{"role": "user", "content": "Weather?"}],
+                "max_tokens": 300,
+                "temperature": 0,
+            }
             for text in FORCED:
                 for fmt in ("auto", "none"):
-                    print(f"forced, reasoning {fmt}:", compare(url, {**base, "grammar": grammar(text),
-                                                                       "reasoning_format": fmt}, False))
-            end = httpx.post(url + "/tokenize", json={"content": "<|end|>", "parse_special": True}).json()["tokens"][0]
+                    print(
+                        f"forced, reasoning {fmt}:",
+                        compare(
+                            url, {**base, "grammar": grammar(text), "reasoning_format": fmt}, False
+                        ),
+                    )
+            end = httpx.post(
+                url + "/tokenize", json={"content": "<|end|>", "parse_special": True}
+            ).json()["tokens"][0]
             for i, bias in enumerate((8.0, 2.0, 0.0, 3.0)):
-                body = {**base, "messages": [{"role": "user", "content": "Weather?" * (i + 1)}], "tools": TOOLS,
-                        "tool_choice": "required", "logit_bias": [[end, bias]]}
+                body = {
+                    **base,
+                    "messages": [{"role": "user", "content": "Weather?" * (i + 1)}],
+                    "tools": TOOLS,
+                    "tool_choice": "required",
+                    "logit_bias": [[end, bias]],
+                }
                 print("tool_choice required:", compare(url, body, True))
         finally:
             proc.terminate()

@@ -60,15 +60,21 @@ def compare(model, ref, n_ubatch: int, decode_path: str) -> tuple[float, float, 
 
 
 def main(names: list[str]) -> None:
-    modes = {"float-prefill": (False, 512), "float-decode": (False, quants.MATVEC_MAX_TOKENS),
-             "int8-decode": (True, quants.MATVEC_MAX_TOKENS)}
+    modes = {
+        "float-prefill": (False, 512),
+        "float-decode": (False, quants.MATVEC_MAX_TOKENS),
+        "int8-decode": (True, quants.MATVEC_MAX_TOKENS),
+    }
     for name in names or list(MODELS):
         model = load_model(model_store.ensure(MODELS[name]))
         ref = json.loads((DATA / f"greedy-{name}.json").read_text(encoding="utf-8"))
         for mode, (int8, n_ubatch) in modes.items():
             mean, mx, flips, n = compare(model, ref, n_ubatch, "int8" if int8 else "float")
-            print(f"{name:8s} {mode:14s} top-10 log-prob error mean {mean:.4f} max {mx:.3f}, "
-                  f"greedy flips {flips}/{n}", flush=True)
+            print(
+                f"{name:8s} {mode:14s} top-10 log-prob error mean {mean:.4f} max {mx:.3f}, "
+                f"greedy flips {flips}/{n}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

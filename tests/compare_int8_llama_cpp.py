@@ -67,17 +67,42 @@ int main(int argc, char ** argv) {
 }
 """
 TOKENS = [5, 17, 42, 9, 100, 3, 77, 250, 31, 8, 64, 200, 12, 7, 150, 99]
-TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
-         "IQ4_NL", "IQ4_XS", "MXFP4_MOE"]
+TYPES = [
+    "Q4_0",
+    "Q4_1",
+    "Q5_0",
+    "Q5_1",
+    "Q8_0",
+    "Q2_K",
+    "Q3_K",
+    "Q4_K",
+    "Q5_K",
+    "Q6_K",
+    "IQ4_NL",
+    "IQ4_XS",
+    "MXFP4_MOE",
+]
 
 
 def build(llama_cpp: Path, lib_dir: Path, out: Path) -> Path:
     src = out / "harness.cpp"
     src.write_text(HARNESS)
     exe = out / "harness"
-    subprocess.run(["g++", "-O2", "-o", str(exe), str(src), f"-I{llama_cpp / 'include'}",
-                    f"-I{llama_cpp / 'ggml' / 'include'}", f"-L{lib_dir}", "-lllama",
-                    f"-Wl,-rpath,{lib_dir}"], check=True)
+    subprocess.run(
+        [
+            "g++",
+            "-O2",
+            "-o",
+            str(exe),
+            str(src),
+            f"-I{llama_cpp / 'include'}",
+            f"-I{llama_cpp / 'ggml' / 'include'}",
+            f"-L{lib_dir}",
+            "-lllama",
+            f"-Wl,-rpath,{lib_dir}",
+        ],
+        check=True,
+    )
     return exe
 
 
@@ -85,8 +110,9 @@ def ours(path: Path, int8: bool) -> np.ndarray:
     model = load_model(path, decode_path="int8" if int8 else "float")
     try:
         ctx = Context(model, ContextParams(n_ctx=64, type_k="f32", type_v="f32"))
-        return np.stack([ctx.decode(Batch.for_sequence([t], i))[0]
-                         for i, t in enumerate(TOKENS)]).astype(np.float64)
+        return np.stack(
+            [ctx.decode(Batch.for_sequence([t], i))[0] for i, t in enumerate(TOKENS)]
+        ).astype(np.float64)
     finally:
         model.close()
 
@@ -97,20 +123,27 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         exe = build(llama_cpp, lib_dir, work)
-        f32 = write_tiny_model(work / "f32.gguf", arch="llama", n_embd=256, n_ff=512,
-                               qtype=GGMLQuantizationType.F32)
-        print(f"{'type':10s} {'int8 median/worst':>18s} {'float median/worst':>19s}"
-              "   (max |ours - llama.cpp| / range, per token)")
+        f32 = write_tiny_model(
+            work / "f32.gguf", arch="llama", n_embd=256, n_ff=512, qtype=GGMLQuantizationType.F32
+        )
+        print(
+            f"{'type':10s} {'int8 median/worst':>18s} {'float median/worst':>19s}"
+            "   (max |ours - llama.cpp| / range, per token)"
+        )
         for name in TYPES:
             path = work / f"{name}.gguf"
-            q = subprocess.run([str(lib_dir / "llama-quantize"), "--pure", str(f32), str(path), name],
-                               capture_output=True, text=True)
+            q = subprocess.run(
+                [str(lib_dir / "llama-quantize"), "--pure", str(f32), str(path), name],
+                capture_output=True,
+                text=True,
+            )
             if q.returncode:
                 print(f"{name:10s} llama-quantize failed: {q.stderr.strip().splitlines()[-1:]}")
                 continue
             out = work / f"{name}.bin"
-            run = subprocess.run([str(exe), str(path), str(out), *map(str, TOKENS)], capture_output=True,
-                                 text=True)
+            run = subprocess.run(
+                [str(exe), str(path), str(out), *map(str, TOKENS)], capture_output=True, text=True
+            )
             if run.returncode:
                 print(f"{name:10s} llama.cpp failed (exit {run.returncode})")
                 continue

@@ -47,7 +47,7 @@ OURS = [
     "\U00020000\U0002a6df \uf900\ufa6e\ufa6f \u4e00\u9fff \u3400\u4dbf (中) 中a a中 '中",
     "def f(x):\n    return x**2 + 1  # comment\n\n\tpass\n",
     "for (int i = 0; i < n; ++i) { a[i] = b[i] * 2; } // done",
-    "<html><body class=\"x\">Hi</body></html> https://example.com/a?b=c&d=e#f path/to/file.py:12:34",
+    '<html><body class="x">Hi</body></html> https://example.com/a?b=c&d=e#f path/to/file.py:12:34',
     "（全角）！？ＡＢＣ１２３「引用」『二重』…—– ・ｶﾀｶﾅ",
     "<|im_start|>user\nhi<|im_end|> <sentinel:12> IMGIMGABZ ALLCAPS MiXeD CaSe ÀÉÎõü",
     "   \n  \n\n   x\r\r\n \t \u00a0\n",
@@ -58,7 +58,11 @@ OURS = [
 def corpus(llama_dir: Path) -> list[str]:
     texts = list(OURS)
     for name in ("ggml-vocab-gpt-2.gguf.inp", "ggml-vocab-qwen35.gguf.inp"):
-        for t in (llama_dir / "models" / name).read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n"):
+        for t in (
+            (llama_dir / "models" / name)
+            .read_text(encoding="utf-8")
+            .split("\n__ggml_vocab_test__\n")
+        ):
             if t not in texts:
                 texts.append(t)
     return texts
@@ -67,8 +71,22 @@ def corpus(llama_dir: Path) -> list[str]:
 def llama_ids(binary: Path, vocab: Path, text: str, tmp: Path) -> list[int]:
     f = tmp / "text.txt"
     f.write_bytes(text.encode("utf-8"))
-    out = subprocess.run([str(binary), "-m", str(vocab), "-f", str(f), "--ids", "--no-escape", "--no-parse-special",
-                          "--log-disable"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [
+            str(binary),
+            "-m",
+            str(vocab),
+            "-f",
+            str(f),
+            "--ids",
+            "--no-escape",
+            "--no-parse-special",
+            "--log-disable",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -112,9 +130,14 @@ def main() -> None:
             print(f"{name}: done", flush=True)
     print(f"{n_cmp} comparisons over {len(names)} names and {len(texts)} texts, {n_bad} differ")
     if "--check-only" not in sys.argv:
-        data = {"model": src.name, "source": "llama-tokenize (llama.cpp 0c1e570) via tests/compare_pretokenizers.py",
-                "results": rows}
-        OUT.write_text(json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
+        data = {
+            "model": src.name,
+            "source": "llama-tokenize (llama.cpp 0c1e570) via tests/compare_pretokenizers.py",
+            "results": rows,
+        }
+        OUT.write_text(
+            json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8"
+        )
         print(f"wrote {OUT} ({OUT.stat().st_size} bytes)")
 
 

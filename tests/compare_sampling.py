@@ -68,20 +68,52 @@ int main(int argc, char ** argv) {
 }
 """
 
-LETTERS = {"e": "penalties", "s": "top_n_sigma", "k": "top_k", "y": "typ_p", "p": "top_p",
-           "m": "min_p", "x": "xtc", "t": "temperature"}
-BASE = dict(order="eskypmxt", top_k=40, typ=1.0, top_p=0.95, min_p=0.05, temp=0.8, min_keep=0,
-            last_n=64, rep=1.0, freq=0.0, pres=0.0, nsigma=-1.0, xp=0.0, xt=0.1, dr=0.0, de=1.0)
+LETTERS = {
+    "e": "penalties",
+    "s": "top_n_sigma",
+    "k": "top_k",
+    "y": "typ_p",
+    "p": "top_p",
+    "m": "min_p",
+    "x": "xtc",
+    "t": "temperature",
+}
+BASE = dict(
+    order="eskypmxt",
+    top_k=40,
+    typ=1.0,
+    top_p=0.95,
+    min_p=0.05,
+    temp=0.8,
+    min_keep=0,
+    last_n=64,
+    rep=1.0,
+    freq=0.0,
+    pres=0.0,
+    nsigma=-1.0,
+    xp=0.0,
+    xt=0.1,
+    dr=0.0,
+    de=1.0,
+)
 CASES = [
-    {}, dict(temp=1.5), dict(top_k=0, top_p=1.0, min_p=0.0, temp=1.0),
-    dict(top_k=0, top_p=0.9, min_p=0.0, temp=1.0), dict(top_k=0, typ=0.8, top_p=1.0, min_p=0.0),
-    dict(typ=0.7, temp=1.2), dict(top_k=100, top_p=0.8, min_p=0.02, temp=2.0, min_keep=3),
-    dict(top_k=300, top_p=0.99, min_p=0.0, temp=1.0), dict(temp=0.0),
+    {},
+    dict(temp=1.5),
+    dict(top_k=0, top_p=1.0, min_p=0.0, temp=1.0),
+    dict(top_k=0, top_p=0.9, min_p=0.0, temp=1.0),
+    dict(top_k=0, typ=0.8, top_p=1.0, min_p=0.0),
+    dict(typ=0.7, temp=1.2),
+    dict(top_k=100, top_p=0.8, min_p=0.02, temp=2.0, min_keep=3),
+    dict(top_k=300, top_p=0.99, min_p=0.0, temp=1.0),
+    dict(temp=0.0),
     dict(rep=1.3, freq=0.2, pres=0.3, last_n=16, temp=1.0),
-    dict(nsigma=1.5, top_k=0, top_p=1.0, min_p=0.0, temp=1.0), dict(xp=0.5, xt=0.1, temp=1.0),
-    dict(xp=1.0, xt=0.05, temp=1.0, min_keep=2), dict(dr=0.5, temp=0.8),
+    dict(nsigma=1.5, top_k=0, top_p=1.0, min_p=0.0, temp=1.0),
+    dict(xp=0.5, xt=0.1, temp=1.0),
+    dict(xp=1.0, xt=0.05, temp=1.0, min_keep=2),
+    dict(dr=0.5, temp=0.8),
     dict(dr=1.0, de=2.0, temp=0.5, top_k=0, top_p=1.0, min_p=0.0),
-    dict(order="kpmte", rep=1.3, freq=0.1, pres=0.2, temp=1.0), dict(order="tkpm", temp=1.5),
+    dict(order="kpmte", rep=1.3, freq=0.1, pres=0.2, temp=1.0),
+    dict(order="tkpm", temp=1.5),
     dict(order="kxte", temp=0.0, xp=1.0, xt=0.2, rep=1.5),
     dict(top_k=0, top_p=1.0, min_p=0.0, nsigma=1.0, xp=1.0, xt=0.01, temp=1.0),
 ]
@@ -91,14 +123,27 @@ def build(llama_cpp: Path, lib_dir: Path, out: Path) -> Path:
     src = out / "harness.cpp"
     src.write_text(HARNESS)
     exe = out / "harness"
-    subprocess.run(["g++", "-O2", "-o", str(exe), str(src), f"-I{llama_cpp / 'include'}",
-                    f"-I{llama_cpp / 'ggml' / 'include'}", f"-L{lib_dir}", "-lllama",
-                    f"-Wl,-rpath,{lib_dir}"], check=True)
+    subprocess.run(
+        [
+            "g++",
+            "-O2",
+            "-o",
+            str(exe),
+            str(src),
+            f"-I{llama_cpp / 'include'}",
+            f"-I{llama_cpp / 'ggml' / 'include'}",
+            f"-L{lib_dir}",
+            "-lllama",
+            f"-Wl,-rpath,{lib_dir}",
+        ],
+        check=True,
+    )
     return exe
 
 
-def run_case(exe: Path, work: Path, seed: int, n_vocab: int, grid: float | None, kw: dict,
-             n_steps: int = 30) -> bool:
+def run_case(
+    exe: Path, work: Path, seed: int, n_vocab: int, grid: float | None, kw: dict, n_steps: int = 30
+) -> bool:
     p = {**BASE, **kw}
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(n_steps, n_vocab)) * 3
@@ -106,18 +151,57 @@ def run_case(exe: Path, work: Path, seed: int, n_vocab: int, grid: float | None,
     x = (np.round(x / grid) * grid if grid else x).astype(np.float32)
     x[:, rng.integers(0, n_vocab, 3)] = -np.inf  # banned tokens stay in llama.cpp's list
     x.tofile(work / "logits.bin")
-    keys = ("top_k", "typ", "top_p", "min_p", "temp", "min_keep", "last_n", "rep", "freq",
-            "pres", "nsigma", "xp", "xt", "dr", "de")
-    args = [str(exe), str(seed), p["order"], *(repr(p[k]) for k in keys), str(n_vocab),
-            str(n_steps), str(work / "logits.bin")]
-    want = [int(t) for t in subprocess.run(args, capture_output=True, text=True, check=True).stdout.split()]
-    s = make_sampler(SamplingParams(
-        temperature=p["temp"], top_k=p["top_k"], top_p=p["top_p"], min_p=p["min_p"],
-        typical_p=p["typ"], min_keep=p["min_keep"], repeat_last_n=p["last_n"],
-        repeat_penalty=p["rep"], frequency_penalty=p["freq"], presence_penalty=p["pres"],
-        top_n_sigma=p["nsigma"], xtc_probability=p["xp"], xtc_threshold=p["xt"],
-        dynatemp_range=p["dr"], dynatemp_exponent=p["de"],
-        samplers=tuple(LETTERS[c] for c in p["order"]), seed=seed))
+    keys = (
+        "top_k",
+        "typ",
+        "top_p",
+        "min_p",
+        "temp",
+        "min_keep",
+        "last_n",
+        "rep",
+        "freq",
+        "pres",
+        "nsigma",
+        "xp",
+        "xt",
+        "dr",
+        "de",
+    )
+    args = [
+        str(exe),
+        str(seed),
+        p["order"],
+        *(repr(p[k]) for k in keys),
+        str(n_vocab),
+        str(n_steps),
+        str(work / "logits.bin"),
+    ]
+    want = [
+        int(t)
+        for t in subprocess.run(args, capture_output=True, text=True, check=True).stdout.split()
+    ]
+    s = make_sampler(
+        SamplingParams(
+            temperature=p["temp"],
+            top_k=p["top_k"],
+            top_p=p["top_p"],
+            min_p=p["min_p"],
+            typical_p=p["typ"],
+            min_keep=p["min_keep"],
+            repeat_last_n=p["last_n"],
+            repeat_penalty=p["rep"],
+            frequency_penalty=p["freq"],
+            presence_penalty=p["pres"],
+            top_n_sigma=p["nsigma"],
+            xtc_probability=p["xp"],
+            xtc_threshold=p["xt"],
+            dynatemp_range=p["dr"],
+            dynatemp_exponent=p["de"],
+            samplers=tuple(LETTERS[c] for c in p["order"]),
+            seed=seed,
+        )
+    )
     history: list[int] = []
     for row in x:
         history.append(s.sample(row, history))

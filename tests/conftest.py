@@ -43,6 +43,7 @@ def _decode_path(request):
     yield
     quants.set_default_decode_path(was)
 
+
 # llama.cpp's own output on the starter models, copied byte for byte (tests/data/README.md).
 REFERENCE_DIR = Path(__file__).resolve().parent / "data"
 
@@ -97,9 +98,13 @@ def perf_figure(request):
         bound = f"<= {at_most}" if at_most is not None else f">= {at_least}"
         request.node.user_properties.append(("perf", (name, float(value), unit, bound)))
         if at_most is not None:
-            assert value <= at_most, f"{name}: {value:.3g} {unit}, over the loose bound {at_most} {unit}"
+            assert value <= at_most, (
+                f"{name}: {value:.3g} {unit}, over the loose bound {at_most} {unit}"
+            )
         if at_least is not None:
-            assert value >= at_least, f"{name}: {value:.3g} {unit}, under the bound {at_least} {unit}"
+            assert value >= at_least, (
+                f"{name}: {value:.3g} {unit}, under the bound {at_least} {unit}"
+            )
 
     return check
 
@@ -114,7 +119,9 @@ def ggstation(tmp_path_factory):
 
     path = tmp_path_factory.mktemp("tiny") / "tiny-llama.gguf"
     write_tiny_model(path, arch="llama")
-    p = ServeProcess(path, "-np", "2", "-c", "2048", "--metrics", "--alias", "tiny", "--api-key", "sekret")
+    p = ServeProcess(
+        path, "-np", "2", "-c", "2048", "--metrics", "--alias", "tiny", "--api-key", "sekret"
+    )
     try:
         p.wait_ready()
         yield p

@@ -26,7 +26,11 @@ CHATML = (
 
 
 def _bytes_to_unicode() -> dict[int, str]:
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -44,8 +48,20 @@ def _bpe_vocab():
     tokens += [b2u[b] for b in range(256)]
     types += [1] * 256
     merges = []
-    for a, b in [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("Ġ", "a"), ("e", "r"), ("o", "n"),
-                 ("Ġ", "s"), ("e", "n"), ("l", "l"), ("Ġ", "w"), ("o", "r")]:
+    for a, b in [
+        ("Ġ", "t"),
+        ("h", "e"),
+        ("Ġt", "he"),
+        ("i", "n"),
+        ("Ġ", "a"),
+        ("e", "r"),
+        ("o", "n"),
+        ("Ġ", "s"),
+        ("e", "n"),
+        ("l", "l"),
+        ("Ġ", "w"),
+        ("o", "r"),
+    ]:
         merges.append(f"{a} {b}")
         tokens.append(a + b)
         types.append(1)
@@ -59,8 +75,32 @@ def _spm_vocab():
     tokens += [f"<0x{b:02X}>" for b in range(256)]
     types += [6] * 256
     scores += [0.0] * 256
-    pieces = ["▁", "▁t", "▁the", "he", "in", "▁a", "er", "on", "▁s", "en", "ll", "▁w", "or",
-              "e", "t", "a", "o", "n", "s", "h", "l", "r", "w", "i"]
+    pieces = [
+        "▁",
+        "▁t",
+        "▁the",
+        "he",
+        "in",
+        "▁a",
+        "er",
+        "on",
+        "▁s",
+        "en",
+        "ll",
+        "▁w",
+        "or",
+        "e",
+        "t",
+        "a",
+        "o",
+        "n",
+        "s",
+        "h",
+        "l",
+        "r",
+        "w",
+        "i",
+    ]
     for i, p in enumerate(pieces):
         tokens.append(p)
         types.append(1)
@@ -93,12 +133,24 @@ OLMO3_WINDOW, OLMO3_PATTERN, OLMO3_YARN, OLMO3_ORIG_CTX = 6, [True, True, True, 
 PHI3_ORIG_CTX, PHI3_ROTARY = 32, 0.75
 
 
-def write_tiny_model(path, arch: str = "llama", n_layer: int | None = None, n_embd: int = 64, n_head: int = 4,
-                     n_head_kv: int = 2, n_ff: int = 128, head_dim: int | None = None,
-                     qtype: GGMLQuantizationType = GGMLQuantizationType.Q8_0, seed: int = 0,
-                     n_ctx_train: int = 256, chat_template: str | None = CHATML,
-                     rope_freqs: bool = False, split_max_tensors: int = 0, sliding: bool = False,
-                     granite_scales: dict[str, float] | None = None) -> Path:
+def write_tiny_model(
+    path,
+    arch: str = "llama",
+    n_layer: int | None = None,
+    n_embd: int = 64,
+    n_head: int = 4,
+    n_head_kv: int = 2,
+    n_ff: int = 128,
+    head_dim: int | None = None,
+    qtype: GGMLQuantizationType = GGMLQuantizationType.Q8_0,
+    seed: int = 0,
+    n_ctx_train: int = 256,
+    chat_template: str | None = CHATML,
+    rope_freqs: bool = False,
+    split_max_tensors: int = 0,
+    sliding: bool = False,
+    granite_scales: dict[str, float] | None = None,
+) -> Path:
     """Write a random tiny model of `arch` to `path`; returns the path. rope_freqs (llama): a
     Llama 3.1-style `rope_freqs.weight` of per-pair frequency divisors. split_max_tensors: write a
     split set (llama.cpp's gguf-split naming, `<stem>-00001-of-0000N.gguf` beside `path`) with at
@@ -154,8 +206,11 @@ def write_tiny_model(path, arch: str = "llama", n_layer: int | None = None, n_em
             w.add_rope_scaling_yarn_beta_slow(1.0)
     if arch == "granite":
         scales = GRANITE_SCALES if granite_scales is None else granite_scales
-        adders = {"embedding_scale": w.add_embedding_scale, "residual_scale": w.add_residual_scale,
-                  "attention_scale": w.add_attention_scale}
+        adders = {
+            "embedding_scale": w.add_embedding_scale,
+            "residual_scale": w.add_residual_scale,
+            "attention_scale": w.add_attention_scale,
+        }
         for key, add in adders.items():
             if key in scales:
                 add(scales[key])
@@ -179,7 +234,9 @@ def write_tiny_model(path, arch: str = "llama", n_layer: int | None = None, n_em
         ramp = np.linspace(0.0, 1.0, n_rot // 2)
         w.add_tensor("rope_factors_long.weight", (1.0 + 20.0 * ramp**2).astype(np.float32))
         w.add_tensor("rope_factors_short.weight", (1.0 + 0.5 * ramp).astype(np.float32))
-    if rope_freqs:  # divisors 1 (fastest pair) .. 8, steeper than Llama 3.1's so 22 positions show it
+    if (
+        rope_freqs
+    ):  # divisors 1 (fastest pair) .. 8, steeper than Llama 3.1's so 22 positions show it
         w.add_tensor("rope_freqs.weight", np.linspace(1.0, 8.0, head_dim // 2).astype(np.float32))
     for il in range(n_layer):
         p = f"blk.{il}."
@@ -274,7 +331,11 @@ def dequantize_to_f32(src, dst) -> Path:
         w.add_key_value(key, field.contents(), vtype, sub_type=sub)
     for t in r.tensors:
         shape = [int(x) for x in reversed(t.shape)]
-        data = np.asarray(t.data) if t.tensor_type == GGMLQuantizationType.F32 else dequantize(t.data, t.tensor_type)
+        data = (
+            np.asarray(t.data)
+            if t.tensor_type == GGMLQuantizationType.F32
+            else dequantize(t.data, t.tensor_type)
+        )
         w.add_tensor(t.name, np.ascontiguousarray(data, dtype=np.float32).reshape(shape))
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -289,8 +350,12 @@ def vocab_only_copy(src, dst, pre: str) -> Path:
     pre-tokenizer's own defaults apply. llama-tokenize and our tokenizer both load it."""
     from gguf import GGUFReader
 
-    drop = {"general.architecture", gguf.Keys.Tokenizer.PRE, gguf.Keys.Tokenizer.ADD_BOS,
-            gguf.Keys.Tokenizer.ADD_EOS}
+    drop = {
+        "general.architecture",
+        gguf.Keys.Tokenizer.PRE,
+        gguf.Keys.Tokenizer.ADD_BOS,
+        gguf.Keys.Tokenizer.ADD_EOS,
+    }
     r = GGUFReader(str(src))
     w = GGUFWriter(str(dst), r.fields["general.architecture"].contents())
     for key, field in r.fields.items():

@@ -21,17 +21,40 @@ from ggufgen import _bpe_vocab
 
 SLIDING_WINDOW = 4
 # o200k_harmony's special tokens (control), as gpt-oss files have them
-HARMONY_SPECIALS = ("<|startoftext|>", "<|return|>", "<|constrain|>", "<|channel|>", "<|start|>", "<|end|>",
-                    "<|message|>", "<|call|>")
+HARMONY_SPECIALS = (
+    "<|startoftext|>",
+    "<|return|>",
+    "<|constrain|>",
+    "<|channel|>",
+    "<|start|>",
+    "<|end|>",
+    "<|message|>",
+    "<|call|>",
+)
 TEMPLATE = Path(__file__).resolve().parent / "data" / "templates" / "openai-gpt-oss-120b.jinja"
 YARN_FACTOR, YARN_ORIG_CTX = 4.0, 16
 
 
-def write_tiny_gptoss(path, *, n_layer: int = 4, n_embd: int = 64, n_head: int = 8, n_head_kv: int = 2,
-                      head_dim: int = 16, n_expert: int = 4, n_expert_used: int = 2, n_ff_exp: int = 32,
-                      qtype: GGMLQuantizationType = GGMLQuantizationType.Q8_0, seed: int = 0,
-                      sinks: bool = True, yarn: bool = True, sliding_window: int = SLIDING_WINDOW,
-                      rope_base: float = 10000.0, n_ctx_train: int = 256, skip: tuple[str, ...] = ()) -> Path:
+def write_tiny_gptoss(
+    path,
+    *,
+    n_layer: int = 4,
+    n_embd: int = 64,
+    n_head: int = 8,
+    n_head_kv: int = 2,
+    head_dim: int = 16,
+    n_expert: int = 4,
+    n_expert_used: int = 2,
+    n_ff_exp: int = 32,
+    qtype: GGMLQuantizationType = GGMLQuantizationType.Q8_0,
+    seed: int = 0,
+    sinks: bool = True,
+    yarn: bool = True,
+    sliding_window: int = SLIDING_WINDOW,
+    rope_base: float = 10000.0,
+    n_ctx_train: int = 256,
+    skip: tuple[str, ...] = (),
+) -> Path:
     """Write the model to `path` and return it. sinks=False writes sink logits of -1e4 (no
     effect); yarn=False leaves out the rope scaling keys; sliding_window as written; `skip`:
     metadata keys (without the "gpt-oss." prefix) and tensor names to leave out."""
@@ -87,7 +110,9 @@ def write_tiny_gptoss(path, *, n_layer: int = 4, n_embd: int = 64, n_head: int =
         tensor(p + "attn_output.weight", normal(n_embd, q_dim))
         tensor(p + "attn_output.bias", normal(n_embd, scale=0.1))
         # sinks around the scores' size, so some heads give the sink most of the mass
-        tensor(p + "attn_sinks.weight", normal(n_head, scale=1.5) if sinks else np.full(n_head, -1e4))
+        tensor(
+            p + "attn_sinks.weight", normal(n_head, scale=1.5) if sinks else np.full(n_head, -1e4)
+        )
         tensor(p + "post_attention_norm.weight", normal(n_embd, scale=0.05, base=1.0))
         tensor(p + "ffn_gate_inp.weight", normal(n_expert, n_embd, scale=0.3))
         tensor(p + "ffn_gate_inp.bias", normal(n_expert, scale=0.5))

@@ -25,11 +25,25 @@ _KQ_F16 = {T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
 MOE_ARCHS = ("qwen3moe", "qwen2moe")
 
 
-def write_tiny_moe(path, arch: str = "qwen3moe", n_layer: int = 2, n_embd: int = 64, n_head: int = 4,
-                   n_head_kv: int = 2, n_ff: int = 96, n_expert: int = 8, n_expert_used: int = 2,
-                   n_ff_exp: int = 32, n_ff_shexp: int = 64, qtype: T = T.Q8_0, expert_qtype: T | None = None,
-                   seed: int = 0, n_ctx_train: int = 256, omit: tuple[str, ...] = (),
-                   keys: dict | None = None) -> Path:
+def write_tiny_moe(
+    path,
+    arch: str = "qwen3moe",
+    n_layer: int = 2,
+    n_embd: int = 64,
+    n_head: int = 4,
+    n_head_kv: int = 2,
+    n_ff: int = 96,
+    n_expert: int = 8,
+    n_expert_used: int = 2,
+    n_ff_exp: int = 32,
+    n_ff_shexp: int = 64,
+    qtype: T = T.Q8_0,
+    expert_qtype: T | None = None,
+    seed: int = 0,
+    n_ctx_train: int = 256,
+    omit: tuple[str, ...] = (),
+    keys: dict | None = None,
+) -> Path:
     """Write a random tiny MoE model; returns the path.
 
     expert_qtype: type of the expert tensors (default qtype; K-quants get random blocks).
@@ -50,8 +64,11 @@ def write_tiny_moe(path, arch: str = "qwen3moe", n_layer: int = 2, n_embd: int =
     w.add_head_count_kv(n_head_kv)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(10000.0)
-    counts = {"expert_count": n_expert, "expert_used_count": n_expert_used,
-              "expert_feed_forward_length": n_ff_exp} | keys
+    counts = {
+        "expert_count": n_expert,
+        "expert_used_count": n_expert_used,
+        "expert_feed_forward_length": n_ff_exp,
+    } | keys
     for k, v in counts.items():
         if v is not None:
             w.add_uint32(f"{arch}.{k}", v)

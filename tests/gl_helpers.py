@@ -18,7 +18,9 @@ def gl_device() -> GLDevice:
         pytest.skip(f"no OpenGL 4.3 context: {e}")
 
 
-def run_on_scratch(dev: GLDevice, arrays: list[np.ndarray], fn, extra: tuple = ()) -> list[np.ndarray]:
+def run_on_scratch(
+    dev: GLDevice, arrays: list[np.ndarray], fn, extra: tuple = ()
+) -> list[np.ndarray]:
     """Put float32 arrays one after another in a scratch buffer, call fn(scratch, offsets,
     *extra) on the GL thread, and return the arrays as they are afterwards."""
     offs, at = [], 0

@@ -20,7 +20,9 @@ from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 from gguf.quants import quantize
 
 
-def valid_gguf(path: str | Path, *, alignment: int | None = None, extra_kv: dict | None = None) -> Path:
+def valid_gguf(
+    path: str | Path, *, alignment: int | None = None, extra_kv: dict | None = None
+) -> Path:
     """Writes the small valid base file and returns its path."""
     path = Path(path)
     w = GGUFWriter(str(path), "llama")
@@ -128,13 +130,19 @@ CASES: dict[str, tuple[Callable[[bytes], bytes], str]] = {
     "version_1": (lambda d: _put(d, 4, "<I", 1), "unsupported GGUF version 1"),
     "version_99": (lambda d: _put(d, 4, "<I", 99), "unsupported GGUF version 99"),
     "big_endian": (lambda d: _put(d, 4, ">I", 3), "big-endian GGUF files are not supported"),
-    "absurd_tensor_count": (lambda d: _put(d, 8, "<Q", 1 << 40), "absurd tensor count 1099511627776"),
+    "absurd_tensor_count": (
+        lambda d: _put(d, 8, "<Q", 1 << 40),
+        "absurd tensor count 1099511627776",
+    ),
     "absurd_kv_count": (
         lambda d: _put(d, 16, "<Q", (1 << 64) - 1),
         "absurd metadata key/value count 18446744073709551615",
     ),
     "kv_count_too_high": (lambda d: _put(d, 16, "<Q", 9), "key of metadata entry 8 at offset"),
-    "string_item_runs_to_eof": (_string_item_to_eof, "truncated: length of item 1 of 'tokenizer.ggml.tokens'"),
+    "string_item_runs_to_eof": (
+        _string_item_to_eof,
+        "truncated: length of item 1 of 'tokenizer.ggml.tokens'",
+    ),
     "absurd_key_length": (
         lambda d: _put(d, 24, "<Q", 1 << 50),
         "key of metadata entry 0 at offset 24 has absurd length 1125899906842624",
@@ -164,35 +172,80 @@ CASES: dict[str, tuple[Callable[[bytes], bytes], str]] = {
         "metadata key 'tokenizer.ggml.scores' has unknown value type 77",
     ),
     "nested_array": (
-        lambda d: _put(d, key_offset(d, "tokenizer.ggml.scores") + 4, "<I", int(GGUFValueType.ARRAY)),
+        lambda d: _put(
+            d, key_offset(d, "tokenizer.ggml.scores") + 4, "<I", int(GGUFValueType.ARRAY)
+        ),
         "'tokenizer.ggml.scores' is a nested array",
     ),
-    "duplicate_key": (lambda d: _replace_once(d, b"test.key_b", b"test.key_a"), "duplicate metadata key 'test.key_a'"),
-    "invalid_utf8_key": (lambda d: _replace_once(d, b"test.key_b", b"test.key_\xff"), "is not valid UTF-8"),
+    "duplicate_key": (
+        lambda d: _replace_once(d, b"test.key_b", b"test.key_a"),
+        "duplicate metadata key 'test.key_a'",
+    ),
+    "invalid_utf8_key": (
+        lambda d: _replace_once(d, b"test.key_b", b"test.key_\xff"),
+        "is not valid UTF-8",
+    ),
     "missing_architecture": (
         lambda d: _replace_once(d, b"general.architecture", b"general.architecturx"),
         "missing required metadata key 'general.architecture'",
     ),
-    "duplicate_tensor": (lambda d: _replace_once(d, b"tensor_c", b"tensor_a"), "duplicate tensor name 'tensor_a'"),
-    "n_dims_5": (_tensor_field("tensor_b", "n_dims", "<I", 5), "tensor 'tensor_b' has 5 dimensions (must be 1..4)"),
-    "n_dims_0": (_tensor_field("tensor_b", "n_dims", "<I", 0), "tensor 'tensor_b' has 0 dimensions"),
-    "n_dims_absurd": (_tensor_field("tensor_a", "n_dims", "<I", 0xFFFFFFFF), "has 4294967295 dimensions"),
-    "zero_dim": (_tensor_field("tensor_a", "dims", "<Q", 0), "tensor 'tensor_a' has invalid shape [0, 4]"),
-    "negative_dim": (_tensor_field("tensor_a", "dims", "<q", -32), "tensor 'tensor_a' has invalid shape [-32, 4]"),
+    "duplicate_tensor": (
+        lambda d: _replace_once(d, b"tensor_c", b"tensor_a"),
+        "duplicate tensor name 'tensor_a'",
+    ),
+    "n_dims_5": (
+        _tensor_field("tensor_b", "n_dims", "<I", 5),
+        "tensor 'tensor_b' has 5 dimensions (must be 1..4)",
+    ),
+    "n_dims_0": (
+        _tensor_field("tensor_b", "n_dims", "<I", 0),
+        "tensor 'tensor_b' has 0 dimensions",
+    ),
+    "n_dims_absurd": (
+        _tensor_field("tensor_a", "n_dims", "<I", 0xFFFFFFFF),
+        "has 4294967295 dimensions",
+    ),
+    "zero_dim": (
+        _tensor_field("tensor_a", "dims", "<Q", 0),
+        "tensor 'tensor_a' has invalid shape [0, 4]",
+    ),
+    "negative_dim": (
+        _tensor_field("tensor_a", "dims", "<q", -32),
+        "tensor 'tensor_a' has invalid shape [-32, 4]",
+    ),
     "huge_dims": (
-        lambda d: _put(_tensor_field("tensor_a", "dims", "<Q", 1 << 62)(d),
-                       tensor_info_offsets(d, "tensor_a")["dims"] + 8, "<Q", 1 << 62),
+        lambda d: _put(
+            _tensor_field("tensor_a", "dims", "<Q", 1 << 62)(d),
+            tensor_info_offsets(d, "tensor_a")["dims"] + 8,
+            "<Q",
+            1 << 62,
+        ),
         "has too many elements",
     ),
-    "huge_tensor": (_tensor_field("tensor_c", "dims", "<Q", 1 << 40), "tensor 'tensor_c' data (offset"),
-    "unknown_type": (_tensor_field("tensor_b", "type", "<I", 99), "tensor 'tensor_b' has unknown type id 99"),
-    "removed_type_q4_2": (_tensor_field("tensor_b", "type", "<I", 4), "tensor 'tensor_b' has unknown type id 4"),
+    "huge_tensor": (
+        _tensor_field("tensor_c", "dims", "<Q", 1 << 40),
+        "tensor 'tensor_c' data (offset",
+    ),
+    "unknown_type": (
+        _tensor_field("tensor_b", "type", "<I", 99),
+        "tensor 'tensor_b' has unknown type id 99",
+    ),
+    "removed_type_q4_2": (
+        _tensor_field("tensor_b", "type", "<I", 4),
+        "tensor 'tensor_b' has unknown type id 4",
+    ),
     "row_not_multiple_of_block": (
         _tensor_field("tensor_b", "dims", "<Q", 48),
         "row length 48 is not a multiple of the Q8_0 block size 32",
     ),
-    "offset_past_eof": (_tensor_field("tensor_c", "offset", "<Q", 1 << 40), "tensor 'tensor_c' data (offset"),
-    "offset_max": (_tensor_field("tensor_c", "offset", "<Q", (1 << 64) - 32), "extends past the end of the file"),
+    "offset_past_eof": (
+        _tensor_field("tensor_c", "offset", "<Q", 1 << 40),
+        "tensor 'tensor_c' data (offset",
+    ),
+    "offset_max": (
+        _tensor_field("tensor_c", "offset", "<Q", (1 << 64) - 32),
+        "extends past the end of the file",
+    ),
     "misaligned": (
         _tensor_offset_delta("tensor_b", 4),
         "tensor 'tensor_b' data offset 516 is not a multiple of the alignment 32",
@@ -204,25 +257,35 @@ CASES: dict[str, tuple[Callable[[bytes], bytes], str]] = {
 
 def _bad_alignment(value: int, vtype: GGUFValueType) -> Callable[[Path], bytes]:
     def build(tmp: Path) -> bytes:
-        return valid_gguf(tmp / "align-base.gguf", extra_kv={"general.alignment": (value, vtype)}).read_bytes()
+        return valid_gguf(
+            tmp / "align-base.gguf", extra_kv={"general.alignment": (value, vtype)}
+        ).read_bytes()
 
     return build
 
 
 def _architecture_not_string(tmp: Path) -> bytes:
-    d = valid_gguf(tmp / "arch-base.gguf", extra_kv={"test.architecture___": (7, GGUFValueType.UINT32)}).read_bytes()
+    d = valid_gguf(
+        tmp / "arch-base.gguf", extra_kv={"test.architecture___": (7, GGUFValueType.UINT32)}
+    ).read_bytes()
     d = _replace_once(d, b"general.architecture", b"general.architecturx")
     return _replace_once(d, b"test.architecture___", b"general.architecture")
 
 
 # Cases that need a different base file: built from scratch by the function.
 BUILT_CASES: dict[str, tuple[Callable[[Path], bytes], str]] = {
-    "architecture_not_string": (_architecture_not_string, "metadata key 'general.architecture' should be a string"),
+    "architecture_not_string": (
+        _architecture_not_string,
+        "metadata key 'general.architecture' should be a string",
+    ),
     "alignment_not_power_of_two": (
         _bad_alignment(48, GGUFValueType.UINT32),
         "general.alignment must be a power of two, got 48",
     ),
-    "alignment_zero": (_bad_alignment(0, GGUFValueType.UINT32), "general.alignment must be a power of two, got 0"),
+    "alignment_zero": (
+        _bad_alignment(0, GGUFValueType.UINT32),
+        "general.alignment must be a power of two, got 0",
+    ),
     "alignment_float": (
         _bad_alignment(32.0, GGUFValueType.FLOAT32),
         "general.alignment must be a power of two, got 32.0",
@@ -260,9 +323,19 @@ def write_corpus(directory: str | Path) -> dict[str, tuple[Path, str]]:
 FUZZ_ARCHS = ("llama", "gemma3", "phi3")
 DEFAULT_ALIGNMENT = 32
 _T = GGUFValueType
-_SCALAR_FMT = {_T.UINT8: "<B", _T.INT8: "<b", _T.UINT16: "<H", _T.INT16: "<h", _T.UINT32: "<I",
-               _T.INT32: "<i", _T.FLOAT32: "<f", _T.BOOL: "<?", _T.UINT64: "<Q", _T.INT64: "<q",
-               _T.FLOAT64: "<d"}
+_SCALAR_FMT = {
+    _T.UINT8: "<B",
+    _T.INT8: "<b",
+    _T.UINT16: "<H",
+    _T.INT16: "<h",
+    _T.UINT32: "<I",
+    _T.INT32: "<i",
+    _T.FLOAT32: "<f",
+    _T.BOOL: "<?",
+    _T.UINT64: "<Q",
+    _T.INT64: "<q",
+    _T.FLOAT64: "<d",
+}
 
 
 class KV:
@@ -274,18 +347,33 @@ class KV:
 
 class TensorEntry:
     def __init__(self, name: str, dims: list[int], ttype: int, offset: int):
-        self.name, self.dims, self.ttype, self.offset = name, dims, ttype, offset  # offset: data-relative
+        self.name, self.dims, self.ttype, self.offset = (
+            name,
+            dims,
+            ttype,
+            offset,
+        )  # offset: data-relative
 
 
 class Layout:
     """A GGUF taken apart: entries, tensor infos and the tensor data blob."""
 
-    def __init__(self, version: int, kvs: list[KV], tensors: list[TensorEntry], data: bytes, alignment: int):
-        self.version, self.kvs, self.tensors, self.data, self.alignment = version, kvs, tensors, data, alignment
+    def __init__(
+        self, version: int, kvs: list[KV], tensors: list[TensorEntry], data: bytes, alignment: int
+    ):
+        self.version, self.kvs, self.tensors, self.data, self.alignment = (
+            version,
+            kvs,
+            tensors,
+            data,
+            alignment,
+        )
 
     def copy(self) -> Layout:
-        kvs = [KV(k.key, k.vtype, list(k.value) if isinstance(k.value, list) else k.value, k.item_type)
-               for k in self.kvs]
+        kvs = [
+            KV(k.key, k.vtype, list(k.value) if isinstance(k.value, list) else k.value, k.item_type)
+            for k in self.kvs
+        ]
         ts = [TensorEntry(t.name, list(t.dims), t.ttype, t.offset) for t in self.tensors]
         return Layout(self.version, kvs, ts, self.data, self.alignment)
 
@@ -341,7 +429,9 @@ def _pack_value(vtype: int, value) -> bytes:
 
 def build_layout(layout: Layout) -> bytes:
     """The GGUF bytes of `layout`: header, entries, tensor infos, padding, data."""
-    out = bytearray(struct.pack("<4sIQQ", b"GGUF", layout.version, len(layout.tensors), len(layout.kvs)))
+    out = bytearray(
+        struct.pack("<4sIQQ", b"GGUF", layout.version, len(layout.tensors), len(layout.kvs))
+    )
     for k in layout.kvs:
         out += _pack_value(_T.STRING, k.key) + struct.pack("<I", k.vtype)
         if k.vtype == _T.ARRAY:
@@ -351,7 +441,9 @@ def build_layout(layout: Layout) -> bytes:
             out += _pack_value(k.vtype, k.value)
     for t in layout.tensors:
         out += _pack_value(_T.STRING, t.name) + struct.pack("<I", len(t.dims))
-        out += b"".join(struct.pack("<Q", d) for d in t.dims) + struct.pack("<IQ", t.ttype, t.offset)
+        out += b"".join(struct.pack("<Q", d) for d in t.dims) + struct.pack(
+            "<IQ", t.ttype, t.offset
+        )
     out += bytes(-len(out) % layout.alignment)
     return bytes(out) + layout.data
 
@@ -359,31 +451,81 @@ def build_layout(layout: Layout) -> bytes:
 _NAN, _INF = float("nan"), float("inf")
 # (value type, value, item type): values of every type, the awkward ones of each
 ODD_VALUES = [
-    (_T.STRING, "", None), (_T.STRING, "x", None), (_T.STRING, "4096", None), (_T.STRING, "llama", None),
-    (_T.UINT8, 255, None), (_T.INT8, -128, None), (_T.UINT16, 65535, None), (_T.INT16, -1, None),
-    (_T.UINT32, 0, None), (_T.UINT32, 1, None), (_T.UINT32, 3, None), (_T.UINT32, 2**31, None),
-    (_T.UINT32, 2**32 - 1, None), (_T.INT32, -1, None), (_T.INT32, -(2**31), None),
-    (_T.UINT64, 2**63, None), (_T.UINT64, 2**64 - 1, None), (_T.INT64, -1, None), (_T.INT64, 2**40, None),
+    (_T.STRING, "", None),
+    (_T.STRING, "x", None),
+    (_T.STRING, "4096", None),
+    (_T.STRING, "llama", None),
+    (_T.UINT8, 255, None),
+    (_T.INT8, -128, None),
+    (_T.UINT16, 65535, None),
+    (_T.INT16, -1, None),
+    (_T.UINT32, 0, None),
+    (_T.UINT32, 1, None),
+    (_T.UINT32, 3, None),
+    (_T.UINT32, 2**31, None),
+    (_T.UINT32, 2**32 - 1, None),
+    (_T.INT32, -1, None),
+    (_T.INT32, -(2**31), None),
+    (_T.UINT64, 2**63, None),
+    (_T.UINT64, 2**64 - 1, None),
+    (_T.INT64, -1, None),
+    (_T.INT64, 2**40, None),
     (_T.INT64, -(2**63), None),
-    (_T.FLOAT32, _NAN, None), (_T.FLOAT32, _INF, None), (_T.FLOAT32, -_INF, None), (_T.FLOAT32, -1.0, None),
-    (_T.FLOAT32, 0.0, None), (_T.FLOAT32, 1.5, None), (_T.FLOAT32, 3.4e38, None), (_T.FLOAT32, 1e-45, None),
-    (_T.FLOAT64, 1e300, None), (_T.FLOAT64, _NAN, None), (_T.BOOL, True, None), (_T.BOOL, False, None),
-    (_T.ARRAY, [], _T.STRING), (_T.ARRAY, [], _T.INT32), (_T.ARRAY, ["a", "b"], _T.STRING),
-    (_T.ARRAY, [1, 2, 3], _T.INT32), (_T.ARRAY, [_NAN, 1.0], _T.FLOAT32), (_T.ARRAY, [2**63], _T.UINT64),
-    (_T.ARRAY, [-5], _T.INT64), (_T.ARRAY, [True, False], _T.BOOL), (_T.ARRAY, [255] * 4, _T.UINT8),
+    (_T.FLOAT32, _NAN, None),
+    (_T.FLOAT32, _INF, None),
+    (_T.FLOAT32, -_INF, None),
+    (_T.FLOAT32, -1.0, None),
+    (_T.FLOAT32, 0.0, None),
+    (_T.FLOAT32, 1.5, None),
+    (_T.FLOAT32, 3.4e38, None),
+    (_T.FLOAT32, 1e-45, None),
+    (_T.FLOAT64, 1e300, None),
+    (_T.FLOAT64, _NAN, None),
+    (_T.BOOL, True, None),
+    (_T.BOOL, False, None),
+    (_T.ARRAY, [], _T.STRING),
+    (_T.ARRAY, [], _T.INT32),
+    (_T.ARRAY, ["a", "b"], _T.STRING),
+    (_T.ARRAY, [1, 2, 3], _T.INT32),
+    (_T.ARRAY, [_NAN, 1.0], _T.FLOAT32),
+    (_T.ARRAY, [2**63], _T.UINT64),
+    (_T.ARRAY, [-5], _T.INT64),
+    (_T.ARRAY, [True, False], _T.BOOL),
+    (_T.ARRAY, [255] * 4, _T.UINT8),
 ]
 # Keys the engine reads that a model may lack ("{a}" is the architecture): added with odd values.
 OPTIONAL_KEYS = [
-    "{a}.vocab_size", "{a}.attention.key_length", "{a}.attention.value_length",
-    "{a}.attention.head_count_kv", "{a}.rope.dimension_count", "{a}.rope.scaling.type",
-    "{a}.rope.scaling.factor", "{a}.rope.scaling.attn_factor", "{a}.rope.freq_base_swa",
-    "{a}.rope.scaling.original_context_length", "{a}.attention.sliding_window",
-    "{a}.attention.sliding_window_pattern", "{a}.attn_logit_softcapping", "{a}.final_logit_softcapping",
-    "general.alignment", "general.file_type", "general.name", "tokenizer.ggml.add_bos_token",
-    "tokenizer.ggml.add_eos_token", "tokenizer.ggml.add_space_prefix", "tokenizer.ggml.eos_token_id",
-    "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.unknown_token_id",
-    "tokenizer.ggml.padding_token_id", "tokenizer.ggml.pre", "tokenizer.ggml.model",
-    "tokenizer.chat_template", "tokenizer.ggml.scores", "tokenizer.ggml.token_type", "tokenizer.ggml.merges",
+    "{a}.vocab_size",
+    "{a}.attention.key_length",
+    "{a}.attention.value_length",
+    "{a}.attention.head_count_kv",
+    "{a}.rope.dimension_count",
+    "{a}.rope.scaling.type",
+    "{a}.rope.scaling.factor",
+    "{a}.rope.scaling.attn_factor",
+    "{a}.rope.freq_base_swa",
+    "{a}.rope.scaling.original_context_length",
+    "{a}.attention.sliding_window",
+    "{a}.attention.sliding_window_pattern",
+    "{a}.attn_logit_softcapping",
+    "{a}.final_logit_softcapping",
+    "general.alignment",
+    "general.file_type",
+    "general.name",
+    "tokenizer.ggml.add_bos_token",
+    "tokenizer.ggml.add_eos_token",
+    "tokenizer.ggml.add_space_prefix",
+    "tokenizer.ggml.eos_token_id",
+    "tokenizer.ggml.bos_token_id",
+    "tokenizer.ggml.eot_token_id",
+    "tokenizer.ggml.unknown_token_id",
+    "tokenizer.ggml.padding_token_id",
+    "tokenizer.ggml.pre",
+    "tokenizer.ggml.model",
+    "tokenizer.chat_template",
+    "tokenizer.ggml.scores",
+    "tokenizer.ggml.token_type",
+    "tokenizer.ggml.merges",
 ]
 ODD_DIMS = [0, 1, 2, 31, 33, 64, 1 << 20, 1 << 40, 2**63, 2**64 - 1]
 ODD_U64 = [0, 1, 2**31, 2**32 - 1, 2**63, 2**64 - 1]
@@ -397,7 +539,9 @@ def fuzz_bases(directory: str | Path) -> dict[str, tuple[bytes, Layout]]:
     directory.mkdir(parents=True, exist_ok=True)
     out = {}
     for arch in FUZZ_ARCHS:
-        data = write_tiny_model(directory / f"fuzz-base-{arch}.gguf", arch=arch, n_layer=2).read_bytes()
+        data = write_tiny_model(
+            directory / f"fuzz-base-{arch}.gguf", arch=arch, n_layer=2
+        ).read_bytes()
         out[arch] = (data, parse_layout(data))
     return out
 
@@ -412,15 +556,22 @@ def _mutate_array(rng, kv: KV) -> str:
     elif op == "extend":
         kv.value = kv.value + kv.value[: rng.randint(1, 4)]
     elif op == "retype":  # same items, another item type (numbers as strings, strings as lengths)
-        kv.item_type, kv.value = rng.choice([
-            (_T.STRING, [str(v) for v in kv.value]), (_T.INT32, [len(str(v)) for v in kv.value]),
-            (_T.FLOAT32, [float(len(str(v))) for v in kv.value]), (_T.BOOL, [True] * n),
-            (_T.UINT64, [2**63] * n), (_T.INT8, [-1] * n),
-        ])
+        kv.item_type, kv.value = rng.choice(
+            [
+                (_T.STRING, [str(v) for v in kv.value]),
+                (_T.INT32, [len(str(v)) for v in kv.value]),
+                (_T.FLOAT32, [float(len(str(v))) for v in kv.value]),
+                (_T.BOOL, [True] * n),
+                (_T.UINT64, [2**63] * n),
+                (_T.INT8, [-1] * n),
+            ]
+        )
     elif op == "odd_item":
         i = rng.randrange(n)
         if kv.item_type == _T.STRING:
-            kv.value[i] = rng.choice(["", " ", "a", kv.value[0], "\ud800", "x" * 5000, "a b c", "<0xZZ>"])
+            kv.value[i] = rng.choice(
+                ["", " ", "a", kv.value[0], "\ud800", "x" * 5000, "a b c", "<0xZZ>"]
+            )
         elif kv.item_type in (_T.FLOAT32, _T.FLOAT64):
             kv.value[i] = rng.choice([_NAN, _INF, -_INF, 3.4e38])
         elif kv.item_type in (_T.INT32, _T.INT64, _T.INT8, _T.INT16):
@@ -434,9 +585,23 @@ def _mutate_array(rng, kv: KV) -> str:
 
 
 def _mutate_layout(rng, layout: Layout, arch: str) -> str:
-    op = rng.choice(["swap_type", "swap_type", "odd_optional", "delete_key", "array", "array",
-                     "tensor_dim", "tensor_ndims", "tensor_type", "tensor_offset", "tensor_name",
-                     "tensor_drop", "tensor_swap"])
+    op = rng.choice(
+        [
+            "swap_type",
+            "swap_type",
+            "odd_optional",
+            "delete_key",
+            "array",
+            "array",
+            "tensor_dim",
+            "tensor_ndims",
+            "tensor_type",
+            "tensor_offset",
+            "tensor_name",
+            "tensor_drop",
+            "tensor_swap",
+        ]
+    )
     if op in ("swap_type", "delete_key"):
         kv = rng.choice(layout.kvs)
         if op == "delete_key":
@@ -470,10 +635,21 @@ def _mutate_layout(rng, layout: Layout, arch: str) -> str:
         t.ttype = rng.choice([0, 1, 2, 6, 8, 12, 14, 30, 39, 40, 41, 99, 2**31, 2**32 - 1])
     elif op == "tensor_offset":
         other = rng.choice(layout.tensors)
-        t.offset = rng.choice([other.offset, t.offset + layout.alignment, t.offset + 1,
-                               len(layout.data), len(layout.data) - layout.alignment, 2**63, 2**64 - 32])
+        t.offset = rng.choice(
+            [
+                other.offset,
+                t.offset + layout.alignment,
+                t.offset + 1,
+                len(layout.data),
+                len(layout.data) - layout.alignment,
+                2**63,
+                2**64 - 32,
+            ]
+        )
     elif op == "tensor_name":
-        t.name = rng.choice([rng.choice(layout.tensors).name, t.name + "x", "", t.name.replace("blk.0", "blk.9")])
+        t.name = rng.choice(
+            [rng.choice(layout.tensors).name, t.name + "x", "", t.name.replace("blk.0", "blk.9")]
+        )
     elif op == "tensor_drop":
         layout.tensors.remove(t)
     else:

@@ -60,7 +60,9 @@ class HubRepo:
     likes: int = 0
     sha: str = ""
     listed_id: str = ""  # the "id" the listing gives; the repo_id when empty
-    _meta: dict[str, tuple[int, str, str]] = field(default_factory=dict)  # path -> (size, sha256, git oid)
+    _meta: dict[str, tuple[int, str, str]] = field(
+        default_factory=dict
+    )  # path -> (size, sha256, git oid)
 
     def __post_init__(self):
         self.sha = self.sha or hashlib.sha1(self.repo_id.encode()).hexdigest()
@@ -80,18 +82,24 @@ class HubRepo:
 class HubServer:
     """The server; `url` is what HF_ENDPOINT takes."""
 
-    def __init__(self, repos: dict[str, HubRepo], token: str = "hf_" + "t" * 34, cdn_host: str = "localhost"):
+    def __init__(
+        self, repos: dict[str, HubRepo], token: str = "hf_" + "t" * 34, cdn_host: str = "localhost"
+    ):
         self.repos = repos
         self.token = token
         self.drops: dict[str, list[int]] = {}
         self.chunk_delay_s = 0.0
         self.log: list[tuple[str, str, str | None, int, int]] = []
-        self.connections: set = set()  # open client sockets, closed by stop() (no keep-alive survives)
+        self.connections: set = (
+            set()
+        )  # open client sockets, closed by stop() (no keep-alive survives)
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
         self.cdn_url = f"http://{cdn_host}:{self._httpd.server_address[1]}"
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="hub-server", daemon=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, name="hub-server", daemon=True
+        )
         self._thread.start()
 
     def stop(self) -> None:
@@ -115,9 +123,16 @@ class HubServer:
         return sum(n for _m, path, _r, _s, n in self.log if path.startswith(prefix))
 
 
-def start(tmpdir: str | Path, repos: dict[str, dict[str, Path | bytes]], *, gated: tuple[str, ...] = (),
-          private: tuple[str, ...] = (), token: str | None = None, commits: dict[str, str] | None = None,
-          ids: dict[str, str] | None = None) -> HubServer:
+def start(
+    tmpdir: str | Path,
+    repos: dict[str, dict[str, Path | bytes]],
+    *,
+    gated: tuple[str, ...] = (),
+    private: tuple[str, ...] = (),
+    token: str | None = None,
+    commits: dict[str, str] | None = None,
+    ids: dict[str, str] | None = None,
+) -> HubServer:
     """Serves `repos` ({repo_id: {path in repo: file path or bytes}}); bytes are written under
     tmpdir (named by a hash: a hostile name never picks where). Returns the running server
     (stop() it)."""
@@ -132,8 +147,14 @@ def start(tmpdir: str | Path, repos: dict[str, dict[str, Path | bytes]], *, gate
                 p.write_bytes(data)
                 data = p
             on_disk[name] = Path(data)
-        built[repo_id] = HubRepo(repo_id, on_disk, gated=repo_id in gated, private=repo_id in private,
-                                 sha=(commits or {}).get(repo_id, ""), listed_id=(ids or {}).get(repo_id, ""))
+        built[repo_id] = HubRepo(
+            repo_id,
+            on_disk,
+            gated=repo_id in gated,
+            private=repo_id in private,
+            sha=(commits or {}).get(repo_id, ""),
+            listed_id=(ids or {}).get(repo_id, ""),
+        )
     return HubServer(built, token=token or "hf_" + "t" * 34)
 
 
@@ -163,8 +184,13 @@ class _HubHandler(BaseHTTPRequestHandler):
             pass
 
     # -- plumbing ------------------------------------------------------------------------
-    def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None,
-              content_type: str = "application/json") -> None:
+    def _send(
+        self,
+        status: int,
+        body: bytes = b"",
+        headers: dict[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
@@ -179,12 +205,16 @@ class _HubHandler(BaseHTTPRequestHandler):
     def _json(self, obj, status: int = 200, headers: dict[str, str] | None = None) -> None:
         self._send(status, json.dumps(obj).encode(), headers)
 
-    def _error(self, status: int, code: str, message: str, extra: dict[str, str] | None = None) -> None:
+    def _error(
+        self, status: int, code: str, message: str, extra: dict[str, str] | None = None
+    ) -> None:
         headers = {"X-Error-Code": code, "X-Error-Message": message, **(extra or {})}
         self._json({"error": message}, status, headers)
 
     def _record(self, status: int, n: int) -> None:
-        self.hub.log.append((self.command, urlparse(self.path).path, self.headers.get("Range"), status, n))
+        self.hub.log.append(
+            (self.command, urlparse(self.path).path, self.headers.get("Range"), status, n)
+        )
 
     def _authorized(self) -> bool:
         return self.headers.get("Authorization", "") == f"Bearer {self.hub.token}"
@@ -199,9 +229,9 @@ class _HubHandler(BaseHTTPRequestHandler):
             if path == "/api/models":
                 return self._search(query)
             if path.startswith("/api/models/"):
-                return self._api(path[len("/api/models/"):], query)
+                return self._api(path[len("/api/models/") :], query)
             if path.startswith("/cdn/"):
-                return self._cdn(path[len("/cdn/"):])
+                return self._cdn(path[len("/cdn/") :])
             if "/resolve/" in path:
                 return self._resolve(path.lstrip("/"))
             self._error(404, "NotFound", "Not Found")
@@ -223,22 +253,37 @@ class _HubHandler(BaseHTTPRequestHandler):
             entry: dict = {"rfilename": name}
             if blobs:
                 size, sha256, oid = repo.meta(name)
-                entry.update(size=size, blobId=oid,
-                             lfs={"size": size, "sha256": sha256, "pointerSize": 134})
+                entry.update(
+                    size=size, blobId=oid, lfs={"size": size, "sha256": sha256, "pointerSize": 134}
+                )
             siblings.append(entry)
         listed_id = repo.listed_id or repo.repo_id
-        return {"_id": repo.sha[:24], "id": listed_id, "modelId": listed_id, "sha": repo.sha,
-                "private": repo.private, "gated": "manual" if repo.gated else False, "disabled": False,
-                "downloads": repo.downloads, "likes": repo.likes, "tags": ["gguf"],
-                "lastModified": "2025-01-01T00:00:00.000Z", "createdAt": "2025-01-01T00:00:00.000Z",
-                "siblings": siblings}
+        return {
+            "_id": repo.sha[:24],
+            "id": listed_id,
+            "modelId": listed_id,
+            "sha": repo.sha,
+            "private": repo.private,
+            "gated": "manual" if repo.gated else False,
+            "disabled": False,
+            "downloads": repo.downloads,
+            "likes": repo.likes,
+            "tags": ["gguf"],
+            "lastModified": "2025-01-01T00:00:00.000Z",
+            "createdAt": "2025-01-01T00:00:00.000Z",
+            "siblings": siblings,
+        }
 
     def _search(self, query: dict) -> None:
         text = (query.get("search") or [""])[0].lower()
         limit = int((query.get("limit") or ["1000"])[0])
-        found = [r for r in self.hub.repos.values()
-                 if text in r.repo_id.lower() and not r.private
-                 and any(n.endswith(".gguf") for n in r.files)]
+        found = [
+            r
+            for r in self.hub.repos.values()
+            if text in r.repo_id.lower()
+            and not r.private
+            and any(n.endswith(".gguf") for n in r.files)
+        ]
         found.sort(key=lambda r: -r.downloads)
         self._json([self._info(r, blobs=False) for r in found[:limit]])
 
@@ -256,14 +301,28 @@ class _HubHandler(BaseHTTPRequestHandler):
         if marker in ("/revision/", "/tree/") and rev not in ("main", repo.sha):
             return self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
         if marker == "/refs":
-            return self._json({"branches": [{"name": "main", "ref": "refs/heads/main",
-                                             "targetCommit": repo.sha}], "tags": [], "converts": []})
+            return self._json(
+                {
+                    "branches": [
+                        {"name": "main", "ref": "refs/heads/main", "targetCommit": repo.sha}
+                    ],
+                    "tags": [],
+                    "converts": [],
+                }
+            )
         if marker == "/tree/":
             out = []
             for name in repo.files:
                 size, sha256, oid = repo.meta(name)
-                out.append({"type": "file", "oid": oid, "size": size, "path": name,
-                            "lfs": {"oid": sha256, "size": size, "pointerSize": 134}})
+                out.append(
+                    {
+                        "type": "file",
+                        "oid": oid,
+                        "size": size,
+                        "path": name,
+                        "lfs": {"oid": sha256, "size": size, "pointerSize": 134},
+                    }
+                )
             return self._json(out)
         self._json(self._info(repo, blobs=bool(query.get("blobs"))))
 
@@ -276,18 +335,29 @@ class _HubHandler(BaseHTTPRequestHandler):
             return
         if repo.gated and not self._authorized():
             status = 403 if self.headers.get("Authorization") else 401
-            return self._error(status, "GatedRepo", f"Access to model {repo.repo_id} is restricted.")
+            return self._error(
+                status, "GatedRepo", f"Access to model {repo.repo_id} is restricted."
+            )
         if rev not in ("main", repo.sha):
             return self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
         if name not in repo.files:
-            return self._error(404, "EntryNotFound", f"{name} does not exist",
-                               {"X-Repo-Commit": repo.sha})
+            return self._error(
+                404, "EntryNotFound", f"{name} does not exist", {"X-Repo-Commit": repo.sha}
+            )
         size, sha256, oid = repo.meta(name)
-        self._send(302, b"", {
-            "Location": f"{self.hub.cdn_url}/cdn/{sha256}?name={quote(name)}",
-            "X-Repo-Commit": repo.sha, "X-Linked-Etag": f'"{sha256}"', "X-Linked-Size": str(size),
-            "ETag": f'"{oid}"', "Accept-Ranges": "bytes",
-        }, content_type="text/plain")
+        self._send(
+            302,
+            b"",
+            {
+                "Location": f"{self.hub.cdn_url}/cdn/{sha256}?name={quote(name)}",
+                "X-Repo-Commit": repo.sha,
+                "X-Linked-Etag": f'"{sha256}"',
+                "X-Linked-Size": str(size),
+                "ETag": f'"{oid}"',
+                "Accept-Ranges": "bytes",
+            },
+            content_type="text/plain",
+        )
 
     def _cdn(self, sha256: str) -> None:
         found = self.hub.blob(sha256)
@@ -299,7 +369,7 @@ class _HubHandler(BaseHTTPRequestHandler):
         status = 200
         rng = self.headers.get("Range")
         if rng and rng.startswith("bytes="):
-            a, _, b = rng[len("bytes="):].partition("-")
+            a, _, b = rng[len("bytes=") :].partition("-")
             start, stop = int(a), (int(b) + 1 if b else size)
             stop = min(stop, size)
             if start >= size:

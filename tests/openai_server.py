@@ -53,14 +53,27 @@ class OpenAIServer:
 
 
 def _unauthorized() -> JSONResponse:
-    return JSONResponse({"error": {"message": "Incorrect API key provided.", "type": "invalid_request_error",
-                                   "code": "invalid_api_key"}}, status_code=401)
+    return JSONResponse(
+        {
+            "error": {
+                "message": "Incorrect API key provided.",
+                "type": "invalid_request_error",
+                "code": "invalid_api_key",
+            }
+        },
+        status_code=401,
+    )
 
 
 def _chunk(model: str, content: str | None, finish: str | None = None) -> bytes:
     delta = {"content": content} if content is not None else {}
-    obj = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0, "model": model,
-           "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    obj = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
     return f"data: {json.dumps(obj)}\n\n".encode()
 
 
@@ -83,21 +96,41 @@ def create_app(state: OpenAIServer) -> FastAPI:
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "tests"} for m in state.models]}
+        return {
+            "object": "list",
+            "data": [{"id": m, "object": "model", "owned_by": "tests"} for m in state.models],
+        }
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         body = await request.json()
         state.requests.append(body)
         if body.get("model") not in state.models:
-            return JSONResponse({"error": {"message": f"The model `{body.get('model')}` does not exist",
-                                           "type": "invalid_request_error", "code": "model_not_found"}},
-                                status_code=404)
+            return JSONResponse(
+                {
+                    "error": {
+                        "message": f"The model `{body.get('model')}` does not exist",
+                        "type": "invalid_request_error",
+                        "code": "model_not_found",
+                    }
+                },
+                status_code=404,
+            )
         words = [w + " " for w in REPLY.split(" ")]
         words[-1] = words[-1].rstrip()
         if not body.get("stream"):
-            return JSONResponse({"object": "chat.completion", "choices": [
-                {"index": 0, "message": {"role": "assistant", "content": "".join(words)}, "finish_reason": "stop"}]})
+            return JSONResponse(
+                {
+                    "object": "chat.completion",
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": "".join(words)},
+                            "finish_reason": "stop",
+                        }
+                    ],
+                }
+            )
         return _ClosingStream(_stream(state, body, words), media_type="text/event-stream")
 
     return app
@@ -147,7 +180,9 @@ def _free_port() -> int:
 def start(api_key: str = "", models: tuple[str, ...] = ("remote-model",), **faults) -> OpenAIServer:
     state = OpenAIServer(api_key=api_key, models=models, **faults)
     port = _free_port()
-    config = uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    config = uvicorn.Config(
+        create_app(state), host="127.0.0.1", port=port, log_level="warning", lifespan="off"
+    )
     state._server = server = uvicorn.Server(config)
     state._thread = threading.Thread(target=server.run, daemon=True)
     state._thread.start()

@@ -11,8 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 # ggml-common.h kvalues_iq4nl (kept here: tests must not take the spec from the engine)
-KVALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
-                   np.float32)
+KVALUES = np.array(
+    [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32
+)
 
 
 def _group_scale(x: np.ndarray) -> np.ndarray:
@@ -60,6 +61,10 @@ def quantize_iq4_xs(data: np.ndarray) -> np.ndarray:
         scales_h |= (ls[..., g] >> 4) << (2 * g)
     low = (ls & 15).astype(np.uint8)
     scales_l = low[..., 0::2] | (low[..., 1::2] << 4)
-    parts = [d[..., None].view(np.uint8), scales_h[..., None].view(np.uint8), scales_l,
-             qs.reshape(*qs.shape[:-2], 128)]
+    parts = [
+        d[..., None].view(np.uint8),
+        scales_h[..., None].view(np.uint8),
+        scales_l,
+        qs.reshape(*qs.shape[:-2], 128),
+    ]
     return np.concatenate(parts, axis=-1).reshape(n_rows, -1)

@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 
 
-def sweep(values: Iterable[Any], fast: Collection[Any], ids: Callable[[Any], str] | None = None) -> list:
+def sweep(
+    values: Iterable[Any], fast: Collection[Any], ids: Callable[[Any], str] | None = None
+) -> list:
     """pytest.param for each value (a tuple spreads over several argnames), marked slow unless
     it is in fast. Fails at collection if fast names a value the sweep does not have."""
     values = list(values)

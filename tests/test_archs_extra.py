@@ -52,7 +52,9 @@ def _differs(a, b, tol=5e-3):
 @pytest.fixture(scope="module", params=list(VARIANTS))
 def model(request, tiny_model_dir):
     arch, kw = VARIANTS[request.param]
-    return load_model(write_tiny_model(tiny_model_dir / f"extra-{request.param}.gguf", arch=arch, **kw))
+    return load_model(
+        write_tiny_model(tiny_model_dir / f"extra-{request.param}.gguf", arch=arch, **kw)
+    )
 
 
 def _prefill(model, tokens=TOKENS, n_ctx=64):
@@ -75,12 +77,21 @@ def test_two_sequences_in_one_batch_match_oracle(model):
     then one decode token of each in the next."""
     a, b = TOKENS, TOKENS[5:14][::-1]
     ctx = Context(model, ContextParams(n_ctx=128, n_seq_max=2, **F32))
-    out = ctx.decode(Batch.concat([Batch.for_sequence(a, 0, seq_id=0, logits_all=True),
-                                   Batch.for_sequence(b, 0, seq_id=1, logits_all=True)]))
+    out = ctx.decode(
+        Batch.concat(
+            [
+                Batch.for_sequence(a, 0, seq_id=0, logits_all=True),
+                Batch.for_sequence(b, 0, seq_id=1, logits_all=True),
+            ]
+        )
+    )
     _close(out[: len(a)], oracle_logits(model.path, a, ctx.n_ctx_seq))
     _close(out[len(a) :], oracle_logits(model.path, b, ctx.n_ctx_seq))
-    nxt = ctx.decode(Batch.concat([Batch.for_sequence([60], len(a), seq_id=0),
-                                   Batch.for_sequence([70], len(b), seq_id=1)]))
+    nxt = ctx.decode(
+        Batch.concat(
+            [Batch.for_sequence([60], len(a), seq_id=0), Batch.for_sequence([70], len(b), seq_id=1)]
+        )
+    )
     _close(nxt[0], oracle_logits(model.path, a + [60], ctx.n_ctx_seq)[-1])
     _close(nxt[1], oracle_logits(model.path, b + [70], ctx.n_ctx_seq)[-1])
 
@@ -101,8 +112,9 @@ def test_memory_report_matches_estimate(model):
     ctx = Context(model, ContextParams(n_ctx=96, n_seq_max=3, n_ubatch=32))
     ctx.decode(Batch.for_sequence(TOKENS[:7], 0, seq_id=1))
     rep = ctx.memory_report()
-    est = estimate_memory(model.cfg, model.weights_bytes, len(model.gguf.tensors), n_ctx=96, n_seq_max=3,
-                          n_ubatch=32)
+    est = estimate_memory(
+        model.cfg, model.weights_bytes, len(model.gguf.tensors), n_ctx=96, n_seq_max=3, n_ubatch=32
+    )
     assert rep.kv_bytes == est.kv_bytes == ctx.kv.nbytes > 0
     assert rep.compute_bytes == est.compute_bytes == ctx.buf.nbytes
 
@@ -157,15 +169,24 @@ def test_granite_each_multiplier_matters(tiny_model_dir, left_out):
     model = load_model(write_tiny_model(tiny_model_dir / "granite.gguf", arch="granite"))
     logits = _prefill(model)
     scales = {k: v for k, v in GRANITE_SCALES.items() if k != left_out}
-    other = write_tiny_model(tiny_model_dir / f"granite-no-{left_out}.gguf", arch="granite", granite_scales=scales)
+    other = write_tiny_model(
+        tiny_model_dir / f"granite-no-{left_out}.gguf", arch="granite", granite_scales=scales
+    )
     _differs(logits, oracle_logits(other, TOKENS, 64))
 
 
 def test_granite_rope_freqs_divide_the_frequencies(tiny_model_dir):
-    path = write_tiny_model(tiny_model_dir / "granite-rope-freqs.gguf", arch="granite", rope_freqs=True)
+    path = write_tiny_model(
+        tiny_model_dir / "granite-rope-freqs.gguf", arch="granite", rope_freqs=True
+    )
     logits = _prefill(load_model(path))
     _close(logits, oracle_logits(path, TOKENS, 64))
-    _differs(logits, oracle_logits(write_tiny_model(tiny_model_dir / "granite.gguf", arch="granite"), TOKENS, 64))
+    _differs(
+        logits,
+        oracle_logits(
+            write_tiny_model(tiny_model_dir / "granite.gguf", arch="granite"), TOKENS, 64
+        ),
+    )
 
 
 def test_granite_rope_finetuned_false_turns_rope_off(tiny_model_dir):
@@ -200,9 +221,13 @@ def test_granite_bad_multipliers_are_clear_errors(tmp_path):
     missing.write_bytes(path.read_bytes().replace(b"granite.logit_scale", b"granite.logit_scalX"))
     with pytest.raises(EngineError, match="granite.logit_scale"):
         load_model(missing)
-    zero = write_tiny_model(tmp_path / "zero.gguf", arch="granite", granite_scales={"logit_scale": 0.0})
+    zero = write_tiny_model(
+        tmp_path / "zero.gguf", arch="granite", granite_scales={"logit_scale": 0.0}
+    )
     with pytest.raises(EngineError, match="logit_scale.*out of range"):
         load_model(zero)
-    negative = write_tiny_model(tmp_path / "neg.gguf", arch="granite", granite_scales={"residual_scale": -1.0})
+    negative = write_tiny_model(
+        tmp_path / "neg.gguf", arch="granite", granite_scales={"residual_scale": -1.0}
+    )
     with pytest.raises(EngineError, match="residual_scale.*out of range"):
         load_model(negative)

@@ -47,15 +47,25 @@ def _run(kc, vc, q, seq, pos, window, scale, softcap, sinks, f16):
         kr, vr = kc, vc
     out = np.full((q.shape[0], q.shape[1], vc.shape[3]), np.nan, np.float32)
     ops.attention_tokens(q, kc, vc, seq, pos, window, scale, softcap, out, sinks)
-    want = np.stack([_ref(q[t : t + 1], kr[seq[t]], vr[seq[t]], pos[t : t + 1], window, scale, softcap, sinks)[0]
-                     for t in range(q.shape[0])])
+    want = np.stack(
+        [
+            _ref(
+                q[t : t + 1], kr[seq[t]], vr[seq[t]], pos[t : t + 1], window, scale, softcap, sinks
+            )[0]
+            for t in range(q.shape[0])
+        ]
+    )
     return out, want
 
 
 # (4, 2, 40, 24): head sizes that are not a multiple of 16 halves (the scalar conversion)
-@pytest.mark.parametrize("H,G,D,Dv", [(9, 3, 64, 64), (4, 1, 256, 256), (8, 8, 32, 32), (6, 2, 48, 32), (4, 2, 40, 24)])
+@pytest.mark.parametrize(
+    "H,G,D,Dv", [(9, 3, 64, 64), (4, 1, 256, 256), (8, 8, 32, 32), (6, 2, 48, 32), (4, 2, 40, 24)]
+)
 @pytest.mark.parametrize("f16", [True, False])
-@pytest.mark.parametrize("window,softcap,with_sinks", [(0, 0.0, False), (300, 0.0, True), (0, 30.0, True)])
+@pytest.mark.parametrize(
+    "window,softcap,with_sinks", [(0, 0.0, False), (300, 0.0, True), (0, 30.0, True)]
+)
 def test_long_context_split_matches_reference(H, G, D, Dv, f16, window, softcap, with_sinks):
     """Contexts long enough for the parallel path and its splits (positions 1..1100)."""
     L = 1100
@@ -64,7 +74,9 @@ def test_long_context_split_matches_reference(H, G, D, Dv, f16, window, softcap,
     pos = np.array([L - 1, 700, 1, 257, 1023], np.int32)
     seq = np.array([1, 0, 1, 0, 0], np.int32)
     q = rng.standard_normal((len(pos), H, D)).astype(np.float32)
-    out, want = _run(kc, vc, q, seq, pos, window, D**-0.5, softcap, sinks if with_sinks else None, f16)
+    out, want = _run(
+        kc, vc, q, seq, pos, window, D**-0.5, softcap, sinks if with_sinks else None, f16
+    )
     np.testing.assert_allclose(out, want, rtol=2e-4, atol=2e-5)
 
 
@@ -80,7 +92,9 @@ def test_single_decode_token_is_split_over_threads(monkeypatch):
     monkeypatch.setattr(ops, "_attn_p", spy)
     kc, vc, sinks = _case(4, 1, 64, 64, 4096, n_seq=1)
     q = np.random.default_rng(2).standard_normal((1, 4, 64)).astype(np.float32) * 3
-    out, want = _run(kc, vc, q, np.zeros(1, np.int32), np.array([4095], np.int32), 0, 0.125, 0.0, sinks, True)
+    out, want = _run(
+        kc, vc, q, np.zeros(1, np.int32), np.array([4095], np.int32), 0, 0.125, 0.0, sinks, True
+    )
     assert calls and calls[0] > 1
     np.testing.assert_allclose(out, want, rtol=2e-4, atol=2e-5)
 
@@ -91,7 +105,9 @@ def test_large_scores_do_not_overflow():
     k = np.linspace(0.1, 8.0, L, dtype=np.float32)[:, None, None] * np.ones((1, G, D), np.float32)
     v = np.random.default_rng(3).standard_normal((1, L, G, D)).astype(np.float32)
     q = np.full((1, H, D), 2.0, np.float32)
-    out, want = _run(k[None], v, q, np.zeros(1, np.int32), np.array([L - 1], np.int32), 0, 1.0, 0.0, None, False)
+    out, want = _run(
+        k[None], v, q, np.zeros(1, np.int32), np.array([L - 1], np.int32), 0, 1.0, 0.0, None, False
+    )
     assert np.isfinite(out).all()
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
 
@@ -125,7 +141,10 @@ def test_tokens_of_several_sequences_in_one_pool(L, f16):
         pool_k[0, b : b + L], pool_v[0, b : b + L] = kc[s], vc[s]
     if f16:
         kc, vc = kc.astype(np.float16).view(np.uint16), vc.astype(np.float16).view(np.uint16)
-        pool_k, pool_v = pool_k.astype(np.float16).view(np.uint16), pool_v.astype(np.float16).view(np.uint16)
+        pool_k, pool_v = (
+            pool_k.astype(np.float16).view(np.uint16),
+            pool_v.astype(np.float16).view(np.uint16),
+        )
     rng = np.random.default_rng(5)
     seq = np.array([2, 0, 1, 0], np.int32)
     pos = np.array([L - 1, L // 2, L - 3, L - 1], np.int32)
@@ -133,7 +152,9 @@ def test_tokens_of_several_sequences_in_one_pool(L, f16):
     want = np.empty((4, H, D), np.float32)
     ops.attention_tokens(q, kc, vc, seq, pos, 0, 0.2, 0.0, want, sinks)  # a row per sequence
     got = np.full((4, H, D), np.nan, np.float32)
-    ops.attention_tokens(q, pool_k, pool_v, np.zeros(4, np.int32), pos, 0, 0.2, 0.0, got, sinks, bases[seq])
+    ops.attention_tokens(
+        q, pool_k, pool_v, np.zeros(4, np.int32), pos, 0, 0.2, 0.0, got, sinks, bases[seq]
+    )
     np.testing.assert_array_equal(got, want)
 
 
@@ -149,8 +170,12 @@ def test_block_exponentials_are_within_three_ulp(n):
     rng = np.random.default_rng(n)
     sc = np.zeros((2, 64), np.float32)
     sc[1, :n] = rng.uniform(-90, 0, n).astype(np.float32)
-    sc[1, : min(n, 3)] = (0.0, -1e-6, -1e30)[: min(n, 3)]  # the max itself, a near tie, "minus infinity"
-    want = np.exp((sc[1, :n] - np.float32(0.25)).astype(np.float64))  # the difference rounds in float32 too
+    sc[1, : min(n, 3)] = (0.0, -1e-6, -1e30)[
+        : min(n, 3)
+    ]  # the max itself, a near tie, "minus infinity"
+    want = np.exp(
+        (sc[1, :n] - np.float32(0.25)).astype(np.float64)
+    )  # the difference rounds in float32 too
     total = exp_row(sc, 1, n, np.float32(0.25))
     got = sc[1, :n].astype(np.float64)
     tiny = want < 1.2e-38  # clamped to the smallest normal float instead of 0: no weight at all
@@ -182,9 +207,19 @@ def test_block_exponentials_on_the_x86_64_baseline(tmp_path):
     import sys
     from pathlib import Path
 
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "NUMBA_CPU_NAME": "x86-64",
-           "NUMBA_CPU_FEATURES": "+64bit,+sse,+sse2,+cx8,+fxsr,+mmx"}
-    out = subprocess.run([sys.executable, "-c", _EXP_ON_TARGET], cwd=Path(__file__).resolve().parent.parent,
-                         env=env, capture_output=True, text=True, timeout=600)
+    env = {
+        **os.environ,
+        "NUMBA_CACHE_DIR": str(tmp_path),
+        "NUMBA_CPU_NAME": "x86-64",
+        "NUMBA_CPU_FEATURES": "+64bit,+sse,+sse2,+cx8,+fxsr,+mmx",
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", _EXP_ON_TARGET],
+        cwd=Path(__file__).resolve().parent.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert float(out.stdout.split()[-1]) < 3.6e-7

@@ -62,20 +62,46 @@ def _chunked(*payloads: bytes) -> bytes:
 
 def test_chunked_events_come_whole_however_the_bytes_are_cut():
     # an event split over two chunks, two events in one chunk, a chunk extension, the end chunk
-    body = _chunked(b'data: {"stop":false,"n":1}\n\ndata: {"st', b'op":false,"n":2}\n\n',
-                    b'data: {"stop":true}\n\n')
+    body = _chunked(
+        b'data: {"stop":false,"n":1}\n\ndata: {"st',
+        b'op":false,"n":2}\n\n',
+        b'data: {"stop":true}\n\n',
+    )
     for step in (1, 3, 7, len(body)):
         reader = bench_paths._ChunkedEvents()
         events = [ev for i in range(0, len(body), step) for ev in reader.feed(body[i : i + step])]
-        assert events == [b'data: {"stop":false,"n":1}', b'data: {"stop":false,"n":2}', b'data: {"stop":true}']
+        assert events == [
+            b'data: {"stop":false,"n":1}',
+            b'data: {"stop":false,"n":2}',
+            b'data: {"stop":true}',
+        ]
         assert reader.ended
     reader = bench_paths._ChunkedEvents()
-    assert reader.feed(b'1a\r\ndata: {"stop":false}\n\n') == [] and not reader.ended  # chunk not whole yet
+    assert (
+        reader.feed(b'1a\r\ndata: {"stop":false}\n\n') == [] and not reader.ended
+    )  # chunk not whole yet
 
 
 def test_http_path_rows_next_to_the_engine_row(tiny_llama_path, capsys):
-    argv = ["bench", "-m", str(tiny_llama_path), "-p", "0", "-n", "6", "-r", "2", "-t", "1",
-            "--path", "engine,http", "--clients", "1,2", "-o", "json"]
+    argv = [
+        "bench",
+        "-m",
+        str(tiny_llama_path),
+        "-p",
+        "0",
+        "-n",
+        "6",
+        "-r",
+        "2",
+        "-t",
+        "1",
+        "--path",
+        "engine,http",
+        "--clients",
+        "1,2",
+        "-o",
+        "json",
+    ]
     assert main(argv) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["test"] for r in rows] == ["tg6", "tg6 (http)", "tg6 (http, 2 clients)"]
@@ -86,16 +112,38 @@ def test_http_path_rows_next_to_the_engine_row(tiny_llama_path, capsys):
     assert [r["n_clients"] for r in rows[1:]] == [1, 2]
 
 
-@pytest.mark.parametrize("flag, backend", [([], "CPU (numba)"), (["--int8"], "CPU (numba, int8)"),
-                                           (["--no-int8"], "CPU (numba, float)")])
+@pytest.mark.parametrize(
+    "flag, backend",
+    [([], "CPU (numba)"), (["--int8"], "CPU (numba, int8)"), (["--no-int8"], "CPU (numba, float)")],
+)
 def test_bench_rows_name_the_decode_path(tiny_llama_path, capsys, flag, backend):
-    argv = ["bench", "-m", str(tiny_llama_path), "-p", "0", "-n", "4", "-r", "1", "-t", "1", "-o", "jsonl", *flag]
+    argv = [
+        "bench",
+        "-m",
+        str(tiny_llama_path),
+        "-p",
+        "0",
+        "-n",
+        "4",
+        "-r",
+        "1",
+        "-t",
+        "1",
+        "-o",
+        "jsonl",
+        *flag,
+    ]
     assert main(argv) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["backends"] == backend
 
 
 def test_http_path_markdown_row(tiny_llama_path, capsys):
-    assert main(["bench", "-m", str(tiny_llama_path), "-n", "4", "-r", "1", "-t", "1", "--path", "http"]) == 0
+    assert (
+        main(
+            ["bench", "-m", str(tiny_llama_path), "-n", "4", "-r", "1", "-t", "1", "--path", "http"]
+        )
+        == 0
+    )
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith("| model |") and len(lines) == 3
     assert "| tg4 (http) |" in lines[2]
@@ -108,18 +156,30 @@ def _fake_gui(tmp_path, body: str) -> list[str]:
 
 
 def test_gui_path_reads_the_json_line(tmp_path):
-    line = {"path": "gui", "samples_ts": [40.0, 44.0], "avg_ts": 42.0, "event_loop_p95_ms": 12.5, "n_gen": 16}
+    line = {
+        "path": "gui",
+        "samples_ts": [40.0, 44.0],
+        "avg_ts": 42.0,
+        "event_loop_p95_ms": 12.5,
+        "n_gen": 16,
+    }
     cmd = _fake_gui(tmp_path, f"print('loading...')\nprint({json.dumps(json.dumps(line))})\n")
     r = bench_paths.bench_gui(cmd, 16, 1)
     assert isinstance(r, PathResult) and r.test == "tg16 (gui)"
     assert r.avg_ts == pytest.approx(42.0) and r.as_dict()["event_loop_p95_ms"] == 12.5
 
 
-@pytest.mark.parametrize("body, message", [
-    ("import sys\nsys.exit('Qt could not start')\n", "the gui benchmark failed: Qt could not start"),
-    ("print('no json here')\n", "printed no JSON result"),
-    ("print('{\"path\": \"gui\"}')\n", "has no samples_ts"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (
+            "import sys\nsys.exit('Qt could not start')\n",
+            "the gui benchmark failed: Qt could not start",
+        ),
+        ("print('no json here')\n", "printed no JSON result"),
+        ('print(\'{"path": "gui"}\')\n', "has no samples_ts"),
+    ],
+)
 def test_gui_path_failures_are_one_clear_line(tmp_path, body, message):
     with pytest.raises(EngineError, match=message):
         bench_paths.bench_gui(_fake_gui(tmp_path, body), 4, 1)
@@ -127,16 +187,34 @@ def test_gui_path_failures_are_one_clear_line(tmp_path, body, message):
 
 def test_gui_path_without_the_module_says_so(tiny_llama_path, monkeypatch, capsys):
     monkeypatch.setattr(bench_cmd, "GUI_MODULE", "app.no_such_bench_module")
-    argv = ["bench", "-m", str(tiny_llama_path), "-p", "0", "-n", "4", "-r", "1", "-t", "1", "--path", "engine,gui"]
+    argv = [
+        "bench",
+        "-m",
+        str(tiny_llama_path),
+        "-p",
+        "0",
+        "-n",
+        "4",
+        "-r",
+        "1",
+        "-t",
+        "1",
+        "--path",
+        "engine,gui",
+    ]
     assert main(argv) == 1
     out, err = capsys.readouterr()
     assert "| tg4 |" in out  # the engine row is still printed
-    assert "error: gui path: the gui path needs the desktop app's benchmark (app.no_such_bench_module)" in err
+    assert (
+        "error: gui path: the gui path needs the desktop app's benchmark (app.no_such_bench_module)"
+        in err
+    )
     assert "Traceback" not in err
 
 
-@pytest.mark.parametrize("path, flag, env", [("x16", None, "-"), ("int8", "--int8", "1-"),
-                                             ("float", "--no-int8", "-1")])
+@pytest.mark.parametrize(
+    "path, flag, env", [("x16", None, "-"), ("int8", "--int8", "1-"), ("float", "--no-int8", "-1")]
+)
 def test_child_processes_run_the_benchs_decode_path(tmp_path, monkeypatch, path, flag, env):
     """The serve child and the gui child decode on the path the bench was asked for, whatever
     the shell's GGSTATION_INT8 / GGSTATION_NO_INT8 say."""
@@ -144,14 +222,20 @@ def test_child_processes_run_the_benchs_decode_path(tmp_path, monkeypatch, path,
     monkeypatch.setenv("GGSTATION_INT8", "1")
     started = []
     with monkeypatch.context() as m:
-        m.setattr(bench_paths.subprocess, "Popen", lambda cmd, **kw: started.append((cmd, kw["env"])) or _NoProcess())
+        m.setattr(
+            bench_paths.subprocess,
+            "Popen",
+            lambda cmd, **kw: started.append((cmd, kw["env"])) or _NoProcess(),
+        )
         bench_paths.ServeProcess("m.gguf", 1, 1, 128, decode_path=path)
     cmd, child_env = started[0]
     assert [a for a in cmd if a in ("--int8", "--no-int8")] == ([flag] if flag else [])
     assert child_env.get("GGSTATION_INT8", "") + "-" + child_env.get("GGSTATION_NO_INT8", "") == env
-    body = ("import os, sys\n"
-            "e = os.environ.get\n"
-            "sys.exit('INT8=' + e('GGSTATION_INT8', '') + '-' + e('GGSTATION_NO_INT8', ''))\n")
+    body = (
+        "import os, sys\n"
+        "e = os.environ.get\n"
+        "sys.exit('INT8=' + e('GGSTATION_INT8', '') + '-' + e('GGSTATION_NO_INT8', ''))\n"
+    )
     with pytest.raises(EngineError, match=f"INT8={env}"):
         bench_paths.bench_gui(_fake_gui(tmp_path, body), 4, 1, decode_path=path)
 

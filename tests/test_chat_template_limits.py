@@ -28,55 +28,84 @@ BOUND_S = 1.5  # any case: fails well within this (the short budget plus a busy 
 # (template, what the error says): stopped by a size, range or depth limit, at once
 LIMITED = {
     "nested range loops": (
-        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "range()"),
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+        "range()",
+    ),
     "huge string multiplication": ("{{ 'a' * 1000000000 }}", "repeated string"),
     "namespace doubling with ~": (
         "{% set ns = namespace(x='ab') %}{% for i in range(60) %}{% set ns.x = ns.x ~ ns.x %}{% endfor %}",
-        "joined string"),
+        "joined string",
+    ),
     "namespace doubling with +": (
         "{% set ns = namespace(x='ab') %}{% for i in range(60) %}{% set ns.x = ns.x + ns.x %}{% endfor %}",
-        "a string"),
+        "a string",
+    ),
     "huge list": ("{% set l = [0] * 1000000000 %}{{ l | length }}", "repeated list"),
     "list doubling": (
         "{% set ns = namespace(l=[1]) %}{% for i in range(60) %}{% set ns.l = ns.l + ns.l %}{% endfor %}",
-        "a list"),
+        "a list",
+    ),
     "macro recursion": ("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", "nested macros"),
-    "recursive loop": ("{% for x in [[1]] recursive %}{{ loop([[1]]) }}{% endfor %}", "nested calls"),
-    "shared strings joined": ("{% set l = ['x' * 1000000] * 100000 %}{{ l | join }}", "join filter"),
+    "recursive loop": (
+        "{% for x in [[1]] recursive %}{{ loop([[1]]) }}{% endfor %}",
+        "nested calls",
+    ),
+    "shared strings joined": (
+        "{% set l = ['x' * 1000000] * 100000 %}{{ l | join }}",
+        "join filter",
+    ),
     "shared strings printed": ("{% set l = ['x' * 1000000] * 100000 %}{{ l }}", "printed text"),
     "shared strings as json": ("{{ (['x' * 1000000] * 100000) | tojson }}", "tojson filter"),
     "printf width": ("{{ '%1000000000d' % 1 }}", "formatted string"),
     "str.format width": ("{{ '{:1000000000}'.format(1) }}", "formatted field"),
-    "str.format repeated field": ("{{ ('{0}' * 100000).format('x' * 1000000) }}", "formatted string"),
+    "str.format repeated field": (
+        "{{ ('{0}' * 100000).format('x' * 1000000) }}",
+        "formatted string",
+    ),
     "str.center": ("{{ 'a'.center(1000000000) }}", "center()"),
     "center filter": ("{{ 'a' | center(1000000000) }}", "center filter"),
     "integer squaring": (
         "{% set ns = namespace(x=3) %}{% for i in range(40) %}{% set ns.x = ns.x * ns.x %}{% endfor %}",
-        "integer"),
+        "integer",
+    ),
     "power": ("{{ 10 ** 1000000000 }}", "integer"),
     "replace chain": (
         "{% set ns = namespace(x='aa') %}{% for i in range(60) %}{% set ns.x = ns.x | replace('a', 'aa') %}"
-        "{% endfor %}", "replace filter"),
+        "{% endfor %}",
+        "replace filter",
+    ),
     "literal text in a macro loop": (
-        "{% macro m() %}{% for i in range(100000) %}" + "L" * 20000 + "{% endfor %}{% endmacro %}{{ m() }}",
-        "block's text"),
-    "output loop": ("{% for i in range(100000) %}{% for j in range(9) %}" + "x" * 100 + "{% endfor %}{% endfor %}",
-                    "an output"),
+        "{% macro m() %}{% for i in range(100000) %}"
+        + "L" * 20000
+        + "{% endfor %}{% endmacro %}{{ m() }}",
+        "block's text",
+    ),
+    "output loop": (
+        "{% for i in range(100000) %}{% for j in range(9) %}"
+        + "x" * 100
+        + "{% endfor %}{% endfor %}",
+        "an output",
+    ),
     "batch fill": ("{{ [1] | batch(1000000000, 'x') | list | length }}", "batch"),
     "lipsum": ("{{ lipsum(100000, max=100000) }}", "lorem ipsum"),
     "striptags": ("{{ ('<a>' * 1000000) | striptags }}", "striptags"),
     "sum of lists": ("{{ ([[0] * 1000] * 3000) | sum(start=[]) | length }}", "summed list"),
     "sum of lists, quadratic": ("{{ ([[0] * 100] * 10000) | sum(start=[]) | length }}", "sum copy"),
-    "constant filter bombs": ("{{ 'a' | center(8000000) }}" * 20, "an output"),  # never run while compiling
+    "constant filter bombs": (
+        "{{ 'a' | center(8000000) }}" * 20,
+        "an output",
+    ),  # never run while compiling
 }
 
 # stopped by the time budget only: the loops repeat cheap work
 TIMED = {
     "loop without output or calls": (
-        "{% set s = 'x' * 100000 %}{% for a in s %}{% for b in s %}{% endfor %}{% endfor %}"),
+        "{% set s = 'x' * 100000 %}{% for a in s %}{% for b in s %}{% endfor %}{% endfor %}"
+    ),
     "filtered loop": "{% set s = 'x' * 100000 %}{% for a in s %}{% for b in s if false %}{% endfor %}{% endfor %}",
     "exponential macro": (
-        "{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(40) }}"),
+        "{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(40) }}"
+    ),
 }
 
 
@@ -108,15 +137,21 @@ def test_hostile_template_is_stopped_by_the_time_budget(case):
 
 
 def test_recursion_error_is_the_same_clear_error(monkeypatch):
-    monkeypatch.setattr(template_sandbox, "MAX_CALL_DEPTH", 1 << 30)  # let Python's own limit hit first
+    monkeypatch.setattr(
+        template_sandbox, "MAX_CALL_DEPTH", 1 << 30
+    )  # let Python's own limit hit first
     _, message = render_failing(ChatTemplate(LIMITED["macro recursion"][0], "gguf"))
-    assert message == ("chat template 'gguf' (the model file's tokenizer.chat_template) recursed too deeply "
-                       "(a macro that calls itself without end?)")
+    assert message == (
+        "chat template 'gguf' (the model file's tokenizer.chat_template) recursed too deeply "
+        "(a macro that calls itself without end?)"
+    )
 
 
 def test_a_too_long_source_is_refused_before_compiling():
     tmpl = ChatTemplate("{{ 'x' }}" * 20000, "big.jinja")
-    with pytest.raises(TemplateLimitError, match=r"chat template 'big.jinja' is 180,000 characters long"):
+    with pytest.raises(
+        TemplateLimitError, match=r"chat template 'big.jinja' is 180,000 characters long"
+    ):
         tmpl.render(HI)
 
 
@@ -125,7 +160,9 @@ def test_the_size_limit_grows_with_the_input():
     text = ChatTemplate.builtin("chatml").render([{"role": "user", "content": long}])
     assert len(text) > len(long)
     with pytest.raises(TemplateLimitError, match="repeated string"):  # but not 5x it
-        ChatTemplate("{{ messages[0].content * 5 }}", "t").render([{"role": "user", "content": long}])
+        ChatTemplate("{{ messages[0].content * 5 }}", "t").render(
+            [{"role": "user", "content": long}]
+        )
 
 
 def test_a_hostile_render_leaves_other_threads_alone():
@@ -171,16 +208,25 @@ SEMANTICS = [
 @pytest.mark.parametrize("source", SEMANTICS)
 def test_sandbox_renders_as_jinja_does(source):
     plain = jinja2.sandbox.ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
-    plain.filters["tojson"] = lambda x, indent=None: __import__("json").dumps(x, ensure_ascii=False, indent=indent)
-    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "<u1>"},
-                {"role": "assistant", "content": "A"}, {"role": "user", "content": "u2"}]
-    expected = plain.from_string(source).render(messages=messages, add_generation_prompt=True,
-                                                bos_token="", eos_token="")
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
+    plain.filters["tojson"] = lambda x, indent=None: __import__("json").dumps(
+        x, ensure_ascii=False, indent=indent
+    )
+    messages = [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "<u1>"},
+        {"role": "assistant", "content": "A"},
+        {"role": "user", "content": "u2"},
+    ]
+    expected = plain.from_string(source).render(
+        messages=messages, add_generation_prompt=True, bos_token="", eos_token=""
+    )
     assert ChatTemplate(source, "t").render(messages) == expected
 
 
 # -- the front ends ----------------------------------------------------------------------------
+
 
 def test_server_answers_a_hostile_template_with_a_json_error():
     from engine.server import start_server
@@ -200,8 +246,10 @@ def test_server_answers_a_hostile_template_with_a_json_error():
                 assert r.status_code == 500, r.text
                 error = r.json()["error"]
                 assert error["code"] == r.status_code
-                assert "chat template 'gguf' (the model file's tokenizer.chat_template) exceeded its 0.3 s " \
-                       "render budget" in error["message"]
+                assert (
+                    "chat template 'gguf' (the model file's tokenizer.chat_template) exceeded its 0.3 s "
+                    "render budget" in error["message"]
+                )
             assert c.get("/health").status_code == 200  # and it keeps serving
     finally:
         handle.stop()
@@ -211,11 +259,19 @@ def test_server_answers_a_hostile_template_with_a_json_error():
 def test_cli_chat_reports_a_hostile_template_in_one_line(tmp_path):
     from ggufgen import write_tiny_model
 
-    model = write_tiny_model(tmp_path / "hostile.gguf", chat_template=LIMITED["huge string multiplication"][0])
-    r = subprocess.run([sys.executable, "-m", "engine", "chat", "-m", str(model), "-c", "256"],
-                       input="hi\n", capture_output=True, text=True, timeout=120,
-                       cwd=str(Path(__file__).resolve().parents[1]))
+    model = write_tiny_model(
+        tmp_path / "hostile.gguf", chat_template=LIMITED["huge string multiplication"][0]
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "engine", "chat", "-m", str(model), "-c", "256"],
+        input="hi\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=str(Path(__file__).resolve().parents[1]),
+    )
     assert r.returncode == 1
     assert r.stderr.splitlines() == [
         "error: chat template 'gguf' (the model file's tokenizer.chat_template) would build a repeated string: "
-        "1,000,000,000 characters, over its limit of 8,388,608"]
+        "1,000,000,000 characters, over its limit of 8,388,608"
+    ]

@@ -184,8 +184,15 @@ def test_bad_model_paths_exit_1(tmp_path, capsys, command):
         assert err.startswith("error:") and "Traceback" not in err
 
 
-@pytest.mark.parametrize("argv", [["chat", "--no-such-flag"], ["generate", "-c", "-1"],
-                                  ["chat", "--temp", "x"], ["generate", "-ctk", "q4_0"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["chat", "--no-such-flag"],
+        ["generate", "-c", "-1"],
+        ["chat", "--temp", "x"],
+        ["generate", "-ctk", "q4_0"],
+    ],
+)
 def test_usage_errors_exit_1(capsys, argv):
     with pytest.raises(SystemExit) as e:
         main(argv)
@@ -213,10 +220,25 @@ def test_chat_pty_interrupt_returns_to_prompt(tmp_path):
         sys.executable,
         # the bias makes the reply "aaaa..." (token 100 is the byte 'a' in the tiny BPE vocab);
         # with --ignore-eos and --context-shift it never ends by itself
-        ["-m", "engine", "chat", "-m", str(model), "-c", "256", "--ignore-eos",
-         "--context-shift", "--verbose", "-l", "100+100"],
-        cwd=str(Path(__file__).resolve().parents[1]), env=env, encoding="utf-8",
-        timeout=120, dimensions=(40, 200),
+        [
+            "-m",
+            "engine",
+            "chat",
+            "-m",
+            str(model),
+            "-c",
+            "256",
+            "--ignore-eos",
+            "--context-shift",
+            "--verbose",
+            "-l",
+            "100+100",
+        ],
+        cwd=str(Path(__file__).resolve().parents[1]),
+        env=env,
+        encoding="utf-8",
+        timeout=120,
+        dimensions=(40, 200),
     )
     try:
         child.expect(PROMPT)
@@ -242,10 +264,26 @@ def test_chat_pty_commands(tmp_path):
     env = dict(os.environ, PROMPT_TOOLKIT_NO_CPR="1", TERM="xterm")
     child = pexpect.spawn(
         sys.executable,
-        ["-m", "engine", "chat", "-m", str(model), "-c", "256", "-n", "5", "-sys", "sys!",
-         "-l", "100+100"],
-        cwd=str(Path(__file__).resolve().parents[1]), env=env, encoding="utf-8",
-        timeout=60, dimensions=(40, 200),
+        [
+            "-m",
+            "engine",
+            "chat",
+            "-m",
+            str(model),
+            "-c",
+            "256",
+            "-n",
+            "5",
+            "-sys",
+            "sys!",
+            "-l",
+            "100+100",
+        ],
+        cwd=str(Path(__file__).resolve().parents[1]),
+        env=env,
+        encoding="utf-8",
+        timeout=60,
+        dimensions=(40, 200),
     )
     steps = [
         ("hello", "aaaaa"),

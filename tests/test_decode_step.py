@@ -25,11 +25,17 @@ from ggufgen_moe import write_tiny_moe
 from sweeps import sweep
 
 TOKENS = np.array([1, 5, 9, 23, 7, 11, 3, 2, 8, 13, 17, 4, 6, 10, 12, 14], np.int32)
-ARCHS = {"llama": Q.Q4_0, "qwen2": Q.Q4_1, "qwen3": Q.F16, "gemma2": Q.Q5_0, "gemma3": Q.Q8_0,
-         "smollm3": Q.Q8_0,  # its 4th layer has no RoPE
-         "olmo2": Q.Q5_1,  # post-norms only, Q/K norms over the whole projections, sliding layers
-         "phi3": Q.Q4_0,  # fused Q|K|V and gate|up, partial LongRoPE
-         "granite": Q.BF16}  # residual_scale on both branches
+ARCHS = {
+    "llama": Q.Q4_0,
+    "qwen2": Q.Q4_1,
+    "qwen3": Q.F16,
+    "gemma2": Q.Q5_0,
+    "gemma3": Q.Q8_0,
+    "smollm3": Q.Q8_0,  # its 4th layer has no RoPE
+    "olmo2": Q.Q5_1,  # post-norms only, Q/K norms over the whole projections, sliding layers
+    "phi3": Q.Q4_0,  # fused Q|K|V and gate|up, partial LongRoPE
+    "granite": Q.BF16,
+}  # residual_scale on both branches
 MOE_EXPERTS = Q.Q4_K  # qwen3moe: the router in the step, the experts in a second compiled call
 
 
@@ -39,22 +45,77 @@ def tiny(tmp_path_factory):
     # n_embd 256: the K-quants' super-blocks fit; sliding windows (gemma) of 8 are crossed;
     # smollm3's fourth layer is its first without RoPE
     # (olmo2's too, after three sliding layers)
-    return {a: write_tiny_model(d / f"{a}.gguf", a, n_layer=4 if a in ("smollm3", "olmo2") else 3, n_embd=256,
-                                n_head=4, n_head_kv=2, n_ff=512, qtype=qt, sliding=a == "olmo2")
-            for a, qt in ARCHS.items()} | {
-        "qwen3moe": write_tiny_moe(d / "qwen3moe.gguf", "qwen3moe", n_layer=3, n_embd=256, n_head=4, n_head_kv=2,
-                                   n_ff=512, n_expert=8, n_expert_used=3, n_ff_exp=256, qtype=Q.Q8_0,
-                                   expert_qtype=MOE_EXPERTS),
+    return {
+        a: write_tiny_model(
+            d / f"{a}.gguf",
+            a,
+            n_layer=4 if a in ("smollm3", "olmo2") else 3,
+            n_embd=256,
+            n_head=4,
+            n_head_kv=2,
+            n_ff=512,
+            qtype=qt,
+            sliding=a == "olmo2",
+        )
+        for a, qt in ARCHS.items()
+    } | {
+        "qwen3moe": write_tiny_moe(
+            d / "qwen3moe.gguf",
+            "qwen3moe",
+            n_layer=3,
+            n_embd=256,
+            n_head=4,
+            n_head_kv=2,
+            n_ff=512,
+            n_expert=8,
+            n_expert_used=3,
+            n_ff_exp=256,
+            qtype=Q.Q8_0,
+            expert_qtype=MOE_EXPERTS,
+        ),
         # a gated shared expert; Q/K/V biases in layers 1 and 2 only
-        "qwen2moe": write_tiny_moe(d / "qwen2moe.gguf", "qwen2moe", n_layer=3, n_embd=256, n_head=4, n_head_kv=2,
-                                   n_ff=512, n_expert=8, n_expert_used=3, n_ff_exp=256, n_ff_shexp=512,
-                                   qtype=Q.Q8_0, expert_qtype=Q.Q4_0,
-                                   omit=tuple(f"blk.0.attn_{w}.bias" for w in "qkv")),
+        "qwen2moe": write_tiny_moe(
+            d / "qwen2moe.gguf",
+            "qwen2moe",
+            n_layer=3,
+            n_embd=256,
+            n_head=4,
+            n_head_kv=2,
+            n_ff=512,
+            n_expert=8,
+            n_expert_used=3,
+            n_ff_exp=256,
+            n_ff_shexp=512,
+            qtype=Q.Q8_0,
+            expert_qtype=Q.Q4_0,
+            omit=tuple(f"blk.0.attn_{w}.bias" for w in "qkv"),
+        ),
         # sinks, biases everywhere, swiglu_oai experts, sliding layers
-        "gpt-oss": write_tiny_gptoss(d / "gpt-oss.gguf", n_layer=4, n_embd=256, n_head=8, n_head_kv=2, head_dim=32,
-                                     n_expert=8, n_expert_used=3, n_ff_exp=256, qtype=Q.Q8_0),
-        "gpt-oss-mxfp4": write_tiny_gptoss(d / "gpt-oss-mxfp4.gguf", n_layer=2, n_embd=256, n_head=8, n_head_kv=2,
-                                           head_dim=32, n_expert=8, n_expert_used=4, n_ff_exp=256, qtype=Q.MXFP4)}
+        "gpt-oss": write_tiny_gptoss(
+            d / "gpt-oss.gguf",
+            n_layer=4,
+            n_embd=256,
+            n_head=8,
+            n_head_kv=2,
+            head_dim=32,
+            n_expert=8,
+            n_expert_used=3,
+            n_ff_exp=256,
+            qtype=Q.Q8_0,
+        ),
+        "gpt-oss-mxfp4": write_tiny_gptoss(
+            d / "gpt-oss-mxfp4.gguf",
+            n_layer=2,
+            n_embd=256,
+            n_head=8,
+            n_head_kv=2,
+            head_dim=32,
+            n_expert=8,
+            n_expert_used=4,
+            n_ff_exp=256,
+            qtype=Q.MXFP4,
+        ),
+    }
 
 
 @pytest.fixture
@@ -77,7 +138,10 @@ def decode_all(model, flag: str, monkeypatch, n_prefill: int = 4, **ctx_kw) -> n
     monkeypatch.setenv("GGSTATION_STEP", flag)
     ctx = Context(model, ContextParams(n_ctx=64, **ctx_kw))
     rows = [ctx.decode(Batch.for_sequence(TOKENS[:n_prefill], 0, 0))]
-    rows += [ctx.decode(Batch.for_sequence(TOKENS[i : i + 1], i, 0)) for i in range(n_prefill, len(TOKENS))]
+    rows += [
+        ctx.decode(Batch.for_sequence(TOKENS[i : i + 1], i, 0))
+        for i in range(n_prefill, len(TOKENS))
+    ]
     if flag == "1":
         steps = step.for_context(ctx)
         assert steps is not None and all(f is not None for f in steps.one)
@@ -118,8 +182,13 @@ def test_step_float_path(tiny, arch, monkeypatch):
     assert np.array_equal(decode_all(model, "1", monkeypatch), decode_all(model, "0", monkeypatch))
 
 
-@pytest.mark.parametrize("arch", sweep(["llama", "gemma3", "phi3", "olmo2", "qwen3moe", "qwen2moe", "gpt-oss",
-                                        "gpt-oss-mxfp4"], fast={"gemma3"}))
+@pytest.mark.parametrize(
+    "arch",
+    sweep(
+        ["llama", "gemma3", "phi3", "olmo2", "qwen3moe", "qwen2moe", "gpt-oss", "gpt-oss-mxfp4"],
+        fast={"gemma3"},
+    ),
+)
 def test_step_int8_path_and_f32_cache(tiny, arch, monkeypatch):
     model = load_model(tiny[arch], decode_path="int8")
     want = decode_all(model, "0", monkeypatch, type_k="f32", type_v="f32")
@@ -147,7 +216,10 @@ def test_step_serves_sequences_of_split_and_unified_caches(tiny, unified, monkey
     def run(flag):
         monkeypatch.setenv("GGSTATION_STEP", flag)
         ctx = Context(model, ContextParams(n_ctx=128, n_seq_max=2, kv_unified=unified))
-        out = [ctx.decode(Batch.for_sequence(TOKENS[:5], 0, 0)), ctx.decode(Batch.for_sequence(TOKENS[3:6], 0, 1))]
+        out = [
+            ctx.decode(Batch.for_sequence(TOKENS[:5], 0, 0)),
+            ctx.decode(Batch.for_sequence(TOKENS[3:6], 0, 1)),
+        ]
         for i in range(6):
             out.append(ctx.decode(Batch.for_sequence(TOKENS[i : i + 1], 5 + i, 0)))
             out.append(ctx.decode(Batch.for_sequence(TOKENS[i + 1 : i + 2], 3 + i, 1)))
@@ -156,11 +228,24 @@ def test_step_serves_sequences_of_split_and_unified_caches(tiny, unified, monkey
     assert np.array_equal(run("1"), run("0"))
 
 
-@pytest.mark.parametrize(("arch", "unified", "int8"), sweep(
-    [("llama", True, False), ("qwen2", False, False), ("gemma3", True, True), ("gemma2", False, False),
-     ("phi3", True, True), ("olmo2", False, False), ("granite", True, False)],
-    fast={("llama", True, False), ("gemma3", True, True)}))
-def test_several_token_step_serves_slots_decoding_together(tiny, arch, unified, int8, served, monkeypatch):
+@pytest.mark.parametrize(
+    ("arch", "unified", "int8"),
+    sweep(
+        [
+            ("llama", True, False),
+            ("qwen2", False, False),
+            ("gemma3", True, True),
+            ("gemma2", False, False),
+            ("phi3", True, True),
+            ("olmo2", False, False),
+            ("granite", True, False),
+        ],
+        fast={("llama", True, False), ("gemma3", True, True)},
+    ),
+)
+def test_several_token_step_serves_slots_decoding_together(
+    tiny, arch, unified, int8, served, monkeypatch
+):
     """Ubatches of 2..8 tokens: three sequences' tokens together (interleaved, as a scheduler
     may order them), and three tokens of one sequence: the Python blocks' logits bit for bit."""
     model = load_model(tiny[arch], decode_path="int8" if int8 else "float")
@@ -172,7 +257,9 @@ def test_several_token_step_serves_slots_decoding_together(tiny, arch, unified, 
         p = [5, 5, 5]
         for i in range(10):  # past gemma's sliding window of 8
             seqs = [1, 0, 2] if i % 2 else [0, 2, 1]
-            b = Batch.make(TOKENS[[(i + q) % 16 for q in seqs]], [p[q] for q in seqs], seqs, [True] * 3)
+            b = Batch.make(
+                TOKENS[[(i + q) % 16 for q in seqs]], [p[q] for q in seqs], seqs, [True] * 3
+            )
             out.append(ctx.decode(b))
             for q in seqs:
                 p[q] += 1
@@ -183,19 +270,38 @@ def test_several_token_step_serves_slots_decoding_together(tiny, arch, unified, 
         return np.concatenate(out)
 
     assert np.array_equal(run("1"), run("0"))
-    assert served.count(3) == 11 * len(model.weights.layers)  # every layer of the 3-token ubatches went through a step
+    assert served.count(3) == 11 * len(
+        model.weights.layers
+    )  # every layer of the 3-token ubatches went through a step
 
 
 def test_step_groups_mixed_weight_types_as_the_python_path(tmp_path, monkeypatch):
     """attn_v and ffn_up of another type than their neighbours: launches per type, as
     quants.matvec_many makes them."""
-    a = load_model(write_tiny_model(tmp_path / "a.gguf", "llama", n_layer=2, n_embd=256, n_ff=512, qtype=Q.Q5_1))
-    b = load_model(write_tiny_model(tmp_path / "b.gguf", "llama", n_layer=2, n_embd=256, n_ff=512, qtype=Q.Q8_0))
+    a = load_model(
+        write_tiny_model(
+            tmp_path / "a.gguf", "llama", n_layer=2, n_embd=256, n_ff=512, qtype=Q.Q5_1
+        )
+    )
+    b = load_model(
+        write_tiny_model(
+            tmp_path / "b.gguf", "llama", n_layer=2, n_embd=256, n_ff=512, qtype=Q.Q8_0
+        )
+    )
     for la, lb in zip(a.weights.layers, b.weights.layers, strict=True):
         la.attn_v, la.ffn_up, la.attn_output = lb.attn_v, lb.ffn_up, lb.attn_output
-    for path, kern in (("float", "_matvec_{}"), ("x16", "_matvec_rp16_{}"), ("int8", "_matvec_rp_{}")):
-        src = step.render(a.arch.spec.layer, a.weights.layers[0], np.dtype(np.uint16), np.dtype(np.uint16), path)
-        assert src.count(kern.format("q5_1") + " as") == 1 and src.count(kern.format("q8_0") + " as") == 1, path
+    for path, kern in (
+        ("float", "_matvec_{}"),
+        ("x16", "_matvec_rp16_{}"),
+        ("int8", "_matvec_rp_{}"),
+    ):
+        src = step.render(
+            a.arch.spec.layer, a.weights.layers[0], np.dtype(np.uint16), np.dtype(np.uint16), path
+        )
+        assert (
+            src.count(kern.format("q5_1") + " as") == 1
+            and src.count(kern.format("q8_0") + " as") == 1
+        ), path
     assert np.array_equal(decode_all(a, "1", monkeypatch), decode_all(a, "0", monkeypatch))
 
 
@@ -229,7 +335,9 @@ def test_starter_models_decode_through_the_step_by_default(name, request, monkey
 def test_step_modules_are_written_once_per_content(tmp_path, monkeypatch):
     monkeypatch.setenv("GGSTATION_STEP_DIR", str(tmp_path / "steps"))
     monkeypatch.setattr(step, "_modules", {})  # none loaded yet in this process
-    lw = load_model(write_tiny_model(tmp_path / "m.gguf", "llama", n_layer=1, qtype=Q.Q8_0)).weights.layers[0]
+    lw = load_model(
+        write_tiny_model(tmp_path / "m.gguf", "llama", n_layer=1, qtype=Q.Q8_0)
+    ).weights.layers[0]
     src = step.render(LayerSpec(), lw, np.dtype(np.uint16), np.dtype(np.uint16), False)
     fn = step.load_step(src)
     files = sorted((tmp_path / "steps").glob("step_*.py"))
@@ -249,7 +357,9 @@ def test_unwritable_step_dir_falls_back_to_python_blocks(tiny, tmp_path, monkeyp
     ctx = Context(load_model(tiny["llama"]), ContextParams(n_ctx=64))
     with caplog.at_level(logging.WARNING, logger="ggstation.engine"):
         rows = [ctx.decode(Batch.for_sequence(TOKENS[:4], 0, 0))]
-        rows += [ctx.decode(Batch.for_sequence(TOKENS[i : i + 1], i, 0)) for i in range(4, len(TOKENS))]
+        rows += [
+            ctx.decode(Batch.for_sequence(TOKENS[i : i + 1], i, 0)) for i in range(4, len(TOKENS))
+        ]
     assert "compiled decode steps unavailable" in caplog.text
     assert np.array_equal(np.concatenate(rows), want)
 
@@ -265,13 +375,18 @@ def _to_f16(bits):
 def test_f16_store_rounds_as_numpy():
     """Ties to even, subnormal halves, overflow to infinity, signed zeros; NaN stays NaN."""
     rng = np.random.default_rng(0)
-    bits = np.concatenate([
-        rng.integers(0, 2**32, 400_000, dtype=np.uint64).astype(np.uint32),
-        np.arange(0x33000000 - 64, 0x38800000 + 64, 4099, dtype=np.uint32),  # subnormal halves
-        (np.arange(1 << 16, dtype=np.uint32) << 13) | 0x1000,  # every exact tie
-        np.arange(0x477FE000, 0x47800100, 7, dtype=np.uint32),  # around the largest half
-        np.array([0, 0x7F800000, 0x7FC00000, 0x7F800001, 0x33000000, 0x33000001, 0x387FFFFF], np.uint32),
-    ])
+    bits = np.concatenate(
+        [
+            rng.integers(0, 2**32, 400_000, dtype=np.uint64).astype(np.uint32),
+            np.arange(0x33000000 - 64, 0x38800000 + 64, 4099, dtype=np.uint32),  # subnormal halves
+            (np.arange(1 << 16, dtype=np.uint32) << 13) | 0x1000,  # every exact tie
+            np.arange(0x477FE000, 0x47800100, 7, dtype=np.uint32),  # around the largest half
+            np.array(
+                [0, 0x7F800000, 0x7FC00000, 0x7F800001, 0x33000000, 0x33000001, 0x387FFFFF],
+                np.uint32,
+            ),
+        ]
+    )
     bits = np.concatenate([bits, bits | np.uint32(0x80000000)])
     f = bits.view(np.float32)
     with np.errstate(all="ignore"):
@@ -293,7 +408,14 @@ def test_attention_plan_goes_parallel_from_a_few_dozen_positions():
 
 
 def test_step_env_values():
-    for v, want in (("0", "0"), ("off", "0"), ("1", "1"), ("on", "1"), ("auto", "auto"), ("", "auto")):
+    for v, want in (
+        ("0", "0"),
+        ("off", "0"),
+        ("1", "1"),
+        ("on", "1"),
+        ("auto", "auto"),
+        ("", "auto"),
+    ):
         os.environ["GGSTATION_STEP"] = v
         try:
             assert step.mode() == want
@@ -319,7 +441,9 @@ def test_a_damaged_step_module_is_written_again(tmp_path, monkeypatch):
     """A step file cut short (or edited) on disk is replaced by the right text, not imported."""
     monkeypatch.setenv("GGSTATION_STEP_DIR", str(tmp_path / "steps"))
     monkeypatch.setattr(step, "_modules", {})
-    lw = load_model(write_tiny_model(tmp_path / "m.gguf", "llama", n_layer=1, qtype=Q.Q4_0)).weights.layers[0]
+    lw = load_model(
+        write_tiny_model(tmp_path / "m.gguf", "llama", n_layer=1, qtype=Q.Q4_0)
+    ).weights.layers[0]
     src = step.render(LayerSpec(), lw, np.dtype(np.uint16), np.dtype(np.uint16), False)
     step.load_step(src)
     (path,) = (tmp_path / "steps").glob("step_*.py")
@@ -345,11 +469,15 @@ def test_prune_deletes_other_versions_old_steps_and_their_cache(tmp_path):
         return f
 
     mine = step._file_stem("0" * 20)
-    keep = [put(mine + ".py", 10 * week),  # this version's: kept however old
-            put("step_deadbeef_" + "1" * 20 + ".py", week / 2),  # another version's, recent
-            put("notes.txt", 10 * week, cached=False)]
-    gone = [put("step_deadbeef_" + "2" * 20 + ".py", week + 60),
-            put("step_" + "3" * 20 + ".py", 2 * week)]  # an older engine's names had no version
+    keep = [
+        put(mine + ".py", 10 * week),  # this version's: kept however old
+        put("step_deadbeef_" + "1" * 20 + ".py", week / 2),  # another version's, recent
+        put("notes.txt", 10 * week, cached=False),
+    ]
+    gone = [
+        put("step_deadbeef_" + "2" * 20 + ".py", week + 60),
+        put("step_" + "3" * 20 + ".py", 2 * week),
+    ]  # an older engine's names had no version
     tmp = put("tmpab12.tmp", 2 * 86400, cached=False)
     assert step.prune(d, cache, now=now) == 2
     assert all(f.exists() for f in keep) and not any(f.exists() for f in gone) and not tmp.exists()
@@ -387,8 +515,12 @@ def test_layer_spec_refuses_variants_the_template_has_not():
     assert LayerSpec(fused=True).weights[:3] == ("attn_qkv",) * 3
 
 
-@pytest.mark.parametrize(("arch", "int8"), sweep([("qwen3moe", False), ("qwen2moe", True), ("gpt-oss", False)],
-                                                 fast={("qwen3moe", False)}))
+@pytest.mark.parametrize(
+    ("arch", "int8"),
+    sweep(
+        [("qwen3moe", False), ("qwen2moe", True), ("gpt-oss", False)], fast={("qwen3moe", False)}
+    ),
+)
 def test_moe_steps_serve_slots_decoding_together(tiny, arch, int8, served, monkeypatch):
     """Several sequences on a MoE model: ubatches of three tokens run their attention and router
     in the several-token step and their experts through moe.ffn, one-token ubatches take the
@@ -402,7 +534,9 @@ def test_moe_steps_serve_slots_decoding_together(tiny, arch, int8, served, monke
         p = [5, 5, 5]
         for i in range(10):
             seqs = [2, 0, 1] if i % 3 == 0 else [i % 3]  # three together, then one at a time
-            b = Batch.make(TOKENS[[(i + q) % 16 for q in seqs]], [p[q] for q in seqs], seqs, [True] * len(seqs))
+            b = Batch.make(
+                TOKENS[[(i + q) % 16 for q in seqs]], [p[q] for q in seqs], seqs, [True] * len(seqs)
+            )
             out.append(ctx.decode(b))
             for q in seqs:
                 p[q] += 1

@@ -60,12 +60,21 @@ def test_two_sequences_in_one_batch_match_oracle(tiny):
     then one decode token of each in the next."""
     a, b = TOKENS, TOKENS[5:14][::-1]
     ctx = Context(tiny, ContextParams(n_ctx=128, n_seq_max=2, **F32))
-    out = ctx.decode(Batch.concat([Batch.for_sequence(a, 0, seq_id=0, logits_all=True),
-                                   Batch.for_sequence(b, 0, seq_id=1, logits_all=True)]))
+    out = ctx.decode(
+        Batch.concat(
+            [
+                Batch.for_sequence(a, 0, seq_id=0, logits_all=True),
+                Batch.for_sequence(b, 0, seq_id=1, logits_all=True),
+            ]
+        )
+    )
     _close(out[: len(a)], oracle_logits(tiny.path, a, ctx.n_ctx_seq))
     _close(out[len(a) :], oracle_logits(tiny.path, b, ctx.n_ctx_seq))
-    nxt = ctx.decode(Batch.concat([Batch.for_sequence([60], len(a), seq_id=0),
-                                   Batch.for_sequence([70], len(b), seq_id=1)]))
+    nxt = ctx.decode(
+        Batch.concat(
+            [Batch.for_sequence([60], len(a), seq_id=0), Batch.for_sequence([70], len(b), seq_id=1)]
+        )
+    )
     _close(nxt[0], oracle_logits(tiny.path, a + [60], ctx.n_ctx_seq)[-1])
     _close(nxt[1], oracle_logits(tiny.path, b + [70], ctx.n_ctx_seq)[-1])
 
@@ -79,7 +88,9 @@ def test_decode_token_by_token_matches_prefill(tiny):
 
 
 def test_small_ubatches_match_one_pass(tiny):
-    one = Context(tiny, ContextParams(n_ctx=64)).decode(Batch.for_sequence(TOKENS, 0, logits_all=True))
+    one = Context(tiny, ContextParams(n_ctx=64)).decode(
+        Batch.for_sequence(TOKENS, 0, logits_all=True)
+    )
     ctx = Context(tiny, ContextParams(n_ctx=64, n_ubatch=5))
     _close(ctx.decode(Batch.for_sequence(TOKENS, 0, logits_all=True)), one, 5e-3)
 
@@ -88,9 +99,16 @@ def test_mixed_batch_matches_separate_sequences(tiny):
     ctx = Context(tiny, ContextParams(n_ctx=128, n_seq_max=2))
     ctx.decode(Batch.for_sequence(TOKENS[:10], 0, seq_id=0))
     # one batch: a decode token of seq 0 and a 20-token prompt chunk of seq 1
-    mixed = Batch.concat([Batch.for_sequence([TOKENS[10]], 10, seq_id=0), Batch.for_sequence(TOKENS[:20], 0, seq_id=1)])
+    mixed = Batch.concat(
+        [
+            Batch.for_sequence([TOKENS[10]], 10, seq_id=0),
+            Batch.for_sequence(TOKENS[:20], 0, seq_id=1),
+        ]
+    )
     out = ctx.decode(mixed)
-    ref = Context(tiny, ContextParams(n_ctx=64)).decode(Batch.for_sequence(TOKENS[:20], 0, logits_all=True))
+    ref = Context(tiny, ContextParams(n_ctx=64)).decode(
+        Batch.for_sequence(TOKENS[:20], 0, logits_all=True)
+    )
     _close(out[0], ref[10], 5e-3)
     _close(out[1], ref[19], 5e-3)
 
@@ -134,7 +152,9 @@ def test_memory_report_matches_estimate(tiny):
     ctx = Context(tiny, p)
     ctx.decode(Batch.for_sequence(TOKENS[:7], 0, seq_id=1))
     rep = ctx.memory_report()
-    est = estimate_memory(tiny.cfg, tiny.weights_bytes, len(tiny.gguf.tensors), n_ctx=96, n_seq_max=3, n_ubatch=32)
+    est = estimate_memory(
+        tiny.cfg, tiny.weights_bytes, len(tiny.gguf.tensors), n_ctx=96, n_seq_max=3, n_ubatch=32
+    )
     assert rep.kv_bytes == est.kv_bytes == ctx.kv.nbytes > 0
     assert rep.compute_bytes == est.compute_bytes == ctx.buf.nbytes
     assert rep.kv_per_seq_used[1] == 7 * ctx.kv.bytes_per_pos and rep.kv_per_seq_used[0] == 0
@@ -220,8 +240,10 @@ def test_supported_architectures_are_listed_in_the_error(tmp_path):
     path = write_tiny_model(tmp_path / "x.gguf", arch="phi3")
     bad = tmp_path / "phi4mm.gguf"
     bad.write_bytes(path.read_bytes().replace(b"phi3", b"phiz"))
-    with pytest.raises(UnsupportedArchError,
-                       match="'phiz'.*gemma2.*gemma3.*granite.*llama.*olmo2.*phi3.*qwen2.*qwen2moe.*qwen3.*qwen3moe.*smollm3"):
+    with pytest.raises(
+        UnsupportedArchError,
+        match="'phiz'.*gemma2.*gemma3.*granite.*llama.*olmo2.*phi3.*qwen2.*qwen2moe.*qwen3.*qwen3moe.*smollm3",
+    ):
         load_model(bad)
 
 
@@ -234,8 +256,13 @@ def test_table_quant_weights_match_oracle(qtype, tiny_model_dir):
 
     from ggufgen import write_tiny_model
 
-    path = write_tiny_model(tiny_model_dir / f"llama-{qtype}.gguf", arch="llama", n_embd=256,
-                            n_ff=512, qtype=GGMLQuantizationType[qtype])
+    path = write_tiny_model(
+        tiny_model_dir / f"llama-{qtype}.gguf",
+        arch="llama",
+        n_embd=256,
+        n_ff=512,
+        qtype=GGMLQuantizationType[qtype],
+    )
     model = load_model(path)
     assert model.gguf.tensors["blk.0.ffn_down.weight"].qtype.name == qtype
     ctx = Context(model, ContextParams(n_ctx=64, **F32))

@@ -55,8 +55,9 @@ def one_hot(token, n_vocab=10):
 
 
 def run_tokens(tokens, params=GREEDY, n_predict=-1, stop=(), **kw):
-    gen = SequenceGenerator(FakeTokenizer(), params, n_predict, stop,
-                            detokenizer=FakeDetokenizer(), **kw)
+    gen = SequenceGenerator(
+        FakeTokenizer(), params, n_predict, stop, detokenizer=FakeDetokenizer(), **kw
+    )
     steps = []
     for t in tokens:
         steps.append(gen.accept(one_hot(t)))
@@ -138,8 +139,7 @@ def test_ignore_eos_bans_eog_and_continues():
 
 def test_logprobs_and_counters():
     params = SamplingParams(temperature=0.0, n_probs=3)
-    _, steps = run_tokens([1, 2], params=params, n_predict=2,
-                          prompt_tokens=[5, 6, 7], n_cached=2)
+    _, steps = run_tokens([1, 2], params=params, n_predict=2, prompt_tokens=[5, 6, 7], n_cached=2)
     s = steps[0]
     assert s.token == 1 and s.logprob == pytest.approx(0.0, abs=1e-3)
     assert len(s.top_logprobs) == 3 and s.top_logprobs[0][0] == 1
@@ -161,13 +161,16 @@ def test_logprob_only_when_asked_for():
     assert [s.token for s in full] == [s.token for s in lean]
     assert all(np.isfinite(s.logprob) for s in full) and all(np.isnan(s.logprob) for s in lean)
     probs = run(replace(seeded, logprobs=False, n_probs=2))
-    assert [s.logprob for s in probs] == [s.logprob for s in full] and len(probs[0].top_logprobs) == 2
+    assert [s.logprob for s in probs] == [s.logprob for s in full] and len(
+        probs[0].top_logprobs
+    ) == 2
 
 
 def test_penalties_see_the_prompt():
     params = SamplingParams(temperature=0.0, repeat_penalty=100.0)
-    gen = SequenceGenerator(FakeTokenizer(), params, prompt_tokens=[3],
-                            detokenizer=FakeDetokenizer())
+    gen = SequenceGenerator(
+        FakeTokenizer(), params, prompt_tokens=[3], detokenizer=FakeDetokenizer()
+    )
     x = np.zeros(10, np.float32)
     x[3], x[4] = 5.0, 4.0
     assert gen.accept(x).token == 4
@@ -212,7 +215,11 @@ class FakeContext:
         assert len(self.kv.tokens) + len(batch) <= self.n_ctx_seq
         self.kv.tokens.extend(int(t) for t in batch.tokens)
         self.decoded.append(len(batch))
-        rows = [one_hot((int(t) + 1) % 9) for t, want in zip(batch.tokens, batch.logits, strict=True) if want]
+        rows = [
+            one_hot((int(t) + 1) % 9)
+            for t, want in zip(batch.tokens, batch.logits, strict=True)
+            if want
+        ]
         return np.array(rows, np.float32).reshape(len(rows), 10)
 
 
@@ -442,7 +449,9 @@ def test_generate_command_output_is_the_library_output(tiny_model_path, capsys, 
     out, err = capsys.readouterr()
     ctx = Context(load_model(tiny_model_path), ContextParams(n_ctx=128))
     ids = ctx.model.tokenizer.encode("the cat", add_special=True, parse_special=True)
-    assert out == "".join(s.text_delta for s in generate(ctx, ctx.model.tokenizer, ids, GREEDY, n_predict=12))
+    assert out == "".join(
+        s.text_delta for s in generate(ctx, ctx.model.tokenizer, ids, GREEDY, n_predict=12)
+    )
     assert "prompt eval:" in err and "generation:" in err
 
     seeded = [*argv, "-s", "11", "--temp", "1.5", "--top-k", "0", "--min-p", "0"]

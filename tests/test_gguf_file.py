@@ -132,7 +132,9 @@ def test_gguf_file_bad_utf8_in_string_array_raises_on_access(base_path):
     data = data[: item0 + 8] + b"\xff" + data[item0 + 9 :]
     base_path.write_bytes(data)
     f = GGUFFile(base_path)  # arrays are decoded lazily
-    with pytest.raises(GGUFError, match="item 0 of metadata key 'tokenizer.ggml.tokens' is not valid UTF-8"):
+    with pytest.raises(
+        GGUFError, match="item 0 of metadata key 'tokenizer.ggml.tokens' is not valid UTF-8"
+    ):
         f.get_array("tokenizer.ggml.tokens")
 
 
@@ -173,7 +175,9 @@ def test_gguf_file_fuzz_flips_and_truncations_only_raise_gguf_error(base_path, t
                 elif kind == "byte":
                     data[at] = rng.randrange(256)
                 elif at + 8 <= len(data):
-                    struct.pack_into("<Q", data, at, rng.choice([0, 1, 2**31, 2**32 - 1, 2**63, 2**64 - 1]))
+                    struct.pack_into(
+                        "<Q", data, at, rng.choice([0, 1, 2**31, 2**32 - 1, 2**63, 2**64 - 1])
+                    )
         target.write_bytes(bytes(data))
         try:
             _open_and_touch(target)
@@ -201,7 +205,9 @@ def vocab_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("vocab") / "vocab.gguf"
     w = GGUFWriter(str(path), "llama")
     w.add_array("tokenizer.ggml.tokens", VOCAB_TOKENS)
-    w.add_key_value("tokenizer.ggml.token_type", [1] * 300_000, GGUFValueType.ARRAY, GGUFValueType.INT32)
+    w.add_key_value(
+        "tokenizer.ggml.token_type", [1] * 300_000, GGUFValueType.ARRAY, GGUFValueType.INT32
+    )
     w.add_tensor("t", np.zeros(32, np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -225,7 +231,9 @@ def test_gguf_file_large_string_array_reads_back(vocab_path):
 @pytest.mark.perf
 def test_gguf_file_large_string_array_opens_fast(vocab_path, perf_figure):
     """Big vocabularies are located at open time and decoded only on access."""
-    perf_figure("GGUF open, 300k-token vocabulary", _timed_open(vocab_path)[1], "s", at_most=OPEN_LIMIT_S)
+    perf_figure(
+        "GGUF open, 300k-token vocabulary", _timed_open(vocab_path)[1], "s", at_most=OPEN_LIMIT_S
+    )
 
 
 @pytest.mark.model
@@ -260,35 +268,64 @@ def test_gguf_file_smollm2_matches_gguf_reader(smollm2_path):
 
 @pytest.fixture()
 def typed_path(tmp_path):
-    return hostile_gguf.valid_gguf(tmp_path / "typed.gguf", extra_kv={
-        "llama.context_length": (2**63, GGUFValueType.UINT64),
-        "llama.embedding_length": (-64, GGUFValueType.INT32),
-        "llama.rope.freq_base": (float("nan"), GGUFValueType.FLOAT32),
-        "llama.attention.head_count": (8.0, GGUFValueType.FLOAT32),
-        "test.flag": ("yes", GGUFValueType.STRING),
-        "test.ints": ([1, 2], GGUFValueType.ARRAY),
-    })
+    return hostile_gguf.valid_gguf(
+        tmp_path / "typed.gguf",
+        extra_kv={
+            "llama.context_length": (2**63, GGUFValueType.UINT64),
+            "llama.embedding_length": (-64, GGUFValueType.INT32),
+            "llama.rope.freq_base": (float("nan"), GGUFValueType.FLOAT32),
+            "llama.attention.head_count": (8.0, GGUFValueType.FLOAT32),
+            "test.flag": ("yes", GGUFValueType.STRING),
+            "test.ints": ([1, 2], GGUFValueType.ARRAY),
+        },
+    )
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda f: f.get_int("llama.context_length"),
-     "metadata key 'llama.context_length' is 9223372036854775808, out of range (1..16777216)"),
-    (lambda f: f.get_int("llama.embedding_length"),
-     "metadata key 'llama.embedding_length' is -64, out of range (1..1048576)"),
-    (lambda f: f.get_float("llama.rope.freq_base"),
-     "metadata key 'llama.rope.freq_base' should be a finite number, found float32 nan"),
-    (lambda f: f.get_int("llama.attention.head_count"),
-     "metadata key 'llama.attention.head_count' should be an integer, found float32 8.0"),
-    (lambda f: f.get_int("general.name"),
-     "metadata key 'general.name' should be an integer, found string 'hostile-base'"),
-    (lambda f: f.get_bool("test.flag"), "metadata key 'test.flag' should be a boolean, found string 'yes'"),
-    (lambda f: f.get_array("tokenizer.ggml.scores", item="string"),
-     "metadata key 'tokenizer.ggml.scores' should be an array of strings, found array of 3 float32"),
-    (lambda f: f.get_array("tokenizer.ggml.tokens", item="number"),
-     "metadata key 'tokenizer.ggml.tokens' should be an array of numbers, found array of 3 string"),
-    (lambda f: f.get_str("test.ints"), "metadata key 'test.ints' should be a string, found array of 2 int32"),
-    (lambda f: f.get_int("test.key_a", lo=2, hi=5), "metadata key 'test.key_a' is 1, out of range (2..5)"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (
+            lambda f: f.get_int("llama.context_length"),
+            "metadata key 'llama.context_length' is 9223372036854775808, out of range (1..16777216)",
+        ),
+        (
+            lambda f: f.get_int("llama.embedding_length"),
+            "metadata key 'llama.embedding_length' is -64, out of range (1..1048576)",
+        ),
+        (
+            lambda f: f.get_float("llama.rope.freq_base"),
+            "metadata key 'llama.rope.freq_base' should be a finite number, found float32 nan",
+        ),
+        (
+            lambda f: f.get_int("llama.attention.head_count"),
+            "metadata key 'llama.attention.head_count' should be an integer, found float32 8.0",
+        ),
+        (
+            lambda f: f.get_int("general.name"),
+            "metadata key 'general.name' should be an integer, found string 'hostile-base'",
+        ),
+        (
+            lambda f: f.get_bool("test.flag"),
+            "metadata key 'test.flag' should be a boolean, found string 'yes'",
+        ),
+        (
+            lambda f: f.get_array("tokenizer.ggml.scores", item="string"),
+            "metadata key 'tokenizer.ggml.scores' should be an array of strings, found array of 3 float32",
+        ),
+        (
+            lambda f: f.get_array("tokenizer.ggml.tokens", item="number"),
+            "metadata key 'tokenizer.ggml.tokens' should be an array of numbers, found array of 3 string",
+        ),
+        (
+            lambda f: f.get_str("test.ints"),
+            "metadata key 'test.ints' should be a string, found array of 2 int32",
+        ),
+        (
+            lambda f: f.get_int("test.key_a", lo=2, hi=5),
+            "metadata key 'test.key_a' is 1, out of range (2..5)",
+        ),
+    ],
+)
 def test_typed_getters_name_key_expected_and_found(typed_path, call, message):
     f = GGUFFile(typed_path)
     with pytest.raises(MetadataError) as exc:
@@ -300,7 +337,9 @@ def test_typed_readers_on_a_plain_mapping():
     from engine.metadata import meta_array, meta_int
 
     meta = {"a": "x", "b": [1, "2"], "c": 3}
-    with pytest.raises(MetadataError, match="^metadata key 'a' should be an integer, found str 'x'$"):
+    with pytest.raises(
+        MetadataError, match="^metadata key 'a' should be an integer, found str 'x'$"
+    ):
         meta_int(meta, "a")
     with pytest.raises(MetadataError, match="should be an array of integers, found array of 2 int"):
         meta_array(meta, "b", item="int")
@@ -332,7 +371,10 @@ def _drop_tensor(layout):  # fails in load_weights, after tensors were bound
 
 
 def _bad_merges(layout):  # fails in the tokenizer, after every tensor was bound
-    layout.kv("tokenizer.ggml.merges").vtype, layout.kv("tokenizer.ggml.merges").value = GGUFValueType.UINT32, 7
+    layout.kv("tokenizer.ggml.merges").vtype, layout.kv("tokenizer.ggml.merges").value = (
+        GGUFValueType.UINT32,
+        7,
+    )
 
 
 def _overlap(layout):  # fails while opening, after tensor views were made
@@ -340,9 +382,14 @@ def _overlap(layout):  # fails while opening, after tensor views were made
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads /proc/self/maps (Linux)")
-@pytest.mark.parametrize("change, error", [(_drop_tensor, "missing tensor 'blk.1.ffn_down.weight'"),
-                                           (_bad_merges, "'tokenizer.ggml.merges' should be an array of strings"),
-                                           (_overlap, "overlaps tensor")])
+@pytest.mark.parametrize(
+    "change, error",
+    [
+        (_drop_tensor, "missing tensor 'blk.1.ffn_down.weight'"),
+        (_bad_merges, "'tokenizer.ggml.merges' should be an array of strings"),
+        (_overlap, "overlaps tensor"),
+    ],
+)
 def test_failed_load_unmaps_the_file_without_the_garbage_collector(tmp_path, change, error):
     from engine import inspect_model
     from engine.errors import EngineError

@@ -110,14 +110,19 @@ def test_fuzzed_model_loads_or_raises_engine_error_long(bases, tmp_path, i):
 
 COMMAND_CASES = 24  # the first cases through every command (most are refused, at every stage)
 COMMANDS = {
-    "info": [], "tokenize": ["-p", "hi"], "generate": ["-p", "hi", "-n", "2", "-c", "64", "--temp", "0"],
-    "chat": ["-n", "2", "-c", "64"], "bench": ["-p", "8", "-n", "2", "-r", "1", "-t", "1"],
+    "info": [],
+    "tokenize": ["-p", "hi"],
+    "generate": ["-p", "hi", "-n", "2", "-c", "64", "--temp", "0"],
+    "chat": ["-n", "2", "-c", "64"],
+    "bench": ["-p", "8", "-n", "2", "-r", "1", "-t", "1"],
     "perplexity": ["-f", "{text}", "-c", "16", "--chunks", "1"],
 }
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_fuzzed_models_through_every_command_give_one_line(bases, tmp_path, capsys, monkeypatch, command):
+def test_fuzzed_models_through_every_command_give_one_line(
+    bases, tmp_path, capsys, monkeypatch, command
+):
     """What each `ggstation` command prints for a broken model: one `error:` line, no traceback."""
     import io
 
@@ -167,8 +172,11 @@ def main(n: int) -> int:
             tally["FAILED"] += 1
             name = hostile_gguf.fuzz_case(bases, i, SEED)[0]
             last = traceback.extract_tb(e.__traceback__)[-1]
-            print(f"FAILED {name}: {type(e).__name__}: {str(e)[:160]} "
-                  f"({Path(last.filename).name}:{last.lineno})", flush=True)
+            print(
+                f"FAILED {name}: {type(e).__name__}: {str(e)[:160]} "
+                f"({Path(last.filename).name}:{last.lineno})",
+                flush=True,
+            )
     print(dict(tally))
     return 1 if tally["FAILED"] else 0
 

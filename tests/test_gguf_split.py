@@ -22,9 +22,15 @@ def split_set(tmp_path_factory):
 
 def test_split_names_follow_llama_cpp():
     assert parse_split_name("Q4/m-Q4_K_M-00002-of-00005.gguf") == ("Q4/m-Q4_K_M", 1, 5)
-    assert parse_split_name("m-Q4_K_M.gguf") is None and parse_split_name("m-00006-of-00005.gguf") is None
+    assert (
+        parse_split_name("m-Q4_K_M.gguf") is None
+        and parse_split_name("m-00006-of-00005.gguf") is None
+    )
     assert [p.name for p in split_paths("/x/m-00002-of-00003.gguf")] == [
-        "m-00001-of-00003.gguf", "m-00002-of-00003.gguf", "m-00003-of-00003.gguf"]
+        "m-00001-of-00003.gguf",
+        "m-00002-of-00003.gguf",
+        "m-00003-of-00003.gguf",
+    ]
 
 
 def test_split_set_opens_as_one_file(split_set):
@@ -40,7 +46,9 @@ def test_split_set_opens_as_one_file(split_set):
 
 def test_split_set_errors_are_clear(split_set, tmp_path):
     first, _ = split_set
-    with pytest.raises(GGUFError, match="part 2 of a 3-part split model; load it from its first part"):
+    with pytest.raises(
+        GGUFError, match="part 2 of a 3-part split model; load it from its first part"
+    ):
         open_gguf(first.with_name("m-00002-of-00003.gguf"))
     for p in split_paths(first)[:2]:
         shutil.copy(p, tmp_path / p.name)

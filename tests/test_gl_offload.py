@@ -32,7 +32,10 @@ def logits(path, ngl: int, n_prefill: int = 10, **ctx_kw) -> tuple[np.ndarray, C
     model = load_model(path, n_gpu_layers=ngl)
     ctx = Context(model, ContextParams(n_ctx=64, **ctx_kw))
     rows = [ctx.decode(Batch.for_sequence(TOKENS[:n_prefill], 0, 0, logits_all=True))]
-    rows += [ctx.decode(Batch.for_sequence(TOKENS[i : i + 1], i, 0)) for i in range(n_prefill, len(TOKENS))]
+    rows += [
+        ctx.decode(Batch.for_sequence(TOKENS[i : i + 1], i, 0))
+        for i in range(n_prefill, len(TOKENS))
+    ]
     return np.concatenate(rows), ctx
 
 
@@ -68,6 +71,7 @@ def test_gl_claims_exactly_the_architectures_checked_here(tmp_path):
     """offload.unsupported_reason, from each architecture's description and config, accepts
     those of GL_ARCHS and no other (smollm3: llama's layer, but NoPE layers): an architecture
     the backend starts to claim must join GL_ARCHS, and so the forward tests here."""
+
     def tiny_of(arch):
         if arch in ("qwen3moe", "qwen2moe"):
             return write_tiny_moe(tmp_path / f"{arch}.gguf", arch)
@@ -94,11 +98,19 @@ def test_gl_forward_f32_kv_and_two_sequences(tiny, unified):
     gl_device()
     for ngl in (0, 99):
         model = load_model(tiny["llama"], n_gpu_layers=ngl)
-        ctx = Context(model, ContextParams(n_ctx=64, n_seq_max=2, type_k="f32", type_v="f32", kv_unified=unified))
-        b = Batch.concat([Batch.for_sequence(TOKENS[:5], 0, 0), Batch.for_sequence(TOKENS[5:9], 0, 1)])
+        ctx = Context(
+            model,
+            ContextParams(n_ctx=64, n_seq_max=2, type_k="f32", type_v="f32", kv_unified=unified),
+        )
+        b = Batch.concat(
+            [Batch.for_sequence(TOKENS[:5], 0, 0), Batch.for_sequence(TOKENS[5:9], 0, 1)]
+        )
         first = ctx.decode(b)
-        nxt = ctx.decode(Batch.concat([Batch.for_sequence(TOKENS[9:10], 5, 0),
-                                       Batch.for_sequence(TOKENS[10:11], 4, 1)]))
+        nxt = ctx.decode(
+            Batch.concat(
+                [Batch.for_sequence(TOKENS[9:10], 5, 0), Batch.for_sequence(TOKENS[10:11], 4, 1)]
+            )
+        )
         if ngl == 0:
             want = np.concatenate([first, nxt])
         else:
@@ -132,7 +144,10 @@ def test_gl_memory_report_per_device(tiny):
     assert gpu.weights_bytes >= ctx.model.gpu.host_bytes > 0
     assert cpu.weights_bytes == ctx.model.weights_bytes - ctx.model.gpu.host_bytes
     assert (r.weights_bytes, r.kv_bytes, r.compute_bytes) == (
-        cpu.weights_bytes + gpu.weights_bytes, cpu.kv_bytes + gpu.kv_bytes, cpu.compute_bytes + gpu.compute_bytes)
+        cpu.weights_bytes + gpu.weights_bytes,
+        cpu.kv_bytes + gpu.kv_bytes,
+        cpu.compute_bytes + gpu.compute_bytes,
+    )
 
 
 def test_gl_unavailable_lists_reason_and_loads_on_cpu(tiny, monkeypatch, caplog):
@@ -178,9 +193,15 @@ def test_gl_out_of_memory_falls_back_to_cpu(tiny, monkeypatch, caplog):
         got, ctx = logits(tiny["llama"], 99)
     assert ctx.gpu is None and "every layer on the CPU" in caplog.text
     assert_close(got, want, 1e-6)
-    assert (dev.bytes["kv"], dev.bytes["compute"]) == (before["kv"], before["compute"])  # nothing left behind
-    monkeypatch.setattr(GLDevice, "alloc", lambda self, n, kind, data=None: (_ for _ in ()).throw(
-        GLOutOfMemoryError("simulated")))
+    assert (dev.bytes["kv"], dev.bytes["compute"]) == (
+        before["kv"],
+        before["compute"],
+    )  # nothing left behind
+    monkeypatch.setattr(
+        GLDevice,
+        "alloc",
+        lambda self, n, kind, data=None: (_ for _ in ()).throw(GLOutOfMemoryError("simulated")),
+    )
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         model = load_model(tiny["llama"], n_gpu_layers=99)
@@ -226,7 +247,10 @@ def test_gl_split_mode_row_is_refused(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["generate", "-sm", "row", "-p", "x"])
     assert "split mode 'row'" in capsys.readouterr().err
-    assert build_parser().parse_args(["generate", "-sm", "none", "-ngl", "5", "-p", "x"]).n_gpu_layers == 5
+    assert (
+        build_parser().parse_args(["generate", "-sm", "none", "-ngl", "5", "-p", "x"]).n_gpu_layers
+        == 5
+    )
 
 
 @pytest.mark.model
@@ -269,7 +293,10 @@ def test_gl_unified_cache_moves_runs_on_the_gpu(tiny):
     for ngl in (0, 99):
         model = load_model(tiny["gemma3"], n_gpu_layers=ngl)
         ctx = Context(model, ContextParams(n_ctx=64, n_seq_max=2, kv_unified=True))
-        rows = [ctx.decode(Batch.for_sequence(toks[:30], 0, 0)), ctx.decode(Batch.for_sequence(toks[30:36], 0, 1))]
+        rows = [
+            ctx.decode(Batch.for_sequence(toks[:30], 0, 0)),
+            ctx.decode(Batch.for_sequence(toks[30:36], 0, 1)),
+        ]
         for i in range(30, 42):  # sequence 0 outgrows its run
             rows.append(ctx.decode(Batch.for_sequence(toks[i : i + 1], i, 0)))
         runs.append(np.concatenate(rows))
@@ -285,13 +312,17 @@ def test_gl_tensor_past_the_block_size_stays_on_cpu(tiny, monkeypatch, caplog):
         model = load_model(tiny["llama"], n_gpu_layers=99)
     assert "blk.0.ffn_up.weight stays on the CPU: its 0 MiB exceed the 0 MiB" in caplog.text
     assert model.gpu is not None and not model.gpu.head  # the output matrix is too big too
-    with caplog.at_level(logging.WARNING):  # nor does the compute scratch: the context runs on the CPU
+    with caplog.at_level(
+        logging.WARNING
+    ):  # nor does the compute scratch: the context runs on the CPU
         assert Context(model, ContextParams(n_ctx=64)).gpu is None
     assert "this context runs every layer on the CPU" in caplog.text
     monkeypatch.setattr(dev, "max_block_bytes", real)
     ctx = Context(model, ContextParams(n_ctx=64))
     rows = [ctx.decode(Batch.for_sequence(TOKENS[:10], 0, 0, logits_all=True))]
-    rows += [ctx.decode(Batch.for_sequence(TOKENS[i : i + 1], i, 0)) for i in range(10, len(TOKENS))]
+    rows += [
+        ctx.decode(Batch.for_sequence(TOKENS[i : i + 1], i, 0)) for i in range(10, len(TOKENS))
+    ]
     assert ctx.gpu is not None
     assert_close(np.concatenate(rows), want)
 
@@ -357,7 +388,9 @@ def test_gl_list_devices_without_gl_says_none(monkeypatch, capsys):
     from engine import backends
     from engine.params import devices_text
 
-    gl0 = backends.DeviceInfo("GL0", "OpenGL", "not available", None, None, (), False, "no EGL (simulated)")
+    gl0 = backends.DeviceInfo(
+        "GL0", "OpenGL", "not available", None, None, (), False, "no EGL (simulated)"
+    )
     monkeypatch.setattr(backends, "list_devices", lambda refresh=False: [gl0])
     assert devices_text() == "Available devices:\n  (none)\n"
     assert "GL0: OpenGL not available: no EGL (simulated)" in capsys.readouterr().err

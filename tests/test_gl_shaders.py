@@ -22,7 +22,11 @@ def random_blocks(qtype: Q, n_rows: int, n_cols: int) -> np.ndarray:
     random bytes with small finite f16 scale fields (gguf cannot quantise them)."""
     if qtype in (Q.F32, Q.F16):
         data = RNG.standard_normal((n_rows, n_cols)).astype(np.float32)
-        return data.astype(np.float16 if qtype == Q.F16 else np.float32).view(np.uint8).reshape(n_rows, -1)
+        return (
+            data.astype(np.float16 if qtype == Q.F16 else np.float32)
+            .view(np.uint8)
+            .reshape(n_rows, -1)
+        )
     if qtype not in (Q.Q4_K, Q.Q6_K):
         data = RNG.standard_normal((n_rows, n_cols)).astype(np.float32)
         return quants.quantize(data, qtype)
@@ -37,16 +41,32 @@ def random_blocks(qtype: Q, n_rows: int, n_cols: int) -> np.ndarray:
     return raw.reshape(n_rows, -1)
 
 
-def gl_matmul(dev, qtype: Q, raw: np.ndarray, n_cols: int, x: np.ndarray, acc: np.ndarray | None = None,
-              cooperative: bool = False):
+def gl_matmul(
+    dev,
+    qtype: Q,
+    raw: np.ndarray,
+    n_cols: int,
+    x: np.ndarray,
+    acc: np.ndarray | None = None,
+    cooperative: bool = False,
+):
     n_rows, T = raw.shape[0], x.shape[0]
     out = np.zeros((T, n_rows), np.float32) if acc is None else acc.copy()
 
     def fn(sc, offs, w):
         saved, dev.cooperative = dev.cooperative, cooperative
         try:
-            matmul_gl(dev, GpuTensor(w, qtype, n_rows, n_cols, raw.shape[1]), T, sc, offs[0], n_cols, offs[1],
-                      n_rows, acc is not None)
+            matmul_gl(
+                dev,
+                GpuTensor(w, qtype, n_rows, n_cols, raw.shape[1]),
+                T,
+                sc,
+                offs[0],
+                n_cols,
+                offs[1],
+                n_rows,
+                acc is not None,
+            )
         finally:
             dev.cooperative = saved
 
@@ -57,7 +77,9 @@ def gl_matmul(dev, qtype: Q, raw: np.ndarray, n_cols: int, x: np.ndarray, acc: n
         dev.ctx.call(dev.free, w)
 
 
-@pytest.mark.parametrize("qtype", sorted(shaders.MATMUL_TYPES, key=lambda q: q.name), ids=lambda q: q.name)
+@pytest.mark.parametrize(
+    "qtype", sorted(shaders.MATMUL_TYPES, key=lambda q: q.name), ids=lambda q: q.name
+)
 @pytest.mark.parametrize("T", [1, 3, 4, 11])  # 1-3: a token per pass; 4, 11 = 4+4+3: four per pass
 @pytest.mark.parametrize("cooperative", [False, True], ids=["per-row", "coop"])
 def test_gl_matmul_matches_dequantised_reference(qtype, T, cooperative):
@@ -103,7 +125,9 @@ def test_gl_rope_matches_ops(neox):
 
     dev = gl_device()
     T, H, D = 3, 4, 16
-    rope = Rope.make(12, 10000.0, neox, factors=np.linspace(1.0, 2.0, 6))  # partial rotation, factors
+    rope = Rope.make(
+        12, 10000.0, neox, factors=np.linspace(1.0, 2.0, 6)
+    )  # partial rotation, factors
     half = rope.n_rot // 2
     x = RNG.standard_normal((T, H, D)).astype(np.float32)
     pos = np.array([0, 7, 300])
@@ -113,8 +137,12 @@ def test_gl_rope_matches_ops(neox):
     cs = np.concatenate([np.cos(theta), np.sin(theta)]).astype(np.float32)
 
     def fn(sc, offs):
-        dev.dispatch("rope", (n_groups(T * H * half), 1), (sc,),
-                     (offs[0], T, H, D, half, int(neox), offs[1], offs[1] + T * half))
+        dev.dispatch(
+            "rope",
+            (n_groups(T * H * half), 1),
+            (sc,),
+            (offs[0], T, H, D, half, int(neox), offs[1], offs[1] + T * half),
+        )
 
     got = run_on_scratch(dev, [x, cs], fn)[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
@@ -129,7 +157,12 @@ def test_gl_gated_act_matches_ops(kind):
     ops.gated_act(kind, g.copy(), u, want)
 
     def fn(sc, offs):
-        dev.dispatch("gated_act", (n_groups(120), 1), (sc,), (offs[0], offs[1], 120, int(kind == "gelu"), 40, 40, 40))
+        dev.dispatch(
+            "gated_act",
+            (n_groups(120), 1),
+            (sc,),
+            (offs[0], offs[1], 120, int(kind == "gelu"), 40, 40, 40),
+        )
 
     got = run_on_scratch(dev, [g, u], fn)[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
@@ -171,9 +204,27 @@ def test_gl_attention_gqa_causal_window(f16, window):
 
     def fn(sc, offs, kb, vb):
         T = len(pos)
-        dev.dispatch("attention", (H, T), (sc, kb, vb),
-                     (offs[0], offs[1], H, G, D, D, offs[2], offs[2] + T, offs[2] + 2 * T, n_cells, window,
-                      int(f16), int(f16)), (0.17, 0.0))
+        dev.dispatch(
+            "attention",
+            (H, T),
+            (sc, kb, vb),
+            (
+                offs[0],
+                offs[1],
+                H,
+                G,
+                D,
+                D,
+                offs[2],
+                offs[2] + T,
+                offs[2] + 2 * T,
+                n_cells,
+                window,
+                int(f16),
+                int(f16),
+            ),
+            (0.17, 0.0),
+        )
 
     kb = dev.ctx.call(dev.alloc, kc.nbytes, "kv", kc)
     vb = dev.ctx.call(dev.alloc, vc.nbytes, "kv", vc)

@@ -57,12 +57,21 @@ def test_two_sequences_in_one_batch_match_oracle(tiny):
     one decode token each."""
     a, b = TOKENS, TOKENS[5:14][::-1]
     ctx = Context(tiny, ContextParams(n_ctx=128, n_seq_max=2, **F32))
-    out = ctx.decode(Batch.concat([Batch.for_sequence(a, 0, seq_id=0, logits_all=True),
-                                   Batch.for_sequence(b, 0, seq_id=1, logits_all=True)]))
+    out = ctx.decode(
+        Batch.concat(
+            [
+                Batch.for_sequence(a, 0, seq_id=0, logits_all=True),
+                Batch.for_sequence(b, 0, seq_id=1, logits_all=True),
+            ]
+        )
+    )
     assert _err(out[: len(a)], oracle_logits(tiny.path, a, ctx.n_ctx_seq)) < 2e-3
-    assert _err(out[len(a):], oracle_logits(tiny.path, b, ctx.n_ctx_seq)) < 2e-3
-    nxt = ctx.decode(Batch.concat([Batch.for_sequence([60], len(a), seq_id=0),
-                                   Batch.for_sequence([70], len(b), seq_id=1)]))
+    assert _err(out[len(a) :], oracle_logits(tiny.path, b, ctx.n_ctx_seq)) < 2e-3
+    nxt = ctx.decode(
+        Batch.concat(
+            [Batch.for_sequence([60], len(a), seq_id=0), Batch.for_sequence([70], len(b), seq_id=1)]
+        )
+    )
     assert _err(nxt[0], oracle_logits(tiny.path, a + [60], ctx.n_ctx_seq)[-1]) < 2e-3
     assert _err(nxt[1], oracle_logits(tiny.path, b + [70], ctx.n_ctx_seq)[-1]) < 2e-3
 
@@ -74,8 +83,11 @@ def test_f16_cache_decode_matches_prefill(tiny):
     assert _err(steps, oracle_logits(tiny.path, TOKENS[:12], ctx.n_ctx_seq)) < 5e-3
 
 
-@pytest.mark.parametrize("variant", [dict(sinks=False), dict(yarn=False), dict(sliding_window=1024)],
-                         ids=["sinks", "yarn", "swa"])
+@pytest.mark.parametrize(
+    "variant",
+    [dict(sinks=False), dict(yarn=False), dict(sliding_window=1024)],
+    ids=["sinks", "yarn", "swa"],
+)
 def test_each_feature_matters(tiny_dir, variant):
     """Without the feature (same weights) the logits move far beyond the tolerance, and the
     engine still follows the oracle: so the oracle tests above would catch a wrong one."""
@@ -92,16 +104,23 @@ def test_config_reads_gpt_oss_hparams(tiny):
     cfg = tiny.cfg
     assert cfg.swa_layers == (True, False, True, False) and cfg.sliding_window == 4
     assert cfg.kq_scale == 16**-0.5 and cfg.rope_yarn is not None and cfg.rope_scale == 4.0
-    assert (cfg.moe.gating, cfg.moe.act, cfg.moe.norm_weights) == ("softmax_weight", "swiglu_oai", False)
+    assert (cfg.moe.gating, cfg.moe.act, cfg.moe.norm_weights) == (
+        "softmax_weight",
+        "swiglu_oai",
+        False,
+    )
 
 
-@pytest.mark.parametrize("skip,error,text", [
-    ("attention.sliding_window", GGUFError, "gpt-oss.attention.sliding_window"),
-    ("expert_feed_forward_length", GGUFError, "gpt-oss.expert_feed_forward_length"),
-    ("blk.1.attn_sinks.weight", MissingTensorError, "blk.1.attn_sinks.weight"),
-    ("blk.0.ffn_down_exps.bias", MissingTensorError, "blk.0.ffn_down_exps.bias"),
-    ("blk.2.attn_output.bias", MissingTensorError, "blk.2.attn_output.bias"),
-])
+@pytest.mark.parametrize(
+    "skip,error,text",
+    [
+        ("attention.sliding_window", GGUFError, "gpt-oss.attention.sliding_window"),
+        ("expert_feed_forward_length", GGUFError, "gpt-oss.expert_feed_forward_length"),
+        ("blk.1.attn_sinks.weight", MissingTensorError, "blk.1.attn_sinks.weight"),
+        ("blk.0.ffn_down_exps.bias", MissingTensorError, "blk.0.ffn_down_exps.bias"),
+        ("blk.2.attn_output.bias", MissingTensorError, "blk.2.attn_output.bias"),
+    ],
+)
 def test_missing_metadata_or_tensor_is_clear_error(tmp_path, skip, error, text):
     path = write_tiny_gptoss(tmp_path / "broken.gguf", skip=(skip,))
     with pytest.raises(error, match=text.replace(".", r"\.")):
@@ -117,7 +136,11 @@ def test_harmony_vocabulary_and_template(tiny):
     from engine.tokenizer.chat_template import ChatTemplate
 
     tok, ids = tiny.tokenizer, tiny.tokenizer.token_to_id
-    assert tok.is_eog(ids["<|return|>"]) and tok.is_eog(ids["<|call|>"]) and not tok.is_eog(ids["<|end|>"])
+    assert (
+        tok.is_eog(ids["<|return|>"])
+        and tok.is_eog(ids["<|call|>"])
+        and not tok.is_eog(ids["<|end|>"])
+    )
     for t in ("<|channel|>", "<|constrain|>", "<|message|>", "<|start|>", "<|end|>"):
         assert tok.token_to_piece(ids[t], special=False) == t.encode()
     assert tok.token_to_piece(ids["<|return|>"], special=False) == b""
@@ -125,4 +148,7 @@ def test_harmony_vocabulary_and_template(tiny):
     assert is_harmony_template(tmpl.source)
     prompt = tmpl.render([{"role": "user", "content": "Hi"}])
     assert prompt.endswith("<|start|>user<|message|>Hi<|end|><|start|>assistant")
-    assert tok.encode("<|start|>assistant", add_special=False, parse_special=True)[0] == ids["<|start|>"]
+    assert (
+        tok.encode("<|start|>assistant", add_special=False, parse_special=True)[0]
+        == ids["<|start|>"]
+    )

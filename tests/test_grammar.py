@@ -75,12 +75,18 @@ def test_grammar_lark_text_is_accepted():
     assert g.kind == "lark" and run(g)[0] == "xz"
 
 
-@pytest.mark.parametrize("source, out", [
-    ('root ::= start\nstart ::= "a"', "a"),  # GBNF with a rule named start is not Lark
-    ('start ::= "b"\nroot ::= start "c"', "bc"),
-    ('root ::= a-b aB a_b\na-b ::= "x"\naB ::= "y"\na_b ::= "z"', "xyz"),  # names that fold alike
-    ('root ::= 1x\n1x ::= "q"', "q"),
-])
+@pytest.mark.parametrize(
+    "source, out",
+    [
+        ('root ::= start\nstart ::= "a"', "a"),  # GBNF with a rule named start is not Lark
+        ('start ::= "b"\nroot ::= start "c"', "bc"),
+        (
+            'root ::= a-b aB a_b\na-b ::= "x"\naB ::= "y"\na_b ::= "z"',
+            "xyz",
+        ),  # names that fold alike
+        ('root ::= 1x\n1x ::= "q"', "q"),
+    ],
+)
 def test_grammar_gbnf_rule_names_llguidance_would_clash_on(source, out):
     g = Grammar.from_gbnf(source)
     assert g.kind == "gbnf" and run(g)[0] == out
@@ -131,7 +137,9 @@ def test_grammar_json_schema_from_text_and_empty_schema():
 def test_grammar_json_whitespace_is_bounded():
     """llama.cpp's rule: one space, or one or two newlines and up to 20 spaces/tabs."""
     vocab = vocabulary_for(TOK)
-    m = GrammarMatcher(Grammar.from_json_schema({"type": "array", "items": {"type": "integer"}}), TOK)
+    m = GrammarMatcher(
+        Grammar.from_json_schema({"type": "array", "items": {"type": "integer"}}), TOK
+    )
     assert m.accept(N_SPECIAL + ord("["))
     assert m.accept(N_SPECIAL + ord("\n"))
     for _ in range(20):
@@ -140,19 +148,22 @@ def test_grammar_json_whitespace_is_bounded():
     assert vocab is vocabulary_for(TOK)
 
 
-@pytest.mark.parametrize("kind, source, needle", [
-    ("gbnf", "root ::= this is (not valid GBNF", "failed to parse grammar"),
-    ("gbnf", 'foo ::= "a"', "root"),
-    ("gbnf", "root ::= undefined-rule", "undefined-rule"),
-    ("json_schema", {"type": "hiccup"}, "hiccup"),
-    ("json_schema", {"type": 123}, "type"),
-    ("json_schema", 123, "object or a boolean"),
-    ("json_schema", "{not json", "not valid JSON"),
-    ("json_schema", {"type": "array", "minItems": 3, "maxItems": 1}, "minItems"),
-    ("json_schema", {"type": "string", "pattern": "[a-"}, "regex"),
-    ("regex", "(unclosed", "invalid regex"),
-    ("yaml", "a: b", "unknown grammar kind"),
-])
+@pytest.mark.parametrize(
+    "kind, source, needle",
+    [
+        ("gbnf", "root ::= this is (not valid GBNF", "failed to parse grammar"),
+        ("gbnf", 'foo ::= "a"', "root"),
+        ("gbnf", "root ::= undefined-rule", "undefined-rule"),
+        ("json_schema", {"type": "hiccup"}, "hiccup"),
+        ("json_schema", {"type": 123}, "type"),
+        ("json_schema", 123, "object or a boolean"),
+        ("json_schema", "{not json", "not valid JSON"),
+        ("json_schema", {"type": "array", "minItems": 3, "maxItems": 1}, "minItems"),
+        ("json_schema", {"type": "string", "pattern": "[a-"}, "regex"),
+        ("regex", "(unclosed", "invalid regex"),
+        ("yaml", "a: b", "unknown grammar kind"),
+    ],
+)
 def test_grammar_invalid_is_a_clear_error(kind, source, needle):
     with pytest.raises(GrammarError) as e:
         compile_grammar(kind, source)
@@ -162,10 +173,14 @@ def test_grammar_invalid_is_a_clear_error(kind, source, needle):
 
 def test_grammar_listed_properties_close_the_object():
     """llama.cpp's reading: no additionalProperties + properties = no other keys."""
-    schema = {"type": "object", "properties": {"properties": {"type": "object",
-                                                              "properties": {"x": {"const": 1}}}},
-              "required": ["properties"], "$defs": {"d": {"properties": {}}},
-              "anyOf": [{"properties": {}}], "items": [{"properties": {}}]}
+    schema = {
+        "type": "object",
+        "properties": {"properties": {"type": "object", "properties": {"x": {"const": 1}}}},
+        "required": ["properties"],
+        "$defs": {"d": {"properties": {}}},
+        "anyOf": [{"properties": {}}],
+        "items": [{"properties": {}}],
+    }
     closed = close_objects(schema)
     assert closed["additionalProperties"] is False
     assert set(closed["properties"]) == {"properties"}  # a property's name is not a keyword
@@ -174,9 +189,15 @@ def test_grammar_listed_properties_close_the_object():
     assert closed["anyOf"][0]["additionalProperties"] is False
     assert closed["items"][0]["additionalProperties"] is False
     assert "additionalProperties" not in schema  # the caller's schema is left alone
-    assert close_objects({"properties": {}, "additionalProperties": True})["additionalProperties"] is True
-    nested = {"type": "object", "properties": {"properties": schema["properties"]["properties"]},
-              "required": ["properties"]}
+    assert (
+        close_objects({"properties": {}, "additionalProperties": True})["additionalProperties"]
+        is True
+    )
+    nested = {
+        "type": "object",
+        "properties": {"properties": schema["properties"]["properties"]},
+        "required": ["properties"],
+    }
     for seed in range(3):
         text, _ = run(Grammar.from_json_schema(nested), SAMPLED, n_predict=200, seed=seed)
         assert json.loads(text) in ({"properties": {"x": 1}}, {"properties": {}})
@@ -231,8 +252,12 @@ def test_grammar_logprobs_are_those_of_the_raw_logits():
     """llama-server reports pre-sampling probabilities (post_sampling_probs off)."""
     logits = np.zeros(N_VOCAB, np.float32)
     logits[N_SPECIAL + ord("z")] = 5.0
-    gen = SequenceGenerator(TOK, SamplingParams(temperature=0.0, n_probs=2), 5,
-                            grammar=Grammar.from_gbnf('root ::= "a"'))
+    gen = SequenceGenerator(
+        TOK,
+        SamplingParams(temperature=0.0, n_probs=2),
+        5,
+        grammar=Grammar.from_gbnf('root ::= "a"'),
+    )
     step = gen.accept(logits)
     assert step.token == N_SPECIAL + ord("a")
     lse = float(np.log(np.exp(logits.astype(np.float64)).sum()))

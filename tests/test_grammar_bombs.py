@@ -26,13 +26,18 @@ TOK = FakeTokenizer()
 
 
 def gbnf_chain(n: int) -> str:
-    return "root ::= r0\n" + "".join(f'r{i} ::= "x" r{i + 1}\n' for i in range(n)) + f'r{n} ::= "y"\n'
+    return (
+        "root ::= r0\n" + "".join(f'r{i} ::= "x" r{i + 1}\n' for i in range(n)) + f'r{n} ::= "y"\n'
+    )
 
 
 def lark_chain(n: int, terminals: bool = False) -> str:
     name = "T" if terminals else "r"
-    return (f"start: {name}0\n" + "".join(f'{name}{i}: "x" {name}{i + 1}\n' for i in range(n))
-            + f'{name}{n}: "y"\n')
+    return (
+        f"start: {name}0\n"
+        + "".join(f'{name}{i}: "x" {name}{i + 1}\n' for i in range(n))
+        + f'{name}{n}: "y"\n'
+    )
 
 
 def ref_chain(n: int) -> dict:
@@ -81,8 +86,12 @@ _BOMBS = textwrap.dedent("""
 
 
 def test_grammar_bombs_never_kill_the_server():
-    proc = subprocess.run([sys.executable, "-c", _BOMBS], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"the server process died ({proc.returncode}): {proc.stderr[-2000:]}"
+    proc = subprocess.run(
+        [sys.executable, "-c", _BOMBS], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, (
+        f"the server process died ({proc.returncode}): {proc.stderr[-2000:]}"
+    )
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     for path, status, text in results[:-1]:
         assert status in (200, 400), (path, status, text)
@@ -96,25 +105,31 @@ def test_grammar_bombs_never_kill_the_server():
 # -- bounds before the library ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind, source, needle", [
-    ("gbnf", 'root ::= "' + "x" * (MAX_GRAMMAR_CHARS + 1) + '"', "too large"),
-    ("gbnf", 'root ::= "x"{1000000}', f"at most {MAX_REPETITION}"),
-    ("gbnf", 'root ::= "x"{2,5000}', "repeats too often"),
-    ("lark", 'start: "x"{3000}', "repeats too often"),
-    ("regex", "x{1000000}", "repeats too often"),
-    ("json_schema", {"type": "string", "pattern": "a{1,100000}"}, "repeats too often"),
-])
+@pytest.mark.parametrize(
+    "kind, source, needle",
+    [
+        ("gbnf", 'root ::= "' + "x" * (MAX_GRAMMAR_CHARS + 1) + '"', "too large"),
+        ("gbnf", 'root ::= "x"{1000000}', f"at most {MAX_REPETITION}"),
+        ("gbnf", 'root ::= "x"{2,5000}', "repeats too often"),
+        ("lark", 'start: "x"{3000}', "repeats too often"),
+        ("regex", "x{1000000}", "repeats too often"),
+        ("json_schema", {"type": "string", "pattern": "a{1,100000}"}, "repeats too often"),
+    ],
+)
 def test_grammar_bounds_refuse_before_compiling(kind, source, needle):
     with pytest.raises(GrammarError) as e:
         compile_grammar(kind, source)
     assert needle in str(e.value)
 
 
-@pytest.mark.parametrize("kind, source, needle", [
-    ("gbnf", gbnf_chain(MAX_RULES + 1), "too many rules"),
-    ("lark", lark_chain(MAX_RULES + 1), "too many rules"),
-    ("json_schema", json.dumps(ref_chain(20000)), "too large"),
-])
+@pytest.mark.parametrize(
+    "kind, source, needle",
+    [
+        ("gbnf", gbnf_chain(MAX_RULES + 1), "too many rules"),
+        ("lark", lark_chain(MAX_RULES + 1), "too many rules"),
+        ("json_schema", json.dumps(ref_chain(20000)), "too large"),
+    ],
+)
 def test_grammar_bounds_refuse_chains(kind, source, needle):
     # check_source alone: were the bound gone, compiling these chains in the runner's
     # process could kill it (the HTTP path is pinned in the subprocess above)
@@ -140,8 +155,12 @@ def test_grammar_gbnf_chain_converts_to_a_terminal_chain():
 
 # -- at request time, not after the first token --------------------------------------------------
 
-EXPLODING = ("root ::= (" + " | ".join(f'"a" x{i}' for i in range(2500)) + ")\n"
-             + "".join(f'x{i} ::= "b" x{i} | "c"\n' for i in range(2500)))
+EXPLODING = (
+    "root ::= ("
+    + " | ".join(f'"a" x{i}' for i in range(2500))
+    + ")\n"
+    + "".join(f'x{i} ::= "b" x{i} | "c"\n' for i in range(2500))
+)
 
 
 def test_grammar_that_fails_after_its_first_token_is_refused_up_front():
@@ -161,12 +180,16 @@ def client():
     sched.stop()
 
 
-@pytest.mark.parametrize("body", [
-    {"grammar": EXPLODING},
-    {"grammar": 'root ::= "x"{1000000}'},
-    {"grammar": 'root ::= "' + "x" * (1 << 20) + '"'},
-    {"json_schema": {"type": "string", "pattern": "[a-z]{100000}"}},
-], ids=["rows", "repetition", "literal", "pattern"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"grammar": EXPLODING},
+        {"grammar": 'root ::= "x"{1000000}'},
+        {"grammar": 'root ::= "' + "x" * (1 << 20) + '"'},
+        {"json_schema": {"type": "string", "pattern": "[a-z]{100000}"}},
+    ],
+    ids=["rows", "repetition", "literal", "pattern"],
+)
 def test_grammar_costly_grammars_are_a_400_at_request_time(client, body):
     r = client.post("/completion", json={"prompt": "x", "n_predict": 4, **body})
     assert r.status_code == 400, r.text[:300]

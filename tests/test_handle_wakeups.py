@@ -129,7 +129,9 @@ def _stream_times(delay_s: float, n: int, **kw) -> tuple[list[float], int, int]:
     s = make_fake_scheduler(n_slots=2, delay_s=delay_s)
     try:
         wakes = [0]
-        h = s.submit(GenerationRequest(TOK.encode("a"), SamplingParams(temperature=0.0), n_predict=n, **kw))
+        h = s.submit(
+            GenerationRequest(TOK.encode("a"), SamplingParams(temperature=0.0), n_predict=n, **kw)
+        )
         wake = h.wake
 
         def counted() -> None:
@@ -168,7 +170,9 @@ def test_slow_tokens_wake_the_consumer_for_each_one():
 def test_held_tokens_are_woken_before_a_long_prompt_step():
     s = make_fake_scheduler(n_slots=2, n_ctx=512, n_batch=256, delay_s=0.002)
     try:
-        a = s.submit(GenerationRequest(TOK.encode("a"), SamplingParams(temperature=0.0), n_predict=400))
+        a = s.submit(
+            GenerationRequest(TOK.encode("a"), SamplingParams(temperature=0.0), n_predict=400)
+        )
         it = iter(a)
         next(it)
         woken_before_prompt = []
@@ -181,7 +185,9 @@ def test_held_tokens_are_woken_before_a_long_prompt_step():
 
         s.ctx.decode = watched  # type: ignore[method-assign]
         time.sleep(0.01)
-        s.submit(GenerationRequest(TOK.encode("b" * 200), SamplingParams(temperature=0.0), n_predict=2))
+        s.submit(
+            GenerationRequest(TOK.encode("b" * 200), SamplingParams(temperature=0.0), n_predict=2)
+        )
         time.sleep(0.05)
         a.cancel()
         assert woken_before_prompt and all(woken_before_prompt)

@@ -40,7 +40,9 @@ def payloads(tmp_path_factory):
     return {
         "small": write_tiny_model(d / "small.gguf", seed=1),
         # ~8 MB of weights behind a small header: what a range read should skip
-        "big": write_tiny_model(d / "big.gguf", n_embd=512, n_head=8, n_head_kv=4, n_ff=1536, seed=2),
+        "big": write_tiny_model(
+            d / "big.gguf", n_embd=512, n_head=8, n_head_kv=4, n_ff=1536, seed=2
+        ),
         "split": write_tiny_model(d / "split" / "tiny-Q8_0.gguf", split_max_tensors=8),
         "weird": _unknown_arch_gguf(d / "weird.gguf"),
     }
@@ -50,20 +52,31 @@ def payloads(tmp_path_factory):
 def server(tmp_path, monkeypatch, payloads):
     split = sorted(payloads["split"].parent.glob("*.gguf"))
     repos = {
-        "acme/Tiny-GGUF": {"tiny-Q8_0.gguf": payloads["small"], "tiny-Q4_K_M.gguf": payloads["big"],
-                           "mmproj-tiny-F16.gguf": b"not a model", "README.md": b"# tiny"},
+        "acme/Tiny-GGUF": {
+            "tiny-Q8_0.gguf": payloads["small"],
+            "tiny-Q4_K_M.gguf": payloads["big"],
+            "mmproj-tiny-F16.gguf": b"not a model",
+            "README.md": b"# tiny",
+        },
         "acme/Split-GGUF": {f"Q8_0/{p.name}": p for p in split},
         "acme/Gated-GGUF": {"g-Q4_K_M.gguf": payloads["small"]},
         "acme/Private-GGUF": {"p-Q4_K_M.gguf": payloads["small"]},
         "acme/NoGGUF": {"model.safetensors": b"\0" * 64, "README.md": b"# none"},
         "acme/Weird-GGUF": {"weird-Q4_0.gguf": payloads["weird"]},
     }
-    srv = hub_server.start(tmp_path, repos, gated=("acme/Gated-GGUF",), private=("acme/Private-GGUF",),
-                           token=TOKEN)
+    srv = hub_server.start(
+        tmp_path, repos, gated=("acme/Gated-GGUF",), private=("acme/Private-GGUF",), token=TOKEN
+    )
     monkeypatch.setenv("HF_ENDPOINT", srv.url)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_TOKEN", "HF_HUB_OFFLINE", "LLAMA_ARG_HF_REPO",
-                "LLAMA_ARG_HF_FILE"):
+    for var in (
+        "HF_HUB_CACHE",
+        "HUGGINGFACE_HUB_CACHE",
+        "HF_TOKEN",
+        "HF_HUB_OFFLINE",
+        "LLAMA_ARG_HF_REPO",
+        "LLAMA_ARG_HF_FILE",
+    ):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(hub, "_RETRY_PAUSE_S", 0.01)
     # huggingface_hub's user agent fetches an "agent harness" list from the endpoint it was
@@ -104,11 +117,13 @@ def test_hub_resolve_picks_quants_like_llama_cpp(server):
 
 
 def test_hub_resolve_errors_are_one_line(server):
-    cases = [("acme/NoGGUF", HubError.NO_GGUF, "no GGUF model files"),
-             # the Hub answers 401 for a missing repo as for a private one, when no token is sent
-             ("acme/Missing-GGUF", HubError.AUTH, "not found, or private"),
-             ("acme/Private-GGUF", HubError.AUTH, "-hft"),
-             ("not-a-repo", HubError.NOT_FOUND, "expected <user>/<model>")]
+    cases = [
+        ("acme/NoGGUF", HubError.NO_GGUF, "no GGUF model files"),
+        # the Hub answers 401 for a missing repo as for a private one, when no token is sent
+        ("acme/Missing-GGUF", HubError.AUTH, "not found, or private"),
+        ("acme/Private-GGUF", HubError.AUTH, "-hft"),
+        ("not-a-repo", HubError.NOT_FOUND, "expected <user>/<model>"),
+    ]
     for spec, reason, text in cases:
         with pytest.raises(HubError) as e:
             hub.resolve(spec)
@@ -136,7 +151,11 @@ def test_hub_gated_repo_needs_a_token(server):
 def test_hub_fit_reads_the_header_only(server):
     f = hub.resolve("acme/Tiny-GGUF:Q4_K_M")
     fit = hub_fit.remote_fit(f)
-    assert fit.supported and (fit.arch, fit.n_ctx_train, fit.has_chat_template) == ("llama", 256, True)
+    assert fit.supported and (fit.arch, fit.n_ctx_train, fit.has_chat_template) == (
+        "llama",
+        256,
+        True,
+    )
     assert fit.verdict == hub_fit.FITS and fit.memory is not None and fit.memory.weights_bytes > 0
     assert fit.bytes_read < f.size / 3, (fit.bytes_read, f.size)
     assert all(entry[2] and entry[2].startswith("bytes=") for entry in _cdn_gets(server))
@@ -159,14 +178,20 @@ def test_hub_download_lands_in_the_hf_cache(server, tmp_path):
     path = hub.download(f, progress=lambda done, total: seen.append((done, total)))
     src = server.repos["acme/Tiny-GGUF"].files["tiny-Q4_K_M.gguf"]
     assert path.read_bytes() == src.read_bytes() and seen[-1] == (f.size, f.size)
-    assert str(path).startswith(str(tmp_path / "hf" / "hub" / "models--acme--Tiny-GGUF" / "snapshots"))
+    assert str(path).startswith(
+        str(tmp_path / "hf" / "hub" / "models--acme--Tiny-GGUF" / "snapshots")
+    )
     assert path.is_symlink() and not list(path.parent.parent.parent.glob("blobs/*.incomplete"))
     # huggingface_hub itself finds it (same cache layout, refs/main written)
-    assert try_to_load_from_cache("acme/Tiny-GGUF", "tiny-Q4_K_M.gguf", cache_dir=tmp_path / "hf" / "hub") == str(path)
+    assert try_to_load_from_cache(
+        "acme/Tiny-GGUF", "tiny-Q4_K_M.gguf", cache_dir=tmp_path / "hf" / "hub"
+    ) == str(path)
     n = len(_cdn_gets(server))
     again = hub.resolve("acme/Tiny-GGUF")
     assert again.local_path == path and hub.download(again) == path and len(_cdn_gets(server)) == n
-    assert [(m.spec, m.local_path) for m in hub.cached_models()] == [("acme/Tiny-GGUF:Q4_K_M", path)]
+    assert [(m.spec, m.local_path) for m in hub.cached_models()] == [
+        ("acme/Tiny-GGUF:Q4_K_M", path)
+    ]
 
 
 def test_hub_download_reconnects_after_a_dropped_connection(server):
@@ -198,7 +223,9 @@ def test_hub_cancel_keeps_a_resumable_partial_file(server):
     with pytest.raises(HubError) as e:
         hub.download(f, progress=lambda done, total: done > 0 and cancel.set(), cancel=cancel)
     assert e.value.reason == HubError.CANCELLED and hub.resolve("acme/Tiny-GGUF").local_path is None
-    kept = sum(p.stat().st_size for p in hub.cache_dir().glob("models--acme--Tiny-GGUF/blobs/*.incomplete"))
+    kept = sum(
+        p.stat().st_size for p in hub.cache_dir().glob("models--acme--Tiny-GGUF/blobs/*.incomplete")
+    )
     assert 0 < kept < f.size
     server.chunk_delay_s = 0
     assert _sha(hub.download(f)) == f.parts[0].sha256
@@ -240,7 +267,9 @@ def test_hub_corrupt_download_is_deleted(server):
 def test_hub_disk_full_is_said_before_downloading(server, monkeypatch):
     import shutil
 
-    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000))
+    monkeypatch.setattr(
+        shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000)
+    )
     with pytest.raises(HubError, match="not enough disk space") as e:
         hub.download(hub.resolve("acme/Tiny-GGUF"))
     assert e.value.reason == HubError.DISK_FULL and not _cdn_gets(server)
@@ -256,20 +285,33 @@ def test_hub_split_set_downloads_together_and_loads_as_one_model(server, payload
     from engine.sampling import SamplingParams
 
     f = hub.resolve("acme/Split-GGUF")
-    assert f.is_split and f.quant == "Q8_0" and [p.filename for p in f.parts] == [
-        f"Q8_0/tiny-Q8_0-{i:05d}-of-00003.gguf" for i in (1, 2, 3)]
+    assert (
+        f.is_split
+        and f.quant == "Q8_0"
+        and [p.filename for p in f.parts]
+        == [f"Q8_0/tiny-Q8_0-{i:05d}-of-00003.gguf" for i in (1, 2, 3)]
+    )
     fit = hub_fit.remote_fit(f)
     assert fit.supported and fit.n_params > 0 and len({e[1] for e in _cdn_gets(server)}) == 3
     path = hub.download(f)
-    assert sorted(p.name for p in path.parent.iterdir()) == [p.filename.split("/")[1] for p in f.parts]
+    assert sorted(p.name for p in path.parent.iterdir()) == [
+        p.filename.split("/")[1] for p in f.parts
+    ]
 
     def tokens(p):
         model = load_model(p)
         ctx = Context(model, ContextParams(n_ctx=64))
         prompt = model.tokenizer.encode("hello world", add_special=True)
-        return [s.token for s in generate(ctx, model.tokenizer, prompt, SamplingParams(temperature=0), n_predict=3)]
+        return [
+            s.token
+            for s in generate(
+                ctx, model.tokenizer, prompt, SamplingParams(temperature=0), n_predict=3
+            )
+        ]
 
-    reference = write_tiny_model(payloads["split"].parent.parent / "unsplit.gguf")  # same seed, one file
+    reference = write_tiny_model(
+        payloads["split"].parent.parent / "unsplit.gguf"
+    )  # same seed, one file
     assert tokens(path) == tokens(reference)
 
 
@@ -302,8 +344,26 @@ def test_cli_hf_flag_on_generate_and_info(server, capsys):
     out = capsys.readouterr()
     assert "architecture" in out.out and "llama" in out.out and "tiny-Q8_0.gguf" in out.out
     assert "Q8_0" in out.err and "FITS" in out.err  # the fit, printed before the download
-    assert main(["generate", "-hf", "acme/Tiny-GGUF", "-hff", "tiny-q8_0.gguf", "-p", "hello", "-n", "3",
-                 "--temp", "0", "-c", "64"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "-hf",
+                "acme/Tiny-GGUF",
+                "-hff",
+                "tiny-q8_0.gguf",
+                "-p",
+                "hello",
+                "-n",
+                "3",
+                "--temp",
+                "0",
+                "-c",
+                "64",
+            ]
+        )
+        == 0
+    )
     assert main(["generate", "-hff", "x.gguf", "-p", "hi"]) == 1
     assert "give -hf" in capsys.readouterr().err
 
@@ -357,11 +417,19 @@ def test_hub_fit_of_a_starter_model_reads_only_its_header(tmp_path, monkeypatch,
     try:
         f = hub.resolve("starter/SmolLM2-GGUF")
         fit = hub_fit.remote_fit(f)
-        assert fit.supported and fit.arch == "llama" and fit.has_chat_template and fit.n_ctx_train == 8192
+        assert (
+            fit.supported
+            and fit.arch == "llama"
+            and fit.has_chat_template
+            and fit.n_ctx_train == 8192
+        )
         assert fit.bytes_read <= 4 << 20 and f.size > 90 << 20  # a few MB of a 94 MiB file
         from engine.model_info import inspect_model
 
-        assert fit.memory is not None and fit.memory.weights_bytes == inspect_model(smollm2_path).weights_bytes
+        assert (
+            fit.memory is not None
+            and fit.memory.weights_bytes == inspect_model(smollm2_path).weights_bytes
+        )
     finally:
         srv.stop()
 
@@ -375,10 +443,28 @@ def test_serve_hf_downloads_then_serves(server):
     import httpx
 
     env = dict(os.environ, HF_HUB_DISABLE_TELEMETRY="1")
-    cmd = [sys.executable, "-m", "engine", "serve", "-hf", "acme/Tiny-GGUF:Q8_0", "--port", "0", "-c", "128",
-           "--ready-json"]
-    proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parent.parent, env=env, text=True,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    cmd = [
+        sys.executable,
+        "-m",
+        "engine",
+        "serve",
+        "-hf",
+        "acme/Tiny-GGUF:Q8_0",
+        "--port",
+        "0",
+        "-c",
+        "128",
+        "--ready-json",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=Path(__file__).resolve().parent.parent,
+        env=env,
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         for line in proc.stdout:  # type: ignore[union-attr]
             event = json.loads(line)
@@ -386,7 +472,9 @@ def test_serve_hf_downloads_then_serves(server):
                 break
         models = httpx.get(f"{event['url']}/v1/models", timeout=10).json()["data"]
         assert "tiny-Q8_0" in models[0]["id"]
-        assert hub.resolve("acme/Tiny-GGUF:Q8_0").local_path is not None  # downloaded into the cache
+        assert (
+            hub.resolve("acme/Tiny-GGUF:Q8_0").local_path is not None
+        )  # downloaded into the cache
     finally:
         proc.terminate()
         proc.wait(30)

@@ -41,7 +41,9 @@ def serve(env, monkeypatch):
     servers = []
 
     def _serve(files: dict[str, bytes], **kw):
-        srv = hub_server.start(env / "payloads", {"evil/repo": files, "good/repo": {"g-Q8_0.gguf": MODEL}}, **kw)
+        srv = hub_server.start(
+            env / "payloads", {"evil/repo": files, "good/repo": {"g-Q8_0.gguf": MODEL}}, **kw
+        )
         monkeypatch.setenv("HF_ENDPOINT", srv.url)
         servers.append(srv)
         return srv
@@ -60,30 +62,60 @@ def _outside_state(root: Path) -> dict[str, bytes | str]:
             continue
         for name in dirs + files:
             p = Path(top) / name
-            out[str(p.relative_to(root))] = (f"-> {os.readlink(p)}" if p.is_symlink()
-                                             else p.read_bytes() if p.is_file() else "dir")
+            out[str(p.relative_to(root))] = (
+                f"-> {os.readlink(p)}"
+                if p.is_symlink()
+                else p.read_bytes()
+                if p.is_file()
+                else "dir"
+            )
     return out
 
 
 # -- names from the listing ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", [
-    "../x.gguf", "a/../../x.gguf", "..", "/abs/x.gguf", "a\\..\\x.gguf", "a//x.gguf", "a/./x.gguf", "a/",
-    "", "x\0.gguf", "x\n.gguf", "C:x.gguf", "a/\x7f.gguf"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "../x.gguf",
+        "a/../../x.gguf",
+        "..",
+        "/abs/x.gguf",
+        "a\\..\\x.gguf",
+        "a//x.gguf",
+        "a/./x.gguf",
+        "a/",
+        "",
+        "x\0.gguf",
+        "x\n.gguf",
+        "C:x.gguf",
+        "a/\x7f.gguf",
+    ],
+)
 def test_hub_check_filename_refuses_what_could_leave_the_snapshot(name):
     with pytest.raises(HubError) as e:
         hub.check_filename(name)
     assert e.value.reason == HubError.HUB and "unsafe" in str(e.value)
 
 
-@pytest.mark.parametrize("name", ["m-Q8_0.gguf", "Q8_0/m-00001-of-00002.gguf", "a b/..c.gguf", "x..gguf"])
+@pytest.mark.parametrize(
+    "name", ["m-Q8_0.gguf", "Q8_0/m-00001-of-00002.gguf", "a b/..c.gguf", "x..gguf"]
+)
 def test_hub_check_filename_takes_hub_paths(name):
     assert hub.check_filename(name) == name
 
 
-@pytest.mark.parametrize("name", ["../../outside-Q8_0.gguf", UP + "outside/outside.gguf", "/ABS/x-Q8_0.gguf",
-                                  "sub/../../../x-Q8_0.gguf", "a\\..\\..\\x-Q8_0.gguf"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "../../outside-Q8_0.gguf",
+        UP + "outside/outside.gguf",
+        "/ABS/x-Q8_0.gguf",
+        "sub/../../../x-Q8_0.gguf",
+        "a\\..\\..\\x-Q8_0.gguf",
+    ],
+)
 def test_hub_hostile_rfilename_is_refused_and_writes_nothing(serve, env, name):
     name = name.replace("/ABS", str(env / "outside"))
     serve({name: MODEL, "fine-Q4_K_M.gguf": MODEL})
@@ -91,7 +123,10 @@ def test_hub_hostile_rfilename_is_refused_and_writes_nothing(serve, env, name):
     with pytest.raises(HubError) as e:
         hub.repo("evil/repo")
     assert name in str(e.value) and "unsafe" in str(e.value)
-    for call in (lambda: hub.resolve("evil/repo"), lambda: hub.download(hub.resolve("evil/repo:Q8_0"))):
+    for call in (
+        lambda: hub.resolve("evil/repo"),
+        lambda: hub.download(hub.resolve("evil/repo:Q8_0")),
+    ):
         with pytest.raises(HubError):
             call()
     assert _outside_state(env) == before
@@ -173,7 +208,9 @@ def _rdir(env: Path, repo_id: str = "evil/repo") -> Path:
     return env / "hf" / "hub" / ("models--" + repo_id.replace("/", "--"))
 
 
-def _plant_model(env: Path, repo_id: str = "evil/repo", name: str = "m-Q8_0.gguf") -> tuple[Path, Path]:
+def _plant_model(
+    env: Path, repo_id: str = "evil/repo", name: str = "m-Q8_0.gguf"
+) -> tuple[Path, Path]:
     """A model cached as huggingface_hub caches it; returns (link, blob)."""
     rdir = _rdir(env, repo_id)
     blob = rdir / "blobs" / hashlib.sha256(MODEL + repo_id.encode()).hexdigest()
@@ -187,7 +224,9 @@ def _plant_model(env: Path, repo_id: str = "evil/repo", name: str = "m-Q8_0.gguf
     return link, blob
 
 
-@pytest.mark.parametrize("kind", ["absolute link", "relative link", "snapshot dir link", "nested dir link"])
+@pytest.mark.parametrize(
+    "kind", ["absolute link", "relative link", "snapshot dir link", "nested dir link"]
+)
 def test_hub_remove_never_deletes_outside_the_cache(env, kind):
     outside = env / "outside"
     target = outside / "target-Q8_0.gguf"
@@ -212,7 +251,9 @@ def test_hub_remove_never_deletes_outside_the_cache(env, kind):
         (snap / "sub").symlink_to(outside, target_is_directory=True)
         name = "sub/" + name
     before = _outside_state(env)
-    assert [f.spec for f in hub.cached_models()] == []  # the listing does not leave the cache either
+    assert [
+        f.spec for f in hub.cached_models()
+    ] == []  # the listing does not leave the cache either
     assert HubAccess().remove("evil/repo:Q8_0") is False
     part = hub.HubPart(name, len(MODEL))
     planted = hub.HubFile("evil/repo", name, "Q8_0", (part,), SHA, local_path=snap / name)
@@ -237,7 +278,9 @@ def test_hub_remove_keeps_a_blob_another_commit_still_links(env):
     newer.parent.mkdir(parents=True)
     newer.symlink_to(os.path.relpath(blob, newer.parent))
     part = hub.HubPart(link.name, len(MODEL))
-    assert hub.remove_cached(hub.HubFile("evil/repo", link.name, "Q8_0", (part,), SHA, link)) is True
+    assert (
+        hub.remove_cached(hub.HubFile("evil/repo", link.name, "Q8_0", (part,), SHA, link)) is True
+    )
     assert not link.is_symlink()
     assert newer.read_bytes() == MODEL  # the other commit's model is whole
     newer_file = hub.HubFile("evil/repo", link.name, "Q8_0", (part,), "b" * 40, newer)
@@ -253,7 +296,9 @@ def test_hub_remove_leaves_a_link_into_another_repo_blob(env):
     (_rdir(env) / "refs" / "main").write_text(SHA)
     assert "evil/repo:Q8_0" not in {f.spec for f in hub.cached_models()}
     part = hub.HubPart("m-Q8_0.gguf", len(MODEL))
-    hub.remove_cached(hub.HubFile("evil/repo", part.filename, "Q8_0", (part,), SHA, snap / part.filename))
+    hub.remove_cached(
+        hub.HubFile("evil/repo", part.filename, "Q8_0", (part,), SHA, snap / part.filename)
+    )
     assert other_blob.read_bytes() == MODEL
 
 
@@ -267,8 +312,17 @@ def test_hub_cached_models_ignore_a_ref_that_leaves_the_repo(env, ref):
     assert hub.cached_models() == []
 
 
-@pytest.mark.parametrize("planted", ["blob link", "incomplete link", "blobs dir link", "snapshots dir link",
-                                     "refs dir link", "repo dir link"])
+@pytest.mark.parametrize(
+    "planted",
+    [
+        "blob link",
+        "incomplete link",
+        "blobs dir link",
+        "snapshots dir link",
+        "refs dir link",
+        "repo dir link",
+    ],
+)
 def test_hub_download_never_writes_through_a_planted_link(serve, env, planted):
     srv = serve({"m-Q8_0.gguf": MODEL}, commits={"evil/repo": SHA})
     sha256 = srv.repos["evil/repo"].meta("m-Q8_0.gguf")[1]
@@ -281,7 +335,9 @@ def test_hub_download_never_writes_through_a_planted_link(serve, env, planted):
         rdir.mkdir()
     if planted in ("blob link", "incomplete link"):
         (rdir / "blobs").mkdir()
-        (rdir / "blobs" / (sha256 + (".incomplete" if planted == "incomplete link" else ""))).symlink_to(victim)
+        (
+            rdir / "blobs" / (sha256 + (".incomplete" if planted == "incomplete link" else ""))
+        ).symlink_to(victim)
     elif planted.endswith("dir link") and planted != "repo dir link":
         (rdir / planted.split()[0]).symlink_to(env / "outside", target_is_directory=True)
     before = _outside_state(env)
@@ -321,7 +377,10 @@ def test_router_post_models_bad_repo_id_is_a_400(serve, router_client):
         assert r.status_code == 400, r.text
         assert r.json()["error"]["type"] == "invalid_request_error"
         assert "validation failed" in r.json()["error"]["message"]
-    assert router_client.delete("/models", params={"model": "a" * 150 + "/" + "b" * 149}).status_code == 400
+    assert (
+        router_client.delete("/models", params={"model": "a" * 150 + "/" + "b" * 149}).status_code
+        == 400
+    )
 
 
 def test_router_post_models_hostile_listing_is_a_400_and_writes_nothing(serve, env, router_client):

@@ -26,7 +26,9 @@ PENDING_ARROWS: list[tuple[str, str]] = []
 
 
 def _load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("import_graph", ROOT / "scripts" / "import_graph.py")
+    spec = importlib.util.spec_from_file_location(
+        "import_graph", ROOT / "scripts" / "import_graph.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -63,8 +65,11 @@ def test_import_graph_has_no_back_arrows(edges):
 def test_every_engine_module_imports_after_what_it_imports(edges):
     # one fresh interpreter for all (one each would take minutes): each module is imported
     # once the modules it imports are, so a failure names the module whose own body fails
-    order = [m for m in import_graph.import_order(edges)
-             if (m == "engine" or m.startswith("engine.")) and not m.endswith("__main__")]
+    order = [
+        m
+        for m in import_graph.import_order(edges)
+        if (m == "engine" or m.startswith("engine.")) and not m.endswith("__main__")
+    ]
     script = textwrap.dedent("""
         import importlib, sys, traceback
         for name in sys.argv[1:]:
@@ -73,8 +78,13 @@ def test_every_engine_module_imports_after_what_it_imports(edges):
             except BaseException:
                 sys.exit(f"importing {name} failed:\\n{traceback.format_exc()}")
     """)
-    run = subprocess.run([sys.executable, "-c", script, *order], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-c", script, *order],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-4000:]
 
 
@@ -90,38 +100,53 @@ def _package(root: Path, files: dict[str, str]) -> Path:
 
 
 def test_import_graph_sees_a_cycle_through_a_lazy_import(tmp_path):
-    root = _package(tmp_path, {
-        "pkg/__init__.py": "",
-        "pkg/a.py": "from . import b\n",
-        "pkg/b.py": "def f():\n    from .a import x  # lazy: still an arrow\n",
-        "pkg/c.py": "from .b import f\n",
-    })
+    root = _package(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/a.py": "from . import b\n",
+            "pkg/b.py": "def f():\n    from .a import x  # lazy: still an arrow\n",
+            "pkg/c.py": "from .b import f\n",
+        },
+    )
     edges = import_graph.graph(root=root, packages=("pkg",))
     assert edges["pkg.a"] == {"pkg.b"} and edges["pkg.b"] == {"pkg.a"}
     assert import_graph.cycles(edges) == [["pkg.a", "pkg.b"]]
 
 
 def test_import_graph_counts_type_checking_imports_only_when_asked(tmp_path):
-    root = _package(tmp_path, {
-        "pkg/__init__.py": "",
-        "pkg/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import B\n",
-        "pkg/b.py": "from .a import A\n",
-    })
+    root = _package(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import B\n",
+            "pkg/b.py": "from .a import A\n",
+        },
+    )
     assert import_graph.cycles(import_graph.graph(root=root, packages=("pkg",))) == []
     assert import_graph.cycles(import_graph.graph(typing=True, root=root, packages=("pkg",))) == [
-        ["pkg.a", "pkg.b"]]
+        ["pkg.a", "pkg.b"]
+    ]
 
 
 def test_import_graph_orders_modules_after_their_imports_and_sees_back_arrows(tmp_path):
-    root = _package(tmp_path, {
-        "pkg/__init__.py": "",
-        "pkg/core.py": "import json\n",
-        "pkg/mid.py": "from . import core\n",
-        "pkg/top/__init__.py": "from ..mid import x\nfrom .. import core\n",
-        "pkg/low.py": "def f():\n    from .top import y  # the library calling up into a command\n",
-    })
+    root = _package(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/core.py": "import json\n",
+            "pkg/mid.py": "from . import core\n",
+            "pkg/top/__init__.py": "from ..mid import x\nfrom .. import core\n",
+            "pkg/low.py": "def f():\n    from .top import y  # the library calling up into a command\n",
+        },
+    )
     edges = import_graph.graph(root=root, packages=("pkg",))
     order = import_graph.import_order(edges)
-    assert order.index("pkg.core") < order.index("pkg.mid") < order.index("pkg.top") < order.index("pkg.low")
+    assert (
+        order.index("pkg.core")
+        < order.index("pkg.mid")
+        < order.index("pkg.top")
+        < order.index("pkg.low")
+    )
     layers = {"pkg": 0, "pkg.top": 1}
     assert import_graph.back_arrows(edges, layers, facades=()) == [("pkg.low", "pkg.top")]

@@ -23,8 +23,10 @@ def closed(monkeypatch):
 
 
 def test_init_builds_model_context_and_an_unstarted_scheduler(tiny_llama_path):
-    loaded = init_from_params(tiny_llama_path, InitParams(ContextParams(n_ctx=64, n_seq_max=2),
-                                                          scheduler=SchedulerParams(n_keep=3)))
+    loaded = init_from_params(
+        tiny_llama_path,
+        InitParams(ContextParams(n_ctx=64, n_seq_max=2), scheduler=SchedulerParams(n_keep=3)),
+    )
     try:
         assert loaded.ctx.model is loaded.model and loaded.ctx.n_seq_max == 2
         s = loaded.scheduler
@@ -49,14 +51,19 @@ def test_a_failing_step_closes_the_model(tiny_llama_path, closed):
         init_from_params(tiny_llama_path, InitParams(ContextParams(n_ctx=32)), check=refuse)
     assert len(closed) == 1
     with pytest.raises(EngineError):  # 5 slots on a context of 1 sequence: the scheduler refuses
-        init_from_params(tiny_llama_path, InitParams(ContextParams(n_ctx=32), scheduler=SchedulerParams(5)))
+        init_from_params(
+            tiny_llama_path, InitParams(ContextParams(n_ctx=32), scheduler=SchedulerParams(5))
+        )
     assert len(closed) == 2
 
 
 def test_progress_is_told_before_the_buffers_are_allocated(tiny_llama_path):
     messages = []
-    loaded = init_from_params(tiny_llama_path, InitParams(ContextParams(n_ctx=32)),
-                              progress=lambda fraction, message: messages.append((fraction, message)))
+    loaded = init_from_params(
+        tiny_llama_path,
+        InitParams(ContextParams(n_ctx=32)),
+        progress=lambda fraction, message: messages.append((fraction, message)),
+    )
     loaded.close()
     assert messages[-1] == (1.0, "allocating the KV cache and compute buffers")
 
@@ -70,5 +77,7 @@ def test_init_threads_refuses_zero_and_negatives(n):
 def test_init_threads_cuts_a_count_above_the_machine_and_says_why():
     said = []
     n = init_threads(100_000, warn=said.append)
-    assert 1 <= n < 100_000 and said == [f"-t 100000 is more than the {n} hardware threads available; using {n}"]
+    assert 1 <= n < 100_000 and said == [
+        f"-t 100000 is more than the {n} hardware threads available; using {n}"
+    ]
     init_threads(-1)

@@ -20,7 +20,9 @@ def _index_path(dispatcher) -> str:
     return dispatcher._cache._cache_file._index_path
 
 
-@pytest.mark.filterwarnings("ignore::numba.NumbaPerformanceWarning")  # `body` has nothing to parallelise
+@pytest.mark.filterwarnings(
+    "ignore::numba.NumbaPerformanceWarning"
+)  # `body` has nothing to parallelise
 def test_serial_and_parallel_kernels_have_their_own_cache_entries():
     # numba keys a cache entry by the function's name and signature, not its flags: one entry
     # for both made the parallel attention kernel load the serial one's machine code
@@ -55,10 +57,21 @@ def test_attention_loaded_from_cache_runs_as_first_kernel(tmp_path):
     # get_thread_id() in a kernel loaded from the cache needs the threading layer started,
     # which only compiling did: the second process crashed (SIGSEGV) here
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
-    runs = [subprocess.run([sys.executable, "-c", _SCRIPT], cwd=ROOT, env=env, capture_output=True,
-                           text=True, timeout=600) for _ in range(2)]
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", _SCRIPT],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        for _ in range(2)
+    ]
     for r in runs:
         assert r.returncode == 0, r.stderr[-2000:]
     first, second = (r.stdout.splitlines() for r in runs)
     assert first[:2] == second[:2]  # same results from the cached machine code
-    assert first[2] == "0 0" and second[2] == "1 1", "each kernel loads its own entry the second time"
+    assert first[2] == "0 0" and second[2] == "1 1", (
+        "each kernel loads its own entry the second time"
+    )

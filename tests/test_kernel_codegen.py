@@ -88,4 +88,5 @@ def test_quant_types_import_each_module_once_and_take_plain_ints():
     assert quants.QUANT_TYPES.get(GGMLQuantizationType.TQ1_0, qt) is qt
     assert quants.QUANT_TYPES.get(GGMLQuantizationType.Q4_K) is qt
     assert len(quants.QUANT_TYPES) == len(codegen.TYPES) and set(quants.INTERLEAVED_TYPES) == {
-        GGMLQuantizationType[s.name] for s in codegen.TYPES if s.rp}
+        GGMLQuantizationType[s.name] for s in codegen.TYPES if s.rp
+    }

@@ -11,8 +11,48 @@ from engine.errors import KVCacheFullError
 from engine.memory import estimate_memory
 from engine.model import load_model
 
-TOKENS = [5, 17, 42, 9, 100, 3, 77, 250, 31, 8, 64, 200, 12, 7, 150, 99, 23, 45, 61, 2, 11, 19,
-          33, 71, 88, 14, 6, 140, 52, 27, 91, 38, 15, 66, 120, 4, 180, 58, 29, 73]
+TOKENS = [
+    5,
+    17,
+    42,
+    9,
+    100,
+    3,
+    77,
+    250,
+    31,
+    8,
+    64,
+    200,
+    12,
+    7,
+    150,
+    99,
+    23,
+    45,
+    61,
+    2,
+    11,
+    19,
+    33,
+    71,
+    88,
+    14,
+    6,
+    140,
+    52,
+    27,
+    91,
+    38,
+    15,
+    66,
+    120,
+    4,
+    180,
+    58,
+    29,
+    73,
+]
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +61,9 @@ def tiny(tiny_llama_path):
 
 
 def _ref(tiny, tokens):
-    return Context(tiny, ContextParams(n_ctx=64)).decode(Batch.for_sequence(tokens, 0, logits_all=True))
+    return Context(tiny, ContextParams(n_ctx=64)).decode(
+        Batch.for_sequence(tokens, 0, logits_all=True)
+    )
 
 
 def _close(a, b, tol=5e-3):
@@ -37,7 +79,11 @@ def test_kv_unified_allocates_one_pool_not_one_per_sequence(tiny):
     assert est.kv_bytes == unified.kv.nbytes == split.kv.nbytes
     assert unified.memory_report().kv_bytes == split.memory_report().kv_bytes
     # what one slot may fill (the desktop's slot table): the whole pool, or its own quarter
-    assert unified.memory_report().kv_seq_capacity_bytes == est.kv_seq_capacity_bytes == unified.kv.nbytes
+    assert (
+        unified.memory_report().kv_seq_capacity_bytes
+        == est.kv_seq_capacity_bytes
+        == unified.kv.nbytes
+    )
     assert split.memory_report().kv_seq_capacity_bytes == split.kv.nbytes // 4
 
 
@@ -48,7 +94,9 @@ def test_kv_unified_interleaved_sequences_match_separate_ones(tiny):
     seqs = [TOKENS[i : i + 20] for i in (0, 5, 10, 15)]
     got: list[list[np.ndarray]] = [[] for _ in seqs]
     for i in range(20):
-        out = ctx.decode(Batch.concat([Batch.for_sequence([t[i]], i, seq_id=s) for s, t in enumerate(seqs)]))
+        out = ctx.decode(
+            Batch.concat([Batch.for_sequence([t[i]], i, seq_id=s) for s, t in enumerate(seqs)])
+        )
         for s in range(4):
             got[s].append(out[s])
     for s, t in enumerate(seqs):
@@ -83,8 +131,14 @@ def test_kv_unified_compaction_keeps_every_sequence_intact(tiny):
     # seq 0 grows to 26 positions: more than any free run, less than all free cells
     out = ctx.decode(Batch.for_sequence(TOKENS[14:26], 14, seq_id=0, logits_all=True))
     _close(out, _ref(tiny, TOKENS[:26])[14:])
-    nxt = ctx.decode(Batch.concat([Batch.for_sequence([TOKENS[16]], 14, seq_id=2),
-                                   Batch.for_sequence([TOKENS[9]], 6, seq_id=3)]))
+    nxt = ctx.decode(
+        Batch.concat(
+            [
+                Batch.for_sequence([TOKENS[16]], 14, seq_id=2),
+                Batch.for_sequence([TOKENS[9]], 6, seq_id=3),
+            ]
+        )
+    )
     _close(nxt[0], _ref(tiny, TOKENS[2:16] + [TOKENS[16]])[-1])
     _close(nxt[1], _ref(tiny, TOKENS[3:9] + [TOKENS[9]])[-1])
 
@@ -100,13 +154,16 @@ def test_kv_seq_state_round_trips_into_another_sequence(tiny):
         _close(out, _ref(tiny, TOKENS[:16])[12:])
 
 
-@pytest.mark.parametrize("argv,n_seq,unified", [
-    ([], 4, True),  # -np auto: 4 slots sharing one pool, as llama-server
-    (["-np", "2"], 2, False),
-    (["-np", "2", "-kvu"], 2, True),
-    (["-np", "2", "-kvu", "-no-kvu"], 2, False),
-    (["--no-kv-unified"], 4, True),  # auto parallelism turns it on whatever was asked
-])
+@pytest.mark.parametrize(
+    "argv,n_seq,unified",
+    [
+        ([], 4, True),  # -np auto: 4 slots sharing one pool, as llama-server
+        (["-np", "2"], 2, False),
+        (["-np", "2", "-kvu"], 2, True),
+        (["-np", "2", "-kvu", "-no-kvu"], 2, False),
+        (["--no-kv-unified"], 4, True),  # auto parallelism turns it on whatever was asked
+    ],
+)
 def test_kv_unified_flag_rules(argv, n_seq, unified):
     import argparse
 

@@ -49,14 +49,19 @@ def test_memory_fit_verdicts():
     assert MemoryFit(105, 100, 0).verdict == "tight"  # over RAM but within the 10 % margin
     assert MemoryFit(150, 100, 0).verdict == "too big"
     assert MemoryFit(150, 100, 100).verdict == "tight"  # swap counts for the refusal only
-    assert "needs 150 B, 100 B available (+ 100 B free swap): tight" == MemoryFit(150, 100, 100).summary()
+    assert (
+        "needs 150 B, 100 B available (+ 100 B free swap): tight"
+        == MemoryFit(150, 100, 100).summary()
+    )
 
 
 def test_context_refuses_what_cannot_fit_and_says_what_would(model, small_machine):
     with pytest.raises(InsufficientMemoryError) as exc:
         Context(model, ContextParams(n_ctx=1 << 20))
     msg = str(exc.value)
-    assert "\n" not in msg and msg.startswith("not enough memory for n_ctx 1048576 with 1 sequence(s)")
+    assert "\n" not in msg and msg.startswith(
+        "not enough memory for n_ctx 1048576 with 1 sequence(s)"
+    )
     assert "64.0 MiB of RAM and 0 B of swap are free" in msg and "GGSTATION_NO_MEM_CHECK=1" in msg
     assert exc.value.needed_bytes > 2 * SMALL_RAM and exc.value.available_bytes == SMALL_RAM
     suggested = int(msg.split("lower the context size (-c ")[1].split()[0])
@@ -82,16 +87,19 @@ def test_context_warns_when_close_and_beyond_training_context(model, small_machi
     assert caplog.text == ""
 
 
-@pytest.mark.parametrize("kw, needle", [
-    (dict(n_ctx=-1), "invalid context size -1"),
-    (dict(n_ctx=10**12), "invalid context size 1000000000000"),
-    (dict(n_seq_max=0), "invalid number of sequences 0"),
-    (dict(n_seq_max=100_000), "invalid number of sequences 100000 (-np): must be 1..256"),
-    (dict(n_batch=0), "n_batch and n_ubatch must be >= 1"),
-    (dict(n_ubatch=0), "n_batch and n_ubatch must be >= 1"),
-    (dict(n_ctx=8, n_seq_max=16), "a context of 8 positions cannot be split over 16 sequences"),
-    (dict(type_k="q9"), "unsupported KV cache type 'q9'"),
-])
+@pytest.mark.parametrize(
+    "kw, needle",
+    [
+        (dict(n_ctx=-1), "invalid context size -1"),
+        (dict(n_ctx=10**12), "invalid context size 1000000000000"),
+        (dict(n_seq_max=0), "invalid number of sequences 0"),
+        (dict(n_seq_max=100_000), "invalid number of sequences 100000 (-np): must be 1..256"),
+        (dict(n_batch=0), "n_batch and n_ubatch must be >= 1"),
+        (dict(n_ubatch=0), "n_batch and n_ubatch must be >= 1"),
+        (dict(n_ctx=8, n_seq_max=16), "a context of 8 positions cannot be split over 16 sequences"),
+        (dict(type_k="q9"), "unsupported KV cache type 'q9'"),
+    ],
+)
 def test_absurd_context_params_are_one_clear_error(model, kw, needle):
     with pytest.raises(EngineError) as exc:
         Context(model, ContextParams(**kw))
@@ -103,22 +111,28 @@ def test_allocation_failure_is_an_engine_error(model, monkeypatch):
         raise MemoryError
 
     monkeypatch.setattr("engine.context.KVCache", refuse)
-    with pytest.raises(InsufficientMemoryError, match="cannot allocate .* for the KV cache and compute buffers"):
+    with pytest.raises(
+        InsufficientMemoryError, match="cannot allocate .* for the KV cache and compute buffers"
+    ):
         Context(model, ContextParams(n_ctx=64, check_memory=False))
 
 
 # -- commands ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("argv", [
-    ["generate", "-p", "hi", "-n", "1", "-c", TOO_BIG],
-    ["chat", "-c", TOO_BIG],
-    ["bench", "-p", TOO_BIG, "-n", "0", "-r", "1", "-t", "1"],
-    ["perplexity", "-f", "{text}", "-c", TOO_BIG],
-    ["serve", "--port", "0", "-c", TOO_BIG, "-np", "1"],
-])
-def test_commands_refuse_a_context_that_cannot_fit(tiny_llama_path, tmp_path, small_machine, capsys,
-                                                   monkeypatch, argv):
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["generate", "-p", "hi", "-n", "1", "-c", TOO_BIG],
+        ["chat", "-c", TOO_BIG],
+        ["bench", "-p", TOO_BIG, "-n", "0", "-r", "1", "-t", "1"],
+        ["perplexity", "-f", "{text}", "-c", TOO_BIG],
+        ["serve", "--port", "0", "-c", TOO_BIG, "-np", "1"],
+    ],
+)
+def test_commands_refuse_a_context_that_cannot_fit(
+    tiny_llama_path, tmp_path, small_machine, capsys, monkeypatch, argv
+):
     text = tmp_path / "t.txt"
     text.write_text("the wind " * 50)
     monkeypatch.setattr(sys, "stdin", io.StringIO("hello"))
@@ -129,8 +143,25 @@ def test_commands_refuse_a_context_that_cannot_fit(tiny_llama_path, tmp_path, sm
 
 
 def test_generate_no_mem_check_flag(tiny_llama_path, small_machine, capsys):
-    assert main(["generate", "-m", str(tiny_llama_path), "-p", "hi", "-n", "1", "-c", str(1 << 18),
-                 "--no-mem-check", "--temp", "0"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "-m",
+                str(tiny_llama_path),
+                "-p",
+                "hi",
+                "-n",
+                "1",
+                "-c",
+                str(1 << 18),
+                "--no-mem-check",
+                "--temp",
+                "0",
+            ]
+        )
+        == 0
+    )
     assert "error" not in capsys.readouterr().err
 
 
@@ -143,18 +174,27 @@ def test_info_shows_the_fit(tiny_llama_path, small_machine, capsys):
     assert "fit                    fits" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["generate", "-p", "hi", "-np", "100000"], "invalid number of sequences 100000"),
-    (["generate", "-p", "hi", "-t", "0"], "invalid -t/--threads 0"),
-    (["generate", "-p", "hi", "-t", "-5"], "invalid -t/--threads -5"),
-    (["bench", "-t", "0", "-p", "8", "-n", "0"], "invalid -t/--threads 0"),
-    (["bench", "-b", "0", "-p", "8", "-n", "0", "-t", "1"], "n_batch and n_ubatch must be >= 1"),
-    (["perplexity", "-f", "{text}", "-c", "32", "-ub", "0"], "n_batch and n_ubatch must be >= 1"),
-    (["info", "-np", "0"], "invalid -np/--parallel 0"),
-    (["info", "-np", "100000"], "invalid number of sequences 100000"),
-    (["info", "-c", "-3"], "invalid context size -3"),
-    (["info", "-c", str(10**12)], "invalid context size 1000000000000"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["generate", "-p", "hi", "-np", "100000"], "invalid number of sequences 100000"),
+        (["generate", "-p", "hi", "-t", "0"], "invalid -t/--threads 0"),
+        (["generate", "-p", "hi", "-t", "-5"], "invalid -t/--threads -5"),
+        (["bench", "-t", "0", "-p", "8", "-n", "0"], "invalid -t/--threads 0"),
+        (
+            ["bench", "-b", "0", "-p", "8", "-n", "0", "-t", "1"],
+            "n_batch and n_ubatch must be >= 1",
+        ),
+        (
+            ["perplexity", "-f", "{text}", "-c", "32", "-ub", "0"],
+            "n_batch and n_ubatch must be >= 1",
+        ),
+        (["info", "-np", "0"], "invalid -np/--parallel 0"),
+        (["info", "-np", "100000"], "invalid number of sequences 100000"),
+        (["info", "-c", "-3"], "invalid context size -3"),
+        (["info", "-c", str(10**12)], "invalid context size 1000000000000"),
+    ],
+)
 def test_absurd_runtime_values_are_one_clear_line(tiny_llama_path, tmp_path, capsys, argv, needle):
     text = tmp_path / "t.txt"
     text.write_text("the wind " * 50)
@@ -164,8 +204,24 @@ def test_absurd_runtime_values_are_one_clear_line(tiny_llama_path, tmp_path, cap
 
 
 def test_too_many_threads_is_a_warning_not_a_failure(tiny_llama_path, capsys):
-    assert main(["generate", "-m", str(tiny_llama_path), "-p", "hi", "-n", "1", "-c", "64",
-                 "-t", "100000"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "-m",
+                str(tiny_llama_path),
+                "-p",
+                "hi",
+                "-n",
+                "1",
+                "-c",
+                "64",
+                "-t",
+                "100000",
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err
     assert "warning: -t 100000 is more than the" in err and "Traceback" not in err
 
@@ -224,7 +280,9 @@ def test_resident_bytes_agree_with_smaps_rss(tmp_path):
     path = tmp_path / "w.bin"
     path.write_bytes(bytes(range(256)) * (300 * page // 256))
     m = np.memmap(path, dtype=np.uint8, mode="r")
-    assert int(m[: 100 * page : page].sum()) + int(m[250 * page :: 3 * page].sum()) >= 0  # touch some pages
+    assert (
+        int(m[: 100 * page : page].sum()) + int(m[250 * page :: 3 * page].sum()) >= 0
+    )  # touch some pages
 
     with open("/proc/self/smaps") as fh:
         lines = fh.read().splitlines()

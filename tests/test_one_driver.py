@@ -17,14 +17,32 @@ USER = "tell me about the hills"
 CASES = {
     # name: flags shared by the three commands
     "sampled": ["-c", "256", "--seed", "7", "--temp", "0.9", "-n", "24"],
-    "context-shift": ["-c", "48", "--seed", "11", "--temp", "0.8", "-n", "90",
-                      "--context-shift", "--keep", "3", "--ignore-eos"],
+    "context-shift": [
+        "-c",
+        "48",
+        "--seed",
+        "11",
+        "--temp",
+        "0.8",
+        "-n",
+        "90",
+        "--context-shift",
+        "--keep",
+        "3",
+        "--ignore-eos",
+    ],
 }
 
 
 def _cli(*args: str, stdin: str | None = None) -> str:
-    out = subprocess.run([sys.executable, "-m", "engine", *args], cwd=ROOT, input=stdin,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "engine", *args],
+        cwd=ROOT,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout
 

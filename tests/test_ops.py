@@ -56,7 +56,10 @@ def test_attention_tokens_matches_reference(window, softcap, with_sinks, f16):
     vc = np.zeros((2, 64, G, DV), np.float32)
     kc[1, :40], vc[1, :40] = k, v
     if f16:
-        k, v = kc[1, :40].astype(np.float16).astype(np.float32), vc[1, :40].astype(np.float16).astype(np.float32)
+        k, v = (
+            kc[1, :40].astype(np.float16).astype(np.float32),
+            vc[1, :40].astype(np.float16).astype(np.float32),
+        )
         kc, vc = kc.astype(np.float16).view(np.uint16), vc.astype(np.float16).view(np.uint16)
     out = np.empty((4, H, DV), np.float32)
     ops.attention_tokens(qt, kc, vc, np.ones(4, np.int32), pos, window, 0.3, softcap, out, sinks)
@@ -111,4 +114,6 @@ def test_swiglu_oai_clamps():
     out = np.empty_like(g)
     ops.swiglu_oai(g, u, out)
     sig = lambda x: x / (1 + np.exp(-1.702 * x))
-    np.testing.assert_allclose(out[0], [sig(7.0), sig(-10.0), sig(1.0) * 8.0, sig(1.0) * -6.0], rtol=1e-6)
+    np.testing.assert_allclose(
+        out[0], [sig(7.0), sig(-10.0), sig(1.0) * 8.0, sig(1.0) * -6.0], rtol=1e-6
+    )

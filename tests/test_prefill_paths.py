@@ -26,7 +26,9 @@ def test_rope_table_gives_ropes_results_bit_for_bit(neox):
     assert np.array_equal(x, y)
 
 
-@pytest.mark.parametrize(("window", "softcap", "sinks"), [(0, 0.0, False), (8, 0.0, False), (0, 30.0, True)])
+@pytest.mark.parametrize(
+    ("window", "softcap", "sinks"), [(0, 0.0, False), (8, 0.0, False), (0, 30.0, True)]
+)
 def test_attention_parts_against_their_key_prefix_match_the_whole(window, softcap, sinks):
     """A chunk of queries given only keys k0.. (those it can see) gives the full call's rows."""
     m, H, G, D = 48, 4, 2, 16
@@ -41,7 +43,9 @@ def test_attention_parts_against_their_key_prefix_match_the_whole(window, softca
     for a in range(0, m, 16):
         e = a + 16
         lo = max(0, a - window + 1) if window else 0
-        ops.attention_chunk(q[a:e], kf[lo:e], vf[lo:e], pos[a:e], window, 0.25, softcap, got[a:e], sk, lo)
+        ops.attention_chunk(
+            q[a:e], kf[lo:e], vf[lo:e], pos[a:e], window, 0.25, softcap, got[a:e], sk, lo
+        )
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
@@ -51,7 +55,9 @@ def test_batch_matmul_tiles_cover_every_row_evenly(n_rows):
     n_cols = 640
     data = RNG.standard_normal((n_rows, n_cols)).astype(np.float32)
     w = QTensor("w", Q.Q8_0, n_rows, n_cols, quantize(data, Q.Q8_0))
-    t = quants._Tiles(w, np.zeros((64, n_cols), np.float32), np.zeros((64, n_rows), np.float32), None, "x16")
+    t = quants._Tiles(
+        w, np.zeros((64, n_cols), np.float32), np.zeros((64, n_rows), np.float32), None, "x16"
+    )
     assert t.n_tiles % 2 == 0 or t.n_tiles == n_rows  # whole rounds of the two workers
     assert t.tile * t.n_tiles >= n_rows > t.tile * (t.n_tiles - 1)
 
@@ -78,6 +84,11 @@ def test_f32_tiles_read_the_weight_not_a_shared_scratch():
     """F32 rows go to BLAS as they are: a tile copied into a slice of the forward pass's
     shared scratch with no per-worker offset would race between the workers."""
     w = QTensor("w", Q.F32, 64, 32, RNG.standard_normal((64, 32)).astype(np.float32))
-    t = quants._Tiles(w, np.zeros((16, 32), np.float32), np.zeros((16, 64), np.float32),
-                      np.empty(quants.TILE_ROWS * 32, np.float32), "x16")
+    t = quants._Tiles(
+        w,
+        np.zeros((16, 32), np.float32),
+        np.zeros((16, 64), np.float32),
+        np.empty(quants.TILE_ROWS * 32, np.float32),
+        "x16",
+    )
     assert t.scratch is None

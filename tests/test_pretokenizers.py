@@ -18,7 +18,9 @@ pytestmark = pytest.mark.model
 
 @pytest.fixture(scope="module")
 def reference(reference_dir) -> list[dict]:
-    return json.loads((reference_dir / "pretok-smollm2.json").read_text(encoding="utf-8"))["results"]
+    return json.loads((reference_dir / "pretok-smollm2.json").read_text(encoding="utf-8"))[
+        "results"
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -57,16 +59,33 @@ def test_vocab_only_gguf_loads_like_its_metadata(tmp_path, smollm2_path, smollm2
     from_file, from_meta = load_tokenizer(str(path)), _tokenizer(smollm2_meta, "gpt-4o")
     assert from_file.pre == "gpt-4o" and not from_file.clean_spaces
     for row in reference:
-        assert from_file.encode(row["text"], parse_special=False) == from_meta.encode(row["text"], parse_special=False)
+        assert from_file.encode(row["text"], parse_special=False) == from_meta.encode(
+            row["text"], parse_special=False
+        )
 
 
 def test_pre_tokenizers_see_text_as_llama_cpp_does():
     # letters assigned after llama.cpp's Unicode table (U+1C89, U+A7CB) are no letters there
-    assert split_words("x\u1c89y \ua7cbz", pre_tokenizer_regexes("gpt-4o")) == ["x", "\u1c89y", " \ua7cb", "z"]
+    assert split_words("x\u1c89y \ua7cbz", pre_tokenizer_regexes("gpt-4o")) == [
+        "x",
+        "\u1c89y",
+        " \ua7cb",
+        "z",
+    ]
     # gpt-4o's case lookaheads: a non-ASCII letter is upper and lower case at once
-    assert split_words("l'été L'ÉTÉ", pre_tokenizer_regexes("gpt-4o")) == ["l", "'été", " L", "'ÉTÉ"]
+    assert split_words("l'été L'ÉTÉ", pre_tokenizer_regexes("gpt-4o")) == [
+        "l",
+        "'été",
+        " L",
+        "'ÉTÉ",
+    ]
     # afmoe digit groups (tiny_aya's first regex): the text before a run stays with its first group
-    assert split_words("abc1234567 x12", pre_tokenizer_regexes("tiny_aya")[:1]) == ["abc1", "234", "567", " x12"]
+    assert split_words("abc1234567 x12", pre_tokenizer_regexes("tiny_aya")[:1]) == [
+        "abc1",
+        "234",
+        "567",
+        " x12",
+    ]
     # kimi-k2: Han blocks whole (U+FA6E is unassigned), other letters apart
     words = split_words("(中) a中 '中\ufa6e(", pre_tokenizer_regexes("kimi-k2"))
     assert words == ["(", "中", ")", " a", "中", " '", "中\ufa6e", "("]

@@ -24,16 +24,21 @@ def server():
     sched.stop()
 
 
-@pytest.mark.parametrize("path,body", [
-    ("/completion", {"prompt": "a" * 200_000}),
-    ("/completion", {"prompt": [5, "b" * 200_000]}),
-    ("/v1/completions", {"prompt": "c" * 200_000}),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "d" * 200_000}]}),
-])
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/completion", {"prompt": "a" * 200_000}),
+        ("/completion", {"prompt": [5, "b" * 200_000]}),
+        ("/v1/completions", {"prompt": "c" * 200_000}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "d" * 200_000}]}),
+    ],
+)
 def test_oversized_prompt_is_refused_untokenized(server, path, body, monkeypatch):
     calls = []
     encode = FakeTokenizer.encode
-    monkeypatch.setattr(FakeTokenizer, "encode", lambda self, *a, **kw: calls.append(1) or encode(self, *a, **kw))
+    monkeypatch.setattr(
+        FakeTokenizer, "encode", lambda self, *a, **kw: calls.append(1) or encode(self, *a, **kw)
+    )
     r = httpx.post(server.url + path, json={**body, "max_tokens": 1}, timeout=30)
     err = r.json()["error"]
     assert r.status_code == 400 and err["type"] == "exceed_context_size_error"
@@ -42,9 +47,13 @@ def test_oversized_prompt_is_refused_untokenized(server, path, body, monkeypatch
 
 
 def test_prompt_near_the_limit_is_still_tokenized_and_counted_exactly(server):
-    r = httpx.post(server.url + "/completion", json={"prompt": "a" * 300, "n_predict": 1}, timeout=30)
+    r = httpx.post(
+        server.url + "/completion", json={"prompt": "a" * 300, "n_predict": 1}, timeout=30
+    )
     err = r.json()["error"]
-    assert err["n_prompt_tokens"] == 301 and "at least" not in err["message"]  # BOS + one token a byte
+    assert (
+        err["n_prompt_tokens"] == 301 and "at least" not in err["message"]
+    )  # BOS + one token a byte
 
 
 @pytest.mark.model

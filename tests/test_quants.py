@@ -29,8 +29,16 @@ SUPER = KQUANTS + [T.IQ4_XS]  # 256-weight super-blocks
 
 # Byte offsets of the f16 (super-)scales inside each block given random bytes: K-quants' d and
 # dmin, IQ4's d; MXFP4's E8M0 byte (offset 0) is drawn separately.
-_RANDOM_F16 = {T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,),
-               T.IQ4_NL: (0,), T.IQ4_XS: (0,), T.MXFP4: ()}
+_RANDOM_F16 = {
+    T.Q2_K: (80, 82),
+    T.Q3_K: (108,),
+    T.Q4_K: (0, 2),
+    T.Q5_K: (0, 2),
+    T.Q6_K: (208,),
+    T.IQ4_NL: (0,),
+    T.IQ4_XS: (0,),
+    T.MXFP4: (),
+}
 
 
 def make_tensor(qtype: T, n_rows: int, n_cols: int, seed: int = 0) -> QTensor:
@@ -149,8 +157,11 @@ def test_matvec_multi_many_matches_matvec_multi(qtype, int8):
 def test_matmul_many_fuses_few_tokens_and_mixed_types(monkeypatch):
     """matmul_many of 2..8 tokens: one fused launch per type (a Q8_0 V beside Q4_K Q/K: two),
     the same results as matmul on each."""
-    ws = [make_tensor(T.Q4_K, 24, 512, seed=1), make_tensor(T.Q4_K, 8, 512, seed=2),
-          make_tensor(T.Q8_0, 8, 512, seed=3)]
+    ws = [
+        make_tensor(T.Q4_K, 24, 512, seed=1),
+        make_tensor(T.Q4_K, 8, 512, seed=2),
+        make_tensor(T.Q8_0, 8, 512, seed=3),
+    ]
     x = np.random.default_rng(9).standard_normal((4, 512)).astype(np.float32)
     launches = []
     real = quants._multi_same_x
@@ -197,8 +208,15 @@ def test_bad_inputs_raise():
 
 
 @pytest.mark.model
-@pytest.mark.parametrize("name", ["blk.0.attn_output.weight", "blk.0.ffn_down.weight",
-                                  "blk.0.ffn_up.weight", "blk.0.attn_v.weight"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "blk.0.attn_output.weight",
+        "blk.0.ffn_down.weight",
+        "blk.0.ffn_up.weight",
+        "blk.0.attn_v.weight",
+    ],
+)
 def test_real_gemma_tensors(name, gemma3_path):
     """Real K-quant tensors (Q4_K, Q6_K, Q5_0, Q8_0) of the gemma starter model."""
     from engine.gguf_file import GGUFFile
@@ -217,8 +235,9 @@ def test_real_gemma_tensors(name, gemma3_path):
     assert nerr(y, x.astype(np.float64) @ ref.astype(np.float64).T) < 1e-5
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_1, T.Q5_0, T.Q8_0, T.Q4_K, T.F16, *TABLES],
-                         ids=lambda t: t.name)
+@pytest.mark.parametrize(
+    "qtype", [T.Q4_1, T.Q5_0, T.Q8_0, T.Q4_K, T.F16, *TABLES], ids=lambda t: t.name
+)
 def test_matvec_many(qtype):
     cols = _cols(qtype)
     ws = [make_tensor(qtype, n, cols, seed=10 + n) for n in (40, 16, 24, 8)]
@@ -233,15 +252,20 @@ def test_matvec_many(qtype):
 
 @pytest.mark.parametrize("n_tok", [1, 2, 9])
 def test_matmul_many_and_warmup(n_tok):
-    ws = [make_tensor(T.Q4_1, 24, 64, seed=20), make_tensor(T.Q4_1, 8, 64, seed=21),
-          make_tensor(T.Q8_0, 16, 64, seed=22)]
+    ws = [
+        make_tensor(T.Q4_1, 24, 64, seed=20),
+        make_tensor(T.Q4_1, 8, 64, seed=21),
+        make_tensor(T.Q8_0, 16, 64, seed=22),
+    ]
     for w in ws:
         quants.warmup(w)
     x = np.random.default_rng(23).standard_normal((n_tok, 64)).astype(np.float32)
     outs = [np.full((n_tok, w.n_rows), np.nan, np.float32) for w in ws]
     quants.matmul_many(ws, x, outs, np.empty(quants.TILE_ROWS * 64, np.float32))
     for w, o in zip(ws, outs, strict=True):
-        assert nerr(o, x.astype(np.float64) @ dequant_ref(w.raw, w.qtype).astype(np.float64).T) < 1e-5
+        assert (
+            nerr(o, x.astype(np.float64) @ dequant_ref(w.raw, w.qtype).astype(np.float64).T) < 1e-5
+        )
 
 
 @pytest.mark.parametrize("qtype", DENSE + LEGACY + TABLES, ids=lambda t: t.name)
@@ -360,10 +384,14 @@ def test_portable_lut_compiles_uncached(monkeypatch):
 
 
 # Targets this machine is not, for the portable IR paths.
-OTHER_TARGETS = pytest.mark.parametrize("triple, cpu, features", [
-    ("aarch64-unknown-linux-gnu", "generic", "+neon"),  # an ARM build: NEON, no pshufb
-    ("x86_64-unknown-linux-gnu", "x86-64", "+sse2"),   # the x86-64 baseline: no SSSE3
-], ids=["aarch64", "x86-64-sse2"])
+OTHER_TARGETS = pytest.mark.parametrize(
+    "triple, cpu, features",
+    [
+        ("aarch64-unknown-linux-gnu", "generic", "+neon"),  # an ARM build: NEON, no pshufb
+        ("x86_64-unknown-linux-gnu", "x86-64", "+sse2"),  # the x86-64 baseline: no SSSE3
+    ],
+    ids=["aarch64", "x86-64-sse2"],
+)
 
 
 def module_for(triple: str):
@@ -402,8 +430,9 @@ def test_portable_lookup_lowers_on_other_targets(qtype, triple, cpu, features):
     from llvmlite import ir
 
     target, mod = module_for(triple)
-    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [_ir.I8.as_pointer(),
-                                                           _ir.V16F.as_pointer()]), "block")
+    fn = ir.Function(
+        mod, ir.FunctionType(ir.VoidType(), [_ir.I8.as_pointer(), _ir.V16F.as_pointer()]), "block"
+    )
     builder = ir.IRBuilder(fn.append_basic_block())
     em = _ir.Emit(builder)  # no F16C, no pshufb
     acc = em.splat(em.fconst(0.0))

@@ -24,7 +24,16 @@ from gguf.quants import quantize as gguf_quantize
 from engine import quants
 from engine.quants import _ir, _q8, codegen
 from engine.quants.reference import dequant_ref
-from tests.test_quants import ALL, DENSE, OTHER_TARGETS, _cols, lowered_ops, make_tensor, module_for, nerr
+from tests.test_quants import (
+    ALL,
+    DENSE,
+    OTHER_TARGETS,
+    _cols,
+    lowered_ops,
+    make_tensor,
+    module_for,
+    nerr,
+)
 
 BLOCK_TYPES = [t for t in ALL if t not in DENSE]
 VEC_DOT = {T[s.name]: s.vec_dot for s in codegen.TYPES if s.vec_dot}
@@ -82,8 +91,12 @@ def ref_vec_dot(w, x: np.ndarray) -> np.ndarray:
         prod = (wf.reshape(w.n_rows, nb, blk) * qf).sum(-1) * d[t]  # (rows, nb)
         if vd == "q8_1":  # w = d q + m: ggml takes m's part as m * s_x, not m * d_x * sum(codes)
             _, type_size = GGML_QUANT_SIZES[w.qtype]
-            m = (w.raw.reshape(w.n_rows, nb, type_size)[:, :, 2:4].copy().view(np.float16)
-                 [..., 0].astype(np.float64))
+            m = (
+                w.raw.reshape(w.n_rows, nb, type_size)[:, :, 2:4]
+                .copy()
+                .view(np.float16)[..., 0]
+                .astype(np.float64)
+            )
             prod += m * (s[t] - d[t].astype(np.float64) * qf.sum(-1))
         out[t] = prod.sum(-1)
     return out
@@ -142,8 +155,12 @@ def test_quantize_q8_k_bit_exact():
 
 def test_f16_round_matches_numpy():
     rng = np.random.default_rng(3)
-    v = np.concatenate([rng.standard_normal(5000) * 10.0 ** rng.integers(-9, 6, 5000),
-                        [0.0, -0.0, 65504.0, 65519.0, 65520.0, 6.1e-5, 5.96e-8, 2.98e-8, 1e-30]])
+    v = np.concatenate(
+        [
+            rng.standard_normal(5000) * 10.0 ** rng.integers(-9, 6, 5000),
+            [0.0, -0.0, 65504.0, 65519.0, 65520.0, 6.1e-5, 5.96e-8, 2.98e-8, 1e-30],
+        ]
+    )
     v = v.astype(F32)
     got = np.array([_q8.f16_round(a) for a in v], F32)
     with np.errstate(over="ignore"):
@@ -213,13 +230,25 @@ def test_int8_close_to_float_path(qtype):
 def test_int8_switch():
     """GGSTATION_INT8 makes the int8 path the default (else the two-plane path, "x16"),
     GGSTATION_NO_INT8 the float oracle, whatever GGSTATION_INT8 says."""
-    code = ("from engine import quants, jit; print(jit.INT8, quants.default_decode_path())")
-    for on, off, want in (("", "", "False x16"), ("1", "", "True int8"), ("0", "", "False x16"),
-                          ("1", "1", "False float"), ("1", "0", "True int8"),
-                          ("", "1", "False float")):
-        env = {k: v for k, v in os.environ.items() if k not in ("GGSTATION_INT8", "GGSTATION_NO_INT8")}
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                           env={**env, "GGSTATION_INT8": on, "GGSTATION_NO_INT8": off}, check=True)
+    code = "from engine import quants, jit; print(jit.INT8, quants.default_decode_path())"
+    for on, off, want in (
+        ("", "", "False x16"),
+        ("1", "", "True int8"),
+        ("0", "", "False x16"),
+        ("1", "1", "False float"),
+        ("1", "0", "True int8"),
+        ("", "1", "False float"),
+    ):
+        env = {
+            k: v for k, v in os.environ.items() if k not in ("GGSTATION_INT8", "GGSTATION_NO_INT8")
+        }
+        r = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            env={**env, "GGSTATION_INT8": on, "GGSTATION_NO_INT8": off},
+            check=True,
+        )
         assert r.stdout.split() == want.split(), (on, off)
 
 
@@ -260,10 +289,18 @@ def test_int8_instruction_paths(monkeypatch):
         modes["avx512"] = (True, False, True)
         if "+avx512vnni" in _FEATS:
             modes["avx512-vnni"] = (True, True, True)
-    for layout, qtype in ((q4_0.Q4_0Layout(), T.Q4_0), (q4_1.Q4_1Layout(), T.Q4_1), (k_quants.Q6_KLayout(), T.Q6_K)):
-        w = make_tensor(qtype, 9, 224 if qtype != T.Q6_K else 768, seed=2)  # 7 blocks: a pair left over
+    for layout, qtype in (
+        (q4_0.Q4_0Layout(), T.Q4_0),
+        (q4_1.Q4_1Layout(), T.Q4_1),
+        (k_quants.Q6_KLayout(), T.Q6_K),
+    ):
+        w = make_tensor(
+            qtype, 9, 224 if qtype != T.Q6_K else 768, seed=2
+        )  # 7 blocks: a pair left over
         x = np.random.default_rng(1).standard_normal((3, w.n_cols)).astype(F32)
-        quant = {"q8_0": _q8.quantize_q8_0, "q8_1": _q8.quantize_q8_1, "q8_k": _q8.quantize_q8_k}[VEC_DOT[qtype]]
+        quant = {"q8_0": _q8.quantize_q8_0, "q8_1": _q8.quantize_q8_1, "q8_k": _q8.quantize_q8_k}[
+            VEC_DOT[qtype]
+        ]
         xq, xd, xs = quant(x)
         res = {}
         for mode, (avx2, vnni, wide) in modes.items():
@@ -279,7 +316,9 @@ def test_int8_instruction_paths(monkeypatch):
             asm = dot.inspect_asm(dot.signatures[0])
             maddubs = avx2 and (not vnni or qtype == T.Q6_K)
             # (the 7th 32-weight block has no partner: the 256-bit form serves it)
-            assert ("llvm.x86.avx2.pmadd.ub.sw" in ir_text) == (maddubs and (not wide or qtype != T.Q6_K))
+            assert ("llvm.x86.avx2.pmadd.ub.sw" in ir_text) == (
+                maddubs and (not wide or qtype != T.Q6_K)
+            )
             assert ("llvm.x86.avx512.pmaddubs.w.512" in ir_text) == (maddubs and wide)
             assert ("vpdpbusd" in asm) == (vnni and qtype != T.Q6_K)  # Q6_K's parts are scaled
             if avx2 and not vnni:
@@ -298,8 +337,13 @@ def test_portable_int8_lowers_on_other_targets(qtype, triple, cpu, features):
     from llvmlite import ir
 
     target, mod = module_for(triple)
-    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [_ir.I8.as_pointer(), _ir.I8.as_pointer(),
-                                                           _ir.V8F.as_pointer()]), "block")
+    fn = ir.Function(
+        mod,
+        ir.FunctionType(
+            ir.VoidType(), [_ir.I8.as_pointer(), _ir.I8.as_pointer(), _ir.V8F.as_pointer()]
+        ),
+        "block",
+    )
     builder = ir.IRBuilder(fn.append_basic_block())
     em = _ir.Emit(builder)  # no F16C, no pshufb, no AVX2
     layout = importlib.import_module(f"engine.quants.generated.{qtype.name.lower()}")._layout
@@ -332,7 +376,11 @@ def test_int8_flags():
         assert args.decode_path == "int8", cmd
         args = parse_args(parser, [cmd, "-m", "smollm2", "--int8", "--no-int8", *extra])
         assert args.decode_path == "float", cmd
-    for cmd in ("generate", "serve", "chat"):  # the commands that build their context from CommonParams
+    for cmd in (
+        "generate",
+        "serve",
+        "chat",
+    ):  # the commands that build their context from CommonParams
         args = parse_args(parser, [cmd, "-m", "smollm2", "--no-int8"])
         assert to_context_params(common_params(args)).decode_path == "float", cmd
     assert quants.default_decode_path() == was

@@ -31,8 +31,21 @@ def _layout(qtype):
 
 def test_rp_types():
     """Every quantised type has the interleaved form (each tested below); the dense ones not."""
-    assert set(RP_TYPES) == {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
-                             T.IQ4_NL, T.IQ4_XS, T.MXFP4}
+    assert set(RP_TYPES) == {
+        T.Q4_0,
+        T.Q4_1,
+        T.Q5_0,
+        T.Q5_1,
+        T.Q8_0,
+        T.Q2_K,
+        T.Q3_K,
+        T.Q4_K,
+        T.Q5_K,
+        T.Q6_K,
+        T.IQ4_NL,
+        T.IQ4_XS,
+        T.MXFP4,
+    }
     for qtype, qt in quants.QUANT_TYPES.items():
         assert (qt.repack is not None) == (qtype in RP_TYPES)
 
@@ -60,7 +73,9 @@ def test_repack_lays_rows_side_by_side(qtype, rows):
                     if chunk:
                         for c in range(size // chunk):
                             dst = at + foff + c * chunk * rows + chunk * r
-                            np.testing.assert_array_equal(pk[g, dst : dst + chunk], src[chunk * c : chunk * (c + 1)])
+                            np.testing.assert_array_equal(
+                                pk[g, dst : dst + chunk], src[chunk * c : chunk * (c + 1)]
+                            )
                     else:
                         dst = at + foff + r * size
                         np.testing.assert_array_equal(pk[g, dst : dst + size], src)
@@ -73,7 +88,9 @@ def test_repack_spread_over_worker_threads_gives_the_same_bytes():
     from engine import parallel
 
     layout = _layout(T.Q4_K)
-    raw = np.random.default_rng(5).integers(0, 256, (16 * 9 + 5, 2 * layout.block_bytes), dtype=np.uint8)
+    raw = np.random.default_rng(5).integers(
+        0, 256, (16 * 9 + 5, 2 * layout.block_bytes), dtype=np.uint8
+    )
     one = _kern.repack_rows(layout, raw, 16)
     before = parallel.pool_size()
     try:
@@ -89,7 +106,9 @@ def test_repack_releases_each_slice_of_a_mapped_weight_as_it_goes(tmp_path, monk
     copy must not hold both forms whole at its peak), and the copy is still right."""
     layout = _layout(T.Q8_0)
     rows, n_rows = 16, 16 * 40 + 3
-    data = np.random.default_rng(9).integers(0, 256, (n_rows, 64 * layout.block_bytes), dtype=np.uint8)
+    data = np.random.default_rng(9).integers(
+        0, 256, (n_rows, 64 * layout.block_bytes), dtype=np.uint8
+    )
     (tmp_path / "w.bin").write_bytes(data.tobytes())
     with open(tmp_path / "w.bin", "rb") as fh:
         mapped = np.frombuffer(mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ), np.uint8)
@@ -112,8 +131,11 @@ def test_parts_run_from_a_pool_worker_run_there():
     before = parallel.pool_size()
     seen: list[tuple[int, int]] = []
     parallel.set_pool_size(2)
-    outer = threading.Thread(target=parallel.run_parts, daemon=True,
-                             args=(lambda p, w: parallel.run_parts(lambda q, w2: seen.append((p, q)), 3), 2))
+    outer = threading.Thread(
+        target=parallel.run_parts,
+        daemon=True,
+        args=(lambda p, w: parallel.run_parts(lambda q, w2: seen.append((p, q)), 3), 2),
+    )
     outer.start()
     outer.join(30)
     hung = outer.is_alive()
@@ -139,7 +161,11 @@ def test_interleaved_matvecs_match_ggml(qtype, n_rows):
     quants.matvec(w, x[0], out)
     assert (np.abs(out - ref[0]) <= tol[0]).all()
     w2 = make_tensor(qtype, n_rows + 5, _cols(qtype), seed=99)
-    outs = [np.full(n_rows, np.nan, F32), np.full(n_rows + 5, np.nan, F32), np.full(n_rows, np.nan, F32)]
+    outs = [
+        np.full(n_rows, np.nan, F32),
+        np.full(n_rows + 5, np.nan, F32),
+        np.full(n_rows, np.nan, F32),
+    ]
     quants.matvec_many([w, w2, w], x[1], outs)
     assert (np.abs(outs[0] - ref[1]) <= tol[1]).all() and (outs[0] == outs[2]).all()
     assert (np.abs(outs[1] - ref_vec_dot(w2, x[1:2])[0]) <= 2e-6 * _ref_scale(w2, x[1:2])[0]).all()
@@ -245,9 +271,15 @@ def test_interleaved_instruction_paths(monkeypatch):
             assert ("vpmaddubsw" in asm) == (avx2 and not vnni), mode
             assert "zmm" in asm or not wide, mode
         for mode in modes:
-            np.testing.assert_array_equal(res[mode, 1], res["portable", 1], err_msg=f"{qtype.name} {mode}")
-            np.testing.assert_array_equal(res[mode, 3], res["portable", 3], err_msg=f"{qtype.name} {mode}")
-            np.testing.assert_array_equal(res[mode, 3][0], res[mode, 1][0], err_msg=f"{qtype.name} {mode}")
+            np.testing.assert_array_equal(
+                res[mode, 1], res["portable", 1], err_msg=f"{qtype.name} {mode}"
+            )
+            np.testing.assert_array_equal(
+                res[mode, 3], res["portable", 3], err_msg=f"{qtype.name} {mode}"
+            )
+            np.testing.assert_array_equal(
+                res[mode, 3][0], res[mode, 1][0], err_msg=f"{qtype.name} {mode}"
+            )
 
 
 @OTHER_TARGETS
@@ -259,8 +291,14 @@ def test_portable_interleaved_lowers_on_other_targets(qtype, triple, cpu, featur
 
     target, mod = module_for(triple)
     R = 8
-    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [_ir.I8.as_pointer(), _ir.I8.as_pointer(),
-                                                           ir.VectorType(_ir.F32, R).as_pointer()]), "block")
+    fn = ir.Function(
+        mod,
+        ir.FunctionType(
+            ir.VoidType(),
+            [_ir.I8.as_pointer(), _ir.I8.as_pointer(), ir.VectorType(_ir.F32, R).as_pointer()],
+        ),
+        "block",
+    )
     builder = ir.IRBuilder(fn.append_basic_block())
     em = _ir.Emit(builder)  # no F16C, no AVX2
     layout = _layout(qtype)
@@ -270,8 +308,10 @@ def test_portable_interleaved_lowers_on_other_targets(qtype, triple, cpu, featur
     for grp in rb.groups:
         isum = ir.Constant(ir.VectorType(_ir.I32, R), [0] * R)
         for part in grp.parts:
-            y = builder.bitcast(em.splat(em.load(fn.args[1], part.x_off, _ir.I32), ir.VectorType(_ir.I32, R)),
-                                ir.VectorType(_ir.I8, 4 * R))
+            y = builder.bitcast(
+                em.splat(em.load(fn.args[1], part.x_off, _ir.I32), ir.VectorType(_ir.I32, R)),
+                ir.VectorType(_ir.I8, 4 * R),
+            )
             isum = em.idot(part.w, y, part.signed, acc=isum)
         total = builder.add(total, isum if grp.scale is None else builder.mul(isum, grp.scale))
     isum = total
@@ -308,7 +348,10 @@ def test_memory_report_counts_the_copies(tmp_path):
     report = ctx.memory_report()
     assert report.repacked_bytes == model.repacked_bytes > 0
     # the copies replace the weights' mapped pages in RAM: no more than the weights in the total
-    assert report.total_bytes == report.weights_bytes + report.kv_bytes + report.compute_bytes + report.metadata_bytes
+    assert (
+        report.total_bytes
+        == report.weights_bytes + report.kv_bytes + report.compute_bytes + report.metadata_bytes
+    )
     est = inspect_model(path).estimate(n_ctx=64).repacked_bytes
     assert est <= report.repacked_bytes <= est * 1.01  # the copies' last groups are padded
     assert inspect_model(path).estimate("float", n_ctx=64).repacked_bytes == 0
@@ -342,7 +385,9 @@ def test_prefill_reads_the_copy_once_the_mapped_rows_are_let_go(tmp_path):
     from engine.model import load_model
     from tests.ggufgen import write_tiny_model
 
-    path = write_tiny_model(tmp_path / "q41.gguf", "llama", n_layer=2, n_embd=256, n_ff=512, qtype=T.Q4_1)
+    path = write_tiny_model(
+        tmp_path / "q41.gguf", "llama", n_layer=2, n_embd=256, n_ff=512, qtype=T.Q4_1
+    )
     model = load_model(path)
     ctx = Context(model, ContextParams(n_ctx=64))
     tokens = [1, 5, 9, 2, 7, 3, 8, 4, 6, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]  # BLAS tiles
@@ -370,7 +415,10 @@ def test_two_planes_hold_x_to_fifteen_bits():
         q, d, s = _q8.quantize_planes(x, block)
         assert q.shape == (6, 512) and d.shape == s.shape == (6, 512 // block)
         for t in range(3):
-            rec = sum((q[2 * t + p].reshape(-1, block).astype(np.float64) * d[2 * t + p][:, None]) for p in range(2))
+            rec = sum(
+                (q[2 * t + p].reshape(-1, block).astype(np.float64) * d[2 * t + p][:, None])
+                for p in range(2)
+            )
             amax = np.abs(x[t]).reshape(-1, block).max(-1, keepdims=True)
             assert (np.abs(rec - x[t].reshape(-1, block)) <= amax / 2**15 + 1e-30).all()
             for p in range(2):
@@ -403,7 +451,9 @@ def test_default_path_is_float_grade(qtype):
 
 
 @pytest.mark.parametrize("path", ["x16", "float"])
-def test_a_short_prompt_gives_the_bits_of_its_tokens_decoded_one_by_one(tmp_path, path, monkeypatch):
+def test_a_short_prompt_gives_the_bits_of_its_tokens_decoded_one_by_one(
+    tmp_path, path, monkeypatch
+):
     """Up to MATVEC_MAX_TOKENS tokens a ubatch runs the decode kernels, which compute each
     token alone: the prompt's last logits, and every token after it, are the same bits whether
     the prompt was prefilled or its last token decoded after a cached prefix (what a server's
@@ -414,15 +464,25 @@ def test_a_short_prompt_gives_the_bits_of_its_tokens_decoded_one_by_one(tmp_path
     from tests.ggufgen import write_tiny_model
 
     monkeypatch.setenv("GGSTATION_STEP", "1")
-    model = load_model(write_tiny_model(tmp_path / "m.gguf", "llama", n_layer=2, n_embd=256, n_ff=512, qtype=T.Q4_0))
+    model = load_model(
+        write_tiny_model(
+            tmp_path / "m.gguf", "llama", n_layer=2, n_embd=256, n_ff=512, qtype=T.Q4_0
+        )
+    )
     ctx = Context(model, ContextParams(n_ctx=64, decode_path=path))
     prompt = [1, 7, 3, 9, 4, 12, 5, 8, 2, 11, 6]
     assert 8 < len(prompt) <= quants.MATVEC_MAX_TOKENS
     a = [ctx.decode(Batch.for_sequence(prompt, 0))[0].copy()]
-    a += [ctx.decode(Batch.for_sequence([t], len(prompt) + i))[0].copy() for i, t in enumerate((4, 9, 1))]
+    a += [
+        ctx.decode(Batch.for_sequence([t], len(prompt) + i))[0].copy()
+        for i, t in enumerate((4, 9, 1))
+    ]
     ctx.kv.clear()
     ctx.decode(Batch.for_sequence(prompt[:-1], 0))
     b = [ctx.decode(Batch.for_sequence(prompt[-1:], len(prompt) - 1))[0].copy()]
-    b += [ctx.decode(Batch.for_sequence([t], len(prompt) + i))[0].copy() for i, t in enumerate((4, 9, 1))]
+    b += [
+        ctx.decode(Batch.for_sequence([t], len(prompt) + i))[0].copy()
+        for i, t in enumerate((4, 9, 1))
+    ]
     for x, y in zip(a, b, strict=True):
         assert np.array_equal(x, y)

@@ -28,15 +28,23 @@ def test_server_and_serve_help_do_not_import_ray():
         "try:\n    main(['serve', '--help'])\nexcept SystemExit:\n    pass\n"
         "bad = sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.'))\n"
         "assert not bad, bad\n"
-        "print('no ray')\n")
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        "print('no ray')\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0 and "no ray" in r.stdout, r.stderr
     assert "--ray [ADDRESS]" in r.stdout  # the flag is documented in the help
 
 
 def _spec(path: Path, **cluster: str) -> ModelSpec:
-    return ModelSpec("m", "preset", str(path), (("--model", str(path)), ("--ctx-size", "512"), ("--parallel", "3")),
-                     cluster=tuple(cluster.items()))
+    return ModelSpec(
+        "m",
+        "preset",
+        str(path),
+        (("--model", str(path)), ("--ctx-size", "512"), ("--parallel", "3")),
+        cluster=tuple(cluster.items()),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -62,16 +70,36 @@ def test_plan_declares_one_thread_slots_and_the_engines_estimate(model):
 
 
 def test_plan_autoscales_from_the_presets(model):
-    plan = make_plan(_spec(model, **{"min-replicas": "1", "max-replicas": "3", "target-ongoing-requests": "2",
-                                     "sha256": "AB" * 32}), ["--threads", "2"], parse_args)
+    plan = make_plan(
+        _spec(
+            model,
+            **{
+                "min-replicas": "1",
+                "max-replicas": "3",
+                "target-ongoing-requests": "2",
+                "sha256": "AB" * 32,
+            },
+        ),
+        ["--threads", "2"],
+        parse_args,
+    )
     opts = plan.deployment_options()
     scaling = opts["autoscaling_config"]
-    assert (scaling["min_replicas"], scaling["max_replicas"], scaling["target_ongoing_requests"]) == (1, 3, 2.0)
+    assert (
+        scaling["min_replicas"],
+        scaling["max_replicas"],
+        scaling["target_ongoing_requests"],
+    ) == (1, 3, 2.0)
     assert opts["ray_actor_options"]["num_cpus"] == 2 and plan.sha256 == "ab" * 32
 
 
-@pytest.mark.parametrize("keys, message", [({"min-replicas": "3", "max-replicas": "2"}, "min-replicas"),
-                                           ({"max-replicas": "many"}, "not a number")])
+@pytest.mark.parametrize(
+    "keys, message",
+    [
+        ({"min-replicas": "3", "max-replicas": "2"}, "min-replicas"),
+        ({"max-replicas": "many"}, "not a number"),
+    ],
+)
 def test_plan_refuses_bad_replica_counts(model, keys, message):
     with pytest.raises(RouterError, match=message):
         make_plan(_spec(model, **keys), [], parse_args)
@@ -117,4 +145,7 @@ def test_a_hub_model_declares_its_listed_size_plus_a_margin(model, monkeypatch):
     monkeypatch.setattr(hub, "resolve", lambda spec, filename=None, token=None: cached)
     from engine.model_info import inspect_model
 
-    assert make_plan(spec, [], parse_args).memory_bytes == inspect_model(model).estimate(n_ctx=4096).total_bytes
+    assert (
+        make_plan(spec, [], parse_args).memory_bytes
+        == inspect_model(model).estimate(n_ctx=4096).total_bytes
+    )

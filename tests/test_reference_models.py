@@ -45,22 +45,35 @@ def _log_softmax(x):
     return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
-@pytest.mark.parametrize("path", [
-    "batch",  # the prompt through the batch path (float activations)
-    pytest.param("int8", marks=pytest.mark.int8),  # every token through the int8 decode path
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "batch",  # the prompt through the batch path (float activations)
+        pytest.param("int8", marks=pytest.mark.int8),  # every token through the int8 decode path
+    ],
+)
 def test_greedy_and_logprobs_match_llama_cpp(model_and_ref, path):
     """Teacher-forced with llama.cpp's own tokens so one near-tie does not derail the rest."""
     model, ref = model_and_ref
     # ubatches of MATVEC_MAX_TOKENS run the decode path's mat-vecs (the model is the module's)
-    ctx = Context(model, ContextParams(n_ctx=256, n_ubatch=MATVEC_MAX_TOKENS if path == "int8" else 512,
-                                       decode_path="int8" if path == "int8" else "x16"))
+    ctx = Context(
+        model,
+        ContextParams(
+            n_ctx=256,
+            n_ubatch=MATVEC_MAX_TOKENS if path == "int8" else 512,
+            decode_path="int8" if path == "int8" else "x16",
+        ),
+    )
     mismatches, errs = [], []
     for r in ref["results"]:
         ids = r["prompt_ids"] + [s["id"] for s in r["steps"]]
         n = len(r["prompt_ids"])
         ctx.kv.clear()
-        lp = _log_softmax(ctx.decode(Batch.for_sequence(ids[: n + len(r["steps"]) - 1], 0, logits_all=True))[n - 1 :])
+        lp = _log_softmax(
+            ctx.decode(Batch.for_sequence(ids[: n + len(r["steps"]) - 1], 0, logits_all=True))[
+                n - 1 :
+            ]
+        )
         for i, st in enumerate(r["steps"]):
             top = st["top_logprobs"]
             errs += [abs(lp[i, t["id"]] - t["logprob"]) for t in top]
@@ -84,12 +97,19 @@ def test_incremental_decode_matches_batch(model_and_ref):
     ctx = Context(model, ContextParams(n_ctx=128))
     full = _log_softmax(ctx.decode(Batch.for_sequence(ids, 0, logits_all=True)))
     ctx.kv.clear()
-    step = _log_softmax(np.stack([ctx.decode(Batch.for_sequence([t], i))[0] for i, t in enumerate(ids)]))
+    step = _log_softmax(
+        np.stack([ctx.decode(Batch.for_sequence([t], i))[0] for i, t in enumerate(ids)])
+    )
     top = np.argsort(-full, axis=1)[:, :10]
     assert np.abs(np.take_along_axis(full - step, top, 1)).max() < 0.02
 
 
-PPL = {("smollm2", 128): 24.2139, ("smollm2", 512): 18.3914, ("gemma3", 128): 18.4456, ("gemma3", 512): 13.9062}
+PPL = {
+    ("smollm2", 128): 24.2139,
+    ("smollm2", 512): 18.3914,
+    ("gemma3", 128): 18.4456,
+    ("gemma3", 512): 13.9062,
+}
 
 
 @pytest.mark.slow

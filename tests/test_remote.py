@@ -21,7 +21,14 @@ from engine import (
     normalize_url,
     stream_chat,
 )
-from engine.remote import KIND_GGSTATION, KIND_LLAMA, KIND_OPENAI, ChatStream, chat_body, parse_metrics
+from engine.remote import (
+    KIND_GGSTATION,
+    KIND_LLAMA,
+    KIND_OPENAI,
+    ChatStream,
+    chat_body,
+    parse_metrics,
+)
 
 MESSAGES = [{"role": "user", "content": "Hi"}]
 
@@ -42,17 +49,22 @@ def _closed_port() -> int:
 # -- URLs -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("typed, url", [
-    ("http://host:8080", "http://host:8080"),
-    ("  localhost:8080/  ", "http://localhost:8080"),
-    ("https://api.example.com/v1/", "https://api.example.com"),
-    ("http://10.0.0.2:8000/serve/v1", "http://10.0.0.2:8000/serve"),
-])
+@pytest.mark.parametrize(
+    "typed, url",
+    [
+        ("http://host:8080", "http://host:8080"),
+        ("  localhost:8080/  ", "http://localhost:8080"),
+        ("https://api.example.com/v1/", "https://api.example.com"),
+        ("http://10.0.0.2:8000/serve/v1", "http://10.0.0.2:8000/serve"),
+    ],
+)
 def test_normalize_url_accepts_what_people_type(typed, url):
     assert normalize_url(typed) == url
 
 
-@pytest.mark.parametrize("typed", ["", "ftp://host", "http://", "http://host:99999", "not a url", "http://a b"])
+@pytest.mark.parametrize(
+    "typed", ["", "ftp://host", "http://", "http://host:99999", "not a url", "http://a b"]
+)
 def test_normalize_url_rejects_non_http(typed):
     with pytest.raises(RemoteError) as e:
         normalize_url(typed)
@@ -67,7 +79,9 @@ def test_remote_lists_models_with_the_key(oai):
         assert [m.id for m in c.list_models()] == ["alpha", "beta"]
 
 
-@pytest.mark.parametrize("key, words", [("bad-key", "refused the API key"), ("", "needs an API key")])
+@pytest.mark.parametrize(
+    "key, words", [("bad-key", "refused the API key"), ("", "needs an API key")]
+)
 def test_remote_wrong_or_missing_key_is_an_auth_error(oai, key, words):
     with RemoteClient(RemoteEndpoint(oai.url, key)) as c, pytest.raises(RemoteError) as e:
         c.list_models()
@@ -86,7 +100,9 @@ def test_remote_probe_of_plain_openai_server_has_no_llama_extras(oai):
 
 def test_remote_stream_chat_yields_the_reply_and_usage(oai):
     ep = RemoteEndpoint(oai.url, "good-key")
-    sampling = RemoteSampling(temperature=0.3, top_p=0.8, max_tokens=64, seed=5, stop=("##",), top_k=7, min_p=0.1)
+    sampling = RemoteSampling(
+        temperature=0.3, top_p=0.8, max_tokens=64, seed=5, stop=("##",), top_k=7, min_p=0.1
+    )
     deltas = list(stream_chat(ep, "beta", MESSAGES, sampling, ServerInfo()))
     assert "".join(d.text for d in deltas) == openai_server.REPLY
     last = deltas[-1]
@@ -97,19 +113,38 @@ def test_remote_stream_chat_yields_the_reply_and_usage(oai):
     body = oai.requests[-1]
     assert body["model"] == "beta" and body["stream"] is True and body["messages"] == MESSAGES
     assert (body["temperature"], body["top_p"], body["max_tokens"], body["seed"], body["stop"]) == (
-        0.3, 0.8, 64, 5, ["##"])
+        0.3,
+        0.8,
+        64,
+        5,
+        ["##"],
+    )
     assert "top_k" not in body and "min_p" not in body  # a plain OpenAI server may reject them
 
 
 def test_remote_probe_reads_llama_server_props_and_a_router(oai):
-    oai.props = {"default_generation_settings": {"n_ctx": 4096, "params": {}}, "total_slots": 4,
-                 "endpoint_slots": True, "endpoint_metrics": False, "build_info": "b6000-abc"}
+    oai.props = {
+        "default_generation_settings": {"n_ctx": 4096, "params": {}},
+        "total_slots": 4,
+        "endpoint_slots": True,
+        "endpoint_metrics": False,
+        "build_info": "b6000-abc",
+    }
     with RemoteClient(RemoteEndpoint(oai.url, "good-key")) as c:
         info = c.probe()
         assert (info.kind, info.n_ctx, info.total_slots, info.has_slots, info.has_metrics) == (
-            KIND_LLAMA, 4096, 4, True, False)
+            KIND_LLAMA,
+            4096,
+            4,
+            True,
+            False,
+        )
         # llama-server's router: llama-server's fields, but /slots and /metrics are per model
-        oai.props = {"role": "router", "default_generation_settings": {"n_ctx": 0}, "build_info": "b6000"}
+        oai.props = {
+            "role": "router",
+            "default_generation_settings": {"n_ctx": 0},
+            "build_info": "b6000",
+        }
         info = c.probe()
         assert info.llama_like and not info.has_slots and not info.has_metrics
 
@@ -126,9 +161,13 @@ def test_remote_connection_dropped_mid_stream_is_a_broken_error(oai):
     oai.drop_after = 3
     got: list[str] = []
     with pytest.raises(RemoteError) as e:
-        for d in stream_chat(RemoteEndpoint(oai.url, "good-key"), "alpha", MESSAGES, RemoteSampling()):
+        for d in stream_chat(
+            RemoteEndpoint(oai.url, "good-key"), "alpha", MESSAGES, RemoteSampling()
+        ):
             got.append(d.text)
-    assert e.value.reason == RemoteError.BROKEN and "ended in the middle of the reply" in str(e.value)
+    assert e.value.reason == RemoteError.BROKEN and "ended in the middle of the reply" in str(
+        e.value
+    )
     assert len(got) == 3  # what came before the break was delivered
 
 
@@ -167,7 +206,11 @@ def test_remote_silent_server_times_out_instead_of_hanging():
         with RemoteClient(RemoteEndpoint(url), timeout_s=0.5) as c, pytest.raises(RemoteError) as e:
             c.list_models()
         assert e.value.reason == RemoteError.TIMEOUT and time.monotonic() - t0 < 3
-        stream = ChatStream(RemoteEndpoint(url), chat_body("m", MESSAGES, RemoteSampling(), None), read_timeout_s=0.5)
+        stream = ChatStream(
+            RemoteEndpoint(url),
+            chat_body("m", MESSAGES, RemoteSampling(), None),
+            read_timeout_s=0.5,
+        )
         with pytest.raises(RemoteError) as e:
             list(stream)
         assert e.value.reason == RemoteError.TIMEOUT
@@ -203,7 +246,9 @@ def test_remote_cancel_wakes_a_read_blocked_on_a_silent_server(send_headers):
         conns.append(conn)
         conn.recv(65536)
         if send_headers:
-            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+            conn.sendall(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+            )
 
     threading.Thread(target=answer_headers_then_nothing, daemon=True).start()
     try:
@@ -223,9 +268,15 @@ def test_remote_cancel_wakes_a_read_blocked_on_a_silent_server(send_headers):
 
 
 def test_parse_metrics_reads_llamacpp_samples():
-    m = parse_metrics("# HELP x\nllamacpp:tokens_predicted_total 42\nllamacpp:requests_processing 1\n"
-                      "llamacpp:predicted_tokens_seconds 12.5\nother_metric 3\nllamacpp:garbage x\n")
-    assert (m.tokens_predicted_total, m.requests_processing, m.predicted_tokens_seconds) == (42, 1, 12.5)
+    m = parse_metrics(
+        "# HELP x\nllamacpp:tokens_predicted_total 42\nllamacpp:requests_processing 1\n"
+        "llamacpp:predicted_tokens_seconds 12.5\nother_metric 3\nllamacpp:garbage x\n"
+    )
+    assert (m.tokens_predicted_total, m.requests_processing, m.predicted_tokens_seconds) == (
+        42,
+        1,
+        12.5,
+    )
 
 
 # -- a real ggstation server ----------------------------------------------------------------------------
@@ -238,8 +289,15 @@ def test_remote_ggstation_server_lists_probes_streams_and_reports_load(ggstation
         info = c.probe()
         assert [m.id for m in models] == ["tiny"] and models[0].n_ctx == 1024
         assert info.kind == KIND_GGSTATION and info.llama_like
-        assert (info.n_ctx, info.total_slots, info.has_slots, info.has_metrics) == (1024, 2, True, True)
-        deltas = list(stream_chat(ep, "tiny", MESSAGES, RemoteSampling(max_tokens=8, seed=1, top_k=5), info))
+        assert (info.n_ctx, info.total_slots, info.has_slots, info.has_metrics) == (
+            1024,
+            2,
+            True,
+            True,
+        )
+        deltas = list(
+            stream_chat(ep, "tiny", MESSAGES, RemoteSampling(max_tokens=8, seed=1, top_k=5), info)
+        )
         last = deltas[-1]
         assert last.finish_reason in ("stop", "length") and last.n_prompt > 0
         assert last.n_generated == len(deltas) - 1 <= 8 and last.t_gen_ms >= 0
@@ -253,7 +311,9 @@ def test_remote_ggstation_server_lists_probes_streams_and_reports_load(ggstation
 
 def test_remote_ggstation_cancel_stops_generation_on_the_server(ggstation):
     ep = RemoteEndpoint(ggstation.url, "sekret")
-    body = chat_body("tiny", MESSAGES, RemoteSampling(max_tokens=100_000), ServerInfo(kind=KIND_GGSTATION))
+    body = chat_body(
+        "tiny", MESSAGES, RemoteSampling(max_tokens=100_000), ServerInfo(kind=KIND_GGSTATION)
+    )
     stream = ChatStream(ep, {**body, "ignore_eos": True})
     with RemoteClient(ep) as c:
         for n, _ in enumerate(stream):

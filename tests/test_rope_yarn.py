@@ -22,20 +22,33 @@ def _apply(rope: Rope, x: np.ndarray) -> np.ndarray:
     return y
 
 
-@pytest.mark.parametrize("n_rot,base,factor,n_ctx_orig,neox", [
-    (64, 150000.0, 32.0, 4096, True),  # gpt-oss
-    (128, 1000000.0, 4.0, 32768, True),  # Qwen2.5/Qwen3 long context
-    (16, 10000.0, 8.0, 64, False),  # small, NORM pairs
-    (32, 10000.0, 0.5, 256, True),  # factor below 1
-])
+@pytest.mark.parametrize(
+    "n_rot,base,factor,n_ctx_orig,neox",
+    [
+        (64, 150000.0, 32.0, 4096, True),  # gpt-oss
+        (128, 1000000.0, 4.0, 32768, True),  # Qwen2.5/Qwen3 long context
+        (16, 10000.0, 8.0, 64, False),  # small, NORM pairs
+        (32, 10000.0, 0.5, 256, True),  # factor below 1
+    ],
+)
 def test_yarn_rope_matches_ggml(n_rot, base, factor, n_ctx_orig, neox):
     yarn = Yarn(n_ctx_orig)
     attn = yarn.context_attn_factor(factor)
     rope = Rope.make(n_rot, base, neox, factor, (), attn, yarn)
     x = np.random.default_rng(0).standard_normal((len(POS), 3, n_rot)).astype(np.float32)
-    want = ref.rope(x, POS, n_rot, neox, base=base, freq_scale=1.0 / factor, ext_factor=1.0,
-                    attn_factor=ref.context_attn_factor(1.0 / factor, 1.0), beta_fast=32.0,
-                    beta_slow=1.0, n_ctx_orig=n_ctx_orig)
+    want = ref.rope(
+        x,
+        POS,
+        n_rot,
+        neox,
+        base=base,
+        freq_scale=1.0 / factor,
+        ext_factor=1.0,
+        attn_factor=ref.context_attn_factor(1.0 / factor, 1.0),
+        beta_fast=32.0,
+        beta_slow=1.0,
+        n_ctx_orig=n_ctx_orig,
+    )
     np.testing.assert_allclose(_apply(rope, x), want, rtol=1e-5, atol=2e-5)
     plain = Rope.make(n_rot, base, neox, factor)  # linear interpolation differs
     assert np.abs(_apply(plain, x) - want).max() > 1e-2
@@ -44,11 +57,24 @@ def test_yarn_rope_matches_ggml(n_rot, base, factor, n_ctx_orig, neox):
 def test_yarn_with_freq_factors_and_log_mul():
     yarn = Yarn(128, ext_factor=0.7, beta_fast=16.0, beta_slow=2.0, log_mul=0.5)
     factors = np.linspace(1.0, 3.0, 16)
-    rope = Rope.make(32, 10000.0, True, 8.0, tuple(factors), 1.3 * yarn.context_attn_factor(8.0), yarn)
+    rope = Rope.make(
+        32, 10000.0, True, 8.0, tuple(factors), 1.3 * yarn.context_attn_factor(8.0), yarn
+    )
     x = np.random.default_rng(1).standard_normal((len(POS), 2, 32)).astype(np.float32)
-    want = ref.rope(x, POS, 32, True, base=10000.0, freq_scale=0.125, ext_factor=0.7,
-                    attn_factor=ref.context_attn_factor(0.125, 0.7, 1.3, 0.5), beta_fast=16.0,
-                    beta_slow=2.0, n_ctx_orig=128, freq_factors=factors)
+    want = ref.rope(
+        x,
+        POS,
+        32,
+        True,
+        base=10000.0,
+        freq_scale=0.125,
+        ext_factor=0.7,
+        attn_factor=ref.context_attn_factor(0.125, 0.7, 1.3, 0.5),
+        beta_fast=16.0,
+        beta_slow=2.0,
+        n_ctx_orig=128,
+        freq_factors=factors,
+    )
     np.testing.assert_allclose(_apply(rope, x), want, rtol=1e-5, atol=2e-5)
 
 
@@ -79,9 +105,19 @@ def test_gguf_yarn_keys_select_yarn(tmp_path):
     assert cfg.rope_yarn == Yarn(1024) and cfg.rope_scale == 4.0
     rope = cfg.layer_rope(0, 4096)
     x = np.random.default_rng(2).standard_normal((len(POS), 4, 16)).astype(np.float32)
-    want = ref.rope(x, POS, 16, True, base=1e6, freq_scale=0.25, ext_factor=1.0,
-                    attn_factor=ref.context_attn_factor(0.25, 1.0), beta_fast=32.0, beta_slow=1.0,
-                    n_ctx_orig=1024)
+    want = ref.rope(
+        x,
+        POS,
+        16,
+        True,
+        base=1e6,
+        freq_scale=0.25,
+        ext_factor=1.0,
+        attn_factor=ref.context_attn_factor(0.25, 1.0),
+        beta_fast=32.0,
+        beta_slow=1.0,
+        n_ctx_orig=1024,
+    )
     np.testing.assert_allclose(_apply(rope, x), want, rtol=1e-5, atol=2e-5)
 
 

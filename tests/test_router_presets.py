@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 
 from engine.errors import RouterError
-from engine.router.presets import Catalogue, OptionTable, explicit_options, parse_ini, scan_models_dir
+from engine.router.presets import (
+    Catalogue,
+    OptionTable,
+    explicit_options,
+    parse_ini,
+    scan_models_dir,
+)
 from engine.server import flags
 
 
@@ -37,8 +43,11 @@ def touch(path: Path) -> Path:
 
 def test_parse_ini_sections_comments_and_errors():
     text = "version = 1\n; comment\n[*]\nc = 8192 ; trailing\n\n[user/Repo-GGUF:q4_k_m]\n# x\nchat-template = a;b\n"
-    assert parse_ini(text) == {"default": {"version": "1"}, "*": {"c": "8192"},
-                               "user/Repo-GGUF:Q4_K_M": {"chat-template": "a;b"}}
+    assert parse_ini(text) == {
+        "default": {"version": "1"},
+        "*": {"c": "8192"},
+        "user/Repo-GGUF:Q4_K_M": {"chat-template": "a;b"},
+    }
     with pytest.raises(RouterError, match="line 2"):
         parse_ini("[ok]\nthis is not a pair\n")
 
@@ -53,7 +62,10 @@ def test_models_dir_files_and_subdirectories(tmp_path):
     (tmp_path / "notes.txt").write_text("x")
     found = scan_models_dir(tmp_path)
     assert {k: v.name for k, v in found.items()} == {
-        "one": "one.gguf", "vision": "vision-Q8_0.gguf", "big": "big-00001-of-00002.gguf"}
+        "one": "one.gguf",
+        "vision": "vision-Q8_0.gguf",
+        "big": "big-00001-of-00002.gguf",
+    }
     with pytest.raises(RouterError, match="does not exist"):
         scan_models_dir(tmp_path / "missing")
 
@@ -61,11 +73,15 @@ def test_models_dir_files_and_subdirectories(tmp_path):
 def test_preset_precedence_keys_and_preset_only_options(tmp_path, parser, table):
     touch(tmp_path / "dir" / "m.gguf")
     ini = tmp_path / "p.ini"
-    ini.write_text("[*]\nc = 8192\ntemp = 0.5\n\n[m]\nctx-size = 2048\nLLAMA_ARG_N_PARALLEL = 3\nno-jinja = true\n"
-                   "load-on-startup = true\nstop-timeout = 4\nalias = mm, m2\nport = 1\nbogus-key = 1\n\n"
-                   f"[custom]\nmodel = {tmp_path / 'dir' / 'm.gguf'}\n")
+    ini.write_text(
+        "[*]\nc = 8192\ntemp = 0.5\n\n[m]\nctx-size = 2048\nLLAMA_ARG_N_PARALLEL = 3\nno-jinja = true\n"
+        "load-on-startup = true\nstop-timeout = 4\nalias = mm, m2\nport = 1\nbogus-key = 1\n\n"
+        f"[custom]\nmodel = {tmp_path / 'dir' / 'm.gguf'}\n"
+    )
     args = parser.parse_args(["--temp", "0.1", "--port", "9999", "--models-max", "2"])
-    cat = Catalogue(table, explicit_options(parser, args, table), models_dir=tmp_path / "dir", preset_file=ini)
+    cat = Catalogue(
+        table, explicit_options(parser, args, table), models_dir=tmp_path / "dir", preset_file=ini
+    )
     specs = cat.build()
     m = specs["m"]
     assert m.source == "preset" and m.path.endswith("m.gguf")
@@ -79,7 +95,9 @@ def test_preset_precedence_keys_and_preset_only_options(tmp_path, parser, table)
     assert "[m]" in m.preset_ini
     custom = specs["custom"]
     argv = custom.args()
-    assert custom.source == "preset" and argv[argv.index("--model") + 1] == str(tmp_path / "dir" / "m.gguf")
+    assert custom.source == "preset" and argv[argv.index("--model") + 1] == str(
+        tmp_path / "dir" / "m.gguf"
+    )
     assert argv[argv.index("--ctx-size") + 1] == "8192"
 
 
@@ -100,7 +118,9 @@ def test_dedup_hides_the_cache_entry_a_preset_serves(tmp_path, table):
     ini.write_text("[*]\ndedup-cache-models = 1\n[mine]\nhf-repo = org/model:Q8_0\n")
     assert Catalogue(table, preset_file=ini, cache=lambda: cache).build()["org/model:Q8_0"].hidden
     ini.write_text("[mine]\nhf-repo = org/model:Q8_0\n")
-    assert not Catalogue(table, preset_file=ini, cache=lambda: cache).build()["org/model:Q8_0"].hidden
+    assert (
+        not Catalogue(table, preset_file=ini, cache=lambda: cache).build()["org/model:Q8_0"].hidden
+    )
 
 
 def test_reload_adds_removes_and_restarts_only_changed_models(tmp_path, table):

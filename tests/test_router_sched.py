@@ -81,7 +81,9 @@ class FakeRouter(Router):
 
     def _come_up(self, child, proc):
         deadline = time.monotonic() + 2
-        while child.proc is not proc and time.monotonic() < deadline:  # _spawn stores it after _popen
+        while (
+            child.proc is not proc and time.monotonic() < deadline
+        ):  # _spawn stores it after _popen
             time.sleep(0.002)
         if child.proc is not proc or proc.returncode is not None:
             return
@@ -289,23 +291,36 @@ def test_app_errors_are_llama_servers_400s(app_client):
     router, c = app_client()
     chat = {"messages": [{"role": "user", "content": "x"}]}
     r = c.post("/v1/chat/completions", json=chat)
-    assert r.status_code == 400 and r.json()["error"]["message"] == "model name is missing from the request"
+    assert (
+        r.status_code == 400
+        and r.json()["error"]["message"] == "model name is missing from the request"
+    )
     r = c.post("/v1/chat/completions", json={**chat, "model": "zzz"})
     assert r.status_code == 400 and r.json()["error"]["message"] == "model 'zzz' not found"
     assert c.get("/metrics").status_code == 400  # a GET names its model in the query
     assert c.post("/models/load", json={"model": "zzz"}).status_code == 404
-    assert c.post("/models/unload", json={"model": "a"}).json()["error"]["message"] == "model is not running"
+    assert (
+        c.post("/models/unload", json={"model": "a"}).json()["error"]["message"]
+        == "model is not running"
+    )
     r = c.post("/tokenize?autoload=false", json={"model": "a", "content": "x"})
     assert r.status_code == 400 and "not loaded" in r.json()["error"]["message"]
     assert c.post("/models/load", json={"model": "a"}).json() == {"success": True}
-    assert c.post("/models/load", json={"model": "a"}).json()["error"]["message"] == "model is already running"
+    assert (
+        c.post("/models/load", json={"model": "a"}).json()["error"]["message"]
+        == "model is already running"
+    )
     assert c.post("/models/load", content=b"{").status_code == 400
 
 
 def test_app_router_props_and_listing(app_client):
     router, c = app_client(router=None)
     props = c.get("/props").json()
-    assert props["role"] == "router" and props["max_instances"] == 2 and props["models_autoload"] is True
+    assert (
+        props["role"] == "router"
+        and props["max_instances"] == 2
+        and props["models_autoload"] is True
+    )
     assert props["build_info"].startswith("b")
     use(router, "a")
     data = {m["id"]: m for m in c.get("/v1/models").json()["data"]}
@@ -321,7 +336,10 @@ def test_app_keys_and_cors_apply_to_the_router(app_client):
     r = c.get("/v1/models")
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
     assert c.get("/v1/models", headers={"Authorization": "Bearer k"}).status_code == 200
-    r = c.options("/completions", headers={"Origin": "http://ok.example", "Access-Control-Request-Method": "POST"})
+    r = c.options(
+        "/completions",
+        headers={"Origin": "http://ok.example", "Access-Control-Request-Method": "POST"},
+    )
     assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://ok.example"
 
 
@@ -347,8 +365,10 @@ def test_app_reload_with_a_broken_preset_is_a_400(app_client, tmp_path):
 def test_load_on_startup_models_load_and_may_not_exceed_models_max(make):
     from engine.router.presets import ModelSpec
 
-    specs = {n: ModelSpec(n, "preset", f"/{n}.gguf", (("--model", f"/{n}.gguf"),), load_on_startup=True)
-             for n in ("a", "b")}
+    specs = {
+        n: ModelSpec(n, "preset", f"/{n}.gguf", (("--model", f"/{n}.gguf"),), load_on_startup=True)
+        for n in ("a", "b")
+    }
     with pytest.raises(RouterError, match="load-on-startup"):
         FakeRouter([], catalogue=lambda: specs, models_max=1)
     r = FakeRouter([], catalogue=lambda: specs, models_max=2).start()
@@ -402,14 +422,22 @@ def test_app_downloads_into_the_cache_and_removes_from_it(app_client, tmp_path):
         assert c.post("/models", json={"model": "org/m:Q8_0"}).json() == {"success": True}
         assert c.post("/models", json={"model": "org/m:Q8_0"}).status_code == 400  # already there
         wait_for(lambda: any(e["event"] == "download_progress" for e in seen))
-        status = next(m for m in c.get("/models").json()["data"] if m["id"] == "org/m:Q8_0")["status"]
+        status = next(m for m in c.get("/models").json()["data"] if m["id"] == "org/m:Q8_0")[
+            "status"
+        ]
         assert status["value"] == "downloading"
-        assert status["progress"] == {"https://hub.example/org/m:Q8_0.gguf": {"done": 5, "total": 10}}
+        assert status["progress"] == {
+            "https://hub.example/org/m:Q8_0.gguf": {"done": 5, "total": 10}
+        }
         hub.gate.set()
         wait_for(lambda: any(e["event"] == "download_finished" for e in seen))
         data = {m["id"]: m for m in c.get("/models").json()["data"]}  # lists the cache again
-        assert data["org/m:Q8_0"]["status"]["value"] == "unloaded" and data["org/m:Q8_0"]["can_remove"]
-        assert c.post("/tokenize", json={"model": "org/m:Q8_0", "content": "x"}).status_code == 503  # no child
+        assert (
+            data["org/m:Q8_0"]["status"]["value"] == "unloaded" and data["org/m:Q8_0"]["can_remove"]
+        )
+        assert (
+            c.post("/tokenize", json={"model": "org/m:Q8_0", "content": "x"}).status_code == 503
+        )  # no child
         assert c.delete("/models?model=org/m:Q8_0").json() == {"success": True}
         assert "org/m:Q8_0" not in {m["id"] for m in c.get("/models").json()["data"]}
         assert seen[-1] == {"model": "org/m:Q8_0", "event": "model_remove", "data": {}}
@@ -436,8 +464,14 @@ def test_a_sleeping_child_is_running_and_takes_requests(make):
 def test_aliases_route_to_their_model_and_children_get_the_preset_flags(make):
     from engine.router.presets import ModelSpec
 
-    spec = ModelSpec("m", "preset", "/m.gguf", (("--model", "/m.gguf"), ("--ctx-size", "2048"), ("--no-jinja", "")),
-                     aliases=("mm",), tags=("t",))
+    spec = ModelSpec(
+        "m",
+        "preset",
+        "/m.gguf",
+        (("--model", "/m.gguf"), ("--ctx-size", "2048"), ("--no-jinja", "")),
+        aliases=("mm",),
+        tags=("t",),
+    )
     r = FakeRouter([], catalogue=lambda: {"m": spec}).start()
     try:
         child = use(r, "mm")

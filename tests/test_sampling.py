@@ -65,7 +65,11 @@ def test_defaults_match_llama_cpp():
     p = SamplingParams()
     assert (p.temperature, p.top_k, p.top_p, p.min_p, p.typical_p) == (0.8, 40, 0.95, 0.05, 1.0)
     assert (p.repeat_penalty, p.repeat_last_n, p.presence_penalty, p.frequency_penalty) == (
-        1.0, 64, 0.0, 0.0)
+        1.0,
+        64,
+        0.0,
+        0.0,
+    )
     assert p.seed == -1 and p.n_probs == 0 and p.logit_bias == {} and not p.ignore_eos
 
 
@@ -127,7 +131,9 @@ def test_temperature_scales_and_greedy_keeps_argmax():
 def test_penalties_follow_llama_cpp_rule():
     c = candidates_of(np.array([2.0, -2.0, 1.0, 0.5], dtype=np.float32))
     out = penalties(c, [0, 1, 0], repeat_last_n=64, repeat_penalty=2.0)
-    np.testing.assert_allclose(out.logits, [1.0, -4.0, 1.0, 0.5])  # positive divided, negative multiplied
+    np.testing.assert_allclose(
+        out.logits, [1.0, -4.0, 1.0, 0.5]
+    )  # positive divided, negative multiplied
     out = penalties(c, [0, 1, 0], 64, 1.0, frequency_penalty=0.5, presence_penalty=0.25)
     np.testing.assert_allclose(out.logits, [2.0 - 1.0 - 0.25, -2.0 - 0.5 - 0.25, 1.0, 0.5])
 
@@ -304,7 +310,12 @@ MT_UNIFORM = {
     0: [0.59284461651668263, 0.84426574425659828, 0.85794561998982988, 0.84725173738433124],
     1: [0.99718480823026556, 0.93255736136816547, 0.128124447772306, 0.99904051546527362],
     42: [0.79654298428784598, 0.18343478789336848, 0.77969099761266125, 0.59685016158005655],
-    4294967294: [0.10184899170898529, 0.94789751258733013, 0.82893340139475558, 0.37232930669741121],
+    4294967294: [
+        0.10184899170898529,
+        0.94789751258733013,
+        0.82893340139475558,
+        0.37232930669741121,
+    ],
 }
 
 
@@ -336,22 +347,38 @@ LCPP_DRAWS = [
     (dict(seed=42), [2, 0, 2, 1, 5, 0, 5, 5, 0, 1, 0, 1, 7, 0, 3, 1, 1, 0, 0, 5, 5, 0, 3, 0]),
     (dict(seed=0), [1, 2, 2, 2, 1, 5, 0, 0, 0, 5, 2, 5, 5, 2, 5, 1, 5, 7, 0, 2, 5, 2, 5, 1]),
     # nothing sorts: the candidates stay in id order
-    (dict(seed=7, top_k=0, top_p=1.0, min_p=0.0, temperature=1.0),
-     [0, 1, 7, 2, 1, 1, 0, 1, 0, 2, 6, 1, 1, 5, 5, 5, 1, 7, 0, 5, 0, 5, 0, 5]),
+    (
+        dict(seed=7, top_k=0, top_p=1.0, min_p=0.0, temperature=1.0),
+        [0, 1, 7, 2, 1, 1, 0, 1, 0, 2, 6, 1, 1, 5, 5, 5, 1, 7, 0, 5, 0, 5, 0, 5],
+    ),
     # typical leaves them in its own order
-    (dict(seed=3, top_k=0, typical_p=0.9, top_p=1.0, min_p=0.0, temperature=1.5),
-     [1, 0, 1, 5, 5, 1, 1, 2, 1, 0, 1, 5, 2, 2, 5, 7, 0, 7, 5, 5, 2, 5, 2, 5]),
-    (dict(seed=5, top_n_sigma=1.0, top_k=0, top_p=1.0, min_p=0.0, temperature=1.0),
-     [0, 5, 1, 5, 0, 1, 1, 1, 5, 5, 2, 5, 0, 5, 0, 0, 0, 5, 1, 1, 5, 0, 0, 5]),
+    (
+        dict(seed=3, top_k=0, typical_p=0.9, top_p=1.0, min_p=0.0, temperature=1.5),
+        [1, 0, 1, 5, 5, 1, 1, 2, 1, 0, 1, 5, 2, 2, 5, 7, 0, 7, 5, 5, 2, 5, 2, 5],
+    ),
+    (
+        dict(seed=5, top_n_sigma=1.0, top_k=0, top_p=1.0, min_p=0.0, temperature=1.0),
+        [0, 5, 1, 5, 0, 1, 1, 1, 5, 5, 2, 5, 0, 5, 0, 0, 0, 5, 1, 1, 5, 0, 0, 5],
+    ),
     # XTC draws floats from a second generator with the same seed
-    (dict(seed=9, xtc_probability=0.5, xtc_threshold=0.1, temperature=1.0),
-     [7, 7, 0, 7, 7, 3, 7, 7, 7, 7, 7, 5, 3, 3, 3, 7, 7, 3, 7, 3, 7, 7, 1, 3]),
-    (dict(seed=11, dynatemp_range=0.6, dynatemp_exponent=1.5, temperature=0.7),
-     [0, 1, 0, 7, 0, 0, 7, 2, 0, 7, 2, 1, 2, 1, 2, 2, 3, 3, 2, 0, 7, 5, 0, 0]),
+    (
+        dict(seed=9, xtc_probability=0.5, xtc_threshold=0.1, temperature=1.0),
+        [7, 7, 0, 7, 7, 3, 7, 7, 7, 7, 7, 5, 3, 3, 3, 7, 7, 3, 7, 3, 7, 7, 1, 3],
+    ),
+    (
+        dict(seed=11, dynatemp_range=0.6, dynatemp_exponent=1.5, temperature=0.7),
+        [0, 1, 0, 7, 0, 0, 7, 2, 0, 7, 2, 1, 2, 1, 2, 2, 3, 3, 2, 0, 7, 5, 0, 0],
+    ),
     # a custom order, penalties last (they see the picks so far)
-    (dict(seed=13, samplers=("temperature", "top_k", "top_p", "min_p", "penalties"),
-          repeat_penalty=1.3, temperature=1.2),
-     [1, 7, 3, 0, 2, 2, 1, 7, 5, 5, 2, 3, 2, 1, 1, 1, 1, 6, 2, 0, 2, 6, 1, 1]),
+    (
+        dict(
+            seed=13,
+            samplers=("temperature", "top_k", "top_p", "min_p", "penalties"),
+            repeat_penalty=1.3,
+            temperature=1.2,
+        ),
+        [1, 7, 3, 0, 2, 2, 1, 7, 5, 5, 2, 3, 2, 1, 1, 1, 1, 6, 2, 0, 2, 6, 1, 1],
+    ),
 ]
 
 
@@ -366,8 +393,10 @@ def test_sampler_draws_what_llama_cpp_draws(kw, want):
 
 def test_float_canonical_matches_std():
     # std::uniform_real_distribution<float>(0.0f, 1.0f): one output each (printf "%.9g")
-    for seed, want in ((0, [0.548813522, 0.592844605, 0.715189338, 0.844265759]),
-                       (42, [0.37454012, 0.796543002, 0.95071429, 0.183434784])):
+    for seed, want in (
+        (0, [0.548813522, 0.592844605, 0.715189338, 0.844265759]),
+        (42, [0.37454012, 0.796543002, 0.95071429, 0.183434784]),
+    ):
         rng = StdMt19937(seed)
         got = [rng.canonical_float() for _ in want]
         assert got == [np.float32(w) for w in want]
@@ -376,19 +405,36 @@ def test_float_canonical_matches_std():
 def test_default_chain_order_and_greedy_shortcut():
     from engine.sampling import DEFAULT_SAMPLERS, active_steps
 
-    assert DEFAULT_SAMPLERS == ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p",
-                                "min_p", "xtc", "temperature")
+    assert DEFAULT_SAMPLERS == (
+        "penalties",
+        "dry",
+        "top_n_sigma",
+        "top_k",
+        "typ_p",
+        "top_p",
+        "min_p",
+        "xtc",
+        "temperature",
+    )
     assert active_steps(SamplingParams()) == ["top_k", "top_p", "min_p", "temperature"]
-    p = SamplingParams(repeat_penalty=1.1, top_n_sigma=2.0, typical_p=0.9, xtc_probability=0.1,
-                       samplers=("dry", "top-k", "typical", "temp", "nucleus", "unknown"))
+    p = SamplingParams(
+        repeat_penalty=1.1,
+        top_n_sigma=2.0,
+        typical_p=0.9,
+        xtc_probability=0.1,
+        samplers=("dry", "top-k", "typical", "temp", "nucleus", "unknown"),
+    )
     assert active_steps(p) == ["top_k", "typ_p", "temperature", "top_p"]
     x = np.array([0.5, 3.0, 2.9, -1.0], np.float32)
     # greedy: the arg-max after the penalties; penalties after the temperature step come too
     # late (as in llama.cpp: the others are -inf by then)
     s = make_sampler(SamplingParams(temperature=0.0, repeat_penalty=2.0))
     assert s.sample(x, [1]) == 2
-    s = make_sampler(SamplingParams(temperature=0.0, repeat_penalty=2.0,
-                                    samplers=("top_k", "temperature", "penalties")))
+    s = make_sampler(
+        SamplingParams(
+            temperature=0.0, repeat_penalty=2.0, samplers=("top_k", "temperature", "penalties")
+        )
+    )
     assert s.sample(x, [1]) == 1
 
 
@@ -397,8 +443,19 @@ def test_warm_up_compiles_every_kernel():
 
     warm_up()
     # the others are called only from these kernels' compiled code
-    entry = [getattr(kernels, k) for k in ("softmax_f32", "keep_count", "typical_scores", "dist_index",
-                                           "logf", "sigma_floor", "dynamic_temp", "bucket_sort")]
+    entry = [
+        getattr(kernels, k)
+        for k in (
+            "softmax_f32",
+            "keep_count",
+            "typical_scores",
+            "dist_index",
+            "logf",
+            "sigma_floor",
+            "dynamic_temp",
+            "bucket_sort",
+        )
+    ]
     entry += [std_sort.heap_top, std_sort.std_sort, fused.fused_chain]
     assert all(k.signatures for k in entry)
 
@@ -420,13 +477,28 @@ def test_tied_logits_come_out_in_llama_cpp_order():
 TIE_ROW = (np.round(np.sin(np.arange(300) * 1.3) * 8) / 2).astype(np.float32)
 TIE_ROW[[5, 77]] = -np.inf
 LCPP_TIE_DRAWS = [
-    (dict(seed=21, top_k=0, top_p=0.9, min_p=0.0, temperature=1.0),
-     [103, 199, 291, 281, 190, 233, 50, 122, 74, 214, 59, 262, 112, 98, 69, 258]),
-    (dict(seed=22, top_k=0, typical_p=0.8, top_p=1.0, min_p=0.0, temperature=1.0),
-     [267, 291, 238, 35, 6, 30, 107, 166, 1, 277, 190, 141, 132, 11, 146, 74]),
-    (dict(seed=23, top_k=0, top_p=1.0, min_p=0.0, top_n_sigma=1.0, xtc_probability=1.0,
-          xtc_threshold=0.01, dynatemp_range=0.5, temperature=1.0),
-     [223, 224, 171, 21, 83, 224, 277, 199, 84, 103, 218, 10, 6, 97, 103, 252]),
+    (
+        dict(seed=21, top_k=0, top_p=0.9, min_p=0.0, temperature=1.0),
+        [103, 199, 291, 281, 190, 233, 50, 122, 74, 214, 59, 262, 112, 98, 69, 258],
+    ),
+    (
+        dict(seed=22, top_k=0, typical_p=0.8, top_p=1.0, min_p=0.0, temperature=1.0),
+        [267, 291, 238, 35, 6, 30, 107, 166, 1, 277, 190, 141, 132, 11, 146, 74],
+    ),
+    (
+        dict(
+            seed=23,
+            top_k=0,
+            top_p=1.0,
+            min_p=0.0,
+            top_n_sigma=1.0,
+            xtc_probability=1.0,
+            xtc_threshold=0.01,
+            dynatemp_range=0.5,
+            temperature=1.0,
+        ),
+        [223, 224, 171, 21, 83, 224, 277, 199, 84, 103, 218, 10, 6, 97, 103, 252],
+    ),
 ]
 
 
@@ -478,19 +550,36 @@ def _fused_rows():
     spike[17] = 3e38  # a temperature below 1 overflows it: temperature()'s shifted form
     tied_max = plain.copy()
     tied_max[[40, 2000]] = plain.max() + 1  # two arg-maxes: greedy leaves it to top-k's heap
-    return {"plain": plain, "tied": tied, "tied_max": tied_max, "banned": banned, "masked": masked, "spike": spike}
+    return {
+        "plain": plain,
+        "tied": tied,
+        "tied_max": tied_max,
+        "banned": banned,
+        "masked": masked,
+        "spike": spike,
+    }
 
 
 FUSED_PARAMS = [
-    dict(), dict(top_k=1), dict(top_k=128, top_p=0.5, min_p=0.0), dict(top_p=1.0, min_p=0.2),
-    dict(top_p=0.99, min_p=0.01, min_keep=5, temperature=1.0), dict(temperature=0.3),
-    dict(temperature=0.5, top_k=3), dict(temperature=0.0), dict(temperature=-1.0, top_k=5),
-    dict(logit_bias={0: 100.0, 1: -np.inf, 2: 3e38, 10**6: 1.0}), dict(temperature=0.0, logit_bias={5: 50.0}),
-    dict(ignore_eos=True), dict(temperature=0.0, ignore_eos=True),
+    dict(),
+    dict(top_k=1),
+    dict(top_k=128, top_p=0.5, min_p=0.0),
+    dict(top_p=1.0, min_p=0.2),
+    dict(top_p=0.99, min_p=0.01, min_keep=5, temperature=1.0),
+    dict(temperature=0.3),
+    dict(temperature=0.5, top_k=3),
+    dict(temperature=0.0),
+    dict(temperature=-1.0, top_k=5),
+    dict(logit_bias={0: 100.0, 1: -np.inf, 2: 3e38, 10**6: 1.0}),
+    dict(temperature=0.0, logit_bias={5: 50.0}),
+    dict(ignore_eos=True),
+    dict(temperature=0.0, ignore_eos=True),
 ]
 
 
-@pytest.mark.parametrize("kw", FUSED_PARAMS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "default")
+@pytest.mark.parametrize(
+    "kw", FUSED_PARAMS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "default"
+)
 def test_fused_chain_keeps_and_draws_what_the_step_by_step_chain_does(kw, monkeypatch):
     # Sampler.candidates runs the common chains in one kernel (fused_chain); the chain step by
     # step (pinned to llama.cpp above) must give the same candidates and the same draws
@@ -505,7 +594,11 @@ def test_fused_chain_keeps_and_draws_what_the_step_by_step_chain_does(kw, monkey
         before = row.copy()
         with monkeypatch.context() as m:
             if name in ("plain", "spike"):  # (ties and full bans leave some rows to the steps)
-                m.setattr(chain, "add_bias", lambda *a, row=name: pytest.fail(f"{row}: the step-by-step chain ran"))
+                m.setattr(
+                    chain,
+                    "add_bias",
+                    lambda *a, row=name: pytest.fail(f"{row}: the step-by-step chain ran"),
+                )
             a = fused.candidates(row)
         b = steps.candidates(row)
         np.testing.assert_array_equal(row, before, err_msg=f"{name}: the bias was not undone")
@@ -538,11 +631,20 @@ def test_fused_chain_takes_read_only_and_strided_rows():
             assert [fused.sample(row) for _ in range(5)] == [steps.sample(row) for _ in range(5)]
 
 
-@pytest.mark.parametrize("kw", [
-    dict(repeat_penalty=1.1), dict(typical_p=0.9), dict(top_k=0), dict(top_k=129), dict(xtc_probability=0.5),
-    dict(dynatemp_range=0.5), dict(samplers=("top_k", "min_p", "top_p", "temperature")), dict(top_n_sigma=1.0),
-    dict(temperature=0.0, samplers=("penalties", "top_k", "temperature"), repeat_penalty=1.2),
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(repeat_penalty=1.1),
+        dict(typical_p=0.9),
+        dict(top_k=0),
+        dict(top_k=129),
+        dict(xtc_probability=0.5),
+        dict(dynatemp_range=0.5),
+        dict(samplers=("top_k", "min_p", "top_p", "temperature")),
+        dict(top_n_sigma=1.0),
+        dict(temperature=0.0, samplers=("penalties", "top_k", "temperature"), repeat_penalty=1.2),
+    ],
+)
 def test_other_chains_run_step_by_step(kw):
     assert make_sampler(SamplingParams(**kw)).fused is None
 

@@ -9,7 +9,12 @@ import time
 import numpy as np
 import pytest
 
-from engine.errors import ContextOverflowError, EngineError, InvalidRequestError, SchedulerStoppedError
+from engine.errors import (
+    ContextOverflowError,
+    EngineError,
+    InvalidRequestError,
+    SchedulerStoppedError,
+)
 from engine.sampling import SamplingParams
 from engine.scheduler import EmbeddingRequest, EmbeddingResult, GenerationRequest, SlotState
 from engine.server.testing import FakeTokenizer, make_fake_scheduler
@@ -60,8 +65,12 @@ def test_scheduler_batches_concurrent_requests():
     try:
         handles = [s.submit(req(c, 20)) for c in "abcd"]
         outs = [text_of(h.result()) for h in handles]
-        assert outs == ["bcdefghijklmnopqrstu", "cdefghijklmnopqrstuv",
-                        "defghijklmnopqrstuvw", "efghijklmnopqrstuvwx"]
+        assert outs == [
+            "bcdefghijklmnopqrstu",
+            "cdefghijklmnopqrstuv",
+            "defghijklmnopqrstuvw",
+            "efghijklmnopqrstuvwx",
+        ]
         # 4 x (prompt + 19 decodes) would be 80 calls one by one; batching needs ~21
         assert s.ctx.n_decode < 40
         assert max(s.ctx.batch_sizes) >= 4

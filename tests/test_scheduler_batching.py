@@ -37,7 +37,9 @@ def _spy_decode(monkeypatch, ctx) -> list[tuple[int, list[int]]]:
 
 def _requests(n: int) -> list[GenerationRequest]:
     params = SamplingParams(temperature=0.8, seed=7, ignore_eos=True)
-    return [GenerationRequest([1 + i, 20 + i, 30 + i], params, n_predict=N_PREDICT) for i in range(n)]
+    return [
+        GenerationRequest([1 + i, 20 + i, 30 + i], params, n_predict=N_PREDICT) for i in range(n)
+    ]
 
 
 def test_four_slots_share_one_decode_call_per_step(scheduler, monkeypatch):
@@ -57,7 +59,11 @@ def test_four_token_step_runs_the_multi_token_matvec(scheduler, monkeypatch):
     handles = [scheduler.submit(r) for r in _requests(4)]
     scheduler.step()  # the prompts
     seen: list[tuple[str, int]] = []
-    real_multi, real_fused, real_many = quants.matvec_multi, quants.matvec_multi_many, quants.matvec_many
+    real_multi, real_fused, real_many = (
+        quants.matvec_multi,
+        quants.matvec_multi_many,
+        quants.matvec_many,
+    )
 
     def multi(w, x, out, path=None):
         seen.append(("multi", x.shape[0]))

@@ -81,7 +81,9 @@ def test_server_health_503_while_loading_then_200():
     try:
         r = httpx.get(handle.url + "/health")
         assert r.status_code == 503
-        assert r.json() == {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
+        assert r.json() == {
+            "error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}
+        }
         assert httpx.post(handle.url + "/v1/chat/completions", json=chat()).status_code == 503
         sched = make_fake_scheduler()
         state.set_ready(sched, FakeChatTemplate())
@@ -105,12 +107,19 @@ def test_server_chat_completion_shape(client):
     assert body["usage"]["completion_tokens"] == 5
     assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + 5
     assert body["timings"]["predicted_n"] == 5
-    assert client.post("/chat/completions", json=chat(max_tokens=2)).json()["choices"][0]["message"]["content"] == "ab"
+    assert (
+        client.post("/chat/completions", json=chat(max_tokens=2)).json()["choices"][0]["message"][
+            "content"
+        ]
+        == "ab"
+    )
 
 
 def test_server_chat_stream_with_usage(client):
-    r = client.post("/v1/chat/completions", json=chat(max_tokens=4, stream=True,
-                                                      stream_options={"include_usage": True}))
+    r = client.post(
+        "/v1/chat/completions",
+        json=chat(max_tokens=4, stream=True, stream_options={"include_usage": True}),
+    )
     assert r.headers["content-type"].startswith("text/event-stream")
     events = sse_events(r.text)
     assert events[-1] == "[DONE]"
@@ -124,8 +133,9 @@ def test_server_chat_stream_with_usage(client):
 
 
 def test_server_chat_stop_and_logprobs(client):
-    body = client.post("/v1/chat/completions",
-                       json=chat(max_tokens=10, stop=["d"], logprobs=True, top_logprobs=3)).json()
+    body = client.post(
+        "/v1/chat/completions", json=chat(max_tokens=10, stop=["d"], logprobs=True, top_logprobs=3)
+    ).json()
     choice = body["choices"][0]
     assert choice["message"]["content"] == "abc" and choice["finish_reason"] == "stop"
     entries = choice["logprobs"]["content"]
@@ -138,7 +148,9 @@ def test_server_chat_stop_and_logprobs(client):
 
 
 def test_server_v1_completions(client):
-    body = client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 3, "temperature": 0}).json()
+    body = client.post(
+        "/v1/completions", json={"prompt": "abc", "max_tokens": 3, "temperature": 0}
+    ).json()
     assert body["object"] == "text_completion" and body["choices"][0]["text"] == "def"
     r = client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 3, "stream": True})
     events = sse_events(r.text)
@@ -147,16 +159,19 @@ def test_server_v1_completions(client):
 
 
 def test_server_native_completion(client):
-    body = client.post("/completion", json={"prompt": "abc", "n_predict": 4, "return_tokens": True,
-                                             "n_probs": 2}).json()
+    body = client.post(
+        "/completion", json={"prompt": "abc", "n_predict": 4, "return_tokens": True, "n_probs": 2}
+    ).json()
     assert body["content"] == "defg" and body["stop"] is True and body["stop_type"] == "limit"
     assert body["tokens"] == [t for t in TOK.encode("defg", add_special=False)]
     assert len(body["completion_probabilities"]) == 4
     assert {"prompt_n", "predicted_n", "cache_n"} <= body["timings"].keys()
     again = client.post("/completion", json={"prompt": "abc", "n_predict": 4}).json()
     assert again["timings"]["cache_n"] >= 3  # the prompt came from the cache
-    ids = client.post("/completion", json={"prompt": [1, *TOK.encode("ab", add_special=False), "c"],
-                                            "n_predict": 2}).json()
+    ids = client.post(
+        "/completion",
+        json={"prompt": [1, *TOK.encode("ab", add_special=False), "c"], "n_predict": 2},
+    ).json()
     assert ids["content"] == "de"
     stream = client.post("/completion", json={"prompt": "abc", "n_predict": 3, "stream": True}).text
     events = sse_events(stream)
@@ -175,7 +190,9 @@ def test_server_tokenize_detokenize_template(client):
     pieces = client.post("/tokenize", json={"content": "hi", "with_pieces": True}).json()["tokens"]
     assert pieces[0] == {"id": toks[0], "piece": "h"}
     assert client.post("/detokenize", json={"tokens": toks}).json() == {"content": "hi"}
-    prompt = client.post("/apply-template", json={"messages": [{"role": "user", "content": "x"}]}).json()
+    prompt = client.post(
+        "/apply-template", json={"messages": [{"role": "user", "content": "x"}]}
+    ).json()
     assert prompt["prompt"].endswith("<|im_start|>assistant\n")
 
 
@@ -192,23 +209,28 @@ def test_server_embeddings(client):
 # -- errors -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("body, needle", [
-    (b"{not json", "malformed JSON"),
-    (b"[1, 2]", "JSON object"),
-    (b"\xff\xfe{}", "UTF-8"),
-    (b"", "empty"),
-    (json.dumps({"messages": []}).encode(), "messages"),
-    (json.dumps({"messages": "hi"}).encode(), "messages"),
-    (json.dumps(chat(max_tokens=-5)).encode(), "max_tokens"),
-    (json.dumps(chat(temperature="hot")).encode(), "temperature"),
-    (json.dumps(chat(max_token=5)).encode(), "unknown field"),
-    (json.dumps(chat(n_probs=10 ** 9)).encode(), "n_probs"),
-    (json.dumps(chat(n=9)).encode(), "n"),  # more choices than slots
-    (json.dumps({"messages": [{"role": "wizard", "content": "x"}]}).encode(), "role"),
-    (b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}', "NaN"),
-])
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        (b"{not json", "malformed JSON"),
+        (b"[1, 2]", "JSON object"),
+        (b"\xff\xfe{}", "UTF-8"),
+        (b"", "empty"),
+        (json.dumps({"messages": []}).encode(), "messages"),
+        (json.dumps({"messages": "hi"}).encode(), "messages"),
+        (json.dumps(chat(max_tokens=-5)).encode(), "max_tokens"),
+        (json.dumps(chat(temperature="hot")).encode(), "temperature"),
+        (json.dumps(chat(max_token=5)).encode(), "unknown field"),
+        (json.dumps(chat(n_probs=10**9)).encode(), "n_probs"),
+        (json.dumps(chat(n=9)).encode(), "n"),  # more choices than slots
+        (json.dumps({"messages": [{"role": "wizard", "content": "x"}]}).encode(), "role"),
+        (b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}', "NaN"),
+    ],
+)
 def test_server_bad_chat_requests_are_400(client, body, needle):
-    r = client.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+    r = client.post(
+        "/v1/chat/completions", content=body, headers={"content-type": "application/json"}
+    )
     err = assert_error(r, 400, "invalid_request_error")
     assert needle.lower() in err["message"].lower()
 
@@ -227,14 +249,17 @@ def test_server_prompt_too_long(client):
 
 def test_server_unknown_route_and_bad_tokens(client):
     assert_error(client.get("/nope"), 404, "not_found_error")
-    assert_error(client.post("/detokenize", json={"tokens": [10 ** 9]}), 400)
+    assert_error(client.post("/detokenize", json={"tokens": [10**9]}), 400)
     assert_error(client.post("/completion", json={"prompt": [1, -4]}), 400)
 
 
 def test_server_form_content_type_accepted(client):
     # curl -d sends application/x-www-form-urlencoded; llama-server still reads the JSON
-    r = client.post("/completion", content=json.dumps({"prompt": "abc", "n_predict": 1}),
-                    headers={"content-type": "application/x-www-form-urlencoded"})
+    r = client.post(
+        "/completion",
+        content=json.dumps({"prompt": "abc", "n_predict": 1}),
+        headers={"content-type": "application/x-www-form-urlencoded"},
+    )
     assert r.status_code == 200 and r.json()["content"] == "d"
 
 
@@ -256,18 +281,31 @@ def test_server_embeddings_disabled_is_501():
 def test_server_api_key_and_request_log():
     sched = make_fake_scheduler()
     seen = []
-    handle = start_server(sched, port=0, api_keys=["k1", "k2"], cors=["http://example.com"],
-                          chat_template=FakeChatTemplate(), request_log=seen.append)
+    handle = start_server(
+        sched,
+        port=0,
+        api_keys=["k1", "k2"],
+        cors=["http://example.com"],
+        chat_template=FakeChatTemplate(),
+        request_log=seen.append,
+    )
     try:
         url = handle.url
         assert httpx.get(url + "/health").status_code == 200
         err = assert_error(httpx.get(url + "/v1/models"), 401, "authentication_error")
         assert "api key" in err["message"].lower()
-        assert httpx.get(url + "/v1/models", headers={"Authorization": "Bearer nope"}).status_code == 401
-        assert httpx.get(url + "/v1/models", headers={"Authorization": "Bearer k2"}).status_code == 200
+        assert (
+            httpx.get(url + "/v1/models", headers={"Authorization": "Bearer nope"}).status_code
+            == 401
+        )
+        assert (
+            httpx.get(url + "/v1/models", headers={"Authorization": "Bearer k2"}).status_code == 200
+        )
         assert httpx.get(url + "/v1/models", headers={"X-Api-Key": "k1"}).status_code == 200
-        pre = httpx.options(url + "/v1/chat/completions", headers={
-            "Origin": "http://example.com", "Access-Control-Request-Method": "POST"})
+        pre = httpx.options(
+            url + "/v1/chat/completions",
+            headers={"Origin": "http://example.com", "Access-Control-Request-Method": "POST"},
+        )
         assert pre.headers.get("access-control-allow-origin") == "http://example.com"
         assert any(e["path"] == "/v1/models" and e["status"] == 401 for e in seen)
     finally:
@@ -312,7 +350,9 @@ def test_server_client_disconnect_frees_slot():
     handle = start_server(sched, port=0, chat_template=FakeChatTemplate())
     try:
         with httpx.Client(base_url=handle.url, timeout=10) as c:
-            with c.stream("POST", "/completion", json={"prompt": "abc", "n_predict": -1, "stream": True}) as r:
+            with c.stream(
+                "POST", "/completion", json={"prompt": "abc", "n_predict": -1, "stream": True}
+            ) as r:
                 lines = r.iter_lines()  # keep a reference: closing it closes the connection
                 for line in lines:
                     if line.startswith("data: "):
@@ -333,7 +373,9 @@ def test_server_non_streaming_client_gone_frees_slot():
     handle = start_server(sched, port=0, chat_template=FakeChatTemplate())
     try:
         with pytest.raises(httpx.ReadTimeout):
-            httpx.post(handle.url + "/completion", json={"prompt": "abc", "n_predict": -1}, timeout=0.3)
+            httpx.post(
+                handle.url + "/completion", json={"prompt": "abc", "n_predict": -1}, timeout=0.3
+            )
         deadline = time.monotonic() + 3
         while sched.n_busy() and time.monotonic() < deadline:
             time.sleep(0.01)

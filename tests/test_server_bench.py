@@ -19,8 +19,15 @@ N_PREDICT = 32
 
 
 def stream_tokens(url: str, i: int) -> int:
-    body = {"prompt": f"Story number {i}: once upon a time", "n_predict": N_PREDICT, "temperature": 0.8,
-            "seed": i, "ignore_eos": True, "stream": True, "cache_prompt": False}
+    body = {
+        "prompt": f"Story number {i}: once upon a time",
+        "n_predict": N_PREDICT,
+        "temperature": 0.8,
+        "seed": i,
+        "ignore_eos": True,
+        "stream": True,
+        "cache_prompt": False,
+    }
     n = 0
     with httpx.stream("POST", url + "/completion", json=body, timeout=300) as r:
         for line in r.iter_lines():
@@ -49,9 +56,13 @@ def test_serve_4_clients_vs_1(smollm2_path, perf_figure):
         aggregate_tps(p.url, 4)  # warm-up: compiles every batch shape once
         one = aggregate_tps(p.url, 1)
         four = aggregate_tps(p.url, 4)
-        print(f"\n1 client: {one:.2f} tok/s; 4 clients: {four:.2f} tok/s aggregate ({four / one:.2f}x)")
+        print(
+            f"\n1 client: {one:.2f} tok/s; 4 clients: {four:.2f} tok/s aggregate ({four / one:.2f}x)"
+        )
         # A guard that the slots decode together (one at a time gives ~1x). 1.9-2.2x here since
         # the compiled layer step made one client ~20 % faster; llama-server gets 1.6x.
-        perf_figure("serve SmolLM2: 4 clients' aggregate speed / 1 client's", four / one, "x", at_least=1.7)
+        perf_figure(
+            "serve SmolLM2: 4 clients' aggregate speed / 1 client's", four / one, "x", at_least=1.7
+        )
     finally:
         p.stop()

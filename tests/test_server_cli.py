@@ -17,17 +17,55 @@ def parse(argv, monkeypatch=None, env=None):
 
 def test_serve_cli_llama_server_defaults():
     a = parse(["-m", "x.gguf"])
-    assert (a.host, a.port, a.parallel, a.slots, a.cache_prompt) == ("127.0.0.1", 8080, -1, True, True)
+    assert (a.host, a.port, a.parallel, a.slots, a.cache_prompt) == (
+        "127.0.0.1",
+        8080,
+        -1,
+        True,
+        True,
+    )
     assert a.api_key == [] and a.metrics is False and a.embedding is False and a.ignored == []
 
 
 def test_serve_cli_accepts_unimplemented_flags_as_ignored():
-    argv = ["-m", "x.gguf", "-fa", "on", "--mlock", "--no-mmap", "--lora", "a.gguf",
-            "-ts", "3,1", "-cb", "--numa", "distribute", "--control-vector-layer-range", "1", "4",
-            "--flash-attn", "--jinja", "--threads-http", "4", "--no-webui", "-ctxcp", "8"]
+    argv = [
+        "-m",
+        "x.gguf",
+        "-fa",
+        "on",
+        "--mlock",
+        "--no-mmap",
+        "--lora",
+        "a.gguf",
+        "-ts",
+        "3,1",
+        "-cb",
+        "--numa",
+        "distribute",
+        "--control-vector-layer-range",
+        "1",
+        "4",
+        "--flash-attn",
+        "--jinja",
+        "--threads-http",
+        "4",
+        "--no-webui",
+        "-ctxcp",
+        "8",
+    ]
     a = parse(argv)
-    assert {"-fa", "--mlock", "--no-mmap", "--lora", "-ts", "-cb", "--numa",
-            "--control-vector-layer-range", "--flash-attn", "--no-webui"} <= set(a.ignored)
+    assert {
+        "-fa",
+        "--mlock",
+        "--no-mmap",
+        "--lora",
+        "-ts",
+        "-cb",
+        "--numa",
+        "--control-vector-layer-range",
+        "--flash-attn",
+        "--no-webui",
+    } <= set(a.ignored)
 
 
 def test_serve_cli_downloads_are_refused():
@@ -38,17 +76,37 @@ def test_serve_cli_downloads_are_refused():
 
 
 def test_serve_cli_hf_env_vars(monkeypatch):
-    a = parse([], monkeypatch, {"LLAMA_ARG_HF_REPO": "org/model", "LLAMA_ARG_HF_FILE": "m.gguf",
-                                "LLAMA_ARG_MODEL_URL": "http://x/m.gguf"})
+    a = parse(
+        [],
+        monkeypatch,
+        {
+            "LLAMA_ARG_HF_REPO": "org/model",
+            "LLAMA_ARG_HF_FILE": "m.gguf",
+            "LLAMA_ARG_MODEL_URL": "http://x/m.gguf",
+        },
+    )
     assert (a.hf_repo, a.hf_file) == ("org/model", "m.gguf") and a.refused == ["--model-url"]
 
 
 def test_serve_cli_env_vars_are_defaults(monkeypatch):
-    env = {"LLAMA_ARG_PORT": "9999", "LLAMA_ARG_N_PARALLEL": "2", "LLAMA_ARG_ENDPOINT_METRICS": "1",
-           "LLAMA_API_KEY": "a,b", "LLAMA_ARG_ENDPOINT_SLOTS": "false", "LLAMA_ARG_CTX_SIZE": "2048",
-           "LLAMA_ARG_MODEL": "m.gguf"}
+    env = {
+        "LLAMA_ARG_PORT": "9999",
+        "LLAMA_ARG_N_PARALLEL": "2",
+        "LLAMA_ARG_ENDPOINT_METRICS": "1",
+        "LLAMA_API_KEY": "a,b",
+        "LLAMA_ARG_ENDPOINT_SLOTS": "false",
+        "LLAMA_ARG_CTX_SIZE": "2048",
+        "LLAMA_ARG_MODEL": "m.gguf",
+    }
     a = parse([], monkeypatch, env)
-    assert (a.port, a.parallel, a.metrics, a.slots, a.ctx_size, a.model) == (9999, 2, True, False, 2048, "m.gguf")
+    assert (a.port, a.parallel, a.metrics, a.slots, a.ctx_size, a.model) == (
+        9999,
+        2,
+        True,
+        False,
+        2048,
+        "m.gguf",
+    )
     assert a.api_key == ["a", "b"]
     assert parse(["--port", "1234"]).port == 1234  # the command line wins
 
@@ -76,14 +134,17 @@ def test_serve_cli_reserved_chat_template_kwargs_fail_at_start(kwargs):
 
     with pytest.raises(EngineError, match="may not set"):
         server_options(parse(["-m", "m.gguf", "--chat-template-kwargs", kwargs]))
-    assert server_options(parse(["--chat-template-kwargs", '{"enable_thinking": false}'])) \
-        .chat_template_kwargs == {"enable_thinking": False}
+    assert server_options(
+        parse(["--chat-template-kwargs", '{"enable_thinking": false}'])
+    ).chat_template_kwargs == {"enable_thinking": False}
 
 
 def test_serve_cli_unknown_flags_are_kept_not_fatal():
     from engine.cli import parse_args
 
-    a = parse_args(build_parser(), ["serve", "-m", "x.gguf", "--some-future-flag", "7", "--port", "9000"])
+    a = parse_args(
+        build_parser(), ["serve", "-m", "x.gguf", "--some-future-flag", "7", "--port", "9000"]
+    )
     assert a.unknown_flags == ["--some-future-flag", "7"] and a.port == 9000
 
 

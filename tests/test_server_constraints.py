@@ -40,15 +40,23 @@ def api_error(fn, *a, **kw) -> APIError:
 # -- body -> grammar ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("rf, schema", [
-    ({"type": "json_object"}, {"type": "object"}),
-    ({"type": "json_object", "schema": {"const": "42"}}, {"const": "42"}),
-    ({"type": "json_schema", "json_schema": {"name": "x", "strict": True, "schema": {"const": 1}}},
-     {"const": 1}),
-    ({"type": "json_schema", "json_schema": {"name": "no-schema"}}, {"type": "object"}),
-    ({"type": "json_schema", "schema": {"type": "integer"}}, {"type": "integer"}),
-    ({"type": "json_schema"}, {"type": "object"}),
-])
+@pytest.mark.parametrize(
+    "rf, schema",
+    [
+        ({"type": "json_object"}, {"type": "object"}),
+        ({"type": "json_object", "schema": {"const": "42"}}, {"const": "42"}),
+        (
+            {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "strict": True, "schema": {"const": 1}},
+            },
+            {"const": 1},
+        ),
+        ({"type": "json_schema", "json_schema": {"name": "no-schema"}}, {"type": "object"}),
+        ({"type": "json_schema", "schema": {"type": "integer"}}, {"type": "integer"}),
+        ({"type": "json_schema"}, {"type": "object"}),
+    ],
+)
 def test_constraints_response_format_forms(rf, schema):
     assert schema_of(request_grammar(chat_body(response_format=rf), chat=True)) == schema
     assert schema_of(request_grammar(completion_body(response_format=rf), chat=False)) == schema
@@ -65,12 +73,15 @@ def test_constraints_unknown_response_format_type_is_400():
     assert err.status == 400 and "sound" in err.message and "json_object" in err.message
 
 
-@pytest.mark.parametrize("rf, needle", [
-    ({"type": "json_object", "schema": 123}, "object or a boolean"),
-    ({"type": "json_object", "schema": {"type": 123}}, "type"),
-    ({"type": "json_object", "schema": {"type": "hiccup"}}, "hiccup"),
-    ({"type": "json_schema", "json_schema": "not an object"}, "json_schema"),
-])
+@pytest.mark.parametrize(
+    "rf, needle",
+    [
+        ({"type": "json_object", "schema": 123}, "object or a boolean"),
+        ({"type": "json_object", "schema": {"type": 123}}, "type"),
+        ({"type": "json_object", "schema": {"type": "hiccup"}}, "hiccup"),
+        ({"type": "json_schema", "json_schema": "not an object"}, "json_schema"),
+    ],
+)
 def test_constraints_invalid_schema_is_400_naming_it(rf, needle):
     err = api_error(request_grammar, chat_body(response_format=rf), chat=True)
     assert err.status == 400 and needle in err.message and err.message.startswith("response_format")
@@ -83,7 +94,9 @@ def test_constraints_json_schema_field_and_empty_schema():
 
 
 def test_constraints_invalid_grammar_is_400_with_parser_message():
-    err = api_error(request_grammar, chat_body(grammar="root ::= this is (not valid GBNF"), chat=True)
+    err = api_error(
+        request_grammar, chat_body(grammar="root ::= this is (not valid GBNF"), chat=True
+    )
     assert err.status == 400 and err.message.startswith("grammar: failed to parse grammar")
     assert err.body()["error"]["param"] == "grammar"
 
@@ -93,10 +106,15 @@ def test_constraints_grammar_with_schema():
     grammar = 'root ::= "a"'
     err = api_error(request_grammar, chat_body(grammar=grammar, json_schema={}), chat=True)
     assert err.status == 400 and "both" in err.message
-    err = api_error(request_grammar, chat_body(grammar=grammar, response_format={"type": "json_object"}),
-                    chat=True)
+    err = api_error(
+        request_grammar,
+        chat_body(grammar=grammar, response_format={"type": "json_object"}),
+        chat=True,
+    )
     assert err.status == 400 and "response_format" in err.message
-    g = request_grammar(completion_body(grammar=grammar, json_schema={"type": "integer"}), chat=False)
+    g = request_grammar(
+        completion_body(grammar=grammar, json_schema={"type": "integer"}), chat=False
+    )
     assert g is not None and g.kind == "gbnf" and g.source == grammar
 
 
@@ -104,11 +122,15 @@ def test_constraints_grammar_with_tools_is_400():
     tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
     err = api_error(request_grammar, chat_body(grammar='root ::= "a"', tools=tools), chat=True)
     assert err.status == 400 and "tools" in err.message
-    assert request_grammar(chat_body(grammar='root ::= "a"', tools=tools, tool_choice="none"), chat=True)
+    assert request_grammar(
+        chat_body(grammar='root ::= "a"', tools=tools, tool_choice="none"), chat=True
+    )
 
 
 def test_constraints_lazy_grammar_is_not_supported():
-    err = api_error(request_grammar, completion_body(grammar='root ::= "a"', grammar_lazy=True), chat=False)
+    err = api_error(
+        request_grammar, completion_body(grammar='root ::= "a"', grammar_lazy=True), chat=False
+    )
     assert err.status == 501 and "grammar_lazy" in err.message
 
 
@@ -131,24 +153,43 @@ def client():
 
 
 def sse_text(r: httpx.Response, key) -> tuple[str, list]:
-    events = [json.loads(line[6:]) for line in r.text.splitlines()
-              if line.startswith("data: ") and line != "data: [DONE]"]
+    events = [
+        json.loads(line[6:])
+        for line in r.text.splitlines()
+        if line.startswith("data: ") and line != "data: [DONE]"
+    ]
     return "".join(key(e) or "" for e in events), events
 
 
 def test_constraints_http_completion_grammar(client):
-    r = client.post("/completion", json={"prompt": "x", "n_predict": 20, "grammar": 'root ::= "a"{5}'})
+    r = client.post(
+        "/completion", json={"prompt": "x", "n_predict": 20, "grammar": 'root ::= "a"{5}'}
+    )
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["content"] == "aaaaa" and body["stop_type"] == "eos"
 
 
 def test_constraints_http_chat_json_schema_sampled(client):
-    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
-              "additionalProperties": False}
-    r = client.post("/v1/chat/completions", json={
-        "messages": MESSAGES, "max_tokens": 100, "seed": 1, "temperature": 1.0,
-        "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}})
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer"}},
+        "required": ["n"],
+        "additionalProperties": False,
+    }
+    r = client.post(
+        "/v1/chat/completions",
+        json={
+            "messages": MESSAGES,
+            "max_tokens": 100,
+            "seed": 1,
+            "temperature": 1.0,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "n", "schema": schema},
+            },
+        },
+    )
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
     assert isinstance(json.loads(choice["message"]["content"])["n"], int)
@@ -156,29 +197,49 @@ def test_constraints_http_chat_json_schema_sampled(client):
 
 
 def test_constraints_http_chat_stream_honours_grammar(client):
-    r = client.post("/v1/chat/completions", json={
-        "messages": MESSAGES, "max_tokens": 50, "stream": True, "temperature": 0,
-        "grammar": 'root ::= "x" [0-9] [0-9] "."'})
+    r = client.post(
+        "/v1/chat/completions",
+        json={
+            "messages": MESSAGES,
+            "max_tokens": 50,
+            "stream": True,
+            "temperature": 0,
+            "grammar": 'root ::= "x" [0-9] [0-9] "."',
+        },
+    )
     assert r.status_code == 200, r.text
-    text, events = sse_text(r, lambda e: e["choices"][0]["delta"].get("content") if e.get("choices") else None)
+    text, events = sse_text(
+        r, lambda e: e["choices"][0]["delta"].get("content") if e.get("choices") else None
+    )
     assert len(text) == 4 and text[0] == "x" and text[1:3].isdigit() and text[3] == "."
     assert any(e.get("choices") and e["choices"][0].get("finish_reason") == "stop" for e in events)
 
 
 def test_constraints_http_v1_completions_response_format(client):
-    r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 30,
-                                             "response_format": {"type": "json_object",
-                                                                 "schema": {"const": "ok"}}})
+    r = client.post(
+        "/v1/completions",
+        json={
+            "prompt": "x",
+            "max_tokens": 30,
+            "response_format": {"type": "json_object", "schema": {"const": "ok"}},
+        },
+    )
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["text"] == '"ok"'
 
 
-@pytest.mark.parametrize("path, body", [
-    ("/completion", {"prompt": "x", "grammar": "root ::= ("}),
-    ("/v1/completions", {"prompt": "x", "json_schema": {"type": "hiccup"}}),
-    ("/v1/chat/completions", {"messages": MESSAGES, "response_format": {"type": "sound"}}),
-    ("/v1/chat/completions", {"messages": MESSAGES, "response_format": {"type": "json_object", "schema": 1}}),
-])
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/completion", {"prompt": "x", "grammar": "root ::= ("}),
+        ("/v1/completions", {"prompt": "x", "json_schema": {"type": "hiccup"}}),
+        ("/v1/chat/completions", {"messages": MESSAGES, "response_format": {"type": "sound"}}),
+        (
+            "/v1/chat/completions",
+            {"messages": MESSAGES, "response_format": {"type": "json_object", "schema": 1}},
+        ),
+    ],
+)
 def test_constraints_http_invalid_is_400(client, path, body):
     r = client.post(path, json=body)
     assert r.status_code == 400, r.text

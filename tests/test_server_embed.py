@@ -9,7 +9,13 @@ import pytest
 
 from engine.server import ServerOptions, start_server
 from engine.server.routes_embed import embedding_prompts
-from engine.server.testing import BOS, N_SPECIAL, FakeChatTemplate, FakeTokenizer, make_fake_scheduler
+from engine.server.testing import (
+    BOS,
+    N_SPECIAL,
+    FakeChatTemplate,
+    FakeTokenizer,
+    make_fake_scheduler,
+)
 
 TOK = FakeTokenizer()
 
@@ -40,31 +46,53 @@ def none_server():
     sched.stop()
 
 
-@pytest.mark.parametrize("items, expected", [
-    ("ab", [_ids("ab")]),
-    ([12, 34, 56], [[12, 34, 56]]),
-    ([12, "ab", 56], [[12, *_ids("ab", bos=False), 56]]),  # specials only before a leading string
-    (["ab", 34], [[*_ids("ab"), 34]]),
-    (["ab", "cd"], [_ids("ab"), _ids("cd")]),
-    (["ab", [12, 34]], [_ids("ab"), [12, 34]]),
-    ([[12, 34], [12, "ab", 34]], [[12, 34], [12, *_ids("ab", bos=False), 34]]),
-    ({"prompt_string": "ab"}, [_ids("ab")]),
-    ({"content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}, [_ids("ab")]),
-    (["x", {"prompt_string": "y"}, {"content": [{"type": "text", "text": "z"}]}], [_ids("x"), _ids("y"), _ids("z")]),
-])
+@pytest.mark.parametrize(
+    "items, expected",
+    [
+        ("ab", [_ids("ab")]),
+        ([12, 34, 56], [[12, 34, 56]]),
+        (
+            [12, "ab", 56],
+            [[12, *_ids("ab", bos=False), 56]],
+        ),  # specials only before a leading string
+        (["ab", 34], [[*_ids("ab"), 34]]),
+        (["ab", "cd"], [_ids("ab"), _ids("cd")]),
+        (["ab", [12, 34]], [_ids("ab"), [12, 34]]),
+        ([[12, 34], [12, "ab", 34]], [[12, 34], [12, *_ids("ab", bos=False), 34]]),
+        ({"prompt_string": "ab"}, [_ids("ab")]),
+        ({"content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}, [_ids("ab")]),
+        (
+            ["x", {"prompt_string": "y"}, {"content": [{"type": "text", "text": "z"}]}],
+            [_ids("x"), _ids("y"), _ids("z")],
+        ),
+    ],
+)
 def test_input_shapes(items, expected):
     assert embedding_prompts(TOK, items) == expected
 
 
-@pytest.mark.parametrize("items, message", [
-    ([], "must not be empty"),
-    ({"content": "string"}, "must be an array"),
-    ({"content": [{"type": "unknown"}]}, "unsupported content"),
-    ({"content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}, "image input"),
-    ({"content": [{"type": "input_audio", "input_audio": {"data": "AAAA"}}]}, "audio input"),
-    ({"prompt_string": "a", "multimodal_data": ["AAAA"]}, "Multimodal data"),
-    ([1.5], "elements must be"), ({"foo": 1}, "elements must be"), (7, "elements must be"), ([[]], "empty"),
-])
+@pytest.mark.parametrize(
+    "items, message",
+    [
+        ([], "must not be empty"),
+        ({"content": "string"}, "must be an array"),
+        ({"content": [{"type": "unknown"}]}, "unsupported content"),
+        (
+            {
+                "content": [
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+                ]
+            },
+            "image input",
+        ),
+        ({"content": [{"type": "input_audio", "input_audio": {"data": "AAAA"}}]}, "audio input"),
+        ({"prompt_string": "a", "multimodal_data": ["AAAA"]}, "Multimodal data"),
+        ([1.5], "elements must be"),
+        ({"foo": 1}, "elements must be"),
+        (7, "elements must be"),
+        ([[]], "empty"),
+    ],
+)
 def test_bad_inputs_are_400(items, message):
     from engine.errors import APIError
 
@@ -83,8 +111,20 @@ def test_oai_answers_one_vector_per_prompt(mean_server):
 
 
 def test_content_text_parts_equal_the_string(mean_server):
-    r = httpx.post(mean_server.url + "/v1/embeddings", json={"input": [
-        "hello world", {"content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "world"}]}]})
+    r = httpx.post(
+        mean_server.url + "/v1/embeddings",
+        json={
+            "input": [
+                "hello world",
+                {
+                    "content": [
+                        {"type": "text", "text": "hello "},
+                        {"type": "text", "text": "world"},
+                    ]
+                },
+            ]
+        },
+    )
     data = r.json()["data"]
     assert data[0]["embedding"] == data[1]["embedding"]
 
@@ -115,8 +155,10 @@ def test_pooling_none_is_refused_by_the_oai_route(none_server):
 def test_a_prompt_over_the_physical_batch_is_too_large(mean_server):
     r = httpx.post(mean_server.url + "/v1/embeddings", json={"input": "x" * 100})  # 101 tokens > 64
     assert r.status_code == 400
-    assert r.json()["error"]["message"] == ("input (101 tokens) is too large to process. increase the physical "
-                                            "batch size (current batch size: 64)")
+    assert r.json()["error"]["message"] == (
+        "input (101 tokens) is too large to process. increase the physical "
+        "batch size (current batch size: 64)"
+    )
 
 
 def test_last_pooling_may_split_a_long_prompt():

@@ -21,14 +21,17 @@ from engine.server.errors import api_error
 from engine.server.testing import FakeChatTemplate, make_fake_scheduler
 
 
-@pytest.mark.parametrize("error, status, type_", [
-    (InvalidRequestError("id_slot 9 out of range"), 400, "invalid_request_error"),
-    (ContextOverflowError(300, 256), 400, "exceed_context_size_error"),
-    (SchedulerStoppedError("server is shutting down"), 503, "unavailable_error"),
-    (EngineError("decode failed: out of memory"), 500, "server_error"),
-    (ValueError("bug"), 500, "server_error"),
-    (KeyError("bug"), 500, "server_error"),
-])
+@pytest.mark.parametrize(
+    "error, status, type_",
+    [
+        (InvalidRequestError("id_slot 9 out of range"), 400, "invalid_request_error"),
+        (ContextOverflowError(300, 256), 400, "exceed_context_size_error"),
+        (SchedulerStoppedError("server is shutting down"), 503, "unavailable_error"),
+        (EngineError("decode failed: out of memory"), 500, "server_error"),
+        (ValueError("bug"), 500, "server_error"),
+        (KeyError("bug"), 500, "server_error"),
+    ],
+)
 def test_api_error_maps_by_class(error, status, type_):
     e = api_error(error)
     assert (e.status, e.type) == (status, type_)
@@ -59,10 +62,15 @@ def faulty():
     sched.stop()
 
 
-@pytest.mark.parametrize("error, status", [
-    (KeyError("slot"), 500), (ValueError("oops"), 500),
-    (InvalidRequestError("bad slot"), 400), (SchedulerStoppedError("stopping"), 503),
-])
+@pytest.mark.parametrize(
+    "error, status",
+    [
+        (KeyError("slot"), 500),
+        (ValueError("oops"), 500),
+        (InvalidRequestError("bad slot"), 400),
+        (SchedulerStoppedError("stopping"), 503),
+    ],
+)
 def test_submit_errors_become_statuses(faulty, error, status, caplog):
     client, box = faulty
     box["error"] = error
@@ -80,11 +88,19 @@ def test_engine_failure_mid_stream_is_an_error_event():
     sched.ctx.fail_on_token = 3 + ord("d")  # the fake model's second generated token
     handle = start_server(sched, port=0, chat_template=FakeChatTemplate())
     try:
-        r = httpx.post(handle.url + "/completion",
-                       json={"prompt": "abc", "n_predict": 5, "stream": True}, timeout=10)
-        events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+        r = httpx.post(
+            handle.url + "/completion",
+            json={"prompt": "abc", "n_predict": 5, "stream": True},
+            timeout=10,
+        )
+        events = [
+            json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")
+        ]
         assert events[0]["content"] == "d"
-        assert events[-1]["error"]["code"] == 500 and "fake decode failure" in events[-1]["error"]["message"]
+        assert (
+            events[-1]["error"]["code"] == 500
+            and "fake decode failure" in events[-1]["error"]["message"]
+        )
     finally:
         handle.stop()
         sched.stop()

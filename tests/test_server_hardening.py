@@ -27,8 +27,12 @@ DEEP = b"[" * 100_000 + b"]" * 100_000
 @pytest.fixture(scope="module")
 def server():
     sched = make_fake_scheduler(n_slots=2, n_ctx=512)
-    handle = start_server(sched, port=0, chat_template=FakeChatTemplate(),
-                          options=ServerOptions(embeddings=True, n_predict=8))
+    handle = start_server(
+        sched,
+        port=0,
+        chat_template=FakeChatTemplate(),
+        options=ServerOptions(embeddings=True, n_predict=8),
+    )
     yield handle
     handle.stop()
     sched.stop()
@@ -78,7 +82,9 @@ def assert_alive(conn: Conn) -> None:
 # -- JSON parsing: depth, surrogates, numbers --------------------------------------------------
 
 
-@pytest.mark.parametrize("path", ["/v1/chat/completions", "/completion", "/tokenize", "/apply-template"])
+@pytest.mark.parametrize(
+    "path", ["/v1/chat/completions", "/completion", "/tokenize", "/apply-template"]
+)
 def test_deeply_nested_body_is_a_400_and_keeps_the_connection(conn, path):
     status, raw = conn.post(path, DEEP)
     assert status == 400 and "nest" in error_of(status, raw)["message"]
@@ -98,7 +104,9 @@ def test_nesting_under_the_limit_is_served(conn):
     deep: object = "x"
     for _ in range(300):
         deep = {"a": deep}
-    status, raw = conn.post("/v1/chat/completions", {**CHAT, "chat_template_kwargs": {"extra": deep}})
+    status, raw = conn.post(
+        "/v1/chat/completions", {**CHAT, "chat_template_kwargs": {"extra": deep}}
+    )
     assert status == 200, raw
     parts = [{"type": "text", "text": "hi", "meta": deep}]
     status, raw = conn.post("/apply-template", {"messages": [{"role": "user", "content": parts}]})
@@ -108,17 +116,20 @@ def test_nesting_under_the_limit_is_served(conn):
 LONE = '"\\ud800"'
 
 
-@pytest.mark.parametrize("path, template", [
-    ("/v1/chat/completions", '{"model": %s, "messages": [{"role": "user", "content": "hi"}]}'),
-    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": %s}]}'),
-    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "stop": [%s]}'),
-    ("/v1/completions", '{"prompt": %s, "max_tokens": 1}'),
-    ("/completion", '{"prompt": "a", "stop": %s, "n_predict": 1}'),
-    ("/apply-template", '{"messages": [{"role": %s, "content": "x"}]}'),
-    ("/tokenize", '{"content": %s, "with_pieces": true}'),
-    ("/tokenize", '{%s: 1, "content": "a"}'),
-    ("/v1/embeddings", '{"input": %s, "model": "m"}'),
-])
+@pytest.mark.parametrize(
+    "path, template",
+    [
+        ("/v1/chat/completions", '{"model": %s, "messages": [{"role": "user", "content": "hi"}]}'),
+        ("/v1/chat/completions", '{"messages": [{"role": "user", "content": %s}]}'),
+        ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "stop": [%s]}'),
+        ("/v1/completions", '{"prompt": %s, "max_tokens": 1}'),
+        ("/completion", '{"prompt": "a", "stop": %s, "n_predict": 1}'),
+        ("/apply-template", '{"messages": [{"role": %s, "content": "x"}]}'),
+        ("/tokenize", '{"content": %s, "with_pieces": true}'),
+        ("/tokenize", '{%s: 1, "content": "a"}'),
+        ("/v1/embeddings", '{"input": %s, "model": "m"}'),
+    ],
+)
 def test_lone_surrogate_is_a_400_wherever_it_is(conn, path, template):
     for lone in (LONE, '"\\udc00"', '"a\\ud800b"', '"\\ud800\\u0041"'):
         status, raw = conn.post(path, (template % lone).encode())
@@ -127,19 +138,24 @@ def test_lone_surrogate_is_a_400_wherever_it_is(conn, path, template):
 
 
 def test_surrogate_pair_and_escaped_backslash_are_fine(conn):
-    status, raw = conn.post("/tokenize", b'{"content": "\\ud83d\\ude00 \\\\ud800", "with_pieces": true}')
+    status, raw = conn.post(
+        "/tokenize", b'{"content": "\\ud83d\\ude00 \\\\ud800", "with_pieces": true}'
+    )
     assert status == 200, raw
 
 
-@pytest.mark.parametrize("body", [
-    b'{"prompt": "a", "temperature": 1e999}',
-    b'{"prompt": "a", "logit_bias": {"5": 1e999}}',
-    b'{"prompt": "a", "logit_bias": [[5, -1e999]]}',
-    b'{"prompt": "a", "dynatemp_range": -1e400}',
-    b'{"prompt": "a", "metadata": {"x": 1e999}}',
-    b'{"prompt": "a", "temperature": NaN}',
-    b'{"prompt": "a", "top_p": -Infinity}',
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"prompt": "a", "temperature": 1e999}',
+        b'{"prompt": "a", "logit_bias": {"5": 1e999}}',
+        b'{"prompt": "a", "logit_bias": [[5, -1e999]]}',
+        b'{"prompt": "a", "dynatemp_range": -1e400}',
+        b'{"prompt": "a", "metadata": {"x": 1e999}}',
+        b'{"prompt": "a", "temperature": NaN}',
+        b'{"prompt": "a", "top_p": -Infinity}',
+    ],
+)
 def test_numbers_json_cannot_hold_are_a_400(conn, body):
     status, raw = conn.post("/completion", body)
     assert status == 400, raw
@@ -153,38 +169,76 @@ def test_logit_bias_banning_every_token_still_generates(conn):
     # llama.cpp's sampler chain never runs out of candidates (logit bias only lowers them to
     # -inf) and its dist sampler then falls back to a token; here the model's own choice.
     for greedy in (True, False):
-        body = {"prompt": "ab", "n_predict": 3, "temperature": 0 if greedy else 0.8,
-                "logit_bias": [[t, False] for t in range(N_VOCAB)]}
+        body = {
+            "prompt": "ab",
+            "n_predict": 3,
+            "temperature": 0 if greedy else 0.8,
+            "logit_bias": [[t, False] for t in range(N_VOCAB)],
+        }
         status, raw = conn.post("/completion", body)
         assert status == 200, raw
         assert json.loads(raw)["content"] == "cde"
 
 
-@pytest.mark.parametrize("bias", [[[None, 1]], [[[1], 1]], [[{"a": 1}, 1]], [[True, 1]], [[1.5, 1]],
-                                  [[1, "x"]], [[1, None]], [[1, 10**400]], [1], ["ab"], [[1, 2, 3]]])
+@pytest.mark.parametrize(
+    "bias",
+    [
+        [[None, 1]],
+        [[[1], 1]],
+        [[{"a": 1}, 1]],
+        [[True, 1]],
+        [[1.5, 1]],
+        [[1, "x"]],
+        [[1, None]],
+        [[1, 10**400]],
+        [1],
+        ["ab"],
+        [[1, 2, 3]],
+    ],
+)
 def test_malformed_logit_bias_is_a_400(conn, bias):
     status, raw = conn.post("/completion", {"prompt": "a", "n_predict": 1, "logit_bias": bias})
     assert status == 400 and "logit_bias" in error_of(status, raw)["message"]
 
 
-@pytest.mark.parametrize("key, value", [("messages", []), ("messages", 5), ("add_generation_prompt", "yes"),
-                                        ("add_generation_prompt", True), ("tools", 3), ("bos_token", "x"),
-                                        ("eos_token", 1)])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("messages", []),
+        ("messages", 5),
+        ("add_generation_prompt", "yes"),
+        ("add_generation_prompt", True),
+        ("tools", 3),
+        ("bos_token", "x"),
+        ("eos_token", 1),
+    ],
+)
 def test_reserved_chat_template_kwargs_are_a_400_naming_the_key(conn, key, value):
     for path in ("/v1/chat/completions", "/apply-template"):
-        status, raw = conn.post(path, {"messages": CHAT["messages"], "chat_template_kwargs": {key: value}})
+        status, raw = conn.post(
+            path, {"messages": CHAT["messages"], "chat_template_kwargs": {key: value}}
+        )
         assert status == 400 and repr(key) in error_of(status, raw)["message"]
 
 
 # -- transport ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("body, ctype", [
-    (b"", "application/json"), (b"   ", "application/json"), (b"\xff\xfe{}", "application/json"),
-    (b'{"prompt": "a"', "application/json"), (b"prompt=a", "application/x-www-form-urlencoded"),
-    (b"\x00" * 10, "application/octet-stream"), (b"[]", "text/plain"), (b"null", "application/json"),
-    (b'"\\ud800"', "application/json"), (b'{"prompt": "\xed\xa0\x80"}', "application/json"),
-])
+@pytest.mark.parametrize(
+    "body, ctype",
+    [
+        (b"", "application/json"),
+        (b"   ", "application/json"),
+        (b"\xff\xfe{}", "application/json"),
+        (b'{"prompt": "a"', "application/json"),
+        (b"prompt=a", "application/x-www-form-urlencoded"),
+        (b"\x00" * 10, "application/octet-stream"),
+        (b"[]", "text/plain"),
+        (b"null", "application/json"),
+        (b'"\\ud800"', "application/json"),
+        (b'{"prompt": "\xed\xa0\x80"}', "application/json"),
+    ],
+)
 def test_garbage_bodies_are_a_400_and_keep_the_connection(conn, body, ctype):
     status, raw = conn.post("/completion", body, ctype)
     assert status == 400, raw
@@ -233,7 +287,9 @@ def test_openapi_refs_all_resolve(conn):
     assert refs
     for ref in refs:
         _resolve(spec, ref)
-    chat = spec["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    chat = spec["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"][
+        "application/json"
+    ]["schema"]
     assert "messages" in _resolve(spec, chat["$ref"])["properties"]
 
 
@@ -263,16 +319,24 @@ class DyingChild:
         while b"\r\n\r\n" not in data:
             data += c.recv(65536)
         head, body = data.split(b"\r\n\r\n", 1)
-        length = next(int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
-                      if line.startswith(b"content-length"))
+        length = next(
+            int(line.split(b":")[1])
+            for line in head.lower().split(b"\r\n")
+            if line.startswith(b"content-length")
+        )
         while len(body) < length:
             body += c.recv(65536)
         if json.loads(body).get("stream"):
             event = b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
-            c.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-                      + b"%x\r\n%s\r\n" % (len(event), event) + b"8\r\ndata: {\"\r\n")
+            c.sendall(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+                + b"%x\r\n%s\r\n" % (len(event), event)
+                + b'8\r\ndata: {"\r\n'
+            )
         else:
-            c.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"ch")
+            c.sendall(
+                b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{"ch'
+            )
         c.shutdown(socket.SHUT_RDWR)
 
     def close(self):
@@ -283,7 +347,9 @@ class DyingChild:
 def router_port():
     child = DyingChild()
     router = Router({"m": Path("/nonexistent/m.gguf")}, []).start()
-    router.acquire = lambda name, **kw: ChildServer(name, Path("m.gguf"), port=child.port, api_key="k")
+    router.acquire = lambda name, **kw: ChildServer(
+        name, Path("m.gguf"), port=child.port, api_key="k"
+    )
     state = ServerState(ServerOptions(api_keys=("key",)))
     handle = listen(state, "127.0.0.1", 0, app=create_router_app(router, state))
     yield handle.port
@@ -299,8 +365,11 @@ def rconn(router_port):
     c.close()
 
 
-@pytest.mark.parametrize("body", [DEEP, b'{"model": "\\ud800"}', b'{"model": "m", "x": 1e999}', b"\xff"],
-                         ids=["deep", "surrogate", "overflow", "not-utf8"])
+@pytest.mark.parametrize(
+    "body",
+    [DEEP, b'{"model": "\\ud800"}', b'{"model": "m", "x": 1e999}', b"\xff"],
+    ids=["deep", "surrogate", "overflow", "not-utf8"],
+)
 def test_router_rejects_hostile_json_with_a_400(rconn, body):
     for path in ("/v1/chat/completions", "/models/load"):
         status, raw = rconn.post(path, body)
@@ -349,7 +418,9 @@ def test_a_client_that_leaves_is_logged_as_499_not_as_an_error():
     handle = start_server(sched, port=0, chat_template=FakeChatTemplate(), request_log=seen.append)
     try:
         with pytest.raises(httpx.ReadTimeout):
-            httpx.post(handle.url + "/completion", json={"prompt": "abc", "n_predict": -1}, timeout=0.3)
+            httpx.post(
+                handle.url + "/completion", json={"prompt": "abc", "n_predict": -1}, timeout=0.3
+            )
         deadline = time.monotonic() + 3
         while not seen and time.monotonic() < deadline:
             time.sleep(0.01)

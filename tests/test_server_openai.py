@@ -12,16 +12,26 @@ from engine.server.testing import FakeChatTemplate, make_fake_scheduler
 @pytest.fixture(scope="module")
 def client():
     sched = make_fake_scheduler(n_slots=2, n_ctx=512)
-    handle = start_server(sched, port=0, api_keys=["sk-test"], chat_template=FakeChatTemplate(),
-                          options=ServerOptions(embeddings=True))
+    handle = start_server(
+        sched,
+        port=0,
+        api_keys=["sk-test"],
+        chat_template=FakeChatTemplate(),
+        options=ServerOptions(embeddings=True),
+    )
     yield openai.OpenAI(base_url=handle.url + "/v1", api_key="sk-test", max_retries=0)
     handle.stop()
     sched.stop()
 
 
 def test_openai_sdk_chat(client):
-    r = client.chat.completions.create(model="anything", messages=[{"role": "user", "content": "hi"}],
-                                       max_tokens=4, temperature=0, seed=1)
+    r = client.chat.completions.create(
+        model="anything",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=4,
+        temperature=0,
+        seed=1,
+    )
     assert r.choices[0].message.content == "abcd"
     assert r.choices[0].finish_reason == "length"
     assert r.usage.completion_tokens == 4 and r.model == "anything"
@@ -29,8 +39,13 @@ def test_openai_sdk_chat(client):
 
 def test_openai_sdk_chat_stream(client):
     stream = client.chat.completions.create(
-        model="x", messages=[{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}],
-        max_completion_tokens=3, stream=True, stream_options={"include_usage": True}, temperature=0)
+        model="x",
+        messages=[{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}],
+        max_completion_tokens=3,
+        stream=True,
+        stream_options={"include_usage": True},
+        temperature=0,
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == "abc"

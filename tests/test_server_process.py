@@ -39,18 +39,31 @@ class ServeProcess:
     def __init__(self, model, *extra: str):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "engine", "serve", "-m", str(model), "--port", str(self.port), *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "engine",
+            "serve",
+            "-m",
+            str(model),
+            "--port",
+            str(self.port),
+            *extra,
+        ]
         env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         self.t0 = time.monotonic()
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True)
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         self.first_status: tuple[int, float] | None = None
 
     def wait_ready(self, timeout: float = 180) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited {self.proc.returncode}: {self.proc.stderr.read()}")
+                raise RuntimeError(
+                    f"server exited {self.proc.returncode}: {self.proc.stderr.read()}"
+                )
             try:
                 r = httpx.get(self.url + "/health", timeout=2)
                 if self.first_status is None:
@@ -74,8 +87,6 @@ class ServeProcess:
         return self.proc.returncode
 
 
-
-
 @pytest.fixture(scope="module")
 def tiny_path(tmp_path_factory):
     from ggufgen import write_tiny_model
@@ -87,8 +98,20 @@ def tiny_path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(tiny_path):
-    p = ServeProcess(tiny_path, "-np", "4", "-c", "1024", "--metrics", "-ngl", "99", "--alias", "tiny",
-                     "--api-key", "sekret")
+    p = ServeProcess(
+        tiny_path,
+        "-np",
+        "4",
+        "-c",
+        "1024",
+        "--metrics",
+        "-ngl",
+        "99",
+        "--alias",
+        "tiny",
+        "--api-key",
+        "sekret",
+    )
     try:
         p.wait_ready()
         yield p
@@ -111,7 +134,9 @@ def test_serve_tiny_openai_sdk(server):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="sekret", max_retries=0)
     r = client.completions.create(model="whatever", prompt="the", max_tokens=6, temperature=0)
     assert r.usage.completion_tokens <= 6 and r.choices[0].finish_reason in ("stop", "length")
-    stream = client.completions.create(model="x", prompt="the", max_tokens=6, temperature=0, stream=True)
+    stream = client.completions.create(
+        model="x", prompt="the", max_tokens=6, temperature=0, stream=True
+    )
     assert "".join(c.choices[0].text for c in stream) == r.choices[0].text
     assert [m.id for m in client.models.list()] == ["tiny"]
     with pytest.raises(openai.AuthenticationError):
@@ -121,7 +146,9 @@ def test_serve_tiny_openai_sdk(server):
 def test_serve_tiny_raw_http_errors(server):
     r = httpx.post(server.url + "/v1/chat/completions", content=b"{oops", headers=AUTH)
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
-    r = httpx.post(server.url + "/completion", json={"prompt": "a " * 1500, "n_predict": 1}, headers=AUTH)
+    r = httpx.post(
+        server.url + "/completion", json={"prompt": "a " * 1500, "n_predict": 1}, headers=AUTH
+    )
     assert r.status_code == 400 and r.json()["error"]["type"] == "exceed_context_size_error"
     assert httpx.get(server.url + "/nope", headers=AUTH).status_code == 404
     assert httpx.get(server.url + "/v1/models").status_code == 401
@@ -195,8 +222,10 @@ def test_serve_tiny_sigint_ends_streams_and_exits_0(tiny_path):
     assert stream.chunks and stream.chunks[-1]["stop"] is True
     # start-up in the seed's order: listening, the device registry, then the model
     lines = p.proc.stderr.read().splitlines()
-    at = {key: next(i for i, ln in enumerate(lines) if key in ln)
-          for key in ("server is listening", "main: device CPU (CPU)", "model loaded")}
+    at = {
+        key: next(i for i, ln in enumerate(lines) if key in ln)
+        for key in ("server is listening", "main: device CPU (CPU)", "model loaded")
+    }
     assert at["server is listening"] < at["main: device CPU (CPU)"] < at["model loaded"], lines
     assert any("GPU devices not probed (-ngl 0" in ln for ln in lines), lines
 
@@ -209,7 +238,9 @@ def test_serve_tiny_signal_exits_fast_while_streaming(tiny_path, sig, perf_figur
     stream = EndlessStream(p.url)
     t0 = time.monotonic()
     assert p.stop(sig) == 0
-    perf_figure(f"serve: {sig.name} to exit, streaming", time.monotonic() - t0, "s", at_most=EXIT_LIMIT_S)
+    perf_figure(
+        f"serve: {sig.name} to exit, streaming", time.monotonic() - t0, "s", at_most=EXIT_LIMIT_S
+    )
     stream.close()
 
 
@@ -228,9 +259,20 @@ def test_serve_tiny_health_answers_fast_while_decoding(server, perf_figure):
 
 
 def test_serve_hf_unreachable_hub_is_a_clear_error(tmp_path):
-    env = dict(os.environ, HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path), HF_HUB_DISABLE_TELEMETRY="1")
-    out = subprocess.run([sys.executable, "-m", "engine", "serve", "-hf", "ggml-org/some-model", "--port", "0"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
+    env = dict(
+        os.environ,
+        HF_ENDPOINT="http://127.0.0.1:9",
+        HF_HOME=str(tmp_path),
+        HF_HUB_DISABLE_TELEMETRY="1",
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "engine", "serve", "-hf", "ggml-org/some-model", "--port", "0"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert out.returncode == 1 and "ggml-org/some-model: not in the cache" in out.stderr, out.stderr
 
 

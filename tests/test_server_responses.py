@@ -50,9 +50,12 @@ def events(server, body: dict, path: str = "/v1/responses") -> list[tuple[str, d
 
 
 def test_responses_create_with_the_openai_sdk(client):
-    res = client.responses.create(model="gpt-4.1", input=[{"role": "system", "content": "Book"},
-                                                          {"role": "user", "content": "best book?"}],
-                                  max_output_tokens=4, temperature=0)
+    res = client.responses.create(
+        model="gpt-4.1",
+        input=[{"role": "system", "content": "Book"}, {"role": "user", "content": "best book?"}],
+        max_output_tokens=4,
+        temperature=0,
+    )
     assert res.id.startswith("resp_") and res.object == "response" and res.status == "completed"
     assert res.output[0].id.startswith("msg_") and res.output[0].role == "assistant"
     assert res.output_text == "abcd" and res.model == "gpt-4.1"
@@ -61,13 +64,23 @@ def test_responses_create_with_the_openai_sdk(client):
 
 
 def test_responses_stream_with_the_openai_sdk(client):
-    stream = client.responses.create(model="m", input="hi", max_output_tokens=3, temperature=0, stream=True)
+    stream = client.responses.create(
+        model="m", input="hi", max_output_tokens=3, temperature=0, stream=True
+    )
     seen = list(stream)
     types = [e.type for e in seen]
-    assert types[:4] == ["response.created", "response.in_progress", "response.output_item.added",
-                         "response.content_part.added"]
-    assert types[-4:] == ["response.output_text.done", "response.content_part.done",
-                          "response.output_item.done", "response.completed"]
+    assert types[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert types[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
     msg_id = seen[2].item.id
     assert msg_id.startswith("msg_")
     deltas = [e for e in seen if e.type == "response.output_text.delta"]
@@ -79,19 +92,30 @@ def test_responses_stream_with_the_openai_sdk(client):
 
 
 def test_responses_stream_helper_accumulates(client):
-    with client.responses.stream(model="m", input="hi", max_output_tokens=2, temperature=0) as stream:
+    with client.responses.stream(
+        model="m", input="hi", max_output_tokens=2, temperature=0
+    ) as stream:
         final = stream.get_final_response()
     assert final.output_text == "ab"
 
 
 def test_instructions_and_previous_items_become_chat_messages(client):
-    client.responses.create(model="m", instructions="Be brief.", max_output_tokens=1, input=[
-        {"role": "user", "content": [{"type": "input_text", "text": "q1"}]},
-        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "a1"}]},
-        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
-        {"type": "function_call_output", "call_id": "c1", "output": "42"},
-        {"role": "user", "content": "q2"},
-    ])
+    client.responses.create(
+        model="m",
+        instructions="Be brief.",
+        max_output_tokens=1,
+        input=[
+            {"role": "user", "content": [{"type": "input_text", "text": "q1"}]},
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": "a1"}],
+            },
+            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "42"},
+            {"role": "user", "content": "q2"},
+        ],
+    )
     roles = [m["role"] for m in RecordingTemplate.last]
     assert roles == ["system", "user", "assistant", "tool", "user"]
     assistant = RecordingTemplate.last[2]
@@ -101,31 +125,62 @@ def test_instructions_and_previous_items_become_chat_messages(client):
 
 
 def test_to_chat_body_maps_the_responses_fields():
-    body = ResponsesRequest.model_validate({
-        "input": "x", "max_output_tokens": 7, "top_p": 0.5, "reasoning": {"effort": "low"}, "store": False,
-        "tools": [{"type": "function", "name": "f", "parameters": {}}, {"type": "web_search"}],
-        "tool_choice": {"type": "function", "name": "f"}, "include": ["reasoning.encrypted_content"],
-        "text": {"format": {"type": "json_schema", "name": "n", "schema": {"type": "object"}}}})
+    body = ResponsesRequest.model_validate(
+        {
+            "input": "x",
+            "max_output_tokens": 7,
+            "top_p": 0.5,
+            "reasoning": {"effort": "low"},
+            "store": False,
+            "tools": [{"type": "function", "name": "f", "parameters": {}}, {"type": "web_search"}],
+            "tool_choice": {"type": "function", "name": "f"},
+            "include": ["reasoning.encrypted_content"],
+            "text": {"format": {"type": "json_schema", "name": "n", "schema": {"type": "object"}}},
+        }
+    )
     chat = to_chat_body(body)
     assert chat["messages"] == [{"role": "user", "content": "x"}]
     assert chat["max_tokens"] == 7 and chat["top_p"] == 0.5 and chat["reasoning_effort"] == "low"
-    assert chat["tools"] == [{"type": "function", "function": {"name": "f", "parameters": {}, "strict": True}}]
+    assert chat["tools"] == [
+        {"type": "function", "function": {"name": "f", "parameters": {}, "strict": True}}
+    ]
     assert chat["tool_choice"] == {"type": "function", "function": {"name": "f"}}
-    assert chat["response_format"] == {"type": "json_schema", "json_schema": {"name": "n",
-                                                                              "schema": {"type": "object"}}}
+    assert chat["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "n", "schema": {"type": "object"}},
+    }
     assert "include" not in chat and "input" not in chat
-    items = [{"role": "developer", "content": "d"}, {"type": "reasoning", "summary": [],
-                                                    "content": [{"type": "reasoning_text", "text": "hmm"}]},
-             {"role": "assistant", "content": "a"}]
+    items = [
+        {"role": "developer", "content": "d"},
+        {
+            "type": "reasoning",
+            "summary": [],
+            "content": [{"type": "reasoning_text", "text": "hmm"}],
+        },
+        {"role": "assistant", "content": "a"},
+    ]
     chat = to_chat_body(ResponsesRequest.model_validate({"input": items}))
-    assert chat["messages"] == [{"role": "developer", "content": "d"},
-                                {"role": "assistant", "content": [{"type": "text", "text": "a"}],
-                                 "reasoning_content": "hmm"}]
+    assert chat["messages"] == [
+        {"role": "developer", "content": "d"},
+        {
+            "role": "assistant",
+            "content": [{"type": "text", "text": "a"}],
+            "reasoning_content": "hmm",
+        },
+    ]
 
 
 def test_stream_telemetry_progress_and_timings(server):
-    seen = events(server, {"input": "abc " * 10, "max_output_tokens": 3, "temperature": 0,
-                           "timings_per_token": True, "return_progress": True})
+    seen = events(
+        server,
+        {
+            "input": "abc " * 10,
+            "max_output_tokens": 3,
+            "temperature": 0,
+            "timings_per_token": True,
+            "return_progress": True,
+        },
+    )
     progress = [d for _, d in seen if "prompt_progress" in d]
     assert progress and all(d["type"] == "response.in_progress" for d in progress)
     p = progress[0]["prompt_progress"]
@@ -143,11 +198,17 @@ def test_without_telemetry_no_progress_or_delta_timings(server):
 
 
 def test_responses_path_without_v1_and_zero_tokens(server):
-    r = httpx.post(server.url + "/responses", json={"input": "hi", "max_output_tokens": 0}, timeout=30)
+    r = httpx.post(
+        server.url + "/responses", json={"input": "hi", "max_output_tokens": 0}, timeout=30
+    )
     assert r.status_code == 200
     assert r.json()["output"] == [] and r.json()["usage"]["output_tokens"] == 0
     seen = events(server, {"input": "hi", "max_output_tokens": 0})
-    assert [n for n, _ in seen] == ["response.created", "response.in_progress", "response.completed"]
+    assert [n for n, _ in seen] == [
+        "response.created",
+        "response.in_progress",
+        "response.completed",
+    ]
 
 
 def test_input_tokens_counts_the_rendered_prompt(server):
@@ -156,22 +217,30 @@ def test_input_tokens_counts_the_rendered_prompt(server):
     body = r.json()
     assert body["object"] == "response.input_tokens"
     # FakeTokenizer: BOS, then one token per byte of the rendered prompt
-    assert body["input_tokens"] == 1 + len("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n")
+    assert body["input_tokens"] == 1 + len(
+        "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
-@pytest.mark.parametrize("body, words", [
-    ({}, "input"),
-    ({"input": 5}, "input"),
-    ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
-    ({"input": [{"type": "mystery"}]}, "input[0]"),
-    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "input_file"),
-    ({"input": [{"role": "user", "content": [{"type": "input_text"}]}]}, "requires 'text'"),
-    ({"input": [{"type": "function_call", "name": "f"}]}, "call_id"),
-    ({"input": []}, "empty"),
-    ({"input": "x", "max_output_tokens": -1}, "max_output_tokens"),
-    ({"input": "x", "temperature": "hot"}, "temperature"),
-    ({"input": "x", "max_output_token": 3}, "unknown field"),
-])
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        ({}, "input"),
+        ({"input": 5}, "input"),
+        ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"input": [{"type": "mystery"}]}, "input[0]"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
+            "input_file",
+        ),
+        ({"input": [{"role": "user", "content": [{"type": "input_text"}]}]}, "requires 'text'"),
+        ({"input": [{"type": "function_call", "name": "f"}]}, "call_id"),
+        ({"input": []}, "empty"),
+        ({"input": "x", "max_output_tokens": -1}, "max_output_tokens"),
+        ({"input": "x", "temperature": "hot"}, "temperature"),
+        ({"input": "x", "max_output_token": 3}, "unknown field"),
+    ],
+)
 def test_bad_requests_are_400s_naming_the_problem(server, body, words):
     r = httpx.post(server.url + "/v1/responses", json=body, timeout=30)
     assert r.status_code == 400, r.text

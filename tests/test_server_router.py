@@ -41,7 +41,9 @@ def routed(models_dir):
 
 
 def status(client, name):
-    return next(m["status"]["value"] for m in client.get("/v1/models").json()["data"] if m["id"] == name)
+    return next(
+        m["status"]["value"] for m in client.get("/v1/models").json()["data"] if m["id"] == name
+    )
 
 
 def test_router_lists_models_unloaded(routed):
@@ -54,11 +56,15 @@ def test_router_lists_models_unloaded(routed):
 
 def test_router_autoloads_and_proxies(routed):
     router, client = routed
-    r = client.post("/completion", json={"model": "alpha", "prompt": "the", "n_predict": 4, "temperature": 0})
+    r = client.post(
+        "/completion", json={"model": "alpha", "prompt": "the", "n_predict": 4, "temperature": 0}
+    )
     assert r.status_code == 200, r.text
     assert r.json()["tokens_predicted"] <= 4
     assert status(client, "alpha") == "loaded"
-    r = client.post("/v1/completions", json={"model": "alpha", "prompt": "the", "max_tokens": 4, "stream": True})
+    r = client.post(
+        "/v1/completions", json={"model": "alpha", "prompt": "the", "max_tokens": 4, "stream": True}
+    )
     lines = [ln[6:] for ln in r.text.splitlines() if ln.startswith("data: ")]
     assert lines[-1] == "[DONE]" and json.loads(lines[0])["object"] == "text_completion"
     assert client.get("/props", params={"model": "alpha"}).json()["model_alias"] == "alpha"
@@ -91,10 +97,16 @@ def test_router_lru_unload_and_explicit_load_unload(routed):
 
 def test_router_unknown_model_and_missing_field(routed):
     router, client = routed
-    r = client.post("/v1/chat/completions", json={"model": "nope", "messages": [{"role": "user", "content": "x"}]})
+    r = client.post(
+        "/v1/chat/completions",
+        json={"model": "nope", "messages": [{"role": "user", "content": "x"}]},
+    )
     assert r.status_code == 400 and "not found" in r.json()["error"]["message"]
     r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
-    assert r.status_code == 400 and r.json()["error"]["message"] == "model name is missing from the request"
+    assert (
+        r.status_code == 400
+        and r.json()["error"]["message"] == "model name is missing from the request"
+    )
     assert client.post("/models/load", json={}).status_code == 400
     assert client.post("/models/load", json={"model": "nope"}).status_code == 404
 
@@ -109,7 +121,9 @@ def test_router_notices_crash(routed):
     info = next(m for m in client.get("/v1/models").json()["data"] if m["id"] == "alpha")
     assert info["status"]["value"] == "unloaded" and info["status"]["failed"] is True
     assert info["status"]["exit_code"] == -signal.SIGKILL
-    r = client.post("/completion", json={"model": "alpha", "prompt": "a", "n_predict": 1})  # reloads
+    r = client.post(
+        "/completion", json={"model": "alpha", "prompt": "a", "n_predict": 1}
+    )  # reloads
     assert r.status_code == 200
 
 
@@ -121,9 +135,26 @@ def test_router_serve_command_without_model(models_dir):
 
     port = free_port()
     env = dict(os.environ, PYTHONPATH=ROOT)
-    proc = subprocess.Popen([sys.executable, "-m", "engine", "serve", "--models-dir", str(models_dir),
-                             "--port", str(port), "-c", "512", "-np", "1"], cwd=ROOT, env=env,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "engine",
+            "serve",
+            "--models-dir",
+            str(models_dir),
+            "--port",
+            str(port),
+            "-c",
+            "512",
+            "-np",
+            "1",
+        ],
+        cwd=ROOT,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -133,7 +164,11 @@ def test_router_serve_command_without_model(models_dir):
                     break
             except httpx.TransportError:
                 time.sleep(0.1)
-        r = httpx.post(url + "/completion", json={"model": "beta", "prompt": "the", "n_predict": 2}, timeout=120)
+        r = httpx.post(
+            url + "/completion",
+            json={"model": "beta", "prompt": "the", "n_predict": 2},
+            timeout=120,
+        )
         assert r.status_code == 200, r.text
     finally:
         proc.send_signal(signal.SIGINT)

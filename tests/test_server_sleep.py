@@ -25,7 +25,9 @@ PROMPT = {"prompt": [5, 17, 42, 9, 100, 3], "n_predict": 3, "temperature": 0}
 def _scheduler(path) -> Scheduler:
     """A started scheduler whose model only it references (so that sleeping can free it)."""
     model = load_model(path)
-    return Scheduler(Context(model, ContextParams(n_ctx=64, n_seq_max=2)), model.tokenizer, model=model).start()
+    return Scheduler(
+        Context(model, ContextParams(n_ctx=64, n_seq_max=2)), model.tokenizer, model=model
+    ).start()
 
 
 @pytest.fixture
@@ -57,7 +59,9 @@ def _wait_asleep(client, timeout: float = 10.0) -> None:
 def test_sleep_unloads_and_read_only_endpoints_keep_it_asleep(served):
     client, state, sched = served
     _wait_asleep(client)
-    assert sched.ctx is None and getattr(sched.model, "weights", None) is None  # context and weights are gone
+    assert (
+        sched.ctx is None and getattr(sched.model, "weights", None) is None
+    )  # context and weights are gone
     for _ in range(3):  # polling these for longer than the idle time wakes nothing
         for path in ("/health", "/props", "/models", "/v1/models", "/metrics"):
             assert client.get(path).status_code == 200, path
@@ -106,16 +110,26 @@ def test_sleep_frees_the_model_and_unmaps_its_file_every_cycle(served):
     client, state, sched = served
     path = sched.model.path
     before = client.post("/completion", json=PROMPT).json()["content"]
-    schema = {"prompt": "x", "n_predict": 2, "json_schema": {"type": "integer"}}  # builds the grammar vocabulary
+    schema = {
+        "prompt": "x",
+        "n_predict": 2,
+        "json_schema": {"type": "integer"},
+    }  # builds the grammar vocabulary
     for cycle in range(3):  # the bug showed after the first wake: every sleep is checked
         assert client.post("/completion", json=schema).status_code == 200
         r = client.post("/completion", json=PROMPT)
         assert r.status_code == 200, r.text
         assert r.json()["content"] == before, cycle  # the reloaded model answers as the first did
-        model, ctx, tok = weakref.ref(sched.model), weakref.ref(sched.ctx), weakref.ref(sched.tokenizer)
+        model, ctx, tok = (
+            weakref.ref(sched.model),
+            weakref.ref(sched.ctx),
+            weakref.ref(sched.tokenizer),
+        )
         assert _mapped(path)
         _wait_asleep(client)
-        sched.call_soon(lambda: None).result(10)  # is_sleeping is set first: the rest has run after this
+        sched.call_soon(lambda: None).result(
+            10
+        )  # is_sleeping is set first: the rest has run after this
         assert not _mapped(path), f"cycle {cycle}: the GGUF is still mapped while asleep"
         assert model() is None and ctx() is None and tok() is None, (cycle, model(), ctx(), tok())
         props = client.get("/props").json()  # answered from the copy kept while asleep
@@ -133,7 +147,9 @@ def test_sleep_trims_the_heap_each_time(served, monkeypatch):
     for n in (1, 2):
         assert client.post("/completion", json=PROMPT).status_code == 200
         _wait_asleep(client)
-        sched.call_soon(lambda: None).result(10)  # is_sleeping is set first: the rest has run after this
+        sched.call_soon(lambda: None).result(
+            10
+        )  # is_sleeping is set first: the rest has run after this
         assert len(calls) == n
 
 
@@ -151,22 +167,27 @@ def test_sleep_wake_failure_is_a_clear_error_and_retried(served):
     assert not state.is_sleeping
 
 
-@pytest.mark.parametrize("value,seconds", [("-1", -1), ("5", 5), ("0.5", 0.5), ("1.5", 1.5), ("2e1", 20)])
+@pytest.mark.parametrize(
+    "value,seconds", [("-1", -1), ("5", 5), ("0.5", 0.5), ("1.5", 1.5), ("2e1", 20)]
+)
 def test_sleep_idle_seconds_flag_accepts_whole_and_fractional_seconds(value, seconds):
     p = argparse.ArgumentParser(exit_on_error=False)
     add_server_args(p)
     assert p.parse_args(["--sleep-idle-seconds", value]).sleep_idle_seconds == seconds
 
 
-@pytest.mark.parametrize("value,message", [
-    ("0", "invalid value: cannot be 0 or less than -1"),  # llama-server's own words
-    ("-2", "invalid value: cannot be 0 or less than -1"),
-    ("-0.5", "invalid value: cannot be 0 or less than -1"),
-    ("abc", "not a number of seconds"),
-    ("", "not a number of seconds"),
-    ("nan", "not a number of seconds"),
-    ("inf", "not a number of seconds"),
-])
+@pytest.mark.parametrize(
+    "value,message",
+    [
+        ("0", "invalid value: cannot be 0 or less than -1"),  # llama-server's own words
+        ("-2", "invalid value: cannot be 0 or less than -1"),
+        ("-0.5", "invalid value: cannot be 0 or less than -1"),
+        ("abc", "not a number of seconds"),
+        ("", "not a number of seconds"),
+        ("nan", "not a number of seconds"),
+        ("inf", "not a number of seconds"),
+    ],
+)
 def test_sleep_idle_seconds_flag_refuses_bad_values(value, message):
     p = argparse.ArgumentParser(exit_on_error=False)
     add_server_args(p)

@@ -23,8 +23,27 @@ def test_slot_filename_accepted(name):
     assert valid_filename(name)
 
 
-@pytest.mark.parametrize("name", ["", "../x.bin", "a/b.bin", "a\\b", "..", ".", "x..y", "a:b", "a*b",
-                                  " x", "x ", "x.", "\x01x", "x" * 256, "a\u2215b", "a\ufffdb"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "",
+        "../x.bin",
+        "a/b.bin",
+        "a\\b",
+        "..",
+        ".",
+        "x..y",
+        "a:b",
+        "a*b",
+        " x",
+        "x ",
+        "x.",
+        "\x01x",
+        "x" * 256,
+        "a\u2215b",
+        "a\ufffdb",
+    ],
+)
 def test_slot_filename_refused(name):
     assert not valid_filename(name)
 
@@ -43,7 +62,9 @@ def test_slot_tokens_packed_and_plain_lists_unpack():
 def served(tiny_llama_path, tmp_path_factory):
     save_dir = tmp_path_factory.mktemp("slots")
     model = load_model(tiny_llama_path)
-    sched = Scheduler(Context(model, ContextParams(n_ctx=128, n_seq_max=2)), model.tokenizer, model=model).start()
+    sched = Scheduler(
+        Context(model, ContextParams(n_ctx=128, n_seq_max=2)), model.tokenizer, model=model
+    ).start()
     handle = start_server(sched, port=0, options=ServerOptions(slot_save_path=str(save_dir)))
     with httpx.Client(base_url=handle.url, timeout=60) as client:
         yield client, save_dir, sched
@@ -52,8 +73,16 @@ def served(tiny_llama_path, tmp_path_factory):
 
 
 def _complete(client, slot: int, prompt=PROMPT, n_predict: int = 3) -> dict:
-    r = client.post("/completion", json={"prompt": prompt, "n_predict": n_predict, "id_slot": slot,
-                                         "cache_prompt": True, "temperature": 0})
+    r = client.post(
+        "/completion",
+        json={
+            "prompt": prompt,
+            "n_predict": n_predict,
+            "id_slot": slot,
+            "cache_prompt": True,
+            "temperature": 0,
+        },
+    )
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -100,16 +129,19 @@ def test_slot_erase_forgets_the_cache(served):
     assert _complete(client, 1)["timings"]["prompt_n"] == len(PROMPT)
 
 
-@pytest.mark.parametrize("url,body,message", [
-    ("/slots/0?action=save", {"filename": "../evil.bin"}, "Invalid filename"),
-    ("/slots/0?action=save", {"filename": "sub/evil.bin"}, "Invalid filename"),
-    ("/slots/0?action=save", {}, "filename"),
-    ("/slots/0?action=save", {"filename": 3}, "filename"),
-    ("/slots/0?action=fly", {"filename": "a.bin"}, "Invalid action"),
-    ("/slots/zero?action=save", {"filename": "a.bin"}, "Invalid slot ID"),
-    ("/slots/7?action=save", {"filename": "a.bin"}, "Invalid slot ID"),
-    ("/slots/-1?action=erase", None, "Invalid slot ID"),
-])
+@pytest.mark.parametrize(
+    "url,body,message",
+    [
+        ("/slots/0?action=save", {"filename": "../evil.bin"}, "Invalid filename"),
+        ("/slots/0?action=save", {"filename": "sub/evil.bin"}, "Invalid filename"),
+        ("/slots/0?action=save", {}, "filename"),
+        ("/slots/0?action=save", {"filename": 3}, "filename"),
+        ("/slots/0?action=fly", {"filename": "a.bin"}, "Invalid action"),
+        ("/slots/zero?action=save", {"filename": "a.bin"}, "Invalid slot ID"),
+        ("/slots/7?action=save", {"filename": "a.bin"}, "Invalid slot ID"),
+        ("/slots/-1?action=erase", None, "Invalid slot ID"),
+    ],
+)
 def test_slot_action_bad_requests_are_400(served, url, body, message):
     client, save_dir, _ = served
     r = client.post(url, json=body) if body is not None else client.post(url)

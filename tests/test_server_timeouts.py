@@ -68,7 +68,9 @@ def test_trickled_head_is_closed_at_the_deadline(handle):
         t0 = time.monotonic()
         sock.settimeout(0.1)
         closed = False
-        for byte in b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Trickle: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa":
+        for byte in (
+            b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Trickle: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+        ):
             try:
                 sock.sendall(bytes([byte]))
                 if sock.recv(65536)[:12] in (b"", b"HTTP/1.1 408"):
@@ -91,8 +93,10 @@ def test_silent_connection_is_closed(handle):
 def test_slow_body_after_a_complete_head_is_not_cut(handle):
     body = b'{"content": "ab"}'
     with _connect(handle) as sock:
-        sock.sendall(b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body[:5])
+        sock.sendall(
+            b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body[:5]
+        )
         time.sleep(HEAD_TIMEOUT_S * 3)  # the body is read under its own (long) limit
         sock.sendall(body[5:])
         data, _ = _read_until_closed(sock)

@@ -10,7 +10,11 @@ from engine.errors import EngineError
 from engine.server import ServerOptions, start_server, vertex
 from engine.server.testing import FakeChatTemplate, make_fake_scheduler
 
-CHAT = {"@requestFormat": "chatCompletions", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
+CHAT = {
+    "@requestFormat": "chatCompletions",
+    "max_tokens": 3,
+    "messages": [{"role": "user", "content": "hi"}],
+}
 
 
 @pytest.fixture
@@ -24,7 +28,9 @@ def serve(monkeypatch):
         for k, v in env.items():
             monkeypatch.setenv(k, v)
         sched = make_fake_scheduler(n_slots=2, n_ctx=512)
-        handle = start_server(sched, port=0, chat_template=FakeChatTemplate(), options=ServerOptions(**options))
+        handle = start_server(
+            sched, port=0, chat_template=FakeChatTemplate(), options=ServerOptions(**options)
+        )
         started.append((handle, sched))
         return handle.url
 
@@ -40,13 +46,22 @@ def predict(url: str, body, path: str = "/predict", **kw) -> httpx.Response:
 
 def test_predict_runs_each_instance_through_its_endpoint(serve):
     url = serve({"AIP_MODE": "PREDICTION"})
-    r = predict(url, {"instances": [
-        CHAT,
-        {**CHAT, "messages": [{"role": "user", "content": "again"}], "stream": True},  # streaming is off
-        {"@requestFormat": "/tokenize", "content": "ab"},  # a path works too
-        {"@requestFormat": "completion", "prompt": "a", "n_predict": 2},
-        {"@requestFormat": "health"},
-    ]})
+    r = predict(
+        url,
+        {
+            "instances": [
+                CHAT,
+                {
+                    **CHAT,
+                    "messages": [{"role": "user", "content": "again"}],
+                    "stream": True,
+                },  # streaming is off
+                {"@requestFormat": "/tokenize", "content": "ab"},  # a path works too
+                {"@requestFormat": "completion", "prompt": "a", "n_predict": 2},
+                {"@requestFormat": "health"},
+            ]
+        },
+    )
     assert r.status_code == 200
     chat, chat2, tokens, native, health = r.json()["predictions"]
     assert chat["object"] == "chat.completion" and chat["choices"][0]["message"]["content"] == "abc"
@@ -58,8 +73,18 @@ def test_predict_runs_each_instance_through_its_endpoint(serve):
 
 def test_an_instance_error_takes_its_place(serve):
     url = serve({"AIP_MODE": "PREDICTION"})
-    r = predict(url, {"instances": [5, {"max_tokens": 1}, {"@requestFormat": "nope"},
-                                    {"@requestFormat": "chatCompletions", "messages": []}, CHAT]})
+    r = predict(
+        url,
+        {
+            "instances": [
+                5,
+                {"max_tokens": 1},
+                {"@requestFormat": "nope"},
+                {"@requestFormat": "chatCompletions", "messages": []},
+                CHAT,
+            ]
+        },
+    )
     assert r.status_code == 200
     errors = [p["error"] for p in r.json()["predictions"][:4]]
     assert [e["code"] for e in errors] == [400, 400, 400, 400]
@@ -70,12 +95,15 @@ def test_an_instance_error_takes_its_place(serve):
     assert "choices" in r.json()["predictions"][4]
 
 
-@pytest.mark.parametrize("body, words", [
-    ([1], "must be a JSON object"),
-    ({"instances": {}}, "array field named instances"),
-    ({}, "array field named instances"),
-    ({"instances": [{}] * 129}, "maximum size of 128"),
-])
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        ([1], "must be a JSON object"),
+        ({"instances": {}}, "array field named instances"),
+        ({}, "array field named instances"),
+        ({"instances": [{}] * 129}, "maximum size of 128"),
+    ],
+)
 def test_bad_predict_bodies_are_400s(serve, body, words):
     url = serve({"AIP_MODE": "PREDICTION"})
     r = predict(url, body)
@@ -85,8 +113,13 @@ def test_bad_predict_bodies_are_400s(serve, body, words):
 
 
 def test_aip_routes_and_no_routes_outside_prediction_mode(serve):
-    url = serve({"AIP_MODE": "PREDICTION", "AIP_PREDICT_ROUTE": "v1/endpoints/x:predict",
-                 "AIP_HEALTH_ROUTE": "/isalive"})
+    url = serve(
+        {
+            "AIP_MODE": "PREDICTION",
+            "AIP_PREDICT_ROUTE": "v1/endpoints/x:predict",
+            "AIP_HEALTH_ROUTE": "/isalive",
+        }
+    )
     assert predict(url, {"instances": [CHAT]}, "/v1/endpoints/x:predict").status_code == 200
     assert predict(url, {"instances": [CHAT]}).status_code == 404  # only the route AIP names
     assert httpx.get(url + "/isalive", timeout=30).json() == {"status": "ok"}
@@ -113,7 +146,9 @@ def test_settings_and_port_from_the_environment():
     assert vertex.settings({}) is None
     assert vertex.listen_port(9000, {}) == 9000
     assert vertex.listen_port(9000, {"AIP_MODE": "PREDICTION"}) == 8080  # llama-server's default
-    s = vertex.settings({"AIP_MODE": "PREDICTION", "AIP_HTTP_PORT": "7001", "AIP_HEALTH_ROUTE": "h"})
+    s = vertex.settings(
+        {"AIP_MODE": "PREDICTION", "AIP_HTTP_PORT": "7001", "AIP_HEALTH_ROUTE": "h"}
+    )
     assert s == vertex.VertexSettings(predict_route="/predict", health_route="/h", port=7001)
     with pytest.raises(EngineError, match="AIP_HTTP_PORT"):
         vertex.settings({"AIP_MODE": "PREDICTION", "AIP_HTTP_PORT": "eighty"})
@@ -130,7 +165,10 @@ def test_router_mode_serves_predict_too(monkeypatch):
     monkeypatch.setenv("AIP_MODE", "PREDICTION")
     app = create_router_app(SimpleNamespace(), ServerState(ServerOptions()))
     with TestClient(app) as c:
-        r = c.post("/predict", json={"instances": [{"@requestFormat": "health"}, {"@requestFormat": "nope"}]})
+        r = c.post(
+            "/predict",
+            json={"instances": [{"@requestFormat": "health"}, {"@requestFormat": "nope"}]},
+        )
     assert r.status_code == 200
     ok, missing = r.json()["predictions"]
     assert ok == {"status": "ok"} and missing["error"]["code"] == 400
@@ -141,7 +179,13 @@ def test_aip_health_route_needs_no_api_key(serve):
     url = serve({"AIP_MODE": "PREDICTION", "AIP_HEALTH_ROUTE": "/isalive"}, api_keys=("k1",))
     r = httpx.get(url + "/isalive", timeout=30)
     assert r.status_code == 200 and r.json() == {"status": "ok"}
-    assert predict(url, {"instances": [CHAT]}).status_code == 401  # the predict route still needs it
-    prefixed = serve({"AIP_MODE": "PREDICTION", "AIP_HEALTH_ROUTE": "isalive"}, api_keys=("k1",), api_prefix="/api")
+    assert (
+        predict(url, {"instances": [CHAT]}).status_code == 401
+    )  # the predict route still needs it
+    prefixed = serve(
+        {"AIP_MODE": "PREDICTION", "AIP_HEALTH_ROUTE": "isalive"},
+        api_keys=("k1",),
+        api_prefix="/api",
+    )
     assert httpx.get(prefixed + "/api/isalive", timeout=30).status_code == 200
     assert httpx.get(prefixed + "/isalive", timeout=30).status_code == 404

@@ -32,12 +32,21 @@ def served(tiny_llama_path, tmp_path_factory):
     save_dir = root / "slots"
     save_dir.mkdir()
     model = load_model(tiny_llama_path)
-    sched = Scheduler(Context(model, ContextParams(n_ctx=128, n_seq_max=2)), model.tokenizer,
-                      model=model).start(SCHEDULER_THREAD)
+    sched = Scheduler(
+        Context(model, ContextParams(n_ctx=128, n_seq_max=2)), model.tokenizer, model=model
+    ).start(SCHEDULER_THREAD)
     handle = start_server(sched, port=0, options=ServerOptions(slot_save_path=str(save_dir)))
     with httpx.Client(base_url=handle.url, timeout=60) as client:
-        r = client.post("/completion", json={"prompt": PROMPT, "n_predict": 2, "id_slot": 0,
-                                             "cache_prompt": True, "temperature": 0})
+        r = client.post(
+            "/completion",
+            json={
+                "prompt": PROMPT,
+                "n_predict": 2,
+                "id_slot": 0,
+                "cache_prompt": True,
+                "temperature": 0,
+            },
+        )
         assert r.status_code == 200, r.text
         r = client.post("/slots/0?action=save", json={"filename": "good.bin"})
         assert r.status_code == 200, r.text
@@ -110,7 +119,9 @@ def test_slot_load_reads_a_big_claim_no_further_than_the_file(served, tmp_path):
     head, words, kv_head, meta = _parts(data)
     shape = slot_files.CacheShape.of(sched.ctx.kv, sched.n_ctx_seq, sched.ctx.n_vocab)
     cases = {
-        "words": struct.pack("<III", slot_files.STATE_SEQ_MAGIC, slot_files.STATE_SEQ_VERSION, 0xFFFFFFFF),
+        "words": struct.pack(
+            "<III", slot_files.STATE_SEQ_MAGIC, slot_files.STATE_SEQ_VERSION, 0xFFFFFFFF
+        ),
         "meta": head + words + kv_head[:8] + struct.pack("<I", 0xFFFFFFFF),
     }
     for name, blob in cases.items():
@@ -119,7 +130,9 @@ def test_slot_load_reads_a_big_claim_no_further_than_the_file(served, tmp_path):
             slot_files.load(str(tmp_path / name), shape)
 
 
-@pytest.mark.parametrize("io, action, name", [("load", "restore", "good.bin"), ("write", "save", "offthread.bin")])
+@pytest.mark.parametrize(
+    "io, action, name", [("load", "restore", "good.bin"), ("write", "save", "offthread.bin")]
+)
 def test_slot_file_io_runs_off_the_scheduler_thread(served, monkeypatch, io, action, name):
     client, save_dir, _ = served
     seen: list[str] = []
@@ -130,7 +143,9 @@ def test_slot_file_io_runs_off_the_scheduler_thread(served, monkeypatch, io, act
         return real(*args, **kwargs)
 
     monkeypatch.setattr(slot_files, io, spy)
-    r = client.post(f"/slots/{1 if action == 'restore' else 0}?action={action}", json={"filename": name})
+    r = client.post(
+        f"/slots/{1 if action == 'restore' else 0}?action={action}", json={"filename": name}
+    )
     assert r.status_code == 200, r.text
     assert seen and SCHEDULER_THREAD not in seen
     if action == "save":
@@ -161,10 +176,17 @@ RAW_META = {  # the whole JSON header
     "n_pos missing": b'{"n_layer": 2}',
 }
 CHANGED_META = {  # fields of the good file's header replaced
-    "n_pos a list": {"n_pos": [11]}, "n_pos a string": {"n_pos": "11"}, "n_pos a float": {"n_pos": 11.0},
-    "n_pos a bool": {"n_pos": True}, "n_pos huge": {"n_pos": 10**30}, "n_pos negative": {"n_pos": -11},
-    "n_pos zero": {"n_pos": 0}, "n_pos null": {"n_pos": None}, "shapes numbers": {"k_shape": 3, "v_shape": 4},
-    "n_layer a list": {"n_layer": [[1]]}, "type_k an object": {"type_k": {"f16": 1}},
+    "n_pos a list": {"n_pos": [11]},
+    "n_pos a string": {"n_pos": "11"},
+    "n_pos a float": {"n_pos": 11.0},
+    "n_pos a bool": {"n_pos": True},
+    "n_pos huge": {"n_pos": 10**30},
+    "n_pos negative": {"n_pos": -11},
+    "n_pos zero": {"n_pos": 0},
+    "n_pos null": {"n_pos": None},
+    "shapes numbers": {"k_shape": 3, "v_shape": 4},
+    "n_layer a list": {"n_layer": [[1]]},
+    "type_k an object": {"type_k": {"f16": 1}},
 }
 
 
@@ -181,8 +203,19 @@ def test_slot_restore_of_odd_metadata_is_400(served, case):
     assert message.startswith("Unable to restore slot")
 
 
-@pytest.mark.parametrize("case", ["truncated arrays", "truncated tokens", "words huge", "meta huge",
-                                  "kv magic", "kv version", "empty", "header only"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "truncated arrays",
+        "truncated tokens",
+        "words huge",
+        "meta huge",
+        "kv magic",
+        "kv version",
+        "empty",
+        "header only",
+    ],
+)
 def test_slot_restore_of_a_bad_layout_is_400(served, case):
     client, save_dir, _ = served
     data = (save_dir / "good.bin").read_bytes()
@@ -193,7 +226,11 @@ def test_slot_restore_of_a_bad_layout_is_400(served, case):
         "words huge": head[:8] + struct.pack("<I", 0xFFFFFFFF) + words,
         "meta huge": head + words + kv_head[:8] + struct.pack("<I", 0xFFFFFFF0) + meta,
         "kv magic": head + words + b"XXXX" + kv_head[4:] + data[len(head) + len(words) + 12 :],
-        "kv version": head + words + kv_head[:4] + struct.pack("<I", 99) + data[len(head) + len(words) + 8 :],
+        "kv version": head
+        + words
+        + kv_head[:4]
+        + struct.pack("<I", 99)
+        + data[len(head) + len(words) + 8 :],
         "empty": b"",
         "header only": head,
     }[case]
@@ -234,14 +271,18 @@ def test_slot_save_replaces_a_planted_final_link_not_its_target(served):
     assert not (save_dir / "linked.bin").is_symlink()
 
 
-@pytest.mark.parametrize("name", ["x" * 255, "é" * 127 + "x", "y" * 250 + ".bin"], ids=["ascii", "utf-8", "dotted"])
+@pytest.mark.parametrize(
+    "name", ["x" * 255, "é" * 127 + "x", "y" * 250 + ".bin"], ids=["ascii", "utf-8", "dotted"]
+)
 def test_slot_save_and_restore_of_a_name_at_the_length_limit(served, name):
     client, save_dir, _ = served
     assert len(name.encode()) <= 255
     r = client.post("/slots/0?action=save", json={"filename": name})
     assert r.status_code == 200, r.text
     assert _restore(client, name).status_code == 200
-    assert [p.name for p in save_dir.iterdir() if p.name.endswith(".tmp") and not p.is_symlink()] == []
+    assert [
+        p.name for p in save_dir.iterdir() if p.name.endswith(".tmp") and not p.is_symlink()
+    ] == []
     (save_dir / name).unlink()
 
 
@@ -262,16 +303,30 @@ def test_slot_restore_of_a_directory_is_400(served):
 
 
 # --- bodies ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("body", [
-    b"[" * 100_000 + b"]" * 100_000,
-    b'{"filename": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
-    b'{"filename": "\\ud800"}',
-    b'{"filename": 1e999}',
-    b"\xff\xfe",
-    b"[]",
-    b'"good.bin"',
-], ids=["deep array", "deep filename", "lone surrogate", "1e999", "not utf-8", "a list", "a string"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[" * 100_000 + b"]" * 100_000,
+        b'{"filename": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        b'{"filename": "\\ud800"}',
+        b'{"filename": 1e999}',
+        b"\xff\xfe",
+        b"[]",
+        b'"good.bin"',
+    ],
+    ids=[
+        "deep array",
+        "deep filename",
+        "lone surrogate",
+        "1e999",
+        "not utf-8",
+        "a list",
+        "a string",
+    ],
+)
 def test_slot_action_odd_bodies_are_400(served, body):
     client, _, _ = served
-    r = client.post("/slots/0?action=restore", content=body, headers={"content-type": "application/json"})
+    r = client.post(
+        "/slots/0?action=restore", content=body, headers={"content-type": "application/json"}
+    )
     _assert_refused(r)

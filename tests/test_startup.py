@@ -24,9 +24,16 @@ ROOT = Path(__file__).resolve().parent.parent
 # Packages a generate never uses, each with the command or feature that does. Loading one
 # costs start-up time (jinja2 ~20 ms of CPU, asyncio ~25 ms, the HTTP stack and Qt far more).
 NOT_FOR_GENERATE = {
-    "fastapi": "serve", "starlette": "serve", "uvicorn": "serve", "pydantic": "serve",
-    "httpx": "the Hub client", "huggingface_hub": "-hf and `models`", "llguidance": "grammars",
-    "PySide6": "the GUI", "prompt_toolkit": "interactive chat", "jinja2": "chat templates",
+    "fastapi": "serve",
+    "starlette": "serve",
+    "uvicorn": "serve",
+    "pydantic": "serve",
+    "httpx": "the Hub client",
+    "huggingface_hub": "-hf and `models`",
+    "llguidance": "grammars",
+    "PySide6": "the GUI",
+    "prompt_toolkit": "interactive chat",
+    "jinja2": "chat templates",
     "asyncio": "the server's request streams",
     # numba's CPU target imports scipy.linalg only to pick np.convolve's inner loop;
     # engine.jit.init_target loads the target without it (0.13-0.25 s of CPU and ~20 MB)
@@ -53,21 +60,40 @@ def run_cli(tmp_path: Path, *argv: str, env: dict[str, str] | None = None) -> di
     """`ggstation ARGV` in a fresh interpreter: its exit status (rc), the modules it had
     loaded at the end, its peak RSS (maxrss_kb) and its stdout (text)."""
     report = tmp_path / "modules.json"
-    out = subprocess.run([sys.executable, "-c", _RUN_MAIN, str(report), *argv], cwd=ROOT,
-                         capture_output=True, text=True, timeout=600, env=env)
+    out = subprocess.run(
+        [sys.executable, "-c", _RUN_MAIN, str(report), *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr
     data = json.loads(report.read_text())
     return {**data, "modules": set(data["modules"]), "text": out.stdout}
 
 
 def loaded_needlessly(modules: set[str]) -> dict[str, str]:
-    return {name: why for name, why in NOT_FOR_GENERATE.items()
-            if any(m == name or m.startswith(name + ".") for m in modules)}
+    return {
+        name: why
+        for name, why in NOT_FOR_GENERATE.items()
+        if any(m == name or m.startswith(name + ".") for m in modules)
+    }
 
 
 def test_generate_loads_only_what_it_uses(tiny_llama_path, tmp_path):
-    argv = ("generate", "-m", str(tiny_llama_path), "-p", "hello world", "-n", "4", "--temp", "0",
-            "--no-mem-check")
+    argv = (
+        "generate",
+        "-m",
+        str(tiny_llama_path),
+        "-p",
+        "hello world",
+        "-n",
+        "4",
+        "--temp",
+        "0",
+        "--no-mem-check",
+    )
     first = run_cli(tmp_path, *argv)  # compiles whatever numba's cache lacks
     run = run_cli(tmp_path, *argv)
     assert run["rc"] == 0 and run["text"] == first["text"]
@@ -77,7 +103,9 @@ def test_generate_loads_only_what_it_uses(tiny_llama_path, tmp_path):
     assert jit.LAZY_REGISTRIES and "numba.np.arraymath" not in run["modules"]
     # and imports the generated kernel modules of the model's tensor types only
     types = {t.tensor_type.name.lower() for t in GGUFReader(tiny_llama_path).tensors}
-    kernels = {m.rsplit(".", 1)[1] for m in run["modules"] if m.startswith("engine.quants.generated.")}
+    kernels = {
+        m.rsplit(".", 1)[1] for m in run["modules"] if m.startswith("engine.quants.generated.")
+    }
     assert kernels and kernels <= types and len(types) < len(MODULES)
 
 
@@ -99,10 +127,20 @@ def test_a_kernel_compiled_after_cached_loads_gets_the_registries(tmp_path):
     arraymath's lowering), still without SciPy, and numba then caches what it compiled."""
     (tmp_path / "fresh_kernel.py").write_text(
         "import numpy as np\nfrom engine import jit\n\n@jit.kernel\n"
-        "def f(x):\n    return np.sort(-x).sum() + np.median(x)\n")
+        "def f(x):\n    return np.sort(-x).sum() + np.median(x)\n"
+    )
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
-    runs = [subprocess.run([sys.executable, "-c", _COMPILE_AFTER_LOADS, str(tmp_path)], cwd=ROOT,
-                           capture_output=True, text=True, timeout=300, env=env) for _ in range(2)]
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", _COMPILE_AFTER_LOADS, str(tmp_path)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
+        for _ in range(2)
+    ]
     for out in runs:
         assert out.returncode == 0, out.stderr
     assert runs[0].stdout.split() == ["-12.5", "0", "True", "False"]
@@ -111,8 +149,10 @@ def test_a_kernel_compiled_after_cached_loads_gets_the_registries(tmp_path):
 
 def test_help_and_parser_load_no_server_or_gui(tmp_path):
     report = tmp_path / "modules.json"
-    code = ("import json, sys; from engine.cli import build_parser; build_parser()\n"
-            f"json.dump(sorted(sys.modules), open({str(report)!r}, 'w'))")
+    code = (
+        "import json, sys; from engine.cli import build_parser; build_parser()\n"
+        f"json.dump(sorted(sys.modules), open({str(report)!r}, 'w'))"
+    )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=300)
     assert loaded_needlessly(set(json.loads(report.read_text()))) == {}
 
@@ -137,8 +177,13 @@ else:
 
 
 def test_init_target_refuses_scipy_only_while_numba_loads():
-    out = subprocess.run([sys.executable, "-c", _SCIPY_AFTER_INIT], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", _SCIPY_AFTER_INIT],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     try:
         import scipy  # noqa: F401
@@ -169,8 +214,12 @@ def test_generate_smollm2_wall_time_and_peak_rss(smollm2_path, tmp_path, perf_fi
     wall = time.perf_counter() - t0
     assert run["rc"] == 0 and run["text"]
     perf_figure("generate SmolLM2 -n 16: whole run", wall, "s", at_most=GENERATE_16_LIMIT_S)
-    perf_figure("generate SmolLM2 -n 16: peak RSS", run["maxrss_kb"] / 1024, "MB",
-                at_most=GENERATE_PEAK_RSS_LIMIT_MB)
+    perf_figure(
+        "generate SmolLM2 -n 16: peak RSS",
+        run["maxrss_kb"] / 1024,
+        "MB",
+        at_most=GENERATE_PEAK_RSS_LIMIT_MB,
+    )
 
 
 _EXIT_HOOK = """
@@ -203,11 +252,14 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
-@pytest.mark.parametrize("how, command, expected", [
-    ("own", "tokenize", "frozen enabled"),
-    ("given", "tokenize", "collecting enabled"),
-    ("own", "generate", "frozen enabled collections while loading: 0"),
-])
+@pytest.mark.parametrize(
+    "how, command, expected",
+    [
+        ("own", "tokenize", "frozen enabled"),
+        ("given", "tokenize", "collecting enabled"),
+        ("own", "generate", "frozen enabled collections while loading: 0"),
+    ],
+)
 def test_own_command_line_skips_needless_collections(tiny_llama_path, how, command, expected):
     """The process's own command line skips the shutdown's garbage collections (0.2-0.3 s of
     CPU after a generate), and `generate`/`chat` collect nothing while numba and the model load
@@ -215,7 +267,12 @@ def test_own_command_line_skips_needless_collections(tiny_llama_path, how, comma
     argv = ["-m", str(tiny_llama_path), "-p", "hello"]
     if command == "generate":
         argv += ["-n", "2", "--no-mem-check"]
-    out = subprocess.run([sys.executable, "-c", _EXIT_HOOK, how, command, *argv], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", _EXIT_HOOK, how, command, *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[-1].startswith(expected)

@@ -54,7 +54,9 @@ def test_pieces_and_detokenized_match_llama_cpp(case):
     tok, rows = case
     for row in rows:
         ids = row["add_special=False,parse_special=True"]
-        assert [tok.token_to_piece(i) for i in ids] == [_piece_bytes(p) for p in row["pieces"]], row["text"]
+        assert [tok.token_to_piece(i) for i in ids] == [_piece_bytes(p) for p in row["pieces"]], (
+            row["text"]
+        )
         assert tok.decode(ids) == row["detokenized"], row["text"]
 
 
@@ -64,12 +66,19 @@ def test_streaming_detokenizer_reassembles_every_row(case):
         ids = row["add_special=False,parse_special=True"]
         detok = StreamingDetokenizer(tok, special=True)
         text = "".join(detok.add(i) for i in ids) + detok.flush()
-        assert text == b"".join(tok.token_to_piece(i) for i in ids).decode("utf-8", "replace"), row["text"]
+        assert text == b"".join(tok.token_to_piece(i) for i in ids).decode("utf-8", "replace"), row[
+            "text"
+        ]
 
 
 def test_smollm2_vocabulary_facts(smollm2):
     assert (smollm2.kind, smollm2.pre, smollm2.n_vocab) == ("gpt2", "smollm", 49152)
-    assert (smollm2.bos_id, smollm2.eos_id, smollm2.add_bos, smollm2.add_eos) == (1, 2, False, False)
+    assert (smollm2.bos_id, smollm2.eos_id, smollm2.add_bos, smollm2.add_eos) == (
+        1,
+        2,
+        False,
+        False,
+    )
     assert smollm2.eot_id == 2  # <|im_end|>
     # <|endoftext|>, <|im_end|>, and <reponame>, which llama.cpp takes for the FIM repo token
     assert {t for t in range(smollm2.n_vocab) if smollm2.is_eog(t)} == {0, 2, 4}
@@ -87,7 +96,14 @@ def test_gemma3_vocabulary_facts(gemma3):
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])
 def test_real_vocabularies_survive_bad_input(name, request):
     tok = request.getfixturevalue(name)
-    for text in ["", "\x00", "a\ud83db", "\udcff\udc80", b"\xf0\x9f\xa6", b"\xc0\x80\xed\xa0\x80 x"]:
+    for text in [
+        "",
+        "\x00",
+        "a\ud83db",
+        "\udcff\udc80",
+        b"\xf0\x9f\xa6",
+        b"\xc0\x80\xed\xa0\x80 x",
+    ]:
         ids = tok.encode(text, add_special=False, parse_special=True)
         assert all(0 <= i < tok.n_vocab for i in ids)
         tok.decode(ids)
@@ -101,4 +117,6 @@ def test_real_vocabularies_survive_bad_input(name, request):
 def test_greedy_reference_prompts_tokenize_like_llama_cpp(name, request, reference_dir):
     tok = request.getfixturevalue(name)
     for case in _rows(reference_dir / f"greedy-{name}.json"):
-        assert tok.encode(case["prompt"], add_special=True, parse_special=True) == case["prompt_ids"]
+        assert (
+            tok.encode(case["prompt"], add_special=True, parse_special=True) == case["prompt_ids"]
+        )

@@ -38,8 +38,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # ggufgen*, as the tests import them
 sys.path.insert(0, str(HERE.parent))  # this worktree's engine
 
-LLAMA_BIN = Path(os.environ.get(
-    "LLAMA_CPP_BIN", "/tmp/lcp/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin"))
+LLAMA_BIN = Path(
+    os.environ.get("LLAMA_CPP_BIN", "/tmp/lcp/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin")
+)
 TEXT = HERE / "data" / "gpl-3.txt"
 # llama_context rounds n_ctx (and n_ctx_seq) up to a multiple of this (llama-context.cpp)
 LLAMA_CTX_PAD = 256
@@ -49,7 +50,9 @@ LLAMA_CTX_PAD = 256
 class Generator:
     module: str  # under tests/
     function: str  # (path, arch=..., qtype=..., **kwargs) -> path of the written GGUF
-    contexts: tuple[int, ...] = (64,)  # -c values to check (phi3: both sides of its original context)
+    contexts: tuple[int, ...] = (
+        64,
+    )  # -c values to check (phi3: both sides of its original context)
     kwargs: tuple[tuple[str, object], ...] = ()
     arch: str | None = None  # the arch to pass when the table's name is a variant
     pass_arch: bool = True  # the function takes arch= (one-arch generators do not)
@@ -131,26 +134,53 @@ class Result:
     seconds_ours: float = 0.0
 
 
-def run_llama(model: Path, text: Path, n_ctx: int, n_chunk: int, out: Path, kv: str,
-              threads: int) -> tuple[float, str]:
+def run_llama(
+    model: Path, text: Path, n_ctx: int, n_chunk: int, out: Path, kv: str, threads: int
+) -> tuple[float, str]:
     """llama-perplexity writing `out`; returns (its final PPL, its log)."""
-    cmd = [str(LLAMA_BIN / "llama-perplexity"), "-m", str(model), "-f", str(text),
-           "-c", str(n_ctx), "-b", str(n_ctx), "--chunks", str(n_chunk), "-t", str(threads), "-fa", "off",
-           "-ctk", kv, "-ctv", kv, "--kl-divergence-base", str(out)]
-    for _ in range(8):  # its asynchronous logger sometimes loses the last lines at exit (under load)
+    cmd = [
+        str(LLAMA_BIN / "llama-perplexity"),
+        "-m",
+        str(model),
+        "-f",
+        str(text),
+        "-c",
+        str(n_ctx),
+        "-b",
+        str(n_ctx),
+        "--chunks",
+        str(n_chunk),
+        "-t",
+        str(threads),
+        "-fa",
+        "off",
+        "-ctk",
+        kv,
+        "-ctv",
+        kv,
+        "--kl-divergence-base",
+        str(out),
+    ]
+    for _ in range(
+        8
+    ):  # its asynchronous logger sometimes loses the last lines at exit (under load)
         # to a file, not a pipe: through a pipe its logger loses the final lines far more often
         log_file = out.with_suffix(".log")
         with open(log_file, "wb") as f:
             p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
         log = log_file.read_text(errors="replace")
         # the final estimate, else the running one after the last chunk ("[N]ppl,")
-        m = (re.search(r"Final estimate: PPL = ([0-9.eE+inf-]+)", log)
-             or re.search(rf"\[{n_chunk}\]([0-9.eE+inf-]+),", log))
+        m = re.search(r"Final estimate: PPL = ([0-9.eE+inf-]+)", log) or re.search(
+            rf"\[{n_chunk}\]([0-9.eE+inf-]+),", log
+        )
         if p.returncode != 0 or m:
             break
     if p.returncode != 0 or not out.exists():
-        bad = [ln for ln in log.splitlines()
-               if re.search(r"error|failed|unknown|missing|not supported|invalid|assert", ln, re.I)]
+        bad = [
+            ln
+            for ln in log.splitlines()
+            if re.search(r"error|failed|unknown|missing|not supported|invalid|assert", ln, re.I)
+        ]
         why = " | ".join(bad[-6:]) or log[-800:]
         raise RuntimeError(f"llama-perplexity failed (rc {p.returncode}): {why}")
     return float(m.group(1)) if m else float("nan"), log
@@ -168,7 +198,10 @@ def our_logprobs(model, base: LlamaLogits, kv: str, pad_ctx: bool = True) -> np.
     n_ctx = base.n_ctx
     first = n_ctx // 2
     n_kv = -(-n_ctx // LLAMA_CTX_PAD) * LLAMA_CTX_PAD if pad_ctx else n_ctx
-    ctx = Context(model, ContextParams(n_ctx=n_kv, n_batch=n_ctx, n_ubatch=min(512, n_ctx), type_k=kv, type_v=kv))
+    ctx = Context(
+        model,
+        ContextParams(n_ctx=n_kv, n_batch=n_ctx, n_ubatch=min(512, n_ctx), type_k=kv, type_v=kv),
+    )
     out = np.empty(base.logp.shape)
     for c, chunk in enumerate(base.tokens):
         ids = chunk.copy()
@@ -190,8 +223,18 @@ def tokenizer_agrees(model, text: Path, want: np.ndarray) -> bool:
     return len(ids) >= len(flat) and bool(np.array_equal(np.asarray(ids[: len(flat)]), flat))
 
 
-def compare(case: str, model: Path, text: Path, n_ctx: int, n_chunk: int, work: Path, kv: str,
-            threads: int, pad_ctx: bool, base_file: Path | None = None) -> Result:
+def compare(
+    case: str,
+    model: Path,
+    text: Path,
+    n_ctx: int,
+    n_chunk: int,
+    work: Path,
+    kv: str,
+    threads: int,
+    pad_ctx: bool,
+    base_file: Path | None = None,
+) -> Result:
     """One case; base_file: an existing --kl-divergence-base file (e.g. llama.cpp on the F32
     model) to measure our run of `model` against, instead of running llama.cpp on `model`."""
     res = Result(case)
@@ -203,8 +246,13 @@ def compare(case: str, model: Path, text: Path, n_ctx: int, n_chunk: int, work: 
         res.seconds_llama = time.perf_counter() - t0
         base = read_kld_base(kld_file)
         if base_file is not None:
-            base = LlamaLogits(base.n_ctx, base.n_vocab, base.tokens[:n_chunk], base.logp[:n_chunk],
-                               base.clamped[:n_chunk])
+            base = LlamaLogits(
+                base.n_ctx,
+                base.n_vocab,
+                base.tokens[:n_chunk],
+                base.logp[:n_chunk],
+                base.clamped[:n_chunk],
+            )
         from engine.model import load_model
 
         t0 = time.perf_counter()
@@ -223,9 +271,11 @@ def compare(case: str, model: Path, text: Path, n_ctx: int, n_chunk: int, work: 
     if np.isnan(res.ppl_llama):  # from the file: 16-bit, and clamped 16 nats below the top
         res.ppl_llama = float(np.exp(-np.take_along_axis(base.logp, targets[..., None], 2).mean()))
         n_clamped = int(np.take_along_axis(base.clamped, targets[..., None], 2).sum())
-        res.note = (f"llama.cpp's PPL from the logits file {kld_file.name}"
-                    + ("" if base_file else " (its log lost the final estimate)")
-                    + (f": {n_clamped} targets clamped, so too low" if n_clamped else ""))
+        res.note = (
+            f"llama.cpp's PPL from the logits file {kld_file.name}"
+            + ("" if base_file else " (its log lost the final estimate)")
+            + (f": {n_clamped} targets clamped, so too low" if n_clamped else "")
+        )
     res.ppl_ours = float(np.exp(nll.mean()))
     # as llama-perplexity --kl-divergence: terms where llama.cpp's log p > -16 (the file's
     # clamped tail would otherwise add ~1e-4 of rounding on a wide random distribution)
@@ -251,7 +301,11 @@ def use_ggml_gelu() -> None:
         if act != "gelu":
             return plain(act, g, u, out)
         x = g.astype(np.float16).astype(np.float32)
-        y = (0.5 * x * (1 + np.tanh(np.float32(np.sqrt(2 / np.pi)) * x * (1 + np.float32(0.044715) * x * x))))
+        y = (
+            0.5
+            * x
+            * (1 + np.tanh(np.float32(np.sqrt(2 / np.pi)) * x * (1 + np.float32(0.044715) * x * x)))
+        )
         y = y.astype(np.float16).astype(np.float32)
         y = np.where(g <= -10, 0, np.where(g >= 10, g, y))
         out[:] = y * u
@@ -340,7 +394,11 @@ def use_ggml_f16_attention() -> None:
             mask |= kpos[None, :] <= (pos[:, None] - window)
         q16 = q.astype(f16).astype(np.float32)
         for g in range(G):
-            s = q16[:, g * rep : (g + 1) * rep].transpose(1, 0, 2).reshape(rep * m, D) @ kf[:, g].T * scale
+            s = (
+                q16[:, g * rep : (g + 1) * rep].transpose(1, 0, 2).reshape(rep * m, D)
+                @ kf[:, g].T
+                * scale
+            )
             if softcap > 0:
                 s = softcap * np.tanh(s / softcap)
             s = s.reshape(rep, m, L) + np.where(mask, -np.inf, 0).astype(np.float32)[None]
@@ -351,7 +409,9 @@ def use_ggml_f16_attention() -> None:
             s = np.exp(s - mx)
             tot = s.sum(2, keepdims=True) + (np.exp(sk - mx) if sinks is not None else 0)
             s = (s / tot).astype(f16).astype(np.float32)
-            out[:, g * rep : (g + 1) * rep] = (s.reshape(rep * m, L) @ vf[:, g]).reshape(rep, m, -1).transpose(1, 0, 2)
+            out[:, g * rep : (g + 1) * rep] = (
+                (s.reshape(rep * m, L) @ vf[:, g]).reshape(rep, m, -1).transpose(1, 0, 2)
+            )
 
     ops.attention_chunk = attention_chunk
 
@@ -372,8 +432,13 @@ def rename_in_place(path: Path, name: str) -> None:
         f.write(name.encode())
 
 
-def tiny_cases(archs: list[str], qtypes: list[str], contexts: list[int] | None, work: Path,
-               extra: dict[str, object] | None = None):
+def tiny_cases(
+    archs: list[str],
+    qtypes: list[str],
+    contexts: list[int] | None,
+    work: Path,
+    extra: dict[str, object] | None = None,
+):
     """(case name, model path, n_ctx) for each arch x weight type x context; generator errors
     become cases with a path of None and the message as the name's tail."""
     from gguf import GGMLQuantizationType
@@ -394,7 +459,12 @@ def tiny_cases(archs: list[str], qtypes: list[str], contexts: list[int] | None, 
                 if gen.rename:
                     rename_in_place(path, gen.rename)
             except Exception as e:
-                yield f"{arch} {qt}", None, 0, f"generator {gen.module}.{gen.function}: {type(e).__name__}: {e}"
+                yield (
+                    f"{arch} {qt}",
+                    None,
+                    0,
+                    f"generator {gen.module}.{gen.function}: {type(e).__name__}: {e}",
+                )
                 continue
             for c in contexts or gen.contexts:
                 yield f"{arch} {qt} c{c}", path, c, ""
@@ -415,39 +485,85 @@ def fmt(r: Result) -> str:
     rel = r.ppl_ours / r.ppl_llama - 1
     tok = {True: "same", False: "DIFF", None: "?"}[r.same_tokens]
     shape = f"{r.n_chunk:>3}x{r.n_scored // max(r.n_chunk, 1):<4}"
-    return (f"{r.case:<24} {shape} {r.ppl_llama:>14.6g} {r.ppl_ours:>14.6g} "
-            f"{rel:>+10.2e} {r.kld_mean:>9.2e} {r.kld_max:>9.2e} {100 * r.top1:>7.2f} {r.dlogp_max:>9.2e}  {tok}"
-            + (f"  [{r.note}]" if r.note else ""))
+    return (
+        f"{r.case:<24} {shape} {r.ppl_llama:>14.6g} {r.ppl_ours:>14.6g} "
+        f"{rel:>+10.2e} {r.kld_mean:>9.2e} {r.kld_max:>9.2e} {100 * r.top1:>7.2f} {r.dlogp_max:>9.2e}  {tok}"
+        + (f"  [{r.note}]" if r.note else "")
+    )
 
 
-HEADER = (f"{'case':<24} {'chunks':<8} {'PPL llama.cpp':>14} {'PPL ours':>14} {'rel diff':>10} "
-          f"{'KLD mean':>9} {'KLD max':>9} {'top1 %':>7} {'max|dlp|':>9}  tokens")
+HEADER = (
+    f"{'case':<24} {'chunks':<8} {'PPL llama.cpp':>14} {'PPL ours':>14} {'rel diff':>10} "
+    f"{'KLD mean':>9} {'KLD max':>9} {'top1 %':>7} {'max|dlp|':>9}  tokens"
+)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--arch", nargs="*", default=[], help=f"tiny models to check ({', '.join(GENERATORS)})")
-    ap.add_argument("--model", nargs="*", default=[], type=Path, help="GGUF files to check as they are")
-    ap.add_argument("--base", type=Path,
-                    help="with --model: compare with this existing --kl-divergence-base file (e.g. llama.cpp "
-                         "on the F32 model) instead of running llama.cpp on each model")
-    ap.add_argument("--qtype", nargs="+", default=["F32", "Q8_0"], help="weight types of the tiny models")
-    ap.add_argument("-c", "--ctx", nargs="+", type=int, help="context sizes (default: per generator; 128 for --model)")
-    ap.add_argument("--gen", nargs="*", default=[], metavar="KEY=JSON",
-                    help="extra generator arguments (JSON or a weight type's name), e.g. n_embd=256 n_ff=512 "
-                         "(IQ4_XS needs rows of 256) or expert_qtype=MXFP4")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--arch", nargs="*", default=[], help=f"tiny models to check ({', '.join(GENERATORS)})"
+    )
+    ap.add_argument(
+        "--model", nargs="*", default=[], type=Path, help="GGUF files to check as they are"
+    )
+    ap.add_argument(
+        "--base",
+        type=Path,
+        help="with --model: compare with this existing --kl-divergence-base file (e.g. llama.cpp "
+        "on the F32 model) instead of running llama.cpp on each model",
+    )
+    ap.add_argument(
+        "--qtype", nargs="+", default=["F32", "Q8_0"], help="weight types of the tiny models"
+    )
+    ap.add_argument(
+        "-c",
+        "--ctx",
+        nargs="+",
+        type=int,
+        help="context sizes (default: per generator; 128 for --model)",
+    )
+    ap.add_argument(
+        "--gen",
+        nargs="*",
+        default=[],
+        metavar="KEY=JSON",
+        help="extra generator arguments (JSON or a weight type's name), e.g. n_embd=256 n_ff=512 "
+        "(IQ4_XS needs rows of 256) or expert_qtype=MXFP4",
+    )
     ap.add_argument("--chunks", type=int, default=4)
-    ap.add_argument("-f", "--file", type=Path, default=TEXT, help="text (default: tests/data/gpl-3.txt)")
-    ap.add_argument("--kv", default="f16", choices=["f16", "f32"], help="KV cache type on both sides")
+    ap.add_argument(
+        "-f", "--file", type=Path, default=TEXT, help="text (default: tests/data/gpl-3.txt)"
+    )
+    ap.add_argument(
+        "--kv", default="f16", choices=["f16", "f32"], help="KV cache type on both sides"
+    )
     ap.add_argument("-t", "--threads", type=int, default=2)
-    ap.add_argument("--work", type=Path, help="where models and logit files go (default: a temp dir)")
-    ap.add_argument("--no-pad-ctx", dest="pad_ctx", action="store_false",
-                    help="our context of exactly -c positions (llama.cpp rounds it up to a multiple of 256)")
-    ap.add_argument("--ggml-gelu", action="store_true", help="diagnostic: round our GELU as ggml's CPU table does")
-    ap.add_argument("--ggml-q8", action="store_true",
-                    help="diagnostic: round matmul inputs to Q8_0/Q8_K/f16 by weight type, as ggml's CPU kernels do")
-    ap.add_argument("--ggml-f16-attn", action="store_true",
-                    help="diagnostic: round queries and attention weights to f16 as ggml does with an f16 cache")
+    ap.add_argument(
+        "--work", type=Path, help="where models and logit files go (default: a temp dir)"
+    )
+    ap.add_argument(
+        "--no-pad-ctx",
+        dest="pad_ctx",
+        action="store_false",
+        help="our context of exactly -c positions (llama.cpp rounds it up to a multiple of 256)",
+    )
+    ap.add_argument(
+        "--ggml-gelu",
+        action="store_true",
+        help="diagnostic: round our GELU as ggml's CPU table does",
+    )
+    ap.add_argument(
+        "--ggml-q8",
+        action="store_true",
+        help="diagnostic: round matmul inputs to Q8_0/Q8_K/f16 by weight type, as ggml's CPU kernels do",
+    )
+    ap.add_argument(
+        "--ggml-f16-attn",
+        action="store_true",
+        help="diagnostic: round queries and attention weights to f16 as ggml does with an f16 cache",
+    )
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args(argv)
     if not (LLAMA_BIN / "llama-perplexity").exists():
@@ -468,8 +584,22 @@ def main(argv: list[str] | None = None) -> int:
         args.ctx = [read_kld_base(args.base).n_ctx]
     cases += [(m.name + f" c{c}", m, c, "") for m in args.model for c in (args.ctx or [128])]
     for name, path, n_ctx, err in cases:
-        r = Result(name, error=err) if err else compare(name, path, args.file, n_ctx, args.chunks, work,
-                                                         args.kv, args.threads, args.pad_ctx, args.base)
+        r = (
+            Result(name, error=err)
+            if err
+            else compare(
+                name,
+                path,
+                args.file,
+                n_ctx,
+                args.chunks,
+                work,
+                args.kv,
+                args.threads,
+                args.pad_ctx,
+                args.base,
+            )
+        )
         results.append(r)
         print(fmt(r), flush=True)
     if args.json:

@@ -57,8 +57,14 @@ class ChatListModel(QAbstractListModel):
         return None
 
     def roleNames(self):  # noqa: N802
-        return {**super().roleNames(), ROLE_ROLE: b"role", STATS_ROLE: b"stats",
-                STREAMING_ROLE: b"streaming", ID_ROLE: b"messageId", ERROR_ROLE: b"error"}
+        return {
+            **super().roleNames(),
+            ROLE_ROLE: b"role",
+            STATS_ROLE: b"stats",
+            STREAMING_ROLE: b"streaming",
+            ID_ROLE: b"messageId",
+            ERROR_ROLE: b"error",
+        }
 
     # editing --------------------------------------------------------------------------------
     def set_messages(self, messages: list[Message]) -> None:
@@ -116,8 +122,14 @@ class ChatListModel(QAbstractListModel):
     # reading --------------------------------------------------------------------------------
     def row_view(self, row: int) -> RowView:
         m = self._messages[row]
-        return RowView(m.content, m.role, m.stats, row == self._streaming_row, self._errors.get(row, ""),
-                       row == len(self._messages) - 1)
+        return RowView(
+            m.content,
+            m.role,
+            m.stats,
+            row == self._streaming_row,
+            self._errors.get(row, ""),
+            row == len(self._messages) - 1,
+        )
 
     def message(self, row: int) -> Message:
         return self._messages[row]

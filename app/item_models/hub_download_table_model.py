@@ -16,7 +16,13 @@ FRACTION_ROLE = Qt.ItemDataRole.UserRole + 2  # 0..1, or -1 while the size is un
 
 # Download.state
 DOWNLOADING, PAUSING, PAUSED, CANCELLING, FAILED, DONE = (
-    "downloading", "pausing", "paused", "cancelling", "failed", "done")
+    "downloading",
+    "pausing",
+    "paused",
+    "cancelling",
+    "failed",
+    "done",
+)
 COL_MODEL, COL_PROGRESS, COL_SPEED, COL_ETA, COL_STATUS = range(5)
 
 
@@ -55,7 +61,9 @@ class Download:
 
 def eta_text(seconds: float) -> str:
     s = int(seconds + 0.5)
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+    return (
+        f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+    )
 
 
 class HubDownloadTableModel(ColumnTableModel):

@@ -71,7 +71,12 @@ class HubFileTableModel(ColumnTableModel):
         fit = self._fits.get(f.filename)
         if role == Qt.ItemDataRole.DisplayRole:
             return self._text(f, col, fit)
-        if role == Qt.ItemDataRole.DecorationRole and col == COL_FIT and fit is not None and fit.supported:
+        if (
+            role == Qt.ItemDataRole.DecorationRole
+            and col == COL_FIT
+            and fit is not None
+            and fit.supported
+        ):
             return dot_icon(FIT_COLOURS[fit.verdict])
         if role == Qt.ItemDataRole.ForegroundRole and col == COL_ENGINE:
             if (fit is not None and not fit.supported) or f.filename in self._errors:
@@ -86,8 +91,13 @@ class HubFileTableModel(ColumnTableModel):
         if role == Qt.ItemDataRole.ToolTipRole:
             return self._tooltip(f, fit)
         if role == SORT_ROLE:
-            return (f.quant, f.size_bytes or 0, int(fit.supported) if fit else -1,
-                    fit.needed_bytes if fit else 0, f.filename)[col]
+            return (
+                f.quant,
+                f.size_bytes or 0,
+                int(fit.supported) if fit else -1,
+                fit.needed_bytes if fit else 0,
+                f.filename,
+            )[col]
         if role == FILE_ROLE:
             return f
         if role == FIT_ROLE:
@@ -126,8 +136,10 @@ class HubFileTableModel(ColumnTableModel):
         elif not fit.supported:
             lines.append(f"Not supported by this engine: {fit.why_unsupported}")
         else:
-            lines.append(f"Needs about {human_bytes(fit.needed_bytes)} at {fit.n_ctx:,} tokens of context; "
-                         f"{human_bytes(fit.available_bytes)} of RAM is available.")
+            lines.append(
+                f"Needs about {human_bytes(fit.needed_bytes)} at {fit.n_ctx:,} tokens of context; "
+                f"{human_bytes(fit.available_bytes)} of RAM is available."
+            )
         return "\n".join(lines)
 
     # updates ----------------------------------------------------------------------------------
@@ -156,7 +168,11 @@ class HubFileTableModel(ColumnTableModel):
         return next((i for i, f in enumerate(self._rows) if f.filename == filename), -1)
 
     def needs_check(self, filename: str) -> bool:
-        return filename not in self._fits and filename not in self._checking and filename not in self._errors
+        return (
+            filename not in self._fits
+            and filename not in self._checking
+            and filename not in self._errors
+        )
 
     def set_checking(self, filename: str) -> None:
         self._checking.add(filename)

@@ -34,9 +34,15 @@ class HubRepoTableModel(ColumnTableModel):
         if role == Qt.ItemDataRole.TextAlignmentRole and col > 0:
             return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         if role == Qt.ItemDataRole.ToolTipRole:
-            gated = "\nGated: accept its terms on the Hub and use a token to download." if r.gated else ""
-            return (f"{r.repo_id}\n{r.n_files} GGUF model file(s) · {r.downloads:,} downloads · "
-                    f"{r.likes:,} likes{gated}")
+            gated = (
+                "\nGated: accept its terms on the Hub and use a token to download."
+                if r.gated
+                else ""
+            )
+            return (
+                f"{r.repo_id}\n{r.n_files} GGUF model file(s) · {r.downloads:,} downloads · "
+                f"{r.likes:,} likes{gated}"
+            )
         if role == REPO_ROLE:
             return r
         return None

@@ -31,8 +31,16 @@ class LlmFileTableModel(ColumnTableModel):
         if role == Qt.ItemDataRole.DisplayRole:
             return self._text(info, col)
         if role == SORT_ROLE:
-            return (info.name, info.arch, info.n_params, info.main_quant, info.file_size,
-                    info.n_ctx_train, int(info.has_chat_template), info.error or "")[col]
+            return (
+                info.name,
+                info.arch,
+                info.n_params,
+                info.main_quant,
+                info.file_size,
+                info.n_ctx_train,
+                int(info.has_chat_template),
+                info.error or "",
+            )[col]
         if role == Qt.ItemDataRole.ToolTipRole:
             if col == 6 and info.template_name:
                 return f"chat template: {info.template_name}"
@@ -48,8 +56,12 @@ class LlmFileTableModel(ColumnTableModel):
         if info.error and col not in (0, 4, 7):
             return "–"
         return (
-            info.name, info.arch, human_count(info.n_params), info.main_quant,
-            human_bytes(info.file_size), f"{info.n_ctx_train:,}",
+            info.name,
+            info.arch,
+            human_count(info.n_params),
+            info.main_quant,
+            human_bytes(info.file_size),
+            f"{info.n_ctx_train:,}",
             _template_text(info),
             _short(f"✗ {info.error.splitlines()[0]}") if info.error else "ready",
         )[col]
@@ -57,8 +69,10 @@ class LlmFileTableModel(ColumnTableModel):
     @staticmethod
     def _quant_tooltip(info: LlmFileInfo) -> str:
         total = sum(info.quant_mix.values()) or 1
-        mix = ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in
-                        sorted(info.quant_mix.items(), key=lambda kv: -kv[1]))
+        mix = ", ".join(
+            f"{k} {100 * v / total:.0f}%"
+            for k, v in sorted(info.quant_mix.items(), key=lambda kv: -kv[1])
+        )
         title = f"{info.title}\n" if info.title else ""
         return f"{title}{info.path}\n{mix}"
 

@@ -43,8 +43,16 @@ class SlotTableModel(ColumnTableModel):
 
     def set_remote_slots(self, slots: tuple[RemoteSlotRow, ...]) -> None:
         self._remote = True
-        self._set_rows([(f"{s.id} · {'busy' if s.busy else 'idle'}", f"{s.n_tokens:,} tokens",
-                         _share(s.n_tokens, s.n_ctx)) for s in slots])
+        self._set_rows(
+            [
+                (
+                    f"{s.id} · {'busy' if s.busy else 'idle'}",
+                    f"{s.n_tokens:,} tokens",
+                    _share(s.n_tokens, s.n_ctx),
+                )
+                for s in slots
+            ]
+        )
 
     def clear_remote(self) -> None:
         """Back to the local engine's slots, from its next memory report."""

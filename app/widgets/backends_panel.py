@@ -10,7 +10,10 @@ from ..dto import BackendInfo, DeviceDesc
 from ..format import human_bytes
 
 CPU_ROWS = ("CPU", "Cores / threads", "numba target", "SIMD")
-GL_ROWS = ("OpenGL renderer", "OpenGL version")  # what the display's GL says, when no GL device is listed
+GL_ROWS = (
+    "OpenGL renderer",
+    "OpenGL version",
+)  # what the display's GL says, when no GL device is listed
 
 
 class BackendsPanel(QWidget):
@@ -50,7 +53,8 @@ class BackendsPanel(QWidget):
     def set_backend(self, info: BackendInfo) -> None:
         self.labels["CPU"].setText(info.cpu_model)
         self.labels["Cores / threads"].setText(
-            f"{info.n_cores} cores, {info.n_logical} logical · engine uses {info.n_threads} threads")
+            f"{info.n_cores} cores, {info.n_logical} logical · engine uses {info.n_threads} threads"
+        )
         self.labels["numba target"].setText(info.cpu_target)
         self.labels["SIMD"].setText(", ".join(info.simd) or "none detected")
 
@@ -67,7 +71,9 @@ class BackendsPanel(QWidget):
             self.device_form.removeRow(0)
         self.device_labels = {}
         for d in devices:
-            label = self._add_row(self.device_form, d.name if d.name == d.backend else f"{d.name} · {d.backend}")
+            label = self._add_row(
+                self.device_form, d.name if d.name == d.backend else f"{d.name} · {d.backend}"
+            )
             label.setText(device_text(d))
             label.setObjectName("" if d.available else "dim")  # new label: styled when first shown
             self.device_labels[d.name] = label

@@ -53,10 +53,15 @@ class _Layout:
     def moved(self, dx: int, dy: int) -> _Layout:
         if not dx and not dy:
             return self
-        return _Layout(self.bubble.translated(dx, dy), self.doc, self.doc_origin + QPointF(dx, dy),
-                       self.header.translated(dx, dy), self.footer.translated(dx, dy),
-                       [(n, r.translated(dx, dy)) for n, r in self.actions],
-                       [(t, r.translated(dx, dy)) for t, r in self.code_copies])
+        return _Layout(
+            self.bubble.translated(dx, dy),
+            self.doc,
+            self.doc_origin + QPointF(dx, dy),
+            self.header.translated(dx, dy),
+            self.footer.translated(dx, dy),
+            [(n, r.translated(dx, dy)) for n, r in self.actions],
+            [(t, r.translated(dx, dy)) for t, r in self.code_copies],
+        )
 
 
 class ChatDelegate(QStyledItemDelegate):
@@ -68,7 +73,9 @@ class ChatDelegate(QStyledItemDelegate):
     def __init__(self, parent=None):
         super().__init__(parent)
         self._docs: OrderedDict[tuple, tuple[QTextDocument, float]] = OrderedDict()
-        self._layouts: OrderedDict[tuple, _Layout] = OrderedDict()  # at the origin, by _layout's key
+        self._layouts: OrderedDict[tuple, _Layout] = (
+            OrderedDict()
+        )  # at the origin, by _layout's key
         # the streaming row's current document and layout (key, value): it grows every frame, so
         # its earlier versions are never asked for again and are not kept
         self._live_doc: tuple[tuple, tuple[QTextDocument, float]] | None = None
@@ -76,8 +83,9 @@ class ChatDelegate(QStyledItemDelegate):
         self.hover_row = -1
 
     # documents ------------------------------------------------------------------------------
-    def _document(self, text: str, width: int, palette: QPalette, font: QFont,
-                  streaming: bool = False) -> tuple[QTextDocument, float]:
+    def _document(
+        self, text: str, width: int, palette: QPalette, font: QFont, streaming: bool = False
+    ) -> tuple[QTextDocument, float]:
         """The laid-out document and its ideal width at `width` (before a user bubble shrinks it)."""
         key = (text, width, palette.color(QPalette.ColorRole.Text).rgb(), font.pointSizeF())
         if streaming:
@@ -94,7 +102,9 @@ class ChatDelegate(QStyledItemDelegate):
         return self._docs[key]
 
     @staticmethod
-    def _new_document(text: str, width: int, palette: QPalette, font: QFont) -> tuple[QTextDocument, float]:
+    def _new_document(
+        text: str, width: int, palette: QPalette, font: QFont
+    ) -> tuple[QTextDocument, float]:
         doc = QTextDocument()
         doc.setDefaultFont(font)
         doc.setDocumentMargin(0)
@@ -109,18 +119,33 @@ class ChatDelegate(QStyledItemDelegate):
         model = index.model()
         if isinstance(model, ChatListModel):  # one Python call instead of six data() round trips
             return model.row_view(index.row())
-        return RowView(index.data() or "", index.data(ROLE_ROLE), index.data(STATS_ROLE),
-                       bool(index.data(STREAMING_ROLE)), index.data(ERROR_ROLE) or "",
-                       index.row() == model.rowCount() - 1)
+        return RowView(
+            index.data() or "",
+            index.data(ROLE_ROLE),
+            index.data(STATS_ROLE),
+            bool(index.data(STREAMING_ROLE)),
+            index.data(ERROR_ROLE) or "",
+            index.row() == model.rowCount() - 1,
+        )
 
     def _layout(self, option, index) -> _Layout:
         """The row's layout in option.rect: computed at the origin once per key, then moved."""
         rect, v = option.rect, self._row(index)
         streaming = v.streaming
-        key = (v.text, rect.width(), v.role, streaming, self._footer_text(v), tuple(self._action_names(v)),
-               option.palette.color(QPalette.ColorRole.Text).rgb(), option.font.pointSizeF())
+        key = (
+            v.text,
+            rect.width(),
+            v.role,
+            streaming,
+            self._footer_text(v),
+            tuple(self._action_names(v)),
+            option.palette.color(QPalette.ColorRole.Text).rgb(),
+            option.font.pointSizeF(),
+        )
         if streaming:
-            lay = self._live_layout[1] if self._live_layout and self._live_layout[0] == key else None
+            lay = (
+                self._live_layout[1] if self._live_layout and self._live_layout[0] == key else None
+            )
         else:
             lay = self._layouts.get(key)
         if lay is None:
@@ -142,12 +167,19 @@ class ChatDelegate(QStyledItemDelegate):
         avail = max(option.rect.width() - 2 * MARGIN, 120)
         max_w = int(avail * (0.78 if is_user else 0.92))
         fm = option.fontMetrics
-        doc, ideal = self._document(v.text, max_w - 2 * PAD, option.palette, option.font, v.streaming)
+        doc, ideal = self._document(
+            v.text, max_w - 2 * PAD, option.palette, option.font, v.streaming
+        )
         content_w = int(ideal) + 1 if is_user else max_w - 2 * PAD
         actions = self._action_names(v)
         actions_w = sum(fm.horizontalAdvance(a) + 18 for a in actions)
         stats = self._footer_text(v)  # a short user message still shows all of "⚠ Not saved: …"
-        width = min(max(content_w + 2 * PAD, actions_w + 2 * PAD, fm.horizontalAdvance(stats) + 2 * PAD, 120), max_w)
+        width = min(
+            max(
+                content_w + 2 * PAD, actions_w + 2 * PAD, fm.horizontalAdvance(stats) + 2 * PAD, 120
+            ),
+            max_w,
+        )
         if is_user and doc.textWidth() != width - 2 * PAD:
             doc.setTextWidth(width - 2 * PAD)
         header_h, line_h = fm.height() + 4, fm.height() + 6
@@ -157,8 +189,9 @@ class ChatDelegate(QStyledItemDelegate):
         bubble = QRect(left, option.rect.top() + GAP // 2, width, height)
         header = QRect(left + PAD, bubble.top() + PAD - 2, width - 2 * PAD, header_h)
         doc_origin = QPointF(left + PAD, header.bottom() + 2)
-        footer = QRect(left + PAD, int(doc_origin.y() + doc.size().height()) + 4,
-                       width - 2 * PAD, footer_h)
+        footer = QRect(
+            left + PAD, int(doc_origin.y() + doc.size().height()) + 4, width - 2 * PAD, footer_h
+        )
         lay = _Layout(bubble, doc, doc_origin, header, footer)
         x, y = left + PAD, footer.bottom() + 2 if footer_h else footer.top()
         for name in actions:
@@ -210,13 +243,19 @@ class ChatDelegate(QStyledItemDelegate):
         font = QFont(option.font)
         font.setBold(True)
         painter.setFont(font)
-        dim = mix(option.palette.color(QPalette.ColorRole.Text), option.palette.color(QPalette.ColorRole.Base), 0.35)
+        dim = mix(
+            option.palette.color(QPalette.ColorRole.Text),
+            option.palette.color(QPalette.ColorRole.Base),
+            0.35,
+        )
         painter.setPen(dim)
         role = index.data(ROLE_ROLE)
         label = {"user": "You", "assistant": "Assistant"}.get(role, role.capitalize())
         if index.data(STREAMING_ROLE):
             label += "  · generating…"
-        painter.drawText(lay.header, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, label)
+        painter.drawText(
+            lay.header, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, label
+        )
         painter.setFont(option.font)
 
     def _paint_footer(self, painter, option, index, lay: _Layout) -> None:
@@ -228,8 +267,12 @@ class ChatDelegate(QStyledItemDelegate):
         text = self._footer_text(self._row(index))
         if text:
             painter.setPen(QColor("#d9534f") if index.data(ERROR_ROLE) else dim)
-            elided = painter.fontMetrics().elidedText(text, Qt.TextElideMode.ElideRight, lay.footer.width())
-            painter.drawText(lay.footer, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, elided)
+            elided = painter.fontMetrics().elidedText(
+                text, Qt.TextElideMode.ElideRight, lay.footer.width()
+            )
+            painter.drawText(
+                lay.footer, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, elided
+            )
         link = pal.color(QPalette.ColorRole.Link)
         hovered = index.row() == self.hover_row
         for name, rect in lay.actions + lay.code_copies:
@@ -249,8 +292,11 @@ class ChatDelegate(QStyledItemDelegate):
                 return True
         for name, rect in lay.actions:
             if rect.contains(pos):
-                {"Copy": self.copy_requested, "Edit": self.edit_requested,
-                 "Regenerate": self.regenerate_requested}[name].emit(index.row())
+                {
+                    "Copy": self.copy_requested,
+                    "Edit": self.edit_requested,
+                    "Regenerate": self.regenerate_requested,
+                }[name].emit(index.row())
                 return True
         return False
 
@@ -299,13 +345,17 @@ def _code_copy_rects(doc: QTextDocument, origin: QPointF, fm) -> list[tuple[str,
     layout = doc.documentLayout()
     w = fm.horizontalAdvance("Copy code") + 10
     while True:
-        fenced = block.isValid() and block.blockFormat().hasProperty(QTextFormat.Property.BlockCodeFence)
+        fenced = block.isValid() and block.blockFormat().hasProperty(
+            QTextFormat.Property.BlockCodeFence
+        )
         if fenced:
             first = first or block
             lines.append(block.text())
         elif first is not None:
             r = layout.blockBoundingRect(first).translated(origin)
-            out.append(("\n".join(lines), QRect(int(r.right()) - w, int(r.top()), w, fm.height() + 2)))
+            out.append(
+                ("\n".join(lines), QRect(int(r.right()) - w, int(r.top()), w, fm.height() + 2))
+            )
             lines, first = [], None
         if not block.isValid():
             return out

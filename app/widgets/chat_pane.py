@@ -104,11 +104,17 @@ class ChatPane(QWidget):
         self.view.setModel(self.chat_model)
         self.view.setItemDelegate(self.delegate)
         self.delegate.copy_requested.connect(self._copy_row)
-        self.delegate.code_copy_requested.connect(lambda text: QGuiApplication.clipboard().setText(text))
+        self.delegate.code_copy_requested.connect(
+            lambda text: QGuiApplication.clipboard().setText(text)
+        )
         self.delegate.edit_requested.connect(self.begin_edit)
         self.delegate.regenerate_requested.connect(lambda _row: self.regenerate_requested.emit())
         self._heights: dict[int, int] = {}  # row -> the height the view was last told of
-        for change in (self.chat_model.modelReset, self.chat_model.rowsInserted, self.chat_model.rowsRemoved):
+        for change in (
+            self.chat_model.modelReset,
+            self.chat_model.rowsInserted,
+            self.chat_model.rowsRemoved,
+        ):
             change.connect(lambda *_: self._heights.clear())
         self.chat_model.dataChanged.connect(self._on_rows_changed)
         self.chat_model.rowsInserted.connect(lambda *_: self._scroll_if_following(force=True))
@@ -164,7 +170,9 @@ class ChatPane(QWidget):
         self._editing_row = row
         self.input.setPlainText(self.chat_model.message(row).content)
         self.input.setFocus()
-        self._show_notice("Editing an earlier message: sending replaces it and drops everything after it.")
+        self._show_notice(
+            "Editing an earlier message: sending replaces it and drops everything after it."
+        )
         self.cancel_edit_button.show()
 
     def resume_edit(self, row: int, text: str) -> None:
@@ -221,7 +229,11 @@ class ChatPane(QWidget):
     def _row_height(self, index: QModelIndex) -> int:
         option = QStyleOptionViewItem()
         option.rect = self.view.visualRect(index)
-        option.font, option.palette, option.fontMetrics = self.view.font(), self.view.palette(), self.view.fontMetrics()
+        option.font, option.palette, option.fontMetrics = (
+            self.view.font(),
+            self.view.palette(),
+            self.view.fontMetrics(),
+        )
         return self.delegate.sizeHint(option, index).height()
 
     def _on_scrolled(self, _value: int) -> None:

@@ -20,8 +20,10 @@ class ContextGauge(QWidget):
         self.setToolTip(CONTEXT_POLICY)
 
     def sizeHint(self) -> QSize:  # noqa: N802
-        return QSize(self.fontMetrics().horizontalAdvance("00,000 / 000,000 tokens · 100%") + 24,
-                     self.fontMetrics().height() + 8)
+        return QSize(
+            self.fontMetrics().horizontalAdvance("00,000 / 000,000 tokens · 100%") + 24,
+            self.fontMetrics().height() + 8,
+        )
 
     def set_usage(self, used: int, n_ctx: int) -> None:
         self.used, self.n_ctx = used, n_ctx
@@ -45,7 +47,13 @@ class ContextGauge(QWidget):
         p.setBrush(pal.color(QPalette.ColorRole.Base))
         p.drawRoundedRect(r, 5, 5)
         f = self.fraction()
-        colour = QColor("#3fb950") if f < WARN_AT else QColor("#d29922") if f < FULL_AT else QColor("#f85149")
+        colour = (
+            QColor("#3fb950")
+            if f < WARN_AT
+            else QColor("#d29922")
+            if f < FULL_AT
+            else QColor("#f85149")
+        )
         if f > 0:
             p.setPen(Qt.PenStyle.NoPen)
             p.setBrush(mix(pal.color(QPalette.ColorRole.Base), colour, 0.45))

@@ -40,7 +40,9 @@ class ConversationSidebar(QWidget):
         buttons = QHBoxLayout()
         buttons.addWidget(self.new_button, 1)
         buttons.addWidget(self.import_button)
-        self.search = QLineEdit(placeholderText="Search conversations (Ctrl+F)", clearButtonEnabled=True)
+        self.search = QLineEdit(
+            placeholderText="Search conversations (Ctrl+F)", clearButtonEnabled=True
+        )
         self.search.textChanged.connect(self.search_changed)
         layout.addLayout(buttons)
         layout.addWidget(self.search)
@@ -51,8 +53,10 @@ class ConversationSidebar(QWidget):
     def _build_list(self) -> QListView:
         self.list = QListView()
         self.list.setModel(self.conversations)
-        self.list.setEditTriggers(QAbstractItemView.EditTrigger.EditKeyPressed
-                                  | QAbstractItemView.EditTrigger.DoubleClicked)
+        self.list.setEditTriggers(
+            QAbstractItemView.EditTrigger.EditKeyPressed
+            | QAbstractItemView.EditTrigger.DoubleClicked
+        )
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.list.customContextMenuRequested.connect(self._show_menu)
         self.list.clicked.connect(lambda idx: self.conversation_selected.emit(idx.data(ID_ROLE)))

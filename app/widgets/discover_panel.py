@@ -58,8 +58,10 @@ from ..item_models.hub_repo_table_model import REPO_ROLE, HubRepoTableModel
 from ..item_models.hub_repo_table_model import SORT_ROLE as REPO_SORT_ROLE
 
 SEARCH_DELAY_MS = 400  # typing pauses this long before a search starts
-TOKEN_HELP = ("This repository needs a Hugging Face token (it is gated or private). Set HF_TOKEN or "
-              "run `hf auth login`, then restart; or paste a token here (kept for this session only).")
+TOKEN_HELP = (
+    "This repository needs a Hugging Face token (it is gated or private). Set HF_TOKEN or "
+    "run `hf auth login`, then restart; or paste a token here (kept for this session only)."
+)
 
 
 def _table(model, sort_role: int | None = None) -> QTableView:
@@ -73,7 +75,9 @@ def _table(model, sort_role: int | None = None) -> QTableView:
         proxy.setSortRole(sort_role)
         view.setModel(proxy)
         view.setSortingEnabled(True)
-        view.sortByColumn(-1, Qt.SortOrder.AscendingOrder)  # the Hub's order until a header is clicked
+        view.sortByColumn(
+            -1, Qt.SortOrder.AscendingOrder
+        )  # the Hub's order until a header is clicked
     view.verticalHeader().hide()
     view.setShowGrid(False)
     view.setAlternatingRowColors(True)
@@ -104,7 +108,9 @@ class ProgressDelegate(QStyledItemDelegate):
         selected = bool(option.state & QStyle.StateFlag.State_Selected)
         pal = option.palette
         track = pal.color(QPalette.ColorRole.Mid)
-        chunk = pal.color(QPalette.ColorRole.HighlightedText if selected else QPalette.ColorRole.Highlight)
+        chunk = pal.color(
+            QPalette.ColorRole.HighlightedText if selected else QPalette.ColorRole.Highlight
+        )
         painter.save()
         painter.setRenderHint(QPainter.RenderHint.Antialiasing)
         painter.setPen(Qt.PenStyle.NoPen)
@@ -126,7 +132,9 @@ class DiscoverPanel(QWidget):
         self.token: str | None = None
         self.repos = HubRepoTableModel(self)
         self.files = HubFileTableModel(self)
-        self.downloads = DownloadManager(ctx.pool, self.hub, ctx.qsettings, lambda: self.token, self)
+        self.downloads = DownloadManager(
+            ctx.pool, self.hub, ctx.qsettings, lambda: self.token, self
+        )
         self._search_request = self._files_request = self._request = 0
         self._fit_requests: dict[int, tuple[str, str]] = {}  # request -> (repo_id, filename)
         self._retry: Callable[[], None] | None = None  # what a token should be tried on
@@ -138,7 +146,12 @@ class DiscoverPanel(QWidget):
         layout.addLayout(self._build_search())
         layout.addWidget(self._build_token())
         self.splitter = QSplitter(Qt.Orientation.Vertical, childrenCollapsible=False)
-        for part in (self._build_repos(), self._build_files(), self._build_detail(), self._build_downloads()):
+        for part in (
+            self._build_repos(),
+            self._build_files(),
+            self._build_detail(),
+            self._build_downloads(),
+        ):
             self.splitter.addWidget(part)
         for i, stretch in enumerate((3, 3, 0, 2)):
             self.splitter.setStretchFactor(i, stretch)
@@ -154,8 +167,10 @@ class DiscoverPanel(QWidget):
     # building ---------------------------------------------------------------------------------
     def _build_search(self) -> QHBoxLayout:
         row = QHBoxLayout()
-        self.query = QLineEdit(placeholderText="Search Hugging Face for GGUF models (qwen, llama 3, gemma…)",
-                               clearButtonEnabled=True)
+        self.query = QLineEdit(
+            placeholderText="Search Hugging Face for GGUF models (qwen, llama 3, gemma…)",
+            clearButtonEnabled=True,
+        )
         self.query.textEdited.connect(lambda _t: self._search_timer.start())
         self.query.returnPressed.connect(self.search)
         self.search_button = QPushButton("Search", clicked=self.search)
@@ -167,8 +182,12 @@ class DiscoverPanel(QWidget):
         box = QWidget()
         col = QVBoxLayout(box)
         col.setContentsMargins(0, 0, 0, 0)
-        self.error = QLabel("", objectName="error", wordWrap=True,
-                            textInteractionFlags=Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.error = QLabel(
+            "",
+            objectName="error",
+            wordWrap=True,
+            textInteractionFlags=Qt.TextInteractionFlag.TextSelectableByMouse,
+        )
         self.token_row = QWidget()
         row = QHBoxLayout(self.token_row)
         row.setContentsMargins(0, 0, 0, 0)
@@ -216,7 +235,9 @@ class DiscoverPanel(QWidget):
         self.detail_title = QLabel("", objectName="sectionTitle")
         self.fit_label = QLabel("", wordWrap=True, textFormat=Qt.TextFormat.RichText)
         row = QHBoxLayout()
-        self.download_button = QPushButton("Download", objectName="primary", clicked=self.download_selected)
+        self.download_button = QPushButton(
+            "Download", objectName="primary", clicked=self.download_selected
+        )
         self.load_button = QPushButton("Load this model", clicked=self._load_selected)
         row.addWidget(self.download_button)
         row.addWidget(self.load_button)
@@ -237,14 +258,22 @@ class DiscoverPanel(QWidget):
         head.addWidget(self.earlier_label, 1)
         head.addWidget(self.resume_all_button)
         self.download_table = _table(self.downloads.model)
-        self.download_table.setItemDelegateForColumn(COL_PROGRESS, ProgressDelegate(self.download_table))
+        self.download_table.setItemDelegateForColumn(
+            COL_PROGRESS, ProgressDelegate(self.download_table)
+        )
         self.download_table.verticalHeader().setDefaultSectionSize(self.fontMetrics().height() + 16)
         _fit_columns(self.download_table, 0)
-        self.download_table.selectionModel().currentRowChanged.connect(lambda *_: self._update_download_buttons())
+        self.download_table.selectionModel().currentRowChanged.connect(
+            lambda *_: self._update_download_buttons()
+        )
         buttons = QHBoxLayout()
         self.pause_button = QPushButton("Pause", clicked=lambda: self._on_download_action("pause"))
-        self.resume_button = QPushButton("Resume", clicked=lambda: self._on_download_action("resume"))
-        self.cancel_button = QPushButton("Cancel", clicked=lambda: self._on_download_action("cancel"))
+        self.resume_button = QPushButton(
+            "Resume", clicked=lambda: self._on_download_action("resume")
+        )
+        self.cancel_button = QPushButton(
+            "Cancel", clicked=lambda: self._on_download_action("cancel")
+        )
         self.open_button = QPushButton("Load", clicked=lambda: self._on_download_action("load"))
         for b in (self.pause_button, self.resume_button, self.cancel_button, self.open_button):
             buttons.addWidget(b)
@@ -261,7 +290,9 @@ class DiscoverPanel(QWidget):
         self._search_request = self._next_request()
         self.repos_label.setText(f"Searching for “{text}”…" if text else "Searching…")
         self._clear_error()
-        self._call(self._search_request, self.hub.search, text, self.token, result=self._on_search_result)
+        self._call(
+            self._search_request, self.hub.search, text, self.token, result=self._on_search_result
+        )
 
     @Slot(int, object)
     def _on_search_result(self, request: int, repos: list[HubRepoInfo]) -> None:
@@ -269,8 +300,9 @@ class DiscoverPanel(QWidget):
             return  # an older search: a newer one is under way or done
         text = self.query.text().strip()
         self.repos.set_repos(repos)
-        self.repos_label.setText(f"Repositories ({len(repos)})" if repos else
-                                 f"No GGUF repositories match “{text}”")
+        self.repos_label.setText(
+            f"Repositories ({len(repos)})" if repos else f"No GGUF repositories match “{text}”"
+        )
         if repos:
             self.repo_table.setCurrentIndex(self.repo_table.model().index(0, 0))
         else:
@@ -297,7 +329,9 @@ class DiscoverPanel(QWidget):
             return
         repo_id = self.files.repo_id
         self.files.set_files(repo_id, files)
-        self.files_label.setText(f"Files in {repo_id}" if files else f"{repo_id} has no GGUF model files")
+        self.files_label.setText(
+            f"Files in {repo_id}" if files else f"{repo_id} has no GGUF model files"
+        )
         default = next((i for i, f in enumerate(files) if f.default), 0)
         if files:
             source = self.files.index(default, 0)
@@ -333,8 +367,10 @@ class DiscoverPanel(QWidget):
     def _show_file(self, f: HubFileInfo | None) -> None:
         self.detail_title.setVisible(f is not None)
         if f is None:
-            self.fit_label.setText("Search, pick a repository, then a file: its header is read (a few MB) "
-                                   "to tell whether it runs here before you download it.")
+            self.fit_label.setText(
+                "Search, pick a repository, then a file: its header is read (a few MB) "
+                "to tell whether it runs here before you download it."
+            )
             self.download_button.hide()
             self.load_button.hide()
             return
@@ -348,16 +384,22 @@ class DiscoverPanel(QWidget):
             return f"<span style='color:{RED.name()}'>The header could not be read: {escape(error)}</span>"
         if fit is None:
             return "Reading the header to check it…"
-        facts = (f"{escape(fit.arch)} · {human_count(fit.n_params)} parameters · trained on "
-                 f"{fit.n_ctx_train:,} tokens · {'chat template' if fit.has_chat_template else 'no chat template'}")
+        facts = (
+            f"{escape(fit.arch)} · {human_count(fit.n_params)} parameters · trained on "
+            f"{fit.n_ctx_train:,} tokens · {'chat template' if fit.has_chat_template else 'no chat template'}"
+        )
         if not fit.supported:
-            return (f"{facts}<br><span style='color:{RED.name()}'><b>Not supported by this engine:</b> "
-                    f"{escape(fit.why_unsupported)}. It would not load here.</span>")
+            return (
+                f"{facts}<br><span style='color:{RED.name()}'><b>Not supported by this engine:</b> "
+                f"{escape(fit.why_unsupported)}. It would not load here.</span>"
+            )
         colour = FIT_COLOURS[fit.verdict].name()
-        return (f"{facts}<br><span style='color:{colour}'>●</span> Needs about "
-                f"<b>{human_bytes(fit.needed_bytes)}</b> at {fit.n_ctx:,} tokens of context; "
-                f"{human_bytes(fit.available_bytes)} of RAM is available: "
-                f"<b style='color:{colour}'>{FIT_WORDS[fit.verdict]}</b>.")
+        return (
+            f"{facts}<br><span style='color:{colour}'>●</span> Needs about "
+            f"<b>{human_bytes(fit.needed_bytes)}</b> at {fit.n_ctx:,} tokens of context; "
+            f"{human_bytes(fit.available_bytes)} of RAM is available: "
+            f"<b style='color:{colour}'>{FIT_WORDS[fit.verdict]}</b>."
+        )
 
     def _update_download_button(self, f: HubFileInfo) -> None:
         d = self.downloads.model.find(f.repo_id, f.filename)
@@ -371,17 +413,28 @@ class DiscoverPanel(QWidget):
         elif d is not None and d.state in (PAUSED, FAILED):
             text, tip = f"Resume download{size}", "Continues from the part already downloaded."
         elif fit is not None and not fit.supported:
-            text, tip = f"Download anyway{size}", f"This engine cannot run it: {fit.why_unsupported}."
+            text, tip = (
+                f"Download anyway{size}",
+                f"This engine cannot run it: {fit.why_unsupported}.",
+            )
         elif fit is not None and fit.verdict == FIT_NO:
             text, tip = f"Download anyway{size}", "It needs more memory than this machine has free."
         else:
-            text, tip = f"Download{size}", "Into the Hugging Face cache; pause and resume at any time."
+            text, tip = (
+                f"Download{size}",
+                "Into the Hugging Face cache; pause and resume at any time.",
+            )
         self.download_button.setText(text)
         self.download_button.setToolTip(tip)
         warn = text.startswith("Download anyway")
-        self.download_button.setIcon(self.style().standardIcon(QStyle.StandardPixmap.SP_MessageBoxWarning)
-                                     if warn else QIcon())
-        if self.download_button.objectName() != ("" if warn else "primary"):  # restyle: not a default action
+        self.download_button.setIcon(
+            self.style().standardIcon(QStyle.StandardPixmap.SP_MessageBoxWarning)
+            if warn
+            else QIcon()
+        )
+        if self.download_button.objectName() != (
+            "" if warn else "primary"
+        ):  # restyle: not a default action
             self.download_button.setObjectName("" if warn else "primary")
             self.download_button.style().unpolish(self.download_button)
             self.download_button.style().polish(self.download_button)
@@ -393,7 +446,9 @@ class DiscoverPanel(QWidget):
             return
         self._clear_error()
         d = self.downloads.start(f.repo_id, f.filename, f.quant, f.size_bytes or 0)
-        self.download_table.setCurrentIndex(self.downloads.model.index(self.downloads.model.row_of(d), 0))
+        self.download_table.setCurrentIndex(
+            self.downloads.model.index(self.downloads.model.row_of(d), 0)
+        )
 
     def _load_selected(self) -> None:
         f = self.selected_file()
@@ -420,7 +475,9 @@ class DiscoverPanel(QWidget):
     def _on_downloads_changed(self, *_args) -> None:
         rows = self.downloads.model.rows()
         earlier = [d for d in rows if d.earlier and d.state == PAUSED]
-        self.earlier_label.setText(f"{len(earlier)} unfinished from the last session" if earlier else "")
+        self.earlier_label.setText(
+            f"{len(earlier)} unfinished from the last session" if earlier else ""
+        )
         self.resume_all_button.setVisible(any(d.state in (PAUSED, FAILED) for d in rows))
         self._update_download_buttons()
         f = self.selected_file()
@@ -431,7 +488,9 @@ class DiscoverPanel(QWidget):
         d = self.selected_download()
         self.pause_button.setEnabled(d is not None and d.state == DOWNLOADING)
         self.resume_button.setEnabled(d is not None and d.state in (PAUSED, FAILED))
-        self.cancel_button.setEnabled(d is not None and d.state in (DOWNLOADING, PAUSED, FAILED, DONE))
+        self.cancel_button.setEnabled(
+            d is not None and d.state in (DOWNLOADING, PAUSED, FAILED, DONE)
+        )
         self.cancel_button.setText("Remove" if d is not None and d.state == DONE else "Cancel")
         self.open_button.setEnabled(d is not None and d.state == DONE)
 
@@ -516,4 +575,3 @@ class DiscoverPanel(QWidget):
         worker.result.connect(result)
         worker.hub_failed.connect(self._on_call_failed)
         self.ctx.pool.start(worker)
-

@@ -24,8 +24,15 @@ from ..key_store import KeyStore
 
 
 class EndpointDialog(QDialog):
-    def __init__(self, remote: RemoteApi, keys: KeyStore, taken: list[str],
-                 endpoint: EndpointInfo | None = None, api_key: str = "", parent: QWidget | None = None):
+    def __init__(
+        self,
+        remote: RemoteApi,
+        keys: KeyStore,
+        taken: list[str],
+        endpoint: EndpointInfo | None = None,
+        api_key: str = "",
+        parent: QWidget | None = None,
+    ):
         super().__init__(parent)
         self._remote, self._taken = remote, set(taken)
         self.old = endpoint  # None: adding
@@ -41,8 +48,12 @@ class EndpointDialog(QDialog):
 
     def _build_ui(self, keys: KeyStore) -> None:
         col = QVBoxLayout(self)
-        intro = QLabel("Any OpenAI-compatible server: another ggstation, llama-server, a Ray Serve "
-                       "deployment, vLLM or a hosted API.", wordWrap=True, objectName="dim")
+        intro = QLabel(
+            "Any OpenAI-compatible server: another ggstation, llama-server, a Ray Serve "
+            "deployment, vLLM or a hosted API.",
+            wordWrap=True,
+            objectName="dim",
+        )
         col.addWidget(intro)
         form = QFormLayout()
         self.name_edit = QLineEdit(placeholderText="e.g. GPU box (optional)")
@@ -57,7 +68,9 @@ class EndpointDialog(QDialog):
         self.error_label = QLabel("", wordWrap=True, objectName="error")
         self.error_label.hide()
         col.addWidget(self.error_label)
-        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel)
+        buttons = QDialogButtonBox(
+            QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel
+        )
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         col.addWidget(buttons)

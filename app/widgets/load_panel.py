@@ -44,8 +44,11 @@ class LoadPanel(QWidget):
         layout.setContentsMargins(12, 12, 12, 12)
         layout.setSpacing(8)
         self.title = QLabel("Select a model", objectName="panelTitle", wordWrap=True)
-        self.details = QLabel("Pick a file on the left, open one (Ctrl+O) or drop a .gguf here.",
-                              wordWrap=True, objectName="dim")
+        self.details = QLabel(
+            "Pick a file on the left, open one (Ctrl+O) or drop a .gguf here.",
+            wordWrap=True,
+            objectName="dim",
+        )
         layout.addWidget(self.title)
         layout.addWidget(self.details)
         layout.addLayout(self._build_form())
@@ -68,7 +71,11 @@ class LoadPanel(QWidget):
         self.n_threads = QSpinBox(minimum=0, maximum=256, specialValueText="auto")
         self.type_k = QComboBox()
         self.type_k.addItems(KV_TYPES)
-        for w in (self.n_ctx, self.n_seq_max, self.n_threads):  # not .start directly: start(int msec)
+        for w in (
+            self.n_ctx,
+            self.n_seq_max,
+            self.n_threads,
+        ):  # not .start directly: start(int msec)
             w.valueChanged.connect(self._schedule_estimate)
         self.type_k.currentTextChanged.connect(self._schedule_estimate)
         form.addRow("Context size", self.n_ctx)
@@ -144,8 +151,15 @@ class LoadPanel(QWidget):
     def params(self) -> LoadParams:
         base = self.ctx.settings.load
         n_gpu = -1 if self.gpu_all.isChecked() else self.n_gpu_layers.value()
-        return LoadParams(self.n_ctx.value(), self.n_seq_max.value(), self.n_threads.value(),
-                          self.type_k.currentText(), base.n_batch, base.n_ubatch, n_gpu)
+        return LoadParams(
+            self.n_ctx.value(),
+            self.n_seq_max.value(),
+            self.n_threads.value(),
+            self.type_k.currentText(),
+            base.n_batch,
+            base.n_ubatch,
+            n_gpu,
+        )
 
     def set_params(self, p: LoadParams) -> None:
         self.n_ctx.setValue(p.n_ctx)
@@ -176,11 +190,21 @@ class LoadPanel(QWidget):
             self.gpu_hint.setText("CPU only: no usable GPU" if self.ctx.devices else "")
         else:
             self.gpu_hint.setText(
-                f"of {n_layer + 1} on {gpu.name} (the output layer counts as the last)" if n_layer else "")
-        tip = _gpu_tooltip(self.ctx.devices, n_layer) if gpu is None else (
-            f"Layers to run on {gpu.name} ({gpu.description}): the last ones first, with their KV "
-            f"cache, as llama.cpp's -ngl, where the output layer counts as the last: 1 moves it "
-            f"alone" + (f", {n_layer + 1} every layer" if n_layer else "") + ". 'all': every layer and the output.")
+                f"of {n_layer + 1} on {gpu.name} (the output layer counts as the last)"
+                if n_layer
+                else ""
+            )
+        tip = (
+            _gpu_tooltip(self.ctx.devices, n_layer)
+            if gpu is None
+            else (
+                f"Layers to run on {gpu.name} ({gpu.description}): the last ones first, with their KV "
+                f"cache, as llama.cpp's -ngl, where the output layer counts as the last: 1 moves it "
+                f"alone"
+                + (f", {n_layer + 1} every layer" if n_layer else "")
+                + ". 'all': every layer and the output."
+            )
+        )
         for w in (self.gpu_label, self.n_gpu_layers, self.gpu_all, self.gpu_hint):
             w.setToolTip(tip)
             w.setEnabled(gpu is not None)
@@ -198,7 +222,8 @@ class LoadPanel(QWidget):
             self.details.setText(
                 f"{info.arch} · {human_count(info.n_params)} parameters{_experts_words(info)} · {info.main_quant} · "
                 f"{human_bytes(info.file_size)} · trained on {info.n_ctx_train:,} tokens · "
-                f"chat template: {_template_words(info)}")
+                f"chat template: {_template_words(info)}"
+            )
         self._update_buttons()
         self._update_gpu_control()
         self._schedule_estimate()
@@ -225,20 +250,28 @@ class LoadPanel(QWidget):
     def _show_estimate(self, fig: MemoryFigures) -> None:
         free = available_ram()
         host = next((d for d in fig.devices if d.device == "CPU"), None)
-        w, kv, compute = ((host.weights_bytes, host.kv_bytes, host.compute_bytes) if host else
-                          (fig.weights_bytes, fig.kv_bytes, fig.compute_bytes))
-        self.estimate_bar.set_segments([
-            Segment("Weights", w, COLOURS["weights"]),
-            Segment("KV cache", kv, COLOURS["kv"]),
-            Segment("Compute", compute, COLOURS["compute"]),
-        ], capacity=free, capacity_label="Free RAM")
+        w, kv, compute = (
+            (host.weights_bytes, host.kv_bytes, host.compute_bytes)
+            if host
+            else (fig.weights_bytes, fig.kv_bytes, fig.compute_bytes)
+        )
+        self.estimate_bar.set_segments(
+            [
+                Segment("Weights", w, COLOURS["weights"]),
+                Segment("KV cache", kv, COLOURS["kv"]),
+                Segment("Compute", compute, COLOURS["compute"]),
+            ],
+            capacity=free,
+            capacity_label="Free RAM",
+        )
         fits = fig.host_bytes < free
         gpu = fig.gpu_shares[0] if fig.gpu_shares else None
         who = "The CPU needs" if gpu is not None else "Needs"
         words = [f"{who} about {human_bytes(fig.host_bytes)}; {human_bytes(free)} of RAM is free."]
         if not fits:
-            words.append("It will not fit: lower the context size or slots, or use a smaller "
-                         "quantisation.")
+            words.append(
+                "It will not fit: lower the context size or slots, or use a smaller quantisation."
+            )
         if gpu is not None:
             n_cpu = host.n_layers if host is not None else 0
             self.ram_title.setText(f"CPU (RAM): {n_cpu} {_layers(n_cpu)}")
@@ -253,16 +286,22 @@ class LoadPanel(QWidget):
     def _show_gpu_share(self, gpu: DeviceShare) -> str:
         """Draws the GPU's bar; returns the sentence on whether its share fits."""
         self.gpu_title.setText(f"{gpu.device} (GPU memory): {gpu.n_layers} {_layers(gpu.n_layers)}")
-        self.gpu_bar.set_segments([
-            Segment("Weights", gpu.weights_bytes, COLOURS["weights"]),
-            Segment("KV cache", gpu.kv_bytes, COLOURS["kv"]),
-            Segment("Compute", gpu.compute_bytes, COLOURS["compute"]),
-        ], capacity=gpu.capacity_bytes, capacity_label=f"Free on {gpu.device}")
+        self.gpu_bar.set_segments(
+            [
+                Segment("Weights", gpu.weights_bytes, COLOURS["weights"]),
+                Segment("KV cache", gpu.kv_bytes, COLOURS["kv"]),
+                Segment("Compute", gpu.compute_bytes, COLOURS["compute"]),
+            ],
+            capacity=gpu.capacity_bytes,
+            capacity_label=f"Free on {gpu.device}",
+        )
         need = f"{gpu.device} needs about {human_bytes(gpu.total_bytes)}"
         room = f"{human_bytes(gpu.capacity_bytes)} is free"
         if gpu.verdict == "too big":
-            return (f"{need}; only {room}. It will not fit in GPU memory: use fewer GPU layers or "
-                    f"a smaller context.")
+            return (
+                f"{need}; only {room}. It will not fit in GPU memory: use fewer GPU layers or "
+                f"a smaller context."
+            )
         if gpu.verdict == "tight":
             return f"{need}; {room}: it is close, other programs' use of the GPU may tip it over."
         if gpu.verdict == "unknown":
@@ -279,7 +318,9 @@ class LoadPanel(QWidget):
         self._load_worker = self.ctx.load(self.info.path, self.params())
         self._load_worker.progressed.connect(self._on_progress)
         self._load_worker.loaded.connect(lambda s: self.status.setText(f"Loaded {s.name}."))
-        self._load_worker.failed.connect(lambda msg: self.error.setText(f"Could not load the model.\n\n{msg}"))
+        self._load_worker.failed.connect(
+            lambda msg: self.error.setText(f"Could not load the model.\n\n{msg}")
+        )
         self._load_worker.cancelled.connect(lambda: self.status.setText("Loading cancelled."))
         self._load_worker.finished.connect(self._on_load_finished)
         self._update_buttons()
@@ -310,14 +351,17 @@ def _gpu_tooltip(devices, n_layer: int) -> str:
     gpus = [d for d in devices if d.is_gpu]
     if not gpus:
         return "No GPU device found: every layer runs on the CPU."
-    return "No usable GPU: " + "; ".join(f"{d.name} ({d.backend}): {d.reason or 'not available'}"
-                                          for d in gpus)
+    return "No usable GPU: " + "; ".join(
+        f"{d.name} ({d.backend}): {d.reason or 'not available'}" for d in gpus
+    )
 
 
 def _template_words(info: LlmFileInfo) -> str:
     if info.has_chat_template:
         return "from the file"
-    return f"none in the file; built-in '{info.template_name}' used" if info.template_name else "none"
+    return (
+        f"none in the file; built-in '{info.template_name}' used" if info.template_name else "none"
+    )
 
 
 def _experts_words(info: LlmFileInfo) -> str:

@@ -31,9 +31,14 @@ from .stacked_bar import Segment, StackedBar
 from .timeline_chart import Series, TimelineChart
 
 COLOURS = {
-    "weights": QColor("#3d7eff"), "kv": QColor("#a371f7"), "kv_free": QColor("#d2bdfb"),
-    "compute": QColor("#3fb950"), "metadata": QColor("#d29922"), "rss": QColor("#8b949e"),
-    "tok_s": QColor("#f0883e"), "server_tok_s": QColor("#db61a2"),
+    "weights": QColor("#3d7eff"),
+    "kv": QColor("#a371f7"),
+    "kv_free": QColor("#d2bdfb"),
+    "compute": QColor("#3fb950"),
+    "metadata": QColor("#d29922"),
+    "rss": QColor("#8b949e"),
+    "tok_s": QColor("#f0883e"),
+    "server_tok_s": QColor("#db61a2"),
 }
 SLOTS_TITLE = "KV cache per slot"
 SERVER_TOK_S = "server tokens/s"
@@ -99,18 +104,24 @@ class MemoryDashboard(QWidget):
         return self.device_box
 
     def _build_timeline(self) -> QWidget:
-        self.timeline = TimelineChart([
-            Series("Process RSS", COLOURS["rss"]), Series("Weights resident", COLOURS["weights"]),
-            Series("KV in use", COLOURS["kv"]), Series("tokens/s", COLOURS["tok_s"], right_axis=True),
-            Series(SERVER_TOK_S, COLOURS["server_tok_s"], right_axis=True),
-        ])
+        self.timeline = TimelineChart(
+            [
+                Series("Process RSS", COLOURS["rss"]),
+                Series("Weights resident", COLOURS["weights"]),
+                Series("KV in use", COLOURS["kv"]),
+                Series("tokens/s", COLOURS["tok_s"], right_axis=True),
+                Series(SERVER_TOK_S, COLOURS["server_tok_s"], right_axis=True),
+            ]
+        )
         return self.timeline
 
     def _build_tables(self) -> QWidget:
         splitter = QSplitter(Qt.Orientation.Horizontal)
         layers = QGroupBox("Tensors by layer")
         col = QVBoxLayout(layers)
-        self.layer_filter = QLineEdit(placeholderText="Filter tensors (e.g. blk.3 or Q4_K)", clearButtonEnabled=True)
+        self.layer_filter = QLineEdit(
+            placeholderText="Filter tensors (e.g. blk.3 or Q4_K)", clearButtonEnabled=True
+        )
         self.layer_proxy = QSortFilterProxyModel(self)
         self.layer_proxy.setSourceModel(self.layer_model)
         self.layer_proxy.setSortRole(SORT_ROLE)
@@ -154,7 +165,9 @@ class MemoryDashboard(QWidget):
         total = self.layer_model.total_bytes()
         self.layer_summary.setText(
             f"{len(rows)} tensors in {self.layer_model.n_layers()} layers · {human_bytes(total)}"
-            if rows else "No model loaded")
+            if rows
+            else "No model loaded"
+        )
 
     def set_figures(self, fig: MemoryFigures) -> None:
         self.figures = fig
@@ -172,15 +185,19 @@ class MemoryDashboard(QWidget):
         self._set_figure("Metadata", fig.metadata_bytes, "tensor descriptors")
         self._set_figure("Process RSS", fig.rss_bytes, "whole process")
         self._set_figure("Engine total", fig.total_bytes, "weights + KV + compute")
-        self.bar.set_segments([
-            Segment("Weights resident", resident, COLOURS["weights"]),
-            Segment("Weights mapped, not resident", mapped_only, COLOURS["weights"], hatched=True),
-            Segment("Weights repacked", repacked, COLOURS["weights"]),
-            Segment("KV in use", fig.kv_used_bytes, COLOURS["kv"]),
-            Segment("KV free", max(fig.kv_bytes - fig.kv_used_bytes, 0), COLOURS["kv_free"]),
-            Segment("Compute", fig.compute_bytes, COLOURS["compute"]),
-            Segment("Metadata", fig.metadata_bytes, COLOURS["metadata"]),
-        ])
+        self.bar.set_segments(
+            [
+                Segment("Weights resident", resident, COLOURS["weights"]),
+                Segment(
+                    "Weights mapped, not resident", mapped_only, COLOURS["weights"], hatched=True
+                ),
+                Segment("Weights repacked", repacked, COLOURS["weights"]),
+                Segment("KV in use", fig.kv_used_bytes, COLOURS["kv"]),
+                Segment("KV free", max(fig.kv_bytes - fig.kv_used_bytes, 0), COLOURS["kv_free"]),
+                Segment("Compute", fig.compute_bytes, COLOURS["compute"]),
+                Segment("Metadata", fig.metadata_bytes, COLOURS["metadata"]),
+            ]
+        )
         self._set_device_bars(fig.devices)
         self.slot_model.set_figures(fig)
         self.timeline.add("Process RSS", fig.rss_bytes)
@@ -203,13 +220,18 @@ class MemoryDashboard(QWidget):
             desc = known.get(d.device)
             capacity = (desc.total_bytes or 0) if desc is not None and desc.is_gpu else 0
             layers = "layer" if d.n_layers == 1 else "layers"
-            self.device_titles[d.device].setText(f"{d.device}: {d.n_layers} {layers} · "
-                                                 f"{human_bytes(d.total_bytes)}")
-            self.device_bars[d.device].set_segments([
-                Segment("Weights", d.weights_bytes, COLOURS["weights"]),
-                Segment("KV cache", d.kv_bytes, COLOURS["kv"]),
-                Segment("Compute", d.compute_bytes, COLOURS["compute"]),
-            ], capacity=capacity, capacity_label="Device memory")
+            self.device_titles[d.device].setText(
+                f"{d.device}: {d.n_layers} {layers} · {human_bytes(d.total_bytes)}"
+            )
+            self.device_bars[d.device].set_segments(
+                [
+                    Segment("Weights", d.weights_bytes, COLOURS["weights"]),
+                    Segment("KV cache", d.kv_bytes, COLOURS["kv"]),
+                    Segment("Compute", d.compute_bytes, COLOURS["compute"]),
+                ],
+                capacity=capacity,
+                capacity_label="Device memory",
+            )
         self.device_box.show()
 
     def _rebuild_device_rows(self, names: list[str]) -> None:
@@ -249,7 +271,9 @@ class MemoryDashboard(QWidget):
         self.slot_model.clear_remote()
         self.slot_model.set_figures(self.figures)
         self.side_tabs.setTabText(0, SLOTS_TITLE)
-        self.remote_status.setText(f"{label} serves no /slots or /metrics to show." if label else "")
+        self.remote_status.setText(
+            f"{label} serves no /slots or /metrics to show." if label else ""
+        )
         self.remote_status.setVisible(bool(label))
 
     def _set_figure(self, name: str, value: int, detail: str) -> None:
@@ -269,5 +293,7 @@ def _table(model, stretch: int, max_rows: int = 0) -> QTableView:
     header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
     header.setSectionResizeMode(stretch, QHeaderView.ResizeMode.Stretch)
     if max_rows:
-        view.setMaximumHeight(header.sizeHint().height() + max_rows * (view.fontMetrics().height() + 8) + 4)
+        view.setMaximumHeight(
+            header.sizeHint().height() + max_rows * (view.fontMetrics().height() + 8) + 4
+        )
     return view

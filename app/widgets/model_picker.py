@@ -182,14 +182,20 @@ class ModelPicker(QWidget):
             self.load_panel.set_info(current.data(INFO_ROLE))
 
     def open_file(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Open GGUF model", self.ctx.settings.models_folder,
-                                              "GGUF models (*.gguf);;All files (*)")
+        path, _ = QFileDialog.getOpenFileName(
+            self,
+            "Open GGUF model",
+            self.ctx.settings.models_folder,
+            "GGUF models (*.gguf);;All files (*)",
+        )
         if path:
             self.ctx.settings.add_recent(path)
             self.open_path(path)
 
     def choose_folder(self) -> None:
-        folder = QFileDialog.getExistingDirectory(self, "Models folder", self.ctx.settings.models_folder)
+        folder = QFileDialog.getExistingDirectory(
+            self, "Models folder", self.ctx.settings.models_folder
+        )
         if folder:
             self.ctx.settings.models_folder = folder
             self.add_paths([folder])
@@ -197,7 +203,9 @@ class ModelPicker(QWidget):
     def _fill_recent(self) -> None:
         self.recent_menu.clear()
         for path in self.ctx.settings.recent_files:
-            self.recent_menu.addAction(Path(path).name, lambda p=path: (self.add_paths([p]), self.select_path(p)))
+            self.recent_menu.addAction(
+                Path(path).name, lambda p=path: (self.add_paths([p]), self.select_path(p))
+            )
         if not self.ctx.settings.recent_files:
             self.recent_menu.addAction("No recent files").setEnabled(False)
 
@@ -207,7 +215,9 @@ class ModelPicker(QWidget):
             event.acceptProposedAction()
 
     def dropEvent(self, event) -> None:  # noqa: N802
-        paths = [u.toLocalFile() for u in event.mimeData().urls() if u.toLocalFile().endswith(".gguf")]
+        paths = [
+            u.toLocalFile() for u in event.mimeData().urls() if u.toLocalFile().endswith(".gguf")
+        ]
         for p in paths:
             self.ctx.settings.add_recent(p)
         self.add_paths(paths)

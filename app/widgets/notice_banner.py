@@ -24,10 +24,15 @@ class NoticeBanner(QFrame):
         super().__init__(parent, objectName="noticeBanner")
         self.setStyleSheet(_STYLE)
         icon = QLabel()
-        icon.setPixmap(self.style().standardIcon(QStyle.StandardPixmap.SP_MessageBoxWarning).pixmap(20, 20))
+        icon.setPixmap(
+            self.style().standardIcon(QStyle.StandardPixmap.SP_MessageBoxWarning).pixmap(20, 20)
+        )
         icon.setAlignment(Qt.AlignmentFlag.AlignTop)
-        self.label = QLabel(wordWrap=True, textFormat=Qt.TextFormat.PlainText,
-                            textInteractionFlags=Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.label = QLabel(
+            wordWrap=True,
+            textFormat=Qt.TextFormat.PlainText,
+            textInteractionFlags=Qt.TextInteractionFlag.TextSelectableByMouse,
+        )
         self.close_button = QToolButton(text="Dismiss", toolTip="Hide this message")
         self.close_button.clicked.connect(self.hide)
         layout = QHBoxLayout(self)

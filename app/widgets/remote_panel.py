@@ -26,7 +26,11 @@ from ..item_models.remote_model_list_model import MODEL_ID_ROLE, RemoteModelList
 from ..workers import RemoteConnectWorker
 from .endpoint_dialog import EndpointDialog
 
-KIND_WORDS = {"openai": "OpenAI-compatible", "llama-server": "llama-server", "ggstation": "ggstation"}
+KIND_WORDS = {
+    "openai": "OpenAI-compatible",
+    "llama-server": "llama-server",
+    "ggstation": "ggstation",
+}
 
 
 class RemotePanel(QWidget):
@@ -50,8 +54,12 @@ class RemotePanel(QWidget):
     def _build_ui(self) -> None:
         col = QVBoxLayout(self)
         col.setContentsMargins(12, 12, 6, 12)
-        intro = QLabel("Chat with models on other machines: another ggstation, llama-server, a Ray "
-                       "deployment, or any OpenAI-compatible server.", wordWrap=True, objectName="dim")
+        intro = QLabel(
+            "Chat with models on other machines: another ggstation, llama-server, a Ray "
+            "deployment, or any OpenAI-compatible server.",
+            wordWrap=True,
+            objectName="dim",
+        )
         col.addWidget(intro)
         row = QHBoxLayout()
         row.addLayout(self._build_endpoint_column(), 2)
@@ -89,7 +97,9 @@ class RemotePanel(QWidget):
         col.addWidget(self.model_view, 1)
         buttons = QHBoxLayout()
         self.refresh_button = QPushButton("Refresh", clicked=self.refresh)
-        self.chat_button = QPushButton("Chat with this model", clicked=self.choose, objectName="primary")
+        self.chat_button = QPushButton(
+            "Chat with this model", clicked=self.choose, objectName="primary"
+        )
         buttons.addWidget(self.refresh_button)
         buttons.addStretch(1)
         buttons.addWidget(self.chat_button)
@@ -112,7 +122,9 @@ class RemotePanel(QWidget):
         """Window-modal and not blocking (open(), not exec()): no nested event loop."""
         taken = [e.url for e in self.endpoints.endpoints() if old is None or e.url != old.url]
         key = self.ctx.keys.get(old.url) if old is not None else ""
-        self.dialog = EndpointDialog(self.ctx.engine.remote(), self.ctx.keys, taken, old, key, parent=self)
+        self.dialog = EndpointDialog(
+            self.ctx.engine.remote(), self.ctx.keys, taken, old, key, parent=self
+        )
         self.dialog.accepted.connect(self._on_dialog_accepted)
         self.dialog.finished.connect(self.dialog.deleteLater)
         self.dialog.open()
@@ -139,7 +151,9 @@ class RemotePanel(QWidget):
         else:
             self.endpoint_view.setCurrentIndex(self.endpoints.index(row))
         if not kept:
-            self._say(f"No system keyring: the API key of {endpoint.label} is kept for this session only.")
+            self._say(
+                f"No system keyring: the API key of {endpoint.label} is kept for this session only."
+            )
 
     def remove_endpoint(self) -> None:
         e = self.current_endpoint()
@@ -192,7 +206,9 @@ class RemotePanel(QWidget):
         e = self.endpoints.endpoint(row)
         self.servers[e.url] = server
         n = len(server.models)
-        self.endpoints.set_status(e.url, f"{KIND_WORDS.get(server.kind, server.kind)} · {n} model{'s' * (n != 1)}")
+        self.endpoints.set_status(
+            e.url, f"{KIND_WORDS.get(server.kind, server.kind)} · {n} model{'s' * (n != 1)}"
+        )
         current = self.current_endpoint()
         if current is not None and current.url == e.url:
             self._show_server(e, server)
@@ -221,11 +237,17 @@ class RemotePanel(QWidget):
         self.models.set_models(server.models)
         if server.models:
             self.model_view.setCurrentIndex(self.models.index(0))
-        extras = [name for name, on in (("/slots", server.has_slots), ("/metrics", server.has_metrics)) if on]
+        extras = [
+            name
+            for name, on in (("/slots", server.has_slots), ("/metrics", server.has_metrics))
+            if on
+        ]
         words = [KIND_WORDS.get(server.kind, server.kind) + " server"]
         if server.total_slots:
             words.append(f"{server.total_slots} slots")
-        words.append(f"dashboard from {' and '.join(extras)}" if extras else "no slots or metrics to show")
+        words.append(
+            f"dashboard from {' and '.join(extras)}" if extras else "no slots or metrics to show"
+        )
         if not server.models:
             words.append("it lists no models")
         if self.ctx.keys.is_session_only(e.url):

@@ -23,10 +23,34 @@ from ..settings import BUILTIN_PRESETS
 _FIELDS = {  # name: (label, kind, min, max, step, decimals, tooltip)
     "temperature": ("Temperature", float, 0.0, 5.0, 0.05, 2, "0 = always the most likely token"),
     "top_k": ("Top-k", int, 0, 1000, 1, 0, "Keep the k most likely tokens (0 = all)"),
-    "top_p": ("Top-p", float, 0.0, 1.0, 0.01, 2, "Keep the smallest set whose probability reaches p"),
-    "min_p": ("Min-p", float, 0.0, 1.0, 0.01, 2, "Drop tokens below p × the top token's probability"),
+    "top_p": (
+        "Top-p",
+        float,
+        0.0,
+        1.0,
+        0.01,
+        2,
+        "Keep the smallest set whose probability reaches p",
+    ),
+    "min_p": (
+        "Min-p",
+        float,
+        0.0,
+        1.0,
+        0.01,
+        2,
+        "Drop tokens below p × the top token's probability",
+    ),
     "repeat_penalty": ("Repeat penalty", float, 0.5, 2.0, 0.01, 2, "1.0 = off"),
-    "seed": ("Seed", int, -1, 2**31 - 1, 1, 0, "-1 = a new random seed per reply (recorded under it)"),
+    "seed": (
+        "Seed",
+        int,
+        -1,
+        2**31 - 1,
+        1,
+        0,
+        "-1 = a new random seed per reply (recorded under it)",
+    ),
     "max_tokens": ("Max tokens", int, 1, 131072, 16, 0, "Longest reply"),
 }
 
@@ -54,7 +78,8 @@ class SamplingPanel(QWidget):
         self.system_prompt = QPlainTextEdit(placeholderText="Optional instructions for every reply")
         self.system_prompt.setFixedHeight(self.fontMetrics().lineSpacing() * 5 + 12)
         self.system_prompt.textChanged.connect(
-            lambda: self.system_prompt_changed.emit(self.system_prompt.toPlainText()))
+            lambda: self.system_prompt_changed.emit(self.system_prompt.toPlainText())
+        )
         return self.system_prompt
 
     def _build_presets(self) -> QHBoxLayout:
@@ -92,7 +117,9 @@ class SamplingPanel(QWidget):
             box.setEnabled(not off)
             box.setToolTip(why if off else _FIELDS[name][6])
 
-    def set_values(self, s: SamplingSettings, system_prompt: str | None = None, preset: str = "") -> None:
+    def set_values(
+        self, s: SamplingSettings, system_prompt: str | None = None, preset: str = ""
+    ) -> None:
         self._loading = True
         values = s.as_dict()
         for name, box in self.inputs.items():

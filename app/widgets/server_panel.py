@@ -68,10 +68,14 @@ class ServerPanel(QWidget):
         self.host.setToolTip("127.0.0.1 = this machine only; 0.0.0.0 = every network interface")
         self.port = QSpinBox(minimum=1, maximum=65535, value=s.port)
         self.port.setMinimumWidth(self.fontMetrics().horizontalAdvance("655350") + 40)
-        self.api_key = QLineEdit(s.api_key, placeholderText="optional", echoMode=QLineEdit.EchoMode.Password)
+        self.api_key = QLineEdit(
+            s.api_key, placeholderText="optional", echoMode=QLineEdit.EchoMode.Password
+        )
         self.api_key.setMinimumWidth(self.host.minimumWidth())
         self.cors = QCheckBox("Allow browser pages from other origins (CORS)", checked=s.cors)
-        self.toggle_button = QPushButton("Start server", objectName="primary", clicked=self._on_toggle)
+        self.toggle_button = QPushButton(
+            "Start server", objectName="primary", clicked=self._on_toggle
+        )
         self.error = QLabel("", wordWrap=True, objectName="error")
         self.use_port_button = QPushButton("Use a free port", clicked=self._use_suggested_port)
         self.use_port_button.hide()
@@ -95,9 +99,13 @@ class ServerPanel(QWidget):
         self.url_rows: list[tuple[QLabel, QToolButton]] = []
         for _ in ENDPOINTS:
             row = QHBoxLayout()
-            label = QLabel(textInteractionFlags=Qt.TextInteractionFlag.TextSelectableByMouse, objectName="mono")
+            label = QLabel(
+                textInteractionFlags=Qt.TextInteractionFlag.TextSelectableByMouse, objectName="mono"
+            )
             copy = QToolButton(text="Copy", autoRaise=True)
-            copy.clicked.connect(lambda _c=False, lab=label: QGuiApplication.clipboard().setText(lab.text()))
+            copy.clicked.connect(
+                lambda _c=False, lab=label: QGuiApplication.clipboard().setText(lab.text())
+            )
             row.addWidget(label, 1)
             row.addWidget(copy)
             self.url_layout.addLayout(row)
@@ -107,8 +115,12 @@ class ServerPanel(QWidget):
 
     # state ----------------------------------------------------------------------------------
     def settings(self) -> ServerSettings:
-        return ServerSettings(self.host.currentText().strip(), self.port.value(),
-                              self.api_key.text(), self.cors.isChecked())
+        return ServerSettings(
+            self.host.currentText().strip(),
+            self.port.value(),
+            self.api_key.text(),
+            self.cors.isChecked(),
+        )
 
     def set_running(self, url: str | None, port: int = 0) -> None:
         self.url = url or ""

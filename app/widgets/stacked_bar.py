@@ -39,7 +39,9 @@ class StackedBar(QWidget):
     def minimumSizeHint(self) -> QSize:  # noqa: N802
         return QSize(200, self.sizeHint().height())
 
-    def set_segments(self, segments: list[Segment], capacity: float = 0.0, capacity_label: str = "") -> None:
+    def set_segments(
+        self, segments: list[Segment], capacity: float = 0.0, capacity_label: str = ""
+    ) -> None:
         self.segments, self.capacity, self.capacity_label = segments, capacity, capacity_label
         self.updateGeometry()
         self.update()

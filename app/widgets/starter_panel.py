@@ -96,7 +96,9 @@ class StarterPanel(QWidget):
 
     def _on_progress(self, phase: str, done: int, total: int) -> None:
         self.progress.setValue(int(1000 * done / total) if total else 0)
-        self.status.setText(f"{phase} {human_bytes(done)} of {human_bytes(total)}" if total else phase)
+        self.status.setText(
+            f"{phase} {human_bytes(done)} of {human_bytes(total)}" if total else phase
+        )
 
     def _on_finished(self) -> None:
         self._worker = None

@@ -41,7 +41,9 @@ class TimelineChart(QWidget):
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
         self.setMinimumHeight(160)
         self.window_s: float | None = None  # None: follow the data; else a fixed zoom
-        self.setToolTip("Mouse wheel: zoom the time axis. Double-click: follow the last reply again.")
+        self.setToolTip(
+            "Mouse wheel: zoom the time axis. Double-click: follow the last reply again."
+        )
 
     def sizeHint(self) -> QSize:  # noqa: N802
         return QSize(600, 220)
@@ -81,14 +83,18 @@ class TimelineChart(QWidget):
         self.update()
 
     def _max(self, right: bool, t0: float) -> float:
-        vals = [v for s in self.series.values() if s.right_axis == right for t, v in s.points if t >= t0]
+        vals = [
+            v for s in self.series.values() if s.right_axis == right for t, v in s.points if t >= t0
+        ]
         return max(vals, default=0.0) * 1.15 or 1.0
 
     def paintEvent(self, _event) -> None:  # noqa: N802
         p = QPainter(self)
         p.setRenderHint(QPainter.RenderHint.Antialiasing)
         pal = self.palette()
-        plot = QRectF(LEFT, TOP, max(self.width() - LEFT - RIGHT, 10), max(self.height() - TOP - BOTTOM, 10))
+        plot = QRectF(
+            LEFT, TOP, max(self.width() - LEFT - RIGHT, 10), max(self.height() - TOP - BOTTOM, 10)
+        )
         p.fillRect(plot, pal.color(QPalette.ColorRole.Base))
         now = time.monotonic()
         span = self.span_s(now)
@@ -103,8 +109,15 @@ class TimelineChart(QWidget):
         """Any point on the left (bytes) axis: without one (no local model) it has no scale."""
         return any(s.points for s in self.series.values() if not s.right_axis)
 
-    def _paint_grid(self, p: QPainter, plot: QRectF, y_max: float, r_max: float, span: float,
-                    left_labels: bool = True) -> None:
+    def _paint_grid(
+        self,
+        p: QPainter,
+        plot: QRectF,
+        y_max: float,
+        r_max: float,
+        span: float,
+        left_labels: bool = True,
+    ) -> None:
         pal, fm = self.palette(), self.fontMetrics()
         grid = QPen(pal.color(QPalette.ColorRole.Midlight), 1)
         text = pal.color(QPalette.ColorRole.PlaceholderText)
@@ -114,21 +127,38 @@ class TimelineChart(QWidget):
             p.drawLine(QPointF(plot.left(), y), QPointF(plot.right(), y))
             p.setPen(text)
             if left_labels:
-                p.drawText(QRectF(0, y - 9, LEFT - 6, 18),
-                           Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter, human_bytes(y_max * i / 4))
-            p.drawText(QRectF(plot.right() + 6, y - 9, RIGHT - 6, 18),
-                       Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, _tick(r_max * i / 4))
-        p.drawText(QRectF(plot.left(), plot.bottom() + 2, plot.width(), BOTTOM),
-                   Qt.AlignmentFlag.AlignLeft, f"−{span:.0f} s")
-        p.drawText(QRectF(plot.left(), plot.bottom() + 2, plot.width(), BOTTOM), Qt.AlignmentFlag.AlignRight, "now")
-        p.drawText(QRectF(plot.right() + 6, TOP - fm.height() - 4, RIGHT, fm.height()),
-                   Qt.AlignmentFlag.AlignLeft, "tok/s")
+                p.drawText(
+                    QRectF(0, y - 9, LEFT - 6, 18),
+                    Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter,
+                    human_bytes(y_max * i / 4),
+                )
+            p.drawText(
+                QRectF(plot.right() + 6, y - 9, RIGHT - 6, 18),
+                Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
+                _tick(r_max * i / 4),
+            )
+        p.drawText(
+            QRectF(plot.left(), plot.bottom() + 2, plot.width(), BOTTOM),
+            Qt.AlignmentFlag.AlignLeft,
+            f"−{span:.0f} s",
+        )
+        p.drawText(
+            QRectF(plot.left(), plot.bottom() + 2, plot.width(), BOTTOM),
+            Qt.AlignmentFlag.AlignRight,
+            "now",
+        )
+        p.drawText(
+            QRectF(plot.right() + 6, TOP - fm.height() - 4, RIGHT, fm.height()),
+            Qt.AlignmentFlag.AlignLeft,
+            "tok/s",
+        )
         p.setPen(pal.color(QPalette.ColorRole.Mid))
         p.setBrush(Qt.BrushStyle.NoBrush)
         p.drawRect(plot)
 
-    def _paint_series(self, p: QPainter, plot: QRectF, s: Series, t0: float, span: float,
-                      y_max: float) -> None:
+    def _paint_series(
+        self, p: QPainter, plot: QRectF, s: Series, t0: float, span: float, y_max: float
+    ) -> None:
         pts = [(t, v) for t, v in s.points if t >= t0 - 1]
         if not pts:
             return

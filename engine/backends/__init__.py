@@ -10,8 +10,16 @@ from __future__ import annotations
 
 from .base import CPU, DeviceInfo, DeviceLostError, DeviceMemory, gpu_placement
 
-__all__ = ["CPU", "DeviceInfo", "DeviceLostError", "DeviceMemory", "cpu_device", "gpu_device_names",
-           "gpu_placement", "list_devices"]
+__all__ = [
+    "CPU",
+    "DeviceInfo",
+    "DeviceLostError",
+    "DeviceMemory",
+    "cpu_device",
+    "gpu_device_names",
+    "gpu_placement",
+    "list_devices",
+]
 
 
 def list_devices(refresh: bool = False) -> list[DeviceInfo]:
@@ -39,11 +47,15 @@ def cpu_device() -> DeviceInfo:
     model = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as fh:
-            model = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), model)
+            model = next(
+                (ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), model
+            )
     except OSError:
         pass
     vm = psutil.virtual_memory()
-    return DeviceInfo(CPU, "CPU", f"{model}, numba target {cpu_target()}", int(vm.total), int(vm.available))
+    return DeviceInfo(
+        CPU, "CPU", f"{model}, numba target {cpu_target()}", int(vm.total), int(vm.available)
+    )
 
 
 def _gpu_devices() -> list[DeviceInfo]:

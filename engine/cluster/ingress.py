@@ -33,8 +33,14 @@ def ingress_app(config: IngressConfig):
         from .router import RayRouter
         from .upstream import RayUpstream
 
-        router = RayRouter(config.specs, [], env=config.env, models_max=config.models_max,
-                           autoload=config.autoload, load_timeout_s=config.load_timeout_s).start()
+        router = RayRouter(
+            config.specs,
+            [],
+            env=config.env,
+            models_max=config.models_max,
+            autoload=config.autoload,
+            load_timeout_s=config.load_timeout_s,
+        ).start()
         app = create_router_app(router, ServerState(config.options), RayUpstream(router))
         router.load_startup_models()
         return app
@@ -46,6 +52,7 @@ def ingress_app(config: IngressConfig):
     class Ingress:
         pass
 
-    deployment = serve.deployment(name="Ingress", num_replicas=1, ray_actor_options=actor,
-                                  max_ongoing_requests=1024)(serve.ingress(build)(Ingress))
+    deployment = serve.deployment(
+        name="Ingress", num_replicas=1, ray_actor_options=actor, max_ongoing_requests=1024
+    )(serve.ingress(build)(Ingress))
     return deployment.bind()

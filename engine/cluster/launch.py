@@ -40,14 +40,20 @@ def run_cluster(args: argparse.Namespace) -> int:
         import ray
         from ray import serve
     except ImportError:
-        raise ClusterError("serve --ray needs Ray Serve: pip install 'ggstation[cluster]'") from None
+        raise ClusterError(
+            "serve --ray needs Ray Serve: pip install 'ggstation[cluster]'"
+        ) from None
     started = connect(args.ray or None)
     try:
         serve.start(http_options={"host": args.host, "port": args.port}, proxy_location="HeadOnly")
         config = ingress_config(args)
         serve.run(ingress_app(config), name=APP, route_prefix="/")
-        print(f"main: Ray Serve listening on http://{args.host}:{args.port}; {len(config.specs)} models: "
-              f"{', '.join(config.specs)}", file=sys.stderr, flush=True)
+        print(
+            f"main: Ray Serve listening on http://{args.host}:{args.port}; {len(config.specs)} models: "
+            f"{', '.join(config.specs)}",
+            file=sys.stderr,
+            flush=True,
+        )
         _wait_for_signal()
     finally:
         _cleanup(started)
@@ -65,8 +71,9 @@ def connect(address: str | None) -> bool:
     """
     import ray
 
-    kw: dict[str, object] = dict(runtime_env={"env_vars": worker_env()}, logging_level=logging.WARNING,
-                                 log_to_driver=False)
+    kw: dict[str, object] = dict(
+        runtime_env={"env_vars": worker_env()}, logging_level=logging.WARNING, log_to_driver=False
+    )
     if address is None:
         # on this thread: Ray's processes die with the thread that started them (PDEATHSIG)
         ray.init(include_dashboard=False, **kw)  # type: ignore[arg-type]
@@ -86,7 +93,9 @@ def connect(address: str | None) -> bool:
     t.start()
     t.join(CONNECT_TIMEOUT_S)
     if t.is_alive():
-        raise ClusterError(f"could not connect to Ray at {address} within {CONNECT_TIMEOUT_S:.0f} s")
+        raise ClusterError(
+            f"could not connect to Ray at {address} within {CONNECT_TIMEOUT_S:.0f} s"
+        )
     if "error" in result:
         raise ClusterError(f"could not connect to Ray at {address}: {result['error']}")
     return False
@@ -105,13 +114,17 @@ def probe(address: str) -> None:
     hostport = address.split("://", 1)[1] if "://" in address else address
     host, _, port = hostport.rpartition(":")
     if not host or not port.isdigit():
-        raise ClusterError(f"--ray {address}: expected host:port (a `ray start --head` address) or ray://host:port")
+        raise ClusterError(
+            f"--ray {address}: expected host:port (a `ray start --head` address) or ray://host:port"
+        )
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_TIMEOUT_S):
             pass
     except OSError as e:
-        raise ClusterError(f"--ray {address}: nothing answers there ({e.strerror or e}); start the head node "
-                           "with `ray start --head` or check the address") from None
+        raise ClusterError(
+            f"--ray {address}: nothing answers there ({e.strerror or e}); start the head node "
+            "with `ray start --head` or check the address"
+        ) from None
 
 
 def worker_env() -> dict[str, str]:
@@ -131,14 +144,26 @@ def ingress_config(args: argparse.Namespace) -> IngressConfig:
     specs = router_catalogue(parser, args, flags.ENV).build() if not args.model else {}
     if args.model:  # one model, loaded at start
         table = OptionTable.from_parser(parser, flags.ENV)
-        base = [pair for dest, value in explicit_options(parser, args, table)
-                if dest not in RESERVED_DESTS | MODEL_DESTS for pair in table.render(dest, value)]
-        name = (args.alias or "").split(",")[0].strip() or Path(args.model).name.removesuffix(".gguf")
-        specs[name] = ModelSpec(name, "models_dir", args.model, (("--model", args.model), *base),
-                                load_on_startup=True)
+        base = [
+            pair
+            for dest, value in explicit_options(parser, args, table)
+            if dest not in RESERVED_DESTS | MODEL_DESTS
+            for pair in table.render(dest, value)
+        ]
+        name = (args.alias or "").split(",")[0].strip() or Path(args.model).name.removesuffix(
+            ".gguf"
+        )
+        specs[name] = ModelSpec(
+            name, "models_dir", args.model, (("--model", args.model), *base), load_on_startup=True
+        )
     options = server_options(args)
-    return IngressConfig(specs=specs, options=options, models_max=args.models_max, autoload=args.models_autoload,
-                         env=worker_env())
+    return IngressConfig(
+        specs=specs,
+        options=options,
+        models_max=args.models_max,
+        autoload=args.models_autoload,
+        env=worker_env(),
+    )
 
 
 def _wait_for_signal() -> None:

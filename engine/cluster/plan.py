@@ -31,7 +31,9 @@ from ..router.presets import ModelSpec
 log = logging.getLogger(__name__)
 
 DEFAULT_THREADS = 1  # per replica: replicas, not threads, are how a cluster scales
-UNKNOWN_SIZE_FACTOR = 1.25  # a file not readable here: its size plus room for the KV cache and buffers
+UNKNOWN_SIZE_FACTOR = (
+    1.25  # a file not readable here: its size plus room for the KV cache and buffers
+)
 _CHUNK = 1 << 20
 _digests: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> sha256, on the ingress
 
@@ -81,11 +83,14 @@ class ReplicaPlan:
         }
         if self.max_replicas > self.min_replicas:
             opts["autoscaling_config"] = {
-                "min_replicas": self.min_replicas, "max_replicas": self.max_replicas,
+                "min_replicas": self.min_replicas,
+                "max_replicas": self.max_replicas,
                 "initial_replicas": self.min_replicas,
                 "target_ongoing_requests": self.target_ongoing_requests,
-                "upscale_delay_s": self.upscale_delay_s, "downscale_delay_s": self.downscale_delay_s,
-                "metrics_interval_s": 1.0, "look_back_period_s": 2.0,
+                "upscale_delay_s": self.upscale_delay_s,
+                "downscale_delay_s": self.downscale_delay_s,
+                "metrics_interval_s": 1.0,
+                "look_back_period_s": 2.0,
             }
         else:
             opts["num_replicas"] = self.min_replicas
@@ -101,8 +106,12 @@ def app_name(model: str) -> str:
     return APP_PREFIX + model
 
 
-def make_plan(spec: ModelSpec, base_argv: list[str], parse: Callable[[list[str]], argparse.Namespace],
-              env: dict[str, str] | None = None) -> ReplicaPlan:
+def make_plan(
+    spec: ModelSpec,
+    base_argv: list[str],
+    parse: Callable[[list[str]], argparse.Namespace],
+    env: dict[str, str] | None = None,
+) -> ReplicaPlan:
     """The deployment for `spec`, with the router's own flags (`base_argv`) after the model's.
 
     Raises:
@@ -119,19 +128,29 @@ def make_plan(spec: ModelSpec, base_argv: list[str], parse: Callable[[list[str]]
     lo = _number(spec.name, extra, "min-replicas", 1, int)
     hi = _number(spec.name, extra, "max-replicas", max(lo, 1), int)
     if lo < 0 or hi < 1 or hi < lo:
-        raise RouterError(f"model '{spec.name}': need 0 <= min-replicas <= max-replicas and max-replicas >= 1 "
-                          f"(got {lo}, {hi})")
+        raise RouterError(
+            f"model '{spec.name}': need 0 <= min-replicas <= max-replicas and max-replicas >= 1 "
+            f"(got {lo}, {hi})"
+        )
     if lo == 0 and hi == lo:
         lo = hi = 1
     path = _local_file(args)
     return ReplicaPlan(
-        name=spec.name, argv=tuple(argv), sha256=expected_sha256(spec.name, args, extra.get("sha256", ""), path),
-        n_threads=int(args.threads), n_slots=n_slots, memory_bytes=estimate_bytes(args, n_slots, path),
-        min_replicas=lo, max_replicas=hi,
-        target_ongoing_requests=_number(spec.name, extra, "target-ongoing-requests", float(n_slots), float),
+        name=spec.name,
+        argv=tuple(argv),
+        sha256=expected_sha256(spec.name, args, extra.get("sha256", ""), path),
+        n_threads=int(args.threads),
+        n_slots=n_slots,
+        memory_bytes=estimate_bytes(args, n_slots, path),
+        min_replicas=lo,
+        max_replicas=hi,
+        target_ongoing_requests=_number(
+            spec.name, extra, "target-ongoing-requests", float(n_slots), float
+        ),
         upscale_delay_s=_number(spec.name, extra, "upscale-delay-s", 30.0, float),
         downscale_delay_s=_number(spec.name, extra, "downscale-delay-s", 600.0, float),
-        env=dict(env or {}))
+        env=dict(env or {}),
+    )
 
 
 def _number(name: str, extra: dict[str, str], key: str, default, kind):
@@ -140,7 +159,9 @@ def _number(name: str, extra: dict[str, str], key: str, default, kind):
     try:
         return kind(extra[key])
     except ValueError:
-        raise RouterError(f"model '{name}': preset key {key} = {extra[key]!r} is not a number") from None
+        raise RouterError(
+            f"model '{name}': preset key {key} = {extra[key]!r} is not a number"
+        ) from None
 
 
 def _local_file(args: argparse.Namespace) -> Path | None:
@@ -164,9 +185,11 @@ def expected_sha256(name: str, args: argparse.Namespace, declared: str, path: Pa
             return resolve(args.model).sha256
         except EngineError:
             known = ", ".join(STARTER_MODELS)
-            raise RouterError(f"model '{name}': {args.model} is neither a file here nor a starter model "
-                              f"({known}); give the file's sha256 in the preset to load it from a path "
-                              "only the nodes see") from None
+            raise RouterError(
+                f"model '{name}': {args.model} is neither a file here nor a starter model "
+                f"({known}); give the file's sha256 in the preset to load it from a path "
+                "only the nodes see"
+            ) from None
     if path is None:
         return ""  # from the Hub: its download checks each part against the Hub's own digest
     return file_sha256(path)
@@ -191,10 +214,13 @@ def estimate_bytes(args: argparse.Namespace, n_slots: int, path: Path | None) ->
     repo = params.model_source(args).hf_repo
     if path is None and repo is not None:
         from ..hub import client as hub
+
         try:  # the Hub's listing (or this machine's cache of it): sizes, and the file when cached
             file = hub.resolve(repo, args.hf_file or None, args.hf_token or None)
         except EngineError as e:
-            log.warning("%s: no memory estimate (%s); Ray places its replicas by CPUs alone", repo, e)
+            log.warning(
+                "%s: no memory estimate (%s); Ray places its replicas by CPUs alone", repo, e
+            )
             return 0
         if file.local_path is None:
             return int(file.size * UNKNOWN_SIZE_FACTOR) if file.size else 0
@@ -217,8 +243,15 @@ def estimate_bytes(args: argparse.Namespace, n_slots: int, path: Path | None) ->
     if not info.ok:
         return int(os.path.getsize(path) * UNKNOWN_SIZE_FACTOR)
     cp = params.to_context_params(params.common_params(args), n_seq_max=n_slots)
-    est = info.estimate(n_ctx=cp.n_ctx, n_seq_max=cp.n_seq_max, type_k=cp.type_k, type_v=cp.type_v,
-                        n_ubatch=cp.n_ubatch, n_batch=cp.n_batch, kv_unified=cp.kv_unified)
+    est = info.estimate(
+        n_ctx=cp.n_ctx,
+        n_seq_max=cp.n_seq_max,
+        type_k=cp.type_k,
+        type_v=cp.type_v,
+        n_ubatch=cp.n_ubatch,
+        n_batch=cp.n_batch,
+        kv_unified=cp.kv_unified,
+    )
     return int(est.total_bytes)
 
 
@@ -234,6 +267,8 @@ def check_fits(plan: ReplicaPlan, node_memory: list[int]) -> None:
         return
     largest = max(node_memory)
     if plan.memory_bytes > largest:
-        raise RouterError(f"model '{plan.name}' needs {fmt_bytes(plan.memory_bytes)} per replica (the engine's "
-                          f"estimate), more than any node of the cluster offers (largest: {fmt_bytes(largest)}); "
-                          "lower -c/-np or add a bigger node")
+        raise RouterError(
+            f"model '{plan.name}' needs {fmt_bytes(plan.memory_bytes)} per replica (the engine's "
+            f"estimate), more than any node of the cluster offers (largest: {fmt_bytes(largest)}); "
+            "lower -c/-np or add a bigger node"
+        )

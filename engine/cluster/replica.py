@@ -55,7 +55,9 @@ class ResponseHead:
 
     @property
     def content_type(self) -> str:
-        return next((v.decode("latin-1") for k, v in self.headers if k.lower() == b"content-type"), "")
+        return next(
+            (v.decode("latin-1") for k, v in self.headers if k.lower() == b"content-type"), ""
+        )
 
 
 def verify_sha256(path: Path, expected: str) -> None:
@@ -67,9 +69,11 @@ def verify_sha256(path: Path, expected: str) -> None:
         while chunk := f.read(_CHUNK):
             digest.update(chunk)
     if digest.hexdigest() != expected:
-        raise ModelFileError(f"{path}: sha256 {digest.hexdigest()} on this node, expected {expected}: the file "
-                             "differs from the one the model was planned with (a different copy, or a partial one); "
-                             "the replica does not start")
+        raise ModelFileError(
+            f"{path}: sha256 {digest.hexdigest()} on this node, expected {expected}: the file "
+            "differs from the one the model was planned with (a different copy, or a partial one); "
+            "the replica does not start"
+        )
 
 
 class ModelReplica:
@@ -80,11 +84,16 @@ class ModelReplica:
 
         self.plan = plan
         self.scheduler: Scheduler | None = None
-        for name in INGRESS_ONLY_ENV:  # the ingress checks keys; a replica inheriting them would refuse it
+        for (
+            name
+        ) in INGRESS_ONLY_ENV:  # the ingress checks keys; a replica inheriting them would refuse it
             os.environ.pop(name, None)
-        self.scheduler, self.app = in_process_server(list(plan.argv),
-                                                     verify=lambda path: verify_sha256(path, plan.sha256))
-        log.info("replica of %s ready (%d slots, %d threads)", plan.name, plan.n_slots, plan.n_threads)
+        self.scheduler, self.app = in_process_server(
+            list(plan.argv), verify=lambda path: verify_sha256(path, plan.sha256)
+        )
+        log.info(
+            "replica of %s ready (%d slots, %d threads)", plan.name, plan.n_slots, plan.n_threads
+        )
 
     def check_health(self) -> None:
         """Serve's health check: a replica whose scheduler loop died is replaced."""
@@ -139,7 +148,17 @@ class ModelReplica:
 
 
 def _scope(req: ForwardedRequest) -> dict:
-    return {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
-            "method": req.method, "scheme": "http", "path": req.path, "raw_path": req.path.encode(),
-            "root_path": "", "query_string": req.query_string, "headers": list(req.headers),
-            "client": ("ray-ingress", 0), "server": ("replica", 0)}
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": req.method,
+        "scheme": "http",
+        "path": req.path,
+        "raw_path": req.path.encode(),
+        "root_path": "",
+        "query_string": req.query_string,
+        "headers": list(req.headers),
+        "client": ("ray-ingress", 0),
+        "server": ("replica", 0),
+    }

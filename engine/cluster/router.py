@@ -37,22 +37,37 @@ POLL_S = 0.5
 
 class RayRouter(Router):
     """Args:
-        specs: the catalogue (model name -> ModelSpec), built by the CLI.
-        base_argv: serve flags every model's replicas get after their own (the CLI's).
-        env: environment variables of the replica processes.
-        models_max, autoload, load_timeout_s: as Router's; models_max counts applications.
+    specs: the catalogue (model name -> ModelSpec), built by the CLI.
+    base_argv: serve flags every model's replicas get after their own (the CLI's).
+    env: environment variables of the replica processes.
+    models_max, autoload, load_timeout_s: as Router's; models_max counts applications.
     """
 
-    def __init__(self, specs: dict[str, ModelSpec], base_argv: list[str], *, env: dict[str, str] | None = None,
-                 models_max: int = 4, autoload: bool = True, load_timeout_s: float = 600.0):
-        super().__init__(specs, models_max=models_max, autoload=autoload, load_timeout_s=load_timeout_s,
-                         fake_timing=False)
+    def __init__(
+        self,
+        specs: dict[str, ModelSpec],
+        base_argv: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        models_max: int = 4,
+        autoload: bool = True,
+        load_timeout_s: float = 600.0,
+    ):
+        super().__init__(
+            specs,
+            models_max=models_max,
+            autoload=autoload,
+            load_timeout_s=load_timeout_s,
+            fake_timing=False,
+        )
         self.base_argv = list(base_argv)
         self.env = dict(env or {})
         self.plans: dict[str, ReplicaPlan] = {}
         self._deployer_lock = threading.Lock()
         self._deployer_actor = None
-        self._monitor = threading.Thread(target=self._poll_loop, name="ray-router-monitor", daemon=True)
+        self._monitor = threading.Thread(
+            target=self._poll_loop, name="ray-router-monitor", daemon=True
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> RayRouter:
@@ -86,12 +101,19 @@ class RayRouter(Router):
 
     def _spawn(self, child: ChildServer) -> None:  # lock held
         child.status, child.exit_code, child.error = ModelStatus.LOADING, 0, ""
-        child.stopping, child.stop_deadline, child.loaded_info, child.req_count = False, float("inf"), None, 0
+        child.stopping, child.stop_deadline, child.loaded_info, child.req_count = (
+            False,
+            float("inf"),
+            None,
+            0,
+        )
         child.args = self._command(child, 0)
         child.last_used = child.last_heartbeat = child.t_spawn = time.monotonic()
         log.info("deploying %s", child.name)
         self._notify("model_status", child.name, {"status": "loading"})
-        threading.Thread(target=self._deploy, args=(child,), name=f"deploy {child.name}", daemon=True).start()
+        threading.Thread(
+            target=self._deploy, args=(child,), name=f"deploy {child.name}", daemon=True
+        ).start()
 
     def load(self, name: str) -> ChildServer:
         """Router.load, but a model that cannot be planned or fits no node fails at once
@@ -106,14 +128,18 @@ class RayRouter(Router):
                 child.exit_code, child.error = 1, str(e)
                 self._cv.notify_all()
             log.warning("cannot load %s: %s", child.name, e)
-            self._notify("model_status", child.name, {"status": "unloaded", "exit_code": 1, "failed": True})
+            self._notify(
+                "model_status", child.name, {"status": "unloaded", "exit_code": 1, "failed": True}
+            )
             return child
         return super().load(name)
 
     def download(self, spec: str) -> None:
-        raise RouterError("POST /models (download into this machine's cache) is not available with --ray: name "
-                          "the model in the presets (hf-repo = user/repo:QUANT); each node pulls it when a "
-                          "replica starts there")
+        raise RouterError(
+            "POST /models (download into this machine's cache) is not available with --ray: name "
+            "the model in the presets (hf-repo = user/repo:QUANT); each node pulls it when a "
+            "replica starts there"
+        )
 
     def remove(self, name: str) -> None:
         raise RouterError("DELETE /models is not available with --ray: the files live on the nodes")
@@ -140,7 +166,9 @@ class RayRouter(Router):
     def plan(self, child: ChildServer) -> ReplicaPlan:
         from ..server.flags import parse_serve_args
 
-        spec = child.spec or ModelSpec(child.name, "models_dir", str(child.path), (("--model", str(child.path)),))
+        spec = child.spec or ModelSpec(
+            child.name, "models_dir", str(child.path), (("--model", str(child.path)),)
+        )
         plan = make_plan(spec, [*self.base_argv, "--alias", child.name], parse_serve_args, self.env)
         self.plans[child.name] = plan
         return plan
@@ -152,7 +180,9 @@ class RayRouter(Router):
         if child.stopping or not child.running:
             return
         child.stopping = True
-        child.stop_deadline = time.monotonic() + (child.spec.stop_timeout if child.spec else DEFAULT_STOP_TIMEOUT_S)
+        child.stop_deadline = time.monotonic() + (
+            child.spec.stop_timeout if child.spec else DEFAULT_STOP_TIMEOUT_S
+        )
         threading.Thread(target=_delete, args=(app_name(child.name),), daemon=True).start()
         self._cv.notify_all()
 
@@ -167,7 +197,11 @@ class RayRouter(Router):
                 return
             failed = bool(error) and not child.stopping
             child.exit_code, child.error = (1, error) if failed else (0, "")
-            child.status, child.stopping, child.stop_deadline = ModelStatus.UNLOADED, False, float("inf")
+            child.status, child.stopping, child.stop_deadline = (
+                ModelStatus.UNLOADED,
+                False,
+                float("inf"),
+            )
             child.req_count, child.loaded_info = 0, None
             self._tick()
             self._cv.notify_all()
@@ -212,7 +246,9 @@ class RayRouter(Router):
                 log.info("model %s deployed", child.name)
                 self._notify("model_status", child.name, {"status": "loaded"})
             elif child.status is ModelStatus.LOADING and now - child.t_spawn > self.load_timeout_s:
-                self._fail(child, f"not running after {self.load_timeout_s:.0f} s ({failure_message(app)})")
+                self._fail(
+                    child, f"not running after {self.load_timeout_s:.0f} s ({failure_message(app)})"
+                )
 
     def _fail(self, child: ChildServer, error: str) -> None:
         log.warning("model %s failed: %s", child.name, error)
@@ -226,8 +262,14 @@ class RayRouter(Router):
         for name, dep in view["deployments"].items():
             plan = self.plans.get(name)
             if plan is not None:
-                dep.update(num_cpus=plan.n_threads, memory_bytes=plan.memory_bytes, n_slots=plan.n_slots,
-                           min_replicas=plan.min_replicas, max_replicas=plan.max_replicas, sha256=plan.sha256)
+                dep.update(
+                    num_cpus=plan.n_threads,
+                    memory_bytes=plan.memory_bytes,
+                    n_slots=plan.n_slots,
+                    min_replicas=plan.min_replicas,
+                    max_replicas=plan.max_replicas,
+                    sha256=plan.sha256,
+                )
         return view
 
 
@@ -239,7 +281,9 @@ def deploy(plan: ReplicaPlan) -> None:
 
     # one constructor failure (a missing file, a sha256 mismatch) fails the deployment: retrying
     # would only fail again, slowly
-    deployment = serve.deployment(max_constructor_retry_count=1, **plan.deployment_options())(ModelReplica)
+    deployment = serve.deployment(max_constructor_retry_count=1, **plan.deployment_options())(
+        ModelReplica
+    )
     serve._run(deployment.bind(plan), name=app_name(plan.name), route_prefix=None, _blocking=False)
 
 
@@ -286,18 +330,28 @@ def cluster_view() -> dict:
     import ray
     from ray import serve
 
-    nodes = [{"node_id": n["NodeID"], "address": n.get("NodeManagerAddress", ""), "alive": bool(n.get("Alive")),
-              "cpus": n["Resources"].get("CPU", 0), "memory_bytes": int(n["Resources"].get("memory", 0))}
-             for n in ray.nodes()]
+    nodes = [
+        {
+            "node_id": n["NodeID"],
+            "address": n.get("NodeManagerAddress", ""),
+            "alive": bool(n.get("Alive")),
+            "cpus": n["Resources"].get("CPU", 0),
+            "memory_bytes": int(n["Resources"].get("memory", 0)),
+        }
+        for n in ray.nodes()
+    ]
     deployments = {}
     for name, app in serve.status().applications.items():
         if not name.startswith(APP_PREFIX):
             continue
         for dep_name, dep in app.deployments.items():
-            deployments[name[len(APP_PREFIX):]] = {
-                "application": name, "deployment": dep_name, "status": _text(dep.status),
+            deployments[name[len(APP_PREFIX) :]] = {
+                "application": name,
+                "deployment": dep_name,
+                "status": _text(dep.status),
                 "replicas": {_text(state): n for state, n in dep.replica_states.items()},
-                "message": dep.message}
+                "message": dep.message,
+            }
     return {"nodes": nodes, "deployments": deployments}
 
 

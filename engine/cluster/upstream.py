@@ -51,10 +51,17 @@ class RayUpstream:
     async def model_info(self, child: ChildServer) -> dict | None:
         import asyncio
 
-        errors: tuple[type[Exception], ...] = (asyncio.TimeoutError, ValueError, AttributeError, *_errors())
+        errors: tuple[type[Exception], ...] = (
+            asyncio.TimeoutError,
+            ValueError,
+            AttributeError,
+            *_errors(),
+        )
         try:
             head, content = await asyncio.wait_for(
-                self._read(child.name, ForwardedRequest("GET", "/v1/models", b"", (), b"")), INFO_TIMEOUT_S)
+                self._read(child.name, ForwardedRequest("GET", "/v1/models", b"", (), b"")),
+                INFO_TIMEOUT_S,
+            )
             data = json.loads(content).get("data") or [{}]
             return data[0] if isinstance(data[0], dict) else {}
         except errors:
@@ -65,12 +72,21 @@ class RayUpstream:
         head = await gen.__anext__()
         return head, b"".join([chunk async for chunk in gen])
 
-    async def forward(self, request: Request, child: ChildServer, body: bytes,
-                      release: Callable[[], None]) -> Response:
+    async def forward(
+        self, request: Request, child: ChildServer, body: bytes, release: Callable[[], None]
+    ) -> Response:
         name = child.name
-        query = "&".join(f"{k}={v}" for k, v in request.query_params.multi_items() if k not in ("model", "autoload"))
-        headers = tuple((k, v) for k, v in request.headers.raw if k.decode("latin-1").lower() not in HOP_HEADERS)
-        gen = self._stream(name, ForwardedRequest(request.method, request.url.path, query.encode(), headers, body))
+        query = "&".join(
+            f"{k}={v}"
+            for k, v in request.query_params.multi_items()
+            if k not in ("model", "autoload")
+        )
+        headers = tuple(
+            (k, v) for k, v in request.headers.raw if k.decode("latin-1").lower() not in HOP_HEADERS
+        )
+        gen = self._stream(
+            name, ForwardedRequest(request.method, request.url.path, query.encode(), headers, body)
+        )
         errors = _errors()
         try:
             head = await gen.__anext__()
@@ -79,17 +95,26 @@ class RayUpstream:
         except errors as e:
             raise APIError(503, f"model '{name}' is not reachable: {_why(e)}") from None
         assert isinstance(head, ResponseHead)  # the replica's protocol: its head comes first
-        out_headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in head.headers
-                       if k.decode("latin-1").lower() not in HOP_HEADERS}
+        out_headers = {
+            k.decode("latin-1"): v.decode("latin-1")
+            for k, v in head.headers
+            if k.decode("latin-1").lower() not in HOP_HEADERS
+        }
         if head.content_type.startswith("text/event-stream"):
+
             async def broken(e: Exception) -> APIError:
                 return _broken(name, e)
 
             async def close() -> None:
                 gen.cancel()
 
-            return Relay(relay_events(_chunks(gen), errors, broken), close, release, status_code=head.status,
-                         headers=out_headers)
+            return Relay(
+                relay_events(_chunks(gen), errors, broken),
+                close,
+                release,
+                status_code=head.status,
+                headers=out_headers,
+            )
         try:
             content = b"".join([chunk async for chunk in _chunks(gen)])
         except errors as e:
@@ -106,8 +131,12 @@ async def _chunks(gen) -> AsyncIterator[bytes]:
 
 
 def _broken(name: str, e: Exception) -> APIError:
-    return APIError(502, f"model '{name}' stopped before finishing its answer: its replica failed ({_why(e)}); "
-                    "Ray Serve starts a new one", "server_error")
+    return APIError(
+        502,
+        f"model '{name}' stopped before finishing its answer: its replica failed ({_why(e)}); "
+        "Ray Serve starts a new one",
+        "server_error",
+    )
 
 
 def _why(e: Exception) -> str:

@@ -18,7 +18,9 @@ def _int_list(text: str) -> list[int]:
     try:
         vals = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got '{text}'") from None
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got '{text}'"
+        ) from None
     if any(v < 0 for v in vals):
         raise argparse.ArgumentTypeError("values must be >= 0")
     return vals
@@ -34,30 +36,92 @@ def _paths(text: str) -> list[str]:
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("bench", help="prompt/generation throughput (llama-bench)",
-                              description="Measure prompt processing (ppN) and generation (tgN) tokens/s.")
+    p = subparsers.add_parser(
+        "bench",
+        help="prompt/generation throughput (llama-bench)",
+        description="Measure prompt processing (ppN) and generation (tgN) tokens/s.",
+    )
     g = params.group(p, params.COMMON)
-    g.add_argument("-m", "--model", metavar="FNAME", default=None, help="model path or starter model name")
+    g.add_argument(
+        "-m", "--model", metavar="FNAME", default=None, help="model path or starter model name"
+    )
     params.add_hf_args(p)
-    g.add_argument("-p", "--n-prompt", metavar="N", type=_int_list, default=[512], help="prompt tokens (default: 512)")
-    g.add_argument("-n", "--n-gen", metavar="N", type=_int_list, default=[128], help="generated tokens (default: 128)")
-    g.add_argument("-d", "--n-depth", metavar="N", type=_int_list, default=[0],
-                   help="context depth: positions prefilled, untimed, before each test (default: 0)")
-    g.add_argument("-b", "--batch-size", metavar="N", type=int, default=2048, help="batch size (default: 2048)")
-    g.add_argument("-ub", "--ubatch-size", metavar="N", type=int, default=512, help="ubatch size (default: 512)")
-    g.add_argument("-t", "--threads", metavar="N", type=_int_list, default=[os.cpu_count() or 1],
-                   help=f"threads (default: {os.cpu_count()})")
-    g.add_argument("-r", "--repetitions", metavar="N", type=int, default=5, help="repetitions (default: 5)")
-    g.add_argument("-ctk", "--cache-type-k", default="f16", help="KV cache type for K (default: f16)")
-    g.add_argument("-ctv", "--cache-type-v", default="f16", help="KV cache type for V (default: f16)")
-    g.add_argument("-o", "--output", choices=["md", "json", "jsonl"], default="md", help="output format (default: md)")
-    g.add_argument("--path", type=_paths, default=["engine"], metavar="PATHS",
-                   help="what to measure, comma-separated: engine (the context itself), http (streaming "
-                   "/completion clients of a `serve` child process), gui (the desktop app's chat, "
-                   "python -m app.bench_gui); http and gui run the tgN tests only (default: engine)")
-    g.add_argument("--clients", metavar="N", type=_int_list, default=[1],
-                   help="http path: concurrent streaming clients, the server started with -np N; "
-                   "a comma list gives one row each (default: 1)")
+    g.add_argument(
+        "-p",
+        "--n-prompt",
+        metavar="N",
+        type=_int_list,
+        default=[512],
+        help="prompt tokens (default: 512)",
+    )
+    g.add_argument(
+        "-n",
+        "--n-gen",
+        metavar="N",
+        type=_int_list,
+        default=[128],
+        help="generated tokens (default: 128)",
+    )
+    g.add_argument(
+        "-d",
+        "--n-depth",
+        metavar="N",
+        type=_int_list,
+        default=[0],
+        help="context depth: positions prefilled, untimed, before each test (default: 0)",
+    )
+    g.add_argument(
+        "-b", "--batch-size", metavar="N", type=int, default=2048, help="batch size (default: 2048)"
+    )
+    g.add_argument(
+        "-ub",
+        "--ubatch-size",
+        metavar="N",
+        type=int,
+        default=512,
+        help="ubatch size (default: 512)",
+    )
+    g.add_argument(
+        "-t",
+        "--threads",
+        metavar="N",
+        type=_int_list,
+        default=[os.cpu_count() or 1],
+        help=f"threads (default: {os.cpu_count()})",
+    )
+    g.add_argument(
+        "-r", "--repetitions", metavar="N", type=int, default=5, help="repetitions (default: 5)"
+    )
+    g.add_argument(
+        "-ctk", "--cache-type-k", default="f16", help="KV cache type for K (default: f16)"
+    )
+    g.add_argument(
+        "-ctv", "--cache-type-v", default="f16", help="KV cache type for V (default: f16)"
+    )
+    g.add_argument(
+        "-o",
+        "--output",
+        choices=["md", "json", "jsonl"],
+        default="md",
+        help="output format (default: md)",
+    )
+    g.add_argument(
+        "--path",
+        type=_paths,
+        default=["engine"],
+        metavar="PATHS",
+        help="what to measure, comma-separated: engine (the context itself), http (streaming "
+        "/completion clients of a `serve` child process), gui (the desktop app's chat, "
+        "python -m app.bench_gui); http and gui run the tgN tests only (default: engine)",
+    )
+    g.add_argument(
+        "--clients",
+        metavar="N",
+        type=_int_list,
+        default=[1],
+        help="http path: concurrent streaming clients, the server started with -np N; "
+        "a comma list gives one row each (default: 1)",
+    )
     params.add_mem_check_arg(p)
     params.add_int8_arg(p)
     params.add_gpu_args(p, ngl_type=_int_list, ngl_default=[0])
@@ -86,7 +150,9 @@ def run(args: argparse.Namespace) -> int:
                     _run_engine(args, ctx, out)
                 else:
                     _run_path(args, model, bench_path, out)
-            except EngineError as e:  # one path failing (no GUI module, say) leaves the others' rows
+            except (
+                EngineError
+            ) as e:  # one path failing (no GUI module, say) leaves the others' rows
                 print(f"error: {bench_path} path: {e}", file=sys.stderr, flush=True)
                 failed = True
         model.close()
@@ -105,29 +171,44 @@ class _Output:
         if fmt == "md":
             ngl = "ngl | " if show_ngl else ""
             print(f"| model | size | params | backend | {ngl}threads | test | t/s |")
-            print(f"| --- | ---: | ---: | --- | {'---: | ' if show_ngl else ''}---: | ---: | ---: |")
+            print(
+                f"| --- | ---: | ---: | --- | {'---: | ' if show_ngl else ''}---: | ---: | ---: |"
+            )
 
     def set_model(self, model, ngl: int) -> None:
         # which decode path ran: the numbers of the two differ by ~10 %
-        self.backend = {"x16": "CPU (numba)", "int8": "CPU (numba, int8)", "float": "CPU (numba, float)"}[
-            model.decode_path]
+        self.backend = {
+            "x16": "CPU (numba)",
+            "int8": "CPU (numba, int8)",
+            "float": "CPU (numba, float)",
+        }[model.decode_path]
         if model.gpu is not None:
             self.backend = "OpenGL"
         self.ngl = ngl
         self.size_mib = model.weights_bytes / 2**20
         self.n_params = model.n_params
         self.desc = f"{model.cfg.arch} {model.gguf.get('general.size_label', '') or ''} {_ftype(model)}".replace(
-            "  ", " ")
-        self.base = dict(model_filename=model.path, model_type=self.desc, model_size=model.weights_bytes,
-                         model_n_params=model.n_params, backends=self.backend, n_gpu_layers=ngl)
+            "  ", " "
+        )
+        self.base = dict(
+            model_filename=model.path,
+            model_type=self.desc,
+            model_size=model.weights_bytes,
+            model_n_params=model.n_params,
+            backends=self.backend,
+            n_gpu_layers=ngl,
+        )
 
     def add(self, result, n_threads: int) -> None:
         row = dict(self.base, **result.as_dict())
         self.rows.append(row)
         if self.fmt == "md":
             ngl = f"{self.ngl} | " if self.show_ngl else ""
-            print(f"| {self.desc} | {self.size_mib:.2f} MiB | {self.n_params / 1e6:.2f} M | {self.backend} | "
-                  f"{ngl}{n_threads} | {result.test} | {result.avg_ts:.2f} ± {result.stddev_ts:.2f} |", flush=True)
+            print(
+                f"| {self.desc} | {self.size_mib:.2f} MiB | {self.n_params / 1e6:.2f} M | {self.backend} | "
+                f"{ngl}{n_threads} | {result.test} | {result.avg_ts:.2f} ± {result.stddev_ts:.2f} |",
+                flush=True,
+            )
         elif self.fmt == "jsonl":
             print(json.dumps(row), flush=True)
 
@@ -150,11 +231,19 @@ def _load(args: argparse.Namespace, path, ngl: int):
     from ..model import load_model
 
     if "engine" not in args.path:
-        return load_model(path, n_gpu_layers=ngl, device=args.device, decode_path=args.decode_path), None
+        return load_model(
+            path, n_gpu_layers=ngl, device=args.device, decode_path=args.decode_path
+        ), None
     n_ctx = max([p + g + d for p, g in _tests(args) for d in args.n_depth] + [16])
-    context = ContextParams(n_ctx=n_ctx, n_batch=args.batch_size, n_ubatch=args.ubatch_size,
-                            type_k=args.cache_type_k, type_v=args.cache_type_v, check_memory=not args.no_mem_check,
-                            decode_path=args.decode_path)
+    context = ContextParams(
+        n_ctx=n_ctx,
+        n_batch=args.batch_size,
+        n_ubatch=args.ubatch_size,
+        type_k=args.cache_type_k,
+        type_v=args.cache_type_v,
+        check_memory=not args.no_mem_check,
+        decode_path=args.decode_path,
+    )
     loaded = init_from_params(path, InitParams(context, n_gpu_layers=ngl, device=args.device))
     return loaded.model, loaded.ctx
 
@@ -166,7 +255,9 @@ def _run_engine(args: argparse.Namespace, ctx, out: _Output) -> None:
     for n_threads in args.threads:
         n_threads = init_threads(n_threads)
         for (n_prompt, n_gen), n_depth in itertools.product(tests, args.n_depth):
-            out.add(bench(ctx, n_prompt, n_gen, args.repetitions, n_threads, n_depth=n_depth), n_threads)
+            out.add(
+                bench(ctx, n_prompt, n_gen, args.repetitions, n_threads, n_depth=n_depth), n_threads
+            )
 
 
 GUI_MODULE = "app.bench_gui"  # the desktop app's benchmark: the gui path runs it as a program
@@ -174,8 +265,20 @@ GUI_MODULE = "app.bench_gui"  # the desktop app's benchmark: the gui path runs i
 
 def gui_command(model: str, n_gen: int, reps: int, n_threads: int) -> list[str]:
     """The gui path's child process: the app's benchmark printing one JSON line."""
-    return [sys.executable, "-m", GUI_MODULE, "--model", model, "-n", str(n_gen), "-r", str(reps),
-            "-t", str(n_threads), "--json"]
+    return [
+        sys.executable,
+        "-m",
+        GUI_MODULE,
+        "--model",
+        model,
+        "-n",
+        str(n_gen),
+        "-r",
+        str(reps),
+        "-t",
+        str(n_threads),
+        "--json",
+    ]
 
 
 def _run_path(args: argparse.Namespace, model, path: str, out: _Output) -> None:
@@ -187,11 +290,20 @@ def _run_path(args: argparse.Namespace, model, path: str, out: _Output) -> None:
         n_threads = init_threads(n_threads)
         if path == "gui":
             command = gui_command(model.path, n_gen, args.repetitions, n_threads)
-            out.add(bench_paths.bench_gui(command, n_gen, n_threads, decode_path=model.decode_path), n_threads)
+            out.add(
+                bench_paths.bench_gui(command, n_gen, n_threads, decode_path=model.decode_path),
+                n_threads,
+            )
             continue
         for n_clients in args.clients:
-            r = bench_paths.bench_http(model.path, n_gen, args.repetitions, n_threads, n_clients,
-                                       decode_path=model.decode_path)
+            r = bench_paths.bench_http(
+                model.path,
+                n_gen,
+                args.repetitions,
+                n_threads,
+                n_clients,
+                decode_path=model.decode_path,
+            )
             out.add(r, n_threads)
 
 

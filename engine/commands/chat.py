@@ -60,16 +60,26 @@ class ChatSession:
     it, so a session is reproducible and /regen still gives a new reply.
     """
 
-    def __init__(self, ctx: DecodeContext, tokenizer: ChatTokenizer, template: PromptTemplate,
-                 sampling: SamplingParams, *, system_prompt: str | None = None, n_predict: int = -1,
-                 keep: int = 0, context_shift: bool = False):
+    def __init__(
+        self,
+        ctx: DecodeContext,
+        tokenizer: ChatTokenizer,
+        template: PromptTemplate,
+        sampling: SamplingParams,
+        *,
+        system_prompt: str | None = None,
+        n_predict: int = -1,
+        keep: int = 0,
+        context_shift: bool = False,
+    ):
         self.template = template
         self.tokenizer = tokenizer
         self.sampling = sampling
         self.system_prompt = system_prompt
         self.n_predict = n_predict
-        self.scheduler = Scheduler(ctx, self.tokenizer, n_slots=1, context_shift=context_shift,
-                                   n_keep=keep)
+        self.scheduler = Scheduler(
+            ctx, self.tokenizer, n_slots=1, context_shift=context_shift, n_keep=keep
+        )
         seed = resolve_seed(sampling.seed)
         self._seeds = np.random.default_rng(seed)
         self._next_seed = seed
@@ -78,10 +88,13 @@ class ChatSession:
 
     def clear(self) -> None:
         """Start a new conversation (the system prompt stays)."""
-        self.messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        self.messages = (
+            [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        )
 
-    def respond(self, text: str, on_delta: Callable[[str], None],
-                cancel: threading.Event | None = None) -> GenerationStep | None:
+    def respond(
+        self, text: str, on_delta: Callable[[str], None], cancel: threading.Event | None = None
+    ) -> GenerationStep | None:
         """Add a user message and generate the assistant's reply (kept even if cancelled).
 
         Raises:
@@ -95,8 +108,9 @@ class ChatSession:
             self.messages.pop()
             raise
 
-    def regenerate(self, on_delta: Callable[[str], None],
-                   cancel: threading.Event | None = None) -> GenerationStep | None:
+    def regenerate(
+        self, on_delta: Callable[[str], None], cancel: threading.Event | None = None
+    ) -> GenerationStep | None:
         """Replace the last assistant reply with a new one."""
         if self.messages and self.messages[-1]["role"] == "assistant":
             self.messages.pop()
@@ -106,8 +120,10 @@ class ChatSession:
 
     def save(self, path: str) -> None:
         try:
-            Path(path).write_text(json.dumps({"messages": self.messages}, indent=2,
-                                             ensure_ascii=False) + "\n", encoding="utf-8")
+            Path(path).write_text(
+                json.dumps({"messages": self.messages}, indent=2, ensure_ascii=False) + "\n",
+                encoding="utf-8",
+            )
         except OSError as e:
             raise EngineError(f"cannot save conversation to '{path}': {e}") from None
 
@@ -120,11 +136,16 @@ class ChatSession:
 
         return chat_prompt_tokens(self.template, self.tokenizer, self.messages)
 
-    def _reply(self, on_delta: Callable[[str], None],
-               cancel: threading.Event | None) -> GenerationStep | None:
+    def _reply(
+        self, on_delta: Callable[[str], None], cancel: threading.Event | None
+    ) -> GenerationStep | None:
         seed, self._next_seed = self._next_seed, int(self._seeds.integers(0, 2**32 - 1))
-        request = GenerationRequest(self.prompt_tokens(), dataclasses.replace(self.sampling, seed=seed),
-                                    self.n_predict, self.template.stop_strings)
+        request = GenerationRequest(
+            self.prompt_tokens(),
+            dataclasses.replace(self.sampling, seed=seed),
+            self.n_predict,
+            self.template.stop_strings,
+        )
         parts: list[str] = []
         last = None
         for last in self.scheduler.stream(request, cancel):
@@ -148,7 +169,9 @@ def load_messages(path: str) -> list[dict]:
         isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
         for m in messages
     ):
-        raise EngineError(f"'{path}' does not hold a conversation (a list of role/content messages)")
+        raise EngineError(
+            f"'{path}' does not hold a conversation (a list of role/content messages)"
+        )
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
@@ -160,8 +183,14 @@ def run(args: argparse.Namespace) -> int:
     model, ctx = load_for_generation(p)
     template = ChatTemplate.from_gguf(model.gguf, override=template_override)
     chat = ChatSession(
-        ctx, model.tokenizer, template, p.sampling, system_prompt=p.system_prompt,
-        n_predict=p.n_predict, keep=p.n_keep, context_shift=p.context_shift,
+        ctx,
+        model.tokenizer,
+        template,
+        p.sampling,
+        system_prompt=p.system_prompt,
+        n_predict=p.n_predict,
+        keep=p.n_keep,
+        context_shift=p.context_shift,
     )
     flag = InterruptFlag().install()
     if not sys.stdin.isatty():
@@ -182,7 +211,9 @@ def _run_interactive(chat: ChatSession, flag: InterruptFlag, verbose: bool) -> i
     from prompt_toolkit import PromptSession
     from prompt_toolkit.history import InMemoryHistory
 
-    session: PromptSession[str] = PromptSession(history=InMemoryHistory(), key_bindings=_key_bindings())
+    session: PromptSession[str] = PromptSession(
+        history=InMemoryHistory(), key_bindings=_key_bindings()
+    )
     print(HELP, file=sys.stderr)
     while True:
         try:

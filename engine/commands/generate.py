@@ -47,8 +47,15 @@ def run(args: argparse.Namespace) -> int:
     out = sys.stdout
     last = None
     for last in generate(
-        ctx, model.tokenizer, tokens, p.sampling, n_predict=p.n_predict,
-        stop=list(p.antiprompt), n_keep=p.n_keep, context_shift=p.context_shift, cancel=flag.event,
+        ctx,
+        model.tokenizer,
+        tokens,
+        p.sampling,
+        n_predict=p.n_predict,
+        stop=list(p.antiprompt),
+        n_keep=p.n_keep,
+        context_shift=p.context_shift,
+        cancel=flag.event,
     ):
         if last.text_delta:
             out.write(last.text_delta)

@@ -12,8 +12,15 @@ from pathlib import Path
 from typing import TextIO
 
 
-def model_path(spec: str, filename: str | None = None, token: str | None = None, *,
-               force: bool = False, n_ctx: int | None = None, out: TextIO | None = None) -> Path:
+def model_path(
+    spec: str,
+    filename: str | None = None,
+    token: str | None = None,
+    *,
+    force: bool = False,
+    n_ctx: int | None = None,
+    out: TextIO | None = None,
+) -> Path:
     """The local path of the model `spec` names, downloading it (all parts) if needed, with
     its fit table and a progress bar on `out` (default: stderr).
 
@@ -22,7 +29,9 @@ def model_path(spec: str, filename: str | None = None, token: str | None = None,
     """
     from ..hub.pull import pull
 
-    return pull(spec, filename, token, force=force, n_ctx=n_ctx, report=ConsoleReport(out or sys.stderr))
+    return pull(
+        spec, filename, token, force=force, n_ctx=n_ctx, report=ConsoleReport(out or sys.stderr)
+    )
 
 
 class ConsoleReport:
@@ -55,22 +64,48 @@ class ConsoleReport:
 
 def print_fit(fit, out: TextIO) -> None:
     """The fit estimate as a few `key  value` lines."""
-    types = ", ".join(f"{k} {_size(v)}" for k, v in sorted(fit.quant_bytes.items(), key=lambda kv: -kv[1]))
+    types = ", ".join(
+        f"{k} {_size(v)}" for k, v in sorted(fit.quant_bytes.items(), key=lambda kv: -kv[1])
+    )
     rows = [
-        ("architecture", f"{fit.arch or '?'}" + ("" if fit.arch_supported else " (not supported here)")),
-        ("parameters", f"{fit.n_params / 1e6:.1f} M" if fit.n_params < 1e9 else f"{fit.n_params / 1e9:.2f} B"),
+        (
+            "architecture",
+            f"{fit.arch or '?'}" + ("" if fit.arch_supported else " (not supported here)"),
+        ),
+        (
+            "parameters",
+            f"{fit.n_params / 1e6:.1f} M" if fit.n_params < 1e9 else f"{fit.n_params / 1e9:.2f} B",
+        ),
         ("context (train)", str(fit.n_ctx_train)),
         ("chat template", "yes" if fit.has_chat_template else "no"),
-        ("tensor types", types + (f" (not supported: {', '.join(fit.unsupported_types)})"
-                                  if fit.unsupported_types else "")),
+        (
+            "tensor types",
+            types
+            + (
+                f" (not supported: {', '.join(fit.unsupported_types)})"
+                if fit.unsupported_types
+                else ""
+            ),
+        ),
     ]
     if fit.error and fit.arch_supported and not fit.unsupported_types:
         rows.append(("cannot load", fit.error))
-    mem = "" if fit.memory is None else f" at n_ctx {fit.n_ctx} (weights {_size(fit.memory.weights_bytes)}, " \
+    mem = (
+        ""
+        if fit.memory is None
+        else f" at n_ctx {fit.n_ctx} (weights {_size(fit.memory.weights_bytes)}, "
         f"KV {_size(fit.memory.kv_bytes)}, compute {_size(fit.memory.compute_bytes)})"
-    rows.append(("memory", f"{_size(fit.needed_bytes)}{mem}; {_size(fit.available_bytes)} available: "
-                           f"{fit.verdict.upper()}"))
-    rows.append(("read", f"{_size(fit.bytes_read)} of {_size(fit.file_size)} in {fit.seconds:.2f} s"))
+    )
+    rows.append(
+        (
+            "memory",
+            f"{_size(fit.needed_bytes)}{mem}; {_size(fit.available_bytes)} available: "
+            f"{fit.verdict.upper()}",
+        )
+    )
+    rows.append(
+        ("read", f"{_size(fit.bytes_read)} of {_size(fit.file_size)} in {fit.seconds:.2f} s")
+    )
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"  {k:<{width}}  {v}", file=out)

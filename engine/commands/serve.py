@@ -64,7 +64,9 @@ def run(args: argparse.Namespace) -> int:
     from ..server import ServerState, listen
 
     state = ServerState(options)  # 6. server context (the scheduler joins it once loaded)
-    handle = listen(state, args.host, args.port, app=startup.build_app(state))  # 7.-9. HTTP set up, routes, listening
+    handle = listen(
+        state, args.host, args.port, app=startup.build_app(state)
+    )  # 7.-9. HTTP set up, routes, listening
     _announce(args, "listening", handle)
     if args.ready_json:  # a router's child: heartbeats out, "exit" in
         from ..router.supervisor import start_child_monitor
@@ -79,15 +81,22 @@ def run(args: argparse.Namespace) -> int:
         return 130
     except Exception as e:
         state.set_failed(str(e))
-        _announce(args, "failed", handle, error=str(e))  # a router shows this, not just the exit code
+        _announce(
+            args, "failed", handle, error=str(e)
+        )  # a router shows this, not just the exit code
         handle.stop(2.0)
         raise e if isinstance(e, EngineError) else EngineError(f"cannot load the model: {e}") from e
     stopper = _install_signals(scheduler)  # 11.
     _announce(args, "ready", handle)
     if args.ready_json and state.sleep is not None:  # a router tracks its children's sleep
-        state.sleep.on_change = lambda asleep: _announce(args, "sleeping" if asleep else "ready", handle)
-    print(f"main: model loaded; {n_slots} slots, n_ctx_seq {scheduler.n_ctx_seq}; "
-          f"server ready at {handle.url}", file=sys.stderr)
+        state.sleep.on_change = lambda asleep: _announce(
+            args, "sleeping" if asleep else "ready", handle
+        )
+    print(
+        f"main: model loaded; {n_slots} slots, n_ctx_seq {scheduler.n_ctx_seq}; "
+        f"server ready at {handle.url}",
+        file=sys.stderr,
+    )
     try:
         scheduler.run()  # 12. the task loop, on the main thread
     finally:
@@ -98,7 +107,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _clamp_batch(args) -> None:
     if args.embedding and args.batch_size > args.ubatch_size:
-        print(f"main: embedding mode: setting n_batch = n_ubatch = {args.ubatch_size}", file=sys.stderr)
+        print(
+            f"main: embedding mode: setting n_batch = n_ubatch = {args.ubatch_size}",
+            file=sys.stderr,
+        )
         args.batch_size = args.ubatch_size
 
 
@@ -129,7 +141,10 @@ def _discover_devices(gpus: bool) -> None:
 def _announce(args, event: str, handle, **extra) -> None:
     """One JSON line on stdout per start-up milestone, for a supervising router."""
     if args.ready_json:
-        print(json.dumps({"event": event, "port": handle.port, "url": handle.url, **extra}), flush=True)
+        print(
+            json.dumps({"event": event, "port": handle.port, "url": handle.url, **extra}),
+            flush=True,
+        )
 
 
 # -- router mode -------------------------------------------------------------------------
@@ -144,17 +159,24 @@ def run_router(args) -> int:
     from ..server import ServerState, listen
 
     catalogue = router_catalogue(flags.serve_parser(), args, flags.ENV)
-    router = Router(catalogue=catalogue.build, models_max=args.models_max, autoload=args.models_autoload)
+    router = Router(
+        catalogue=catalogue.build, models_max=args.models_max, autoload=args.models_autoload
+    )
     if not router.children:
-        log.warning("router: no models yet (none in the Hugging Face cache, --models-dir or --models-preset); "
-                    "add some and list them with GET /models?reload=1")
+        log.warning(
+            "router: no models yet (none in the Hugging Face cache, --models-dir or --models-preset); "
+            "add some and list them with GET /models?reload=1"
+        )
     router.start()
     state = ServerState(startup.server_options(args))
     handle = listen(state, args.host, args.port, app=create_router_app(router, state))
     _announce(args, "ready", handle)
     router.load_startup_models()
-    print(f"main: router listening on {handle.url}; {len(router.children)} models: "
-          f"{', '.join(router.children)}", file=sys.stderr)
+    print(
+        f"main: router listening on {handle.url}; {len(router.children)} models: "
+        f"{', '.join(router.children)}",
+        file=sys.stderr,
+    )
     done = threading.Event()
     stopper = _Stopper(None, on_first=done.set)
     signal.signal(signal.SIGINT, stopper)

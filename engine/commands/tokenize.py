@@ -28,10 +28,17 @@ def add_parser(subparsers) -> None:
     src.add_argument("-f", "--file", help="read the text from FILE")
     src.add_argument("--stdin", action="store_true", help="read the text from standard input")
     p.add_argument("--ids", action="store_true", help="print only the token ids, as [1, 2, 3]")
-    p.add_argument("--no-bos", action="store_true", help="do not add the BOS token the model asks for")
-    p.add_argument("--no-parse-special", action="store_true",
-                   help="treat special-token text such as <|im_start|> as plain text")
-    p.add_argument("--show-count", action="store_true", help="print the number of tokens at the end")
+    p.add_argument(
+        "--no-bos", action="store_true", help="do not add the BOS token the model asks for"
+    )
+    p.add_argument(
+        "--no-parse-special",
+        action="store_true",
+        help="treat special-token text such as <|im_start|> as plain text",
+    )
+    p.add_argument(
+        "--show-count", action="store_true", help="print the number of tokens at the end"
+    )
     p.set_defaults(run=run)
 
 

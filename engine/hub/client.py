@@ -56,7 +56,15 @@ from typing import Any
 
 from ..errors import HubError
 from ..gguf_split import parse_split_name
-from .session import TIMEOUT_S, cache_dir, endpoint, hub_errors, offline, transport_errors, unreachable
+from .session import (
+    TIMEOUT_S,
+    cache_dir,
+    endpoint,
+    hub_errors,
+    offline,
+    transport_errors,
+    unreachable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -140,22 +148,30 @@ class HubRepo:
 
 
 def parse_spec(spec: str) -> tuple[str, str | None]:
-    """"user/repo[:quant]" -> (repo_id, quant or None), as llama.cpp splits -hf.
+    """ "user/repo[:quant]" -> (repo_id, quant or None), as llama.cpp splits -hf.
 
     Raises:
         HubError: not of that form.
     """
     repo_id, _, tag = spec.strip().partition(":")
     if not is_repo_id(repo_id):
-        raise HubError(f"invalid Hugging Face repo '{_shown(spec)}': expected <user>/<model>[:quant] "
-                       "(letters, digits, '-', '_', '.'; at most 96 each)", HubError.NOT_FOUND)
+        raise HubError(
+            f"invalid Hugging Face repo '{_shown(spec)}': expected <user>/<model>[:quant] "
+            "(letters, digits, '-', '_', '.'; at most 96 each)",
+            HubError.NOT_FOUND,
+        )
     return repo_id, (tag.strip() or None)
 
 
 def is_repo_id(repo_id: str) -> bool:
-    """"user/repo" by the Hub's rules (huggingface_hub validate_repo_id), with the namespace."""
-    return (isinstance(repo_id, str) and bool(_REPO_ID.fullmatch(repo_id)) and "--" not in repo_id
-            and ".." not in repo_id and not repo_id.endswith(".git"))
+    """ "user/repo" by the Hub's rules (huggingface_hub validate_repo_id), with the namespace."""
+    return (
+        isinstance(repo_id, str)
+        and bool(_REPO_ID.fullmatch(repo_id))
+        and "--" not in repo_id
+        and ".." not in repo_id
+        and not repo_id.endswith(".git")
+    )
 
 
 def check_filename(name: str) -> str:
@@ -166,10 +182,18 @@ def check_filename(name: str) -> str:
     Raises:
         HubError: HUB, naming it.
     """
-    if (not isinstance(name, str) or not name or name.startswith("/") or _UNSAFE.search(name)
-            or any(c in ("", ".", "..") for c in name.split("/")) or PureWindowsPath(name).drive):
-        raise HubError(f"unsafe file name '{_shown(name)}' (a path in a repository is relative, "
-                       "without '..')", HubError.HUB)
+    if (
+        not isinstance(name, str)
+        or not name
+        or name.startswith("/")
+        or _UNSAFE.search(name)
+        or any(c in ("", ".", "..") for c in name.split("/"))
+        or PureWindowsPath(name).drive
+    ):
+        raise HubError(
+            f"unsafe file name '{_shown(name)}' (a path in a repository is relative, without '..')",
+            HubError.HUB,
+        )
     return name
 
 
@@ -219,8 +243,9 @@ def group_files(repo_id: str, parts: list[HubPart], revision: str = "main") -> l
     return out
 
 
-def choose(files: list[HubFile], tag: str | None = None, filename: str | None = None,
-           repo_id: str = "") -> HubFile:
+def choose(
+    files: list[HubFile], tag: str | None = None, filename: str | None = None, repo_id: str = ""
+) -> HubFile:
     """The file -hf repo[:tag] / -hff filename names (llama.cpp's rules, module docstring).
 
     Raises:
@@ -244,8 +269,11 @@ def choose(files: list[HubFile], tag: str | None = None, filename: str | None = 
     if not tag:
         return files[0]
     tags = tuple(dict.fromkeys(f.quant for f in files if f.quant))
-    raise HubError(f"{repo} has no '{tag}' file (quants there: {', '.join(tags) or 'none tagged'})",
-                   HubError.QUANT_NOT_FOUND, available=tags)
+    raise HubError(
+        f"{repo} has no '{tag}' file (quants there: {', '.join(tags) or 'none tagged'})",
+        HubError.QUANT_NOT_FOUND,
+        available=tags,
+    )
 
 
 # -- paths in the cache, checked (where the cache is: session.py) -----------------------------
@@ -276,8 +304,11 @@ def _confined(path: Path, base: Path) -> Path:
         HubError: HUB, it leads outside (a link planted in the cache).
     """
     if not _inside(path, base):
-        raise HubError(f"{path} leads outside {base} (a link in the Hugging Face cache points out of "
-                       "it): refused", HubError.HUB)
+        raise HubError(
+            f"{path} leads outside {base} (a link in the Hugging Face cache points out of "
+            "it): refused",
+            HubError.HUB,
+        )
     return path
 
 
@@ -286,7 +317,9 @@ def _check_commit(commit: object, what: str) -> str:
     if not commit:
         raise HubError(f"{what}: the Hub gave no commit for it", HubError.HUB)
     if not isinstance(commit, str) or not _COMMIT.fullmatch(commit):
-        raise HubError(f"{what}: the Hub gave an invalid commit '{_shown(commit)}': refused", HubError.HUB)
+        raise HubError(
+            f"{what}: the Hub gave an invalid commit '{_shown(commit)}': refused", HubError.HUB
+        )
     return commit
 
 
@@ -309,10 +342,16 @@ def _api(token: str | None):
 def _part(sibling: Any) -> HubPart:
     """One listed file; its name checked (check_filename) and its size a byte count or None."""
     lfs = getattr(sibling, "lfs", None)
-    sha = (lfs.get("sha256") if isinstance(lfs, dict) else getattr(lfs, "sha256", None)) if lfs else None
+    sha = (
+        (lfs.get("sha256") if isinstance(lfs, dict) else getattr(lfs, "sha256", None))
+        if lfs
+        else None
+    )
     size = getattr(sibling, "size", None)
     if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 0):
-        raise HubError(f"invalid size '{_shown(size)}' for '{_shown(sibling.rfilename)}'", HubError.HUB)
+        raise HubError(
+            f"invalid size '{_shown(size)}' for '{_shown(sibling.rfilename)}'", HubError.HUB
+        )
     return HubPart(check_filename(sibling.rfilename), size, sha, getattr(sibling, "blob_id", None))
 
 
@@ -324,7 +363,9 @@ def _repo_from_info(info: Any, commit: str | None) -> HubRepo:
         HubError: HUB, naming what is wrong.
     """
     if not is_repo_id(info.id):
-        raise HubError(f"the Hub gave an invalid repository id '{_shown(info.id)}': refused", HubError.HUB)
+        raise HubError(
+            f"the Hub gave an invalid repository id '{_shown(info.id)}': refused", HubError.HUB
+        )
     if commit is not None:
         _check_commit(commit, info.id)
     try:
@@ -358,11 +399,19 @@ def search(text: str, limit: int = 20, token: str | None = None) -> list[HubRepo
     # GET /api/models as HfApi.list_models sends it, but one request: list_models retries a
     # refused connection for ~20 s (its pagination backs off), and one page is all we show
     query: dict[str, str | int | list[str]] = {
-        "search": text, "filter": "gguf", "sort": "downloads", "limit": limit,
-        "expand": ["downloads", "likes", "lastModified", "gated", "siblings"]}
+        "search": text,
+        "filter": "gguf",
+        "sort": "downloads",
+        "limit": limit,
+        "expand": ["downloads", "likes", "lastModified", "gated", "siblings"],
+    }
     with hub_errors(f"search '{text}'", token):
-        r = get_session().get(f"{endpoint()}/api/models", params=query, headers=build_hf_headers(token=token),
-                              timeout=TIMEOUT_S)
+        r = get_session().get(
+            f"{endpoint()}/api/models",
+            params=query,
+            headers=build_hf_headers(token=token),
+            timeout=TIMEOUT_S,
+        )
         hf_raise_for_status(r)
         found = [ModelInfo(**{"siblings": None, **item}) for item in r.json()[:limit]]
     out = []
@@ -477,11 +526,17 @@ def cached_models() -> list[HubFile]:
     out: list[HubFile] = []
     with contextlib.suppress(OSError):
         for rdir in sorted(root.glob("models--*")):
-            repo_id = rdir.name[len("models--"):].replace("--", "/")
-            if not is_repo_id(repo_id) or not _inside(rdir, root) or not _inside(rdir / "refs", rdir):
+            repo_id = rdir.name[len("models--") :].replace("--", "/")
+            if (
+                not is_repo_id(repo_id)
+                or not _inside(rdir, root)
+                or not _inside(rdir / "refs", rdir)
+            ):
                 continue
-            refs = sorted((p.name for p in (rdir / "refs").glob("*") if p.is_file()),
-                          key=lambda n: n != "main")
+            refs = sorted(
+                (p.name for p in (rdir / "refs").glob("*") if p.is_file()),
+                key=lambda n: n != "main",
+            )
             for ref in refs[:1]:
                 out.extend(_local_files(repo_id, ref))
     return out
@@ -511,8 +566,12 @@ def remove_cached(file: HubFile) -> bool:
                 target = os.path.realpath(pointer)
                 pointer.unlink()  # the link itself; its target stays
                 removed = True
-                if (blobs is not None and os.path.dirname(target) == blobs and os.path.isfile(target)
-                        and not _still_linked(rdir / "snapshots", target)):
+                if (
+                    blobs is not None
+                    and os.path.dirname(target) == blobs
+                    and os.path.isfile(target)
+                    and not _still_linked(rdir / "snapshots", target)
+                ):
                     os.unlink(target)
             elif pointer.is_file():  # a copy: the file is in the snapshot
                 pointer.unlink()
@@ -558,8 +617,10 @@ def resolve(spec: str, filename: str | None = None, token: str | None = None) ->
 def _resolve_cached(repo_id: str, tag: str | None, filename: str | None, why: str) -> HubFile:
     files = _local_files(repo_id)
     if not files:
-        raise HubError(f"{repo_id}: not in the cache {cache_dir()}, and the Hub cannot be used ({why})",
-                       HubError.OFFLINE)
+        raise HubError(
+            f"{repo_id}: not in the cache {cache_dir()}, and the Hub cannot be used ({why})",
+            HubError.OFFLINE,
+        )
     f = choose(files, tag, filename, repo_id)
     return f
 
@@ -579,10 +640,12 @@ def discard_partial(file: HubFile) -> None:
             (blobs / f"{_blob_name(part)}.incomplete").unlink(missing_ok=True)
 
 
-
-
-def download(file: HubFile, token: str | None = None, progress: Progress | None = None,
-             cancel: threading.Event | None = None) -> Path:
+def download(
+    file: HubFile,
+    token: str | None = None,
+    progress: Progress | None = None,
+    cancel: threading.Event | None = None,
+) -> Path:
     """Every part of `file` into the HF cache; returns the first part's path.
 
     Parts already cached are used in place. A transfer that breaks off reconnects and goes on
@@ -602,18 +665,29 @@ def download(file: HubFile, token: str | None = None, progress: Progress | None 
         return cached.local_path
     if offline():
         raise HubError(f"{file.spec}: not in the cache and HF_HUB_OFFLINE is set", HubError.OFFLINE)
-    if file.revision == "main" or file.size is None or any(p.sha256 is None and p.blob_id is None
-                                                           for p in file.parts):
-        file = choose(repo(file.repo_id, token, file.revision).files, filename=file.filename,
-                      repo_id=file.repo_id)
+    if (
+        file.revision == "main"
+        or file.size is None
+        or any(p.sha256 is None and p.blob_id is None for p in file.parts)
+    ):
+        file = choose(
+            repo(file.repo_id, token, file.revision).files,
+            filename=file.filename,
+            repo_id=file.repo_id,
+        )
     return _Downloader(file, token, progress, cancel).run()
 
 
 class _Downloader:
     """The transfer of one model's parts into the cache (see the module docstring)."""
 
-    def __init__(self, file: HubFile, token: str | None, progress: Progress | None,
-                 cancel: threading.Event | None):
+    def __init__(
+        self,
+        file: HubFile,
+        token: str | None,
+        progress: Progress | None,
+        cancel: threading.Event | None,
+    ):
         self.file = file
         self.token = token
         self.report = progress or (lambda done, total: None)
@@ -649,24 +723,33 @@ class _Downloader:
     def _pointer_ok(self, part: HubPart) -> bool:
         pointer = _cached_part(self.snap, part.filename)
         try:
-            return pointer is not None and (part.size is None or pointer.stat().st_size == part.size)
+            return pointer is not None and (
+                part.size is None or pointer.stat().st_size == part.size
+            )
         except OSError:
             return False
 
     def _check_space(self, todo: list[HubPart]) -> None:
         blobs = self.rdir / "blobs"
-        need = sum(max(0, (p.size or 0) - _size_or_zero(blobs / f"{_blob_name(p)}.incomplete"))
-                   for p in todo)
+        need = sum(
+            max(0, (p.size or 0) - _size_or_zero(blobs / f"{_blob_name(p)}.incomplete"))
+            for p in todo
+        )
         _mkdirs(blobs)
         free = shutil.disk_usage(blobs).free
         if need > free:
-            raise HubError(f"{self.file.spec}: not enough disk space in {blobs}: need {_mib(need)}, "
-                           f"{_mib(free)} free", HubError.DISK_FULL)
+            raise HubError(
+                f"{self.file.spec}: not enough disk space in {blobs}: need {_mib(need)}, "
+                f"{_mib(free)} free",
+                HubError.DISK_FULL,
+            )
 
     def _part(self, part: HubPart) -> None:
         blob = self.rdir / "blobs" / _blob_name(part)
         for planted in (blob, blob.with_name(blob.name + ".incomplete")):
-            if planted.is_symlink():  # never the cache's own (a blob is a file): writing would go through it
+            if (
+                planted.is_symlink()
+            ):  # never the cache's own (a blob is a file): writing would go through it
                 planted.unlink()
         if not _size_matches(blob, part.size):
             with self._lock(part):
@@ -697,15 +780,20 @@ class _Downloader:
 
     def _check_cancel(self, have: int) -> None:
         if self.cancel.is_set():
-            raise HubError(f"{self.file.spec}: download cancelled at {_mib(self.base + have)} of "
-                           f"{_mib(self.total)}; the partial file is kept and the next download "
-                           "resumes it", HubError.CANCELLED)
+            raise HubError(
+                f"{self.file.spec}: download cancelled at {_mib(self.base + have)} of "
+                f"{_mib(self.total)}; the partial file is kept and the next download "
+                "resumes it",
+                HubError.CANCELLED,
+            )
 
     def _fetch(self, part: HubPart, blob: Path) -> None:
         """Stream `part` into blob.incomplete (resuming), check it, rename it to `blob`."""
         from huggingface_hub import hf_hub_url
 
-        url = hf_hub_url(self.file.repo_id, part.filename, revision=self.file.revision, endpoint=endpoint())
+        url = hf_hub_url(
+            self.file.repo_id, part.filename, revision=self.file.revision, endpoint=endpoint()
+        )
         tmp = blob.with_name(blob.name + ".incomplete")
         have = _size_or_zero(tmp)
         if part.size is not None and have > part.size:
@@ -726,7 +814,9 @@ class _Downloader:
                     raise HubError(
                         f"{self.file.spec}: download interrupted ({type(e).__name__}) at "
                         f"{_mib(self.base + have)} of {_mib(self.total)}; the partial file is "
-                        "kept: run the same command again to resume", HubError.INTERRUPTED) from None
+                        "kept: run the same command again to resume",
+                        HubError.INTERRUPTED,
+                    ) from None
                 time.sleep(_RETRY_PAUSE_S * failures)
                 continue
             failures = 0
@@ -743,9 +833,12 @@ class _Downloader:
         headers["Accept-Encoding"] = "identity"
         if have:
             headers["Range"] = f"bytes={have}-"
-        with hub_errors(f"{self.file.spec} ({part.filename})", self.token, network=False), \
-                get_session().stream("GET", url, headers=headers, timeout=TIMEOUT_S,
-                                     follow_redirects=True) as r:
+        with (
+            hub_errors(f"{self.file.spec} ({part.filename})", self.token, network=False),
+            get_session().stream(
+                "GET", url, headers=headers, timeout=TIMEOUT_S, follow_redirects=True
+            ) as r,
+        ):
             hf_raise_for_status(r)
             if have and r.status_code != 206:  # the server ignored the range: start over
                 have, digest = 0, (hashlib.sha256() if part.sha256 else None)
@@ -764,8 +857,11 @@ class _Downloader:
                             break
             except OSError as e:
                 if e.errno == errno.ENOSPC:
-                    raise HubError(f"{self.file.spec}: disk full while downloading into {tmp.parent}; "
-                                   "the partial file is kept", HubError.DISK_FULL) from None
+                    raise HubError(
+                        f"{self.file.spec}: disk full while downloading into {tmp.parent}; "
+                        "the partial file is kept",
+                        HubError.DISK_FULL,
+                    ) from None
                 raise
         return have, digest
 
@@ -778,8 +874,11 @@ class _Downloader:
             problem = f"sha256 {digest.hexdigest()}, the Hub lists {part.sha256}"
         if problem:
             tmp.unlink(missing_ok=True)
-            raise HubError(f"{self.file.spec} ({part.filename}): downloaded file is corrupt ({problem}); "
-                           "it was deleted, download again", HubError.CORRUPT)
+            raise HubError(
+                f"{self.file.spec} ({part.filename}): downloaded file is corrupt ({problem}); "
+                "it was deleted, download again",
+                HubError.CORRUPT,
+            )
 
     def _link(self, part: HubPart, blob: Path) -> None:
         """snapshots/<commit>/<path> -> ../../blobs/<name>, as huggingface_hub links it; a copy
@@ -843,8 +942,10 @@ def _mkdirs(path: Path) -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise HubError(f"cannot create {path}: {e.strerror or e}",
-                       HubError.DISK_FULL if e.errno == errno.ENOSPC else HubError.HUB) from None
+        raise HubError(
+            f"cannot create {path}: {e.strerror or e}",
+            HubError.DISK_FULL if e.errno == errno.ENOSPC else HubError.HUB,
+        ) from None
 
 
 def _mib(n: int) -> str:

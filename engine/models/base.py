@@ -48,7 +48,9 @@ class Architecture:
         """The ubatch's token embeddings into s.x."""
         decoder.embed(self.spec, s, w)
 
-    def head(self, s: layers.UbatchState, w: ModelWeights, out: np.ndarray, embeddings: bool) -> None:
+    def head(
+        self, s: layers.UbatchState, w: ModelWeights, out: np.ndarray, embeddings: bool
+    ) -> None:
         """Final norm and logits (or embeddings) of the ubatch's output rows into out."""
         decoder.head(self.spec, s, w, out, embeddings)
 
@@ -77,10 +79,23 @@ def layer_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     E, F, D = cfg.n_embd, cfg.n_ff, cfg.head_dim
     q, kv, v = cfg.n_head * D, cfg.n_head_kv * D, cfg.n_head_kv * cfg.head_dim_v
     return dict(
-        attn_norm=(E,), attn_q=(E, q), attn_k=(E, kv), attn_v=(E, v), attn_qkv=(E, q + kv + v),
-        attn_q_bias=(q,), attn_k_bias=(kv,), attn_v_bias=(v,), attn_q_norm=(D,), attn_k_norm=(D,),
-        attn_output=(cfg.n_head * cfg.head_dim_v, E), post_attention_norm=(E,),
-        ffn_norm=(E,), ffn_gate=(E, F), ffn_up=(E, F), ffn_down=(F, E), post_ffw_norm=(E,),
+        attn_norm=(E,),
+        attn_q=(E, q),
+        attn_k=(E, kv),
+        attn_v=(E, v),
+        attn_qkv=(E, q + kv + v),
+        attn_q_bias=(q,),
+        attn_k_bias=(kv,),
+        attn_v_bias=(v,),
+        attn_q_norm=(D,),
+        attn_k_norm=(D,),
+        attn_output=(cfg.n_head * cfg.head_dim_v, E),
+        post_attention_norm=(E,),
+        ffn_norm=(E,),
+        ffn_gate=(E, F),
+        ffn_up=(E, F),
+        ffn_down=(F, E),
+        post_ffw_norm=(E,),
     )
 
 
@@ -99,7 +114,9 @@ def bind_layer(f: GGUFFile, cfg: ModelConfig, il: int, cls, **shapes):
         elif len(shape) == 2 and kind == "bias":  # per-expert biases: (n_expert, n) float32
             values[fld.name] = f.rows_f32(name, (shape[0], shape[1]))
         else:
-            values[fld.name] = f.vector(name, shape[0]) if len(shape) == 1 else f.qtensor(name, shape)
+            values[fld.name] = (
+                f.vector(name, shape[0]) if len(shape) == 1 else f.qtensor(name, shape)
+            )
     return cls(**values)
 
 
@@ -112,5 +129,8 @@ def rope_factors(f: GGUFFile, cfg: ModelConfig, name: str) -> tuple[float, ...]:
 def qtensors(lw) -> list[QTensor]:
     """The matrices of one layer dataclass (for kernel warm-up); of a stack of experts only
     the first expert, so that nothing pages in the others."""
-    return [v.expert(0) if isinstance(v, ExpertTensor) else v for v in vars(lw).values()
-            if isinstance(v, (QTensor, ExpertTensor))]
+    return [
+        v.expert(0) if isinstance(v, ExpertTensor) else v
+        for v in vars(lw).values()
+        if isinstance(v, (QTensor, ExpertTensor))
+    ]

@@ -25,7 +25,9 @@ def block(spec: LayerSpec, s: L.UbatchState, il: int, lw) -> None:
     if spec.fused:
         q, k, v = L.qkv_fused(s, h, lw.attn_qkv)
     elif spec.qkv_bias and hasattr(lw, "attn_q_bias"):  # optional in qwen2moe's layers
-        q, k, v = L.qkv(s, h, lw.attn_q, lw.attn_k, lw.attn_v, lw.attn_q_bias, lw.attn_k_bias, lw.attn_v_bias)
+        q, k, v = L.qkv(
+            s, h, lw.attn_q, lw.attn_k, lw.attn_v, lw.attn_q_bias, lw.attn_k_bias, lw.attn_v_bias
+        )
     else:
         q, k, v = L.qkv(s, h, lw.attn_q, lw.attn_k, lw.attn_v)
     if spec.qk_norm == "head":
@@ -34,10 +36,17 @@ def block(spec: LayerSpec, s: L.UbatchState, il: int, lw) -> None:
     elif spec.qk_norm == "whole":  # s.q, s.k: the (T, width) buffers behind q and k
         L.norm(s, s.q, lw.attn_q_norm, s.q)
         L.norm(s, s.k, lw.attn_k_norm, s.k)
-    o = L.attention(s, il, q, k, v, lw.attn_output,
-                    s.cfg.attn_logit_softcap if spec.attn_softcap else 0.0,
-                    lw.attn_sinks if spec.sinks else None,
-                    lw.attn_output_bias if spec.o_bias else None)
+    o = L.attention(
+        s,
+        il,
+        q,
+        k,
+        v,
+        lw.attn_output,
+        s.cfg.attn_logit_softcap if spec.attn_softcap else 0.0,
+        lw.attn_sinks if spec.sinks else None,
+        lw.attn_output_bias if spec.o_bias else None,
+    )
     # each branch's output joins the residual stream post-normed and scaled (in place) as
     # the spec says; written out twice rather than as a helper: this runs per layer and ubatch
     if spec.post_norms:

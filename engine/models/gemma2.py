@@ -69,6 +69,9 @@ def load_layer(f: GGUFFile, cfg: ModelConfig, il: int) -> Layer:
     return bind_layer(f, cfg, il, Layer)
 
 
-SPEC = DecoderSpec(LayerSpec(post_norms=True, act="gelu", attn_softcap=True),
-                   embed_scale="sqrt_n_embd", final_softcap=True)
+SPEC = DecoderSpec(
+    LayerSpec(post_norms=True, act="gelu", attn_softcap=True),
+    embed_scale="sqrt_n_embd",
+    final_softcap=True,
+)
 ARCH = Architecture("gemma2", config_from_gguf, load_layer, SPEC)

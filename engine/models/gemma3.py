@@ -61,6 +61,9 @@ def load_layer(f: GGUFFile, cfg: ModelConfig, il: int) -> Layer:
 
 # as gemma2 with per-head Q/K norms and no attention soft-cap: embeddings scaled by
 # sqrt(n_embd), final logits soft-capped when the file says so
-SPEC = DecoderSpec(LayerSpec(qk_norm="head", post_norms=True, act="gelu"),
-                   embed_scale="sqrt_n_embd", final_softcap=True)
+SPEC = DecoderSpec(
+    LayerSpec(qk_norm="head", post_norms=True, act="gelu"),
+    embed_scale="sqrt_n_embd",
+    final_softcap=True,
+)
 ARCH = Architecture("gemma3", config_from_gguf, load_layer, SPEC)

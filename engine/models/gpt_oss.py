@@ -29,7 +29,11 @@ SWA_PATTERN = 2  # layer il slides when il % 2 == 0
 
 def config_from_gguf(f: GGUFFile) -> moe.MoeConfig:
     k = lambda s: f"{f.arch}.{s}"
-    for key in ("attention.layer_norm_rms_epsilon", "expert_feed_forward_length", "attention.sliding_window"):
+    for key in (
+        "attention.layer_norm_rms_epsilon",
+        "expert_feed_forward_length",
+        "attention.sliding_window",
+    ):
         if not f.has(k(key)):  # llama.cpp's loader requires these for gpt-oss
             raise GGUFError(f"{f.path}: missing metadata key '{k(key)}' (architecture {f.arch})")
     cfg = moe.moe_config(
@@ -42,7 +46,9 @@ def config_from_gguf(f: GGUFFile) -> moe.MoeConfig:
         swa_layers=swa_layers(f, SWA_PATTERN),
     )
     # kq_scale 1/sqrt(n_rot); no dense feed-forward, so its buffers are unused
-    return replace(cfg, attn_scale=cfg.rope_dim**-0.5, extra_acts=cfg.extra_acts + (("gate", 0), ("up", 0)))
+    return replace(
+        cfg, attn_scale=cfg.rope_dim**-0.5, extra_acts=cfg.extra_acts + (("gate", 0), ("up", 0))
+    )
 
 
 @dataclass
@@ -69,9 +75,18 @@ class Layer:
 
 
 def load_layer(f: GGUFFile, cfg: moe.MoeConfig, il: int) -> Layer:
-    return bind_layer(f, cfg, il, Layer, attn_output_bias=(cfg.n_embd,), attn_sinks=(cfg.n_head,),
-                      **moe.moe_shapes(cfg))
+    return bind_layer(
+        f,
+        cfg,
+        il,
+        Layer,
+        attn_output_bias=(cfg.n_embd,),
+        attn_sinks=(cfg.n_head,),
+        **moe.moe_shapes(cfg),
+    )
 
 
-SPEC = DecoderSpec(LayerSpec(qkv_bias=True, moe=True, sinks=True, o_bias=True, ffn_norm="post_attention_norm"))
+SPEC = DecoderSpec(
+    LayerSpec(qkv_bias=True, moe=True, sinks=True, o_bias=True, ffn_norm="post_attention_norm")
+)
 ARCH = Architecture("gpt-oss", config_from_gguf, load_layer, SPEC)

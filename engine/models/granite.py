@@ -54,7 +54,9 @@ def config_from_gguf(f: GGUFFile) -> GraniteConfig:
     require_whole_head_rope(f, cfg)
     for name in BIASES:
         if f"blk.0.{name}.bias" in f.tensors:
-            raise UnsupportedArchError(f"{f.path}: granite with bias tensors (blk.0.{name}.bias) is not supported")
+            raise UnsupportedArchError(
+                f"{f.path}: granite with bias tensors (blk.0.{name}.bias) is not supported"
+            )
     return replace(cfg, rope_freqs=rope_factors(f, cfg, "rope_freqs.weight"))
 
 

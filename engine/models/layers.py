@@ -82,8 +82,16 @@ def norm_heads(s: UbatchState, x: np.ndarray, w: np.ndarray) -> None:
     ops.rmsnorm(rows, w, s.cfg.norm_eps, rows)
 
 
-def qkv(s: UbatchState, h: np.ndarray, wq: QTensor, wk: QTensor, wv: QTensor,
-        bq: np.ndarray | None = None, bk: np.ndarray | None = None, bv: np.ndarray | None = None):
+def qkv(
+    s: UbatchState,
+    h: np.ndarray,
+    wq: QTensor,
+    wk: QTensor,
+    wv: QTensor,
+    bq: np.ndarray | None = None,
+    bk: np.ndarray | None = None,
+    bv: np.ndarray | None = None,
+):
     """Queries (T, n_head, head_dim), keys and values (T, n_head_kv, .) of h (T, n_embd),
     plus optional biases. One fused kernel launch for a single token."""
     matmul_many([wq, wk, wv], h, [s.q, s.k, s.v], s.tile, s.path)
@@ -106,9 +114,17 @@ def qkv_fused(s: UbatchState, h: np.ndarray, wqkv: QTensor):
     return s.q3, s.k3, s.v3
 
 
-def attention(s: UbatchState, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, wo: QTensor,
-              softcap: float = 0.0, sinks: np.ndarray | None = None,
-              bo: np.ndarray | None = None) -> np.ndarray:
+def attention(
+    s: UbatchState,
+    il: int,
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    wo: QTensor,
+    softcap: float = 0.0,
+    sinks: np.ndarray | None = None,
+    bo: np.ndarray | None = None,
+) -> np.ndarray:
     """Self-attention of layer il; returns the output projection (T, n_embd) in s.o.
 
     RoPE on q and k (the cache's rotation for this layer), k and v stored in the KV cache, then
@@ -143,20 +159,44 @@ def attention(s: UbatchState, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarr
                 a, e = parts[p]
                 hi = int(ps[e - 1]) + 1  # a sequence's positions increase through the chunk
                 lo = max(0, int(ps[a]) - window + 1) if window > 0 else 0
-                ops.attention_chunk(qs[a:e], kf[lo:hi], vf[lo:hi], ps[a:e], window, scale, softcap, res[a:e],
-                                    sinks, lo)
+                ops.attention_chunk(
+                    qs[a:e],
+                    kf[lo:hi],
+                    vf[lo:hi],
+                    ps[a:e],
+                    window,
+                    scale,
+                    softcap,
+                    res[a:e],
+                    sinks,
+                    lo,
+                )
 
             parallel.run_parts(rows, len(parts))
             attn[idx] = res
     if s.small is not None:  # decode tokens (of any sequences): one kernel call per 16
         if s.small_groups is None:
-            s.small_groups = [(sel, *kv.token_cells(s.seq_id[sel]))
-                              for sel in (s.small[c0 : c0 + DECODE_TOKENS]
-                                          for c0 in range(0, len(s.small), DECODE_TOKENS))]
+            s.small_groups = [
+                (sel, *kv.token_cells(s.seq_id[sel]))
+                for sel in (
+                    s.small[c0 : c0 + DECODE_TOKENS] for c0 in range(0, len(s.small), DECODE_TOKENS)
+                )
+            ]
         for sel, kv_rows, kv_base in s.small_groups:
             res = np.empty((len(sel), H, Dv), np.float32)
-            ops.attention_tokens(np.ascontiguousarray(q[sel]), kv.k[il], kv.v[il], kv_rows, s.pos[sel], window,
-                                 scale, softcap, res, sinks, kv_base)
+            ops.attention_tokens(
+                np.ascontiguousarray(q[sel]),
+                kv.k[il],
+                kv.v[il],
+                kv_rows,
+                s.pos[sel],
+                window,
+                scale,
+                softcap,
+                res,
+                sinks,
+                kv_base,
+            )
             attn[sel] = res
     matmul(wo, s.attn, s.o, s.tile, s.path)
     if bo is not None:
@@ -164,8 +204,9 @@ def attention(s: UbatchState, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarr
     return s.o
 
 
-def ffn(s: UbatchState, h: np.ndarray, gate: QTensor, up: QTensor, down: QTensor,
-        act: str) -> np.ndarray:
+def ffn(
+    s: UbatchState, h: np.ndarray, gate: QTensor, up: QTensor, down: QTensor, act: str
+) -> np.ndarray:
     """Gated feed-forward down(act(gate h) * up h), act "silu" or "gelu"; returns s.o."""
     matmul_many([gate, up], h, [s.gate, s.up], s.tile, s.path)
     ops.gated_act(act, s.gate, s.up, s.gate)

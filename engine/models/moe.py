@@ -47,7 +47,9 @@ from ..config import ModelConfig, base_config
 from ..errors import GGUFError
 from ..gguf_file import GGUFFile
 from ..quants import ExpertTensor, QTensor, matmul, matmul_many
-from ..sampling.std_sort import std_sort  # libstdc++'s std::sort, step for step: ggml_argsort's ties
+from ..sampling.std_sort import (
+    std_sort,
+)  # libstdc++'s std::sort, step for step: ggml_argsort's ties
 from . import layers as L
 
 GATINGS = ("softmax", "sigmoid", "softmax_weight")
@@ -70,7 +72,9 @@ def _swiglu_oai(g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
 
 # act(gate, up) of one expert's tokens: gate, up, out (n, n_ff_exp) float32, out may be gate
 ACTIVATIONS: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray], None]] = {
-    "silu": _silu, "gelu": _gelu, "swiglu_oai": _swiglu_oai,
+    "silu": _silu,
+    "gelu": _gelu,
+    "swiglu_oai": _swiglu_oai,
 }
 
 
@@ -120,9 +124,17 @@ class SharedExpert:
     gate_inp: np.ndarray | None = None
 
 
-def moe_config(f: GGUFFile, cls: type[MoeConfig] = MoeConfig, *, gating: str = "softmax",
-               norm_weights: bool = False, weights_scale: float = 0.0, act: str = "silu",
-               n_ff_shexp: int = 0, **overrides: Any) -> MoeConfig:
+def moe_config(
+    f: GGUFFile,
+    cls: type[MoeConfig] = MoeConfig,
+    *,
+    gating: str = "softmax",
+    norm_weights: bool = False,
+    weights_scale: float = 0.0,
+    act: str = "silu",
+    n_ff_shexp: int = 0,
+    **overrides: Any,
+) -> MoeConfig:
     """base_config plus the expert hyper-parameters, checked as llama.cpp's loader does.
 
     The ubatch buffers gain "moe_gate"/"moe_up" (n_ff_exp wide), "moe_out" (n_embd) and
@@ -133,19 +145,30 @@ def moe_config(f: GGUFFile, cls: type[MoeConfig] = MoeConfig, *, gating: str = "
     n_expert = f.get_int(k("expert_count"), 0, lo=0, hi=MAX_EXPERTS)
     n_used = f.get_int(k("expert_used_count"), 0, lo=0, hi=MAX_EXPERTS)
     if n_expert == 0:
-        raise GGUFError(f"{f.path}: {k('expert_count')} is missing or 0; a {f.arch} model needs experts")
+        raise GGUFError(
+            f"{f.path}: {k('expert_count')} is missing or 0; a {f.arch} model needs experts"
+        )
     if n_used == 0:
-        raise GGUFError(f"{f.path}: {k('expert_used_count')} is missing or 0; a {f.arch} model needs it")
+        raise GGUFError(
+            f"{f.path}: {k('expert_used_count')} is missing or 0; a {f.arch} model needs it"
+        )
     if n_used > n_expert:
-        raise GGUFError(f"{f.path}: {k('expert_used_count')} = {n_used} is more than "
-                        f"{k('expert_count')} = {n_expert}")
+        raise GGUFError(
+            f"{f.path}: {k('expert_used_count')} = {n_used} is more than "
+            f"{k('expert_count')} = {n_expert}"
+        )
     n_ff_exp = f.get_int(k("expert_feed_forward_length"), 0, lo=0, hi=1 << 24) or cfg.n_ff // n_used
     if n_ff_exp <= 0:
         raise GGUFError(f"{f.path}: invalid expert feed-forward length {n_ff_exp}")
     if gating not in GATINGS or act not in ACTIVATIONS:
         raise ValueError(f"unknown MoE gating {gating!r} or activation {act!r}")
     spec = MoeSpec(n_expert, n_used, n_ff_exp, gating, norm_weights, weights_scale, act, n_ff_shexp)
-    acts = (("moe_gate", n_ff_exp), ("moe_up", n_ff_exp), ("moe_out", cfg.n_embd), ("router", n_expert))
+    acts = (
+        ("moe_gate", n_ff_exp),
+        ("moe_up", n_ff_exp),
+        ("moe_out", cfg.n_embd),
+        ("router", n_expert),
+    )
     return replace(cfg, moe=spec, extra_acts=cfg.extra_acts + acts)
 
 
@@ -153,14 +176,24 @@ def moe_shapes(cfg: MoeConfig) -> dict[str, tuple[int, ...]]:
     """Expected ggml shapes of the MoE layer tensors by layer-dataclass field name."""
     E, X, F, Fs = cfg.n_embd, cfg.moe.n_expert, cfg.moe.n_ff_exp, cfg.moe.n_ff_shexp or cfg.n_ff
     return dict(
-        ffn_gate_inp=(E, X), ffn_gate_inp_bias=(X,), exp_probs_b_bias=(X,),
-        ffn_gate_exps=(E, F, X), ffn_up_exps=(E, F, X), ffn_down_exps=(F, E, X),
-        ffn_gate_exps_bias=(F, X), ffn_up_exps_bias=(F, X), ffn_down_exps_bias=(E, X),
-        ffn_gate_inp_shexp=(E,), ffn_gate_shexp=(E, Fs), ffn_up_shexp=(E, Fs), ffn_down_shexp=(Fs, E),
+        ffn_gate_inp=(E, X),
+        ffn_gate_inp_bias=(X,),
+        exp_probs_b_bias=(X,),
+        ffn_gate_exps=(E, F, X),
+        ffn_up_exps=(E, F, X),
+        ffn_down_exps=(F, E, X),
+        ffn_gate_exps_bias=(F, X),
+        ffn_up_exps_bias=(F, X),
+        ffn_down_exps_bias=(E, X),
+        ffn_gate_inp_shexp=(E,),
+        ffn_gate_shexp=(E, Fs),
+        ffn_up_shexp=(E, Fs),
+        ffn_down_shexp=(Fs, E),
     )
 
 
 # --- routing -----------------------------------------------------------------------------------
+
 
 def top_k(p: np.ndarray, k: int) -> np.ndarray:
     """(T, k) int64 indices of the k largest of each row of p (T, n) float32, in the order
@@ -186,8 +219,12 @@ def _softmax_rows(x: np.ndarray) -> np.ndarray:
     return (e / e.sum(axis=1, dtype=np.float64, keepdims=True)).astype(np.float32)
 
 
-def route(logits: np.ndarray, spec: MoeSpec, router_bias: np.ndarray | None = None,
-          probs_bias: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def route(
+    logits: np.ndarray,
+    spec: MoeSpec,
+    router_bias: np.ndarray | None = None,
+    probs_bias: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """The experts of each token and their weights, as build_moe_ffn computes them.
 
     Args:
@@ -223,23 +260,40 @@ def route(logits: np.ndarray, spec: MoeSpec, router_bias: np.ndarray | None = No
 
 # --- the feed-forward --------------------------------------------------------------------------
 
+
 def layer_weights(lw) -> tuple[MoeWeights, SharedExpert | None]:
     """A MoE layer's router and experts, and its shared expert (None without), from the
     layer's fields as moe_shapes names them; optional ones a layer lacks are None."""
+
     def opt(name: str):
         return getattr(lw, name, None)
 
-    w = MoeWeights(lw.ffn_gate_inp, lw.ffn_gate_exps, lw.ffn_up_exps, lw.ffn_down_exps,
-                   router_bias=opt("ffn_gate_inp_bias"), probs_bias=opt("exp_probs_b_bias"),
-                   gate_bias=opt("ffn_gate_exps_bias"), up_bias=opt("ffn_up_exps_bias"),
-                   down_bias=opt("ffn_down_exps_bias"))
+    w = MoeWeights(
+        lw.ffn_gate_inp,
+        lw.ffn_gate_exps,
+        lw.ffn_up_exps,
+        lw.ffn_down_exps,
+        router_bias=opt("ffn_gate_inp_bias"),
+        probs_bias=opt("exp_probs_b_bias"),
+        gate_bias=opt("ffn_gate_exps_bias"),
+        up_bias=opt("ffn_up_exps_bias"),
+        down_bias=opt("ffn_down_exps_bias"),
+    )
     if opt("ffn_gate_shexp") is None:
         return w, None
-    return w, SharedExpert(lw.ffn_gate_shexp, lw.ffn_up_shexp, lw.ffn_down_shexp, opt("ffn_gate_inp_shexp"))
+    return w, SharedExpert(
+        lw.ffn_gate_shexp, lw.ffn_up_shexp, lw.ffn_down_shexp, opt("ffn_gate_inp_shexp")
+    )
 
 
-def ffn(s: L.UbatchState, h: np.ndarray, w: MoeWeights, spec: MoeSpec,
-        shared: SharedExpert | None = None, logits: np.ndarray | None = None) -> np.ndarray:
+def ffn(
+    s: L.UbatchState,
+    h: np.ndarray,
+    w: MoeWeights,
+    spec: MoeSpec,
+    shared: SharedExpert | None = None,
+    logits: np.ndarray | None = None,
+) -> np.ndarray:
     """The MoE feed-forward of h (T, n_embd) into s.o (returned): the shared expert if any,
     plus the sum over each token's k experts of weight * down(act(gate h, up h)). logits: the
     router's output for h when the caller has it (a compiled decode step), else computed."""
@@ -265,8 +319,15 @@ def shared_ffn(s: L.UbatchState, h: np.ndarray, sh: SharedExpert) -> np.ndarray:
     return out
 
 
-def run_experts(s: L.UbatchState, h: np.ndarray, w: MoeWeights, spec: MoeSpec,
-                experts: np.ndarray, weights: np.ndarray, out: np.ndarray) -> None:
+def run_experts(
+    s: L.UbatchState,
+    h: np.ndarray,
+    w: MoeWeights,
+    spec: MoeSpec,
+    experts: np.ndarray,
+    weights: np.ndarray,
+    out: np.ndarray,
+) -> None:
     """out[t] += sum_j weights[t, j] * expert experts[t, j] (h[t]); each chosen expert runs
     once on the tokens that chose it, reading only its own rows."""
     if w.gate is None:

@@ -42,7 +42,9 @@ def config_from_gguf(f: GGUFFile) -> Olmo2Config:
     window = f.get_int(k("attention.sliding_window"), 0)
     extra: dict[str, Any] = {}
     if window > 0:
-        extra.update(sliding_window=window, swa_layers=swa_layers(f, SWA_PATTERN), rope_scale_swa=1.0)
+        extra.update(
+            sliding_window=window, swa_layers=swa_layers(f, SWA_PATTERN), rope_scale_swa=1.0
+        )
     cfg = base_config(f, Olmo2Config, rope_neox=True, **extra)
     require_whole_head_rope(f, cfg)
     return cfg
@@ -65,8 +67,14 @@ class Layer:
 
 def load_layer(f: GGUFFile, cfg: ModelConfig, il: int) -> Layer:
     D = cfg.head_dim
-    return bind_layer(f, cfg, il, Layer, attn_q_norm=(cfg.n_head * D,), attn_k_norm=(cfg.n_head_kv * D,))
+    return bind_layer(
+        f, cfg, il, Layer, attn_q_norm=(cfg.n_head * D,), attn_k_norm=(cfg.n_head_kv * D,)
+    )
 
 
-ARCH = Architecture("olmo2", config_from_gguf, load_layer,
-                    DecoderSpec(LayerSpec(qk_norm="whole", pre_norms=False, post_norms=True)))
+ARCH = Architecture(
+    "olmo2",
+    config_from_gguf,
+    load_layer,
+    DecoderSpec(LayerSpec(qk_norm="whole", pre_norms=False, post_norms=True)),
+)

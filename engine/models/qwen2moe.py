@@ -19,8 +19,12 @@ from .spec import DecoderSpec, LayerSpec
 
 def config_from_gguf(f: GGUFFile) -> moe.MoeConfig:
     n_ff = f.get_int(f"{f.arch}.feed_forward_length")
-    n_ff_shexp = f.get_int(f"{f.arch}.expert_shared_feed_forward_length", 0, lo=0, hi=1 << 24) or n_ff
-    cfg = moe.moe_config(f, gating="softmax", norm_weights=False, n_ff_shexp=n_ff_shexp, rope_neox=True)
+    n_ff_shexp = (
+        f.get_int(f"{f.arch}.expert_shared_feed_forward_length", 0, lo=0, hi=1 << 24) or n_ff
+    )
+    cfg = moe.moe_config(
+        f, gating="softmax", norm_weights=False, n_ff_shexp=n_ff_shexp, rope_neox=True
+    )
     # the shared expert runs through the dense feed-forward's buffers
     return replace(cfg, extra_acts=cfg.extra_acts + (("gate", n_ff_shexp), ("up", n_ff_shexp)))
 
@@ -58,4 +62,6 @@ def load_layer(f: GGUFFile, cfg: moe.MoeConfig, il: int) -> Layer:
 
 
 # qkv_bias: where the layer has them (a BiasedLayer); the shared expert: moe.layer_weights
-ARCH = Architecture("qwen2moe", config_from_gguf, load_layer, DecoderSpec(LayerSpec(qkv_bias=True, moe=True)))
+ARCH = Architecture(
+    "qwen2moe", config_from_gguf, load_layer, DecoderSpec(LayerSpec(qkv_bias=True, moe=True))
+)

@@ -43,4 +43,6 @@ def load_layer(f: GGUFFile, cfg: moe.MoeConfig, il: int) -> Layer:
     return bind_layer(f, cfg, il, Layer, **moe.moe_shapes(cfg))
 
 
-ARCH = Architecture("qwen3moe", config_from_gguf, load_layer, DecoderSpec(LayerSpec(qk_norm="head", moe=True)))
+ARCH = Architecture(
+    "qwen3moe", config_from_gguf, load_layer, DecoderSpec(LayerSpec(qk_norm="head", moe=True))
+)

@@ -61,8 +61,12 @@ class LayerSpec:
             raise ValueError(f"unknown layer variant {self}")
         if self.fused and (self.act != "silu" or self.qkv_bias or self.qk_norm or self.post_norms):
             raise ValueError(f"fused projections come with plain SwiGLU only: {self}")
-        if self.moe and (self.fused or self.post_norms or self.residual_scale or self.act != "silu"):
-            raise ValueError(f"MoE layers have pre-norms and the experts' own activation only: {self}")
+        if self.moe and (
+            self.fused or self.post_norms or self.residual_scale or self.act != "silu"
+        ):
+            raise ValueError(
+                f"MoE layers have pre-norms and the experts' own activation only: {self}"
+            )
 
     @property
     def aux(self) -> tuple[str, ...]:
@@ -84,9 +88,25 @@ class LayerSpec:
         """The layer's weight names, in the step's wq, wk, wv, wo, wg, wu, wd order (a fused
         weight fills the places of the ones it joins)."""
         if self.fused:
-            return ("attn_qkv", "attn_qkv", "attn_qkv", "attn_output", "ffn_up", "ffn_up", "ffn_down")
+            return (
+                "attn_qkv",
+                "attn_qkv",
+                "attn_qkv",
+                "attn_output",
+                "ffn_up",
+                "ffn_up",
+                "ffn_down",
+            )
         if self.moe:  # the router in the feed-forward's places; the experts go to experts_step
-            return ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_inp", "ffn_gate_inp", "ffn_gate_inp")
+            return (
+                "attn_q",
+                "attn_k",
+                "attn_v",
+                "attn_output",
+                "ffn_gate_inp",
+                "ffn_gate_inp",
+                "ffn_gate_inp",
+            )
         return ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
     @property
@@ -96,7 +116,9 @@ class LayerSpec:
         norms = ("attn_norm", self.ffn_norm) if self.pre_norms else ()
         experts = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps") if self.moe else ()
         sinks = ("attn_sinks",) if self.sinks else ()
-        aux = tuple(n for n in self.aux if not (self.moe and n.endswith(("q_bias", "k_bias", "v_bias"))))
+        aux = tuple(
+            n for n in self.aux if not (self.moe and n.endswith(("q_bias", "k_bias", "v_bias")))
+        )
         return tuple(dict.fromkeys(norms + self.weights + aux + sinks + experts))
 
 
@@ -117,4 +139,6 @@ class DecoderSpec:
 
     def __post_init__(self) -> None:
         if self.embed_scale not in EMBED_SCALES:
-            raise ValueError(f"unknown embedding scale {self.embed_scale!r} (one of {EMBED_SCALES})")
+            raise ValueError(
+                f"unknown embedding scale {self.embed_scale!r} (one of {EMBED_SCALES})"
+            )

@@ -74,7 +74,9 @@ _default_path = jit.DECODE_PATH
 @functools.cache
 def vec_dot_types() -> dict[GGMLQuantizationType, str]:
     """llama.cpp's vec_dot_type of each type with an int8 path: "q8_0", "q8_1" or "q8_k"."""
-    from .codegen import TYPES  # not at import: `python -m engine.quants.codegen` imports this package
+    from .codegen import (
+        TYPES,
+    )  # not at import: `python -m engine.quants.codegen` imports this package
 
     return {GGMLQuantizationType[s.name]: s.vec_dot for s in TYPES if s.vec_dot}
 
@@ -119,7 +121,9 @@ def round_to_vec_dot(x: np.ndarray, vec_dot: str) -> tuple[np.ndarray, np.ndarra
     the rounded x; the second result (T, n // 32) is that difference s - sum(x), for the
     caller to multiply by the weight's block minimums (None for the other grids)."""
     x = np.ascontiguousarray(x, np.float32)
-    quantize = {"q8_0": _q8.quantize_q8_0, "q8_1": _q8.quantize_q8_1, "q8_k": _q8.quantize_q8_k}[vec_dot]
+    quantize = {"q8_0": _q8.quantize_q8_0, "q8_1": _q8.quantize_q8_1, "q8_k": _q8.quantize_q8_k}[
+        vec_dot
+    ]
     xq, xd, xs = quantize(x)
     T, n = x.shape
     nb = xd.shape[1]
@@ -162,7 +166,9 @@ def dequant_rows(w: QTensor, r0: int, r1: int, out: np.ndarray) -> None:
         out[:] = dequant_ref(w.raw[r0:r1], w.qtype)
     else:
         rows = raw_rows(w, r0, r1)
-        rows.flags.writeable = False  # the mapped file's rows are read-only: one kernel type for both
+        rows.flags.writeable = (
+            False  # the mapped file's rows are read-only: one kernel type for both
+        )
         qt.dequant(rows, out)
 
 
@@ -218,13 +224,19 @@ def matvec(w: QTensor, x: np.ndarray, out: np.ndarray, path: str | None = None) 
         _kernel(qt, rp, "matvec", path)(rows(w, qt, path), x, out)
 
 
-def matvec_many(ws: list[QTensor], x: np.ndarray, outs: list[np.ndarray], path: str | None = None) -> None:
+def matvec_many(
+    ws: list[QTensor], x: np.ndarray, outs: list[np.ndarray], path: str | None = None
+) -> None:
     """outs[i] = ws[i] @ x for weights sharing one input (Q/K/V, gate/up): weights of the same
     type go through one fused kernel launch (saves the per-call and thread wake-up overhead)."""
     path = path or _default_path
     qt = _qt(ws[0]) if ws else None
-    if qt is not None and len(ws) <= 3 and len(outs) == len(ws) and all(
-            w.qtype == qt.qtype and _qt(w) is not None and w.pack == ws[0].pack for w in ws):
+    if (
+        qt is not None
+        and len(ws) <= 3
+        and len(outs) == len(ws)
+        and all(w.qtype == qt.qtype and _qt(w) is not None and w.pack == ws[0].pack for w in ws)
+    ):
         # common case: one launch
         _same_x(qt, interleaved(ws[0], qt, path), path)([rows(w, qt, path) for w in ws], x, outs)
         return
@@ -232,9 +244,14 @@ def matvec_many(ws: list[QTensor], x: np.ndarray, outs: list[np.ndarray], path: 
         _same_x(qt, rp, path)(raws, x, os_)
 
 
-def _by_type(ws: list[QTensor], x: np.ndarray, outs: list[np.ndarray], fusable: Callable[[QuantType], bool],
-             alone: Callable[[QTensor, np.ndarray, np.ndarray, str], None], path: str
-             ) -> Iterator[tuple[QuantType, bool, list, list]]:
+def _by_type(
+    ws: list[QTensor],
+    x: np.ndarray,
+    outs: list[np.ndarray],
+    fusable: Callable[[QuantType], bool],
+    alone: Callable[[QTensor, np.ndarray, np.ndarray, str], None],
+    path: str,
+) -> Iterator[tuple[QuantType, bool, list, list]]:
     """Weights sharing x grouped by type and form (interleaved or not), at most 3 a group (the
     fused kernels' arity), for one launch each, as (type, interleaved, rows, outs); a weight
     whose type has no fused kernel runs through `alone` first."""
@@ -270,14 +287,17 @@ def _multi_same_x(qt: QuantType, rp: bool, path: str) -> Callable:
     return _kernel(qt, rp, "matvec_multi_same_x", path)
 
 
-def matvec_multi_many(ws: list[QTensor], x: np.ndarray, outs: list[np.ndarray], path: str | None = None) -> None:
+def matvec_multi_many(
+    ws: list[QTensor], x: np.ndarray, outs: list[np.ndarray], path: str | None = None
+) -> None:
     """outs[i] (T, n_i) = x (T, n_cols) @ ws[i].T for weights sharing x (Q/K/V, gate/up of a
     few tokens: slots decoding together): weights of one type go through one launch, which
     quantises x once (int8 path) and wakes the threads once; the same results as matvec_multi
     on each."""
     path = path or _default_path
-    for qt, rp, raws, os_ in _by_type(ws, x, outs, lambda qt: qt.matvec_multi_same_x is not None, matvec_multi,
-                                      path):
+    for qt, rp, raws, os_ in _by_type(
+        ws, x, outs, lambda qt: qt.matvec_multi_same_x is not None, matvec_multi, path
+    ):
         _multi_same_x(qt, rp, path)(raws, x, os_)
 
 
@@ -298,8 +318,13 @@ def tile_rows(n_cols: int, n_tok: int = 512) -> int:
     return int(max(16, min(TILE_ROWS, nbytes // (4 * max(1, n_cols)))))
 
 
-def matmul(w: QTensor, x: np.ndarray, out: np.ndarray, scratch: np.ndarray | None = None,
-           path: str | None = None) -> None:
+def matmul(
+    w: QTensor,
+    x: np.ndarray,
+    out: np.ndarray,
+    scratch: np.ndarray | None = None,
+    path: str | None = None,
+) -> None:
     """out (n_tok, n_rows) = x (n_tok, n_cols) @ W.T; scratch holds >= TILE_ROWS*n_cols floats;
     path: the decode path (its int8 form rounds the prefill's x to the int8 grid too).
 
@@ -321,7 +346,9 @@ class _Tiles:
     striping of parallel.run_parts leaves none of them idle at the end (a 256-row K of a
     640-wide model was one tile: one core)."""
 
-    def __init__(self, w: QTensor, x: np.ndarray, out: np.ndarray, scratch: np.ndarray | None, path: str):
+    def __init__(
+        self, w: QTensor, x: np.ndarray, out: np.ndarray, scratch: np.ndarray | None, path: str
+    ):
         n_workers = parallel.pool_size()
         self.w, self.out, self.s_err, self.stride = w, out, None, 0
         if path == "int8" and w.qtype in vec_dot_types():
@@ -363,8 +390,13 @@ def _run_tiles(jobs: list[_Tiles]) -> None:
     parallel.run_parts(lambda p, worker: index[p][0].run(index[p][1], worker), len(index))
 
 
-def matmul_many(ws: list[QTensor], x: np.ndarray, outs: list[np.ndarray],
-                scratch: np.ndarray | None = None, path: str | None = None) -> None:
+def matmul_many(
+    ws: list[QTensor],
+    x: np.ndarray,
+    outs: list[np.ndarray],
+    scratch: np.ndarray | None = None,
+    path: str | None = None,
+) -> None:
     """outs[i] = x @ ws[i].T for weights sharing the input x (Q/K/V, gate/up).
 
     Same result as calling matmul for each; for up to MATVEC_MAX_TOKENS tokens (decode, one
@@ -392,16 +424,37 @@ def warmup(w: QTensor, path: str | None = None) -> None:
     row = QTensor(w.name, w.qtype, 1, w.n_cols, w.raw[:1])
     x = np.zeros((1, w.n_cols), np.float32)
     out = np.zeros((1, 1), np.float32)
-    matvec(row, x[0], out[0], path)            # fused 1..3-weight mat-vec kernel (decode)
-    matvec_multi(row, x, out, path)            # 1..8 tokens
-    matvec_multi_many([row], x, [out], path)   # fused Q/K/V, gate/up of 2..8 tokens
+    matvec(row, x[0], out[0], path)  # fused 1..3-weight mat-vec kernel (decode)
+    matvec_multi(row, x, out, path)  # 1..8 tokens
+    matvec_multi_many([row], x, [out], path)  # fused Q/K/V, gate/up of 2..8 tokens
     dequant_rows(row, 0, 1, np.zeros((1, w.n_cols), np.float32))  # prefill tiles, get_rows
 
 
 __all__ = [
-    "ExpertTensor", "QTensor", "QuantType", "QUANT_TYPES", "SUPPORTED", "INTERLEAVED_TYPES",
-    "check_supported", "dequant_rows", "get_rows", "matvec", "matvec_many", "matvec_multi",
-    "matvec_multi_many", "matmul", "matmul_many", "tile_rows", "warmup", "TILE_ROWS", "MATVEC_MAX_TOKENS",
-    "interleaved", "rows", "DECODE_PATHS", "check_decode_path", "default_decode_path", "set_default_decode_path",
+    "ExpertTensor",
+    "QTensor",
+    "QuantType",
+    "QUANT_TYPES",
+    "SUPPORTED",
+    "INTERLEAVED_TYPES",
+    "check_supported",
+    "dequant_rows",
+    "get_rows",
+    "matvec",
+    "matvec_many",
+    "matvec_multi",
+    "matvec_multi_many",
+    "matmul",
+    "matmul_many",
+    "tile_rows",
+    "warmup",
+    "TILE_ROWS",
+    "MATVEC_MAX_TOKENS",
+    "interleaved",
+    "rows",
+    "DECODE_PATHS",
+    "check_decode_path",
+    "default_decode_path",
+    "set_default_decode_path",
     "path_op",
 ]

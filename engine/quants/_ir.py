@@ -119,16 +119,30 @@ def make_emit(context, builder: ir.IRBuilder) -> Emit:
     VNNI, AVX-512)."""
     feats = _target_features(context)
     avx512 = _use_avx512(feats)
-    return Emit(builder, f16c="+f16c" in feats, pshufb=_use_pshufb(feats), avx2=_use_avx2(feats),
-                vnni=_use_vnni(feats), avx512=avx512,
-                vnni512=avx512 and _use_vnni(feats) and "+avx512vnni" in feats)
+    return Emit(
+        builder,
+        f16c="+f16c" in feats,
+        pshufb=_use_pshufb(feats),
+        avx2=_use_avx2(feats),
+        vnni=_use_vnni(feats),
+        avx512=avx512,
+        vnni512=avx512 and _use_vnni(feats) and "+avx512vnni" in feats,
+    )
 
 
 class Emit:
     """IR-building helpers bound to one builder; offsets are byte offsets from `base` (i8*)."""
 
-    def __init__(self, builder: ir.IRBuilder, f16c: bool = False, pshufb: bool = False,
-                 avx2: bool = False, vnni: bool = False, avx512: bool = False, vnni512: bool = False):
+    def __init__(
+        self,
+        builder: ir.IRBuilder,
+        f16c: bool = False,
+        pshufb: bool = False,
+        avx2: bool = False,
+        vnni: bool = False,
+        avx512: bool = False,
+        vnni512: bool = False,
+    ):
         self.b = builder
         self.f16c = f16c
         self.pshufb = pshufb
@@ -159,8 +173,9 @@ class Emit:
         sign = b.shl(b.and_(w, c(0x8000)), c(16))
         em = b.and_(w, c(0x7FFF))
         # Normal and subnormal halves: shift into a float's bits, rescale by 2^112.
-        f = b.fmul(b.bitcast(b.shl(em, c(13)), fty),
-                   ir.Constant(fty, [2.0 ** 112] * n if vec else 2.0 ** 112))
+        f = b.fmul(
+            b.bitcast(b.shl(em, c(13)), fty), ir.Constant(fty, [2.0**112] * n if vec else 2.0**112)
+        )
         bits = b.bitcast(f, ity)
         infnan = b.icmp_unsigned(">=", em, c(0x7C00))
         bits = b.select(infnan, b.or_(b.shl(em, c(13)), c(0x7F800000)), bits)
@@ -203,10 +218,16 @@ class Emit:
         """The two adjacent halves at base+off as floats (one vcvtph2ps for both with F16C)."""
         if not self.f16c:
             return self.f16(base, off), self.f16(base, off + 2)
-        v = self.b.fpext(self.b.bitcast(self.load(base, off, ir.VectorType(I16, 2)),
-                                        ir.VectorType(ir.HalfType(), 2)), V2F)
-        return (self.b.extract_element(v, ir.Constant(I32, 0)),
-                self.b.extract_element(v, ir.Constant(I32, 1)))
+        v = self.b.fpext(
+            self.b.bitcast(
+                self.load(base, off, ir.VectorType(I16, 2)), ir.VectorType(ir.HalfType(), 2)
+            ),
+            V2F,
+        )
+        return (
+            self.b.extract_element(v, ir.Constant(I32, 0)),
+            self.b.extract_element(v, ir.Constant(I32, 1)),
+        )
 
     def rp_f16(self, base, R):
         """R little-endian halves at base (one per interleaved row) as <R x float>."""
@@ -223,7 +244,9 @@ class Emit:
         beside four nibble codes. (t * 0x00204081 puts bit j of a 4-bit t at bit 8j.)"""
         b, vi = self.b, words.type
         t = b.and_(b.lshr(words, ir.Constant(vi, [k] * R)), ir.Constant(vi, [15] * R))
-        spread = b.and_(b.mul(t, ir.Constant(vi, [0x00204081] * R)), ir.Constant(vi, [0x01010101] * R))
+        spread = b.and_(
+            b.mul(t, ir.Constant(vi, [0x00204081] * R)), ir.Constant(vi, [0x01010101] * R)
+        )
         return b.bitcast(b.shl(spread, ir.Constant(vi, [4] * R)), ir.VectorType(I8, 4 * R))
 
     def rp_byte(self, base, k, R, signed=False):
@@ -236,7 +259,9 @@ class Emit:
     def splat(self, v, ty=V16F):
         u = ir.Constant(ty, None)
         u = self.b.insert_element(u, v, ir.Constant(I32, 0))
-        return self.b.shuffle_vector(u, u, ir.Constant(ir.VectorType(I32, ty.count), [0] * ty.count))
+        return self.b.shuffle_vector(
+            u, u, ir.Constant(ir.VectorType(I32, ty.count), [0] * ty.count)
+        )
 
     def vconst8(self, values):
         return ir.Constant(V16I8, list(values) if hasattr(values, "__iter__") else [values] * 16)
@@ -284,7 +309,9 @@ class Emit:
         m = self.b.bitcast(word32, ir.VectorType(ir.IntType(1), 32))
         sel = self.b.select(m, ir.Constant(v32, [value] * 32), ir.Constant(v32, [0] * 32))
         lo = self.b.shuffle_vector(sel, sel, ir.Constant(ir.VectorType(I32, 16), list(range(16))))
-        hi = self.b.shuffle_vector(sel, sel, ir.Constant(ir.VectorType(I32, 16), list(range(16, 32))))
+        hi = self.b.shuffle_vector(
+            sel, sel, ir.Constant(ir.VectorType(I32, 16), list(range(16, 32)))
+        )
         return lo, hi
 
     def bit_words(self, base, off, set_value, clear_value=0):
@@ -304,10 +331,16 @@ class Emit:
             table = ir.GlobalVariable(mod, rows, name=name)
             table.global_constant = True
             table.linkage = "internal"
-            table.initializer = ir.Constant(rows, [ir.Constant(ir.ArrayType(I32, 8),
-                                                               [set_value if (v >> i) & 1 else clear_value
-                                                                for i in range(8)])
-                                                   for v in range(256)])
+            table.initializer = ir.Constant(
+                rows,
+                [
+                    ir.Constant(
+                        ir.ArrayType(I32, 8),
+                        [set_value if (v >> i) & 1 else clear_value for i in range(8)],
+                    )
+                    for v in range(256)
+                ],
+            )
         v8 = ir.VectorType(I32, 8)
         parts = []
         for k in range(4):
@@ -315,7 +348,9 @@ class Emit:
             row = b.gep(table, [ir.Constant(I64, 0), idx, ir.Constant(I64, 0)])
             parts.append(b.load(b.bitcast(row, v8.as_pointer()), align=4))
         mask = ir.Constant(ir.VectorType(I32, 16), list(range(16)))
-        return b.shuffle_vector(parts[0], parts[1], mask), b.shuffle_vector(parts[2], parts[3], mask)
+        return b.shuffle_vector(parts[0], parts[1], mask), b.shuffle_vector(
+            parts[2], parts[3], mask
+        )
 
     def lut16(self, table, idxs):
         """[table[i] for i in idxs]: each i a <16 x i8> of values 0..15, table 16 int8 constants.
@@ -328,15 +363,19 @@ class Emit:
         """
         if self.pshufb:
             fn = cgutils.get_or_insert_function(
-                self.b.module, ir.FunctionType(V16I8, [V16I8, V16I8]), "llvm.x86.ssse3.pshuf.b.128")
+                self.b.module, ir.FunctionType(V16I8, [V16I8, V16I8]), "llvm.x86.ssse3.pshuf.b.128"
+            )
             return [self.b.call(fn, [self.vconst8(table), i]) for i in idxs]
         out = []
         for k in range(0, len(idxs), 4):
             part = idxs[k : k + 4]
             v = self._select_tree(table, self._concat(part))
-            out += [self.b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, 16),
-                                                            list(range(16 * j, 16 * j + 16))))
-                    for j in range(len(part))]
+            out += [
+                self.b.shuffle_vector(
+                    v, v, ir.Constant(ir.VectorType(I32, 16), list(range(16 * j, 16 * j + 16)))
+                )
+                for j in range(len(part))
+            ]
         return out
 
     def lut16_wide(self, table, idx):
@@ -349,8 +388,12 @@ class Emit:
             ty = ir.VectorType(I8, n)
             fn = cgutils.get_or_insert_function(self.b.module, ir.FunctionType(ty, [ty, ty]), name)
             return self.b.call(fn, [ir.Constant(ty, list(table) * (n // 16)), idx])
-        pieces = [self.b.shuffle_vector(idx, idx, ir.Constant(ir.VectorType(I32, 16), list(range(k, k + 16))))
-                  for k in range(0, n, 16)]
+        pieces = [
+            self.b.shuffle_vector(
+                idx, idx, ir.Constant(ir.VectorType(I32, 16), list(range(k, k + 16)))
+            )
+            for k in range(0, n, 16)
+        ]
         return self._concat(self.lut16(table, pieces))
 
     def _concat(self, vs):
@@ -393,7 +436,11 @@ class Emit:
         ty = e.type
 
         def c(v):
-            return ir.Constant(ty, [v] * ty.count) if isinstance(ty, ir.VectorType) else ir.Constant(ty, v)
+            return (
+                ir.Constant(ty, [v] * ty.count)
+                if isinstance(ty, ir.VectorType)
+                else ir.Constant(ty, v)
+            )
 
         small = b.shl(c(0x00200000), b.and_(e, c(1)))
         normal = b.shl(b.sub(e, c(1)), c(23))
@@ -415,7 +462,9 @@ class Emit:
     def pair_scales(self, sc16, g, signed):
         """<16 x i16> scales for a 32-weight part covering groups g and g + 1 of 16 weights:
         lanes 0..7 = sc16[g], 8..15 = sc16[g + 1] (sc16: <16 x i8>, one lane per group)."""
-        v = self.b.shuffle_vector(sc16, sc16, ir.Constant(ir.VectorType(I32, 16), [g] * 8 + [g + 1] * 8))
+        v = self.b.shuffle_vector(
+            sc16, sc16, ir.Constant(ir.VectorType(I32, 16), [g] * 8 + [g + 1] * 8)
+        )
         return self.b.sext(v, V16I16) if signed else self.b.zext(v, V16I16)
 
     def splat_scale(self, sc):
@@ -424,8 +473,12 @@ class Emit:
 
     def _evens_odds(self, v):
         n = v.type.count // 2
-        ev = self.b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, n), list(range(0, 2 * n, 2))))
-        od = self.b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, n), list(range(1, 2 * n, 2))))
+        ev = self.b.shuffle_vector(
+            v, v, ir.Constant(ir.VectorType(I32, n), list(range(0, 2 * n, 2)))
+        )
+        od = self.b.shuffle_vector(
+            v, v, ir.Constant(ir.VectorType(I32, n), list(range(1, 2 * n, 2)))
+        )
         return ev, od
 
     def idot(self, w, y, signed, scales=None, acc=None):
@@ -458,15 +511,23 @@ class Emit:
             accty = ir.VectorType(I32, n // 4)
             if scales is None and (self.vnni512 if wide else self.vnni):
                 name = "llvm.x86.avx512.vpdpbusd.512" if wide else "llvm.x86.avx512.vpdpbusd.256"
-                dp = cgutils.get_or_insert_function(b.module, ir.FunctionType(accty, [accty, vty, vty]), name)
-                return b.call(dp, [ir.Constant(accty, [0] * (n // 4)) if acc is None else acc, w, y])
+                dp = cgutils.get_or_insert_function(
+                    b.module, ir.FunctionType(accty, [accty, vty, vty]), name
+                )
+                return b.call(
+                    dp, [ir.Constant(accty, [0] * (n // 4)) if acc is None else acc, w, y]
+                )
             pty = ir.VectorType(I16, n // 2)
             mub = cgutils.get_or_insert_function(
-                b.module, ir.FunctionType(pty, [vty, vty]),
-                "llvm.x86.avx512.pmaddubs.w.512" if wide else "llvm.x86.avx2.pmadd.ub.sw")
+                b.module,
+                ir.FunctionType(pty, [vty, vty]),
+                "llvm.x86.avx512.pmaddubs.w.512" if wide else "llvm.x86.avx2.pmadd.ub.sw",
+            )
             mwd = cgutils.get_or_insert_function(
-                b.module, ir.FunctionType(accty, [pty, pty]),
-                "llvm.x86.avx512.pmaddw.d.512" if wide else "llvm.x86.avx2.pmadd.wd")
+                b.module,
+                ir.FunctionType(accty, [pty, pty]),
+                "llvm.x86.avx512.pmaddw.d.512" if wide else "llvm.x86.avx2.pmadd.wd",
+            )
             ones = ir.Constant(pty, [1] * (n // 2))
             v = b.call(mwd, [b.call(mub, [w, y]), ones if scales is None else scales])
             return v if acc is None else b.add(acc, v)
@@ -503,7 +564,9 @@ class Emit:
         the code around it (fast-math contraction of fmul + fadd depends on the shape)."""
         ty = a.type
         suffix = f"v{ty.count}f32" if isinstance(ty, ir.VectorType) else "f32"
-        fn = cgutils.get_or_insert_function(self.b.module, ir.FunctionType(ty, [ty, ty, ty]), f"llvm.fma.{suffix}")
+        fn = cgutils.get_or_insert_function(
+            self.b.module, ir.FunctionType(ty, [ty, ty, ty]), f"llvm.fma.{suffix}"
+        )
         return self.b.call(fn, [a, b, c])
 
     def fconst(self, v):
@@ -622,10 +685,10 @@ class Layout:
     packed block of R rows is a permutation of their R blocks' bytes, field by field (see
     repack_rows), and rp_block() reads it back as an RpBlock."""
 
-    block_elems = 32   # weights per block
-    block_bytes = 0    # bytes per block
-    group = 32         # weights per x-sum group (16 or 32) for groups with an offset c;
-                       # 0 when no group has one (then no sums are computed)
+    block_elems = 32  # weights per block
+    block_bytes = 0  # bytes per block
+    group = 32  # weights per x-sum group (16 or 32) for groups with an offset c;
+    # 0 when no group has one (then no sums are computed)
     # (offset in the block, size, chunk) of each field, in packed order: a plain field (chunk
     # 0) keeps each row's bytes together (R x size: per-row f16 scales); a chunked one
     # interleaves the rows in chunks of 4 bytes (codes: size / 4 vectors of R x 4 bytes, lane i
@@ -680,7 +743,8 @@ def _prefetch_row(builder, base, rstride, nb, block_bytes):
     Prefetches past the end of the tensor are harmless hints (they never fault).
     """
     fn = builder.module.declare_intrinsic(
-        "llvm.prefetch", fnty=ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32, I32, I32]))
+        "llvm.prefetch", fnty=ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
+    )
     ahead = builder.gep(base, [builder.mul(rstride, ir.Constant(I64, PREFETCH_ROWS))])
     nbytes = builder.mul(nb, ir.Constant(I64, block_bytes))
     n_lines = builder.udiv(builder.add(nbytes, ir.Constant(I64, 63)), ir.Constant(I64, 64))
@@ -714,7 +778,9 @@ def make_row_dot(layout: Layout, n_tok: int):
             n_cols = xshape[1]
             n_grp = cgutils.unpack_tuple(builder, sa.shape)[1]
             n_rows = cgutils.unpack_tuple(builder, oa.shape)[1]
-            base = builder.gep(builder.bitcast(ra.data, I8.as_pointer()), [builder.mul(rv, rstride)])
+            base = builder.gep(
+                builder.bitcast(ra.data, I8.as_pointer()), [builder.mul(rv, rstride)]
+            )
             xp0 = builder.bitcast(xa.data, F32.as_pointer())
             sp0 = builder.bitcast(sa.data, F32.as_pointer())
             op0 = builder.bitcast(oa.data, F32.as_pointer())
@@ -724,9 +790,13 @@ def make_row_dot(layout: Layout, n_tok: int):
                 xps.append(builder.gep(xp0, [builder.mul(tt, n_cols)]))
                 sps.append(builder.gep(sp0, [builder.mul(tt, n_grp)]))
             zero = ir.Constant(V16F, [0.0] * 16)
-            accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(2)] for _ in range(n_tok)]
-            saccs = [[cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0)) for _ in range(2)]
-                     for _ in range(n_tok)]
+            accs = [
+                [cgutils.alloca_once_value(builder, zero) for _ in range(2)] for _ in range(n_tok)
+            ]
+            saccs = [
+                [cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0)) for _ in range(2)]
+                for _ in range(n_tok)
+            ]
 
             def emit_block(blk, parity):
                 p = builder.gep(base, [builder.mul(blk, ir.Constant(I64, BB))])
@@ -784,7 +854,9 @@ def make_row_dequant(layout: Layout):
             oa = _arr(context, builder, signature.args[2], outv)
             rstride = cgutils.unpack_tuple(builder, ra.strides)[0]
             n_cols = cgutils.unpack_tuple(builder, oa.shape)[1]
-            base = builder.gep(builder.bitcast(ra.data, I8.as_pointer()), [builder.mul(rv, rstride)])
+            base = builder.gep(
+                builder.bitcast(ra.data, I8.as_pointer()), [builder.mul(rv, rstride)]
+            )
             op = builder.gep(builder.bitcast(oa.data, F32.as_pointer()), [builder.mul(ov, n_cols)])
             nb = builder.udiv(n_cols, ir.Constant(I64, BE))
             with cgutils.for_range(builder, nb) as loop:
@@ -800,7 +872,9 @@ def make_row_dequant(layout: Layout):
                             v = em.fmul(d, v)
                         if c is not None:
                             v = em.fadd(v, c)
-                        dst = builder.bitcast(builder.gep(ob, [ir.Constant(I64, g.e0 + 16 * k)]), V16F.as_pointer())
+                        dst = builder.bitcast(
+                            builder.gep(ob, [ir.Constant(I64, g.e0 + 16 * k)]), V16F.as_pointer()
+                        )
                         builder.store(v, dst, align=4)
             return context.get_dummy_value()
 
@@ -845,7 +919,9 @@ def make_row_dot_i8(layout: Layout, n_tok: int):
             n_xd = cgutils.unpack_tuple(builder, da.shape)[1]
             n_xs = cgutils.unpack_tuple(builder, sa.shape)[1]
             n_rows = cgutils.unpack_tuple(builder, oa.shape)[1]
-            base = builder.gep(builder.bitcast(ra.data, I8.as_pointer()), [builder.mul(rv, rstride)])
+            base = builder.gep(
+                builder.bitcast(ra.data, I8.as_pointer()), [builder.mul(rv, rstride)]
+            )
             qp0 = builder.bitcast(qa.data, I8.as_pointer())
             dp0 = builder.bitcast(da.data, F32.as_pointer())
             sp0 = builder.bitcast(sa.data, F32.as_pointer())
@@ -860,16 +936,29 @@ def make_row_dot_i8(layout: Layout, n_tok: int):
             # (n_tok, 2): the accumulators of even and odd blocks; with pairs, one <16 x float>
             # per token whose low and high halves are those two, and a <2 x float> for the extras
             if pairs:
-                accs = [cgutils.alloca_once_value(builder, ir.Constant(V16F, [0.0] * 16)) for _ in range(n_tok)]
-                saccs = [cgutils.alloca_once_value(builder, ir.Constant(V2F, [0.0] * 2)) for _ in range(n_tok)]
+                accs = [
+                    cgutils.alloca_once_value(builder, ir.Constant(V16F, [0.0] * 16))
+                    for _ in range(n_tok)
+                ]
+                saccs = [
+                    cgutils.alloca_once_value(builder, ir.Constant(V2F, [0.0] * 2))
+                    for _ in range(n_tok)
+                ]
             else:
                 zero = ir.Constant(V8F, [0.0] * 8)
-                accs2 = [[cgutils.alloca_once_value(builder, zero) for _ in range(2)] for _ in range(n_tok)]
-                saccs2 = [[cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0)) for _ in range(2)]
-                          for _ in range(n_tok)]
+                accs2 = [
+                    [cgutils.alloca_once_value(builder, zero) for _ in range(2)]
+                    for _ in range(n_tok)
+                ]
+                saccs2 = [
+                    [cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0)) for _ in range(2)]
+                    for _ in range(n_tok)
+                ]
 
             def load(ptr, off, ty, align=1):
-                return builder.load(builder.bitcast(builder.gep(ptr, [off]), ty.as_pointer()), align=align)
+                return builder.load(
+                    builder.bitcast(builder.gep(ptr, [off]), ty.as_pointer()), align=align
+                )
 
             def block_sums(ib, e_base, t):
                 """The block's <8 x i32> integer sums for token t (parts two by two with avx512)."""
@@ -878,8 +967,13 @@ def make_row_dot_i8(layout: Layout, n_tok: int):
                 while i < len(parts):
                     a = parts[i]
                     b2 = parts[i + 1] if i + 1 < len(parts) else None
-                    if (em.avx512 and b2 is not None and b2.e0 == a.e0 + 32 and b2.signed == a.signed
-                            and (a.scales is None) == (b2.scales is None)):
+                    if (
+                        em.avx512
+                        and b2 is not None
+                        and b2.e0 == a.e0 + 32
+                        and b2.signed == a.signed
+                        and (a.scales is None) == (b2.scales is None)
+                    ):
                         y = load(qps[t], builder.add(e_base, ir.Constant(I64, a.e0)), V64I8)
                         sc = None if a.scales is None else em.join(a.scales, b2.scales)
                         v = em.idot(em.join(a.w, b2.w), y, a.signed, sc)
@@ -927,8 +1021,14 @@ def make_row_dot_i8(layout: Layout, n_tok: int):
                         builder.store(em.fma(scale16, sums16, builder.load(acc)), acc)
                         if extra is not None:
                             sacc, zero = saccs[t], em.fconst(0.0)
-                            builder.store(em.fma(em.vec2(extra[0], zero), em.vec2(extra[1], zero),
-                                                 builder.load(sacc)), sacc)
+                            builder.store(
+                                em.fma(
+                                    em.vec2(extra[0], zero),
+                                    em.vec2(extra[1], zero),
+                                    builder.load(sacc),
+                                ),
+                                sacc,
+                            )
                         continue
                     acc = accs2[t][parity]
                     builder.store(em.fma(scale, builder.sitofp(isum, V8F), builder.load(acc)), acc)
@@ -953,7 +1053,9 @@ def make_row_dot_i8(layout: Layout, n_tok: int):
                     dx2 = load(dps[t], blk, V2F, align=4)
                     sc = em.fmul(d2, dx2)
                     scale = builder.shuffle_vector(sc, sc, spread)
-                    builder.store(em.fma(scale, builder.sitofp(v, V16F), builder.load(accs[t])), accs[t])
+                    builder.store(
+                        em.fma(scale, builder.sitofp(v, V16F), builder.load(accs[t])), accs[t]
+                    )
                     if m2 is not None:
                         s2 = load(sps[t], blk, V2F, align=4)
                         builder.store(em.fma(m2, s2, builder.load(saccs[t])), saccs[t])
@@ -966,8 +1068,10 @@ def make_row_dot_i8(layout: Layout, n_tok: int):
                     lo, hi = em.halves(builder.load(accs[t]))
                     v = em.fadd(lo, hi)
                     s2 = builder.load(saccs[t])
-                    sc = em.fadd(builder.extract_element(s2, ir.Constant(I32, 0)),
-                                 builder.extract_element(s2, ir.Constant(I32, 1)))
+                    sc = em.fadd(
+                        builder.extract_element(s2, ir.Constant(I32, 0)),
+                        builder.extract_element(s2, ir.Constant(I32, 1)),
+                    )
                 else:
                     v = em.fadd(builder.load(accs2[t][0]), builder.load(accs2[t][1]))
                     sc = em.fadd(builder.load(saccs2[t][0]), builder.load(saccs2[t][1]))
@@ -1059,28 +1163,44 @@ def make_group_dot_i8(layout: Layout, n_tok: int, planes: int = 1):
             n_xs = cgutils.unpack_tuple(builder, sa.shape)[1]
             n_xu = cgutils.unpack_tuple(builder, ua.shape)[1]
             n_rows = cgutils.unpack_tuple(builder, oa.shape)[1]
-            base = builder.gep(builder.bitcast(pa.data, I8.as_pointer()), [builder.mul(gv, gstride)])
+            base = builder.gep(
+                builder.bitcast(pa.data, I8.as_pointer()), [builder.mul(gv, gstride)]
+            )
             qps, dps, sps, ups = [], [], [], []
             for t in range(n_tok * planes):  # data row of token t // planes, plane t % planes
                 tt = builder.add(builder.mul(t0v, ir.Constant(I64, planes)), ir.Constant(I64, t))
-                qps.append(builder.gep(builder.bitcast(qa.data, I8.as_pointer()), [builder.mul(tt, n_cols)]))
-                dps.append(builder.gep(builder.bitcast(da.data, F32.as_pointer()), [builder.mul(tt, n_xd)]))
-                sps.append(builder.gep(builder.bitcast(sa.data, F32.as_pointer()), [builder.mul(tt, n_xs)]))
-                ups.append(builder.gep(builder.bitcast(ua.data, I32.as_pointer()), [builder.mul(tt, n_xu)]))
+                qps.append(
+                    builder.gep(
+                        builder.bitcast(qa.data, I8.as_pointer()), [builder.mul(tt, n_cols)]
+                    )
+                )
+                dps.append(
+                    builder.gep(builder.bitcast(da.data, F32.as_pointer()), [builder.mul(tt, n_xd)])
+                )
+                sps.append(
+                    builder.gep(builder.bitcast(sa.data, F32.as_pointer()), [builder.mul(tt, n_xs)])
+                )
+                ups.append(
+                    builder.gep(builder.bitcast(ua.data, I32.as_pointer()), [builder.mul(tt, n_xu)])
+                )
             zf = ir.Constant(VF, [0.0] * R)
             faccs = [cgutils.alloca_once_value(builder, zf) for _ in range(n_tok)]
             maccs = [cgutils.alloca_once_value(builder, zf) for _ in range(n_tok)]
             PB = R * BB
             offs = rp_field_offsets(layout, R)
             pf = builder.module.declare_intrinsic(
-                "llvm.prefetch", fnty=ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32, I32, I32]))
+                "llvm.prefetch",
+                fnty=ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32, I32, I32]),
+            )
             zi = ir.Constant(VI, [0] * R)
             x80 = ir.Constant(VB, [-128] * (4 * R))
             has_m = has_mins = False
 
             def bcast4(t, off):
                 """Four activation codes of token t at element off, in every i32 lane."""
-                v = builder.load(builder.bitcast(builder.gep(qps[t], [off]), I32.as_pointer()), align=1)
+                v = builder.load(
+                    builder.bitcast(builder.gep(qps[t], [off]), I32.as_pointer()), align=1
+                )
                 return builder.bitcast(em.splat(v, VI), VB)
 
             nsum = BE // layout.rp_sum_group  # code sums per block
@@ -1098,17 +1218,30 @@ def make_group_dot_i8(layout: Layout, n_tok: int, planes: int = 1):
                 blk = loop.index
                 p = builder.gep(base, [builder.mul(blk, ir.Constant(I64, PB))])
                 for line in range(0, PB, 64):
-                    builder.call(pf, [builder.gep(p, [ir.Constant(I64, PREFETCH_BYTES + line)]),
-                                      ir.Constant(I32, 0), ir.Constant(I32, 2), ir.Constant(I32, 1)])
+                    builder.call(
+                        pf,
+                        [
+                            builder.gep(p, [ir.Constant(I64, PREFETCH_BYTES + line)]),
+                            ir.Constant(I32, 0),
+                            ir.Constant(I32, 2),
+                            ir.Constant(I32, 1),
+                        ],
+                    )
                 rb = layout.rp_block(em, lambda i: builder.gep(p, [ir.Constant(I64, offs[i])]), R)
                 has_m, has_mins = rb.m is not None, rb.mins is not None
                 groups = []  # (parts as (x_off, w), signed, scale, offset, sums)
                 for grp in rb.groups:
                     signed = {pt.signed for pt in grp.parts}
                     assert len(signed) == 1, "a group's parts are all signed or all unsigned"
-                    parts, offset, sgn = [(pt.x_off, pt.w) for pt in grp.parts], grp.offset, signed == {True}
+                    parts, offset, sgn = (
+                        [(pt.x_off, pt.w) for pt in grp.parts],
+                        grp.offset,
+                        signed == {True},
+                    )
                     if sgn and em.vnni:  # vpdpbusd takes unsigned weights: q + 128
-                        assert 4 * len(parts) == layout.rp_sum_group * len(grp.sums), "offset needs the sums"
+                        assert 4 * len(parts) == layout.rp_sum_group * len(grp.sums), (
+                            "offset needs the sums"
+                        )
                         parts = [(o, builder.xor(w, x80)) for o, w in parts]
                         offset, sgn = offset + 128, False
                     groups.append((parts, sgn, grp.scale, offset, grp.sums))
@@ -1130,7 +1263,9 @@ def make_group_dot_i8(layout: Layout, n_tok: int, planes: int = 1):
                     fa, ma = faccs[t // planes], maccs[t // planes]
                     dx = builder.load(builder.gep(dps[t], [blk]))
                     dxv = em.splat(dx, VF)
-                    builder.store(em.fma(em.fmul(rb.d, dxv), builder.sitofp(total, VF), builder.load(fa)), fa)
+                    builder.store(
+                        em.fma(em.fmul(rb.d, dxv), builder.sitofp(total, VF), builder.load(fa)), fa
+                    )
                     if has_m:
                         sx = builder.load(builder.gep(sps[t], [blk]))
                         builder.store(em.fma(rb.m, em.splat(sx, VF), builder.load(ma)), ma)
@@ -1139,15 +1274,22 @@ def make_group_dot_i8(layout: Layout, n_tok: int, planes: int = 1):
                         for mj, sums in rb.mins:
                             v = builder.mul(mj, em.splat(xsum(t, blk, sums), VI))
                             msum = v if msum is None else builder.add(msum, v)
-                        builder.store(em.fma(em.fmul(rb.dmin, dxv), builder.sitofp(msum, VF), builder.load(ma)), ma)
+                        builder.store(
+                            em.fma(
+                                em.fmul(rb.dmin, dxv), builder.sitofp(msum, VF), builder.load(ma)
+                            ),
+                            ma,
+                        )
             # the rows of this group that exist: a masked store (the last group may be partial)
             r0 = builder.mul(gv, ir.Constant(I64, R))
             left = builder.trunc(builder.sub(n_rows, r0), I32)
             lanes = ir.Constant(VI, list(range(R)))
             mask = builder.icmp_signed("<", lanes, em.splat(left, VI))
             mstore = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(ir.VoidType(), [VF, VF.as_pointer(), I32, mask.type]),
-                f"llvm.masked.store.v{R}f32.p0v{R}f32")
+                builder.module,
+                ir.FunctionType(ir.VoidType(), [VF, VF.as_pointer(), I32, mask.type]),
+                f"llvm.masked.store.v{R}f32.p0v{R}f32",
+            )
             op0 = builder.bitcast(oa.data, F32.as_pointer())
             for t in range(n_tok):
                 res = builder.load(faccs[t])
@@ -1157,7 +1299,9 @@ def make_group_dot_i8(layout: Layout, n_tok: int, planes: int = 1):
                     res = _fast(builder.fsub(res, builder.load(maccs[t])))
                 tt = builder.add(t0v, ir.Constant(I64, t))
                 dst = builder.gep(op0, [builder.add(builder.mul(tt, n_rows), r0)])
-                builder.call(mstore, [res, builder.bitcast(dst, VF.as_pointer()), ir.Constant(I32, 4), mask])
+                builder.call(
+                    mstore, [res, builder.bitcast(dst, VF.as_pointer()), ir.Constant(I32, 4), mask]
+                )
             return context.get_dummy_value()
 
         return sig, codegen

@@ -69,7 +69,9 @@ def code_sums(xq, g):
 
 
 @jit.kernel
-def check_packed(n_groups, packed_cols, n_rows, x_cols, x_tok, out_tok, rows, block_bytes, block_elems):
+def check_packed(
+    n_groups, packed_cols, n_rows, x_cols, x_tok, out_tok, rows, block_bytes, block_elems
+):
     """Raise ValueError unless a row-interleaved weight (n_groups, packed_cols) of `rows` rows
     a group fits x (x_tok, x_cols) and out (out_tok, n_rows)."""
     if x_cols % block_elems != 0 or packed_cols != x_cols // block_elems * rows * block_bytes:
@@ -88,10 +90,16 @@ def rp_gather(layout: Layout, rows: int, row_bytes: int) -> tuple[np.ndarray, in
     is the widest that divides every field piece, the block and the row."""
     pieces = []  # (source byte offset in the block, bytes, row), in the group's order
     for off, size, chunk in layout.rp_fields:
-        for src, n in ([(off + c * chunk, chunk) for c in range(size // chunk)] if chunk else [(off, size)]):
+        for src, n in (
+            [(off + c * chunk, chunk) for c in range(size // chunk)] if chunk else [(off, size)]
+        ):
             pieces += [(src, n, r) for r in range(rows)]
     unit = 4
-    while any((src | n) % unit for src, n, _ in pieces) or layout.block_bytes % unit or row_bytes % unit:
+    while (
+        any((src | n) % unit for src, n, _ in pieces)
+        or layout.block_bytes % unit
+        or row_bytes % unit
+    ):
         unit //= 2
     index = [(r * row_bytes + src) // unit + j for src, n, r in pieces for j in range(n // unit)]
     out = np.array(index, np.int64)
@@ -278,5 +286,10 @@ def launch_get_rows(kernel, raw: np.ndarray, ids: np.ndarray, out: np.ndarray) -
 def quant_type(qtype: GGMLQuantizationType, layout: Layout, **ops) -> QuantType:
     """A type's QUANT_TYPES entry from its layout and public wrappers (QuantType fields)."""
     block_size, type_size = GGML_QUANT_SIZES[qtype]
-    return QuantType(qtype=qtype, block_size=block_size, type_size=type_size,
-                     block_elems=layout.block_elems, **ops)
+    return QuantType(
+        qtype=qtype,
+        block_size=block_size,
+        type_size=type_size,
+        block_elems=layout.block_elems,
+        **ops,
+    )

@@ -84,8 +84,14 @@ class ExpertTensor:
 
     def expert(self, e: int) -> QTensor:
         r0 = int(e) * self.n_rows
-        return QTensor(f"{self.name}[{int(e)}]", self.qtype, self.n_rows, self.n_cols,
-                       self.raw[r0 : r0 + self.n_rows], pack=False)
+        return QTensor(
+            f"{self.name}[{int(e)}]",
+            self.qtype,
+            self.n_rows,
+            self.n_cols,
+            self.raw[r0 : r0 + self.n_rows],
+            pack=False,
+        )
 
     @property
     def nbytes(self) -> int:

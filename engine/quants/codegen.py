@@ -66,18 +66,29 @@ class TypeSpec:
     @property
     def deps(self) -> tuple[str, ...]:
         """Modules (in engine/quants) whose code is compiled into this type's kernels."""
-        return ("_ir", "_kern", "_q8", self.module, *self.also) if self.vec_dot else ("_ir", "_kern", self.module)
+        return (
+            ("_ir", "_kern", "_q8", self.module, *self.also)
+            if self.vec_dot
+            else ("_ir", "_kern", self.module)
+        )
 
 
 TYPES = (
-    TypeSpec("F32", "dense"), TypeSpec("F16", "dense"), TypeSpec("BF16", "dense"),
-    TypeSpec("Q4_0", "q4_0", "q8_0", rp=True), TypeSpec("Q4_1", "q4_1", "q8_1", rp=True),
-    TypeSpec("Q5_0", "q5_0", "q8_0", rp=True), TypeSpec("Q5_1", "q5_1", "q8_1", rp=True, also=("q5_0",)),
+    TypeSpec("F32", "dense"),
+    TypeSpec("F16", "dense"),
+    TypeSpec("BF16", "dense"),
+    TypeSpec("Q4_0", "q4_0", "q8_0", rp=True),
+    TypeSpec("Q4_1", "q4_1", "q8_1", rp=True),
+    TypeSpec("Q5_0", "q5_0", "q8_0", rp=True),
+    TypeSpec("Q5_1", "q5_1", "q8_1", rp=True, also=("q5_0",)),
     TypeSpec("Q8_0", "q8_0", "q8_0", rp=True),
-    TypeSpec("Q2_K", "k_quants", "q8_k", rp=True), TypeSpec("Q3_K", "k_quants", "q8_k", rp=True),
-    TypeSpec("Q4_K", "k_quants", "q8_k", rp=True), TypeSpec("Q5_K", "k_quants", "q8_k", rp=True),
+    TypeSpec("Q2_K", "k_quants", "q8_k", rp=True),
+    TypeSpec("Q3_K", "k_quants", "q8_k", rp=True),
+    TypeSpec("Q4_K", "k_quants", "q8_k", rp=True),
+    TypeSpec("Q5_K", "k_quants", "q8_k", rp=True),
     TypeSpec("Q6_K", "k_quants", "q8_k", rp=True),
-    TypeSpec("IQ4_NL", "iq4", "q8_0", rp=True), TypeSpec("IQ4_XS", "iq4", "q8_k", rp=True),
+    TypeSpec("IQ4_NL", "iq4", "q8_0", rp=True),
+    TypeSpec("IQ4_XS", "iq4", "q8_k", rp=True),
     TypeSpec("MXFP4", "mxfp4", "q8_0", rp=True),
 )
 
@@ -367,7 +378,7 @@ def matvec_multi_same_x_i8_$t(raws, x, outs):
     _kern.launch_matvec_multi_same_x(_matvec_multi_same_x_i8_$t, raws, x, outs)
 '''
 
-MATVEC_RP = '''\
+MATVEC_RP = """\
 
 
 _kernel = jit.generated_kernel(__file__, ($deps), "$digest", parallel=False)
@@ -393,11 +404,11 @@ def unpack_$t(packed, r0, r1):
     return _kern.unpack_rows(_layout, packed, _rp_rows_$t(), r0, r1)
 
 
-'''
+"""
 
 # the kernels over the interleaved copy, once per form of x: llama.cpp's Q8 blocks ("rp",
 # the int8 path) and two 8-bit planes a block ("rp16", the default; _q8.quantize_planes)
-RP_KERNELS = '''\
+RP_KERNELS = """\
 @_parallel_kernel
 def _matvec_${v}_$t(pk0, pk1, pk2, x, out0, out1, out2):
     \"\"\"out_i = W_i @ x for three $T weights repacked by repack_$t sharing x, by integer dots
@@ -484,27 +495,43 @@ def _matvec_multi_same_x_${v}_$t(pk0, pk1, pk2, x, out0, out1, out2):
 
 def matvec_multi_same_x_${v}_$t(packs, x, outs):
     _kern.launch_matvec_multi_same_x(_matvec_multi_same_x_${v}_$t, packs, x, outs)
-'''
+"""
 
-_GDOT16 = '''\
+_GDOT16 = """\
 _g2dot1 = _ir.make_group_dot_i8(_layout, 1, planes=2)  # the same over x in two 8-bit planes
 _g2dot2 = _ir.make_group_dot_i8(_layout, 2, planes=2)
 _g2dot4 = _ir.make_group_dot_i8(_layout, 4, planes=2)
 
 
-'''
+"""
 MATVEC_RP_KERNELS = Template(RP_KERNELS).safe_substitute(
-    v="rp", gd="gdot", quant="_q8.quantize_$vec_dot", qarg="", xdesc="quantised once to $vec_dot", planes=1)
-MATVEC_RP16 = "\n\n" + _GDOT16 + Template(RP_KERNELS).safe_substitute(
-    v="rp16", gd="g2dot", quant="_q8.quantize_planes", qarg=", _BE", xdesc="in two 8-bit planes", planes=2)
+    v="rp",
+    gd="gdot",
+    quant="_q8.quantize_$vec_dot",
+    qarg="",
+    xdesc="quantised once to $vec_dot",
+    planes=1,
+)
+MATVEC_RP16 = (
+    "\n\n"
+    + _GDOT16
+    + Template(RP_KERNELS).safe_substitute(
+        v="rp16",
+        gd="g2dot",
+        quant="_q8.quantize_planes",
+        qarg=", _BE",
+        xdesc="in two 8-bit planes",
+        planes=2,
+    )
+)
 
-ENTRY = '''\
+ENTRY = """\
 
 
 $T = _kern.quant_type(
     GGMLQuantizationType.$T, _layout,
 $ops)
-'''
+"""
 
 FAMILIES = (
     Family(("matvec", "matvec_same_x"), MATVEC),
@@ -512,7 +539,12 @@ FAMILIES = (
     Family(("dequant", "get_rows"), DEQUANT),
     Family(("matvec_i8", "matvec_same_x_i8", "matvec_multi_i8"), MATVEC_I8, int8=True),
     Family(("matvec_multi_same_x_i8",), MATVEC_MULTI_SAME_X_I8, int8=True),
-    Family(("repack", "unpack", "matvec_rp", "matvec_same_x_rp"), MATVEC_RP + MATVEC_RP_KERNELS, int8=True, rp=True),
+    Family(
+        ("repack", "unpack", "matvec_rp", "matvec_same_x_rp"),
+        MATVEC_RP + MATVEC_RP_KERNELS,
+        int8=True,
+        rp=True,
+    ),
     Family(("matvec_multi_rp", "matvec_multi_same_x_rp"), "", int8=True, rp=True),
     Family(("matvec_rp16", "matvec_same_x_rp16"), MATVEC_RP16, int8=True, rp=True),
     Family(("matvec_multi_rp16", "matvec_multi_same_x_rp16"), "", int8=True, rp=True),
@@ -522,26 +554,38 @@ FAMILIES = (
 def render_type(spec: TypeSpec) -> str:
     """The text of generated/<spec.t>.py."""
     digest = source_digest(PACKAGE / f"{m}.py" for m in spec.deps)
-    fields = dict(asdict(spec), t=spec.t, T=spec.name, deps=", ".join(spec.deps), digest=digest,
-                  imports=", ".join(sorted(spec.deps)),
-                  kern_imports="check_packed, check_shapes, code_sums, group_sums" if spec.rp
-                  else "check_shapes, group_sums")
+    fields = dict(
+        asdict(spec),
+        t=spec.t,
+        T=spec.name,
+        deps=", ".join(spec.deps),
+        digest=digest,
+        imports=", ".join(sorted(spec.deps)),
+        kern_imports="check_packed, check_shapes, code_sums, group_sums"
+        if spec.rp
+        else "check_shapes, group_sums",
+    )
     # QuantType fields, one line per family: "    matvec=matvec_q4_k, matvec_same_x=...,\n"
     fams = [f for f in FAMILIES if (spec.vec_dot or not f.int8) and (spec.rp or not f.rp)]
     fields["ops"] = "".join(
-        "    " + ", ".join(f"{op}={op}_{spec.t}" for op in f.ops) + ",\n" for f in fams)
+        "    " + ", ".join(f"{op}={op}_{spec.t}" for op in f.ops) + ",\n" for f in fams
+    )
     templates = [PREAMBLE, *(f.template for f in fams), ENTRY]
     return HEADER + "".join(Template(t).substitute(fields) for t in templates)
 
 
 def render_init() -> str:
-    doc = ('"""The generated kernel modules, one per type. Each is imported when a model first uses its\n'
-           "type (engine.quants.QUANT_TYPES): ~5 ms of numba dispatchers apiece, which a start-up\n"
-           "should pay only for the types it loads. MODULES: GGML type name -> module; REPACKABLE:\n"
-           'the types with a row-interleaved form (a `repack`)."""')
+    doc = (
+        '"""The generated kernel modules, one per type. Each is imported when a model first uses its\n'
+        "type (engine.quants.QUANT_TYPES): ~5 ms of numba dispatchers apiece, which a start-up\n"
+        "should pay only for the types it loads. MODULES: GGML type name -> module; REPACKABLE:\n"
+        'the types with a row-interleaved form (a `repack`)."""'
+    )
     lines = [HEADER, doc + "\n\n"]
     lines.append("MODULES = {\n" + "".join(f"    {s.name!r}: {s.t!r},\n" for s in TYPES) + "}\n")
-    lines.append("REPACKABLE = frozenset({\n" + "".join(f"    {s.name!r},\n" for s in TYPES if s.rp) + "})\n")
+    lines.append(
+        "REPACKABLE = frozenset({\n" + "".join(f"    {s.name!r},\n" for s in TYPES if s.rp) + "})\n"
+    )
     return "".join(lines)
 
 
@@ -573,10 +617,12 @@ def write(out_dir: Path = GENERATED) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m engine.quants.codegen",
-                                 description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, default=GENERATED,
-                    help="output directory (default: %(default)s)")
+    ap = argparse.ArgumentParser(
+        prog="python -m engine.quants.codegen", description=__doc__.split("\n")[0]
+    )
+    ap.add_argument(
+        "--out", type=Path, default=GENERATED, help="output directory (default: %(default)s)"
+    )
     args = ap.parse_args(argv)
     changed = write(args.out)
     for p in changed:

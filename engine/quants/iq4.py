@@ -11,7 +11,19 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from ._ir import F32, I16, I32, Group, IntBlock, IntPart, Layout, RpBlock, RpGroup, rp_const, rp_nibble_parts
+from ._ir import (
+    F32,
+    I16,
+    I32,
+    Group,
+    IntBlock,
+    IntPart,
+    Layout,
+    RpBlock,
+    RpGroup,
+    rp_const,
+    rp_nibble_parts,
+)
 
 # ggml-common.h kvalues_iq4nl: the value of each 4-bit code.
 KVALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
@@ -98,12 +110,20 @@ class IQ4_XSLayout(Layout):
     def rp_block(self, em, field, R):
         b = em.b
         vi, vc = ir.VectorType(I32, R), rp_const(R)
-        sh = b.zext(em.load(field(1), 0, ir.VectorType(I16, R), align=2), vi)  # lane: its row's scales_h
-        sl = b.bitcast(em.load(field(2), 0, ir.VectorType(ir.IntType(8), 4 * R)), vi)  # scales_l as a u32
+        sh = b.zext(
+            em.load(field(1), 0, ir.VectorType(I16, R), align=2), vi
+        )  # lane: its row's scales_h
+        sl = b.bitcast(
+            em.load(field(2), 0, ir.VectorType(ir.IntType(8), 4 * R)), vi
+        )  # scales_l as a u32
         groups = []
         for g in range(8):  # group g: qs chunks 4g .. 4g + 3, laid out as an IQ4_NL block's
-            parts = rp_nibble_parts(em, field(3), R, lambda q: em.lut16_wide(KVALUES, q), True, 4 * g, 32 * g)
+            parts = rp_nibble_parts(
+                em, field(3), R, lambda q: em.lut16_wide(KVALUES, q), True, 4 * g, 32 * g
+            )
             lo = b.and_(b.lshr(sl, vc(4 * g)), vc(15))
             hi = b.and_(b.lshr(sh, vc(2 * g)), vc(3))
-            groups.append(RpGroup(parts, scale=b.sub(b.or_(lo, b.shl(hi, vc(4))), vc(32)), sums=(g,)))
+            groups.append(
+                RpGroup(parts, scale=b.sub(b.or_(lo, b.shl(hi, vc(4))), vc(32)), sums=(g,))
+            )
         return RpBlock(em.rp_f16(field(0), R), groups)

@@ -11,7 +11,20 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from ._ir import F32, I32, V16F, V32I8, Group, IntBlock, IntPart, Layout, RpBlock, RpGroup, RpPart, rp_const
+from ._ir import (
+    F32,
+    I32,
+    V16F,
+    V32I8,
+    Group,
+    IntBlock,
+    IntPart,
+    Layout,
+    RpBlock,
+    RpGroup,
+    RpPart,
+    rp_const,
+)
 
 
 def _c(v):
@@ -188,8 +201,11 @@ class Q3_KLayout(Layout):
         """All 16 scales minus 32 as <16 x i8>, lane g = scale of group g."""
         b = em.b
         v8 = em.load(p, 96, ir.VectorType(ir.IntType(8), 8))
-        lo4 = b.shuffle_vector(b.and_(v8, ir.Constant(v8.type, [15] * 8)),
-                               b.lshr(v8, ir.Constant(v8.type, [4] * 8)), _idx(range(16)))
+        lo4 = b.shuffle_vector(
+            b.and_(v8, ir.Constant(v8.type, [15] * 8)),
+            b.lshr(v8, ir.Constant(v8.type, [4] * 8)),
+            _idx(range(16)),
+        )
         v4 = em.load(p, 104, ir.VectorType(ir.IntType(8), 4))
         hi2 = b.shuffle_vector(v4, v4, _idx([0, 1, 2, 3] * 4))
         hi2 = b.and_(b.lshr(hi2, em.vconst8([2 * (g // 4) for g in range(16)])), em.vconst8(3))
@@ -223,7 +239,9 @@ class Q4_KLayout(Layout):
                     q = [em.u8f(em.nib_lo(qa)), em.u8f(em.nib_lo(qb))]
                 else:
                     q = [em.u8f(em.nib_hi(qa)), em.u8f(em.nib_hi(qb))]
-                out.append(Group(32 * g, q, em.fmul(d, sc), em.fmul(em.fmul(dmin, mn), em.fconst(-1.0))))
+                out.append(
+                    Group(32 * g, q, em.fmul(d, sc), em.fmul(em.fmul(dmin, mn), em.fconst(-1.0)))
+                )
         return out
 
     def int_block(self, em, p):  # ggml_vec_dot_q4_K_q8_K
@@ -253,8 +271,10 @@ def _rp_k4(em, field, R, qs, code):
     for g in range(8):  # sub-block g = 2j + n: nibble n of qs[32j .. 32j + 31]
         j, n = divmod(g, 2)
         nib = em.nib_lo if n == 0 else em.nib_hi
-        parts = [RpPart(32 * g + 4 * i, code(g, i, nib(em.rp_chunk(field(qs), 8 * j + i, R))), False)
-                 for i in range(8)]
+        parts = [
+            RpPart(32 * g + 4 * i, code(g, i, nib(em.rp_chunk(field(qs), 8 * j + i, R))), False)
+            for i in range(8)
+        ]
         groups.append(RpGroup(parts, scale=sm[g][0]))
     mins = [(sm[g][1], (2 * g, 2 * g + 1)) for g in range(8)]
     return RpBlock(em.rp_f16(field(0), R), groups, mins=mins, dmin=em.rp_f16(field(1), R))
@@ -282,7 +302,9 @@ class Q5_KLayout(Layout):
                 sc, mn = _k4_scale_min(em, p, 4, g)
                 lo = em.nib_lo(qs) if n == 0 else em.nib_hi(qs)
                 q = [em.u8f(v) for v in em.halves(b.or_(lo, em.shl(em.bits(hs, g, 1), 4)))]
-                out.append(Group(32 * g, q, em.fmul(d, sc), em.fmul(em.fmul(dmin, mn), em.fconst(-1.0))))
+                out.append(
+                    Group(32 * g, q, em.fmul(d, sc), em.fmul(em.fmul(dmin, mn), em.fconst(-1.0)))
+                )
         return out
 
     def int_block(self, em, p):  # ggml_vec_dot_q5_K_q8_K
@@ -294,13 +316,21 @@ class Q5_KLayout(Layout):
             for n in range(2):
                 g = 2 * j + n
                 nib = em.nib_lo if n == 0 else em.nib_hi
-                w = em.join(b.or_(nib(qa), em.shl(em.bits(ha, g, 1), 4)),
-                            b.or_(nib(qb), em.shl(em.bits(hb, g, 1), 4)))
+                w = em.join(
+                    b.or_(nib(qa), em.shl(em.bits(ha, g, 1), 4)),
+                    b.or_(nib(qb), em.shl(em.bits(hb, g, 1), 4)),
+                )
                 sc = em.splat_scale(_k4_scale_min_int(em, p, 4, g)[0])
                 parts.append(IntPart(32 * g, w, False, sc))
         return IntBlock(em.f16(p, 0), parts, mins=_k4_mins16(em, p, 4), dmin=em.f16(p, 2))
 
-    rp_fields = ((0, 2, 0), (2, 2, 0), (4, 12, 1), (16, 32, 4), (48, 128, 4))  # d, dmin, scales, qh, qs
+    rp_fields = (
+        (0, 2, 0),
+        (2, 2, 0),
+        (4, 12, 1),
+        (16, 32, 4),
+        (48, 128, 4),
+    )  # d, dmin, scales, qh, qs
     rp_sum_group = 16
 
     def rp_block(self, em, field, R):
@@ -371,7 +401,11 @@ class Q6_KLayout(Layout):
                 for c in range(4):
                     lo = em.nib_lo(ql[c % 2]) if c < 2 else em.nib_hi(ql[c % 2])
                     e0 = h * 128 + c * 32 + 4 * i
-                    parts[e0 // 16].append(RpPart(e0, b.or_(lo, em.shl(em.bits(qh, 2 * c, 3), 4)), False))
-        groups = [RpGroup(parts[s], scale=em.rp_byte(field(1), s, R, signed=True), offset=32, sums=(s,))
-                  for s in range(16)]
+                    parts[e0 // 16].append(
+                        RpPart(e0, b.or_(lo, em.shl(em.bits(qh, 2 * c, 3), 4)), False)
+                    )
+        groups = [
+            RpGroup(parts[s], scale=em.rp_byte(field(1), s, R, signed=True), offset=32, sums=(s,))
+            for s in range(16)
+        ]
         return RpBlock(em.rp_f16(field(0), R), groups)

@@ -29,4 +29,6 @@ class Q4_0Layout(Layout):
     rp_fields = ((0, 2, 0), (2, 16, 4))  # d, qs
 
     def rp_block(self, em, field, R):  # codes q in 0..15 for the weights q - 8: offset 8
-        return RpBlock(em.rp_f16(field(0), R), [RpGroup(rp_nibble_parts(em, field(1), R), offset=8, sums=(0,))])
+        return RpBlock(
+            em.rp_f16(field(0), R), [RpGroup(rp_nibble_parts(em, field(1), R), offset=8, sums=(0,))]
+        )

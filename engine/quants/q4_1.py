@@ -28,4 +28,8 @@ class Q4_1Layout(Layout):
     rp_fields = ((0, 2, 0), (2, 2, 0), (4, 16, 4))  # d, m, qs
 
     def rp_block(self, em, field, R):
-        return RpBlock(em.rp_f16(field(0), R), [RpGroup(rp_nibble_parts(em, field(2), R))], m=em.rp_f16(field(1), R))
+        return RpBlock(
+            em.rp_f16(field(0), R),
+            [RpGroup(rp_nibble_parts(em, field(2), R))],
+            m=em.rp_f16(field(1), R),
+        )

@@ -30,13 +30,18 @@ class Q5_0Layout(Layout):
     def int_block(self, em, p):  # ggml_vec_dot_q5_0_q8_0
         h0, h1 = em.bit_bytes(em.load(p, 2, I32), 16)
         q = em.bytes16(p, 6)
-        w = em.join(em.sub8(em.b.or_(em.nib_lo(q), h0), 16), em.sub8(em.b.or_(em.nib_hi(q), h1), 16))
+        w = em.join(
+            em.sub8(em.b.or_(em.nib_lo(q), h0), 16), em.sub8(em.b.or_(em.nib_hi(q), h1), 16)
+        )
         return IntBlock(em.f16(p, 0), [IntPart(0, w, True)])
 
     rp_fields = ((0, 2, 0), (2, 4, 4), (6, 16, 4))  # d, qh (one i32 lane a row), qs
 
     def rp_block(self, em, field, R):  # codes q in 0..31 for the weights q - 16: offset 16
-        return RpBlock(em.rp_f16(field(0), R), [RpGroup(rp_q5_parts(em, field(1), field(2), R), offset=16, sums=(0,))])
+        return RpBlock(
+            em.rp_f16(field(0), R),
+            [RpGroup(rp_q5_parts(em, field(1), field(2), R), offset=16, sums=(0,))],
+        )
 
 
 def rp_q5_parts(em, qh_field, qs_field, R):
@@ -46,6 +51,8 @@ def rp_q5_parts(em, qh_field, qs_field, R):
     parts = []
     for v in range(4):
         q = em.rp_chunk(qs_field, v, R)
-        parts += [RpPart(4 * v, em.b.or_(em.nib_lo(q), em.rp_bits16(qh, 4 * v, R)), False),
-                  RpPart(16 + 4 * v, em.b.or_(em.nib_hi(q), em.rp_bits16(qh, 16 + 4 * v, R)), False)]
+        parts += [
+            RpPart(4 * v, em.b.or_(em.nib_lo(q), em.rp_bits16(qh, 4 * v, R)), False),
+            RpPart(16 + 4 * v, em.b.or_(em.nib_hi(q), em.rp_bits16(qh, 16 + 4 * v, R)), False),
+        ]
     return parts

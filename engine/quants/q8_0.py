@@ -20,7 +20,9 @@ class Q8_0Layout(Layout):
         return [Group(0, [q0, q1], d, None)]
 
     def int_block(self, em, p):  # ggml_vec_dot_q8_0_q8_0
-        return IntBlock(em.f16(p, 0), [IntPart(0, em.join(em.bytes16(p, 2), em.bytes16(p, 18)), True)])
+        return IntBlock(
+            em.f16(p, 0), [IntPart(0, em.join(em.bytes16(p, 2), em.bytes16(p, 18)), True)]
+        )
 
     rp_fields = ((0, 2, 0), (2, 32, 4))  # d, qs
 

@@ -55,7 +55,9 @@ class QuantType:
     # the int8 path over row-interleaved weights (types with a Layout.rp_block; None elsewhere):
     # repack(raw) -> packed, then the same calls as the _i8 ones with packed in place of raw
     repack: Callable[[np.ndarray], np.ndarray] | None = None
-    unpack: Callable[[np.ndarray, int, int], np.ndarray] | None = None  # (packed, r0, r1) -> raw rows
+    unpack: Callable[[np.ndarray, int, int], np.ndarray] | None = (
+        None  # (packed, r0, r1) -> raw rows
+    )
     matvec_rp: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None
     matvec_same_x_rp: Callable[[list, np.ndarray, list], None] | None = None
     matvec_multi_rp: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None
@@ -78,11 +80,17 @@ class _QuantTypes(Mapping[GGMLQuantizationType, QuantType]):
     def __getitem__(self, qtype: GGMLQuantizationType) -> QuantType:
         qt = self._entries.get(qtype)
         if qt is None:
-            mod = importlib.import_module(f"{_GENERATED}.{self._modules[qtype]}")  # KeyError: unknown
-            qt = self._entries[qtype] = getattr(mod, GGMLQuantizationType(qtype).name)  # (a plain int too)
+            mod = importlib.import_module(
+                f"{_GENERATED}.{self._modules[qtype]}"
+            )  # KeyError: unknown
+            qt = self._entries[qtype] = getattr(
+                mod, GGMLQuantizationType(qtype).name
+            )  # (a plain int too)
         return qt
 
-    def get(self, qtype, default=None):  # matvec's per-call lookup, without Mapping.get's try/except
+    def get(
+        self, qtype, default=None
+    ):  # matvec's per-call lookup, without Mapping.get's try/except
         qt = self._entries.get(qtype)
         if qt is not None or qtype not in self._modules:
             return qt if qt is not None else default

@@ -16,18 +16,23 @@ class HubAccess:
     def validate(self, spec: str) -> tuple[object, str]:
         """(the model file, its download URL) for "user/repo[:QUANT]"."""
         from ..hub import client as hub
+
         file = hub.resolve(spec)
         url = f"{hub.endpoint()}/{file.repo_id}/resolve/{file.revision}/{file.filename}"
         return file, url
 
-    def fetch(self, file: object, progress: Callable[[int, int], None], cancel: threading.Event) -> Path:
+    def fetch(
+        self, file: object, progress: Callable[[int, int], None], cancel: threading.Event
+    ) -> Path:
         from ..hub import client as hub
+
         return hub.download(file, progress=progress, cancel=cancel)  # type: ignore[arg-type]
 
     def remove(self, spec: str) -> bool:
         """Delete every part of the cached model `spec` (its links, and the blobs they lead to
         in the cache); False if none was there. Nothing outside the cache is deleted."""
         from ..hub import client as hub
+
         removed = False
         for f in hub.cached_models():
             if f.spec == spec and f.local_path is not None:

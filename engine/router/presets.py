@@ -32,15 +32,36 @@ GLOBAL_SECTION = "*"
 DEFAULT_SECTION = "default"  # keys before the first [section]
 DEFAULT_STOP_TIMEOUT_S = 10
 # keys that are not flags: they steer the router itself
-PRESET_ONLY = {"load-on-startup", "stop-timeout", "dedup-cache-models",
-               # `serve --ray` (engine/cluster): the model's file digest and its replicas
-               "sha256", "min-replicas", "max-replicas", "target-ongoing-requests", "upscale-delay-s",
-               "downscale-delay-s"}
+PRESET_ONLY = {
+    "load-on-startup",
+    "stop-timeout",
+    "dedup-cache-models",
+    # `serve --ray` (engine/cluster): the model's file digest and its replicas
+    "sha256",
+    "min-replicas",
+    "max-replicas",
+    "target-ongoing-requests",
+    "upscale-delay-s",
+    "downscale-delay-s",
+}
 CLUSTER_KEYS = PRESET_ONLY - {"load-on-startup", "stop-timeout", "dedup-cache-models"}
 # flags the router decides for every child (listening address, keys, router-mode options):
 # dropped from presets and from the router's command line before they reach a child
-RESERVED_DESTS = {"host", "port", "alias", "api_key", "api_key_file", "models_dir", "models_max",
-                  "models_preset", "models_autoload", "ready_json", "ssl_key_file", "ssl_cert_file", "ray"}
+RESERVED_DESTS = {
+    "host",
+    "port",
+    "alias",
+    "api_key",
+    "api_key_file",
+    "models_dir",
+    "models_max",
+    "models_preset",
+    "models_autoload",
+    "ready_json",
+    "ssl_key_file",
+    "ssl_cert_file",
+    "ray",
+}
 # model sources are replaced (a preset's `model = ...` wins over a directory's file) but never
 # taken from the router's command line (a router has no -m)
 MODEL_DESTS = {"model", "hf_repo", "hf_file"}
@@ -86,14 +107,18 @@ class OptionTable:
     actions: dict[str, list[argparse.Action]] = field(default_factory=dict)  # dest -> actions
 
     @classmethod
-    def from_parser(cls, parser: argparse.ArgumentParser, env: dict[str, str] | None = None) -> OptionTable:
+    def from_parser(
+        cls, parser: argparse.ArgumentParser, env: dict[str, str] | None = None
+    ) -> OptionTable:
         table = cls()
         for action in parser._actions:
             if not action.option_strings or action.dest in (argparse.SUPPRESS, "help"):
                 continue
             table.actions.setdefault(action.dest, []).append(action)
             for opt in action.option_strings:
-                negated = opt.startswith("--no-") and isinstance(action, argparse.BooleanOptionalAction)
+                negated = opt.startswith("--no-") and isinstance(
+                    action, argparse.BooleanOptionalAction
+                )
                 negated = negated or isinstance(action, argparse._StoreFalseAction)
                 table.keys.setdefault(opt.lstrip("-"), (action.dest, negated))
         for name, opt in (env or {}).items():
@@ -179,7 +204,7 @@ def parse_ini(text: str, where: str = "preset") -> dict[str, dict[str, str]]:
 
 
 def _canonical_section(name: str) -> str:
-    """"user/repo:q4_k_m" -> "user/repo:Q4_K_M" (and "...:Model-Q8_0" -> "...:Q8_0"), as the
+    """ "user/repo:q4_k_m" -> "user/repo:Q4_K_M" (and "...:Model-Q8_0" -> "...:Q8_0"), as the
     cache names its models."""
     if name in (GLOBAL_SECTION, DEFAULT_SECTION) or ":" not in name:
         return name
@@ -271,7 +296,9 @@ class Catalogue:
             spec = ModelSpec(**{**spec.__dict__, "hidden": name in hidden})
             for alias in (name, *spec.aliases):
                 if alias in owners and owners[alias] != name:
-                    raise PresetError(f"model name or alias '{alias}' is used by both '{owners[alias]}' and '{name}'")
+                    raise PresetError(
+                        f"model name or alias '{alias}' is used by both '{owners[alias]}' and '{name}'"
+                    )
                 owners[alias] = name
             specs[name] = spec
         return specs
@@ -282,14 +309,22 @@ class Catalogue:
         try:
             text = self.preset_file.read_text(encoding="utf-8")
         except OSError as e:
-            raise PresetError(f"cannot read --models-preset '{self.preset_file}': {e.strerror or e}") from None
+            raise PresetError(
+                f"cannot read --models-preset '{self.preset_file}': {e.strerror or e}"
+            ) from None
         sections = parse_ini(text, str(self.preset_file))
         for values in sections.values():
             values.pop("version", None)
         return sections
 
-    def _spec(self, name: str, source: str, path: str, glob: dict[str, str],
-              section: dict[str, str] | None) -> ModelSpec:
+    def _spec(
+        self,
+        name: str,
+        source: str,
+        path: str,
+        glob: dict[str, str],
+        section: dict[str, str] | None,
+    ) -> ModelSpec:
         opts: dict[str, str] = {}  # dest -> value, in insertion order
         extra: dict[str, str] = {}  # preset-only keys
         if path:
@@ -304,8 +339,15 @@ class Catalogue:
                     log.warning("preset %s: ignoring unknown option '%s'", where, key)
                     continue
                 dest, value = hit
-                if dest in MODEL_DESTS and section is not None and where != "[*]" and dest != "hf_file":
-                    for other in MODEL_DESTS - {"hf_file"}:  # the section's own model replaces the source's
+                if (
+                    dest in MODEL_DESTS
+                    and section is not None
+                    and where != "[*]"
+                    and dest != "hf_file"
+                ):
+                    for other in MODEL_DESTS - {
+                        "hf_file"
+                    }:  # the section's own model replaces the source's
                         opts.pop(other, None)
                 if dest not in RESERVED_DESTS or dest == "alias":
                     opts[dest] = value
@@ -314,23 +356,39 @@ class Catalogue:
         for dest, value in self.base:
             if dest not in RESERVED_DESTS and dest not in MODEL_DESTS:
                 opts[dest] = value
-        rendered = tuple(pair for dest, value in opts.items() for pair in self.table.render(dest, value))
+        rendered = tuple(
+            pair for dest, value in opts.items() for pair in self.table.render(dest, value)
+        )
         lines = sorted(f"{o.lstrip('-')} = {v or 'true'}" for o, v in rendered)
-        preset_ini = "\n".join([f"[{name}]", *lines]) + "\n\n"  # GET /models shows it, as llama-server
+        preset_ini = (
+            "\n".join([f"[{name}]", *lines]) + "\n\n"
+        )  # GET /models shows it, as llama-server
         try:
             stop_timeout = int(extra.get("stop-timeout", DEFAULT_STOP_TIMEOUT_S))
         except ValueError:
-            log.warning("preset [%s]: invalid stop-timeout %r, using %d s", name, extra["stop-timeout"],
-                        DEFAULT_STOP_TIMEOUT_S)
+            log.warning(
+                "preset [%s]: invalid stop-timeout %r, using %d s",
+                name,
+                extra["stop-timeout"],
+                DEFAULT_STOP_TIMEOUT_S,
+            )
             stop_timeout = DEFAULT_STOP_TIMEOUT_S
-        return ModelSpec(name=name, source=source, path=opts.get("model", path), options=rendered,
-                         aliases=tuple(a for a in aliases if a != name), tags=tuple(tags),
-                         load_on_startup=is_truthy(extra.get("load-on-startup", "")),
-                         stop_timeout=stop_timeout, preset_ini=preset_ini,
-                         cluster=tuple((k, v) for k, v in extra.items() if k in CLUSTER_KEYS))
+        return ModelSpec(
+            name=name,
+            source=source,
+            path=opts.get("model", path),
+            options=rendered,
+            aliases=tuple(a for a in aliases if a != name),
+            tags=tuple(tags),
+            load_on_startup=is_truthy(extra.get("load-on-startup", "")),
+            stop_timeout=stop_timeout,
+            preset_ini=preset_ini,
+            cluster=tuple((k, v) for k, v in extra.items() if k in CLUSTER_KEYS),
+        )
 
-    def _deduplicated(self, sections: dict[str, dict[str, str]], glob: dict[str, str],
-                      cached: dict[str, Path]) -> set[str]:
+    def _deduplicated(
+        self, sections: dict[str, dict[str, str]], glob: dict[str, str], cached: dict[str, Path]
+    ) -> set[str]:
         """Cache entries a preset with dedup-cache-models already serves (by hf-repo or draft)."""
         repos: set[str] = set()
         for values in sections.values():
@@ -339,12 +397,21 @@ class Catalogue:
                 continue
             for key, value in values.items():
                 hit = self.table.lookup(key, value)
-                if (hit and hit[0] == "hf_repo") or key in ("spec-draft-hf", "hf-repo-draft", "hfd", "hfrd"):
+                if (hit and hit[0] == "hf_repo") or key in (
+                    "spec-draft-hf",
+                    "hf-repo-draft",
+                    "hfd",
+                    "hfrd",
+                ):
                     repos.add(value)
         hidden = set()
         for name in cached:
             repo = name.split(":", 1)[0]
-            if name in repos or repo in repos or any(_canonical_section(r) == name for r in repos if ":" in r):
+            if (
+                name in repos
+                or repo in repos
+                or any(_canonical_section(r) == name for r in repos if ":" in r)
+            ):
                 hidden.add(name)
         return hidden
 
@@ -353,8 +420,9 @@ def _split(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
-def explicit_options(parser: argparse.ArgumentParser, args: argparse.Namespace,
-                     table: OptionTable) -> list[tuple[str, str]]:
+def explicit_options(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, table: OptionTable
+) -> list[tuple[str, str]]:
     """The router's command-line options that differ from the defaults, as (dest, value)
     preset pairs: what every child inherits (llama-server passes its own flags on)."""
     defaults = vars(parser.parse_args([]))
@@ -373,8 +441,9 @@ def explicit_options(parser: argparse.ArgumentParser, args: argparse.Namespace,
     return out
 
 
-def router_catalogue(parser: argparse.ArgumentParser, args: argparse.Namespace,
-                     env: dict[str, str] | None = None) -> Catalogue:
+def router_catalogue(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, env: dict[str, str] | None = None
+) -> Catalogue:
     """The catalogue `ggstation serve` (no -m) serves: the Hugging Face cache, --models-dir
     (else ggstation's own models directory, when it exists) and --models-preset; every child
     inherits the router's own command-line options."""
@@ -386,5 +455,10 @@ def router_catalogue(parser: argparse.ArgumentParser, args: argparse.Namespace,
     if not args.models_dir and directory is not None and not directory.is_dir():
         directory = None
     preset = args.models_preset
-    return Catalogue(table, explicit_options(parser, args, table), models_dir=directory,
-                     preset_file=Path(preset) if preset else None, cache=discover_hub_models)
+    return Catalogue(
+        table,
+        explicit_options(parser, args, table),
+        models_dir=directory,
+        preset_file=Path(preset) if preset else None,
+        cache=discover_hub_models,
+    )

@@ -27,7 +27,14 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response, StreamingResponse
 
-from ..errors import APIError, ModelLimitError, PresetError, RequestCancelled, RouterError, UnknownModelError
+from ..errors import (
+    APIError,
+    ModelLimitError,
+    PresetError,
+    RequestCancelled,
+    RouterError,
+    UnknownModelError,
+)
 from ..server import routes_cors_proxy, vertex
 from ..server.bodies import load_json, read_body
 from ..server.errors import api_response, error_response, invalid
@@ -38,16 +45,49 @@ from ..version import __version__, git_commit
 from .supervisor import ChildServer, ModelStatus, Router
 
 # llama-server's routes that a router hands to a child (server.cpp, router branch)
-POST_PATHS = ["/completion", "/completions", "/v1/completions", "/chat/completions", "/v1/chat/completions",
-              "/v1/chat/completions/control", "/v1/responses", "/responses", "/v1/audio/transcriptions",
-              "/audio/transcriptions", "/v1/messages", "/v1/messages/count_tokens", "/infill", "/embedding",
-              "/embeddings", "/v1/embeddings", "/rerank", "/reranking", "/v1/rerank", "/v1/reranking",
-              "/tokenize", "/detokenize", "/apply-template", "/chat/completions/input_tokens",
-              "/v1/chat/completions/input_tokens", "/responses/input_tokens", "/v1/responses/input_tokens",
-              "/lora-adapters", "/slots/{id_slot}", "/props"]
+POST_PATHS = [
+    "/completion",
+    "/completions",
+    "/v1/completions",
+    "/chat/completions",
+    "/v1/chat/completions",
+    "/v1/chat/completions/control",
+    "/v1/responses",
+    "/responses",
+    "/v1/audio/transcriptions",
+    "/audio/transcriptions",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/infill",
+    "/embedding",
+    "/embeddings",
+    "/v1/embeddings",
+    "/rerank",
+    "/reranking",
+    "/v1/rerank",
+    "/v1/reranking",
+    "/tokenize",
+    "/detokenize",
+    "/apply-template",
+    "/chat/completions/input_tokens",
+    "/v1/chat/completions/input_tokens",
+    "/responses/input_tokens",
+    "/v1/responses/input_tokens",
+    "/lora-adapters",
+    "/slots/{id_slot}",
+    "/props",
+]
 GET_PATHS = ["/metrics", "/slots", "/lora-adapters"]
-HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "host",
-               "authorization", "x-api-key"}
+HOP_HEADERS = {
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "content-length",
+    "content-encoding",
+    "host",
+    "authorization",
+    "x-api-key",
+}
 INFO_TIMEOUT_S = 2.0  # a loaded child's own /v1/models, merged into the router's listing
 DISCONNECT_POLL_S = 0.1
 MAX_WAITING = 1024  # requests that may wait for their model at once
@@ -57,8 +97,9 @@ class Upstream(Protocol):
     """How the router app reaches a running model: over HTTP to its child server
     (HttpUpstream), or through a Ray Serve deployment handle (engine/cluster/upstream.py)."""
 
-    async def forward(self, request: Request, child: ChildServer, body: bytes,
-                      release: Callable[[], None]) -> Response:
+    async def forward(
+        self, request: Request, child: ChildServer, body: bytes, release: Callable[[], None]
+    ) -> Response:
         """The model's answer to `request` (whose body was read already: `body`); `release`
         runs once that answer has been relayed, or has failed."""
         ...
@@ -72,7 +113,9 @@ class Upstream(Protocol):
         ...
 
 
-def create_router_app(router: Router, state: ServerState, upstream: Upstream | None = None) -> FastAPI:
+def create_router_app(
+    router: Router, state: ServerState, upstream: Upstream | None = None
+) -> FastAPI:
     """FastAPI app for router mode; `state` carries the options (API keys, CORS, body limit);
     `upstream` reaches the models (default: their child servers over HTTP)."""
     state.status = ServerStatus.READY  # the router itself needs no model
@@ -88,8 +131,10 @@ def create_router_app(router: Router, state: ServerState, upstream: Upstream | N
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request, exc):
-        return error_response(exc.status_code, f"File Not Found: {request.url.path}"
-                              if exc.status_code == 404 else str(exc.detail))
+        return error_response(
+            exc.status_code,
+            f"File Not Found: {request.url.path}" if exc.status_code == 404 else str(exc.detail),
+        )
 
     async def health(request: Request):
         upstream: Upstream = request.app.state.upstream
@@ -137,17 +182,26 @@ def create_router_app(router: Router, state: ServerState, upstream: Upstream | N
         return await _proxy(request)
 
     routes: list[tuple[str, Callable, list[str]]] = [
-        ("/health", health, ["GET"]), ("/v1/health", health, ["GET"]),
-        ("/models", models, ["GET"]), ("/v1/models", models, ["GET"]),
-        ("/models/load", load, ["POST"]), ("/models/unload", unload, ["POST"]),
-        ("/models/sse", events, ["GET"]), ("/models", download, ["POST"]), ("/models", remove, ["DELETE"]),
+        ("/health", health, ["GET"]),
+        ("/v1/health", health, ["GET"]),
+        ("/models", models, ["GET"]),
+        ("/v1/models", models, ["GET"]),
+        ("/models/load", load, ["POST"]),
+        ("/models/unload", unload, ["POST"]),
+        ("/models/sse", events, ["GET"]),
+        ("/models", download, ["POST"]),
+        ("/models", remove, ["DELETE"]),
         ("/props", props, ["GET"]),
     ]
-    routes += [(p, _proxy, ["POST"]) for p in POST_PATHS] + [(p, _proxy, ["GET"]) for p in GET_PATHS]
+    routes += [(p, _proxy, ["POST"]) for p in POST_PATHS] + [
+        (p, _proxy, ["GET"]) for p in GET_PATHS
+    ]
     for path, endpoint, methods in routes:
         app.add_api_route(prefix + path, endpoint, methods=methods, include_in_schema=False)
     app.include_router(routes_cors_proxy.router, prefix=prefix)  # llama-server's router has it too
-    app.include_router(vertex.router, prefix=prefix)  # AIP_MODE=PREDICTION: /predict, through the router
+    app.include_router(
+        vertex.router, prefix=prefix
+    )  # AIP_MODE=PREDICTION: /predict, through the router
     install_middleware(app, state)
     return app
 
@@ -185,10 +239,17 @@ def _router_props(router: Router) -> dict:
     """GET /props without a model: the router itself (llama-server's dummy model fields keep
     its web UI working)."""
     commit = git_commit() or "ggstation"
-    return {"role": "router", "max_instances": router.models_max, "models_autoload": router.autoload,
-            "model_alias": "llama-server", "model_path": "none",
-            "default_generation_settings": {"params": None, "n_ctx": 0}, "ui_settings": {},
-            "build_info": f"b{__version__}-{commit}", "cors_proxy_enabled": False}
+    return {
+        "role": "router",
+        "max_instances": router.models_max,
+        "models_autoload": router.autoload,
+        "model_alias": "llama-server",
+        "model_path": "none",
+        "default_generation_settings": {"params": None, "n_ctx": 0},
+        "ui_settings": {},
+        "build_info": f"b{__version__}-{commit}",
+        "cors_proxy_enabled": False,
+    }
 
 
 async def _listing(app: FastAPI) -> list[dict]:
@@ -197,8 +258,13 @@ async def _listing(app: FastAPI) -> list[dict]:
     out = []
     for m in router.models_info():
         info = m.pop("_loaded_info")
-        entry = {**m, "object": "model", "owned_by": "llamacpp", "created": created,
-                 "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]}}
+        entry = {
+            **m,
+            "object": "model",
+            "owned_by": "llamacpp",
+            "created": created,
+            "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
+        }
         if m["status"]["value"] in (ModelStatus.LOADED.value, ModelStatus.SLEEPING.value):
             if info is None:
                 info = await _child_info(app, router.get(m["id"]))
@@ -261,7 +327,9 @@ async def _proxy(request: Request):
         raise
 
 
-async def _acquire(request: Request, router: Router, name: str, autoload: bool, touch: bool) -> ChildServer:
+async def _acquire(
+    request: Request, router: Router, name: str, autoload: bool, touch: bool
+) -> ChildServer:
     """router.acquire() on a worker thread, cancelled when the client leaves meanwhile."""
     gone = threading.Event()
     done = asyncio.Event()
@@ -281,8 +349,13 @@ async def _acquire(request: Request, router: Router, name: str, autoload: bool, 
         # on threads of their own: requests queued for a model must not use up the pool that
         # every other blocking call of the app (load, unload, reload) needs
         return await anyio.to_thread.run_sync(
-            lambda: _call(lambda: router.acquire(name, autoload=autoload, should_stop=gone.is_set, touch=touch)),
-            limiter=_waiters(request.app))
+            lambda: _call(
+                lambda: router.acquire(
+                    name, autoload=autoload, should_stop=gone.is_set, touch=touch
+                )
+            ),
+            limiter=_waiters(request.app),
+        )
     finally:
         done.set()
         await watcher
@@ -306,22 +379,32 @@ class HttpUpstream:
 
     async def model_info(self, child: ChildServer) -> dict | None:
         try:
-            r = await self.client.get(child.url + "/v1/models", headers={"authorization": f"Bearer {child.api_key}"},
-                                      timeout=INFO_TIMEOUT_S)
+            r = await self.client.get(
+                child.url + "/v1/models",
+                headers={"authorization": f"Bearer {child.api_key}"},
+                timeout=INFO_TIMEOUT_S,
+            )
             data = r.json().get("data") or [{}]
             return data[0] if isinstance(data[0], dict) else {}
         except (httpx.HTTPError, ValueError, AttributeError):
             return None
 
-    async def forward(self, request: Request, child: ChildServer, body: bytes,
-                      release: Callable[[], None]) -> Response:
+    async def forward(
+        self, request: Request, child: ChildServer, body: bytes, release: Callable[[], None]
+    ) -> Response:
         name = child.name
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         headers["authorization"] = f"Bearer {child.api_key}"
         params: list[tuple[str, str | int | float | bool | None]] = [
-            (k, v) for k, v in request.query_params.multi_items() if k not in ("model", "autoload")]
-        upstream = self.client.build_request(request.method, child.url + request.url.path, params=params,
-                                             headers=headers, content=body)
+            (k, v) for k, v in request.query_params.multi_items() if k not in ("model", "autoload")
+        ]
+        upstream = self.client.build_request(
+            request.method,
+            child.url + request.url.path,
+            params=params,
+            headers=headers,
+            content=body,
+        )
         try:
             resp = await self.client.send(upstream, stream=True)
         except (httpx.ConnectError, httpx.ConnectTimeout) as e:
@@ -330,8 +413,12 @@ class HttpUpstream:
             raise await _broken(name, child, e) from None
         out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS}
         if resp.headers.get("content-type", "").startswith("text/event-stream"):
-            events = relay_events(resp.aiter_raw(), httpx.TransportError, lambda e: _broken(name, child, e))
-            return Relay(events, resp.aclose, release, status_code=resp.status_code, headers=out_headers)
+            events = relay_events(
+                resp.aiter_raw(), httpx.TransportError, lambda e: _broken(name, child, e)
+            )
+            return Relay(
+                events, resp.aclose, release, status_code=resp.status_code, headers=out_headers
+            )
         try:  # a plain answer is read whole, so a child that dies half-way is still a clean 502
             content = await resp.aread()
         except httpx.TransportError as e:
@@ -351,16 +438,27 @@ async def _broken(name: str, child: ChildServer, e: Exception) -> APIError:
             break
         await asyncio.sleep(0.02)
     code = proc.returncode if proc is not None else child.exit_code
-    why = f"its server exited with code {code}" if code is not None else f"the connection to its server broke ({e})"
-    return APIError(502, f"model '{name}' stopped before finishing its answer: {why}", "server_error")
+    why = (
+        f"its server exited with code {code}"
+        if code is not None
+        else f"the connection to its server broke ({e})"
+    )
+    return APIError(
+        502, f"model '{name}' stopped before finishing its answer: {why}", "server_error"
+    )
 
 
 class Relay(StreamingResponse):
     """Streams a model's events; closes the upstream however it ends (`close`), so a client
     that goes away cancels the model's generation too, and then releases the model."""
 
-    def __init__(self, events: AsyncIterator[bytes], close: Callable[[], Awaitable[None]],
-                 release: Callable[[], None], **kw):
+    def __init__(
+        self,
+        events: AsyncIterator[bytes],
+        close: Callable[[], Awaitable[None]],
+        release: Callable[[], None],
+        **kw,
+    ):
         super().__init__(events, **kw)
         self._close = close
         self._release = release
@@ -375,8 +473,11 @@ class Relay(StreamingResponse):
                 self._release()
 
 
-async def relay_events(chunks: AsyncIterator[bytes], broken_errors: type[Exception] | tuple[type[Exception], ...],
-                       broken: Callable[[Exception], Awaitable[APIError]]) -> AsyncIterator[bytes]:
+async def relay_events(
+    chunks: AsyncIterator[bytes],
+    broken_errors: type[Exception] | tuple[type[Exception], ...],
+    broken: Callable[[Exception], Awaitable[APIError]],
+) -> AsyncIterator[bytes]:
     """Whole SSE events from the model. If it dies mid-stream (one of `broken_errors`), its
     half event is dropped and an error event ends the stream (as llama-server reports errors
     once streaming), so the client gets a well-formed body instead of a broken chunked read."""

@@ -49,7 +49,9 @@ log = logging.getLogger(__name__)
 HEARTBEAT_S = 2.0
 HEARTBEAT_TIMEOUT_S = 60.0  # generous: a child compiling kernels may hold the GIL a while
 STOP_TIMEOUT_S = 5.0  # router shutdown: how long children get before they are terminated
-FAKE_TIMING_S = 2.0  # LLAMA_SERVER_DEBUG_FAKE_TIMING: llama-server's test hook, slows loads and requests
+FAKE_TIMING_S = (
+    2.0  # LLAMA_SERVER_DEBUG_FAKE_TIMING: llama-server's test hook, slows loads and requests
+)
 WAIT_POLL_S = 0.2
 
 
@@ -57,7 +59,9 @@ class ModelStatus(enum.Enum):
     UNLOADED = "unloaded"
     LOADING = "loading"
     LOADED = "loaded"
-    SLEEPING = "sleeping"  # loaded, its model unloaded after --sleep-idle-seconds; a request wakes it
+    SLEEPING = (
+        "sleeping"  # loaded, its model unloaded after --sleep-idle-seconds; a request wakes it
+    )
     DOWNLOADING = "downloading"  # POST /models: into the cache, then listed by the next reload
     DOWNLOADED = "downloaded"
 
@@ -126,7 +130,9 @@ def discover_models(directory: Path) -> dict[str, Path]:
 
 def spec_for_file(name: str, path: Path | str) -> ModelSpec:
     """A model given as a bare file, with no preset."""
-    return ModelSpec(name=name, source="models_dir", path=str(path), options=(("--model", str(path)),))
+    return ModelSpec(
+        name=name, source="models_dir", path=str(path), options=(("--model", str(path)),)
+    )
 
 
 @dataclass
@@ -153,19 +159,35 @@ class Router:
             see requests queue.
     """
 
-    def __init__(self, models: Mapping[str, Path | str | ModelSpec] | None = None,
-                 child_args: list[str] | None = None, *, models_max: int = 4, autoload: bool = True,
-                 load_timeout_s: float = 600.0, catalogue: Callable[[], dict[str, ModelSpec]] | None = None,
-                 fake_timing: bool | None = None, hub: HubAccess | None = None):
+    def __init__(
+        self,
+        models: Mapping[str, Path | str | ModelSpec] | None = None,
+        child_args: list[str] | None = None,
+        *,
+        models_max: int = 4,
+        autoload: bool = True,
+        load_timeout_s: float = 600.0,
+        catalogue: Callable[[], dict[str, ModelSpec]] | None = None,
+        fake_timing: bool | None = None,
+        hub: HubAccess | None = None,
+    ):
         self._catalogue = catalogue
-        specs = catalogue() if catalogue is not None else {
-            name: m if isinstance(m, ModelSpec) else spec_for_file(name, m) for name, m in (models or {}).items()}
+        specs = (
+            catalogue()
+            if catalogue is not None
+            else {
+                name: m if isinstance(m, ModelSpec) else spec_for_file(name, m)
+                for name, m in (models or {}).items()
+            }
+        )
         self.children = {name: self._new_child(spec) for name, spec in specs.items()}
         self.child_args = list(child_args or [])
         self.models_max = models_max
         n_startup = sum(spec.load_on_startup for spec in specs.values())
         if 0 < models_max < n_startup:
-            raise RouterError(f"{n_startup} models have load-on-startup, more than --models-max {models_max}")
+            raise RouterError(
+                f"{n_startup} models have load-on-startup, more than --models-max {models_max}"
+            )
         self.autoload = autoload
         self.load_timeout_s = load_timeout_s
         if fake_timing is None:
@@ -179,7 +201,9 @@ class Router:
         self._subscribers: list[Callable[[dict], None]] = []
         self._sel = selectors.DefaultSelector()
         self._stop = threading.Event()
-        self._monitor = threading.Thread(target=self._monitor_loop, name="router-monitor", daemon=True)
+        self._monitor = threading.Thread(
+            target=self._monitor_loop, name="router-monitor", daemon=True
+        )
 
     @staticmethod
     def _new_child(spec: ModelSpec) -> ChildServer:
@@ -242,10 +266,18 @@ class Router:
                 spec = c.spec or spec_for_file(c.name, c.path)
                 if not c.args:
                     c.args = self._command(c, 0)
-                out.append({"id": c.name, "aliases": list(spec.aliases), "tags": list(spec.tags),
-                            "path": str(c.path), "status": c.info(), "source": spec.source,
-                            "can_remove": spec.source == "cache", "_loaded_info": c.loaded_info
-                            if c.status in SERVING else None})
+                out.append(
+                    {
+                        "id": c.name,
+                        "aliases": list(spec.aliases),
+                        "tags": list(spec.tags),
+                        "path": str(c.path),
+                        "status": c.info(),
+                        "source": spec.source,
+                        "can_remove": spec.source == "cache",
+                        "_loaded_info": c.loaded_info if c.status in SERVING else None,
+                    }
+                )
             return out
 
     # -- explicit load / unload ----------------------------------------------------------------
@@ -304,15 +336,24 @@ class Router:
         with self._cv:
             self._reloading = True
             try:
-                stale = [c for c in self.children.values() if c.running and (
-                    c.name not in specs or _changed(c.spec, specs[c.name]))]
+                stale = [
+                    c
+                    for c in self.children.values()
+                    if c.running and (c.name not in specs or _changed(c.spec, specs[c.name]))
+                ]
                 for c in stale:
                     log.info("reload: stopping %s (its source changed or is gone)", c.name)
                     self._stop_child(c)
-                longest = max((c.spec.stop_timeout if c.spec else DEFAULT_STOP_TIMEOUT_S for c in stale), default=0)
+                longest = max(
+                    (c.spec.stop_timeout if c.spec else DEFAULT_STOP_TIMEOUT_S for c in stale),
+                    default=0,
+                )
                 self._cv.wait_for(lambda: not any(c.running for c in stale), timeout=longest + 5)
-                for name in [n for n, c in self.children.items() if n not in specs and not c.running
-                             and c.status is not ModelStatus.DOWNLOADING]:
+                for name in [
+                    n
+                    for n, c in self.children.items()
+                    if n not in specs and not c.running and c.status is not ModelStatus.DOWNLOADING
+                ]:
                     del self.children[name]
                 for name, spec in specs.items():
                     child = self.children.get(name)
@@ -348,11 +389,19 @@ class Router:
         with self._cv:
             if self._find_child(spec) is not None:
                 raise RouterError(f"model '{spec}' already exists")
-            child = ChildServer(spec, Path(""), status=ModelStatus.DOWNLOADING,
-                                spec=ModelSpec(spec, "cache", "", ()), progress={}, cancel=threading.Event())
+            child = ChildServer(
+                spec,
+                Path(""),
+                status=ModelStatus.DOWNLOADING,
+                spec=ModelSpec(spec, "cache", "", ()),
+                progress={},
+                cancel=threading.Event(),
+            )
             self.children[spec] = child
         self._notify("model_status", spec, {"status": "downloading"})
-        threading.Thread(target=self._fetch, args=(child, file, url), name="router-download", daemon=True).start()
+        threading.Thread(
+            target=self._fetch, args=(child, file, url), name="router-download", daemon=True
+        ).start()
 
     def _fetch(self, child: ChildServer, file: object, url: str) -> None:
         last = [0.0]
@@ -368,7 +417,9 @@ class Router:
         try:
             self.hub.fetch(file, progress, child.cancel)
             ok = True
-        except Exception as e:  # any failure ends the download the same way: reported, entry dropped
+        except (
+            Exception
+        ) as e:  # any failure ends the download the same way: reported, entry dropped
             log.warning("download of %s failed: %s", child.name, e)
             ok = False
         with self._cv:
@@ -391,7 +442,9 @@ class Router:
                 child.cancel.set()
             elif child.running:
                 self._stop_child(child)
-            self._cv.wait_for(lambda: child.status in (ModelStatus.UNLOADED, ModelStatus.DOWNLOADED), timeout=30)
+            self._cv.wait_for(
+                lambda: child.status in (ModelStatus.UNLOADED, ModelStatus.DOWNLOADED), timeout=30
+            )
         if not self.hub.remove(child.name):
             log.warning("removing %s: no cached files were found", child.name)
         with self._cv:
@@ -406,8 +459,14 @@ class Router:
             return None
 
     # -- requests --------------------------------------------------------------------------------
-    def acquire(self, name: str, *, autoload: bool | None = None, should_stop: Callable[[], bool] | None = None,
-                touch: bool = True) -> ChildServer:
+    def acquire(
+        self,
+        name: str,
+        *,
+        autoload: bool | None = None,
+        should_stop: Callable[[], bool] | None = None,
+        touch: bool = True,
+    ) -> ChildServer:
         """The LOADED child for `name`, counted busy until release(); loads it first (queued
         behind --models-max) when autoload is on.
 
@@ -447,13 +506,17 @@ class Router:
         deadline = time.monotonic() + (self.load_timeout_s if timeout is None else timeout)
         with self._cv:
             try:
-                child = self._wait_ready(self.get(name).name, True, lambda: time.monotonic() > deadline)
+                child = self._wait_ready(
+                    self.get(name).name, True, lambda: time.monotonic() > deadline
+                )
             except RequestCancelled:
                 raise RouterError(f"model '{name}' did not become ready in time") from None
             child.last_used = time.monotonic()
             return child
 
-    def _wait_ready(self, name: str, autoload: bool, should_stop: Callable[[], bool] | None) -> ChildServer:
+    def _wait_ready(
+        self, name: str, autoload: bool, should_stop: Callable[[], bool] | None
+    ) -> ChildServer:
         """Called with the lock held once; returns with it held. The queue protocol of the
         module docstring: join, wait for the model or for our turn to load it, leave."""
         queued = did_load = saw_loading = False
@@ -480,8 +543,10 @@ class Router:
                     raise RouterError(f"model '{name}' is not loaded (it is being downloaded)")
                 elif did_load or saw_loading:  # it came up and went down again
                     if child.failed:
-                        raise RouterError(f"model '{name}' failed to load: "
-                                          f"{child.error or f'exit code {child.exit_code}'}")
+                        raise RouterError(
+                            f"model '{name}' failed to load: "
+                            f"{child.error or f'exit code {child.exit_code}'}"
+                        )
                     did_load = saw_loading = False
                     enqueue()
                 elif not autoload:
@@ -490,7 +555,11 @@ class Router:
                     enqueue()
                 if should_stop is not None and should_stop():
                     raise RequestCancelled(f"request cancelled while waiting for model '{name}'")
-                if child.status is ModelStatus.UNLOADED and not child.stopping and self._try_claim(name):
+                if (
+                    child.status is ModelStatus.UNLOADED
+                    and not child.stopping
+                    and self._try_claim(name)
+                ):
                     ok = False
                     self._cv.release()
                     try:
@@ -499,7 +568,9 @@ class Router:
                     except UnknownModelError:
                         raise
                     except RouterError as e:
-                        log.info("queued load of %s did not go through (%s); staying in line", name, e)
+                        log.info(
+                            "queued load of %s did not go through (%s); staying in line", name, e
+                        )
                     finally:
                         self._cv.acquire()
                         self._claim_done(name, ok)
@@ -527,8 +598,14 @@ class Router:
 
     def _pick_victim(self) -> ChildServer | None:
         """The least recently used model nobody needs now: loaded, idle, not stopping, not queued for."""
-        idle = [c for c in self.children.values() if c.status in SERVING and c.req_count == 0
-                and not c.stopping and self._find(c.name) is None]
+        idle = [
+            c
+            for c in self.children.values()
+            if c.status in SERVING
+            and c.req_count == 0
+            and not c.stopping
+            and self._find(c.name) is None
+        ]
         return min(idle, key=lambda c: c.last_used, default=None)
 
     def _join(self, name: str) -> None:
@@ -567,8 +644,10 @@ class Router:
         running = [c for c in self.children.values() if c.running]
         n_stopping = sum(c.stopping for c in running)
         n_needed = sum(not e.loading for e in self._queue)
-        n_claimed = sum(e.loading and not (e.model in self.children and self.children[e.model].running)
-                        for e in self._queue)  # claimed a slot, not spawned yet
+        n_claimed = sum(
+            e.loading and not (e.model in self.children and self.children[e.model].running)
+            for e in self._queue
+        )  # claimed a slot, not spawned yet
         n_free = self.models_max - len(running) + n_stopping - n_claimed
         while n_free < n_needed:
             victim = self._pick_victim()
@@ -588,7 +667,11 @@ class Router:
             victim = self._pick_victim()
             if victim is None:
                 return
-            log.info("--models-max %d reached: stopping %s (least recently used)", self.models_max, victim.name)
+            log.info(
+                "--models-max %d reached: stopping %s (least recently used)",
+                self.models_max,
+                victim.name,
+            )
             self._request_stop(victim)
             timeout = (victim.spec.stop_timeout if victim.spec else DEFAULT_STOP_TIMEOUT_S) + 5
             self._cv.wait_for(lambda: not victim.running, timeout=timeout)
@@ -621,11 +704,24 @@ class Router:
     # -- children ----------------------------------------------------------------------------------
     def _command(self, child: ChildServer, port: int) -> list[str]:
         spec = child.spec or spec_for_file(child.name, child.path)
-        return [*_engine_command(), "serve", *spec.args(), *self.child_args, "--host", "127.0.0.1",
-                "--port", str(port), "--ready-json", "--alias", child.name]
+        return [
+            *_engine_command(),
+            "serve",
+            *spec.args(),
+            *self.child_args,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--ready-json",
+            "--alias",
+            child.name,
+        ]
 
     def _spawn(self, child: ChildServer) -> None:
-        child.api_key = secrets.token_hex(24)  # never starts with "-", which argparse would take for a flag
+        child.api_key = secrets.token_hex(
+            24
+        )  # never starts with "-", which argparse would take for a flag
         child.args = cmd = self._command(child, 0)
         env = dict(os.environ, LLAMA_API_KEY=child.api_key)
         env.pop("LLAMA_SERVER_DEBUG_FAKE_TIMING", None)  # the router fakes the timing, once
@@ -640,7 +736,9 @@ class Router:
         self._notify("model_status", child.name, {"status": "loading"})
 
     def _popen(self, child: ChildServer, cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
-        return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, env=env, bufsize=0)
+        return subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, env=env, bufsize=0
+        )
 
     def _watch(self, child: ChildServer, proc: subprocess.Popen) -> None:
         """The monitor reads the child's control lines from its stdout."""
@@ -664,7 +762,9 @@ class Router:
         if proc is None or child.stopping:
             return
         child.stopping = True
-        child.stop_deadline = time.monotonic() + (child.spec.stop_timeout if child.spec else DEFAULT_STOP_TIMEOUT_S)
+        child.stop_deadline = time.monotonic() + (
+            child.spec.stop_timeout if child.spec else DEFAULT_STOP_TIMEOUT_S
+        )
         if send_exit:
             assert proc.stdin is not None  # stdin=PIPE
             try:

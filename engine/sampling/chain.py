@@ -42,7 +42,8 @@ def chain_steps(p: SamplingParams, xtc_rng: StdMt19937) -> dict[str, Step]:
     """Every step by llama.cpp's sampler name, bound to `p` (XTC draws from `xtc_rng`)."""
     return {
         "penalties": lambda c, history: penalties(
-            c, history, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty),
+            c, history, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty
+        ),
         "top_n_sigma": lambda c, _: top_n_sigma(c, p.top_n_sigma),
         "top_k": lambda c, _: top_k(c, p.top_k),
         "typ_p": lambda c, _: typical(c, p.typical_p, p.min_keep),
@@ -50,7 +51,8 @@ def chain_steps(p: SamplingParams, xtc_rng: StdMt19937) -> dict[str, Step]:
         "min_p": lambda c, _: min_p(c, p.min_p, p.min_keep),
         "xtc": lambda c, _: xtc(c, p.xtc_probability, p.xtc_threshold, p.min_keep, xtc_rng),
         "temperature": lambda c, _: dynamic_temperature(
-            c, p.temperature, p.dynatemp_range, p.dynatemp_exponent),
+            c, p.temperature, p.dynatemp_range, p.dynatemp_exponent
+        ),
     }
 
 
@@ -81,8 +83,10 @@ class Sampler:
         # Greedy: top-n-sigma, top-k, top-p and min-p keep the arg-max, then temperature keeps
         # only it. Typical and XTC can drop it, and penalties change it unless they come first.
         self._argmax_only = (
-            np.float32(params.temperature) <= 0.0 and np.float32(params.dynatemp_range) <= 0.0
-            and "temperature" in self._steps and not {"typ_p", "xtc"} & set(self._steps)
+            np.float32(params.temperature) <= 0.0
+            and np.float32(params.dynatemp_range) <= 0.0
+            and "temperature" in self._steps
+            and not {"typ_p", "xtc"} & set(self._steps)
             and "penalties" not in self._steps[1:]
         )
         self.fused = FusedChain.of(params, self._steps, self._argmax_only)

@@ -22,7 +22,9 @@ from .steps import Candidates
 GREEDY, TOP_K = 0, 1  # fused_chain's modes
 # the chains the top-k mode runs (after the logit bias), by their active steps
 _TOP_K_CHAINS = {
-    ("top_k", "temperature"), ("top_k", "top_p", "temperature"), ("top_k", "min_p", "temperature"),
+    ("top_k", "temperature"),
+    ("top_k", "top_p", "temperature"),
+    ("top_k", "min_p", "temperature"),
     ("top_k", "top_p", "min_p", "temperature"),
 }
 
@@ -42,23 +44,38 @@ class FusedChain:
         min_p_on = bool(np.float32(p.min_p) > 0.0)
         log_p = np.float32(logf(np.float32(p.min_p))) if min_p_on else np.float32(0.0)
         # fused_chain's arguments after the bias (top_p, t and log_p as llama.cpp's floats)
-        self._args = (mode, self.k, np.float32(p.top_p), p.min_keep, min_p_on, log_p,
-                      np.float32(p.temperature))
+        self._args = (
+            mode,
+            self.k,
+            np.float32(p.top_p),
+            p.min_keep,
+            min_p_on,
+            log_p,
+            np.float32(p.temperature),
+        )
         self._bufs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     @classmethod
-    def of(cls, params: SamplingParams, steps: Sequence[str], argmax_only: bool) -> FusedChain | None:
+    def of(
+        cls, params: SamplingParams, steps: Sequence[str], argmax_only: bool
+    ) -> FusedChain | None:
         """The fused form of a chain (its active `steps`; `argmax_only` when greedy and nothing
         can drop the arg-max), or None when it has none."""
         p = params
         if argmax_only and steps[0] != "penalties":
             return cls(p, GREEDY)
-        if (tuple(steps) in _TOP_K_CHAINS and 0 < p.top_k <= HEAP_SORT_MAX
-                and np.float32(p.temperature) > 0.0 and np.float32(p.dynatemp_range) <= 0.0):
+        if (
+            tuple(steps) in _TOP_K_CHAINS
+            and 0 < p.top_k <= HEAP_SORT_MAX
+            and np.float32(p.temperature) > 0.0
+            and np.float32(p.dynatemp_range) <= 0.0
+        ):
             return cls(p, TOP_K)
         return None
 
-    def candidates(self, x: np.ndarray, bias_ids: np.ndarray, bias_vals: np.ndarray) -> Candidates | None:
+    def candidates(
+        self, x: np.ndarray, bias_ids: np.ndarray, bias_vals: np.ndarray
+    ) -> Candidates | None:
         """The chain's candidates for the row `x` (n_vocab,) float32 and the bias arrays; None
         where it leaves the decision to the step-by-step chain (tied or NaN arg-max, a top-k
         not below the vocabulary)."""
@@ -66,8 +83,11 @@ class FusedChain:
             return None
         if self._bufs is None:
             k = max(1, self.k)
-            self._bufs = (np.empty(bias_ids.size, np.float32), np.empty(k, np.int64),
-                          np.empty(k, np.float32))
+            self._bufs = (
+                np.empty(bias_ids.size, np.float32),
+                np.empty(k, np.int64),
+                np.empty(k, np.float32),
+            )
         saved, ids, out = self._bufs
         if bias_ids.size and not (x.flags.writeable and x.flags.c_contiguous):
             x = x.copy()  # the kernel writes the bias into the row for the time of the call
@@ -76,10 +96,21 @@ class FusedChain:
 
 
 @exact_kernel
-def fused_chain(x: np.ndarray, saved: np.ndarray, bias_ids: np.ndarray, bias_vals: np.ndarray,
-                 mode: int, k: int, top_p: np.float32, min_keep: int, min_p_on: bool,
-                 log_p: np.float32, t: np.float32, ids: np.ndarray,
-                 out: np.ndarray) -> int:  # pragma: no cover - numba
+def fused_chain(
+    x: np.ndarray,
+    saved: np.ndarray,
+    bias_ids: np.ndarray,
+    bias_vals: np.ndarray,
+    mode: int,
+    k: int,
+    top_p: np.float32,
+    min_keep: int,
+    min_p_on: bool,
+    log_p: np.float32,
+    t: np.float32,
+    ids: np.ndarray,
+    out: np.ndarray,
+) -> int:  # pragma: no cover - numba
     """Sampler.candidates for a chain without penalties: the logit bias (add_bias, and the
     unbiased logits when it bans everything), then either the arg-max (mode GREEDY,
     when it is unique) or top-k (k <= 128, below the vocabulary) with top-p (< 1), min-p
@@ -111,9 +142,18 @@ def fused_chain(x: np.ndarray, saved: np.ndarray, bias_ids: np.ndarray, bias_val
 
 
 @exact_kernel
-def _fused_body(x: np.ndarray, mode: int, k: int, top_p: np.float32, min_keep: int, min_p_on: bool,
-                log_p: np.float32, t: np.float32, ids: np.ndarray,
-                out: np.ndarray) -> int:  # pragma: no cover - numba
+def _fused_body(
+    x: np.ndarray,
+    mode: int,
+    k: int,
+    top_p: np.float32,
+    min_keep: int,
+    min_p_on: bool,
+    log_p: np.float32,
+    t: np.float32,
+    ids: np.ndarray,
+    out: np.ndarray,
+) -> int:  # pragma: no cover - numba
     """fused_chain on the biased row."""
     if mode == GREEDY:
         best = heap_top(x, 1)[0]  # the first arg-max (a vectorised scan; np.argmax is not)

@@ -51,8 +51,9 @@ def softmax_f32(x: np.ndarray, is_sorted: bool) -> np.ndarray:  # pragma: no cov
 
 
 @exact_kernel
-def keep_count(probs: np.ndarray, p: np.float32, min_keep: int, strict: bool,
-               missing: int) -> int:  # pragma: no cover - numba
+def keep_count(
+    probs: np.ndarray, p: np.float32, min_keep: int, strict: bool, missing: int
+) -> int:  # pragma: no cover - numba
     """How many of `probs` to keep: up to the first whose float32 running sum reaches `p`
     (exceeds it when `strict`), and at least `min_keep`; `missing` if none does."""
     cum = np.float32(0.0)
@@ -130,8 +131,9 @@ def sigma_floor(x: np.ndarray, n: np.float32) -> np.float32:  # pragma: no cover
 
 
 @exact_kernel
-def dynamic_temp(probs: np.ndarray, t: np.float32, delta: np.float32,
-                 exponent: np.float32) -> np.float32:  # pragma: no cover - numba
+def dynamic_temp(
+    probs: np.ndarray, t: np.float32, delta: np.float32, exponent: np.float32
+) -> np.float32:  # pragma: no cover - numba
     """temp_ext's temperature for sorted probabilities, in float32."""
     lo = max(np.float32(0.0), t - delta)
     hi = t + delta
@@ -141,6 +143,7 @@ def dynamic_temp(probs: np.ndarray, t: np.float32, delta: np.float32,
         if probs[i] > 0.0:
             entropy -= probs[i] * math.log(probs[i])
     return lo + (hi - lo) * math.pow(entropy / max_entropy, exponent)
+
 
 # -- llama.cpp's bucket sort -------------------------------------------------------------------
 

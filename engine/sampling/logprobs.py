@@ -28,7 +28,9 @@ def logsumexp(logits: np.ndarray) -> float:
     return float(m) + math.log(float(np.add.reduce(e, dtype=np.float32)))
 
 
-def top_logprobs(logits: np.ndarray, n: int, lse: float | None = None) -> tuple[tuple[int, float], ...]:
+def top_logprobs(
+    logits: np.ndarray, n: int, lse: float | None = None
+) -> tuple[tuple[int, float], ...]:
     """The `n` most likely (token, logprob) pairs of softmax(logits), most likely first
     (ties: lower id first). `lse` is logsumexp(logits) when the caller already has it."""
     if n <= 0:
@@ -67,7 +69,9 @@ def _alive(logits: np.ndarray) -> np.ndarray:
     return np.flatnonzero(logits > _NEG_INF)
 
 
-def candidate_probs(c: Candidates, n: int, token: int) -> tuple[float, tuple[tuple[int, float], ...]]:
+def candidate_probs(
+    c: Candidates, n: int, token: int
+) -> tuple[float, tuple[tuple[int, float], ...]]:
     """The probabilities a draw from `c` had: `token`'s, and the `n` highest (highest first,
     ties by id, zeros left out), as llama-server reports post_sampling_probs."""
     if c.size == 0:
@@ -75,4 +79,6 @@ def candidate_probs(c: Candidates, n: int, token: int) -> tuple[float, tuple[tup
     p = softmax_f32(np.ascontiguousarray(c.logits, dtype=np.float32), c.sorted)
     hit = np.flatnonzero(c.ids == token)
     order = np.lexsort((c.ids, -p))[: max(n, 0)]
-    return (float(p[hit[0]]) if hit.size else 0.0), tuple((int(c.ids[i]), float(p[i])) for i in order if p[i] > 0)
+    return (float(p[hit[0]]) if hit.size else 0.0), tuple(
+        (int(c.ids[i]), float(p[i])) for i in order if p[i] > 0
+    )

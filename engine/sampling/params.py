@@ -17,19 +17,48 @@ import numpy as np
 DEFAULT_SEED = 0xFFFFFFFF
 # common_params_sampling.samplers; the chain ends with dist
 DEFAULT_SAMPLERS = (
-    "penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature",
+    "penalties",
+    "dry",
+    "top_n_sigma",
+    "top_k",
+    "typ_p",
+    "top_p",
+    "min_p",
+    "xtc",
+    "temperature",
 )
 # other spellings llama.cpp's common_sampler_types_from_names accepts
 _SAMPLER_ALIASES = {
-    "top-k": "top_k", "top-p": "top_p", "top-n-sigma": "top_n_sigma", "min-p": "min_p",
-    "nucleus": "top_p", "typical": "typ_p", "typical-p": "typ_p", "typical_p": "typ_p",
-    "typ-p": "typ_p", "typ": "typ_p", "temp": "temperature", "topk": "top_k", "topp": "top_p",
-    "minp": "min_p", "topnsigma": "top_n_sigma", "top-nsigma": "top_n_sigma",
+    "top-k": "top_k",
+    "top-p": "top_p",
+    "top-n-sigma": "top_n_sigma",
+    "min-p": "min_p",
+    "nucleus": "top_p",
+    "typical": "typ_p",
+    "typical-p": "typ_p",
+    "typical_p": "typ_p",
+    "typ-p": "typ_p",
+    "typ": "typ_p",
+    "temp": "temperature",
+    "topk": "top_k",
+    "topp": "top_p",
+    "minp": "min_p",
+    "topnsigma": "top_n_sigma",
+    "top-nsigma": "top_n_sigma",
 }
 # llama.cpp's one-letter sampler codes (common_sampler_type_to_chr), e.g. --sampling-seq "kfypmt"
 SAMPLER_CHARS = {
-    "d": "dry", "k": "top_k", "y": "typ_p", "p": "top_p", "s": "top_n_sigma", "m": "min_p",
-    "t": "temperature", "x": "xtc", "i": "infill", "e": "penalties", "a": "adaptive_p",
+    "d": "dry",
+    "k": "top_k",
+    "y": "typ_p",
+    "p": "top_p",
+    "s": "top_n_sigma",
+    "m": "min_p",
+    "t": "temperature",
+    "x": "xtc",
+    "i": "infill",
+    "e": "penalties",
+    "a": "adaptive_p",
 }
 _SAMPLER_NAMES = frozenset(SAMPLER_CHARS.values())
 
@@ -101,8 +130,8 @@ def active_steps(params: SamplingParams) -> list[str]:
     p = params
     # the comparisons are in float32: llama.cpp holds these parameters in floats
     on = {
-        "penalties": p.repeat_last_n != 0 and (
-            p.repeat_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0),
+        "penalties": p.repeat_last_n != 0
+        and (p.repeat_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0),
         "top_n_sigma": np.float32(p.top_n_sigma) > 0.0,
         "top_k": p.top_k > 0,
         "typ_p": np.float32(p.typical_p) < 1.0,

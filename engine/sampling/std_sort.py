@@ -45,8 +45,9 @@ def heap_top(x: np.ndarray, k: int) -> np.ndarray:  # pragma: no cover - numba
 
 
 @exact_kernel
-def partial_sort(x: np.ndarray, h: np.ndarray, lo: int, mid: int,
-                  hi: int) -> None:  # pragma: no cover - numba
+def partial_sort(
+    x: np.ndarray, h: np.ndarray, lo: int, mid: int, hi: int
+) -> None:  # pragma: no cover - numba
     """std::partial_sort(h + lo, h + mid, h + hi)."""
     k = mid - lo
     _make_heap(x, h, lo, k)
@@ -82,8 +83,9 @@ def _sort_heap(x: np.ndarray, h: np.ndarray, lo: int, k: int) -> None:  # pragma
 
 
 @exact_kernel
-def _adjust_heap(x: np.ndarray, h: np.ndarray, base: int, hole: int, n: int,
-                 v: int) -> None:  # pragma: no cover - numba
+def _adjust_heap(
+    x: np.ndarray, h: np.ndarray, base: int, hole: int, n: int, v: int
+) -> None:  # pragma: no cover - numba
     """__adjust_heap then __push_heap on the heap h[base : base + n]."""
     top = hole
     child = hole
@@ -124,8 +126,9 @@ def std_sort(x: np.ndarray, h: np.ndarray, lo: int, hi: int) -> None:  # pragma:
 
 
 @exact_kernel
-def _introsort(x: np.ndarray, h: np.ndarray, lo: int, hi: int,
-               depth: int) -> None:  # pragma: no cover - numba
+def _introsort(
+    x: np.ndarray, h: np.ndarray, lo: int, hi: int, depth: int
+) -> None:  # pragma: no cover - numba
     while hi - lo > 16:
         if depth == 0:
             partial_sort(x, h, lo, hi, hi)

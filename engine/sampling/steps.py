@@ -151,9 +151,14 @@ def penalties(
     return Candidates(c.ids, _penalize(full, *args)[c.ids], False)
 
 
-def _penalize(logits: np.ndarray, history: Sequence[int], repeat_last_n: int,
-              repeat_penalty: float, frequency_penalty: float,
-              presence_penalty: float) -> np.ndarray:
+def _penalize(
+    logits: np.ndarray,
+    history: Sequence[int],
+    repeat_last_n: int,
+    repeat_penalty: float,
+    frequency_penalty: float,
+    presence_penalty: float,
+) -> np.ndarray:
     """The penalties on a vector indexed by token id: a copy, or `logits` when none applies."""
     if repeat_last_n == 0 or not len(history):
         return logits
@@ -242,8 +247,9 @@ def min_p(c: Candidates, p: float, min_keep: int = 0) -> Candidates:
     return c.take(slice(0, 1 + int(np.argmax(below)) if below.any() else c.size), True)
 
 
-def xtc(c: Candidates, probability: float, threshold: float, min_keep: int,
-        rng: StdMt19937) -> Candidates:
+def xtc(
+    c: Candidates, probability: float, threshold: float, min_keep: int, rng: StdMt19937
+) -> Candidates:
     """Exclude top choices: with chance `probability`, drop every token whose probability is
     at least `threshold` except the least likely of them. Draws from `rng` whenever enabled
     and two or more candidates are left, as llama.cpp's does."""

@@ -20,8 +20,13 @@ if TYPE_CHECKING:  # lazy at run time (see _LAZY)
 
 # Lazy: `ggstation serve --help` and the CLI parser must not pay for importing FastAPI.
 _LAZY = {
-    "PortInUseError": "http", "ServerHandle": "http", "create_app": "http", "listen": "http",
-    "ServerOptions": "state", "ServerState": "state", "ServerStatus": "state",
+    "PortInUseError": "http",
+    "ServerHandle": "http",
+    "create_app": "http",
+    "listen": "http",
+    "ServerOptions": "state",
+    "ServerState": "state",
+    "ServerStatus": "state",
 }
 
 

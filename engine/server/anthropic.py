@@ -41,14 +41,24 @@ from ..tokenizer.chat_template import encode_chat_prompt
 from . import requests as rq
 from .bodies import parse_body
 from .errors import api_error, format_validation_errors, invalid
-from .routing import SSE_HEADERS, EventStream, body_schema, client_gone, collect, server_state, submit
+from .routing import (
+    SSE_HEADERS,
+    EventStream,
+    body_schema,
+    client_gone,
+    collect,
+    server_state,
+    submit,
+)
 from .schemas import ChatCompletionRequest, ChatMessage, few_stops
 from .tool_calls import ReplyReading, StreamParser, ToolCall, new_call_id
 
 router = APIRouter()
 
 DEFAULT_MAX_TOKENS = 4096  # llama-server's value when a request leaves max_tokens out
-NO_IMAGES = "image input is not supported - hint: if this is unexpected, you may need to provide the mmproj"
+NO_IMAGES = (
+    "image input is not supported - hint: if this is unexpected, you may need to provide the mmproj"
+)
 
 
 # -- request bodies ---------------------------------------------------------------------------
@@ -111,7 +121,7 @@ def _billing_header(text: str) -> str:
     i = text.find("cch=", len(prefix))
     if i < 0 or i + 9 >= len(text) or text[i + 9] != ";":
         return text
-    return text[: i + 4] + "fffff" + text[i + 9:]
+    return text[: i + 4] + "fffff" + text[i + 9 :]
 
 
 def _image_part(block: dict[str, Any]) -> dict[str, Any] | None:
@@ -178,10 +188,18 @@ def _convert_message(i: int, msg: AnthropicMessage) -> list[dict[str, Any]]:
                 content.append(part)
         elif kind == "tool_use":
             args = block.get("input", {})
-            tool_calls.append({"id": str(block.get("id") or ""), "type": "function",
-                               "function": {"name": str(block.get("name") or ""),
-                                            "arguments": json.dumps(args if args is not None else {},
-                                                                    ensure_ascii=False)}})
+            tool_calls.append(
+                {
+                    "id": str(block.get("id") or ""),
+                    "type": "function",
+                    "function": {
+                        "name": str(block.get("name") or ""),
+                        "arguments": json.dumps(
+                            args if args is not None else {}, ensure_ascii=False
+                        ),
+                    },
+                }
+            )
         elif kind == "tool_result":
             results.append(_tool_result(block))
         # redacted_thinking, document, server tool blocks...: nothing a local model can use
@@ -199,8 +217,12 @@ def _convert_message(i: int, msg: AnthropicMessage) -> list[dict[str, Any]]:
 def _check_media(messages: list[dict[str, Any]]) -> None:
     for m in messages:
         parts = m.get("content")
-        if isinstance(parts, list) and any(isinstance(p, dict) and p.get("type") == "image_url" for p in parts):
-            raise APIError(500, NO_IMAGES, "server_error")  # llama-server's answer without an mmproj
+        if isinstance(parts, list) and any(
+            isinstance(p, dict) and p.get("type") == "image_url" for p in parts
+        ):
+            raise APIError(
+                500, NO_IMAGES, "server_error"
+            )  # llama-server's answer without an mmproj
 
 
 def _tool_choice(choice: dict[str, Any] | str | None) -> str | None:
@@ -219,8 +241,16 @@ def _tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
         schema = t.get("input_schema", {})
         if not isinstance(schema, dict):
             raise invalid(f"tools[{i}]: 'input_schema' must be a JSON schema object")
-        out.append({"type": "function", "function": {"name": name, "description": str(t.get("description") or ""),
-                                                     "parameters": schema}})
+        out.append(
+            {
+                "type": "function",
+                "function": {
+                    "name": name,
+                    "description": str(t.get("description") or ""),
+                    "parameters": schema,
+                },
+            }
+        )
     return out
 
 
@@ -231,8 +261,11 @@ def to_chat(body: CountTokensRequest) -> _ChatBody:
         if isinstance(body.system, str):
             system = _billing_header(body.system)
         else:
-            system = "".join(_billing_header(str(b.get("text") or "")) for b in body.system
-                             if b.get("type") == "text")
+            system = "".join(
+                _billing_header(str(b.get("text") or ""))
+                for b in body.system
+                if b.get("type") == "text"
+            )
         messages.append({"role": "system", "content": system})
     for i, m in enumerate(body.messages):
         messages.extend(_convert_message(i, m))
@@ -249,7 +282,9 @@ def to_chat(body: CountTokensRequest) -> _ChatBody:
     if isinstance(body, MessagesRequest):
         chat["max_tokens"] = DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
         chat["stop"] = body.stop_sequences
-        chat.update(body.model_dump(include={"temperature", "top_p", "top_k", "stream"}, exclude_none=True))
+        chat.update(
+            body.model_dump(include={"temperature", "top_p", "top_k", "stream"}, exclude_none=True)
+        )
     try:
         return _ChatBody.model_validate(chat)
     except ValidationError as e:
@@ -272,17 +307,34 @@ def error_body(e: APIError) -> dict[str, Any]:
 class MessageBuilder:
     """The Anthropic message (or its stream events) of one request's steps."""
 
-    def __init__(self, model: str, *, tool_names: list[str], parse_tools: bool, reasoning: bool,
-                 starts_inside: bool, stop_sequences: list[str], n_prompt: int, harmony: bool = False):
+    def __init__(
+        self,
+        model: str,
+        *,
+        tool_names: list[str],
+        parse_tools: bool,
+        reasoning: bool,
+        starts_inside: bool,
+        stop_sequences: list[str],
+        n_prompt: int,
+        harmony: bool = False,
+    ):
         self.id = "msg_" + uuid.uuid4().hex[:24]
         self.model = model
-        self.parser = StreamParser(tool_names=tool_names, parse_tools=parse_tools, reasoning=reasoning,
-                                   starts_inside=starts_inside, harmony=harmony)
+        self.parser = StreamParser(
+            tool_names=tool_names,
+            parse_tools=parse_tools,
+            reasoning=reasoning,
+            starts_inside=starts_inside,
+            harmony=harmony,
+        )
         self.stop_sequences = stop_sequences
         self.n_prompt, self.n_cached, self.n_decoded = n_prompt, 0, 0
         self.last: GenerationStep | None = None
         self.started = False
-        self.blocks: list[str] = []  # kinds of the blocks opened, in order; the last one may be open
+        self.blocks: list[
+            str
+        ] = []  # kinds of the blocks opened, in order; the last one may be open
         self.open = False
         self.tool_calls: list[ToolCall] = []
         self._owed: list[tuple[str, str]] = []
@@ -310,12 +362,25 @@ class MessageBuilder:
         return word if word and word in self.stop_sequences else None
 
     def usage(self) -> dict[str, int]:
-        return {"cache_read_input_tokens": self.n_cached, "input_tokens": self.n_prompt - self.n_cached,
-                "output_tokens": self.n_decoded}
+        return {
+            "cache_read_input_tokens": self.n_cached,
+            "input_tokens": self.n_prompt - self.n_cached,
+            "output_tokens": self.n_decoded,
+        }
 
-    def _message(self, content: list, stop_reason: str | None, stop_sequence: str | None, usage: dict) -> dict:
-        return {"id": self.id, "type": "message", "role": "assistant", "content": content, "model": self.model,
-                "stop_reason": stop_reason, "stop_sequence": stop_sequence, "usage": usage}
+    def _message(
+        self, content: list, stop_reason: str | None, stop_sequence: str | None, usage: dict
+    ) -> dict:
+        return {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "content": content,
+            "model": self.model,
+            "stop_reason": stop_reason,
+            "stop_sequence": stop_sequence,
+            "usage": usage,
+        }
 
     # -- one response ---------------------------------------------------------------------------
     def response(self) -> dict[str, Any]:
@@ -349,14 +414,21 @@ class MessageBuilder:
             if not (self.open and self.blocks[-1] == block):
                 out += self._close() + self._open({"type": block, block: ""})
             field = "thinking" if block == "thinking" else "text"
-            out.append({"type": "content_block_delta", "index": len(self.blocks) - 1,
-                        "delta": {"type": f"{block}_delta", field: text}})
+            out.append(
+                {
+                    "type": "content_block_delta",
+                    "index": len(self.blocks) - 1,
+                    "delta": {"type": f"{block}_delta", field: text},
+                }
+            )
         return out
 
     def _open(self, block: dict[str, Any]) -> list[dict[str, Any]]:
         self.blocks.append(block["type"])
         self.open = True
-        return [{"type": "content_block_start", "index": len(self.blocks) - 1, "content_block": block}]
+        return [
+            {"type": "content_block_start", "index": len(self.blocks) - 1, "content_block": block}
+        ]
 
     def _close(self) -> list[dict[str, Any]]:
         if not self.open:
@@ -365,8 +437,13 @@ class MessageBuilder:
         index = len(self.blocks) - 1
         out: list[dict[str, Any]] = []
         if self.blocks[-1] == "thinking":  # Anthropic's clients expect a signature before the stop
-            out.append({"type": "content_block_delta", "index": index,
-                        "delta": {"type": "signature_delta", "signature": ""}})
+            out.append(
+                {
+                    "type": "content_block_delta",
+                    "index": index,
+                    "delta": {"type": "signature_delta", "signature": ""},
+                }
+            )
         return out + [{"type": "content_block_stop", "index": index}]
 
     def final_events(self) -> list[dict[str, Any]]:
@@ -377,19 +454,35 @@ class MessageBuilder:
         for call in msg.tool_calls:
             block = {"type": "tool_use", "id": call.id, "name": call.name, "input": {}}
             out += self._open(block)
-            out.append({"type": "content_block_delta", "index": len(self.blocks) - 1,
-                        "delta": {"type": "input_json_delta", "partial_json": json.dumps(call.input(),
-                                                                                      ensure_ascii=False)}})
+            out.append(
+                {
+                    "type": "content_block_delta",
+                    "index": len(self.blocks) - 1,
+                    "delta": {
+                        "type": "input_json_delta",
+                        "partial_json": json.dumps(call.input(), ensure_ascii=False),
+                    },
+                }
+            )
             out += self._close()
-        out.append({"type": "message_delta",
-                    "delta": {"stop_reason": self.stop_reason(), "stop_sequence": self.stop_sequence()},
-                    "usage": {"output_tokens": self.n_decoded}})
+        out.append(
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": self.stop_reason(), "stop_sequence": self.stop_sequence()},
+                "usage": {"output_tokens": self.n_decoded},
+            }
+        )
         out.append({"type": "message_stop"})
         return out
 
 
 def _tool_use(call: ToolCall) -> dict[str, Any]:
-    return {"type": "tool_use", "id": call.id or new_call_id("toolu_"), "name": call.name, "input": call.input()}
+    return {
+        "type": "tool_use",
+        "id": call.id or new_call_id("toolu_"),
+        "name": call.name,
+        "input": call.input(),
+    }
 
 
 # -- routes -----------------------------------------------------------------------------------
@@ -406,9 +499,15 @@ def _prepare(s, body: MessagesRequest):
     req, prompt_text = rq.chat_request(s, chat)
     reading = rq.reply_reading(s, chat, prompt_text) or ReplyReading()
     builder = MessageBuilder(
-        body.model or s.model_alias, tool_names=list(reading.tool_names), parse_tools=reading.parse_tools,
-        reasoning=reading.reasoning, starts_inside=reading.starts_inside,
-        stop_sequences=rq.stop_list(body.stop_sequences), n_prompt=len(req.prompt), harmony=reading.harmony)
+        body.model or s.model_alias,
+        tool_names=list(reading.tool_names),
+        parse_tools=reading.parse_tools,
+        reasoning=reading.reasoning,
+        starts_inside=reading.starts_inside,
+        stop_sequences=rq.stop_list(body.stop_sequences),
+        n_prompt=len(req.prompt),
+        harmony=reading.harmony,
+    )
     builder.prefill(_prefill_text(chat, prompt_text))
     return req, builder
 
@@ -435,7 +534,9 @@ async def messages(request: Request) -> Response:
         req, builder = await run_in_threadpool(_prepare, s, body)
         if req.n_predict == 0:  # nothing to generate
             if body.stream:
-                return EventStream(_static_stream(builder), on_close=lambda: None, headers=SSE_HEADERS)
+                return EventStream(
+                    _static_stream(builder), on_close=lambda: None, headers=SSE_HEADERS
+                )
             return JSONResponse(builder.response())
         handle = submit(s, req)
     except Exception as e:

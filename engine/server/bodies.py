@@ -82,8 +82,10 @@ def load_json(raw: bytes) -> Any:
         raise invalid(f"the request body is not valid UTF-8 (byte {e.start})") from None
     depth = json_depth(raw)
     if depth > MAX_JSON_DEPTH:
-        raise invalid(f"the request body nests arrays and objects {depth} levels deep; "
-                      f"the limit is {MAX_JSON_DEPTH}")
+        raise invalid(
+            f"the request body nests arrays and objects {depth} levels deep; "
+            f"the limit is {MAX_JSON_DEPTH}"
+        )
     try:
         data = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
     except _Rejected as e:
@@ -142,4 +144,6 @@ def _check_text(s: str, where: str) -> None:
     except UnicodeEncodeError as e:
         bad = ord(s[e.start])
         at = f" in '{where[:80]}'" if where else ""
-        raise invalid(f"malformed JSON in the request body: {_HIGH if bad < 0xDC00 else _LOW}{at}") from None
+        raise invalid(
+            f"malformed JSON in the request body: {_HIGH if bad < 0xDC00 else _LOW}{at}"
+        ) from None

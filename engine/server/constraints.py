@@ -49,13 +49,18 @@ def request_grammar(body: OpenAICommon, *, chat: bool, tokenizer: Any = None) ->
         schema = rf_schema
     if grammar and schema is not None:
         if chat or rf_schema is not None:
-            raise invalid("Cannot use both json_schema and grammar (response_format sets a JSON schema)"
-                          if rf_schema is not None else "Cannot use both json_schema and grammar")
+            raise invalid(
+                "Cannot use both json_schema and grammar (response_format sets a JSON schema)"
+                if rf_schema is not None
+                else "Cannot use both json_schema and grammar"
+            )
         schema = None  # completions: the grammar wins, as in llama-server
     if chat and grammar and isinstance(body, ChatCompletionRequest) and _has_tools(body):
         raise invalid("Cannot use custom grammar constraints with tools.")
     if body.grammar_lazy and (grammar or schema is not None):
-        raise not_supported("grammar_lazy is not supported: the grammar applies from the first token")
+        raise not_supported(
+            "grammar_lazy is not supported: the grammar applies from the first token"
+        )
     if grammar:
         return _compile("grammar", "gbnf", grammar, tokenizer)
     if schema is not None:
@@ -75,7 +80,7 @@ def response_format_schema(rf: Any) -> Any:
     if rf is None:
         return None
     if not isinstance(rf, dict):
-        raise invalid("'response_format' must be an object such as {\"type\": \"json_object\"}")
+        raise invalid('\'response_format\' must be an object such as {"type": "json_object"}')
     kind = rf.get("type", "")
     if kind in ("", "text", None):
         return None
@@ -88,8 +93,10 @@ def response_format_schema(rf: Any) -> Any:
         if wrapper is not None and not isinstance(wrapper, dict):
             raise invalid("response_format.json_schema must be an object with a 'schema'")
         return rf.get("schema", {})
-    raise invalid(f"response_format type must be one of \"text\", \"json_object\" or "
-                  f"\"json_schema\", but got: {str(kind)[:80]}")
+    raise invalid(
+        f'response_format type must be one of "text", "json_object" or '
+        f'"json_schema", but got: {str(kind)[:80]}'
+    )
 
 
 def _compile(field: str, kind: str, source: Any, tokenizer: Any) -> Grammar:

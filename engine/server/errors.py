@@ -20,6 +20,7 @@ from ..errors import (
 
 log = logging.getLogger(__name__)
 
+
 def api_response(e: APIError) -> JSONResponse:
     """The JSON response for an APIError (with the auth challenge header on a 401)."""
     headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None

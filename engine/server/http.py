@@ -37,7 +37,14 @@ log = logging.getLogger(__name__)
 
 # What a browser loads before it has a key: llama-server serves these without one (its web UI
 # and the files a PWA revalidates), and while the model is still loading.
-FRONTEND_PATHS = ("/", "/index.html", "/sw.js", "/manifest.webmanifest", "/_app/version.json", "/build.json")
+FRONTEND_PATHS = (
+    "/",
+    "/index.html",
+    "/sw.js",
+    "/manifest.webmanifest",
+    "/_app/version.json",
+    "/build.json",
+)
 PUBLIC_PATHS = ("/health", "/v1/health", *FRONTEND_PATHS)
 
 
@@ -45,11 +52,25 @@ def create_app(state: ServerState) -> FastAPI:
     """The ASGI app serving `state` (which may still be loading)."""
     from . import anthropic, responses, routes, routes_embed, routes_monitor, routes_slots
 
-    app = _App(title="ggstation", version=__version__, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
+    app = _App(
+        title="ggstation",
+        version=__version__,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url="/openapi.json",
+    )
     app.state.server = state
     prefix = state.options.api_prefix.rstrip("/")
-    for module in (routes_monitor, routes_slots, routes, routes_embed, routes_cors_proxy, anthropic, responses,
-                   vertex):
+    for module in (
+        routes_monitor,
+        routes_slots,
+        routes,
+        routes_embed,
+        routes_cors_proxy,
+        anthropic,
+        responses,
+        vertex,
+    ):
         app.include_router(module.router, prefix=prefix)
 
     @app.exception_handler(APIError)
@@ -62,11 +83,16 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
-        message = {404: "File Not Found", 405: "Method Not Allowed"}.get(exc.status_code, str(exc.detail))
+        message = {404: "File Not Found", 405: "Method Not Allowed"}.get(
+            exc.status_code, str(exc.detail)
+        )
         if exc.status_code == 404:
             message = f"File Not Found: {request.url.path}"
-        return error_response(exc.status_code, message,
-                              "not_found_error" if exc.status_code == 404 else "invalid_request_error")
+        return error_response(
+            exc.status_code,
+            message,
+            "not_found_error" if exc.status_code == 404 else "invalid_request_error",
+        )
 
     install_middleware(app, state)
     return app
@@ -110,7 +136,11 @@ class GateMiddleware:
         status = {"code": 0}
         refusal = self._proxy_refusal(scope)
         # a refused proxy request gets no Access-Control-Allow-Origin: the page may not read it
-        cors = [] if refusal is not None else cors_headers(self.state.options, _header(scope, b"origin"))
+        cors = (
+            []
+            if refusal is not None
+            else cors_headers(self.state.options, _header(scope, b"origin"))
+        )
 
         async def send_wrapper(message):
             if message["type"] == "http.response.start":
@@ -118,14 +148,18 @@ class GateMiddleware:
                 headers = list(message.get("headers", ()))
                 if cors is not None:
                     # ours replace any a proxied child server sent, so none is doubled
-                    headers = [(k, v) for k, v in headers if k.lower() != b"access-control-allow-origin"]
+                    headers = [
+                        (k, v) for k, v in headers if k.lower() != b"access-control-allow-origin"
+                    ]
                     headers += [(k.encode(), v.encode()) for k, v in cors]
                 message = {**message, "headers": [(_canonical(k), v) for k, v in headers]}
             await send(message)
 
         try:
             if scope.get("method") == "OPTIONS":
-                answer = _preflight(self.state.options) if refusal is None else api_response(refusal)
+                answer = (
+                    _preflight(self.state.options) if refusal is None else api_response(refusal)
+                )
                 await answer(scope, receive, send_wrapper)
                 return
             rejection = self._check(scope) or refusal
@@ -147,7 +181,7 @@ class GateMiddleware:
         """The request's path without --api-prefix."""
         path = scope.get("path", "")
         prefix = self.state.options.api_prefix.rstrip("/")
-        return (path[len(prefix):] or "/") if prefix and path.startswith(prefix) else path
+        return (path[len(prefix) :] or "/") if prefix and path.startswith(prefix) else path
 
     def _proxy_refusal(self, scope) -> APIError | None:
         """The 403 for a page on another origin calling the enabled /cors-proxy (its rule:
@@ -173,8 +207,11 @@ class GateMiddleware:
                 return APIError(401, "Invalid API Key", "authentication_error")
         for name, value in scope.get("headers", ()):
             if name == b"content-length" and value.isdigit() and int(value) > opts.max_body_bytes:
-                return APIError(400, f"request body too large ({int(value)} bytes; the limit is "
-                                f"{opts.max_body_bytes})")
+                return APIError(
+                    400,
+                    f"request body too large ({int(value)} bytes; the limit is "
+                    f"{opts.max_body_bytes})",
+                )
         return None
 
     def _log(self, scope, status: int, t0: float) -> None:
@@ -183,8 +220,15 @@ class GateMiddleware:
             return
         client = scope.get("client") or ("", 0)
         try:
-            hook({"method": scope.get("method"), "path": scope.get("path"), "status": status,
-                  "duration_ms": (time.perf_counter() - t0) * 1e3, "client": f"{client[0]}:{client[1]}"})
+            hook(
+                {
+                    "method": scope.get("method"),
+                    "path": scope.get("path"),
+                    "status": status,
+                    "duration_ms": (time.perf_counter() - t0) * 1e3,
+                    "client": f"{client[0]}:{client[1]}",
+                }
+            )
         except Exception:
             log.exception("request log callback failed")
 
@@ -261,9 +305,11 @@ def _preflight(opts: ServerOptions) -> Response:
     with a preflight): 200, an empty body, and what is allowed."""
     headers = {}
     if opts.cors_origins:
-        headers = {"Access-Control-Allow-Credentials": "true" if opts.cors_credentials else "false",
-                   "Access-Control-Allow-Methods": opts.cors_methods,
-                   "Access-Control-Allow-Headers": opts.cors_headers}
+        headers = {
+            "Access-Control-Allow-Credentials": "true" if opts.cors_credentials else "false",
+            "Access-Control-Allow-Methods": opts.cors_methods,
+            "Access-Control-Allow-Headers": opts.cors_headers,
+        }
     return Response(b"", status_code=200, media_type="text/html", headers=headers)
 
 
@@ -334,7 +380,9 @@ def _bind_unix(path: str) -> socket.socket:
 
 def find_free_port(host: str, start: int, tries: int = 50) -> int | None:
     for port in range(start, min(start + tries, 65536)):
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        with socket.socket(
+            socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM
+        ) as s:
             try:
                 s.bind((host, port))
                 return port
@@ -353,8 +401,15 @@ class ServerHandle:
         state: the ServerState it serves.
     """
 
-    def __init__(self, server: uvicorn.Server, thread: threading.Thread, state: ServerState,
-                 host: str, port: int, hosts: list[str] | None = None):
+    def __init__(
+        self,
+        server: uvicorn.Server,
+        thread: threading.Thread,
+        state: ServerState,
+        host: str,
+        port: int,
+        hosts: list[str] | None = None,
+    ):
         self._server = server
         self._thread = thread
         self.state = state
@@ -407,8 +462,10 @@ def _raw_error(status: int, reason: str, message: str) -> bytes:
     """A whole HTTP/1.1 error response, sent by the connection itself before any request
     has reached the app; the body is the usual error JSON."""
     body = json.dumps(APIError(status, message).body(), separators=(",", ":")).encode()
-    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode() + body
+    return (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    ).encode() + body
 
 
 class _GuardedConfig(uvicorn.Config):
@@ -440,7 +497,9 @@ class _GuardedH11(H11Protocol):
         super().connection_made(transport)
         if len(self.connections) > getattr(self.config, "max_connections", len(self.connections)):
             log.warning("refusing a connection: %d are open", len(self.connections) - 1)
-            transport.write(_raw_error(503, "Service Unavailable", "too many open connections; try again later"))
+            transport.write(
+                _raw_error(503, "Service Unavailable", "too many open connections; try again later")
+            )
             transport.close()
             return
         self._arm_head_timer()
@@ -474,13 +533,23 @@ class _GuardedH11(H11Protocol):
         if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
             return
         if self.conn.trailing_data[0]:  # part of a head came: say why the connection ends
-            self.transport.write(_raw_error(408, "Request Timeout", "request head not received in time"))
+            self.transport.write(
+                _raw_error(408, "Request Timeout", "request head not received in time")
+            )
         self.transport.close()
 
 
-def listen(state: ServerState, host: str = "127.0.0.1", port: int = 8080, *, app=None,
-           timeout_graceful_s: int = 3, log_level: str = "warning", head_timeout_s: float = HEAD_TIMEOUT_S,
-           max_connections: int | None = None) -> ServerHandle:
+def listen(
+    state: ServerState,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    *,
+    app=None,
+    timeout_graceful_s: int = 3,
+    log_level: str = "warning",
+    head_timeout_s: float = HEAD_TIMEOUT_S,
+    max_connections: int | None = None,
+) -> ServerHandle:
     """Bind every address of `host` (comma-separated, as --host) on `port` and serve `state`
     (or `app`) on a background thread; returns once listening.
 
@@ -501,14 +570,24 @@ def listen(state: ServerState, host: str = "127.0.0.1", port: int = 8080, *, app
         for sock in socks:
             sock.close()
         raise
-    config = _GuardedConfig(app if app is not None else create_app(state), lifespan="off", log_level=log_level,
-                            access_log=False, timeout_graceful_shutdown=timeout_graceful_s,
-                            timeout_keep_alive=KEEP_ALIVE_S, http=_GuardedH11, loop="asyncio",
-                            head_timeout_s=head_timeout_s,
-                            max_connections=max_connections if max_connections is not None
-                            else default_max_connections())
+    config = _GuardedConfig(
+        app if app is not None else create_app(state),
+        lifespan="off",
+        log_level=log_level,
+        access_log=False,
+        timeout_graceful_shutdown=timeout_graceful_s,
+        timeout_keep_alive=KEEP_ALIVE_S,
+        http=_GuardedH11,
+        loop="asyncio",
+        head_timeout_s=head_timeout_s,
+        max_connections=max_connections
+        if max_connections is not None
+        else default_max_connections(),
+    )
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": socks}, name="http", daemon=True)
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": socks}, name="http", daemon=True
+    )
     thread.start()
     deadline = time.monotonic() + 10
     while not server.started and thread.is_alive() and time.monotonic() < deadline:

@@ -127,11 +127,25 @@ class Formatter:
 
     send_done = True
 
-    def __init__(self, state: ServerState, model_name: str, tokenizer: ServerTokenizer, *, n_probs: int = 0,
-                 include_usage: bool = False, return_tokens: bool = False, logprobs: bool = False,
-                 index: int = 0, id: str | None = None, created: int | None = None,
-                 generation_settings: dict | None = None, prompt_text: str = "", verbose: bool = False,
-                 post_sampling: bool = False, timings_per_token: bool = False):
+    def __init__(
+        self,
+        state: ServerState,
+        model_name: str,
+        tokenizer: ServerTokenizer,
+        *,
+        n_probs: int = 0,
+        include_usage: bool = False,
+        return_tokens: bool = False,
+        logprobs: bool = False,
+        index: int = 0,
+        id: str | None = None,
+        created: int | None = None,
+        generation_settings: dict | None = None,
+        prompt_text: str = "",
+        verbose: bool = False,
+        post_sampling: bool = False,
+        timings_per_token: bool = False,
+    ):
         self.state = state
         self.model = model_name
         self.tok = tokenizer
@@ -150,7 +164,9 @@ class Formatter:
         self.acc = Accumulator()
         self.id_slot = -1
         self.t_start = time.perf_counter()
-        self.t_prompt_start: float | None = None  # when the first progress report came (the slot took it)
+        self.t_prompt_start: float | None = (
+            None  # when the first progress report came (the slot took it)
+        )
 
     id_prefix = "cmpl-"
 
@@ -173,8 +189,18 @@ class Formatter:
 
     def empty_step(self, n_prompt: int) -> GenerationStep:
         """A stand-in last step for requests that produced no token (n_predict 0, shutdown)."""
-        return GenerationStep(token=-1, text_delta="", logprob=0.0, top_logprobs=(), finish_reason="length",
-                              n_prompt=n_prompt, n_generated=0, n_cached=0, t_prompt_ms=0.0, t_gen_ms=0.0)
+        return GenerationStep(
+            token=-1,
+            text_delta="",
+            logprob=0.0,
+            top_logprobs=(),
+            finish_reason="length",
+            n_prompt=n_prompt,
+            n_generated=0,
+            n_cached=0,
+            t_prompt_ms=0.0,
+            t_gen_ms=0.0,
+        )
 
     # shared helpers
     def _n(self) -> int:
@@ -194,17 +220,30 @@ class Formatter:
             self.t_prompt_start = now
         n_done = max(p.processed - p.cache, 0)
         t_p = (now - self.t_prompt_start) * 1e3 if n_done else 0.0
-        return {"cache_n": p.cache, "prompt_n": n_done, "prompt_ms": t_p,
-                "prompt_per_token_ms": t_p / n_done if n_done else 0.0,
-                "prompt_per_second": 1e3 * n_done / t_p if t_p > 0 else 0.0,
-                "predicted_n": 0, "predicted_ms": 0.0, "predicted_per_token_ms": 0.0, "predicted_per_second": 0.0}
+        return {
+            "cache_n": p.cache,
+            "prompt_n": n_done,
+            "prompt_ms": t_p,
+            "prompt_per_token_ms": t_p / n_done if n_done else 0.0,
+            "prompt_per_second": 1e3 * n_done / t_p if t_p > 0 else 0.0,
+            "predicted_n": 0,
+            "predicted_ms": 0.0,
+            "predicted_per_token_ms": 0.0,
+            "predicted_per_second": 0.0,
+        }
 
     def _progress(self, p: PromptProgress) -> dict:
-        return {"total": p.total, "cache": p.cache, "processed": p.processed,
-                "time_ms": int((time.perf_counter() - self.t_start) * 1e3)}
+        return {
+            "total": p.total,
+            "cache": p.cache,
+            "processed": p.processed,
+            "time_ms": int((time.perf_counter() - self.t_start) * 1e3),
+        }
 
     def _top(self, step) -> list[tuple[int, str, list[int], float]]:
-        return [(int(t), *piece(self.tok, t), float(lp)) for t, lp in (step.top_logprobs or ())][: self.n_probs]
+        return [(int(t), *piece(self.tok, t), float(lp)) for t, lp in (step.top_logprobs or ())][
+            : self.n_probs
+        ]
 
     def _token_probs(self, steps) -> list[dict]:
         """llama-server's per-token probabilities: log-probabilities of the raw logits, or with
@@ -215,13 +254,18 @@ class Formatter:
             entry: dict[str, Any] = {"id": int(s.token), "token": text, "bytes": raw}
             if self.post_sampling and s.prob is not None:
                 entry["prob"] = float(s.prob)
-                entry["top_probs"] = [{"id": int(t), "token": tt, "bytes": b, "prob": float(p)}
-                                      for t, p in s.top_probs[: self.n_probs] if p > 0.0
-                                      for tt, b in [piece(self.tok, t)]]
+                entry["top_probs"] = [
+                    {"id": int(t), "token": tt, "bytes": b, "prob": float(p)}
+                    for t, p in s.top_probs[: self.n_probs]
+                    if p > 0.0
+                    for tt, b in [piece(self.tok, t)]
+                ]
             else:
                 entry["logprob"] = float(s.logprob)
-                entry["top_logprobs"] = [{"id": t, "token": tt, "bytes": b, "logprob": lp}
-                                         for t, tt, b, lp in self._top(s)]
+                entry["top_logprobs"] = [
+                    {"id": t, "token": tt, "bytes": b, "logprob": lp}
+                    for t, tt, b, lp in self._top(s)
+                ]
             out.append(entry)
         return out
 
@@ -278,7 +322,10 @@ class ChatFormatter(Formatter):
     def _deltas(self, text: str) -> list[dict]:
         if self.reader is None:
             return [{"content": text}] if text else []
-        return [{"content" if kind == "content" else "reasoning_content": t} for kind, t in self.reader.feed(text)]
+        return [
+            {"content" if kind == "content" else "reasoning_content": t}
+            for kind, t in self.reader.feed(text)
+        ]
 
     def _finish_reason(self) -> str:
         if self._message is not None and self._message.tool_calls:
@@ -290,19 +337,38 @@ class ChatFormatter(Formatter):
             if self.reader is None:
                 self._message = ParsedMessage(content=self.acc.content)
             else:
-                self._message = parse_message(self.acc.content, tool_names=self.reader.tool_names,
-                                              parse_tools=self.reader.parse_tools, reasoning=self.reader.reasoning,
-                                              starts_inside=self.reader.starts_inside, harmony=self.reader.harmony)
+                self._message = parse_message(
+                    self.acc.content,
+                    tool_names=self.reader.tool_names,
+                    parse_tools=self.reader.parse_tools,
+                    reasoning=self.reader.reasoning,
+                    starts_inside=self.reader.starts_inside,
+                    harmony=self.reader.harmony,
+                )
         return self._message
 
     @staticmethod
     def _calls_json(calls: list[ToolCall], with_index: bool) -> list[dict]:
-        return [{**({"index": i} if with_index else {}), "id": c.id, "type": "function",
-                 "function": {"name": c.name, "arguments": c.arguments}} for i, c in enumerate(calls)]
+        return [
+            {
+                **({"index": i} if with_index else {}),
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments},
+            }
+            for i, c in enumerate(calls)
+        ]
 
     def _obj(self, choices: list, **extra) -> dict:
-        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                "model": self.model, "system_fingerprint": system_fingerprint(), "choices": choices, **extra}
+        return {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": system_fingerprint(),
+            "choices": choices,
+            **extra,
+        }
 
     def _logprob_entries(self, steps) -> list[dict]:
         if self.post_sampling:
@@ -310,16 +376,31 @@ class ChatFormatter(Formatter):
         out = []
         for s in steps:
             text, raw = piece(self.tok, s.token)
-            out.append({
-                "id": int(s.token), "token": text, "logprob": float(s.logprob), "bytes": raw,
-                "top_logprobs": [{"id": t, "token": tt, "logprob": lp, "bytes": b}
-                                 for t, tt, b, lp in self._top(s)],
-            })
+            out.append(
+                {
+                    "id": int(s.token),
+                    "token": text,
+                    "logprob": float(s.logprob),
+                    "bytes": raw,
+                    "top_logprobs": [
+                        {"id": t, "token": tt, "logprob": lp, "bytes": b}
+                        for t, tt, b, lp in self._top(s)
+                    ],
+                }
+            )
         return out
 
     def _role(self) -> dict:
-        return self._obj([{"index": self.index, "delta": {"role": "assistant", "content": None},
-                           "logprobs": None, "finish_reason": None}])
+        return self._obj(
+            [
+                {
+                    "index": self.index,
+                    "delta": {"role": "assistant", "content": None},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            ]
+        )
 
     def chunk(self, step) -> list[dict]:
         out = []
@@ -330,8 +411,14 @@ class ChatFormatter(Formatter):
         if self.logprobs and not step.finish_reason and not deltas:
             deltas = [{"content": ""}]
         for i, delta in enumerate(deltas):
-            choice = {"index": self.index, "delta": delta, "finish_reason": None,
-                      "logprobs": {"content": self._logprob_entries([step])} if self.logprobs and i == 0 else None}
+            choice = {
+                "index": self.index,
+                "delta": delta,
+                "finish_reason": None,
+                "logprobs": {"content": self._logprob_entries([step])}
+                if self.logprobs and i == 0
+                else None,
+            }
             out.append(self._obj([choice]))
         if self.timings_per_token and out:
             out[-1]["timings"] = self._timings()
@@ -350,12 +437,44 @@ class ChatFormatter(Formatter):
             owed, self._message = self.reader.finish()
             for kind, text in owed:
                 delta = {"content" if kind == "content" else "reasoning_content": text}
-                out.append(self._obj([{"index": self.index, "delta": delta, "logprobs": None, "finish_reason": None}]))
+                out.append(
+                    self._obj(
+                        [
+                            {
+                                "index": self.index,
+                                "delta": delta,
+                                "logprobs": None,
+                                "finish_reason": None,
+                            }
+                        ]
+                    )
+                )
             if self._message.tool_calls:
                 calls = {"tool_calls": self._calls_json(self._message.tool_calls, with_index=True)}
-                out.append(self._obj([{"index": self.index, "delta": calls, "logprobs": None, "finish_reason": None}]))
-        out.append(self._obj([{"index": self.index, "delta": {}, "logprobs": None,
-                               "finish_reason": self._finish_reason()}]))
+                out.append(
+                    self._obj(
+                        [
+                            {
+                                "index": self.index,
+                                "delta": calls,
+                                "logprobs": None,
+                                "finish_reason": None,
+                            }
+                        ]
+                    )
+                )
+        out.append(
+            self._obj(
+                [
+                    {
+                        "index": self.index,
+                        "delta": {},
+                        "logprobs": None,
+                        "finish_reason": self._finish_reason(),
+                    }
+                ]
+            )
+        )
         if self.include_usage:
             out.append(self._obj([], usage=self._usage()))
         out[-1]["timings"] = self._timings()  # on the last chunk, as llama-server
@@ -364,8 +483,10 @@ class ChatFormatter(Formatter):
 
     def response(self) -> dict:
         msg = self._parsed()
-        message: dict[str, Any] = {"role": "assistant",
-                                   "content": None if msg.tool_calls and not msg.content else msg.content}
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": None if msg.tool_calls and not msg.content else msg.content,
+        }
         if msg.reasoning:
             message["reasoning_content"] = msg.reasoning
         if msg.tool_calls:
@@ -373,13 +494,23 @@ class ChatFormatter(Formatter):
         choice = {
             "index": self.index,
             "message": message,
-            "logprobs": {"content": self._logprob_entries(self.acc.steps)} if self.logprobs else None,
+            "logprobs": {"content": self._logprob_entries(self.acc.steps)}
+            if self.logprobs
+            else None,
             "finish_reason": self._finish_reason(),
         }
-        return self._with_verbose({
-            "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
-            "system_fingerprint": system_fingerprint(), "choices": [choice], "usage": self._usage(),
-            "timings": self._timings()})
+        return self._with_verbose(
+            {
+                "id": self.id,
+                "object": "chat.completion",
+                "created": self.created,
+                "model": self.model,
+                "system_fingerprint": system_fingerprint(),
+                "choices": [choice],
+                "usage": self._usage(),
+                "timings": self._timings(),
+            }
+        )
 
 
 class TextFormatter(Formatter):
@@ -396,13 +527,25 @@ class TextFormatter(Formatter):
             tops.append({tt: lp for _, tt, _, lp in self._top(s)})
             offsets.append(off)
             off += len(s.text_delta)
-        return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+        return {
+            "tokens": tokens,
+            "token_logprobs": lps,
+            "top_logprobs": tops,
+            "text_offset": offsets,
+        }
 
     def _obj(self, text: str, finish, logprobs=None, **extra) -> dict:
-        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "system_fingerprint": system_fingerprint(),
-                "choices": [{"text": text, "index": self.index, "logprobs": logprobs, "finish_reason": finish}],
-                **extra}
+        return {
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": system_fingerprint(),
+            "choices": [
+                {"text": text, "index": self.index, "logprobs": logprobs, "finish_reason": finish}
+            ],
+            **extra,
+        }
 
     def chunk(self, step) -> list[dict]:
         if not step.text_delta:
@@ -426,8 +569,15 @@ class TextFormatter(Formatter):
 
     def response(self) -> dict:
         lp = self._logprobs(self.acc.steps) if self.n_probs else None
-        return self._with_verbose(self._obj(self.acc.content, self.acc.finish_reason, lp, usage=self._usage(),
-                                            timings=self._timings()))
+        return self._with_verbose(
+            self._obj(
+                self.acc.content,
+                self.acc.finish_reason,
+                lp,
+                usage=self._usage(),
+                timings=self._timings(),
+            )
+        )
 
 
 class NativeFormatter(Formatter):
@@ -446,10 +596,16 @@ class NativeFormatter(Formatter):
     def _partial(self, step: GenerationStep | None, progress: PromptProgress | None = None) -> dict:
         last = self.acc.last
         obj: dict[str, Any] = {
-            "index": self.index, "content": step.text_delta if step is not None else "",
-            "tokens": [int(step.token)] if step is not None else [], "stop": False, "id_slot": self.id_slot,
+            "index": self.index,
+            "content": step.text_delta if step is not None else "",
+            "tokens": [int(step.token)] if step is not None else [],
+            "stop": False,
+            "id_slot": self.id_slot,
             "tokens_predicted": self._n(),
-            "tokens_evaluated": last.n_prompt if last is not None else (progress.total if progress else 0)}
+            "tokens_evaluated": last.n_prompt
+            if last is not None
+            else (progress.total if progress else 0),
+        }
         if self.timings_per_token and last is not None:
             obj["timings"] = self._timings()
         elif self.timings_per_token and progress is not None:

@@ -28,7 +28,13 @@ from ..scheduler import GenerationRequest
 from ..tokenizer.chat_template import encode_chat_prompt
 from .constraints import request_grammar
 from .errors import exceed_context, invalid
-from .schemas import ApplyTemplateRequest, ChatCompletionRequest, CompletionRequest, OpenAICommon, SamplingFields
+from .schemas import (
+    ApplyTemplateRequest,
+    ChatCompletionRequest,
+    CompletionRequest,
+    OpenAICommon,
+    SamplingFields,
+)
 from .settings import generation_settings
 from .tool_calls import THINK_OPEN, ReplyReading, is_harmony_template, prompt_opens_reasoning
 
@@ -63,8 +69,9 @@ PROMPT_STRING_KEY = "prompt_string"  # llama-server's prompt object keys
 MULTIMODAL_KEY = "multimodal_data"
 
 
-def sampling_params(state: ServerState, body: SamplingFields, n_probs: int | None = None,
-                    logprobs: bool = False) -> SamplingParams:
+def sampling_params(
+    state: ServerState, body: SamplingFields, n_probs: int | None = None, logprobs: bool = False
+) -> SamplingParams:
     """The server's default SamplingParams with the request's fields applied; `logprobs`: the
     reply reports each token's log-probability even without n_probs (OpenAI chat's logprobs)."""
     given = body.model_dump(include=set(_SAMPLING_FIELDS), exclude_none=True)
@@ -94,7 +101,9 @@ def logit_bias(state: ServerState, raw: Any) -> dict[int, float]:
         pairs = []
         for pair in raw:
             if not isinstance(pair, list) or len(pair) != 2:
-                raise invalid(f"logit_bias list entries must be [token, bias] pairs, got {str(pair)[:40]}")
+                raise invalid(
+                    f"logit_bias list entries must be [token, bias] pairs, got {str(pair)[:40]}"
+                )
             pairs.append((pair[0], pair[1]))
     else:
         raise invalid("logit_bias must be a list of [token, bias] pairs or an object {token: bias}")
@@ -104,7 +113,9 @@ def logit_bias(state: ServerState, raw: Any) -> dict[int, float]:
         value = _bias_value(bias)
         for t in _bias_tokens(state, key):
             if n_vocab and not 0 <= t < n_vocab:
-                raise invalid(f"logit_bias token id {t} is out of range (vocabulary has {n_vocab} tokens)")
+                raise invalid(
+                    f"logit_bias token id {t} is out of range (vocabulary has {n_vocab} tokens)"
+                )
             out[t] = out.get(t, 0.0) + value
     return out
 
@@ -121,7 +132,11 @@ def _bias_value(bias: Any) -> float:
     if bias is False:
         return -math.inf
     try:
-        value = float(bias) if isinstance(bias, (int, float)) and not isinstance(bias, bool) else math.nan
+        value = (
+            float(bias)
+            if isinstance(bias, (int, float)) and not isinstance(bias, bool)
+            else math.nan
+        )
     except OverflowError:  # an integer past a double
         value = math.nan
     if not math.isfinite(value):
@@ -177,7 +192,9 @@ def tokenize_prompts(state: ServerState, prompt: Any) -> list[list[int]]:
         if not prompt:
             raise invalid("'prompt' must not be empty")
         if len(prompt) > MAX_PROMPTS:
-            raise invalid(f"at most {MAX_PROMPTS} prompts are allowed in one request, got {len(prompt)}")
+            raise invalid(
+                f"at most {MAX_PROMPTS} prompts are allowed in one request, got {len(prompt)}"
+            )
         return [_subprompt(state, p) for p in prompt]
     return [_subprompt(state, prompt)]
 
@@ -191,18 +208,25 @@ def tokenize_prompt(state: ServerState, prompt: Any) -> list[int]:
 
 
 def _subprompt(state: ServerState, p: Any) -> list[int]:
-    if isinstance(p, str) or (isinstance(p, list) and all(_is_id(x) or isinstance(x, str) for x in p)):
+    if isinstance(p, str) or (
+        isinstance(p, list) and all(_is_id(x) or isinstance(x, str) for x in p)
+    ):
         return check_tokens(state, _tokenize_mixed(state, p))
     if isinstance(p, dict) and PROMPT_STRING_KEY in p:
         if p.get(MULTIMODAL_KEY) is not None:
             raise invalid("multimodal data was provided, but this server has no multimodal support")
         text = p[PROMPT_STRING_KEY]
-        if not isinstance(text, (str, list)) or (isinstance(text, list) and not all(
-                _is_id(x) or isinstance(x, str) for x in text)):
-            raise invalid(f"'{PROMPT_STRING_KEY}' must be a string or a list of token ids and strings")
+        if not isinstance(text, (str, list)) or (
+            isinstance(text, list) and not all(_is_id(x) or isinstance(x, str) for x in text)
+        ):
+            raise invalid(
+                f"'{PROMPT_STRING_KEY}' must be a string or a list of token ids and strings"
+            )
         return check_tokens(state, _tokenize_mixed(state, text))
-    raise invalid("'prompt' elements must be a string, a list of token ids, a list mixing token ids "
-                  f"and strings, or an object with a '{PROMPT_STRING_KEY}'")
+    raise invalid(
+        "'prompt' elements must be a string, a list of token ids, a list mixing token ids "
+        f"and strings, or an object with a '{PROMPT_STRING_KEY}'"
+    )
 
 
 # A text of N bytes has at least N / max_token_bytes tokens. A prompt that cannot fit is
@@ -225,7 +249,9 @@ def _tokenize_mixed(state: ServerState, p: str | list) -> list[int]:
     tok = state.tokenizer
     parts = [p] if isinstance(p, str) else p
     texts = [x for x in parts if isinstance(x, str)]
-    refuse_oversized(state, sum(len(x.encode("utf-8", "surrogatepass")) for x in texts), len(parts) - len(texts))
+    refuse_oversized(
+        state, sum(len(x.encode("utf-8", "surrogatepass")) for x in texts), len(parts) - len(texts)
+    )
     if isinstance(p, str):
         return tok.encode(p, add_special=True, parse_special=True)
     ids: list[int] = []
@@ -255,7 +281,9 @@ def n_choices(state: ServerState, body: OpenAICommon) -> int:
     n = body.n_cmpl if body.n_cmpl is not None else body.n
     n = 1 if n is None else n
     if not 1 <= n <= max(state.n_slots, 1):
-        raise invalid(f"'n' must be between 1 and the server's {state.n_slots} slots (-np), got {n}")
+        raise invalid(
+            f"'n' must be between 1 and the server's {state.n_slots} slots (-np), got {n}"
+        )
     return n
 
 
@@ -272,7 +300,11 @@ def with_choices(reqs: list[GenerationRequest], n: int) -> list[GenerationReques
             seed = req.params.seed & 0xFFFFFFFF
             if seed != DEFAULT_SEED:
                 seed = (seed + i) & 0xFFFFFFFF
-            out.append(dataclasses.replace(req, params=dataclasses.replace(req.params, seed=seed), id_slot=-1))
+            out.append(
+                dataclasses.replace(
+                    req, params=dataclasses.replace(req.params, seed=seed), id_slot=-1
+                )
+            )
     return out
 
 
@@ -294,19 +326,24 @@ def _messages(body: ChatCompletionRequest | ApplyTemplateRequest) -> list[dict]:
             raise invalid(f"messages[{i}]: every message but the assistant's must have 'content'")
         if m.role == "assistant" and m.content is None and not m.tool_calls:
             if "content" not in m.model_fields_set:
-                raise invalid(f"messages[{i}]: an assistant message must have 'content' or 'tool_calls'")
+                raise invalid(
+                    f"messages[{i}]: an assistant message must have 'content' or 'tool_calls'"
+                )
         c = d.get("content")
         if isinstance(c, list):
             for part in c:
                 if part.get("type") not in (None, "text"):
-                    raise invalid(f"messages[{i}]: content part of type {part.get('type')!r} is not "
-                                  "supported (text only: this server has no multimodal support)")
+                    raise invalid(
+                        f"messages[{i}]: content part of type {part.get('type')!r} is not "
+                        "supported (text only: this server has no multimodal support)"
+                    )
         out.append(d)
     return out
 
 
-def _continuation(state: ServerState, body: ChatCompletionRequest | ApplyTemplateRequest,
-                  messages: list[dict]) -> tuple[bool, bool]:
+def _continuation(
+    state: ServerState, body: ChatCompletionRequest | ApplyTemplateRequest, messages: list[dict]
+) -> tuple[bool, bool]:
     """(add_generation_prompt, continue the last message), llama-server's rules."""
     add_gen = body.add_generation_prompt if body.add_generation_prompt is not None else True
     # only a chat completion asks to continue; /apply-template has no such field
@@ -346,7 +383,9 @@ def render_chat(state: ServerState, body: ChatCompletionRequest | ApplyTemplateR
     add_gen, cont = _continuation(state, body, messages)
     try:
         if cont:
-            head = template.render(messages[:-1], add_generation_prompt=True, tools=body.tools, **kwargs)
+            head = template.render(
+                messages[:-1], add_generation_prompt=True, tools=body.tools, **kwargs
+            )
             return head + _content_text(messages[-1])
         return template.render(messages, add_generation_prompt=add_gen, tools=body.tools, **kwargs)
     except TemplateLimitError:
@@ -370,26 +409,42 @@ RESERVED_TEMPLATE_VARIABLES = {
 def _check_template_kwargs(kwargs: dict) -> None:
     for key in kwargs:
         if key in RESERVED_TEMPLATE_VARIABLES:
-            raise invalid(f"chat_template_kwargs may not set {key!r}: the server sets it "
-                          f"({RESERVED_TEMPLATE_VARIABLES[key]})")
+            raise invalid(
+                f"chat_template_kwargs may not set {key!r}: the server sets it "
+                f"({RESERVED_TEMPLATE_VARIABLES[key]})"
+            )
 
 
-def reply_reading(state: ServerState, body: ChatCompletionRequest, prompt_text: str) -> ReplyReading | None:
+def reply_reading(
+    state: ServerState, body: ChatCompletionRequest, prompt_text: str
+) -> ReplyReading | None:
     """How the reply to a chat body is read: tool calls split out when the body declares tools
     (and neither tool_choice "none" nor parse_tool_calls false says otherwise), reasoning when
     the template knows `<think>` (unless reasoning_format "none"); None when neither applies.
     A gpt-oss (harmony) template's replies are always read: their channels are markup."""
-    tool_names = tuple(str((t.get("function") or {}).get("name") or t.get("name") or "") for t in body.tools or [])
-    parse_tools = bool(tool_names) and body.tool_choice != "none" and body.parse_tool_calls is not False
+    tool_names = tuple(
+        str((t.get("function") or {}).get("name") or t.get("name") or "") for t in body.tools or []
+    )
+    parse_tools = (
+        bool(tool_names) and body.tool_choice != "none" and body.parse_tool_calls is not False
+    )
     source = state.chat_template.source if state.chat_template is not None else ""
     if is_harmony_template(source):
-        return ReplyReading(tool_names=tool_names, parse_tools=parse_tools,
-                            reasoning=body.reasoning_format != "none", harmony=True)
+        return ReplyReading(
+            tool_names=tool_names,
+            parse_tools=parse_tools,
+            reasoning=body.reasoning_format != "none",
+            harmony=True,
+        )
     reasoning = THINK_OPEN in source and body.reasoning_format != "none"
     if not (parse_tools or reasoning):
         return None
-    return ReplyReading(tool_names=tool_names, parse_tools=parse_tools, reasoning=reasoning,
-                        starts_inside=reasoning and prompt_opens_reasoning(prompt_text))
+    return ReplyReading(
+        tool_names=tool_names,
+        parse_tools=parse_tools,
+        reasoning=reasoning,
+        starts_inside=reasoning and prompt_opens_reasoning(prompt_text),
+    )
 
 
 def chat_request(state: ServerState, body: ChatCompletionRequest) -> tuple[GenerationRequest, str]:
@@ -435,7 +490,9 @@ def completion_requests(state: ServerState, body: CompletionRequest) -> list[Gen
     return [dataclasses.replace(base, prompt=ids) for ids in prompts]
 
 
-def completion_request(state: ServerState, body: CompletionRequest, native: bool = True) -> GenerationRequest:
+def completion_request(
+    state: ServerState, body: CompletionRequest, native: bool = True
+) -> GenerationRequest:
     """The request of a body with one prompt (several are a 400)."""
     reqs = completion_requests(state, body)
     if len(reqs) > 1:
@@ -445,11 +502,19 @@ def completion_request(state: ServerState, body: CompletionRequest, native: bool
 
 def verbose(state: ServerState, body: SamplingFields) -> bool:
     """Whether replies carry `__verbose` (the request's `verbose`, else the server's --verbose)."""
-    return body.verbose if body.verbose is not None else bool(getattr(state.options, "verbose", False))
+    return (
+        body.verbose if body.verbose is not None else bool(getattr(state.options, "verbose", False))
+    )
 
 
 def dumps_safe(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, allow_nan=False)
 
 
-__all__ = ["APIError", "chat_request", "completion_requests", "generation_settings", "tokenize_prompts"]
+__all__ = [
+    "APIError",
+    "chat_request",
+    "completion_requests",
+    "generation_settings",
+    "tokenize_prompts",
+]

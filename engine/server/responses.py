@@ -34,7 +34,15 @@ from . import requests as rq
 from .bodies import parse_body
 from .errors import api_error, format_validation_errors, invalid
 from .openai import Formatter, sse, timings
-from .routing import SSE_HEADERS, EventStream, body_schema, client_gone, collect, server_state, submit
+from .routing import (
+    SSE_HEADERS,
+    EventStream,
+    body_schema,
+    client_gone,
+    collect,
+    server_state,
+    submit,
+)
 from .schemas import ChatCompletionRequest
 
 router = APIRouter()
@@ -71,9 +79,24 @@ class ResponsesRequest(BaseModel):
 
 
 # Responses fields with no chat-completions counterpart (converted or dropped)
-_RESPONSES_ONLY = {"input", "instructions", "max_output_tokens", "previous_response_id", "tools",
-                   "tool_choice", "text", "reasoning", "include", "truncation", "background",
-                   "max_tool_calls", "top_logprobs", "stream_options", "conversation", "prompt"}
+_RESPONSES_ONLY = {
+    "input",
+    "instructions",
+    "max_output_tokens",
+    "previous_response_id",
+    "tools",
+    "tool_choice",
+    "text",
+    "reasoning",
+    "include",
+    "truncation",
+    "background",
+    "max_tool_calls",
+    "top_logprobs",
+    "stream_options",
+    "conversation",
+    "prompt",
+}
 
 
 # -- Responses body -> chat-completions body -------------------------------------------------
@@ -82,10 +105,14 @@ _RESPONSES_ONLY = {"input", "instructions", "max_output_tokens", "previous_respo
 def to_chat_body(body: ResponsesRequest) -> dict[str, Any]:
     """The chat-completions body for a Responses body; a 400 for what cannot be converted."""
     if body.previous_response_id:
-        raise invalid("'previous_response_id' is not supported (responses are not stored): "
-                      "send the earlier turns as items of 'input'")
+        raise invalid(
+            "'previous_response_id' is not supported (responses are not stored): "
+            "send the earlier turns as items of 'input'"
+        )
     if body.conversation is not None or body.prompt is not None:
-        raise invalid("'conversation' and 'prompt' (stored objects) are not supported: send the turns in 'input'")
+        raise invalid(
+            "'conversation' and 'prompt' (stored objects) are not supported: send the turns in 'input'"
+        )
     given = body.model_dump(exclude_unset=True)
     chat = {k: v for k, v in given.items() if k not in _RESPONSES_ONLY}
     messages: list[dict[str, Any]] = []
@@ -128,9 +155,14 @@ def _add_item(messages: list[dict], item: dict[str, Any], where: str) -> None:
         else:
             messages.append({"role": "assistant", "content": parts})
     elif kind == "function_call":
-        call = {"id": _text_field(item, "call_id", where), "type": "function",
-                "function": {"name": _text_field(item, "name", where),
-                             "arguments": _text_field(item, "arguments", where)}}
+        call = {
+            "id": _text_field(item, "call_id", where),
+            "type": "function",
+            "function": {
+                "name": _text_field(item, "name", where),
+                "arguments": _text_field(item, "arguments", where),
+            },
+        }
         if prev is not None:
             prev.setdefault("tool_calls", []).append(call)
         else:
@@ -138,7 +170,13 @@ def _add_item(messages: list[dict], item: dict[str, Any], where: str) -> None:
     elif kind == "function_call_output":
         output = item.get("output")
         content = output if isinstance(output, str) else _input_parts(output, f"{where}.output")
-        messages.append({"role": "tool", "tool_call_id": _text_field(item, "call_id", where), "content": content})
+        messages.append(
+            {
+                "role": "tool",
+                "tool_call_id": _text_field(item, "call_id", where),
+                "content": content,
+            }
+        )
     elif kind == "reasoning":
         text = "".join(p.get("text", "") for p in item.get("content") or () if isinstance(p, dict))
         if prev is not None:
@@ -146,9 +184,11 @@ def _add_item(messages: list[dict], item: dict[str, Any], where: str) -> None:
         else:
             messages.append({"role": "assistant", "content": None, "reasoning_content": text})
     else:
-        raise invalid(f"{where}: cannot tell what this item is (type {kind!r}, role {role!r}); expected a "
-                      "message (role user/system/developer/assistant), function_call, "
-                      "function_call_output or reasoning item")
+        raise invalid(
+            f"{where}: cannot tell what this item is (type {kind!r}, role {role!r}); expected a "
+            "message (role user/system/developer/assistant), function_call, "
+            "function_call_output or reasoning item"
+        )
 
 
 def _text_field(item: dict, key: str, where: str) -> str:
@@ -182,8 +222,10 @@ def _input_parts(content: Any, where: str) -> list[dict] | str:
         elif kind == "input_file":
             raise invalid(f"{where}.content[{j}]: 'input_file' parts are not supported")
         else:
-            raise invalid(f"{where}.content[{j}]: part type must be one of 'input_text', 'input_image' "
-                          f"or 'input_file', got {kind!r}")
+            raise invalid(
+                f"{where}.content[{j}]: part type must be one of 'input_text', 'input_image' "
+                f"or 'input_file', got {kind!r}"
+            )
     return out
 
 
@@ -198,7 +240,9 @@ def _output_parts(content: Any, where: str) -> list[dict]:
         kind = part.get("type") if isinstance(part, dict) else None
         key = "refusal" if kind == "refusal" else "text"
         if kind not in ("output_text", "input_text", "refusal"):
-            raise invalid(f"{where}.content[{j}]: part type must be 'output_text' or 'refusal', got {kind!r}")
+            raise invalid(
+                f"{where}.content[{j}]: part type must be 'output_text' or 'refusal', got {kind!r}"
+            )
         if not isinstance(part.get(key), str):
             raise invalid(f"{where}.content[{j}]: a {kind} part requires '{key}'")
         out.append({"type": "text", "text": part[key]})  # a refusal is what the assistant said
@@ -231,7 +275,9 @@ def chat_request_body(body: ResponsesRequest) -> ChatCompletionRequest:
         return ChatCompletionRequest.model_validate(chat)
     except ValidationError as e:
         msg = format_validation_errors(e.errors(include_url=False))
-        raise invalid(msg.replace("max_tokens", "max_output_tokens").replace("messages.", "input item ")) from None
+        raise invalid(
+            msg.replace("max_tokens", "max_output_tokens").replace("messages.", "input item ")
+        ) from None
 
 
 # -- the response and its events -------------------------------------------------------------
@@ -254,14 +300,23 @@ class ResponsesFormatter(Formatter):
         self.timings_per_token = bool(chat.timings_per_token)
         self.return_progress = bool(chat.return_progress)
         self.echo = {  # the request's settings, echoed as OpenAI's response object does
-            "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
-            "temperature": chat.temperature, "top_p": chat.top_p,
+            "instructions": body.instructions,
+            "max_output_tokens": body.max_output_tokens,
+            "temperature": chat.temperature,
+            "top_p": chat.top_p,
             "tool_choice": body.tool_choice if body.tool_choice is not None else "auto",
-            "tools": body.tools or [], "metadata": body.metadata or {},
-            "parallel_tool_calls": chat.parallel_tool_calls if chat.parallel_tool_calls is not None else True,
-            "previous_response_id": None, "reasoning": body.reasoning, "store": False,
-            "text": body.text or {"format": {"type": "text"}}, "truncation": body.truncation or "disabled",
-            "error": None, "incomplete_details": None,
+            "tools": body.tools or [],
+            "metadata": body.metadata or {},
+            "parallel_tool_calls": chat.parallel_tool_calls
+            if chat.parallel_tool_calls is not None
+            else True,
+            "previous_response_id": None,
+            "reasoning": body.reasoning,
+            "store": False,
+            "text": body.text or {"format": {"type": "text"}},
+            "truncation": body.truncation or "disabled",
+            "error": None,
+            "incomplete_details": None,
         }
         self._seq = 0
         self._text_started = False
@@ -270,22 +325,37 @@ class ResponsesFormatter(Formatter):
     # plain
     def _usage(self) -> dict:
         u = super()._usage()
-        return {"input_tokens": u["prompt_tokens"], "output_tokens": u["completion_tokens"],
-                "total_tokens": u["total_tokens"],
-                "input_tokens_details": {"cached_tokens": u["prompt_tokens_details"]["cached_tokens"]},
-                "output_tokens_details": {"reasoning_tokens": 0}}
+        return {
+            "input_tokens": u["prompt_tokens"],
+            "output_tokens": u["completion_tokens"],
+            "total_tokens": u["total_tokens"],
+            "input_tokens_details": {"cached_tokens": u["prompt_tokens_details"]["cached_tokens"]},
+            "output_tokens_details": {"reasoning_tokens": 0},
+        }
 
     def _message(self, status: str) -> dict:
         part = {"type": "output_text", "annotations": [], "logprobs": [], "text": self.acc.content}
-        return {"id": self.message_id, "type": "message", "status": status, "role": "assistant",
-                "content": [part]}
+        return {
+            "id": self.message_id,
+            "type": "message",
+            "status": status,
+            "role": "assistant",
+            "content": [part],
+        }
 
     def _output(self) -> list[dict]:
         return [self._message("completed")] if self.acc.content else []
 
     def _response(self, status: str, output: list[dict], usage: dict | None = None) -> dict:
-        out = {"id": self.id, "object": "response", "created_at": self.created, "status": status,
-               "model": self.model, "output": output, **self.echo}
+        out = {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created,
+            "status": status,
+            "model": self.model,
+            "output": output,
+            **self.echo,
+        }
         if status == "completed":
             out["completed_at"] = int(time.time())
         if usage is not None:
@@ -301,29 +371,60 @@ class ResponsesFormatter(Formatter):
         return {"type": kind, "sequence_number": self._seq, **data}
 
     def start_events(self) -> list[dict]:
-        return [self._event("response.created", response=self._response("in_progress", [])),
-                self._event("response.in_progress", response=self._response("in_progress", []))]
+        return [
+            self._event("response.created", response=self._response("in_progress", [])),
+            self._event("response.in_progress", response=self._response("in_progress", [])),
+        ]
 
     def step_events(self, step) -> list[dict]:
         events = []
         if self.return_progress and not self._progress_sent:
             # the scheduler reports the prompt once it is evaluated: one progress event, complete
             self._progress_sent = True
-            progress = {"total": step.n_prompt, "cache": step.n_cached, "processed": step.n_prompt,
-                        "time_ms": int(step.t_prompt_ms)}
-            events.append({**self._event("response.in_progress", response=self._response("in_progress", [])),
-                           "prompt_progress": progress})
+            progress = {
+                "total": step.n_prompt,
+                "cache": step.n_cached,
+                "processed": step.n_prompt,
+                "time_ms": int(step.t_prompt_ms),
+            }
+            events.append(
+                {
+                    **self._event(
+                        "response.in_progress", response=self._response("in_progress", [])
+                    ),
+                    "prompt_progress": progress,
+                }
+            )
         if step.text_delta:
             if not self._text_started:
                 self._text_started = True
-                item = {"id": self.message_id, "type": "message", "status": "in_progress",
-                        "role": "assistant", "content": []}
+                item = {
+                    "id": self.message_id,
+                    "type": "message",
+                    "status": "in_progress",
+                    "role": "assistant",
+                    "content": [],
+                }
                 events.append(self._event("response.output_item.added", output_index=0, item=item))
-                events.append(self._event("response.content_part.added", item_id=self.message_id,
-                                          output_index=0, content_index=0,
-                                          part={"type": "output_text", "text": "", "annotations": []}))
-            events.append(self._event("response.output_text.delta", item_id=self.message_id, output_index=0,
-                                      content_index=0, delta=step.text_delta, logprobs=[]))
+                events.append(
+                    self._event(
+                        "response.content_part.added",
+                        item_id=self.message_id,
+                        output_index=0,
+                        content_index=0,
+                        part={"type": "output_text", "text": "", "annotations": []},
+                    )
+                )
+            events.append(
+                self._event(
+                    "response.output_text.delta",
+                    item_id=self.message_id,
+                    output_index=0,
+                    content_index=0,
+                    delta=step.text_delta,
+                    logprobs=[],
+                )
+            )
             if self.timings_per_token:
                 events[-1]["timings"] = timings(step, self._n())
         return events
@@ -334,12 +435,29 @@ class ResponsesFormatter(Formatter):
         if output:
             message = output[0]
             part = message["content"][0]
-            events.append(self._event("response.output_text.done", item_id=self.message_id, output_index=0,
-                                      content_index=0, text=part["text"], logprobs=[]))
-            events.append(self._event("response.content_part.done", item_id=self.message_id, output_index=0,
-                                      content_index=0, part=part))
+            events.append(
+                self._event(
+                    "response.output_text.done",
+                    item_id=self.message_id,
+                    output_index=0,
+                    content_index=0,
+                    text=part["text"],
+                    logprobs=[],
+                )
+            )
+            events.append(
+                self._event(
+                    "response.content_part.done",
+                    item_id=self.message_id,
+                    output_index=0,
+                    content_index=0,
+                    part=part,
+                )
+            )
             events.append(self._event("response.output_item.done", output_index=0, item=message))
-        completed = self._event("response.completed", response=self._response("completed", output, self._usage()))
+        completed = self._event(
+            "response.completed", response=self._response("completed", output, self._usage())
+        )
         completed["timings"] = self._timings()
         events.append(completed)
         return events
@@ -369,9 +487,11 @@ async def create_response(request: Request):
     fmt = ResponsesFormatter(s, body.model or s.model_alias, s.tokenizer, body=body, chat=chat)
     if body.stream:
         handle = submit(s, req) if req.n_predict != 0 else None
-        return EventStream(_stream(handle, fmt, len(req.prompt)),
-                           on_close=handle.cancel if handle is not None else (lambda: None),
-                           headers=SSE_HEADERS)
+        return EventStream(
+            _stream(handle, fmt, len(req.prompt)),
+            on_close=handle.cancel if handle is not None else (lambda: None),
+            headers=SSE_HEADERS,
+        )
     if req.n_predict == 0:  # nothing to generate: an empty response, as llama-server
         fmt.acc.last = fmt.empty_step(len(req.prompt))
         return JSONResponse(fmt.response())
@@ -413,7 +533,9 @@ async def _stream(handle, fmt: ResponsesFormatter, n_prompt: int):
 
 
 @router.post("/v1/responses/input_tokens", openapi_extra=body_schema(ResponsesRequest))
-@router.post("/responses/input_tokens", openapi_extra=body_schema(ResponsesRequest), include_in_schema=False)
+@router.post(
+    "/responses/input_tokens", openapi_extra=body_schema(ResponsesRequest), include_in_schema=False
+)
 async def count_input_tokens(request: Request):
     """How many prompt tokens the request's input renders to (OpenAI's input token count)."""
     _, _, _, req = await _chat_from(request)

@@ -23,7 +23,15 @@ from . import requests as rq
 from .bodies import parse_body
 from .errors import api_error
 from .openai import DONE, ChatFormatter, Formatter, NativeFormatter, TextFormatter, merge, sse
-from .routing import SSE_HEADERS, EventStream, body_schema, client_gone, collect, server_state, submit
+from .routing import (
+    SSE_HEADERS,
+    EventStream,
+    body_schema,
+    client_gone,
+    collect,
+    server_state,
+    submit,
+)
 from .schemas import (
     ApplyTemplateRequest,
     ChatCompletionRequest,
@@ -44,7 +52,9 @@ router = APIRouter()
 async def tokenize(request: Request):
     s = server_state(request)
     body = await parse_body(request, TokenizeRequest)
-    ids = await run_in_threadpool(s.tokenizer.encode, body.content, body.add_special, body.parse_special)
+    ids = await run_in_threadpool(
+        s.tokenizer.encode, body.content, body.add_special, body.parse_special
+    )
     if not body.with_pieces:
         return {"tokens": ids}
     out = []
@@ -73,25 +83,37 @@ async def apply_template(request: Request):
     return {"prompt": await run_in_threadpool(rq.render_chat, s, body)}
 
 
-
 # -- generation ------------------------------------------------------------------------------
 
 
 @router.post("/v1/chat/completions", openapi_extra=body_schema(ChatCompletionRequest))
-@router.post("/chat/completions", openapi_extra=body_schema(ChatCompletionRequest), include_in_schema=False)
+@router.post(
+    "/chat/completions", openapi_extra=body_schema(ChatCompletionRequest), include_in_schema=False
+)
 async def chat_completions(request: Request):
     s = server_state(request)
     body = await parse_body(request, ChatCompletionRequest)
     req, prompt_text = await run_in_threadpool(rq.chat_request, s, body)
     reqs = rq.with_choices([req], rq.n_choices(s, body))
-    fmts = _formatters(ChatFormatter, s, body, reqs, [prompt_text] * len(reqs), "chatcmpl-",
-                       logprobs=bool(body.logprobs), reading=rq.reply_reading(s, body, prompt_text))
+    fmts = _formatters(
+        ChatFormatter,
+        s,
+        body,
+        reqs,
+        [prompt_text] * len(reqs),
+        "chatcmpl-",
+        logprobs=bool(body.logprobs),
+        reading=rq.reply_reading(s, body, prompt_text),
+    )
     return await _generate(request, reqs, fmts, body, native=False)
 
 
 @router.post("/v1/chat/completions/input_tokens", openapi_extra=body_schema(ChatCompletionRequest))
-@router.post("/chat/completions/input_tokens", openapi_extra=body_schema(ChatCompletionRequest),
-             include_in_schema=False)
+@router.post(
+    "/chat/completions/input_tokens",
+    openapi_extra=body_schema(ChatCompletionRequest),
+    include_in_schema=False,
+)
 async def chat_input_tokens(request: Request):
     """How many prompt tokens the chat renders to, without generating (llama-server)."""
     s = server_state(request)
@@ -119,29 +141,53 @@ async def _completion(request: Request, native: bool):
     texts = [t for r in reqs for t in [rq.prompt_text(s, body.prompt, r.prompt)] * n]
     reqs = rq.with_choices(reqs, n)
     if native:
-        fmts = _formatters(NativeFormatter, s, body, reqs, texts, "cmpl-",
-                           return_tokens=bool(body.return_tokens), response_fields=body.response_fields)
+        fmts = _formatters(
+            NativeFormatter,
+            s,
+            body,
+            reqs,
+            texts,
+            "cmpl-",
+            return_tokens=bool(body.return_tokens),
+            response_fields=body.response_fields,
+        )
     else:
         fmts = _formatters(TextFormatter, s, body, reqs, texts, "cmpl-")
     return await _generate(request, reqs, fmts, body, native=native)
 
 
-def _formatters(cls: type[Formatter], s, body: OpenAICommon, reqs: list, texts: list[str], prefix: str,
-                **kw) -> list[Formatter]:
+def _formatters(
+    cls: type[Formatter], s, body: OpenAICommon, reqs: list, texts: list[str], prefix: str, **kw
+) -> list[Formatter]:
     """One formatter per result, sharing the request's id."""
     ident, created = prefix + uuid.uuid4().hex[:24], int(time.time())
     stream = body.stream
     include_usage = bool((body.stream_options or {}).get("include_usage"))
     verbose = rq.verbose(s, body)
-    return [cls(s, body.model or s.model_alias, s.tokenizer, n_probs=r.params.n_probs,
-                include_usage=include_usage, index=i, id=ident, created=created,
-                generation_settings=rq.generation_settings(s, r, stream, body), prompt_text=text,
-                verbose=verbose, post_sampling=bool(body.post_sampling_probs),
-                timings_per_token=bool(body.timings_per_token), **kw)
-            for i, (r, text) in enumerate(zip(reqs, texts, strict=True))]
+    return [
+        cls(
+            s,
+            body.model or s.model_alias,
+            s.tokenizer,
+            n_probs=r.params.n_probs,
+            include_usage=include_usage,
+            index=i,
+            id=ident,
+            created=created,
+            generation_settings=rq.generation_settings(s, r, stream, body),
+            prompt_text=text,
+            verbose=verbose,
+            post_sampling=bool(body.post_sampling_probs),
+            timings_per_token=bool(body.timings_per_token),
+            **kw,
+        )
+        for i, (r, text) in enumerate(zip(reqs, texts, strict=True))
+    ]
 
 
-async def _generate(request: Request, reqs: list, fmts: list[Formatter], body: OpenAICommon, native: bool):
+async def _generate(
+    request: Request, reqs: list, fmts: list[Formatter], body: OpenAICommon, native: bool
+):
     """Run the results' requests; one reply, or one event stream interleaving them."""
     s = server_state(request)
     stream = body.stream
@@ -161,9 +207,13 @@ async def _generate(request: Request, reqs: list, fmts: list[Formatter], body: O
         _cancel(handles)
         raise
     if stream:
-        return EventStream(_stream(handles, fmts), on_close=lambda: _cancel(handles), headers=SSE_HEADERS)
+        return EventStream(
+            _stream(handles, fmts), on_close=lambda: _cancel(handles), headers=SSE_HEADERS
+        )
     try:
-        done = await asyncio.gather(*(_collect(request, h, f) for h, f in zip(handles, fmts, strict=True)))
+        done = await asyncio.gather(
+            *(_collect(request, h, f) for h, f in zip(handles, fmts, strict=True))
+        )
     except asyncio.CancelledError:
         _cancel(handles)
         raise
@@ -245,7 +295,9 @@ async def _stream(handles: list, fmts: list[Formatter]):
                     fmt.id_slot = handle.slot_id
                 if item is _END:
                     if fmt.acc.last is None:
-                        fmt.acc.last = fmt.empty_step(len(handle.request.prompt) if handle is not None else 0)
+                        fmt.acc.last = fmt.empty_step(
+                            len(handle.request.prompt) if handle is not None else 0
+                        )
                     chunks = fmt.final_chunks()
                 elif isinstance(item, PromptProgress):
                     chunks = fmt.progress_chunks(item)

@@ -38,8 +38,16 @@ TIMEOUT_S = 600.0  # llama-server's: ten minutes each way
 # not sent on: the body is re-framed here, and the answer must come uncompressed
 _REQUEST_DROP = {"accept-encoding", "transfer-encoding", "content-length", "host", "connection"}
 # not passed back: framing is this server's own, and CORS headers are its own (http.py)
-_RESPONSE_DROP = {"server", "transfer-encoding", "content-length", "keep-alive", "connection",
-                  "content-encoding", "content-type", "date"}
+_RESPONSE_DROP = {
+    "server",
+    "transfer-encoding",
+    "content-length",
+    "keep-alive",
+    "connection",
+    "content-encoding",
+    "content-type",
+    "date",
+}
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -47,8 +55,10 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 async def cors_proxy(request: Request) -> Response:
     s = server_state(request)
     if not s.options.cors_proxy:
-        return JSONResponse({"error": {"message": "this feature is disabled", "type": "feature_disabled"}},
-                            status_code=403)
+        return JSONResponse(
+            {"error": {"message": "this feature is disabled", "type": "feature_disabled"}},
+            status_code=403,
+        )
     url = target_url(request.query_params.get("url", ""))
     headers = forwarded_headers(request.headers.items())
     headers["accept-encoding"] = "identity"
@@ -65,8 +75,11 @@ async def cors_proxy(request: Request) -> Response:
         # URL is httpx.InvalidURL, a bad port deep in anyio an ExceptionGroup) is the target's failure
         await client.aclose()
         raise APIError(502, f"proxy error: {type(e).__name__}: {e}", "server_error") from None
-    out_headers = {k: v for k, v in upstream.headers.items()
-                   if k.lower() not in _RESPONSE_DROP and not k.lower().startswith("access-control-")}
+    out_headers = {
+        k: v
+        for k, v in upstream.headers.items()
+        if k.lower() not in _RESPONSE_DROP and not k.lower().startswith("access-control-")
+    }
     media_type = upstream.headers.get("content-type")
 
     async def close() -> None:
@@ -76,8 +89,13 @@ async def cors_proxy(request: Request) -> Response:
     if upstream.status_code in (204, 304):  # no body may follow
         await close()
         return Response(status_code=upstream.status_code, headers=out_headers)
-    return StreamingResponse(upstream.aiter_raw(), status_code=upstream.status_code, headers=out_headers,
-                             media_type=media_type, background=BackgroundTask(close))
+    return StreamingResponse(
+        upstream.aiter_raw(),
+        status_code=upstream.status_code,
+        headers=out_headers,
+        media_type=media_type,
+        background=BackgroundTask(close),
+    )
 
 
 def target_url(url: str) -> str:
@@ -126,7 +144,7 @@ def forwarded_headers(items) -> dict[str, str]:
     for key, value in items:
         name = key.lower()
         if name.startswith(HEADER_PREFIX) and len(name) > len(HEADER_PREFIX):
-            name = name[len(HEADER_PREFIX):]
+            name = name[len(HEADER_PREFIX) :]
             if name not in _REQUEST_DROP:
                 out[name] = value
     return out
@@ -135,7 +153,9 @@ def forwarded_headers(items) -> dict[str, str]:
 # -- who may use it ---------------------------------------------------------------------------
 
 
-def cross_origin_refusal(opts: ServerOptions, scheme: str, headers: Mapping[str, str]) -> APIError | None:
+def cross_origin_refusal(
+    opts: ServerOptions, scheme: str, headers: Mapping[str, str]
+) -> APIError | None:
     """None when this request may use the proxy, else the 403 to answer.
 
     Allowed: an Origin named in --cors-origins; otherwise a request from this server's own
@@ -167,8 +187,11 @@ def cross_origin_refusal(opts: ServerOptions, scheme: str, headers: Mapping[str,
 
 
 def _refused(why: str) -> APIError:
-    return APIError(403, f"{PATH} answers only this server's own pages and the origins named in "
-                    f"--cors-origins: {why}; to allow a page, add its origin to --cors-origins")
+    return APIError(
+        403,
+        f"{PATH} answers only this server's own pages and the origins named in "
+        f"--cors-origins: {why}; to allow a page, add its origin to --cors-origins",
+    )
 
 
 def _origin_key(origin: str) -> tuple[str, str, int] | None:

@@ -26,7 +26,12 @@ from .routing import body_schema, client_gone, collect, server_state, submit
 
 router = APIRouter()
 
-_MEDIA_TYPES = {"image_url": "image", "input_audio": "audio", "input_video": "video", "video_url": "video"}
+_MEDIA_TYPES = {
+    "image_url": "image",
+    "input_audio": "audio",
+    "input_video": "video",
+    "video_url": "video",
+}
 
 
 class EmbeddingBody(BaseModel):
@@ -75,12 +80,22 @@ def _prompt_tokens(tok, p: Any) -> list[int]:
         return _content_tokens(tok, p["content"])
     if isinstance(p, dict) and "prompt_string" in p:
         if p.get("multimodal_data"):
-            raise invalid("Multimodal data provided, but model does not support multimodal requests.")
+            raise invalid(
+                "Multimodal data provided, but model does not support multimodal requests."
+            )
         inner = p["prompt_string"]
-        if isinstance(inner, str) or isinstance(inner, list) and all(_is_id(x) or isinstance(x, str) for x in inner):
-            return _mixed_tokens(tok, inner) if isinstance(inner, list) else _prompt_tokens(tok, inner)
-    raise invalid('"input" elements must be a string, a list of tokens, a JSON object containing a prompt '
-                  'string or an OpenAI "content" array, or a list of mixed strings & tokens.')
+        if (
+            isinstance(inner, str)
+            or isinstance(inner, list)
+            and all(_is_id(x) or isinstance(x, str) for x in inner)
+        ):
+            return (
+                _mixed_tokens(tok, inner) if isinstance(inner, list) else _prompt_tokens(tok, inner)
+            )
+    raise invalid(
+        '"input" elements must be a string, a list of tokens, a JSON object containing a prompt '
+        'string or an OpenAI "content" array, or a list of mixed strings & tokens.'
+    )
 
 
 def _mixed_tokens(tok, parts: list) -> list[int]:
@@ -99,9 +114,13 @@ def _content_tokens(tok, content: Any) -> list[int]:
     for i, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in _MEDIA_TYPES:
-            raise invalid(f"{_MEDIA_TYPES[kind]} input is not supported: this model has no multimodal projector")
+            raise invalid(
+                f"{_MEDIA_TYPES[kind]} input is not supported: this model has no multimodal projector"
+            )
         if kind != "text":
-            raise invalid(f"unsupported content[{i}].type {kind!r}; this model takes 'text' parts only")
+            raise invalid(
+                f"unsupported content[{i}].type {kind!r}; this model takes 'text' parts only"
+            )
         value = part.get("text", "")
         if not isinstance(value, str):
             raise invalid(f"content[{i}].text must be a string")
@@ -116,8 +135,10 @@ def check_size(s, prompts: list[list[int]], pooling: str) -> None:
     for ids in prompts:
         rq.check_tokens(s, ids)
         if pooling != "last" and len(ids) > n_ubatch:
-            raise invalid(f"input ({len(ids)} tokens) is too large to process. increase the physical batch "
-                          f"size (current batch size: {n_ubatch})")
+            raise invalid(
+                f"input ({len(ids)} tokens) is too large to process. increase the physical batch "
+                f"size (current batch size: {n_ubatch})"
+            )
 
 
 async def _embed(request: Request, oai: bool):
@@ -126,12 +147,17 @@ async def _embed(request: Request, oai: bool):
         raise not_supported("This server does not support embeddings. Start it with `--embeddings`")
     pooling = s.pooling()
     if oai and pooling == "none":
-        raise invalid("Pooling type 'none' is not OAI compatible. Please use a different pooling type")
+        raise invalid(
+            "Pooling type 'none' is not OAI compatible. Please use a different pooling type"
+        )
     body = await parse_body(request, EmbeddingBody)
     if body.input is not None:
         items = body.input
     elif body.content is not None:
-        items, oai = body.content, False  # llama-server: "content" is not OpenAI's, so the answer is not
+        items, oai = (
+            body.content,
+            False,
+        )  # llama-server: "content" is not OpenAI's, so the answer is not
     else:
         raise invalid('"input" or "content" must be provided')
     prompts = await run_in_threadpool(embedding_prompts, s.tokenizer, items)
@@ -139,19 +165,32 @@ async def _embed(request: Request, oai: bool):
     norm = s.options.embd_normalize if body.embd_normalize is None else body.embd_normalize
     if pooling == "none":
         norm = -1  # llama-server: per-token vectors are never normalised
-    results = await _run(request, s, [EmbeddingRequest(ids, pooling=pooling, normalize=norm) for ids in prompts])
+    results = await _run(
+        request, s, [EmbeddingRequest(ids, pooling=pooling, normalize=norm) for ids in prompts]
+    )
     if not isinstance(results, list):
         return results  # the client went away
     if not oai:
-        return [{"index": i, "embedding": np.atleast_2d(r.embedding).tolist()} for i, r in enumerate(results)]
+        return [
+            {"index": i, "embedding": np.atleast_2d(r.embedding).tolist()}
+            for i, r in enumerate(results)
+        ]
     data = []
     for i, r in enumerate(results):
         vec = r.embedding.astype("<f4")
-        emb = base64.b64encode(vec.tobytes()).decode() if body.encoding_format == "base64" else vec.tolist()
+        emb = (
+            base64.b64encode(vec.tobytes()).decode()
+            if body.encoding_format == "base64"
+            else vec.tolist()
+        )
         data.append({"object": "embedding", "index": i, "embedding": emb})
     n_tokens = sum(r.n_prompt for r in results)
-    return {"object": "list", "model": body.model or s.model_alias, "data": data,
-            "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
+    return {
+        "object": "list",
+        "model": body.model or s.model_alias,
+        "data": data,
+        "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
+    }
 
 
 async def _run(request: Request, s, reqs: list[EmbeddingRequest]):

@@ -33,7 +33,9 @@ async def slot_action(request: Request, slot_id: str, action: str = "") -> JSONR
     s = server_state(request)
     save_dir = s.options.slot_save_path
     if not save_dir:
-        raise not_supported("This server does not support slots action. Start it with `--slot-save-path`")
+        raise not_supported(
+            "This server does not support slots action. Start it with `--slot-save-path`"
+        )
     try:
         id_slot = int(slot_id)
     except ValueError:
@@ -59,8 +61,11 @@ async def _save(scheduler, id_slot: int, save_dir: str, filename: str) -> dict[s
     t0 = time.perf_counter()
     snap = await _on_loop(scheduler, id_slot, lambda: slot_files.snapshot(scheduler, id_slot))
     n = await _off_loop(slot_files.write, save_dir, filename, snap)
-    return {"n_saved": len(snap.tokens), "n_written": n,
-            "timings": {"save_ms": (time.perf_counter() - t0) * 1e3}}
+    return {
+        "n_saved": len(snap.tokens),
+        "n_written": n,
+        "timings": {"save_ms": (time.perf_counter() - t0) * 1e3},
+    }
 
 
 async def _restore(scheduler, id_slot: int, path: str) -> dict[str, Any]:
@@ -73,8 +78,11 @@ async def _restore(scheduler, id_slot: int, path: str) -> dict[str, Any]:
         loaded = e  # restore() empties the slot and answers with the reason
     n = await _on_loop(scheduler, id_slot, lambda: slot_files.restore(scheduler, id_slot, loaded))
     assert isinstance(loaded, slot_files.SlotFile)
-    return {"n_restored": n, "n_read": loaded.n_read,
-            "timings": {"restore_ms": (time.perf_counter() - t0) * 1e3}}
+    return {
+        "n_restored": n,
+        "n_read": loaded.n_read,
+        "timings": {"restore_ms": (time.perf_counter() - t0) * 1e3},
+    }
 
 
 def _slot_lock(request: Request, id_slot: int) -> asyncio.Lock:

@@ -32,8 +32,10 @@ def body_schema(model: type[BaseModel]) -> dict:
 
 def with_body_schemas(spec: dict) -> dict:
     """`spec` with the request-body models, and the models they use, in components/schemas."""
-    _, defs = models_json_schema([(m, "validation") for m in _BODY_MODELS.values()],
-                                 ref_template="#/components/schemas/{model}")
+    _, defs = models_json_schema(
+        [(m, "validation") for m in _BODY_MODELS.values()],
+        ref_template="#/components/schemas/{model}",
+    )
     spec.setdefault("components", {}).setdefault("schemas", {}).update(defs.get("$defs", {}))
     return spec
 
@@ -48,11 +50,13 @@ def submit(s, req):
     except Exception as e:
         raise api_error(e) from None
 
+
 def client_gone() -> Response:
     """The answer to a client that went away: nobody reads it, but returning one (rather than
     raising) keeps uvicorn from logging a disconnect as an error, and the request log shows
     nginx's "client closed request" code."""
     return Response(status_code=499)
+
 
 async def collect(request: Request, handle, on_item) -> bool:
     """Consume a request's items; False (the request cancelled) if the client went away."""
@@ -76,6 +80,7 @@ async def collect(request: Request, handle, on_item) -> bool:
     task.result()
     return True
 
+
 class EventStream(StreamingResponse):
     """text/event-stream whose `on_close` runs however the response ends (client gone too)."""
 
@@ -88,4 +93,3 @@ class EventStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self._on_close()
-

@@ -24,6 +24,7 @@ def few_stops(v: Any) -> Any:
         raise ValueError(f"at most {MAX_STOP} stop strings are allowed")
     return v
 
+
 # A prompt as llama-server takes it: text, token ids, ids mixed with text, an object
 # {"prompt_string": ..., "multimodal_data": [...]}, or a list of several of those (one result
 # each). requests.tokenize_prompts checks the shape and says what is wrong.
@@ -46,8 +47,12 @@ class _Body(BaseModel):
         # llama-server reads these into C integers; past int64 numpy and the sampler raise
         # OverflowError (a 500) where a 400 names the field
         for name, value in self:
-            if type(value) is int and not _INT64[0] <= value <= (_UINT64_MAX if name == "seed" else _INT64[1]):
-                raise ValueError(f"{name} is out of range: {str(value)[:40]} does not fit a 64-bit integer")
+            if type(value) is int and not _INT64[0] <= value <= (
+                _UINT64_MAX if name == "seed" else _INT64[1]
+            ):
+                raise ValueError(
+                    f"{name} is out of range: {str(value)[:40]} does not fit a 64-bit integer"
+                )
         return self
 
 
@@ -119,7 +124,6 @@ class SamplingFields(_Body):
     @classmethod
     def _stop_list(cls, v):
         return few_stops(v)
-
 
 
 class OpenAICommon(SamplingFields):

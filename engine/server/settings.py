@@ -22,11 +22,18 @@ if TYPE_CHECKING:
 
 # llama.cpp's defaults (common_params_sampling) for the fields reported but not applied here
 REPORTED_DEFAULTS: dict[str, Any] = {
-    "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": 64,
-    "dry_sequence_breakers": ["\n", ":", "\"", "*"],
-    "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
-    "adaptive_target": -1.0, "adaptive_decay": 0.9,
+    "dry_multiplier": 0.0,
+    "dry_base": 1.75,
+    "dry_allowed_length": 2,
+    "dry_penalty_last_n": 64,
+    "dry_sequence_breakers": ["\n", ":", '"', "*"],
+    "mirostat": 0,
+    "mirostat_tau": 5.0,
+    "mirostat_eta": 0.1,
+    "adaptive_target": -1.0,
+    "adaptive_decay": 0.9,
 }
+
 
 def _bias_list(bias: dict[int, float], eog_ids: list[int]) -> list[dict]:
     out = [{"bias": b if math.isfinite(b) else None, "token": int(t)} for t, b in bias.items()]
@@ -35,8 +42,12 @@ def _bias_list(bias: dict[int, float], eog_ids: list[int]) -> list[dict]:
     return out
 
 
-def generation_settings(state: ServerState, req: GenerationRequest | None = None, stream: bool = False,
-                        body: SamplingFields | None = None) -> dict:
+def generation_settings(
+    state: ServerState,
+    req: GenerationRequest | None = None,
+    stream: bool = False,
+    body: SamplingFields | None = None,
+) -> dict:
     """llama-server's `generation_settings` for `req` (the server's defaults when None), with the
     accepted-but-not-applied fields `body` gave."""
     params = req.params if req is not None else state.options.default_sampling
@@ -49,18 +60,29 @@ def generation_settings(state: ServerState, req: GenerationRequest | None = None
     return {
         "seed": int(p["seed"]) & 0xFFFFFFFF,  # a uint32 in llama.cpp: -1 reads 4294967295
         "temperature": p["temperature"],
-        "dynatemp_range": p["dynatemp_range"], "dynatemp_exponent": p["dynatemp_exponent"],
-        "top_k": p["top_k"], "top_p": p["top_p"], "min_p": p["min_p"],
+        "dynatemp_range": p["dynatemp_range"],
+        "dynatemp_exponent": p["dynatemp_exponent"],
+        "top_k": p["top_k"],
+        "top_p": p["top_p"],
+        "min_p": p["min_p"],
         "top_n_sigma": p["top_n_sigma"],
-        "xtc_probability": p["xtc_probability"], "xtc_threshold": p["xtc_threshold"],
+        "xtc_probability": p["xtc_probability"],
+        "xtc_threshold": p["xtc_threshold"],
         "typical_p": p["typical_p"],
-        "repeat_last_n": p["repeat_last_n"], "repeat_penalty": p["repeat_penalty"],
-        "presence_penalty": p["presence_penalty"], "frequency_penalty": p["frequency_penalty"],
-        "dry_multiplier": extra["dry_multiplier"], "dry_base": extra["dry_base"],
-        "dry_allowed_length": extra["dry_allowed_length"], "dry_penalty_last_n": extra["dry_penalty_last_n"],
+        "repeat_last_n": p["repeat_last_n"],
+        "repeat_penalty": p["repeat_penalty"],
+        "presence_penalty": p["presence_penalty"],
+        "frequency_penalty": p["frequency_penalty"],
+        "dry_multiplier": extra["dry_multiplier"],
+        "dry_base": extra["dry_base"],
+        "dry_allowed_length": extra["dry_allowed_length"],
+        "dry_penalty_last_n": extra["dry_penalty_last_n"],
         "dry_sequence_breakers": extra["dry_sequence_breakers"],
-        "mirostat": extra["mirostat"], "mirostat_tau": extra["mirostat_tau"], "mirostat_eta": extra["mirostat_eta"],
-        "adaptive_target": extra["adaptive_target"], "adaptive_decay": extra["adaptive_decay"],
+        "mirostat": extra["mirostat"],
+        "mirostat_tau": extra["mirostat_tau"],
+        "mirostat_eta": extra["mirostat_eta"],
+        "adaptive_target": extra["adaptive_target"],
+        "adaptive_decay": extra["adaptive_decay"],
         "stop": list(req.stop) if req is not None else [],
         "max_tokens": n_predict,
         "n_predict": n_predict,

@@ -45,7 +45,9 @@ log = logging.getLogger(__name__)
 
 # GETs that answer while sleeping and do not wake the model (llama-server: bypass_sleep;
 # POST /props wakes it)
-READ_ONLY_PATHS = frozenset({"/health", "/v1/health", "/props", "/models", "/v1/models", "/metrics"})
+READ_ONLY_PATHS = frozenset(
+    {"/health", "/v1/health", "/props", "/models", "/v1/models", "/metrics"}
+)
 
 
 class SleepController:
@@ -154,8 +156,9 @@ class SleepController:
         except Exception as e:
             traceback.clear_frames(e.__traceback__)  # its frames may hold what was loaded
             log.error("cannot wake the model: %s", e)
-            raise APIError(503, f"the model could not be loaded again after sleeping: {e}",
-                           "unavailable_error") from None
+            raise APIError(
+                503, f"the model could not be loaded again after sleeping: {e}", "unavailable_error"
+            ) from None
         s.model, s.tokenizer, s.ctx = model, model.tokenizer, ctx
         with self._lock:
             self.is_sleeping = False
@@ -201,7 +204,9 @@ class _SleepingModel:
         self.shape = (cfg.arch, cfg.n_vocab, cfg.n_layer, cfg.n_embd)  # a reload must match it
         self.n_params = model.n_params
         meta = model.gguf.metadata
-        self.gguf = _Metadata({k: meta[k] for k in meta if meta.value_type(k)[0] != GGUFValueType.ARRAY})
+        self.gguf = _Metadata(
+            {k: meta[k] for k in meta if meta.value_type(k)[0] != GGUFValueType.ARRAY}
+        )
         self.tokenizer = _SleepingTokenizer(model.tokenizer)
 
 
@@ -227,8 +232,12 @@ class _SleepingTokenizer:
         self.eog_ids: Collection[int] = frozenset(tok.eog_ids)
         self.vocab_type: int = tok.vocab_type
         self.max_token_bytes: int = tok.max_token_bytes
-        self._pieces = {(t, sp): tok.token_to_piece(t, special=sp) for t in {self.bos_id, self.eos_id}
-                        if t is not None and 0 <= t < self.n_vocab for sp in (True, False)}
+        self._pieces = {
+            (t, sp): tok.token_to_piece(t, special=sp)
+            for t in {self.bos_id, self.eos_id}
+            if t is not None and 0 <= t < self.n_vocab
+            for sp in (True, False)
+        }
 
     def is_eog(self, token_id: int) -> bool:
         return token_id in self.eog_ids
@@ -247,7 +256,9 @@ class _SleepingTokenizer:
 
 
 def _asleep() -> EngineError:
-    return EngineError("the model is sleeping (--sleep-idle-seconds): this needs a request that wakes it")
+    return EngineError(
+        "the model is sleeping (--sleep-idle-seconds): this needs a request that wakes it"
+    )
 
 
 _malloc_trim: Callable[[int], int] | None = None
@@ -290,9 +301,14 @@ class SleepMiddleware:
         path = scope.get("path", "")
         prefix = self.controller.state.options.api_prefix.rstrip("/")
         if prefix and path.startswith(prefix):
-            path = path[len(prefix):] or "/"
+            path = path[len(prefix) :] or "/"
         read_only = path in READ_ONLY_PATHS and scope.get("method") in ("GET", "HEAD")
-        if scope["type"] != "http" or read_only or not self.controller.state.is_ready or not self._routed(scope):
+        if (
+            scope["type"] != "http"
+            or read_only
+            or not self.controller.state.is_ready
+            or not self._routed(scope)
+        ):
             return await self.app(scope, receive, send)
         self.controller.begin_request()
         try:
@@ -309,6 +325,11 @@ def install(app: FastAPI, state: ServerState, idle_s: float) -> SleepController:
 
     controller = SleepController(state, idle_s)
     state.sleep = controller
-    app.user_middleware.append(Middleware(SleepMiddleware, controller=controller,  # innermost
-                                          routes=app.router.routes))
+    app.user_middleware.append(
+        Middleware(
+            SleepMiddleware,
+            controller=controller,  # innermost
+            routes=app.router.routes,
+        )
+    )
     return controller.start()

@@ -31,7 +31,9 @@ log = logging.getLogger("ggstation.serve")
 def setup_logging(args: argparse.Namespace) -> None:
     """-v: the server's INFO lines on stderr; WARNING and above otherwise."""
     level = logging.INFO if args.verbose else logging.WARNING
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
 
 
 def check_flags(args: argparse.Namespace) -> None:
@@ -52,11 +54,17 @@ def check_flags(args: argparse.Namespace) -> None:
     if args.pooling == "rank":
         raise EngineError("--pooling rank (reranking) is not supported")
     for flag in dict.fromkeys(args.ignored):
-        log.warning("%s is accepted for llama-server compatibility but ignored (not supported by "
-                    "ggstation's CPU engine)", flag)
+        log.warning(
+            "%s is accepted for llama-server compatibility but ignored (not supported by "
+            "ggstation's CPU engine)",
+            flag,
+        )
     if args.unknown_flags:
-        log.warning("unknown arguments ignored: %s (not llama-server flags ggstation knows; check the "
-                    "spelling if you meant one)", " ".join(args.unknown_flags))
+        log.warning(
+            "unknown arguments ignored: %s (not llama-server flags ggstation knows; check the "
+            "spelling if you meant one)",
+            " ".join(args.unknown_flags),
+        )
     for env in flags.ignored_env():
         log.warning("environment variable %s is ignored (not supported by ggstation)", env)
 
@@ -68,7 +76,9 @@ def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
             with open(args.api_key_file, encoding="utf-8") as f:
                 keys += [ln.strip() for ln in f if ln.strip() and not ln.lstrip().startswith("#")]
         except OSError as e:
-            raise EngineError(f"cannot read --api-key-file '{args.api_key_file}': {e.strerror}") from None
+            raise EngineError(
+                f"cannot read --api-key-file '{args.api_key_file}': {e.strerror}"
+            ) from None
     return tuple(dict.fromkeys(keys))
 
 
@@ -87,9 +97,13 @@ def _template_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
         for key in kwargs.keys() & RESERVED_TEMPLATE_VARIABLES.keys():
             # refused at start-up, not as a 400 on every chat request afterwards
-            raise EngineError(f"--chat-template-kwargs may not set {key!r}: the server sets it "
-                              f"({RESERVED_TEMPLATE_VARIABLES[key]})")
-    if args.reasoning != "auto":  # llama-server: --reasoning on/off sets the template's enable_thinking
+            raise EngineError(
+                f"--chat-template-kwargs may not set {key!r}: the server sets it "
+                f"({RESERVED_TEMPLATE_VARIABLES[key]})"
+            )
+    if (
+        args.reasoning != "auto"
+    ):  # llama-server: --reasoning on/off sets the template's enable_thinking
         kwargs.setdefault("enable_thinking", args.reasoning == "on")
     if args.reasoning_effort != "default":
         kwargs.setdefault("reasoning_effort", args.reasoning_effort)
@@ -111,8 +125,12 @@ def server_options(args: argparse.Namespace, p: params.CommonParams | None = Non
     kwargs = _template_kwargs(args)
     cors = flags.cors_origins(args)
     keys = _api_keys(args)
-    if cors == ("*",) and not keys:  # llama-server's own warning: any page a browser opens can call us
-        log.warning("security: no API key is set and CORS allows all origins; set --api-key or --cors-origins")
+    if (
+        cors == ("*",) and not keys
+    ):  # llama-server's own warning: any page a browser opens can call us
+        log.warning(
+            "security: no API key is set and CORS allows all origins; set --api-key or --cors-origins"
+        )
     return ServerOptions(
         api_keys=keys,
         cors_origins=cors,
@@ -120,7 +138,9 @@ def server_options(args: argparse.Namespace, p: params.CommonParams | None = Non
         cors_headers=args.cors_headers,
         cors_credentials=args.cors_credentials,
         cors_proxy=args.ui_mcp_proxy,
-        model_tags=tuple(dict.fromkeys(t.strip() for t in (args.tags or "").split(",") if t.strip())),
+        model_tags=tuple(
+            dict.fromkeys(t.strip() for t in (args.tags or "").split(",") if t.strip())
+        ),
         alias=args.alias,
         metrics=args.metrics,
         slots=args.slots,
@@ -162,16 +182,21 @@ def build_app(state: ServerState):
     return app
 
 
-def load(args: argparse.Namespace, p: params.CommonParams, state: ServerState, path: Path,
-         n_threads: int) -> Scheduler:
+def load(
+    args: argparse.Namespace, p: params.CommonParams, state: ServerState, path: Path, n_threads: int
+) -> Scheduler:
     """The model at `path` loaded with its context and scheduler (-np -1: params.AUTO_SLOTS),
     made the state's; the scheduler is not started. `args`: the server's own flags."""
 
     from ..init import SchedulerParams, init_from_params
 
     t0 = time.perf_counter()
-    slots = SchedulerParams(p.n_slots, slot_prompt_similarity=args.slot_prompt_similarity,
-                            context_shift=p.context_shift, n_keep=p.n_keep)
+    slots = SchedulerParams(
+        p.n_slots,
+        slot_prompt_similarity=args.slot_prompt_similarity,
+        context_shift=p.context_shift,
+        n_keep=p.n_keep,
+    )
     loaded = init_from_params(path, params.init_params(p, n_threads, slots))
     assert loaded.scheduler is not None
     state.set_ready(loaded.scheduler, chat_template(p, loaded.model))
@@ -191,8 +216,10 @@ def chat_template(p: params.CommonParams, model):
         template = ChatTemplate.from_gguf(model.gguf, override=override, any_text=p.use_jinja)
         if override is not None and template.name == "custom" and "{" not in override:
             # llama-server --jinja takes any text as a template; a mistyped name ends up here too
-            log.warning("--chat-template %r is no built-in name, file or Jinja: used as the template text",
-                        override[:60])
+            log.warning(
+                "--chat-template %r is no built-in name, file or Jinja: used as the template text",
+                override[:60],
+            )
         if not p.use_jinja and template.family and template.name != template.family:
             # llama-server --no-jinja renders the format it detects in the template with its own
             # code (no default system prompt, no template logic): the built-in of that format
@@ -229,5 +256,7 @@ def in_process_server(argv: list[str], verify: Callable[[Path], None] | None = N
     n_threads = init_threads(p.n_threads, warn=log.warning)
     log.info("backend numba-cpu, %d threads", n_threads)
     state = ServerState(server_options(args, p))
-    scheduler = load(args, p, state, path, n_threads).start(name=f"ggstation-scheduler {args.alias or path.name}")
+    scheduler = load(args, p, state, path, n_threads).start(
+        name=f"ggstation-scheduler {args.alias or path.name}"
+    )
     return scheduler, build_app(state)

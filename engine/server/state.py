@@ -45,7 +45,9 @@ class ServerOptions:
     """HTTP-side choices; defaults are llama-server's."""
 
     api_keys: tuple[str, ...] = ()
-    cors_origins: tuple[str, ...] = ()  # empty: CORS off; ("*",) any; ("localhost",) local pages only
+    cors_origins: tuple[
+        str, ...
+    ] = ()  # empty: CORS off; ("*",) any; ("localhost",) local pages only
     cors_methods: str = "GET, POST, DELETE, OPTIONS"  # llama-server's defaults, sent on preflights
     cors_headers: str = "*"
     cors_credentials: bool = True  # with "*": the request's Origin is echoed
@@ -184,7 +186,9 @@ class ServerState:
         if self.options.pooling:
             return self.options.pooling
         code = self.model.gguf.get(f"{self.model.cfg.arch}.pooling_type", -1)
-        return {0: "none", 1: "mean", 2: "cls", 3: "last"}.get(code if isinstance(code, int) else -1, "mean")
+        return {0: "none", 1: "mean", 2: "cls", 3: "last"}.get(
+            code if isinstance(code, int) else -1, "mean"
+        )
 
 
 def _file_size(path: str) -> int | None:

@@ -56,7 +56,9 @@ class FakeTokenizer:
         return bytes([token_id - N_SPECIAL])
 
     def decode(self, ids: Sequence[int]) -> str:
-        return b"".join(self.token_to_piece(t) for t in ids if t >= N_SPECIAL).decode("utf-8", "replace")
+        return b"".join(self.token_to_piece(t) for t in ids if t >= N_SPECIAL).decode(
+            "utf-8", "replace"
+        )
 
     def is_eog(self, token_id: int) -> bool:
         return token_id == EOS
@@ -84,7 +86,7 @@ class FakeKV:
     def seq_rm(self, seq: int, p0: int, p1: int = -1) -> None:
         if p1 != -1 and p1 < len(self.cells[seq]):
             raise EngineError("FakeKV only removes suffixes")
-        del self.cells[seq][max(p0, 0):]
+        del self.cells[seq][max(p0, 0) :]
 
     def seq_clear(self, seq: int) -> None:
         self.cells[seq] = []
@@ -97,7 +99,9 @@ class FakeContext:
     """Implements engine.seams.DecodeContext: decode() checks positions and returns
     one-hot-ish logits; like the real context it is driven by one thread only."""
 
-    def __init__(self, n_ctx: int = 256, n_batch: int = 64, n_seq_max: int = 4, delay_s: float = 0.0):
+    def __init__(
+        self, n_ctx: int = 256, n_batch: int = 64, n_seq_max: int = 4, delay_s: float = 0.0
+    ):
         self.n_seq_max = n_seq_max
         self.n_batch = n_batch
         self.n_ctx = n_ctx
@@ -151,8 +155,13 @@ class FakeChatTemplate:
     source = "{# fake chatml #}"
     stop_strings: tuple[str, ...] = ()
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True,
-               tools: list | None = None, **extra: Any) -> str:
+    def render(
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool = True,
+        tools: list | None = None,
+        **extra: Any,
+    ) -> str:
         out = []
         for m in messages:
             role = m.get("role")
@@ -188,8 +197,9 @@ class FakeModel:
     n_params: int = 1234
 
 
-def make_fake_scheduler(n_slots: int = 4, n_ctx: int = 256, n_batch: int = 64,
-                        delay_s: float = 0.0, start: bool = True) -> Scheduler:
+def make_fake_scheduler(
+    n_slots: int = 4, n_ctx: int = 256, n_batch: int = 64, delay_s: float = 0.0, start: bool = True
+) -> Scheduler:
     """A Scheduler over FakeContext with the real SequenceGenerator; started on a thread."""
     model = FakeModel()
     ctx = FakeContext(n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_slots, delay_s=delay_s)
@@ -216,9 +226,18 @@ class ScriptedHandle:
             if self.fail and i == len(self.pieces) - 1:
                 raise RuntimeError("decode failed")
             last = i == len(self.pieces) - 1
-            yield GenerationStep(token=100 + i, text_delta=text, logprob=0.0, top_logprobs=(),
-                                 finish_reason=self.finish if last else None, n_prompt=len(self.request.prompt),
-                                 n_generated=i + 1, n_cached=0, t_prompt_ms=1.0, t_gen_ms=1.0)
+            yield GenerationStep(
+                token=100 + i,
+                text_delta=text,
+                logprob=0.0,
+                top_logprobs=(),
+                finish_reason=self.finish if last else None,
+                n_prompt=len(self.request.prompt),
+                n_generated=i + 1,
+                n_cached=0,
+                t_prompt_ms=1.0,
+                t_gen_ms=1.0,
+            )
         self.done = True
 
     async def abatches(self):

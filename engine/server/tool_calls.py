@@ -101,11 +101,11 @@ def split_reasoning(text: str, starts_inside: bool = False) -> tuple[str, str]:
         stripped = text.lstrip()
         if not stripped.startswith(THINK_OPEN):
             return "", text
-        text = stripped[len(THINK_OPEN):]
+        text = stripped[len(THINK_OPEN) :]
     end = text.find(THINK_CLOSE)
     if end < 0:
         return text.strip(), ""
-    return text[:end].strip(), text[end + len(THINK_CLOSE):].lstrip()
+    return text[:end].strip(), text[end + len(THINK_CLOSE) :].lstrip()
 
 
 def prompt_opens_reasoning(prompt: str) -> bool:
@@ -116,7 +116,9 @@ def prompt_opens_reasoning(prompt: str) -> bool:
 # -- tool calls -----------------------------------------------------------------------------
 
 
-def parse_tool_calls(text: str, tool_names: Collection[str] | None = None) -> tuple[str, list[ToolCall]]:
+def parse_tool_calls(
+    text: str, tool_names: Collection[str] | None = None
+) -> tuple[str, list[ToolCall]]:
     """(content, calls) of an answer: the text outside the calls, and the calls in order.
 
     `tool_names`: the declared tools; bare-JSON calls must name one of them. None accepts any.
@@ -132,11 +134,20 @@ def parse_tool_calls(text: str, tool_names: Collection[str] | None = None) -> tu
     return text, []
 
 
-def parse_message(text: str, *, tool_names: Collection[str] | None = None, parse_tools: bool = False,
-                  reasoning: bool = False, starts_inside: bool = False, harmony: bool = False) -> ParsedMessage:
+def parse_message(
+    text: str,
+    *,
+    tool_names: Collection[str] | None = None,
+    parse_tools: bool = False,
+    reasoning: bool = False,
+    starts_inside: bool = False,
+    harmony: bool = False,
+) -> ParsedMessage:
     """A finished reply read as reasoning, content and tool calls (each only when asked for)."""
     if harmony:
-        return parse_harmony(text, tool_names=tool_names, parse_tools=parse_tools, reasoning=reasoning)
+        return parse_harmony(
+            text, tool_names=tool_names, parse_tools=parse_tools, reasoning=reasoning
+        )
     thought = ""
     if reasoning:
         thought, text = split_reasoning(text, starts_inside)
@@ -150,7 +161,9 @@ def _call_from_obj(obj: Any, tool_names: Collection[str] | None) -> ToolCall | N
     """{"name", "arguments"|"parameters"} (optionally {"function": {...}}) -> ToolCall."""
     if not isinstance(obj, dict):
         return None
-    if isinstance(obj.get("function"), dict):  # OpenAI-style {"type": "function", "function": {...}}
+    if isinstance(
+        obj.get("function"), dict
+    ):  # OpenAI-style {"type": "function", "function": {...}}
         inner = _call_from_obj(obj["function"], tool_names)
         if inner is not None and isinstance(obj.get("id"), str):
             inner.id = obj["id"]
@@ -203,7 +216,7 @@ def _parse_tagged(text: str, tool_names: Collection[str] | None):
                 call = _call_from_obj(parsed[0], None)
         if call is None:
             continue  # not a call after all: leave the text as content
-        content.append(text[pos:m.start()])
+        content.append(text[pos : m.start()])
         calls.append(call)
         pos = m.end()
     content.append(text[pos:])
@@ -241,7 +254,7 @@ def _parse_function_tags(text: str, tool_names: Collection[str] | None):
             continue
         parsed = _json_at(text, m.end())
         if parsed is None:
-            found = _xml_function(text[m.start():])  # Qwen3-Coder style without <tool_call>
+            found = _xml_function(text[m.start() :])  # Qwen3-Coder style without <tool_call>
             if found is None:
                 continue
             call, length = found
@@ -251,14 +264,16 @@ def _parse_function_tags(text: str, tool_names: Collection[str] | None):
             call = ToolCall(m.group(1), json.dumps(args, ensure_ascii=False))
             if text.startswith("</function>", end):
                 end += len("</function>")
-        content.append(text[pos:m.start()])
+        content.append(text[pos : m.start()])
         calls.append(call)
         pos = end
     content.append(text[pos:])
     return "".join(content), calls
 
 
-_MISTRAL_ARGS = re.compile(r"\s*([A-Za-z0-9_.\-]+)\s*(?:\[CALL_ID\]\s*([A-Za-z0-9_\-]+)\s*)?\[ARGS\]")
+_MISTRAL_ARGS = re.compile(
+    r"\s*([A-Za-z0-9_.\-]+)\s*(?:\[CALL_ID\]\s*([A-Za-z0-9_\-]+)\s*)?\[ARGS\]"
+)
 
 
 def _parse_mistral(text: str, tool_names: Collection[str] | None):
@@ -281,7 +296,9 @@ def _parse_mistral(text: str, tool_names: Collection[str] | None):
                 args = _json_at(rest, m.end())
                 if args is None:
                     break
-                calls.append(ToolCall(m.group(1), json.dumps(args[0], ensure_ascii=False), m.group(2) or ""))
+                calls.append(
+                    ToolCall(m.group(1), json.dumps(args[0], ensure_ascii=False), m.group(2) or "")
+                )
                 pos = args[1]
                 if rest.startswith("[TOOL_CALLS]", pos) or not rest[pos:].strip():
                     break
@@ -295,7 +312,7 @@ def _parse_bare_json(text: str, tool_names: Collection[str] | None):
     separated by `;`), optionally after <|python_tag|>."""
     body = text.strip()
     if body.startswith("<|python_tag|>"):
-        body = body[len("<|python_tag|>"):]
+        body = body[len("<|python_tag|>") :]
     calls: list[ToolCall] = []
     pos = 0
     while True:
@@ -341,19 +358,25 @@ def _harmony_messages(text: str) -> list[tuple[str, str, bool]]:
     segments = text.split(_H_START)
     for i, seg in enumerate(segments):
         if i:  # "<|start|>ROLE...": the role word, then the header as in the first message
-            seg = seg[len("assistant"):] if seg.startswith("assistant") else seg
+            seg = seg[len("assistant") :] if seg.startswith("assistant") else seg
         m = seg.find(_H_MESSAGE)
         if m < 0:
             continue  # header still arriving (or stray text between messages)
-        header, rest = seg[:m], seg[m + len(_H_MESSAGE):]
+        header, rest = seg[:m], seg[m + len(_H_MESSAGE) :]
         ends = [j for j in (rest.find(e) for e in _H_ENDS) if j >= 0]
         end = min(ends) if ends else len(rest)
         out.append((header, rest[:end], bool(ends)))
     return out
 
 
-def parse_harmony(text: str, *, tool_names: Collection[str] | None = None, parse_tools: bool = False,
-                  reasoning: bool = True, partial: bool = False) -> ParsedMessage:
+def parse_harmony(
+    text: str,
+    *,
+    tool_names: Collection[str] | None = None,
+    parse_tools: bool = False,
+    reasoning: bool = True,
+    partial: bool = False,
+) -> ParsedMessage:
     """A harmony reply as reasoning (analysis), content (commentary preambles and final) and
     tool calls (messages to functions.NAME). Messages to other recipients, or to tools when
     none are parsed, are dropped (llama.cpp's "unsolicited" rule). Without reasoning the
@@ -362,7 +385,9 @@ def parse_harmony(text: str, *, tool_names: Collection[str] | None = None, parse
     end token is held back and tool calls are left for the end."""
     if HARMONY_MARKER not in text and _H_MESSAGE not in text:
         # no header at all: the model ignored the format (or its first header is arriving)
-        opening = partial and any(h.startswith(text[: len(h)]) for h in (HARMONY_MARKER, _H_START, " to="))
+        opening = partial and any(
+            h.startswith(text[: len(h)]) for h in (HARMONY_MARKER, _H_START, " to=")
+        )
         return ParsedMessage(content="" if opening else text)
     msg = ParsedMessage()
     thoughts: list[str] = []
@@ -373,14 +398,16 @@ def parse_harmony(text: str, *, tool_names: Collection[str] | None = None, parse
         channel = m.group(1) if (m := _H_CHANNEL.search(header)) else ""
         recipient = r.group(1) if (r := _H_RECIPIENT.search(header)) else ""
         if recipient:
-            name = recipient[len("functions."):] if recipient.startswith("functions.") else ""
+            name = recipient[len("functions.") :] if recipient.startswith("functions.") else ""
             if name and parse_tools and (tool_names is None or name in tool_names) and not partial:
                 msg.tool_calls.append(_harmony_call(name, body))
         elif channel == "analysis":
             if reasoning:
                 thoughts.append(body)
             else:
-                content.append(f"{HARMONY_MARKER}analysis{_H_MESSAGE}{body}" + ("<|end|>" if ended else ""))
+                content.append(
+                    f"{HARMONY_MARKER}analysis{_H_MESSAGE}{body}" + ("<|end|>" if ended else "")
+                )
         else:  # final, commentary (a preamble), or no channel at all
             content.append(body)
     msg.reasoning, msg.content = "".join(thoughts), "".join(content)
@@ -419,8 +446,15 @@ class StreamParser:
     last deltas and the whole ParsedMessage (with its tool calls).
     """
 
-    def __init__(self, *, tool_names: Collection[str] | None = None, parse_tools: bool = False,
-                 reasoning: bool = False, starts_inside: bool = False, harmony: bool = False):
+    def __init__(
+        self,
+        *,
+        tool_names: Collection[str] | None = None,
+        parse_tools: bool = False,
+        reasoning: bool = False,
+        starts_inside: bool = False,
+        harmony: bool = False,
+    ):
         self.tool_names = tool_names
         self.parse_tools = parse_tools
         self.reasoning = reasoning
@@ -428,7 +462,9 @@ class StreamParser:
         self.harmony = harmony
         self.text = ""  # everything fed
         self._pending = ""  # fed but not yet released
-        self._mode = "reasoning" if (reasoning and starts_inside) else ("start" if reasoning else "content")
+        self._mode = (
+            "reasoning" if (reasoning and starts_inside) else ("start" if reasoning else "content")
+        )
         self.sent_reasoning = ""
         self.sent_content = ""
 
@@ -447,13 +483,20 @@ class StreamParser:
     def _feed_harmony(self) -> list[tuple[str, str]]:
         """Harmony replies are re-read whole as they grow (they are short next to the work of
         generating them): what a partial read adds to each part is sent."""
-        msg = parse_harmony(self.text, tool_names=self.tool_names, parse_tools=self.parse_tools,
-                            reasoning=self.reasoning, partial=True)
+        msg = parse_harmony(
+            self.text,
+            tool_names=self.tool_names,
+            parse_tools=self.parse_tools,
+            reasoning=self.reasoning,
+            partial=True,
+        )
         out: list[tuple[str, str]] = []
-        for kind, now, sent in (("reasoning", msg.reasoning, self.sent_reasoning),
-                                ("content", msg.content, self.sent_content)):
+        for kind, now, sent in (
+            ("reasoning", msg.reasoning, self.sent_reasoning),
+            ("content", msg.content, self.sent_content),
+        ):
             if len(now) > len(sent) and now.startswith(sent):
-                self._emit(out, kind, now[len(sent):], strip=False)
+                self._emit(out, kind, now[len(sent) :], strip=False)
         return out
 
     def _step(self, out: list[tuple[str, str]]) -> None:
@@ -461,7 +504,7 @@ class StreamParser:
         if self._mode == "start":
             head = p.lstrip()
             if head.startswith(THINK_OPEN):
-                self._pending = head[len(THINK_OPEN):]
+                self._pending = head[len(THINK_OPEN) :]
                 self._mode = "reasoning"
             elif not THINK_OPEN.startswith(head):
                 self._mode = "content"
@@ -469,13 +512,13 @@ class StreamParser:
             end = p.find(THINK_CLOSE)
             if end >= 0:
                 self._emit(out, "reasoning", p[:end].rstrip())
-                self._pending = p[end + len(THINK_CLOSE):].lstrip()
+                self._pending = p[end + len(THINK_CLOSE) :].lstrip()
                 self._mode = "content" if self._pending else "after_reasoning"
             else:  # trailing whitespace waits: the reasoning is sent stripped, as parse_message has it
                 keep = _held_tail(p, (THINK_CLOSE,))
                 keep += _trailing_space(p[: len(p) - keep])
                 self._emit(out, "reasoning", p[: len(p) - keep])
-                self._pending = p[len(p) - keep:]
+                self._pending = p[len(p) - keep :]
         elif self._mode == "after_reasoning":  # the answer's leading whitespace is dropped
             self._pending = p.lstrip()
             if self._pending:
@@ -491,14 +534,14 @@ class StreamParser:
             hits = [i for i in (p.find(m) for m in TOOL_MARKERS) if i >= 0]
             if hits:
                 self._emit(out, "content", p[: min(hits)].rstrip())
-                self._pending = p[min(hits):]
+                self._pending = p[min(hits) :]
                 self._mode = "tools"
                 return
             # trailing whitespace waits too: content before a call is sent stripped
             keep = _held_tail(p, TOOL_MARKERS)
             keep += _trailing_space(p[: len(p) - keep])
             self._emit(out, "content", p[: len(p) - keep])
-            self._pending = p[len(p) - keep:]
+            self._pending = p[len(p) - keep :]
         # "tools": everything waits for finish()
 
     def _emit(self, out: list[tuple[str, str]], kind: str, text: str, strip: bool = True) -> None:
@@ -516,13 +559,21 @@ class StreamParser:
         """The deltas still owed and the whole message. What was sent is never taken back:
         if the final parse disagrees with it (a tag that turned out not to be a call), the
         message keeps what the client already has."""
-        msg = parse_message(self.text, tool_names=self.tool_names, parse_tools=self.parse_tools,
-                            reasoning=self.reasoning, starts_inside=self.starts_inside, harmony=self.harmony)
+        msg = parse_message(
+            self.text,
+            tool_names=self.tool_names,
+            parse_tools=self.parse_tools,
+            reasoning=self.reasoning,
+            starts_inside=self.starts_inside,
+            harmony=self.harmony,
+        )
         out: list[tuple[str, str]] = []
-        for kind, final, sent in (("reasoning", msg.reasoning, self.sent_reasoning),
-                                  ("content", msg.content, self.sent_content)):
+        for kind, final, sent in (
+            ("reasoning", msg.reasoning, self.sent_reasoning),
+            ("content", msg.content, self.sent_content),
+        ):
             if final.startswith(sent):
-                rest = final[len(sent):]
+                rest = final[len(sent) :]
             else:
                 rest = ""
                 final = sent

@@ -63,8 +63,11 @@ def settings(environ: Mapping[str, str] = os.environ) -> VertexSettings | None:
         raise EngineError(f"AIP_HTTP_PORT must be a port number, got {raw_port!r}") from None
     if not 0 <= port <= 65535:
         raise EngineError(f"AIP_HTTP_PORT must be 0..65535, got {port}")
-    return VertexSettings(predict_route=_route_env(environ, "AIP_PREDICT_ROUTE", "/predict") or "/predict",
-                          health_route=_route_env(environ, "AIP_HEALTH_ROUTE", None), port=port)
+    return VertexSettings(
+        predict_route=_route_env(environ, "AIP_PREDICT_ROUTE", "/predict") or "/predict",
+        health_route=_route_env(environ, "AIP_HEALTH_ROUTE", None),
+        port=port,
+    )
 
 
 def health_route(environ: Mapping[str, str] = os.environ) -> str | None:
@@ -154,7 +157,9 @@ async def predict(request: Request) -> JSONResponse:
     if len(instances) > MAX_INSTANCES:
         raise invalid(f"instances array exceeds maximum size of {MAX_INSTANCES}")
     targets = _targets(request)
-    predictions = await asyncio.gather(*(_predict_one(request, targets, inst) for inst in instances))
+    predictions = await asyncio.gather(
+        *(_predict_one(request, targets, inst) for inst in instances)
+    )
     return JSONResponse({"predictions": list(predictions)})
 
 
@@ -178,7 +183,7 @@ def _targets(request: Request) -> dict[str, tuple[str, str]]:
     aliases: dict[str, tuple[str, str]] = {}
     paths: dict[str, tuple[str, str]] = {}
     for full, methods in _app_routes(request.app.router.routes):
-        path = full[len(prefix):] if prefix and full.startswith(prefix) else full
+        path = full[len(prefix) :] if prefix and full.startswith(prefix) else full
         method = next((m for m in ("POST", "GET", "DELETE") if m in methods), None)
         if path in own or method is None:
             continue
@@ -219,18 +224,44 @@ async def _predict_one(request: Request, targets: dict[str, tuple[str, str]], in
         return raw.decode("utf-8", "replace")
 
 
-_DROPPED_HEADERS = {b"content-length", b"content-type", b"transfer-encoding", b"accept-encoding", b"expect"}
+_DROPPED_HEADERS = {
+    b"content-length",
+    b"content-type",
+    b"transfer-encoding",
+    b"accept-encoding",
+    b"expect",
+}
 
 
-async def _call(request: Request, method: str, path: str, body: bytes | None) -> tuple[int, bytes, str]:
+async def _call(
+    request: Request, method: str, path: str, body: bytes | None
+) -> tuple[int, bytes, str]:
     """Run one request through the whole app in-process: (status, body, content type)."""
     headers = [(k, v) for k, v in request.scope["headers"] if k.lower() not in _DROPPED_HEADERS]
     if body is not None:
-        headers += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    scope = {k: v for k, v in request.scope.items()
-             if k in ("type", "asgi", "http_version", "scheme", "server", "client", "root_path", "state",
-                      "extensions")}
-    scope.update(method=method, path=path, raw_path=path.encode(), query_string=b"", headers=headers)
+        headers += [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ]
+    scope = {
+        k: v
+        for k, v in request.scope.items()
+        if k
+        in (
+            "type",
+            "asgi",
+            "http_version",
+            "scheme",
+            "server",
+            "client",
+            "root_path",
+            "state",
+            "extensions",
+        )
+    }
+    scope.update(
+        method=method, path=path, raw_path=path.encode(), query_string=b"", headers=headers
+    )
     sent = False
     status, content_type, chunks = 500, "", []
 

@@ -1,8 +1,8 @@
 """Tokenizers and chat templates that match llama.cpp's, built from GGUF metadata.
 
-    tok = load_tokenizer(gguf_file)          # BPETokenizer (gpt2) or SPMTokenizer (llama)
-    ids = tok.encode("Hello", add_special=True, parse_special=False)
-    text = tok.decode(ids)
+tok = load_tokenizer(gguf_file)          # BPETokenizer (gpt2) or SPMTokenizer (llama)
+ids = tok.encode("Hello", add_special=True, parse_special=False)
+text = tok.decode(ids)
 """
 
 from __future__ import annotations
@@ -18,8 +18,15 @@ from .bpe import PRE_TOKENIZERS, BPETokenizer
 from .detokenizer import StreamingDetokenizer
 from .spm import SPMTokenizer
 
-__all__ = ["BPETokenizer", "PRE_TOKENIZERS", "SPMTokenizer", "StreamingDetokenizer", "TokenAttr",
-           "Tokenizer", "load_tokenizer"]
+__all__ = [
+    "BPETokenizer",
+    "PRE_TOKENIZERS",
+    "SPMTokenizer",
+    "StreamingDetokenizer",
+    "TokenAttr",
+    "Tokenizer",
+    "load_tokenizer",
+]
 
 TOKENIZER_MODELS = {"gpt2": BPETokenizer, "gemma4": BPETokenizer, "llama": SPMTokenizer}
 
@@ -42,5 +49,7 @@ def load_tokenizer(gguf_file: Any) -> Tokenizer:
         raise TokenizerError(f"the model has no tokenizer ('{K.MODEL}' is missing)")
     cls = TOKENIZER_MODELS.get(model)
     if cls is None:
-        raise TokenizerError(f"unsupported tokenizer model '{model}' (supported: {', '.join(TOKENIZER_MODELS)})")
+        raise TokenizerError(
+            f"unsupported tokenizer model '{model}' (supported: {', '.join(TOKENIZER_MODELS)})"
+        )
     return cls(meta)

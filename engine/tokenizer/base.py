@@ -58,16 +58,47 @@ _SPECIAL_ATTRS = TokenAttr.CONTROL | TokenAttr.USER_DEFINED | TokenAttr.UNKNOWN
 _HIDDEN_ATTRS = TokenAttr.CONTROL | TokenAttr.UNKNOWN  # not rendered unless special=True
 
 # auto-detected by text, as llama.cpp does (in this order of preference for the single EOT id)
-EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-             "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>")
+EOT_TEXTS = (
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "<｜end▁of▁sentence｜>",
+    "<end_of_utterance>",
+)
 EOM_TEXTS = ("<|eom_id|>",)
 FIM_PAD_TEXTS = ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]")
 FIM_REP_TEXTS = ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>")
 FIM_SEP_TEXTS = ("<|file_sep|>",)
-EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
-             "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
-             "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
-             "<｜end▁of▁sentence｜>", "[e~[")
+EOG_TEXTS = (
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<｜end▁of▁sentence｜>",
+    "[e~[",
+)
 _ALWAYS_USER_DEFINED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")  # gpt-oss
 
 _C_SPACE = " \t\n\v\f\r"  # C isspace() in the "C" locale
@@ -79,7 +110,7 @@ def _encode_error(exc: UnicodeError) -> tuple[bytes, int]:
     if not isinstance(exc, UnicodeEncodeError):
         raise exc
     out = bytearray()
-    for ch in exc.object[exc.start:exc.end]:
+    for ch in exc.object[exc.start : exc.end]:
         cp = ord(ch)
         out += bytes([cp - 0xDC00]) if 0xDC80 <= cp <= 0xDCFF else b"\xef\xbf\xbd"
     return bytes(out), exc.end
@@ -95,7 +126,19 @@ def _llama_decode_error(exc: UnicodeError) -> tuple[str, int]:
         raise exc
     b, i = exc.object, exc.start
     lead = b[i]
-    n = 1 if lead < 0x80 else 0 if lead < 0xC0 else 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4 if lead < 0xF8 else 0
+    n = (
+        1
+        if lead < 0x80
+        else 0
+        if lead < 0xC0
+        else 2
+        if lead < 0xE0
+        else 3
+        if lead < 0xF0
+        else 4
+        if lead < 0xF8
+        else 0
+    )
     if n == 0 or i + n > len(b) or any((b[i + k] & 0xC0) != 0x80 for k in range(1, n)):
         return "\ufffd", i + 1
     cp = lead & (0xFF >> (n + 1)) if n > 1 else lead
@@ -147,9 +190,18 @@ class Tokenizer:
 
     kind = ""
 
-    def __init__(self, meta: Any, *, default_bos: int | None, default_eos: int | None,
-                 default_unk: int | None, add_space_prefix: bool, add_bos: bool, add_eos: bool,
-                 clean_spaces: bool):
+    def __init__(
+        self,
+        meta: Any,
+        *,
+        default_bos: int | None,
+        default_eos: int | None,
+        default_unk: int | None,
+        add_space_prefix: bool,
+        add_bos: bool,
+        add_eos: bool,
+        clean_spaces: bool,
+    ):
         tokens = meta_array(meta, K.LIST, None, "string")
         if not tokens:
             raise TokenizerError(f"missing or empty '{K.LIST}' (the vocabulary)")
@@ -163,7 +215,9 @@ class Tokenizer:
 
         self.pre: str = meta_str(meta, K.PRE, None) or ""
         self.tokens: list[str] = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
-        self.scores: list[float] = [float(s) for s in scores[:n]] if scores is not None else [0.0] * n
+        self.scores: list[float] = (
+            [float(s) for s in scores[:n]] if scores is not None else [0.0] * n
+        )
         if types is not None:  # types llama.cpp does not know are UNDEFINED, as there
             attrs = [_TYPE_TO_ATTR.get(int(t), TokenAttr.UNDEFINED) for t in types[:n]]
         else:
@@ -171,7 +225,9 @@ class Tokenizer:
         self.token_to_id: dict[str, int] = {}
         for i, t in enumerate(self.tokens):
             if self.token_to_id.setdefault(t, i) != i:
-                raise TokenizerError(f"duplicate token in vocabulary: {t!r} has ids {self.token_to_id[t]} and {i}")
+                raise TokenizerError(
+                    f"duplicate token in vocabulary: {t!r} has ids {self.token_to_id[t]} and {i}"
+                )
 
         self.add_space_prefix = meta_bool(meta, K.ADD_PREFIX, add_space_prefix)
         self.clean_spaces = clean_spaces
@@ -185,7 +241,9 @@ class Tokenizer:
             if v is None:
                 return default
             if not 0 <= v < n:
-                log.warning("bad special token '%s' = %d (vocab has %d), using %s", key, v, n, default)
+                log.warning(
+                    "bad special token '%s' = %d (vocab has %d), using %s", key, v, n, default
+                )
                 return default
             return v
 
@@ -233,8 +291,13 @@ class Tokenizer:
         return None
 
     def _find_special_by_text(self) -> None:
-        for name, texts in (("eot_id", EOT_TEXTS), ("eom_id", EOM_TEXTS), ("fim_pad_id", FIM_PAD_TEXTS),
-                            ("fim_rep_id", FIM_REP_TEXTS), ("fim_sep_id", FIM_SEP_TEXTS)):
+        for name, texts in (
+            ("eot_id", EOT_TEXTS),
+            ("eom_id", EOM_TEXTS),
+            ("fim_pad_id", FIM_PAD_TEXTS),
+            ("fim_rep_id", FIM_REP_TEXTS),
+            ("fim_sep_id", FIM_SEP_TEXTS),
+        ):
             if getattr(self, name) is None:
                 i = self._first_id(texts)
                 if i is not None:
@@ -257,8 +320,10 @@ class Tokenizer:
         eog.update(i for i in (self.eos_id, self.eot_id, self.eom_id) if i is not None)
         eog_ids = {self.tokens[i]: i for i in eog}  # text -> id
         # o200k_harmony / solar-open: <|end|> is not the end of generation there
-        if "<|end|>" in eog_ids and (("<|return|>" in eog_ids and "<|call|>" in eog_ids)
-                                     or ("<|calls|>" in eog_ids and "<|flush|>" in eog_ids)):
+        if "<|end|>" in eog_ids and (
+            ("<|return|>" in eog_ids and "<|call|>" in eog_ids)
+            or ("<|calls|>" in eog_ids and "<|flush|>" in eog_ids)
+        ):
             eog.discard(eog_ids["<|end|>"])
             self.attrs[eog_ids["<|end|>"]] = TokenAttr.USER_DEFINED
         if "<|tool_response>" in eog_ids and "</s>" in eog_ids:  # gemma4, paddleocr
@@ -268,16 +333,28 @@ class Tokenizer:
 
     def _set_model_specific_attrs(self, model_name: str) -> None:
         name = model_name.lower()
-        if any(s in self.pre for s in ("jina-v2-de", "jina-v2-es", "jina-v2-code")) and "<mask>" in self.token_to_id:
+        if (
+            any(s in self.pre for s in ("jina-v2-de", "jina-v2-es", "jina-v2-code"))
+            and "<mask>" in self.token_to_id
+        ):
             self.attrs[self.token_to_id["<mask>"]] |= TokenAttr.LSTRIP
         elif "phi-3" in name or "phi3" in name:
             for i, a in enumerate(self.attrs):
                 if a & _SPECIAL_ATTRS:
                     self.attrs[i] = a | TokenAttr.RSTRIP
-            for t, on in (("</s>", True), ("<unk>", False), ("<s>", False), ("<|endoftext|>", False)):
+            for t, on in (
+                ("</s>", True),
+                ("<unk>", False),
+                ("<s>", False),
+                ("<|endoftext|>", False),
+            ):
                 tid = self.token_to_id.get(t)
                 if tid is not None:
-                    self.attrs[tid] = self.attrs[tid] | TokenAttr.RSTRIP if on else self.attrs[tid] & ~TokenAttr.RSTRIP
+                    self.attrs[tid] = (
+                        self.attrs[tid] | TokenAttr.RSTRIP
+                        if on
+                        else self.attrs[tid] & ~TokenAttr.RSTRIP
+                    )
 
     # --- public queries -----------------------------------------------------------------------
     @property
@@ -307,11 +384,15 @@ class Tokenizer:
         return len(self.tokens)
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(kind={self.kind!r}, pre={self.pre!r}, n_vocab={self.n_vocab}, "
-                f"bos={self.bos_id}, eos={self.eos_id}, add_bos={self.add_bos})")
+        return (
+            f"{type(self).__name__}(kind={self.kind!r}, pre={self.pre!r}, n_vocab={self.n_vocab}, "
+            f"bos={self.bos_id}, eos={self.eos_id}, add_bos={self.add_bos})"
+        )
 
     # --- encode -------------------------------------------------------------------------------
-    def encode(self, text: str | bytes, add_special: bool = True, parse_special: bool = False) -> list[int]:
+    def encode(
+        self, text: str | bytes, add_special: bool = True, parse_special: bool = False
+    ) -> list[int]:
         """Token ids for `text`, as llama_tokenize(vocab, text, add_special, parse_special).
 
         add_special adds BOS/EOS where the model's metadata asks for them. parse_special turns
@@ -330,7 +411,7 @@ class Tokenizer:
                 items.append(frag)
                 after_special = True
             else:
-                items.append((text[frag[0]:frag[1]], after_special))
+                items.append((text[frag[0] : frag[1]], after_special))
                 after_special = False
         self._encode_items(items, out)
         if add_special and self.add_eos and self.eos_id is not None:  # add_eos implies an eos_id
@@ -411,8 +492,12 @@ class Tokenizer:
         for sid in (i for i in self.special_ids if i in candidates):
             tok = self.tokens[sid]
             n_tok = len(tok)
-            hits = [i for i in text_idx if fragments[i][1] - fragments[i][0] >= n_tok
-                    and text.find(tok, fragments[i][0], fragments[i][1]) >= 0]
+            hits = [
+                i
+                for i in text_idx
+                if fragments[i][1] - fragments[i][0] >= n_tok
+                and text.find(tok, fragments[i][0], fragments[i][1]) >= 0
+            ]
             if not hits:
                 continue
             new: list = []
@@ -459,7 +544,12 @@ class Tokenizer:
         """The most bytes of text one token stands for (special tokens as their text), at least
         4 (an unknown character is one token): a text of N bytes has at least
         N / max_token_bytes tokens. One pass over the vocabulary, on first use."""
-        return max(4, max((len(self.token_to_piece(i, special=True)) for i in range(self.n_vocab)), default=0))
+        return max(
+            4,
+            max(
+                (len(self.token_to_piece(i, special=True)) for i in range(self.n_vocab)), default=0
+            ),
+        )
 
     def token_to_piece(self, token_id: int, special: bool = True) -> bytes:
         """The bytes token `token_id` stands for (llama_token_to_piece, no lstrip).
@@ -476,7 +566,9 @@ class Tokenizer:
             piece = self._piece_cache[token_id] = self._piece(token_id)
         return piece
 
-    def detokenize(self, ids: Iterable[int], remove_special: bool = False, unparse_special: bool = True) -> bytes:
+    def detokenize(
+        self, ids: Iterable[int], remove_special: bool = False, unparse_special: bool = True
+    ) -> bytes:
         """llama_detokenize as bytes: pieces joined, leading space of add_space_prefix removed,
         and, for vocabularies that ask for it, llama.cpp's clean-up of spaces before punctuation."""
         ids = list(ids)
@@ -503,8 +595,9 @@ class Tokenizer:
 
         skip_special drops control tokens and a leading BOS / trailing EOS the model adds.
         """
-        return self.detokenize(ids, remove_special=skip_special, unparse_special=not skip_special).decode(
-            "utf-8", "replace")
+        return self.detokenize(
+            ids, remove_special=skip_special, unparse_special=not skip_special
+        ).decode("utf-8", "replace")
 
 
 def _clean_up_spaces(text: bytes | bytearray) -> bytes:

@@ -36,13 +36,24 @@ _OTHER, _HAN_LETTER, _HAN_OTHER = "\xd0", "\xd6", "\xd7"
 _STAND_IN = {"WS": "\x0b", "N": "\xd1", "L": "\xd2", "P": "\xd3", "M": "\xd4", "S": "\xd5"}
 # unicode_cpt_is_han: kimi-k2's \p{Han}, which takes these blocks whole, assigned or not; their letters
 # get their own stand-in (a letter to every other regex) so that kimi-k2's can tell them apart
-_HAN = ((0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xF900, 0xFAFF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
-        (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0x2CEB0, 0x2EBEF), (0x2F800, 0x2FA1F))
+_HAN = (
+    (0x3400, 0x4DBF),
+    (0x4E00, 0x9FFF),
+    (0xF900, 0xFAFF),
+    (0x20000, 0x2A6DF),
+    (0x2A700, 0x2B73F),
+    (0x2B740, 0x2B81F),
+    (0x2B820, 0x2CEAF),
+    (0x2CEB0, 0x2EBEF),
+    (0x2F800, 0x2FA1F),
+)
 
 
 def _class_table() -> tuple[list[int], list[str]]:
     """Sorted range starts and the stand-in of each range (gaps map to _OTHER)."""
-    ranges = sorted((a, b, _STAND_IN[name]) for name in _STAND_IN for a, b in getattr(llama_unicode, name))
+    ranges = sorted(
+        (a, b, _STAND_IN[name]) for name in _STAND_IN for a, b in getattr(llama_unicode, name)
+    )
     starts, chars = [0], [_OTHER]
     for a, b, ch in ranges:
         if a != starts[-1]:
@@ -78,14 +89,33 @@ class _Collapse(dict[int, str]):
 _COLLAPSED, _WIDE = _Collapse(False), _Collapse(True)
 
 # \p{..} in a collapsed regex: the stand-in and the ASCII members (k_ucat_map); \p{Lu} etc. are letters
-_ASCII_CLASS = {"N": "0-9", "L": "A-Za-z", "P": r"!-#%-*,-/:-;?-@\[-\]_\{\}", "M": "", "S": r"\$\+<->\^`\|~"}
-_UCAT = {"N": "N", "L": "L", "P": "P", "M": "M", "S": "S", "Lu": "L", "Ll": "L", "Lt": "L", "Lm": "L", "Lo": "L"}
+_ASCII_CLASS = {
+    "N": "0-9",
+    "L": "A-Za-z",
+    "P": r"!-#%-*,-/:-;?-@\[-\]_\{\}",
+    "M": "",
+    "S": r"\$\+<->\^`\|~",
+}
+_UCAT = {
+    "N": "N",
+    "L": "L",
+    "P": "P",
+    "M": "M",
+    "S": "S",
+    "Lu": "L",
+    "Ll": "L",
+    "Lt": "L",
+    "Lm": "L",
+    "Lo": "L",
+}
 _SPACE = r"\t-\r "  # \s of std::regex in the C locale
 
 
 def _class_body(name: str) -> str:
     cat = _UCAT[name]
-    stand_in = rf"\x{ord(_STAND_IN[cat]):02x}" + (rf"\x{ord(_HAN_LETTER):02x}" if cat == "L" else "")
+    stand_in = rf"\x{ord(_STAND_IN[cat]):02x}" + (
+        rf"\x{ord(_HAN_LETTER):02x}" if cat == "L" else ""
+    )
     return stand_in + _ASCII_CLASS[cat]
 
 
@@ -100,9 +130,9 @@ def _translate(expr: str) -> tuple[str, bool]:
             inside = True
         elif c == "]" and inside and expr[i - 1] != "\\":
             inside = False
-        elif c == "\\" and expr[i + 1:i + 3] == "p{" and collapsed:
+        elif c == "\\" and expr[i + 1 : i + 3] == "p{" and collapsed:
             end = expr.index("}", i)
-            body = _class_body(expr[i + 3:end])
+            body = _class_body(expr[i + 3 : end])
             out.append(body if inside else f"[{body}]")
             i = end + 1
             continue
@@ -116,7 +146,7 @@ def _translate(expr: str) -> tuple[str, bool]:
             i += 2
             continue
         elif c == "\\":
-            out.append(expr[i:i + 2])
+            out.append(expr[i : i + 2])
             i += 2
             continue
         out.append(c)
@@ -140,38 +170,71 @@ def _compile(expr: str) -> PreSplit:
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 _CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
 _WS_TAIL = r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-_LLAMA3 = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*" + _WS_TAIL
+_LLAMA3 = (
+    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*" + _WS_TAIL
+)
 _QWEN2 = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*" + _WS_TAIL
-_QWEN35 = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*" + _WS_TAIL
-_JAIS2 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
-          + "".join(rf"|\s{{{n}}}(?!\S)" for n in (512, 256, 128, 64, 32, 16, 8, 4)) + r"|\s{1,2}(?!\S)|\s{1}")
-_MINICPM5 = [r"\p{N}{1,3}",
-             _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+| ?[^\s\p{L}\p{N}]+[\r\n]*" + _WS_TAIL]
-_SEED_CODER = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+" + _WS_TAIL
-_BAILINGMOE = (r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-               r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+")
+_QWEN35 = (
+    _CONTRACTIONS
+    + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+    + _WS_TAIL
+)
+_JAIS2 = (
+    _CONTRACTIONS
+    + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    + "".join(rf"|\s{{{n}}}(?!\S)" for n in (512, 256, 128, 64, 32, 16, 8, 4))
+    + r"|\s{1,2}(?!\S)|\s{1}"
+)
+_MINICPM5 = [
+    r"\p{N}{1,3}",
+    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+| ?[^\s\p{L}\p{N}]+[\r\n]*" + _WS_TAIL,
+]
+_SEED_CODER = (
+    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+" + _WS_TAIL
+)
+_BAILINGMOE = (
+    r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"
+)
 _UFAKZEKA = r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*" + _WS_TAIL
-_EXAONE_MOE = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}"
-               r"| ?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|\s+(?!\S)|\s+")
+_EXAONE_MOE = (
+    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|\s+(?!\S)|\s+"
+)
 # gpt-4o: upper-then-lower and upper-only words, written with lookaheads as llama.cpp does (its
 # std::regex has no \p{Lu}); on the collapsed text a non-ASCII letter counts as both cases
-_GPT4O_WORDS = (r"[^\r\n\p{L}\p{N}]?((?=[{L}])([^a-z]))*((?=[{L}])([^A-Z]))+{C}?"
-                r"|[^\r\n\p{L}\p{N}]?((?=[{L}])([^a-z]))+((?=[{L}])([^A-Z]))*{C}?")
-_GPT4O = (_GPT4O_WORDS.replace("{L}", r"\p{L}").replace("{C}", _CONTRACTIONS)
-          + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*" + _WS_TAIL)
-_GRANITE_EMB_MULTI = (_GPT4O_WORDS.replace("{L}", r"\p{L}\p{M}").replace("{C}", _CONTRACTIONS)
-                      + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*" + _WS_TAIL)
-_UPPER, _LOWER = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]", r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"  # all letters to llama.cpp
-_CASED_WORDS = (rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+{_CONTRACTIONS}?"
-                rf"|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*{_CONTRACTIONS}?")
+_GPT4O_WORDS = (
+    r"[^\r\n\p{L}\p{N}]?((?=[{L}])([^a-z]))*((?=[{L}])([^A-Z]))+{C}?"
+    r"|[^\r\n\p{L}\p{N}]?((?=[{L}])([^a-z]))+((?=[{L}])([^A-Z]))*{C}?"
+)
+_GPT4O = (
+    _GPT4O_WORDS.replace("{L}", r"\p{L}").replace("{C}", _CONTRACTIONS)
+    + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*"
+    + _WS_TAIL
+)
+_GRANITE_EMB_MULTI = (
+    _GPT4O_WORDS.replace("{L}", r"\p{L}\p{M}").replace("{C}", _CONTRACTIONS)
+    + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*"
+    + _WS_TAIL
+)
+_UPPER, _LOWER = (
+    r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]",
+    r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]",
+)  # all letters to llama.cpp
+_CASED_WORDS = (
+    rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+{_CONTRACTIONS}?"
+    rf"|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*{_CONTRACTIONS}?"
+)
 _TINY_AYA_WORDS = _CASED_WORDS + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*" + _WS_TAIL
 # unicode_regex_split_custom_afmoe: each run of digits in groups of three from the right, the text
 # before a run staying with its first group
 _DIGIT_GROUPS = r"[^\p{N}]*\p{N}{1,3}(?=(?:\p{N}{3})*(?!\p{N}))|[^\p{N}]+"
 # unicode_regex_split_custom_kimi_k2: Han runs, then words of other letters (marks not included)
-_KIMI_K2 = (rf"[\x{ord(_HAN_LETTER):02x}\x{ord(_HAN_OTHER):02x}]+"
-            rf"|[^\r\n\p{{L}}\p{{N}}]?[\x{ord(_STAND_IN['L']):02x}A-Za-z]+{_CONTRACTIONS}?"
-            r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*" + _WS_TAIL)
+_KIMI_K2 = (
+    rf"[\x{ord(_HAN_LETTER):02x}\x{ord(_HAN_OTHER):02x}]+"
+    rf"|[^\r\n\p{{L}}\p{{N}}]?[\x{ord(_STAND_IN['L']):02x}A-Za-z]+{_CONTRACTIONS}?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*" + _WS_TAIL
+)
 _CJK = r"[一-龥぀-ゟ゠-ヿ]+"
 _DEEPSEEK_LLM = [
     r"[\r\n]",
@@ -193,20 +256,40 @@ _DEEPSEEK_LLM = [
     r"\p{N}+",
 ]
 _DEEPSEEK_CODER = [r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}"]
-_DEEPSEEK3_WORDS = r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+_DEEPSEEK3_WORDS = (
+    r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+)
 _DEEPSEEK3 = [r"\p{N}{1,3}", _CJK, _DEEPSEEK3_WORDS + r"| ?[\p{P}\p{S}]+[\r\n]*" + _WS_TAIL]
-_SPARK2_5 = [r"\p{N}{1,3}", _CJK, _DEEPSEEK3_WORDS + r"| ?[\p{P}\p{S}]+|[\r\n]|\s+(?!\S)|\s+", r"\p{N}"]
-_AFMOE = [_DIGIT_GROUPS, "[一-鿿㐀-䶿豈-﫿぀-ゟ゠-ヿ･-ﾟ⼀-⿟เ-๿຀-໿ក-៿က-႟ꩠ-ꩿꧠ-꧿가-힯ᄀ-ᇿ]+",
-          _DEEPSEEK3_WORDS + r"| ?[\p{P}\p{S}]+[\r\n]*" + _WS_TAIL]
-_YOUTU = ["[가-힣ㄱ-ㆎ]+|[！…“”‘’—：；，、-〿︰-﹏]+|[ㄅ-ㄯ]+|" + _CJK,
-          _CASED_WORDS + r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*" + _WS_TAIL]
+_SPARK2_5 = [
+    r"\p{N}{1,3}",
+    _CJK,
+    _DEEPSEEK3_WORDS + r"| ?[\p{P}\p{S}]+|[\r\n]|\s+(?!\S)|\s+",
+    r"\p{N}",
+]
+_AFMOE = [
+    _DIGIT_GROUPS,
+    "[一-鿿㐀-䶿豈-﫿぀-ゟ゠-ヿ･-ﾟ⼀-⿟เ-๿຀-໿ក-៿က-႟ꩠ-ꩿꧠ-꧿가-힯ᄀ-ᇿ]+",
+    _DEEPSEEK3_WORDS + r"| ?[\p{P}\p{S}]+[\r\n]*" + _WS_TAIL,
+]
+_YOUTU = [
+    "[가-힣ㄱ-ㆎ]+|[！…“”‘’—：；，、-〿︰-﹏]+|[ㄅ-ㄯ]+|" + _CJK,
+    _CASED_WORDS + r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*" + _WS_TAIL,
+]
 _FALCON = [r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, r"[0-9][0-9][0-9]"]
 _STARCODER = [r"\p{N}", _GPT2]
 _BLOOM = [r" ?[^(\s|.,!?…。，、।۔،)]+"]
-_TEKKEN = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+"
-           r"((?=[\p{L}])([^A-Z]))*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*" + _WS_TAIL)
-_CHAMELEON = [r"<sentinel:[0-9]+>", r"(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z", r"([\t\n]|    |  )", r"\p{N}",
-              r"[\p{P}!-/:-@\[-`{-~]", _GPT2]
+_TEKKEN = (
+    r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+"
+    r"((?=[\p{L}])([^A-Z]))*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*" + _WS_TAIL
+)
+_CHAMELEON = [
+    r"<sentinel:[0-9]+>",
+    r"(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z",
+    r"([\t\n]|    |  )",
+    r"\p{N}",
+    r"[\p{P}!-/:-@\[-`{-~]",
+    _GPT2,
+]
 _NEWLINES = r"[^\n]+|[\n]+"  # unicode_regex_split_custom_newlines
 _DEFAULT = [r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"]
 
@@ -224,29 +307,45 @@ class _Pre(NamedTuple):
 _PRE: dict[str, _Pre] = {}
 
 
-def _register(names: str, exprs: list[str], clean_spaces: bool = True, ignore_merges: bool = False,
-              add_bos: bool = False, has_bos: bool = True, raw: bool = False) -> None:
+def _register(
+    names: str,
+    exprs: list[str],
+    clean_spaces: bool = True,
+    ignore_merges: bool = False,
+    add_bos: bool = False,
+    has_bos: bool = True,
+    raw: bool = False,
+) -> None:
     for name in names.split():
         _PRE[name] = _Pre(exprs, clean_spaces, ignore_merges, add_bos, has_bos, raw)
 
 
 _register("default", _DEFAULT)
 _register("minicpm5", _MINICPM5, ignore_merges=True)
-_register("llama3 llama-v3 llama-bpe falcon3 falcon-h1 pixtral midm-2.0 lfm2 jina-v5-nano", [_LLAMA3],
-          ignore_merges=True, add_bos=True)
+_register(
+    "llama3 llama-v3 llama-bpe falcon3 falcon-h1 pixtral midm-2.0 lfm2 jina-v5-nano",
+    [_LLAMA3],
+    ignore_merges=True,
+    add_bos=True,
+)
 _register("deepseek-llm", _DEEPSEEK_LLM, clean_spaces=False)
 _register("deepseek-coder", _DEEPSEEK_CODER, clean_spaces=False)
 _register("deepseek-v3 hunyuan-dense hy_v4 joyai-llm", _DEEPSEEK3, clean_spaces=False)
 _register("spark2_5", _SPARK2_5, clean_spaces=False)
 _register("youtu", _YOUTU, clean_spaces=False, ignore_merges=True)
 _register("falcon", _FALCON)
-_register("mpt olmo jais gpt-2 phi-2 jina-es jina-de gigachat jina-v2-es jina-v2-de a.x-4.0 mellum modern-bert "
-          "jina-v1-en jina-v2-code roberta-bpe exaone4", [_GPT2])
+_register(
+    "mpt olmo jais gpt-2 phi-2 jina-es jina-de gigachat jina-v2-es jina-v2-de a.x-4.0 mellum modern-bert "
+    "jina-v1-en jina-v2-code roberta-bpe exaone4",
+    [_GPT2],
+)
 _register("trillion granite-docling", [_GPT2], clean_spaces=False)
 _register("starcoder refact codeshell exaone minerva-7b mellum2", _STARCODER)
 _register("command-r smollm", _STARCODER, clean_spaces=False)
 _register("jais-2", [_JAIS2])
-_register("qwen2 deepseek-r1-qwen kormo f2llmv2 hunyuan solar-open grok-2", [_QWEN2], clean_spaces=False)
+_register(
+    "qwen2 deepseek-r1-qwen kormo f2llmv2 hunyuan solar-open grok-2", [_QWEN2], clean_spaces=False
+)
 _register("stablelm2 megrez", [_QWEN2])
 _register("qwen35", [_QWEN35], clean_spaces=False)
 _register("dbrx smaug-bpe", [_LLAMA3])
@@ -280,7 +379,9 @@ _COMPILED: dict[str, list[PreSplit]] = {}
 def pre_tokenizer_regexes(pre: str) -> list[PreSplit]:
     """The compiled regexes for tokenizer.ggml.pre = `pre` (TokenizerError if unknown)."""
     if pre not in _PRE:
-        raise TokenizerError(f"unknown pre-tokenizer type: '{pre}' (known: {', '.join(PRE_TOKENIZERS)})")
+        raise TokenizerError(
+            f"unknown pre-tokenizer type: '{pre}' (known: {', '.join(PRE_TOKENIZERS)})"
+        )
     if pre not in _COMPILED:
         _COMPILED[pre] = [_compile(e) for e in _PRE[pre].exprs]
     return _COMPILED[pre]
@@ -300,7 +401,9 @@ def split_words(text: str, splits: list[PreSplit]) -> list[str]:
     for pat, collapsed in splits:
         view = views.get(collapsed)
         if view is None:
-            view = views[collapsed] = text if ascii_text else text.translate(_COLLAPSED if collapsed else _WIDE)
+            view = views[collapsed] = (
+                text if ascii_text else text.translate(_COLLAPSED if collapsed else _WIDE)
+            )
         new = []
         for start, end in spans:
             pos = start
@@ -343,15 +446,26 @@ class BPETokenizer(Tokenizer):
     _CACHE_LIMIT = 200_000
 
     def __init__(self, meta: Any):
-        gemma4_model = meta_str(meta, K.MODEL, None) == "gemma4"  # tokenizer.ggml.model "gemma4" means pre gemma4
+        gemma4_model = (
+            meta_str(meta, K.MODEL, None) == "gemma4"
+        )  # tokenizer.ggml.model "gemma4" means pre gemma4
         pre = "gemma4" if gemma4_model else meta_str(meta, K.PRE, None) or "default"
         if pre not in _PRE:
-            raise TokenizerError(f"unknown pre-tokenizer type: '{pre}' (known: {', '.join(PRE_TOKENIZERS)})")
+            raise TokenizerError(
+                f"unknown pre-tokenizer type: '{pre}' (known: {', '.join(PRE_TOKENIZERS)})"
+            )
         settings = _PRE[pre]
         default_bos = 11 if settings.has_bos and not gemma4_model else None
-        super().__init__(meta, default_bos=default_bos, default_eos=None if gemma4_model else 11, default_unk=None,
-                         add_space_prefix=False, add_bos=settings.add_bos, add_eos=False,
-                         clean_spaces=settings.clean_spaces)
+        super().__init__(
+            meta,
+            default_bos=default_bos,
+            default_eos=None if gemma4_model else 11,
+            default_unk=None,
+            add_space_prefix=False,
+            add_bos=settings.add_bos,
+            add_eos=False,
+            clean_spaces=settings.clean_spaces,
+        )
         self.pre = pre
         self.ignore_merges = settings.ignore_merges
         self.raw = settings.raw
@@ -368,7 +482,9 @@ class BPETokenizer(Tokenizer):
                 ranks.setdefault(m, i)
         self.ranks = ranks
         self._cache: dict[str, tuple[int, ...]] = {}
-        self._kernel_tables: tuple[ByteTable, ByteTable] | None = None  # (vocab, merges) for kernels.merge_bpe
+        self._kernel_tables: tuple[ByteTable, ByteTable] | None = (
+            None  # (vocab, merges) for kernels.merge_bpe
+        )
 
     # --- encode -------------------------------------------------------------------------------
     def _encode_fragment(self, text: str, after_special: bool, out: list[int]) -> None:
@@ -387,7 +503,9 @@ class BPETokenizer(Tokenizer):
     def _bpe_word(self, word: str) -> tuple[int, ...]:
         if self.raw:
             return self._raw_word(word)
-        chars = word.encode("utf-8", "surrogatepass").decode("latin-1").translate(_LATIN1_TO_BYTE_LEVEL)
+        chars = (
+            word.encode("utf-8", "surrogatepass").decode("latin-1").translate(_LATIN1_TO_BYTE_LEVEL)
+        )
         vocab = self.token_to_id
         if self.ignore_merges and chars in vocab:
             return (vocab[chars],)
@@ -409,7 +527,9 @@ class BPETokenizer(Tokenizer):
     def _raw_word(self, word: str) -> tuple[int, ...]:
         """SPM-style BPE (byte_encode false): merges on the text itself, <0xXX> tokens for the rest."""
         vocab = self.token_to_id
-        if self.pre in _GEMMA4 and word.strip("\n") == "" and word in vocab:  # a run of newlines as one token
+        if (
+            self.pre in _GEMMA4 and word.strip("\n") == "" and word in vocab
+        ):  # a run of newlines as one token
             return (vocab[word],)
         ids = []
         for s in self._merge(list(word)):
@@ -471,7 +591,10 @@ class BPETokenizer(Tokenizer):
             merges = [""] * (max(self.ranks.values()) + 1) if self.ranks else []
             for m, r in self.ranks.items():
                 merges[r] = m
-            self._kernel_tables = (vocab, kernels.ByteTable([m.encode("utf-8", "surrogatepass") for m in merges]))
+            self._kernel_tables = (
+                vocab,
+                kernels.ByteTable([m.encode("utf-8", "surrogatepass") for m in merges]),
+            )
         return kernels.merge_bpe(chars.encode("utf-8"), *self._kernel_tables)
 
     # --- decode -------------------------------------------------------------------------------
@@ -503,6 +626,10 @@ def _decode_byte_level(text: str) -> bytes:
         if b is not None:
             out.append(b)
         else:
-            out += b"[UNK_BYTE_0x" + c.encode("utf-8", "surrogatepass").hex().encode() + text.encode(
-                "utf-8", "surrogatepass") + b"]"
+            out += (
+                b"[UNK_BYTE_0x"
+                + c.encode("utf-8", "surrogatepass").hex().encode()
+                + text.encode("utf-8", "surrogatepass")
+                + b"]"
+            )
     return bytes(out)

@@ -39,69 +39,83 @@ _C_SPACE = " \t\n\v\f\r"
 _BUILTIN_SOURCES: dict[str, str] = {
     "chatml": (
         "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{% endfor %}"
-        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"),
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    ),
     "llama2": (
         "{{ '[INST] ' }}{% set ns = namespace(inside=true) %}{% for m in messages %}"
         "{% if not ns.inside %}{% set ns.inside = true %}{{ '[INST] ' }}{% endif %}"
         "{% if m.role == 'system' %}{{ m.content + '\\n' }}"
         "{% elif m.role == 'user' %}{{ m.content + ' [/INST]' }}"
-        "{% else %}{{ m.content + '</s>' }}{% set ns.inside = false %}{% endif %}{% endfor %}"),
+        "{% else %}{{ m.content + '</s>' }}{% set ns.inside = false %}{% endif %}{% endfor %}"
+    ),
     "llama2-sys": (
         "{{ '[INST] ' }}{% set ns = namespace(inside=true) %}{% for m in messages %}"
         "{% if not ns.inside %}{% set ns.inside = true %}{{ '[INST] ' }}{% endif %}"
         "{% if m.role == 'system' %}{{ '<<SYS>>\\n' + m.content + '\\n<</SYS>>\\n\\n' }}"
         "{% elif m.role == 'user' %}{{ m.content + ' [/INST]' }}"
-        "{% else %}{{ m.content + '</s>' }}{% set ns.inside = false %}{% endif %}{% endfor %}"),
+        "{% else %}{{ m.content + '</s>' }}{% set ns.inside = false %}{% endif %}{% endfor %}"
+    ),
     "llama2-sys-bos": (
         "{{ '[INST] ' }}{% set ns = namespace(inside=true) %}{% for m in messages %}"
         "{% if not ns.inside %}{% set ns.inside = true %}{{ '<s>[INST] ' }}{% endif %}"
         "{% if m.role == 'system' %}{{ '<<SYS>>\\n' + m.content + '\\n<</SYS>>\\n\\n' }}"
         "{% elif m.role == 'user' %}{{ m.content + ' [/INST]' }}"
-        "{% else %}{{ m.content + '</s>' }}{% set ns.inside = false %}{% endif %}{% endfor %}"),
+        "{% else %}{{ m.content + '</s>' }}{% set ns.inside = false %}{% endif %}{% endfor %}"
+    ),
     "llama2-sys-strip": (
         "{{ '[INST] ' }}{% set ns = namespace(inside=true) %}{% for m in messages %}"
         "{% if not ns.inside %}{% set ns.inside = true %}{{ '[INST] ' }}{% endif %}"
         "{% if m.role == 'system' %}{{ '<<SYS>>\\n' + m.content | ltrim + '\\n<</SYS>>\\n\\n' }}"
         "{% elif m.role == 'user' %}{{ m.content | ltrim + ' [/INST]' }}"
-        "{% else %}{{ m.content | ltrim + '</s>' }}{% set ns.inside = false %}{% endif %}{% endfor %}"),
+        "{% else %}{{ m.content | ltrim + '</s>' }}{% set ns.inside = false %}{% endif %}{% endfor %}"
+    ),
     "mistral-v1": (
         "{% set ns = namespace(inside=false) %}{% for m in messages %}"
         "{% if not ns.inside %}{{ ' [INST] ' }}{% set ns.inside = true %}{% endif %}"
         "{% if m.role == 'system' %}{{ m.content + '\\n\\n' }}"
         "{% elif m.role == 'user' %}{{ m.content + ' [/INST]' }}"
-        "{% else %}{{ ' ' + m.content + '</s>' }}{% set ns.inside = false %}{% endif %}{% endfor %}"),
+        "{% else %}{{ ' ' + m.content + '</s>' }}{% set ns.inside = false %}{% endif %}{% endfor %}"
+    ),
     "mistral-v3": (
         "{% set ns = namespace(inside=false) %}{% for m in messages %}"
         "{% if not ns.inside %}{{ '[INST] ' }}{% set ns.inside = true %}{% endif %}"
         "{% if m.role == 'system' %}{{ m.content + '\\n\\n' }}"
         "{% elif m.role == 'user' %}{{ m.content + '[/INST]' }}"
-        "{% else %}{{ ' ' + m.content | ltrim + '</s>' }}{% set ns.inside = false %}{% endif %}{% endfor %}"),
+        "{% else %}{{ ' ' + m.content | ltrim + '</s>' }}{% set ns.inside = false %}{% endif %}{% endfor %}"
+    ),
     "mistral-v3-tekken": (
         "{% set ns = namespace(inside=false) %}{% for m in messages %}"
         "{% if not ns.inside %}{{ '[INST]' }}{% set ns.inside = true %}{% endif %}"
         "{% if m.role == 'system' %}{{ m.content + '\\n\\n' }}"
         "{% elif m.role == 'user' %}{{ m.content + '[/INST]' }}"
-        "{% else %}{{ m.content + '</s>' }}{% set ns.inside = false %}{% endif %}{% endfor %}"),
+        "{% else %}{{ m.content + '</s>' }}{% set ns.inside = false %}{% endif %}{% endfor %}"
+    ),
     "mistral-v7": (
         "{% for m in messages %}{% if m.role == 'system' %}{{ '[SYSTEM_PROMPT] ' + m.content + '[/SYSTEM_PROMPT]' }}"
         "{% elif m.role == 'user' %}{{ '[INST] ' + m.content + '[/INST]' }}"
-        "{% else %}{{ ' ' + m.content + '</s>' }}{% endif %}{% endfor %}"),
+        "{% else %}{{ ' ' + m.content + '</s>' }}{% endif %}{% endfor %}"
+    ),
     "mistral-v7-tekken": (
         "{% for m in messages %}{% if m.role == 'system' %}{{ '[SYSTEM_PROMPT]' + m.content + '[/SYSTEM_PROMPT]' }}"
         "{% elif m.role == 'user' %}{{ '[INST]' + m.content + '[/INST]' }}"
-        "{% else %}{{ m.content + '</s>' }}{% endif %}{% endfor %}"),
+        "{% else %}{{ m.content + '</s>' }}{% endif %}{% endfor %}"
+    ),
     "phi3": (
         "{% for m in messages %}{{ '<|' + m.role + '|>\\n' + m.content + '<|end|>\\n' }}{% endfor %}"
-        "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"),
+        "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
+    ),
     "phi4": (
         "{% for m in messages %}{{ '<|im_start|>' + m.role + '<|im_sep|>' + m.content + '<|im_end|>' }}{% endfor %}"
-        "{% if add_generation_prompt %}{{ '<|im_start|>assistant<|im_sep|>' }}{% endif %}"),
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant<|im_sep|>' }}{% endif %}"
+    ),
     "falcon3": (
         "{% for m in messages %}{{ '<|' + m.role + '|>\\n' + m.content + '\\n' }}{% endfor %}"
-        "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"),
+        "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
+    ),
     "zephyr": (
         "{% for m in messages %}{{ '<|' + m.role + '|>\\n' + m.content + '<|endoftext|>\\n' }}{% endfor %}"
-        "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"),
+        "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
+    ),
     "gemma": (
         "{% set ns = namespace(system='') %}{% for m in messages %}"
         "{% if m.role == 'system' %}{% set ns.system = ns.system + m.content | ltrim %}{% else %}"
@@ -109,32 +123,38 @@ _BUILTIN_SOURCES: dict[str, str] = {
         "{{ '<start_of_turn>' + role + '\\n' }}"
         "{% if ns.system and role != 'model' %}{{ ns.system + '\\n\\n' }}{% set ns.system = '' %}{% endif %}"
         "{{ m.content | ltrim + '<end_of_turn>\\n' }}{% endif %}{% endfor %}"
-        "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"),
+        "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"
+    ),
     "vicuna": (
         "{% for m in messages %}{% if m.role == 'system' %}{{ m.content + '\\n\\n' }}"
         "{% elif m.role == 'user' %}{{ 'USER: ' + m.content + '\\n' }}"
         "{% elif m.role == 'assistant' %}{{ 'ASSISTANT: ' + m.content + '</s>\\n' }}{% endif %}{% endfor %}"
-        "{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"),
+        "{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
+    ),
     "vicuna-orca": (
         "{% for m in messages %}{% if m.role == 'system' %}{{ 'SYSTEM: ' + m.content + '\\n' }}"
         "{% elif m.role == 'user' %}{{ 'USER: ' + m.content + '\\n' }}"
         "{% elif m.role == 'assistant' %}{{ 'ASSISTANT: ' + m.content + '</s>\\n' }}{% endif %}{% endfor %}"
-        "{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"),
+        "{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
+    ),
     "deepseek": (
         "{% for m in messages %}{% if m.role == 'system' %}{{ m.content }}"
         "{% elif m.role == 'user' %}{{ '### Instruction:\\n' + m.content + '\\n' }}"
         "{% elif m.role == 'assistant' %}{{ '### Response:\\n' + m.content + '\\n<|EOT|>\\n' }}{% endif %}"
-        "{% endfor %}{% if add_generation_prompt %}{{ '### Response:\\n' }}{% endif %}"),
+        "{% endfor %}{% if add_generation_prompt %}{{ '### Response:\\n' }}{% endif %}"
+    ),
     "deepseek2": (
         "{% for m in messages %}{% if m.role == 'system' %}{{ m.content + '\\n\\n' }}"
         "{% elif m.role == 'user' %}{{ 'User: ' + m.content + '\\n\\n' }}"
         "{% elif m.role == 'assistant' %}{{ 'Assistant: ' + m.content + '<｜end▁of▁sentence｜>' }}{% endif %}"
-        "{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"),
+        "{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
+    ),
     "deepseek3": (
         "{% for m in messages %}{% if m.role == 'system' %}{{ m.content + '\\n\\n' }}"
         "{% elif m.role == 'user' %}{{ '<｜User｜>' + m.content }}"
         "{% elif m.role == 'assistant' %}{{ '<｜Assistant｜>' + m.content + '<｜end▁of▁sentence｜>' }}{% endif %}"
-        "{% endfor %}{% if add_generation_prompt %}{{ '<｜Assistant｜>' }}{% endif %}"),
+        "{% endfor %}{% if add_generation_prompt %}{{ '<｜Assistant｜>' }}{% endif %}"
+    ),
     "command-r": (
         "{% for m in messages %}{% if m.role == 'system' %}"
         "{{ '<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>' + m.content | ltrim + '<|END_OF_TURN_TOKEN|>' }}"
@@ -142,45 +162,73 @@ _BUILTIN_SOURCES: dict[str, str] = {
         "{{ '<|START_OF_TURN_TOKEN|><|USER_TOKEN|>' + m.content | ltrim + '<|END_OF_TURN_TOKEN|>' }}"
         "{% elif m.role == 'assistant' %}"
         "{{ '<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>' + m.content | ltrim + '<|END_OF_TURN_TOKEN|>' }}{% endif %}"
-        "{% endfor %}{% if add_generation_prompt %}{{ '<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>' }}{% endif %}"),
+        "{% endfor %}{% if add_generation_prompt %}{{ '<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>' }}{% endif %}"
+    ),
     "llama3": (
         "{% for m in messages %}{{ '<|start_header_id|>' + m.role + '<|end_header_id|>\\n\\n' + m.content | ltrim"
         " + '<|eot_id|>' }}{% endfor %}"
-        "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"),
+        "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
+    ),
     "llama4": (
         "{% for m in messages %}{{ '<|header_start|>' + m.role + '<|header_end|>\\n\\n' + m.content | ltrim"
         " + '<|eot|>' }}{% endfor %}"
-        "{% if add_generation_prompt %}{{ '<|header_start|>assistant<|header_end|>\\n\\n' }}{% endif %}"),
+        "{% if add_generation_prompt %}{{ '<|header_start|>assistant<|header_end|>\\n\\n' }}{% endif %}"
+    ),
     "chatglm4": (
         "{{ '[gMASK]<sop>' }}{% for m in messages %}{{ '<|' + m.role + '|>\\n' + m.content }}{% endfor %}"
-        "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"),
+        "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
+    ),
     "exaone3": (
         "{% for m in messages %}{% if m.role == 'system' %}{{ '[|system|]' + m.content | ltrim + '[|endofturn|]\\n' }}"
         "{% elif m.role == 'user' %}{{ '[|user|]' + m.content | ltrim + '\\n' }}"
         "{% elif m.role == 'assistant' %}{{ '[|assistant|]' + m.content | ltrim + '[|endofturn|]\\n' }}{% endif %}"
-        "{% endfor %}{% if add_generation_prompt %}{{ '[|assistant|]' }}{% endif %}"),
+        "{% endfor %}{% if add_generation_prompt %}{{ '[|assistant|]' }}{% endif %}"
+    ),
     "granite": (
         "{% for m in messages %}{{ '<|start_of_role|>' + m.role + '<|end_of_role|>' }}"
         "{% if m.role == 'assistant_tool_call' %}{{ '<|tool_call|>' }}{% endif %}"
         "{{ m.content + '<|end_of_text|>\\n' }}{% endfor %}"
-        "{% if add_generation_prompt %}{{ '<|start_of_role|>assistant<|end_of_role|>\\n' }}{% endif %}"),
+        "{% if add_generation_prompt %}{{ '<|start_of_role|>assistant<|end_of_role|>\\n' }}{% endif %}"
+    ),
     "openchat": (
         "{% for m in messages %}{% if m.role == 'system' %}{{ m.content + '<|end_of_turn|>' }}"
         "{% else %}{{ 'GPT4 Correct ' + m.role[:1] | upper + m.role[1:] + ': ' + m.content + '<|end_of_turn|>' }}"
-        "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ 'GPT4 Correct Assistant:' }}{% endif %}"),
+        "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ 'GPT4 Correct Assistant:' }}{% endif %}"
+    ),
 }
 
 # text that ends an assistant turn in each format (besides the tokenizer's EOG tokens)
 _STOP_STRINGS: dict[str, tuple[str, ...]] = {
-    "chatml": ("<|im_end|>",), "phi4": ("<|im_end|>",), "phi3": ("<|end|>",), "gemma": ("<end_of_turn>",),
-    "llama3": ("<|eot_id|>",), "llama4": ("<|eot|>",), "zephyr": ("<|endoftext|>",),
-    "deepseek": ("<|EOT|>",), "command-r": ("<|END_OF_TURN_TOKEN|>",), "exaone3": ("[|endofturn|]",),
-    "granite": ("<|end_of_text|>",), "openchat": ("<|end_of_turn|>",), "chatglm4": ("<|user|>",),
-    "deepseek2": ("<｜end▁of▁sentence｜>",), "deepseek3": ("<｜end▁of▁sentence｜>",),
-    "vicuna": ("</s>",), "vicuna-orca": ("</s>",), "falcon3": ("<|user|>",),
+    "chatml": ("<|im_end|>",),
+    "phi4": ("<|im_end|>",),
+    "phi3": ("<|end|>",),
+    "gemma": ("<end_of_turn>",),
+    "llama3": ("<|eot_id|>",),
+    "llama4": ("<|eot|>",),
+    "zephyr": ("<|endoftext|>",),
+    "deepseek": ("<|EOT|>",),
+    "command-r": ("<|END_OF_TURN_TOKEN|>",),
+    "exaone3": ("[|endofturn|]",),
+    "granite": ("<|end_of_text|>",),
+    "openchat": ("<|end_of_turn|>",),
+    "chatglm4": ("<|user|>",),
+    "deepseek2": ("<｜end▁of▁sentence｜>",),
+    "deepseek3": ("<｜end▁of▁sentence｜>",),
+    "vicuna": ("</s>",),
+    "vicuna-orca": ("</s>",),
+    "falcon3": ("<|user|>",),
 }
-for _name in ("llama2", "llama2-sys", "llama2-sys-bos", "llama2-sys-strip", "mistral-v1", "mistral-v3",
-              "mistral-v3-tekken", "mistral-v7", "mistral-v7-tekken"):
+for _name in (
+    "llama2",
+    "llama2-sys",
+    "llama2-sys-bos",
+    "llama2-sys-strip",
+    "mistral-v1",
+    "mistral-v3",
+    "mistral-v3-tekken",
+    "mistral-v7",
+    "mistral-v7-tekken",
+):
     _STOP_STRINGS[_name] = ("</s>",)
 
 
@@ -289,8 +337,14 @@ def _raise_exception(message):
 
 
 def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys,
-                      default=_json_default)
+    return json.dumps(
+        x,
+        ensure_ascii=ensure_ascii,
+        indent=indent,
+        separators=separators,
+        sort_keys=sort_keys,
+        default=_json_default,
+    )
 
 
 def _json_default(x):
@@ -330,8 +384,12 @@ class _LenientUndefined(jinja2.ChainableUndefined):
 
 
 def _make_env() -> LimitedSandbox:
-    env = LimitedSandbox(trim_blocks=True, lstrip_blocks=True, undefined=_LenientUndefined,
-                         extensions=[jinja2.ext.loopcontrols, _GenerationTag])
+    env = LimitedSandbox(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        undefined=_LenientUndefined,
+        extensions=[jinja2.ext.loopcontrols, _GenerationTag],
+    )
     env.filters["tojson"] = _tojson
     env.filters["ltrim"] = _ltrim
     env.filters["safe"] = _safe
@@ -349,12 +407,17 @@ def _normalize_messages(messages: list[dict]) -> list[dict]:
     out = []
     for m in messages:
         if not isinstance(m, Mapping):
-            raise TemplateError(f"a chat message must be a mapping with 'role' and 'content', got {m!r:.60}")
+            raise TemplateError(
+                f"a chat message must be a mapping with 'role' and 'content', got {m!r:.60}"
+            )
         m = dict(m)
         content = m.get("content")
         if isinstance(content, list):
-            m["content"] = "\n".join(str(p.get("text", "")) for p in content
-                                     if isinstance(p, Mapping) and p.get("type", "text") == "text")
+            m["content"] = "\n".join(
+                str(p.get("text", ""))
+                for p in content
+                if isinstance(p, Mapping) and p.get("type", "text") == "text"
+            )
         elif content is None:
             m["content"] = ""
         elif not isinstance(content, str):
@@ -376,8 +439,17 @@ class ChatTemplate:
 
     render_budget_s: float = template_sandbox.BUDGET_S
 
-    def __init__(self, source: str, name: str, *, bos_token: str = "", eos_token: str = "",
-                 add_bos: bool = False, add_eos: bool = False, family: str | None = None):
+    def __init__(
+        self,
+        source: str,
+        name: str,
+        *,
+        bos_token: str = "",
+        eos_token: str = "",
+        add_bos: bool = False,
+        add_eos: bool = False,
+        family: str | None = None,
+    ):
         self.source = source
         self.name = name
         self.family = family if family is not None else detect_template(source)
@@ -413,8 +485,13 @@ class ChatTemplate:
         return cls(_BUILTIN_SOURCES[name], name, family=name, **kw)
 
     @classmethod
-    def from_gguf(cls, gguf_file: MetadataSource | str | os.PathLike[str],
-                  override: str | None = None, *, any_text: bool = False) -> ChatTemplate:
+    def from_gguf(
+        cls,
+        gguf_file: MetadataSource | str | os.PathLike[str],
+        override: str | None = None,
+        *,
+        any_text: bool = False,
+    ) -> ChatTemplate:
         """The template for a model (its metadata: a GGUFFile or a mapping; or a GGUF path).
 
         `override` (a built-in name, a template file, or template text) if given, else
@@ -455,8 +532,10 @@ class ChatTemplate:
             return cls(source, os.path.basename(override), **kw)
         if any_text:
             return cls(override, "custom", **kw)
-        raise TemplateError(f"unknown chat template '{override}': not a built-in name "
-                            f"({', '.join(builtin_template_names())}), a file, or Jinja text")
+        raise TemplateError(
+            f"unknown chat template '{override}': not a built-in name "
+            f"({', '.join(builtin_template_names())}), a file, or Jinja text"
+        )
 
     # --- what the template can do (llama.cpp's template caps), found by rendering probes --------
     @property
@@ -468,11 +547,16 @@ class ChatTemplate:
         if self._supports_thinking is None:
             probe = [{"role": "user", "content": "test"}]
             thought = "THINKING 7c2d"
-            reply = [*probe, {"role": "assistant", "content": "Hello", "reasoning_content": thought}]
+            reply = [
+                *probe,
+                {"role": "assistant", "content": "Hello", "reasoning_content": thought},
+            ]
             try:
                 on = self.render(probe, add_generation_prompt=True, enable_thinking=True)
                 off = self.render(probe, add_generation_prompt=True, enable_thinking=False)
-                shown = thought in self.render(reply, add_generation_prompt=False, enable_thinking=True)
+                shown = thought in self.render(
+                    reply, add_generation_prompt=False, enable_thinking=True
+                )
                 self._supports_thinking = on != off and (shown or _switch_at_the_end(on, off))
             except TemplateLimitError:
                 raise  # the template is at fault whatever the messages: say so now
@@ -486,9 +570,17 @@ class ChatTemplate:
         supported'). llama.cpp also merges a system message the template renders nothing of;
         here one that renders is kept, so templates that show only roles stay as written."""
         if self._supports_system_role is None:
-            probe = [{"role": "system", "content": "System message"}, {"role": "user", "content": "User message"}]
-            variables = {"messages": probe, "add_generation_prompt": True, "bos_token": "", "eos_token": "",
-                         "enable_thinking": False}
+            probe = [
+                {"role": "system", "content": "System message"},
+                {"role": "user", "content": "User message"},
+            ]
+            variables = {
+                "messages": probe,
+                "add_generation_prompt": True,
+                "bos_token": "",
+                "eos_token": "",
+                "enable_thinking": False,
+            }
             try:
                 self._render(self._template(), variables)
                 self._supports_system_role = True
@@ -504,17 +596,38 @@ class ChatTemplate:
         GLM's `.items()`): then JSON-string arguments are parsed before rendering."""
         if self._supports_object_arguments is None:
             marker = "value 5e1c"
-            call = {"id": "call00001", "type": "function", "function": {"name": "tool1", "arguments": {"arg": marker}}}
-            probe = [{"role": "user", "content": "User message"},
-                     {"role": "assistant", "content": "", "tool_calls": [call]},
-                     {"role": "tool", "content": "Tool response", "tool_call_id": "call00001"},
-                     {"role": "assistant", "content": "The tool response was 'tool response'"},
-                     {"role": "user", "content": "User message"}]
-            tool = {"type": "function", "function": {"name": "tool1", "description": "Tool description",
-                                                     "parameters": {"type": "object", "properties": {
-                                                         "arg": {"type": "string"}}, "required": ["arg"]}}}
-            variables = {"messages": probe, "tools": [tool], "add_generation_prompt": True, "bos_token": "",
-                         "eos_token": "", "enable_thinking": False}
+            call = {
+                "id": "call00001",
+                "type": "function",
+                "function": {"name": "tool1", "arguments": {"arg": marker}},
+            }
+            probe = [
+                {"role": "user", "content": "User message"},
+                {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "content": "Tool response", "tool_call_id": "call00001"},
+                {"role": "assistant", "content": "The tool response was 'tool response'"},
+                {"role": "user", "content": "User message"},
+            ]
+            tool = {
+                "type": "function",
+                "function": {
+                    "name": "tool1",
+                    "description": "Tool description",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"arg": {"type": "string"}},
+                        "required": ["arg"],
+                    },
+                },
+            }
+            variables = {
+                "messages": probe,
+                "tools": [tool],
+                "add_generation_prompt": True,
+                "bos_token": "",
+                "eos_token": "",
+                "enable_thinking": False,
+            }
             try:
                 out = self._render(self._template(), variables)
                 # printed whole, an object shows as Python's repr: that template wants the text
@@ -533,8 +646,10 @@ class ChatTemplate:
         format them as objects."""
         out = _normalize_messages(messages)
         calls = [c for m in out for c in m.get("tool_calls") or () if isinstance(c, Mapping)]
-        if any(isinstance((c.get("function") or {}).get("arguments"), str) for c in calls) \
-                and self.supports_object_arguments:
+        if (
+            any(isinstance((c.get("function") or {}).get("arguments"), str) for c in calls)
+            and self.supports_object_arguments
+        ):
             for m in out:
                 if m.get("tool_calls"):
                     m["tool_calls"] = [_parsed_arguments(c) for c in m["tool_calls"]]
@@ -558,19 +673,27 @@ class ChatTemplate:
     def _template(self) -> jinja2.Template:
         if self._compiled is None:
             if len(self.source) > template_sandbox.MAX_SOURCE_CHARS:
-                raise TemplateLimitError(f"{self.label} is {len(self.source):,} characters long, over its "
-                                         f"limit of {template_sandbox.MAX_SOURCE_CHARS:,}")
+                raise TemplateLimitError(
+                    f"{self.label} is {len(self.source):,} characters long, over its "
+                    f"limit of {template_sandbox.MAX_SOURCE_CHARS:,}"
+                )
             try:
                 self._compiled = _ENV.from_string(self.source)
             except jinja2.TemplateSyntaxError as e:
                 raise TemplateError(
-                    f"chat template '{self.name}' is not valid Jinja (line {e.lineno}): {e.message}") from None
+                    f"chat template '{self.name}' is not valid Jinja (line {e.lineno}): {e.message}"
+                ) from None
             except Exception as e:  # noqa: BLE001 - any parser failure is the template's fault
                 raise TemplateError(f"chat template '{self.name}' cannot be parsed: {e}") from None
         return self._compiled
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True, tools: list | None = None,
-               **extra) -> str:
+    def render(
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool = True,
+        tools: list | None = None,
+        **extra,
+    ) -> str:
         """The prompt text for `messages` ([{'role': ..., 'content': ...}, ...]).
 
         Raises:
@@ -581,9 +704,14 @@ class ChatTemplate:
         """
         template = self._template()
         variables = dict(extra)
-        variables.update(messages=self._prepare_messages(messages), bos_token=self.bos_token,
-                         eos_token=self.eos_token)
-        if add_generation_prompt:  # llama.cpp leaves it undefined otherwise (rwkv-world tests `is defined`)
+        variables.update(
+            messages=self._prepare_messages(messages),
+            bos_token=self.bos_token,
+            eos_token=self.eos_token,
+        )
+        if (
+            add_generation_prompt
+        ):  # llama.cpp leaves it undefined otherwise (rwkv-world tests `is defined`)
             variables["add_generation_prompt"] = True
         if tools:  # llama.cpp leaves `tools` undefined when there are none ([] included)
             variables["tools"] = tools
@@ -599,23 +727,29 @@ class ChatTemplate:
             # it needs <|end|> (llama.cpp common_chat_params_init_gpt_oss, issue 15417)
             i = text.rfind("<|return|>")
             if i >= 0:
-                text = text[:i] + "<|end|>" + text[i + len("<|return|>"):]
+                text = text[:i] + "<|end|>" + text[i + len("<|return|>") :]
         return text
 
     def _render(self, template: jinja2.Template, variables: dict) -> str:
         try:
-            budget = RenderBudget.for_input(input_size(variables["messages"], variables), self.render_budget_s)
+            budget = RenderBudget.for_input(
+                input_size(variables["messages"], variables), self.render_budget_s
+            )
             text = render_limited(template, variables, budget)
         except TemplateLimitError as e:
             raise TemplateLimitError(f"{self.label} {e}") from None
         except TemplateRefusedError as e:
-            raise TemplateRefusedError(f"chat template '{self.name}' refused the conversation: {e}") from None
+            raise TemplateRefusedError(
+                f"chat template '{self.name}' refused the conversation: {e}"
+            ) from None
         except jinja2.TemplateError as e:
             raise TemplateError(f"chat template '{self.name}' failed to render: {e}") from None
         except Exception as e:  # noqa: BLE001 - template code can raise anything
-            raise TemplateError(f"chat template '{self.name}' failed to render: {type(e).__name__}: {e}") from None
+            raise TemplateError(
+                f"chat template '{self.name}' failed to render: {type(e).__name__}: {e}"
+            ) from None
         if self.add_bos and self.bos_token and text.startswith(self.bos_token):
-            text = text[len(self.bos_token):]
+            text = text[len(self.bos_token) :]
         if self.add_eos and self.eos_token and text.endswith(self.eos_token):
             text = text[: -len(self.eos_token)]
         return text
@@ -647,7 +781,7 @@ def _switch_at_the_end(on: str, off: str) -> bool:
     for base, extended in ((on, off), (off, on)):  # e.g. SmolLM3: system text and tail both change
         anchor = base[-32:]  # the generation prompt, about
         pos = extended.rfind(anchor)
-        if pos >= 0 and extended[pos + len(anchor):].strip():
+        if pos >= 0 and extended[pos + len(anchor) :].strip():
             return True
     return False
 
@@ -664,7 +798,9 @@ def _parsed_arguments(call: Any) -> Any:
 
 
 class PromptEncoder(Protocol):
-    def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
+    def encode(
+        self, text: str, add_special: bool = True, parse_special: bool = False
+    ) -> list[int]: ...
 
 
 def encode_chat_prompt(tokenizer: PromptEncoder, text: str) -> list[int]:
@@ -673,11 +809,14 @@ def encode_chat_prompt(tokenizer: PromptEncoder, text: str) -> list[int]:
     return tokenizer.encode(text, add_special=True, parse_special=True)
 
 
-def chat_prompt_tokens(template: PromptTemplate, tokenizer: PromptEncoder, messages: list[dict],
-                       **extra: Any) -> list[int]:
+def chat_prompt_tokens(
+    template: PromptTemplate, tokenizer: PromptEncoder, messages: list[dict], **extra: Any
+) -> list[int]:
     """The prompt for the assistant's next turn: every front end (server, CLI, desktop app)
     builds its chat prompt here, so the same conversation gives the same tokens."""
-    return encode_chat_prompt(tokenizer, template.render(messages, add_generation_prompt=True, **extra))
+    return encode_chat_prompt(
+        tokenizer, template.render(messages, add_generation_prompt=True, **extra)
+    )
 
 
 def _special_kw(get, tokens: list[str]) -> dict:
@@ -686,8 +825,14 @@ def _special_kw(get, tokens: list[str]) -> dict:
         return tokens[i] if isinstance(i, int) and 0 <= i < len(tokens) else ""
 
     model = get("tokenizer.ggml.model")
-    add_bos_default = model == "llama" or (model == "gpt2" and pre_tokenizer_adds_bos(get("tokenizer.ggml.pre")))
+    add_bos_default = model == "llama" or (
+        model == "gpt2" and pre_tokenizer_adds_bos(get("tokenizer.ggml.pre"))
+    )
     add_bos = get("tokenizer.ggml.add_bos_token")
     add_eos = get("tokenizer.ggml.add_eos_token")
-    return dict(bos_token=text("tokenizer.ggml.bos_token_id"), eos_token=text("tokenizer.ggml.eos_token_id"),
-                add_bos=bool(add_bos_default if add_bos is None else add_bos), add_eos=bool(add_eos))
+    return dict(
+        bos_token=text("tokenizer.ggml.bos_token_id"),
+        eos_token=text("tokenizer.ggml.eos_token_id"),
+        add_bos=bool(add_bos_default if add_bos is None else add_bos),
+        add_eos=bool(add_eos),
+    )

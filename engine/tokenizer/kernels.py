@@ -24,7 +24,9 @@ class ByteTable:
         lengths = np.fromiter((len(k) for k in keys), dtype=np.int64, count=len(keys))
         self.offsets = np.zeros(len(keys) + 1, dtype=np.int64)
         np.cumsum(lengths, out=self.offsets[1:])
-        self.data = np.frombuffer(b"".join(keys), dtype=np.uint8).copy() if keys else np.zeros(0, np.uint8)
+        self.data = (
+            np.frombuffer(b"".join(keys), dtype=np.uint8).copy() if keys else np.zeros(0, np.uint8)
+        )
         size = 1
         while size < 2 * max(len(keys), 1):
             size *= 2
@@ -184,8 +186,20 @@ def _pop(hk, he, n):
 
 
 @kernel
-def _pair(text, start, length, a, b, is_bpe, vocab_data, vocab_off, vocab_slots, pair_data, pair_off,
-          pair_slots):
+def _pair(
+    text,
+    start,
+    length,
+    a,
+    b,
+    is_bpe,
+    vocab_data,
+    vocab_off,
+    vocab_slots,
+    pair_data,
+    pair_off,
+    pair_slots,
+):
     """Priority index of merging symbols a and b (SPM: vocab id; BPE: merge rank), or -1."""
     s = start[a]
     e = start[b] + length[b]
@@ -194,13 +208,43 @@ def _pair(text, start, length, a, b, is_bpe, vocab_data, vocab_off, vocab_slots,
     return _find(text, s, e, vocab_data, vocab_off, vocab_slots)
 
 
-
 @kernel
-def _offer(text, start, length, a, b, is_bpe, vocab_data, vocab_off, vocab_slots, pair_data,
-           pair_off, pair_slots, prio, er, es, hk, he, h, m):
+def _offer(
+    text,
+    start,
+    length,
+    a,
+    b,
+    is_bpe,
+    vocab_data,
+    vocab_off,
+    vocab_slots,
+    pair_data,
+    pair_off,
+    pair_slots,
+    prio,
+    er,
+    es,
+    hk,
+    he,
+    h,
+    m,
+):
     """Queue the merge of adjacent symbols a, b when the vocabulary has it; returns (h, m)."""
-    k = _pair(text, start, length, a, b, is_bpe, vocab_data, vocab_off, vocab_slots, pair_data,
-              pair_off, pair_slots)
+    k = _pair(
+        text,
+        start,
+        length,
+        a,
+        b,
+        is_bpe,
+        vocab_data,
+        vocab_off,
+        vocab_slots,
+        pair_data,
+        pair_off,
+        pair_slots,
+    )
     if k >= 0:
         er[m] = b
         es[m] = length[a] + length[b]
@@ -208,8 +252,20 @@ def _offer(text, start, length, a, b, is_bpe, vocab_data, vocab_off, vocab_slots
         m += 1
     return h, m
 
+
 @kernel
-def _merge(text, seg_starts, is_bpe, vocab_data, vocab_off, vocab_slots, pair_data, pair_off, pair_slots, prio):
+def _merge(
+    text,
+    seg_starts,
+    is_bpe,
+    vocab_data,
+    vocab_off,
+    vocab_slots,
+    pair_data,
+    pair_off,
+    pair_slots,
+    prio,
+):
     """Shared merge loop over independent segments of `text` (byte offsets `seg_starts`, the
     first 0): no pair crosses a segment start. `prio[k]` orders pair k (smaller first): SPM, the
     score, descending; BPE, the merge rank. Returns the final symbols as (start, length) arrays
@@ -246,8 +302,27 @@ def _merge(text, seg_starts, is_bpe, vocab_data, vocab_off, vocab_slots, pair_da
     for i in range(n - 1):
         if nxt[i] < 0:
             continue
-        h, m = _offer(text, start, length, i, i + 1, is_bpe, vocab_data, vocab_off, vocab_slots,
-                      pair_data, pair_off, pair_slots, prio, er, es, hk, he, h, m)
+        h, m = _offer(
+            text,
+            start,
+            length,
+            i,
+            i + 1,
+            is_bpe,
+            vocab_data,
+            vocab_off,
+            vocab_slots,
+            pair_data,
+            pair_off,
+            pair_slots,
+            prio,
+            er,
+            es,
+            hk,
+            he,
+            h,
+            m,
+        )
     while h > 0:
         entry, left, h = _pop(hk, he, h)
         right = er[entry]
@@ -261,11 +336,49 @@ def _merge(text, seg_starts, is_bpe, vocab_data, vocab_off, vocab_slots, pair_da
             prv[nr] = left
         pl = prv[left]
         if pl >= 0:
-            h, m = _offer(text, start, length, pl, left, is_bpe, vocab_data, vocab_off, vocab_slots,
-                          pair_data, pair_off, pair_slots, prio, er, es, hk, he, h, m)
+            h, m = _offer(
+                text,
+                start,
+                length,
+                pl,
+                left,
+                is_bpe,
+                vocab_data,
+                vocab_off,
+                vocab_slots,
+                pair_data,
+                pair_off,
+                pair_slots,
+                prio,
+                er,
+                es,
+                hk,
+                he,
+                h,
+                m,
+            )
         if nr >= 0:
-            h, m = _offer(text, start, length, left, nr, is_bpe, vocab_data, vocab_off, vocab_slots,
-                          pair_data, pair_off, pair_slots, prio, er, es, hk, he, h, m)
+            h, m = _offer(
+                text,
+                start,
+                length,
+                left,
+                nr,
+                is_bpe,
+                vocab_data,
+                vocab_off,
+                vocab_slots,
+                pair_data,
+                pair_off,
+                pair_slots,
+                prio,
+                er,
+                es,
+                hk,
+                he,
+                h,
+                m,
+            )
     out_s = np.empty(n, np.int64)
     out_n = np.empty(n, np.int64)
     seg_end = np.zeros(n_seg, np.int64)
@@ -317,7 +430,12 @@ def _ids(text, sym_s, sym_n, vocab_data, vocab_off, vocab_slots, byte_ids, is_bp
 
 def score_priority(scores) -> np.ndarray:
     """uint32 keys (as uint64) that sort float32 scores from highest to lowest."""
-    bits = (0.0 - np.asarray(scores, dtype=np.float32)).astype(np.float32).view(np.uint32).astype(np.uint64)
+    bits = (
+        (0.0 - np.asarray(scores, dtype=np.float32))
+        .astype(np.float32)
+        .view(np.uint32)
+        .astype(np.uint64)
+    )
     neg = (bits & np.uint64(0x80000000)) != 0
     return np.where(neg, ~bits & np.uint64(0xFFFFFFFF), bits | np.uint64(0x80000000))
 
@@ -327,7 +445,9 @@ def merge_spm(data: bytes, vocab: ByteTable, prio: np.ndarray, byte_ids: np.ndar
     return merge_spm_many([data], vocab, prio, byte_ids)[0]
 
 
-def merge_spm_many(pieces: list[bytes], vocab: ByteTable, prio: np.ndarray, byte_ids: np.ndarray) -> list[list[int]]:
+def merge_spm_many(
+    pieces: list[bytes], vocab: ByteTable, prio: np.ndarray, byte_ids: np.ndarray
+) -> list[list[int]]:
     """Several independent SPM merges in one call (each piece as if merged alone)."""
     return _merge_many(pieces, False, vocab, vocab, prio, byte_ids)
 
@@ -346,8 +466,18 @@ def _merge_many(pieces, is_bpe, vocab, pairs, prio, byte_ids) -> list[list[int]]
     seg_starts = np.zeros(len(pieces), np.int64)
     np.cumsum(lengths[:-1], out=seg_starts[1:])
     text = np.frombuffer(b"".join(pieces), dtype=np.uint8)
-    s, n, seg_end = _merge(text, seg_starts, is_bpe, vocab.data, vocab.offsets, vocab.slots, pairs.data,
-                           pairs.offsets, pairs.slots, prio)
+    s, n, seg_end = _merge(
+        text,
+        seg_starts,
+        is_bpe,
+        vocab.data,
+        vocab.offsets,
+        vocab.slots,
+        pairs.data,
+        pairs.offsets,
+        pairs.slots,
+        prio,
+    )
     ids, ends = _ids(text, s, n, vocab.data, vocab.offsets, vocab.slots, byte_ids, is_bpe)
     ids = ids.tolist()
     out = []

@@ -36,7 +36,7 @@ def _utf8_units(data: bytes) -> list[bytes]:
     while i < n:
         hi = data[i] >> 4
         step = 4 if hi == 0xF else 3 if hi == 0xE else 2 if hi >= 0xC else 1
-        units.append(data[i:i + step])
+        units.append(data[i : i + step])
         i += step
     return units
 
@@ -47,12 +47,26 @@ class SPMTokenizer(Tokenizer):
     _CACHE_LIMIT = 200_000
 
     def __init__(self, meta: Any):
-        super().__init__(meta, default_bos=1, default_eos=2, default_unk=0, add_space_prefix=True,
-                         add_bos=True, add_eos=False, clean_spaces=False)
+        super().__init__(
+            meta,
+            default_bos=1,
+            default_eos=2,
+            default_unk=0,
+            add_space_prefix=True,
+            add_bos=True,
+            add_eos=False,
+            clean_spaces=False,
+        )
         self.pre = self.pre or "default"
         self._bytes_vocab: dict[bytes, int] | None = None
         self._byte_ids = [self._byte_token(b) for b in range(256)]
-        before_space = {t[i - 1] for t in self.tokens if SPACE in t[1:] for i in range(1, len(t)) if t[i] == SPACE}
+        before_space = {
+            t[i - 1]
+            for t in self.tokens
+            if SPACE in t[1:]
+            for i in range(1, len(t))
+            if t[i] == SPACE
+        }
         if before_space:
             cls = "".join(regex.escape(c, special_only=False) for c in sorted(before_space))
             self._cuts = regex.compile(f"(?<![{cls}])(?={SPACE})")
@@ -103,14 +117,18 @@ class SPMTokenizer(Tokenizer):
                 out.extend(self._merge_many([step])[0])
             else:
                 if self._bytes_vocab is None:
-                    self._bytes_vocab = {t.encode("utf-8", "surrogatepass"): i for i, t in enumerate(self.tokens)}
+                    self._bytes_vocab = {
+                        t.encode("utf-8", "surrogatepass"): i for i, t in enumerate(self.tokens)
+                    }
                 self._merge(_utf8_units(step), self._bytes_vocab, out)
 
     def _merge_new(self, new: set[str]) -> dict[str, list[int]]:
         """Merge the words not in the cache (numba for many or long ones), caching short ones."""
         if sum(map(len, new)) > BATCH_CHARS:
             words = list(new)
-            merged = dict(zip(words, self._merge_many([w.encode("utf-8") for w in words]), strict=True))
+            merged = dict(
+                zip(words, self._merge_many([w.encode("utf-8") for w in words]), strict=True)
+            )
         else:
             merged = {}
             for w in new:

@@ -96,11 +96,14 @@ class RenderBudget:
     def check_text(self, n: int, what: str) -> None:
         if n > self.size_limit:
             raise TemplateLimitError(
-                f"would build {what}: {n:,} characters, over its limit of {self.size_limit:,}")
+                f"would build {what}: {n:,} characters, over its limit of {self.size_limit:,}"
+            )
 
     def check_items(self, n: int, what: str) -> None:
         if n > MAX_ITEMS:
-            raise TemplateLimitError(f"would build {what}: {n:,} items, over its limit of {MAX_ITEMS:,}")
+            raise TemplateLimitError(
+                f"would build {what}: {n:,} items, over its limit of {MAX_ITEMS:,}"
+            )
 
     def oversized(self, value: Any) -> bool:
         if isinstance(value, _SIZED):
@@ -157,7 +160,9 @@ def input_size(messages: list[dict], variables: Mapping[str, Any]) -> int:
     return n
 
 
-def render_limited(template: jinja2.Template, variables: dict[str, Any], budget: RenderBudget) -> str:
+def render_limited(
+    template: jinja2.Template, variables: dict[str, Any], budget: RenderBudget
+) -> str:
     """Render `template` (compiled by a LimitedSandbox) under `budget` on this thread.
 
     Raises:
@@ -176,7 +181,9 @@ def render_limited(template: jinja2.Template, variables: dict[str, Any], budget:
             pieces.append(piece)
         return "".join(pieces)
     except RecursionError:
-        raise TemplateLimitError("recursed too deeply (a macro that calls itself without end?)") from None
+        raise TemplateLimitError(
+            "recursed too deeply (a macro that calls itself without end?)"
+        ) from None
     except MemoryError:
         raise TemplateLimitError("ran out of memory") from None
     finally:
@@ -244,7 +251,13 @@ _PRINTF = re.compile(r"%(?:\([^)]*\))?[#0 +\-]*(\*|\d*)(?:\.(\*|\d*))?")
 def _printf_size(fmt: str | bytes, args: Any, budget: RenderBudget) -> int:
     """Characters `fmt % args` can produce (a mapping key may be used many times)."""
     text = fmt if isinstance(fmt, str) else fmt.decode("latin-1")
-    values = list(args.values()) if isinstance(args, Mapping) else list(args) if isinstance(args, tuple) else [args]
+    values = (
+        list(args.values())
+        if isinstance(args, Mapping)
+        else list(args)
+        if isinstance(args, tuple)
+        else [args]
+    )
     widths = stars = conversions = 0
     for m in _PRINTF.finditer(text):
         conversions += 1
@@ -289,8 +302,13 @@ def check_binop(op: str, left: Any, right: Any, budget: RenderBudget) -> None:
         if isinstance(left, _SIZED):
             budget.check_text(_printf_size(left, right, budget), "a formatted string")
     elif op == "**":
-        if (isinstance(left, int) and isinstance(right, int) and right > 0 and abs(left) > 1
-                and left.bit_length() * right > MAX_INT_BITS):
+        if (
+            isinstance(left, int)
+            and isinstance(right, int)
+            and right > 0
+            and abs(left) > 1
+            and left.bit_length() * right > MAX_INT_BITS
+        ):
             raise TemplateLimitError(f"would build an integer of over {MAX_INT_BITS:,} bits")
 
 
@@ -302,8 +320,11 @@ _METHOD_SIZES: dict[str, Callable[..., int]] = {
     "zfill": lambda s, width: max(len(s), _width(width)),
     "expandtabs": lambda s, tabsize=8: len(s) * max(_width(tabsize), 1),
     "replace": _replaced_size,
-    "translate": lambda s, table, *a: len(s) * max(
-        [len(v) for v in table.values() if isinstance(v, _SIZED)] + [1]) if isinstance(table, Mapping) else len(s),
+    "translate": lambda s, table, *a: (
+        len(s) * max([len(v) for v in table.values() if isinstance(v, _SIZED)] + [1])
+        if isinstance(table, Mapping)
+        else len(s)
+    ),
 }
 
 
@@ -312,8 +333,10 @@ def check_striptags(text: Any, budget: RenderBudget) -> None:
     text = str(text)
     work = min(text.count("<"), text.count(">")) * len(text)
     if work > 16 * budget.size_limit:
-        raise TemplateLimitError(f"would make striptags copy {work:,} characters, over its limit of "
-                                 f"{16 * budget.size_limit:,}")
+        raise TemplateLimitError(
+            f"would make striptags copy {work:,} characters, over its limit of "
+            f"{16 * budget.size_limit:,}"
+        )
 
 
 _LIST_METHODS = frozenset({"append", "pop"})
@@ -335,7 +358,9 @@ def check_call(obj: Any, args: tuple, kwargs: dict, budget: RenderBudget) -> tup
     if name == "join" and len(args) == 1 and not kwargs:
         items = list(args[0])
         budget.check_items(len(items), "a joined list")
-        budget.check_text(len(owner) * len(items) + text_size(items, budget.size_limit), "a joined string")
+        budget.check_text(
+            len(owner) * len(items) + text_size(items, budget.size_limit), "a joined string"
+        )
         return (items,)
     estimate = _METHOD_SIZES.get(name)
     if estimate is not None:
@@ -358,8 +383,14 @@ def _indent_size(s: Any, width: Any = 4, *a: Any, **kw: Any) -> int:
     return len(s) + (s.count("\n") + 1) * _width(width)
 
 
-def _wordwrap_size(s: Any, width: Any = 79, break_long_words: Any = True, wrapstring: Any = None,
-                   *a: Any, **kw: Any) -> int:
+def _wordwrap_size(
+    s: Any,
+    width: Any = 79,
+    break_long_words: Any = True,
+    wrapstring: Any = None,
+    *a: Any,
+    **kw: Any,
+) -> int:
     s = str(s)
     return len(s) + (len(s) // max(_width(width), 1) + 1) * max(_width(wrapstring), 1)
 
@@ -380,7 +411,9 @@ def _sum_size(iterable: list, attribute: Any = None, start: Any = 0) -> int:
         current().check_items(n, "a summed list")
         work = len(iterable) * n // 2
         if work > 16 * MAX_ITEMS:
-            raise TemplateLimitError(f"would make sum copy {work:,} items, over its limit of {16 * MAX_ITEMS:,}")
+            raise TemplateLimitError(
+                f"would make sum copy {work:,} items, over its limit of {16 * MAX_ITEMS:,}"
+            )
     return 0
 
 
@@ -401,19 +434,57 @@ def _list_size(value: Any) -> int:
 
 
 _FILTER_SIZES: dict[str, Callable[..., int]] = {
-    "join": _join_size, "center": lambda value, width=80: max(len(str(value)), _width(width)),
-    "indent": _indent_size, "replace": lambda s, old, new, count=None: _replaced_size(
-        str(s), str(old), str(new), -1 if count is None else count),
-    "wordwrap": _wordwrap_size, "format": _format_size, "tojson": _tojson_size, "sum": _sum_size,
-    "batch": _batch_size, "list": _list_size, "striptags": _striptags_size,
+    "join": _join_size,
+    "center": lambda value, width=80: max(len(str(value)), _width(width)),
+    "indent": _indent_size,
+    "replace": lambda s, old, new, count=None: _replaced_size(
+        str(s), str(old), str(new), -1 if count is None else count
+    ),
+    "wordwrap": _wordwrap_size,
+    "format": _format_size,
+    "tojson": _tojson_size,
+    "sum": _sum_size,
+    "batch": _batch_size,
+    "list": _list_size,
+    "striptags": _striptags_size,
 }
 _MATERIALIZE = {"join", "sum"}  # filters whose iterable is measured, so it is made a list first
 # filters that do not turn their arguments into text: a container given to them is not measured
 # (templates call `messages|length` and the like once per message)
-_CONTAINER_FILTERS = frozenset({
-    "abs", "attr", "batch", "count", "d", "default", "dictsort", "first", "float", "groupby", "int",
-    "items", "last", "length", "list", "map", "max", "min", "reject", "rejectattr", "reverse", "round",
-    "select", "selectattr", "slice", "sort", "sum", "unique", "random", "join"})
+_CONTAINER_FILTERS = frozenset(
+    {
+        "abs",
+        "attr",
+        "batch",
+        "count",
+        "d",
+        "default",
+        "dictsort",
+        "first",
+        "float",
+        "groupby",
+        "int",
+        "items",
+        "last",
+        "length",
+        "list",
+        "map",
+        "max",
+        "min",
+        "reject",
+        "rejectattr",
+        "reverse",
+        "round",
+        "select",
+        "selectattr",
+        "slice",
+        "sort",
+        "sum",
+        "unique",
+        "random",
+        "join",
+    }
+)
 
 
 def _guard_filter(name: str, f: Callable) -> Callable:
@@ -428,14 +499,20 @@ def _guard_filter(name: str, f: Callable) -> Callable:
         if budget is None:  # jinja folding a constant while it compiles: the render will run it
             raise TemplateLimitError(f"{label} runs only inside a limited render")
         budget.tick()
-        if name in _MATERIALIZE and len(args) > n_pass and not isinstance(args[n_pass], (*_SEQUENCES, *_SIZED)):
+        if (
+            name in _MATERIALIZE
+            and len(args) > n_pass
+            and not isinstance(args[n_pass], (*_SEQUENCES, *_SIZED))
+        ):
             items = list(args[n_pass])
             budget.check_items(len(items), f"a list for {label}")
-            args = (*args[:n_pass], items, *args[n_pass + 1:])
+            args = (*args[:n_pass], items, *args[n_pass + 1 :])
         if measure_args:  # a container of shared strings prints larger than it is
             for a in (*args[n_pass:], *kwargs.values()):
                 if type(a) is not str:
-                    budget.check_text(text_size(a, budget.size_limit), f"the text of an argument to {label}")
+                    budget.check_text(
+                        text_size(a, budget.size_limit), f"the text of an argument to {label}"
+                    )
         if estimate is not None:
             try:
                 n = estimate(*args[n_pass:], **kwargs)
@@ -585,7 +662,9 @@ class LimitedSandbox(ImmutableSandboxedEnvironment):
             if len(left) + len(right) > MIN_SIZE_LIMIT:
                 current().check_text(len(left) + len(right), "a string")
             return left + right
-        if operator == "+" and (left is None and isinstance(right, str) or right is None and isinstance(left, str)):
+        if operator == "+" and (
+            left is None and isinstance(right, str) or right is None and isinstance(left, str)
+        ):
             return left or right  # llama.cpp concatenates none with text as the empty string
         budget = current()
         budget.tick()
@@ -602,8 +681,10 @@ class LimitedSandbox(ImmutableSandboxedEnvironment):
         try:
             if budget.depth > MAX_CALL_DEPTH:
                 what = "macro" if isinstance(__obj, Macro) else "call"
-                raise TemplateLimitError(f"nested {what}s more than {MAX_CALL_DEPTH} deep (a macro that "
-                                         "calls itself without end?)")
+                raise TemplateLimitError(
+                    f"nested {what}s more than {MAX_CALL_DEPTH} deep (a macro that "
+                    "calls itself without end?)"
+                )
             result = super().call(__context, __obj, *args, **kwargs)
         finally:
             budget.depth -= 1
@@ -613,7 +694,10 @@ class LimitedSandbox(ImmutableSandboxedEnvironment):
 
     def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
         """jinja's, with a formatter that counts the characters each field adds."""
-        if not isinstance(value, (MethodType, BuiltinMethodType)) or value.__name__ not in ("format", "format_map"):
+        if not isinstance(value, (MethodType, BuiltinMethodType)) or value.__name__ not in (
+            "format",
+            "format_map",
+        ):
             return None
         owner = value.__self__
         if not isinstance(owner, str):

@@ -79,8 +79,9 @@ def run_gen(ctx, n_gen: int, rng, n_past: int = 0) -> None:
         tok = int(np.argmax(logits[0]))
 
 
-def bench(ctx, n_prompt: int, n_gen: int, reps: int, n_threads: int, seed: int = 1234,
-          n_depth: int = 0) -> BenchResult:
+def bench(
+    ctx, n_prompt: int, n_gen: int, reps: int, n_threads: int, seed: int = 1234, n_depth: int = 0
+) -> BenchResult:
     """One llama-bench test: ppN (n_gen 0) or tgN (n_prompt 0), reps timed runs after a
     warm-up, each on top of n_depth untimed positions (needs n_ctx >= n_depth + n)."""
     rng = np.random.default_rng(seed)
@@ -96,4 +97,6 @@ def bench(ctx, n_prompt: int, n_gen: int, reps: int, n_threads: int, seed: int =
     test = f"pp{n_prompt}" if n_prompt else f"tg{n_gen}"
     if n_depth:
         test += f" @ d{n_depth}"
-    return BenchResult(test, n_prompt, n_gen, n_depth, n_threads, ctx.n_batch, ctx.n_ubatch, samples)
+    return BenchResult(
+        test, n_prompt, n_gen, n_depth, n_threads, ctx.n_batch, ctx.n_ubatch, samples
+    )

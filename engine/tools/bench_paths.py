@@ -46,7 +46,9 @@ class PathResult(TimedSamples):
     n_clients: int
     samples_ts: list[float]
     per_client_ts: list[float] = field(default_factory=list)  # mean of the clients', per repetition
-    extra: dict[str, Any] = field(default_factory=dict)  # what the path adds (gui: event_loop_p95_ms)
+    extra: dict[str, Any] = field(
+        default_factory=dict
+    )  # what the path adds (gui: event_loop_p95_ms)
 
     @property
     def test(self) -> str:
@@ -54,9 +56,18 @@ class PathResult(TimedSamples):
         return f"tg{self.n_gen} ({self.path}{clients})"
 
     def as_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = dict(path=self.path, test=self.test, n_prompt=0, n_gen=self.n_gen, n_depth=0,
-                                 n_threads=self.n_threads, n_clients=self.n_clients,
-                                 samples_ts=self.samples_ts, avg_ts=self.avg_ts, stddev_ts=self.stddev_ts)
+        d: dict[str, Any] = dict(
+            path=self.path,
+            test=self.test,
+            n_prompt=0,
+            n_gen=self.n_gen,
+            n_depth=0,
+            n_threads=self.n_threads,
+            n_clients=self.n_clients,
+            samples_ts=self.samples_ts,
+            avg_ts=self.avg_ts,
+            stddev_ts=self.stddev_ts,
+        )
         if self.per_client_ts:
             d["per_client_ts"] = self.per_client_ts
             d["avg_per_client_ts"] = statistics.fmean(self.per_client_ts)
@@ -69,7 +80,9 @@ def parse_paths(text: str) -> list[str]:
     paths = [p.strip() for p in text.split(",") if p.strip()]
     bad = [p for p in paths if p not in PATHS]
     if bad or not paths:
-        raise ValueError(f"unknown path {', '.join(bad) or repr(text)}: expected {', '.join(PATHS)}")
+        raise ValueError(
+            f"unknown path {', '.join(bad) or repr(text)}: expected {', '.join(PATHS)}"
+        )
     return list(dict.fromkeys(paths))
 
 
@@ -153,7 +166,9 @@ class _ChunkedEvents:
         return events
 
 
-def stream_completion(host: str, port: int, n_gen: int, seed: int, timeout_s: float = 600.0) -> StreamTiming:
+def stream_completion(
+    host: str, port: int, n_gen: int, seed: int, timeout_s: float = 600.0
+) -> StreamTiming:
     """One streaming /completion request; the arrival time of each token's event.
 
     The client reads the socket itself (no http.client line reader): on a machine whose cores
@@ -163,10 +178,20 @@ def stream_completion(host: str, port: int, n_gen: int, seed: int, timeout_s: fl
     Raises:
         EngineError: the server answered with an error, or the stream ended early.
     """
-    body = json.dumps({"prompt": PROMPT, "n_predict": n_gen, "ignore_eos": True, "stream": True,
-                       "seed": seed, "cache_prompt": False}).encode()
-    head = (f"POST /completion HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+    body = json.dumps(
+        {
+            "prompt": PROMPT,
+            "n_predict": n_gen,
+            "ignore_eos": True,
+            "stream": True,
+            "seed": seed,
+            "cache_prompt": False,
+        }
+    ).encode()
+    head = (
+        f"POST /completion HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode()
     times: list[float] = []
     with socket.create_connection((host, port), timeout=timeout_s) as sock:
         t_sent = time.perf_counter()
@@ -180,7 +205,9 @@ def stream_completion(host: str, port: int, n_gen: int, seed: int, timeout_s: fl
         header, rest = buf.split(b"\r\n\r\n", 1)
         status = header.split(b"\r\n", 1)[0]
         if b" 200 " not in status + b" ":
-            raise EngineError(f"the server answered {status.decode(errors='replace')}: {rest[:300]!r}")
+            raise EngineError(
+                f"the server answered {status.decode(errors='replace')}: {rest[:300]!r}"
+            )
         if b"transfer-encoding: chunked" not in header.lower():
             raise EngineError("the server's stream is not chunked")
         events = _ChunkedEvents()
@@ -202,7 +229,9 @@ def stream_completion(host: str, port: int, n_gen: int, seed: int, timeout_s: fl
     return StreamTiming(times, t_sent)
 
 
-def run_clients(host: str, port: int, n_clients: int, n_gen: int, seed: int = 0) -> list[StreamTiming]:
+def run_clients(
+    host: str, port: int, n_clients: int, n_gen: int, seed: int = 0
+) -> list[StreamTiming]:
     """n_clients concurrent streaming requests (one thread each, started together)."""
     results: list[StreamTiming | BaseException | None] = [None] * n_clients
     start = threading.Barrier(n_clients)
@@ -214,7 +243,10 @@ def run_clients(host: str, port: int, n_clients: int, n_gen: int, seed: int = 0)
         except BaseException as e:  # re-raised below, on the caller's thread
             results[i] = e
 
-    threads = [threading.Thread(target=client, args=(i,), name=f"bench-client-{i}") for i in range(n_clients)]
+    threads = [
+        threading.Thread(target=client, args=(i,), name=f"bench-client-{i}")
+        for i in range(n_clients)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -243,13 +275,46 @@ class ServeProcess:
     closes, so it cannot outlive this process.
     """
 
-    def __init__(self, model: str, n_slots: int, n_threads: int, n_ctx: int, decode_path: str = "x16",
-                 extra_args: tuple[str, ...] = ()):
-        cmd = [sys.executable, "-m", "engine", "serve", "-m", model, "--host", "127.0.0.1", "--port", "0",
-               "--ready-json", "-np", str(n_slots), "-t", str(n_threads), "-c", str(n_ctx), "--no-slots",
-               *_PATH_FLAGS[decode_path], *extra_args]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, cwd=os.getcwd(), env=_path_env(decode_path))
+    def __init__(
+        self,
+        model: str,
+        n_slots: int,
+        n_threads: int,
+        n_ctx: int,
+        decode_path: str = "x16",
+        extra_args: tuple[str, ...] = (),
+    ):
+        cmd = [
+            sys.executable,
+            "-m",
+            "engine",
+            "serve",
+            "-m",
+            model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--ready-json",
+            "-np",
+            str(n_slots),
+            "-t",
+            str(n_threads),
+            "-c",
+            str(n_ctx),
+            "--no-slots",
+            *_PATH_FLAGS[decode_path],
+            *extra_args,
+        ]
+        self.proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=os.getcwd(),
+            env=_path_env(decode_path),
+        )
         self._events: queue.Queue[dict | None] = queue.Queue()
         self._stderr: list[str] = []
         threading.Thread(target=self._read_stdout, daemon=True).start()
@@ -281,7 +346,9 @@ class ServeProcess:
             if ev is None or ev.get("event") == "failed":
                 self.proc.wait(5)
                 tail = "\n".join(self._stderr[-5:])
-                raise EngineError(f"the server did not start ({ev.get('error') if ev else 'it exited'}):\n{tail}")
+                raise EngineError(
+                    f"the server did not start ({ev.get('error') if ev else 'it exited'}):\n{tail}"
+                )
             if ev.get("event") == "listening":
                 self.port = int(ev["port"])
             if ev.get("event") == "ready":
@@ -299,8 +366,15 @@ class ServeProcess:
                 self.proc.wait()
 
 
-def bench_http(model: str, n_gen: int, reps: int, n_threads: int, n_clients: int = 1, decode_path: str = "x16",
-               server: tuple[str, int] | None = None) -> PathResult:
+def bench_http(
+    model: str,
+    n_gen: int,
+    reps: int,
+    n_threads: int,
+    n_clients: int = 1,
+    decode_path: str = "x16",
+    server: tuple[str, int] | None = None,
+) -> PathResult:
     """Decode tokens/s of n_clients concurrent streaming clients, reps timed rounds after a
     warm-up round. Starts a server with -np n_clients unless `server` (host, port) is given."""
     if n_gen < 2:
@@ -331,8 +405,13 @@ def bench_http(model: str, n_gen: int, reps: int, n_threads: int, n_clients: int
 # -- gui -----------------------------------------------------------------------------------------
 
 
-def bench_gui(command: list[str], n_gen: int, n_threads: int, timeout_s: float = 1800.0,
-              decode_path: str = "x16") -> PathResult:
+def bench_gui(
+    command: list[str],
+    n_gen: int,
+    n_threads: int,
+    timeout_s: float = 1800.0,
+    decode_path: str = "x16",
+) -> PathResult:
     """The desktop app's chat decode speed, from its benchmark program's JSON line.
 
     Args:
@@ -353,9 +432,13 @@ def bench_gui(command: list[str], n_gen: int, n_threads: int, timeout_s: float =
     if done.returncode != 0:
         err = done.stderr.strip().splitlines()
         module = cmd[2] if len(cmd) > 2 and cmd[1] == "-m" else None
-        if module and any("No module named" in line and module.split(".")[-1] in line for line in err[-3:]):
-            raise EngineError(f"the gui path needs the desktop app's benchmark ({module}), which this "
-                              "installation does not have")
+        if module and any(
+            "No module named" in line and module.split(".")[-1] in line for line in err[-3:]
+        ):
+            raise EngineError(
+                f"the gui path needs the desktop app's benchmark ({module}), which this "
+                "installation does not have"
+            )
         last = err[-1] if err else f"exit code {done.returncode}"
         raise EngineError(f"the gui benchmark failed: {last}")
     return parse_gui_output(done.stdout, n_gen, n_threads)
@@ -375,9 +458,19 @@ def parse_gui_output(stdout: str, n_gen: int, n_threads: int) -> PathResult:
     if row is None:
         raise EngineError("the gui benchmark printed no JSON result")
     samples = row.get("samples_ts")
-    if not isinstance(samples, list) or not samples or not all(isinstance(v, (int, float)) for v in samples):
+    if (
+        not isinstance(samples, list)
+        or not samples
+        or not all(isinstance(v, (int, float)) for v in samples)
+    ):
         raise EngineError(f"the gui benchmark's result has no samples_ts: {stdout.strip()[:200]}")
     known = {"path", "samples_ts", "avg_ts", "stddev_ts", "n_gen", "n_threads", "test"}
     extra = {k: v for k, v in row.items() if k not in known}
-    return PathResult("gui", int(row.get("n_gen", n_gen)), int(row.get("n_threads", n_threads)), 1,
-                      [float(v) for v in samples], extra=extra)
+    return PathResult(
+        "gui",
+        int(row.get("n_gen", n_gen)),
+        int(row.get("n_threads", n_threads)),
+        1,
+        [float(v) for v in samples],
+        extra=extra,
+    )

@@ -36,8 +36,14 @@ def log_softmax_at(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     return lg[np.arange(len(targets)), targets] - lse
 
 
-def perplexity(ctx, tokens: list[int], n_ctx: int, bos_id: int | None, n_chunks: int = -1,
-               on_chunk: Callable[[PerplexityChunk], None] | None = None) -> PerplexityResult:
+def perplexity(
+    ctx,
+    tokens: list[int],
+    n_ctx: int,
+    bos_id: int | None,
+    n_chunks: int = -1,
+    on_chunk: Callable[[PerplexityChunk], None] | None = None,
+) -> PerplexityResult:
     """Score `tokens` (already tokenized with special tokens added) in chunks of n_ctx.
 
     Each chunk starts from an empty cache; with a BOS model its first token becomes BOS.
@@ -47,7 +53,9 @@ def perplexity(ctx, tokens: list[int], n_ctx: int, bos_id: int | None, n_chunks:
         raise EngineError(f"context size {n_ctx} is too small for perplexity (need >= 4)")
     total = len(tokens) // n_ctx
     if total == 0:
-        raise EngineError(f"need at least {n_ctx} tokens for one chunk of {n_ctx}, the text has {len(tokens)}")
+        raise EngineError(
+            f"need at least {n_ctx} tokens for one chunk of {n_ctx}, the text has {len(tokens)}"
+        )
     if n_chunks > 0:
         total = min(total, n_chunks)
     first = n_ctx // 2

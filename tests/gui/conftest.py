@@ -75,6 +75,7 @@ def load(window, qtbot, path: str) -> None:
 
 def send(window, qtbot, text: str, timeout: int = 5000) -> None:
     window.chat_pane.input.setPlainText(text)
-    with qtbot.waitSignal(window.chat.busy_changed, timeout=timeout,
-                          check_params_cb=lambda busy: busy is False):
+    with qtbot.waitSignal(
+        window.chat.busy_changed, timeout=timeout, check_params_cb=lambda busy: busy is False
+    ):
         window.chat_pane.submit()

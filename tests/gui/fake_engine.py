@@ -58,14 +58,29 @@ WEIGHTS_BYTES = EMBD_BYTES + N_LAYER * LAYER_BYTES + HEAD_BYTES
 COMPUTE_BYTES, METADATA_BYTES = 300_000, 4_000
 
 FAKE_CPU = DeviceDesc("CPU", "CPU", "Fake CPU @ 3.0 GHz, numba target fake", 16 << 30, 8 << 30)
-FAKE_GL0 = DeviceDesc("GL0", "OpenGL", "llvmpipe (LLVM 15.0.7, 256 bits) (4.5 (Core Profile) Mesa 23.2.1)",
-                      8 << 30, 6 << 30, ("GL 4.5", "compute"))
-FAKE_GL0_MISSING = DeviceDesc("GL0", "OpenGL", "EGL (Mesa)", None, None, (), False,
-                              "OpenGL 3.3 only: compute shaders need 4.3")
+FAKE_GL0 = DeviceDesc(
+    "GL0",
+    "OpenGL",
+    "llvmpipe (LLVM 15.0.7, 256 bits) (4.5 (Core Profile) Mesa 23.2.1)",
+    8 << 30,
+    6 << 30,
+    ("GL 4.5", "compute"),
+)
+FAKE_GL0_MISSING = DeviceDesc(
+    "GL0",
+    "OpenGL",
+    "EGL (Mesa)",
+    None,
+    None,
+    (),
+    False,
+    "OpenGL 3.3 only: compute shaders need 4.3",
+)
 
 
-def fake_shares(params: LoadParams, kv: int, gpu: DeviceDesc | None,
-                capacity: bool = False) -> tuple[DeviceShare, ...]:
+def fake_shares(
+    params: LoadParams, kv: int, gpu: DeviceDesc | None, capacity: bool = False
+) -> tuple[DeviceShare, ...]:
     """The CPU / GPU split of the fake model under -ngl (the engine's placement contract)."""
     n = params.n_gpu_layers if params.n_gpu_layers >= 0 else N_LAYER + 1
     if gpu is None or not gpu.available or n == 0:
@@ -74,21 +89,39 @@ def fake_shares(params: LoadParams, kv: int, gpu: DeviceDesc | None,
     gpu_w, gpu_kv = on * LAYER_BYTES + (HEAD_BYTES if head else 0), kv // N_LAYER * on
     room = (gpu.free_bytes if gpu.free_bytes is not None else gpu.total_bytes) or 0
     need = gpu_w + gpu_kv + COMPUTE_BYTES
-    verdict = ("" if not capacity else "unknown" if not room else "too big" if need > room else
-               "tight" if need > 0.9 * room else "fits")
-    return (DeviceShare("CPU", WEIGHTS_BYTES - gpu_w, kv - gpu_kv, COMPUTE_BYTES, N_LAYER - on),
-            DeviceShare(gpu.name, gpu_w, gpu_kv, COMPUTE_BYTES, on, room if capacity else 0, verdict))
+    verdict = (
+        ""
+        if not capacity
+        else "unknown"
+        if not room
+        else "too big"
+        if need > room
+        else "tight"
+        if need > 0.9 * room
+        else "fits"
+    )
+    return (
+        DeviceShare("CPU", WEIGHTS_BYTES - gpu_w, kv - gpu_kv, COMPUTE_BYTES, N_LAYER - on),
+        DeviceShare(gpu.name, gpu_w, gpu_kv, COMPUTE_BYTES, on, room if capacity else 0, verdict),
+    )
 
 
-def fake_figures(params: LoadParams, kv: int, gpu: DeviceDesc | None, estimate: bool,
-                 **kw) -> MemoryFigures:
+def fake_figures(
+    params: LoadParams, kv: int, gpu: DeviceDesc | None, estimate: bool, **kw
+) -> MemoryFigures:
     shares = fake_shares(params, kv, gpu, capacity=estimate)
     weights = sum(d.weights_bytes for d in shares)
     compute = sum(d.compute_bytes for d in shares)
-    return MemoryFigures(weights_bytes=weights, kv_bytes=kv, compute_bytes=compute,
-                         kv_seq_capacity_bytes=kv // max(1, params.n_seq_max),
-                         metadata_bytes=METADATA_BYTES,
-                         total_bytes=weights + kv + compute + METADATA_BYTES, devices=shares, **kw)
+    return MemoryFigures(
+        weights_bytes=weights,
+        kv_bytes=kv,
+        compute_bytes=compute,
+        kv_seq_capacity_bytes=kv // max(1, params.n_seq_max),
+        metadata_bytes=METADATA_BYTES,
+        total_bytes=weights + kv + compute + METADATA_BYTES,
+        devices=shares,
+        **kw,
+    )
 
 
 _WORK = np.linspace(0.0, 1.0, 1 << 16)
@@ -126,8 +159,15 @@ class FakeStream(ReplyStream):
         yield self._step("", "stop", t0)
 
     def _step(self, delta: str, reason: str | None, t0: float) -> ReplyStep:
-        return ReplyStep(delta, reason, self._n_prompt, self.n_generated, 0, 5.0,
-                         (time.perf_counter() - t0) * 1000.0)
+        return ReplyStep(
+            delta,
+            reason,
+            self._n_prompt,
+            self.n_generated,
+            0,
+            5.0,
+            (time.perf_counter() - t0) * 1000.0,
+        )
 
 
 class FakeSession(SessionApi):
@@ -143,8 +183,15 @@ class FakeSession(SessionApi):
     template_name: str
     endpoint: str = ""
 
-    def __init__(self, path: str, params: LoadParams, reply: str, delay: float, busy: bool = False,
-                 gpu: DeviceDesc | None = None):
+    def __init__(
+        self,
+        path: str,
+        params: LoadParams,
+        reply: str,
+        delay: float,
+        busy: bool = False,
+        gpu: DeviceDesc | None = None,
+    ):
         self.path, self.params, self.reply, self.delay, self.busy = path, params, reply, delay, busy
         self.gpu = gpu
         self.name = Path(path).stem
@@ -168,8 +215,16 @@ class FakeSession(SessionApi):
         kv = self.params.n_ctx * N_LAYER * 2 * 64 * 2 * self.params.n_seq_max
         used = self._used * N_LAYER * 2 * 64 * 2
         per_seq = tuple([used] + [0] * (self.params.n_seq_max - 1))
-        return fake_figures(self.params, kv, self.gpu, estimate=False, weights_resident_bytes=60_000,
-                            kv_used_bytes=used, kv_per_seq_used=per_seq, rss_bytes=process_rss())
+        return fake_figures(
+            self.params,
+            kv,
+            self.gpu,
+            estimate=False,
+            weights_resident_bytes=60_000,
+            kv_used_bytes=used,
+            kv_per_seq_used=per_seq,
+            rss_bytes=process_rss(),
+        )
 
     def count_tokens(self, messages: list[dict]) -> int:
         return sum(len(m["content"].split()) + 4 for m in messages) + 1
@@ -226,8 +281,10 @@ class FakeHub(HubApi):
     files under `root`, `chunks` steps of `step_s` each, honouring cancel between steps."""
 
     REPOS = {
-        "alice/tiny-llama-GGUF": [("tiny-llama-Q4_K_M.gguf", "Q4_K_M", 4_000_000),
-                                  ("tiny-llama-Q8_0.gguf", "Q8_0", 7_000_000)],
+        "alice/tiny-llama-GGUF": [
+            ("tiny-llama-Q4_K_M.gguf", "Q4_K_M", 4_000_000),
+            ("tiny-llama-Q8_0.gguf", "Q8_0", 7_000_000),
+        ],
         "bob/mamba-GGUF": [("mamba-IQ4_XS.gguf", "IQ4_XS", 2_000_000)],
     }
 
@@ -247,15 +304,20 @@ class FakeHub(HubApi):
 
     def search(self, text: str, token: str | None) -> list[HubRepoInfo]:
         self._call("search", text, token)
-        return [HubRepoInfo(r, 1000 * (i + 1), 10, False, len(files))
-                for i, (r, files) in enumerate(self.REPOS.items()) if text.lower() in r.lower()]
+        return [
+            HubRepoInfo(r, 1000 * (i + 1), 10, False, len(files))
+            for i, (r, files) in enumerate(self.REPOS.items())
+            if text.lower() in r.lower()
+        ]
 
     def files(self, repo_id: str, token: str | None) -> list[HubFileInfo]:
         self._call("files", repo_id, token)
         if repo_id not in self.REPOS:
             raise HubError(f"{repo_id}: no such repository", HubError.NOT_FOUND)
-        return [HubFileInfo(repo_id, name, quant, size, 1, self._local(repo_id, name), i == 0)
-                for i, (name, quant, size) in enumerate(self.REPOS[repo_id])]
+        return [
+            HubFileInfo(repo_id, name, quant, size, 1, self._local(repo_id, name), i == 0)
+            for i, (name, quant, size) in enumerate(self.REPOS[repo_id])
+        ]
 
     def fit(self, repo_id: str, filename: str, token: str | None) -> HubFitInfo:
         self._call("fit", f"{repo_id}:{filename}", token)
@@ -263,11 +325,30 @@ class FakeHub(HubApi):
             return HubFitInfo(repo_id, filename, FIT_OK, False, "architecture 'mamba'", "mamba")
         size = dict((n, s) for n, _q, s in self.REPOS[repo_id])[filename]
         verdict = FIT_OK if size < 5_000_000 else FIT_NO
-        return HubFitInfo(repo_id, filename, verdict, True, "", "llama", 1_234_567, 2048, 2048, True,
-                          size * 2, 6_000_000, 65_536)
+        return HubFitInfo(
+            repo_id,
+            filename,
+            verdict,
+            True,
+            "",
+            "llama",
+            1_234_567,
+            2048,
+            2048,
+            True,
+            size * 2,
+            6_000_000,
+            65_536,
+        )
 
-    def download(self, repo_id: str, filename: str, token: str | None, progress: DownloadProgressFn,
-                 cancel: threading.Event) -> str:
+    def download(
+        self,
+        repo_id: str,
+        filename: str,
+        token: str | None,
+        progress: DownloadProgressFn,
+        cancel: threading.Event,
+    ) -> str:
         self._call("download", f"{repo_id}:{filename}", token)
         size = dict((n, s) for n, _q, s in self.REPOS[repo_id])[filename]
         start = self.partial.get((repo_id, filename), 0)
@@ -288,8 +369,12 @@ class FakeHub(HubApi):
         self.partial.pop((repo_id, filename), None)
 
     def cached_models(self) -> list[HubFileInfo]:
-        return [HubFileInfo(r, n, q, s, 1, local) for r, files in self.REPOS.items() for n, q, s in files
-                if (local := self._local(r, n))]
+        return [
+            HubFileInfo(r, n, q, s, 1, local)
+            for r, files in self.REPOS.items()
+            for n, q, s in files
+            if (local := self._local(r, n))
+        ]
 
     def _local(self, repo_id: str, filename: str) -> str | None:
         path = self.root / repo_id.replace("/", "--") / filename
@@ -297,9 +382,15 @@ class FakeHub(HubApi):
 
 
 class FakeEngine(EngineApi):
-    def __init__(self, reply: str = REPLY, delay: float = 0.01, load_time: float = 0.05,
-                 busy: bool = False, hub: HubApi | None = None,
-                 devices: list[DeviceDesc] | None = None):
+    def __init__(
+        self,
+        reply: str = REPLY,
+        delay: float = 0.01,
+        load_time: float = 0.05,
+        busy: bool = False,
+        hub: HubApi | None = None,
+        devices: list[DeviceDesc] | None = None,
+    ):
         self.reply, self.delay, self.load_time, self.busy = reply, delay, load_time, busy
         self.device_list = devices or [FAKE_CPU]  # add FAKE_GL0 for a GPU
         self.sessions: list[FakeSession] = []
@@ -310,10 +401,21 @@ class FakeEngine(EngineApi):
     def inspect(self, path: str) -> LlmFileInfo:
         p = Path(path)
         if p.read_bytes()[:4] != b"GGUF":
-            return LlmFileInfo(str(p), p.stem, file_size=p.stat().st_size,
-                               error="not a GGUF file (bad magic)")
-        return LlmFileInfo(str(p), p.stem, "llama", 1_234_567, {"Q4_1": 60_000, "F32": 30_000},
-                           p.stat().st_size, 2048, True, "gpt2", n_layer=N_LAYER)
+            return LlmFileInfo(
+                str(p), p.stem, file_size=p.stat().st_size, error="not a GGUF file (bad magic)"
+            )
+        return LlmFileInfo(
+            str(p),
+            p.stem,
+            "llama",
+            1_234_567,
+            {"Q4_1": 60_000, "F32": 30_000},
+            p.stat().st_size,
+            2048,
+            True,
+            "gpt2",
+            n_layer=N_LAYER,
+        )
 
     def _gpu(self) -> DeviceDesc | None:
         return next((d for d in self.device_list if d.is_gpu and d.available), None)
@@ -322,8 +424,9 @@ class FakeEngine(EngineApi):
         kv = params.n_ctx * N_LAYER * 2 * 64 * 2 * params.n_seq_max
         return fake_figures(params, kv, self._gpu(), estimate=True)
 
-    def load(self, path: str, params: LoadParams, progress: ProgressFn,
-             cancel: threading.Event) -> FakeSession:
+    def load(
+        self, path: str, params: LoadParams, progress: ProgressFn, cancel: threading.Event
+    ) -> FakeSession:
         for i in range(5):
             if cancel.is_set():
                 raise LoadCancelled("Loading cancelled")

@@ -14,8 +14,24 @@ def test_bench_gui_prints_one_json_line_with_the_fields(tiny_llama_path, capsys,
     # enough tokens for several painted frames (~30 a second) even when this tiny model decodes
     # them in a fraction of a millisecond each: 96 once fitted in one frame (a failed run)
     n_gen, reps = 480, 2
-    assert bench_gui.main(["-m", str(tiny_llama_path), "-p", "8", "-n", str(n_gen), "-r", str(reps),
-                           "-t", "1", "--json"]) == 0
+    assert (
+        bench_gui.main(
+            [
+                "-m",
+                str(tiny_llama_path),
+                "-p",
+                "8",
+                "-n",
+                str(n_gen),
+                "-r",
+                str(reps),
+                "-t",
+                "1",
+                "--json",
+            ]
+        )
+        == 0
+    )
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 1
     r = json.loads(lines[0])
@@ -36,9 +52,13 @@ def test_bench_gui_refuses_a_missing_model(tmp_path, capsys):
 def test_a_reply_is_timed_between_frames_not_to_the_end_flush():
     # frames show what the engine handed over up to a wake-up interval late, at both ends; the
     # end's flush comes at once and would count the first frame's lag as speed
-    rep = bench_gui.RepResult(arrivals=[(1.0, 10), (1.2, 60), (1.4, 110), (1.41, 128)], n_streamed=3)
+    rep = bench_gui.RepResult(
+        arrivals=[(1.0, 10), (1.2, 60), (1.4, 110), (1.41, 128)], n_streamed=3
+    )
     assert rep.tokens_per_s() == pytest.approx(100 / 0.4)
-    short = bench_gui.RepResult(arrivals=[(1.0, 10), (1.3, 64)], n_streamed=1)  # one frame: the flush ends it
+    short = bench_gui.RepResult(
+        arrivals=[(1.0, 10), (1.3, 64)], n_streamed=1
+    )  # one frame: the flush ends it
     assert short.tokens_per_s() == pytest.approx(54 / 0.3)
     with pytest.raises(RuntimeError, match="too few UI updates"):
         bench_gui.RepResult(arrivals=[(1.0, 64)], n_streamed=0).tokens_per_s()

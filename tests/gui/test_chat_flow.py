@@ -134,13 +134,19 @@ def test_context_overflow_drops_oldest_turns(make_window, qtbot, gguf_path):
         send(w, qtbot, f"message number {i} " + "filler " * 10)
     stats = w.chat.chat_model.message(w.chat.chat_model.rowCount() - 1).stats
     assert stats["dropped_messages"] > 0
-    assert w.ctx.engine.sessions[-1].count_tokens(w.ctx.engine.sessions[-1].last_messages) + 40 <= 256
+    assert (
+        w.ctx.engine.sessions[-1].count_tokens(w.ctx.engine.sessions[-1].last_messages) + 40 <= 256
+    )
 
 
 def _option_for(view, index):
     option = QStyleOptionViewItem()
     option.rect = view.visualRect(index)
-    option.font, option.palette, option.fontMetrics = view.font(), view.palette(), view.fontMetrics()
+    option.font, option.palette, option.fontMetrics = (
+        view.font(),
+        view.palette(),
+        view.fontMetrics(),
+    )
     return option
 
 
@@ -149,7 +155,7 @@ def test_code_block_copy_button_copies_code(loaded_window, qtbot):
     send(w, qtbot, "show code")
     view, index = w.chat_pane.view, w.chat.chat_model.index(1)
     layout = w.chat_pane.delegate._layout(_option_for(view, index), index)
-    (code, rect), = layout.code_copies
+    ((code, rect),) = layout.code_copies
     assert code == "print('hi')"
     qtbot.mouseClick(view.viewport(), Qt.MouseButton.LeftButton, pos=rect.center())
     assert QGuiApplication.clipboard().text() == "print('hi')"
@@ -168,6 +174,8 @@ def test_rename_and_export(loaded_window, qtbot, tmp_path, monkeypatch):
     assert w.ctx.store.title(cid) == "Renamed" and w.chat_pane.title_label.text() == "Renamed"
     for fmt in ("md", "json"):
         target = tmp_path / f"out.{fmt}"
-        monkeypatch.setattr("app.main_window.QFileDialog.getSaveFileName", _save_dialog_answering(target))
+        monkeypatch.setattr(
+            "app.main_window.QFileDialog.getSaveFileName", _save_dialog_answering(target)
+        )
         w.on_sidebar_export_requested(cid, fmt)
         assert "export me" in target.read_text()

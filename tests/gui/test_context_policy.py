@@ -14,7 +14,8 @@ def _count(messages):
 
 def test_fit_to_context_keeps_system_and_drops_oldest_turns():
     msgs = [{"role": "system", "content": "sys"}] + [
-        {"role": "user" if i % 2 == 0 else "assistant", "content": "w " * 10} for i in range(6)]
+        {"role": "user" if i % 2 == 0 else "assistant", "content": "w " * 10} for i in range(6)
+    ]
     fitted, dropped, max_tokens = fit_to_context(_count, msgs, n_ctx=40, max_tokens=10)
     assert fitted[0]["role"] == "system" and dropped == 4 and len(fitted) == 3
     assert _count(fitted) + max_tokens <= 40

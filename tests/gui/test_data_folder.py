@@ -80,20 +80,28 @@ def _with_wal(path: Path) -> bytes:
 
 
 @pytest.mark.parametrize("damage", [_random, _truncated, _with_wal])
-def test_damaged_history_is_set_aside_and_app_starts(make_window, data_dir, damage, qtbot, gguf_path):
+def test_damaged_history_is_set_aside_and_app_starts(
+    make_window, data_dir, damage, qtbot, gguf_path
+):
     path = Path(data_dir) / DB
     original = damage(path)
     w = make_window()
     assert "could not be read" in banner(w) and ".corrupt-" in banner(w)
     aside = [p for p in Path(data_dir).iterdir() if p.name.startswith(DB + ".corrupt-")]
     kept = next(p for p in aside if not p.name.endswith(("-wal", "-shm")))
-    assert kept.read_bytes() == original and kept.name in banner(w)  # never deleted, named in the banner
+    assert kept.read_bytes() == original and kept.name in banner(
+        w
+    )  # never deleted, named in the banner
     if damage is _with_wal:  # siblings keep sqlite's naming, so the kept copy opens with its log
         assert (kept.parent / (kept.name + "-wal")).read_bytes() == b"wal bytes"
-        assert (kept.parent / (kept.name + "-shm")).exists()  # an index sqlite rebuilds: it may rewrite it
+        assert (
+            kept.parent / (kept.name + "-shm")
+        ).exists()  # an index sqlite rebuilds: it may rewrite it
     load(w, qtbot, gguf_path)
     send(w, qtbot, "a fresh start")
-    assert [m.content for m in ConversationStore(path).messages(w.chat.conversation_id)][0] == "a fresh start"
+    assert [m.content for m in ConversationStore(path).messages(w.chat.conversation_id)][
+        0
+    ] == "a fresh start"
 
 
 def test_history_path_that_is_a_directory_is_set_aside(make_window, data_dir):
@@ -113,7 +121,9 @@ def test_damaged_history_that_cannot_be_moved_aside(make_window, data_dir, monke
 
     monkeypatch.setattr("app.data_folder.set_aside", refuse)
     w = make_window()
-    assert "could not be moved aside (Permission denied)" in banner(w) and "will not be saved" in banner(w)
+    assert "could not be moved aside (Permission denied)" in banner(
+        w
+    ) and "will not be saved" in banner(w)
     assert path.read_bytes() == original and w.ctx.store.path == ":memory:"
 
 
@@ -165,7 +175,9 @@ def read_only(monkeypatch, tmp_path):
         folder.chmod(0o755)
 
 
-def test_read_only_folder_keeps_history_in_memory(make_window, data_dir, read_only, qtbot, gguf_path):
+def test_read_only_folder_keeps_history_in_memory(
+    make_window, data_dir, read_only, qtbot, gguf_path
+):
     history(Path(data_dir))
     read_only(Path(data_dir))
     w = make_window()
@@ -175,7 +187,9 @@ def test_read_only_folder_keeps_history_in_memory(make_window, data_dir, read_on
     send(w, qtbot, "only in memory")
     assert w.chat.chat_model.message(0).content == "only in memory"
     assert w.chat.conversations.rowCount() == 2
-    assert [c.title for c in ConversationStore.read_only_copy(Path(data_dir) / DB).list()] == ["Kept"]
+    assert [c.title for c in ConversationStore.read_only_copy(Path(data_dir) / DB).list()] == [
+        "Kept"
+    ]
 
 
 def test_folder_that_cannot_be_created(make_window, tmp_path, qtbot, gguf_path):
@@ -228,7 +242,9 @@ def test_rename_on_full_disk(full_disk_window, qtbot):
     model = w.chat.conversations
     old = model.index(0).data()
     with qtbot.captureExceptions() as exceptions:
-        model.setData(model.index(0), "Renamed", Qt.ItemDataRole.EditRole)  # what the view's editor does
+        model.setData(
+            model.index(0), "Renamed", Qt.ItemDataRole.EditRole
+        )  # what the view's editor does
     assert exceptions == []
     assert "not saved" in banner(w)
     qtbot.waitUntil(lambda: model.index(0).data() == old)  # shows what is really stored
@@ -259,7 +275,9 @@ def test_import_on_full_disk(full_disk_window, qtbot, tmp_path, monkeypatch):
     w = full_disk_window
     exported = tmp_path / "chat.json"
     exported.write_text(w.ctx.store.export_json(w.chat.conversation_id), encoding="utf-8")
-    monkeypatch.setattr("app.main_window.QFileDialog.getOpenFileName", lambda *a, **k: (str(exported), ""))
+    monkeypatch.setattr(
+        "app.main_window.QFileDialog.getOpenFileName", lambda *a, **k: (str(exported), "")
+    )
     with qtbot.captureExceptions() as exceptions:
         w.sidebar.import_requested.emit()
     assert exceptions == []
@@ -268,11 +286,15 @@ def test_import_on_full_disk(full_disk_window, qtbot, tmp_path, monkeypatch):
 
 def test_import_round_trip_and_bad_file(window, qtbot, tmp_path, monkeypatch):
     good, bad = tmp_path / "good.json", tmp_path / "bad.json"
-    good.write_text('{"title": "Imported", "messages": [{"role": "user", "content": "hi"},'
-                    ' {"role": "assistant", "content": "hello", "stats": {"n_generated": 1}}]}')
+    good.write_text(
+        '{"title": "Imported", "messages": [{"role": "user", "content": "hi"},'
+        ' {"role": "assistant", "content": "hello", "stats": {"n_generated": 1}}]}'
+    )
     bad.write_text("{not json")
     chosen = [str(good)]
-    monkeypatch.setattr("app.main_window.QFileDialog.getOpenFileName", lambda *a, **k: (chosen[0], ""))
+    monkeypatch.setattr(
+        "app.main_window.QFileDialog.getOpenFileName", lambda *a, **k: (chosen[0], "")
+    )
     window.sidebar.import_requested.emit()
     assert window.chat.conversations.index(0).data() == "Imported"
     assert [m.content for m in window.chat.chat_model.messages()] == ["hi", "hello"]
@@ -326,7 +348,10 @@ def test_settings_with_bad_values_keep_the_good_ones(make_window, data_dir):
     ini = Path(data_dir) / "settings.ini"
     ini.write_text('[General]\nload={not json\nsystem_prompt="\\"Be brief.\\""\n', encoding="utf-8")
     w = make_window()
-    assert w.ctx.settings.system_prompt == "Be brief." and w.ctx.settings.load == default_settings().load
+    assert (
+        w.ctx.settings.system_prompt == "Be brief."
+        and w.ctx.settings.load == default_settings().load
+    )
     assert "settings could not be read (load)" in banner(w)
     assert "{not json" in next(Path(data_dir).glob("settings.ini.corrupt-*")).read_text()
     w.close()

@@ -17,7 +17,12 @@ import pytest
 import hub_server
 from app.dto import LoadParams
 from app.engine_adapter import EngineAdapter, HubAdapter
-from app.item_models.hub_download_table_model import DONE, DOWNLOADING, PAUSED, HubDownloadTableModel
+from app.item_models.hub_download_table_model import (
+    DONE,
+    DOWNLOADING,
+    PAUSED,
+    HubDownloadTableModel,
+)
 from app.item_models.hub_file_table_model import HubFileTableModel
 from app.item_models.hub_repo_table_model import HubRepoTableModel
 from app.machine import free_port
@@ -54,9 +59,13 @@ def search(panel, qtbot, text: str, n_repos: int | None = None) -> None:
 def select_file(panel, qtbot, filename: str):
     proxy = panel.file_table.model()
     qtbot.waitUntil(lambda: panel.files.row_of(filename) >= 0, timeout=10_000)
-    panel.file_table.setCurrentIndex(proxy.mapFromSource(panel.files.index(panel.files.row_of(filename), 0)))
-    qtbot.waitUntil(lambda: panel.files.fit(filename) is not None or bool(panel.files.fit_error(filename)),
-                    timeout=30_000)
+    panel.file_table.setCurrentIndex(
+        proxy.mapFromSource(panel.files.index(panel.files.row_of(filename), 0))
+    )
+    qtbot.waitUntil(
+        lambda: panel.files.fit(filename) is not None or bool(panel.files.fit_error(filename)),
+        timeout=30_000,
+    )
     return panel.files.fit(filename)
 
 
@@ -84,13 +93,17 @@ def test_search_lists_repos_and_checks_only_the_selected_file(fake_window, fake_
     qtbot.waitUntil(lambda: panel.files.rowCount() == 2, timeout=5000)
     q4 = select_file(panel, qtbot, "tiny-llama-Q4_K_M.gguf")  # the default file, selected for us
     assert q4.supported and q4.verdict == "fits"
-    assert "fits" in panel.fit_label.text() and panel.download_button.text().startswith("Download (")
+    assert "fits" in panel.fit_label.text() and panel.download_button.text().startswith(
+        "Download ("
+    )
     fits = [c for c in fake_hub.calls if c[0] == "fit"]
     assert fits == [("fit", f"{REPO}:tiny-llama-Q4_K_M.gguf", None)]  # lazily: not the Q8_0 file
     q8_row = panel.files.row_of("tiny-llama-Q8_0.gguf")
     assert panel.files.index(q8_row, 2).data() == "not checked"
     q8 = select_file(panel, qtbot, "tiny-llama-Q8_0.gguf")
-    assert q8.verdict == "does not fit" and panel.files.index(q8_row, 3).data().startswith("too big")
+    assert q8.verdict == "does not fit" and panel.files.index(q8_row, 3).data().startswith(
+        "too big"
+    )
     assert panel.download_button.text().startswith("Download anyway")
 
 
@@ -113,16 +126,22 @@ def test_unsupported_model_is_said_before_download(fake_window, qtbot):
     assert not fit.supported
     row = panel.files.row_of("mamba-IQ4_XS.gguf")
     assert panel.files.index(row, 2).data() == "✗ not supported"
-    assert "Not supported by this engine" in panel.fit_label.text() and "mamba" in panel.fit_label.text()
+    assert (
+        "Not supported by this engine" in panel.fit_label.text()
+        and "mamba" in panel.fit_label.text()
+    )
     assert panel.download_button.text().startswith("Download anyway")
     assert "cannot run it" in panel.download_button.toolTip()
 
 
-@pytest.mark.parametrize("reason, words, asks_token", [
-    (HubError.AUTH, "needs a Hugging Face token", True),
-    (HubError.NOT_FOUND, "canned failure", False),
-    (HubError.OFFLINE, "No connection to the Hugging Face Hub", False),
-])
+@pytest.mark.parametrize(
+    "reason, words, asks_token",
+    [
+        (HubError.AUTH, "needs a Hugging Face token", True),
+        (HubError.NOT_FOUND, "canned failure", False),
+        (HubError.OFFLINE, "No connection to the Hugging Face Hub", False),
+    ],
+)
 def test_hub_errors_are_shown_plainly(fake_window, fake_hub, qtbot, reason, words, asks_token):
     panel = discover(fake_window)
     fake_hub.fail[REPO] = reason
@@ -154,7 +173,10 @@ def test_download_pause_survives_a_restart_and_resumes(make_window, fake_hub, da
     d = panel.downloads.model.download(0)
     qtbot.waitUntil(lambda: d.done > 0 and d.rate > 0, timeout=5000)
     assert panel.download_button.text() == "Downloading…" and not panel.download_button.isEnabled()
-    assert "/s" in panel.downloads.model.index(0, 2).data() and ":" in panel.downloads.model.index(0, 3).data()
+    assert (
+        "/s" in panel.downloads.model.index(0, 2).data()
+        and ":" in panel.downloads.model.index(0, 3).data()
+    )
     panel.downloads.pause(d)
     qtbot.waitUntil(lambda: d.state == PAUSED, timeout=5000)
     assert 0 < fake_hub.partial[(REPO, "tiny-llama-Q8_0.gguf")] < fake_hub.chunks
@@ -198,17 +220,27 @@ def test_item_models_pass_the_model_tester(qtmodeltester):
     repos.set_repos([HubRepoInfo("a/b", 10, 2, True, 3), HubRepoInfo("c/d")])
     qtmodeltester.check(repos, force_py=True)
     files = HubFileTableModel()
-    files.set_files("a/b", [HubFileInfo("a/b", "x-Q4_0.gguf", "Q4_0", 100, 1, None, True),
-                            HubFileInfo("a/b", "x.gguf", "", None, 3)])
+    files.set_files(
+        "a/b",
+        [
+            HubFileInfo("a/b", "x-Q4_0.gguf", "Q4_0", 100, 1, None, True),
+            HubFileInfo("a/b", "x.gguf", "", None, 3),
+        ],
+    )
     files.set_checking("x.gguf")
-    files.set_fit("a/b", HubFitInfo("a/b", "x-Q4_0.gguf", "tight", True, n_ctx=256, needed_bytes=90))
+    files.set_fit(
+        "a/b", HubFitInfo("a/b", "x-Q4_0.gguf", "tight", True, n_ctx=256, needed_bytes=90)
+    )
     files.set_fit("other/repo", HubFitInfo("other/repo", "x.gguf", "fits", True))  # dropped
     assert files.fit("x.gguf") is None and files.index(1, 2).data() == "checking…"
     qtmodeltester.check(files, force_py=True)
     downloads = HubDownloadTableModel()
     downloads.add(Download("a/b", "x-Q4_0.gguf", "Q4_0", 100, 40, DOWNLOADING, rate=20.0))
     downloads.add(Download("c/d", "y.gguf", earlier=True))
-    assert downloads.index(0, 1).data() == "40% · 40 B of 100 B" and downloads.index(0, 3).data() == "0:03"
+    assert (
+        downloads.index(0, 1).data() == "40% · 40 B of 100 B"
+        and downloads.index(0, 3).data() == "0:03"
+    )
     assert downloads.index(1, 4).data() == "paused (last session)"
     qtmodeltester.check(downloads, force_py=True)
 
@@ -229,10 +261,18 @@ def payloads(tmp_path_factory):
 @pytest.fixture
 def hub(tmp_path, monkeypatch, payloads):
     small, big = payloads
-    server = hub_server.start(tmp_path, {
-        REPO: {"tiny-llama-Q4_K_M.gguf": big, "tiny-llama-Q8_0.gguf": small, "README.md": b"# tiny"},
-        GATED: {"gated-llama-Q8_0.gguf": small},
-    }, gated=(GATED,))
+    server = hub_server.start(
+        tmp_path,
+        {
+            REPO: {
+                "tiny-llama-Q4_K_M.gguf": big,
+                "tiny-llama-Q8_0.gguf": small,
+                "README.md": b"# tiny",
+            },
+            GATED: {"gated-llama-Q8_0.gguf": small},
+        },
+        gated=(GATED,),
+    )
     monkeypatch.setenv("HF_ENDPOINT", server.url)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HUB_OFFLINE", "HF_TOKEN"):
@@ -258,7 +298,11 @@ def test_real_search_and_fit_read_only_the_header(hub_window, hub, qtbot):
     size = panel.files.file(panel.files.row_of("tiny-llama-Q4_K_M.gguf")).size_bytes
     assert q4 is not None and q4.supported and q4.arch == "llama" and q4.verdict == "fits"
     assert 0 < q4.bytes_read < size  # the header, by ranges, not the file
-    assert all(rng for method, path, rng, _status, _n in hub.log if path.startswith("/cdn/") and method == "GET")
+    assert all(
+        rng
+        for method, path, rng, _status, _n in hub.log
+        if path.startswith("/cdn/") and method == "GET"
+    )
     assert "llama" in panel.fit_label.text() and "fits" in panel.fit_label.text()
 
 
@@ -269,10 +313,15 @@ def test_real_download_appears_in_the_picker_and_loads(hub_window, hub, qtbot, t
     with qtbot.waitSignal(panel.model_downloaded, timeout=30_000) as blocker:
         panel.download_button.click()
     path = blocker.args[0]
-    assert path.startswith(str(tmp_path / "hf-home" / "hub")) and Path(path).name == "tiny-llama-Q8_0.gguf"
+    assert (
+        path.startswith(str(tmp_path / "hf-home" / "hub"))
+        and Path(path).name == "tiny-llama-Q8_0.gguf"
+    )
     qtbot.waitUntil(lambda: path in picker_paths(hub_window), timeout=5000)
-    assert panel.load_button.isVisibleTo(panel) and "downloaded" in panel.files.index(
-        panel.files.row_of("tiny-llama-Q8_0.gguf"), 4).data()
+    assert (
+        panel.load_button.isVisibleTo(panel)
+        and "downloaded" in panel.files.index(panel.files.row_of("tiny-llama-Q8_0.gguf"), 4).data()
+    )
     with qtbot.waitSignal(hub_window.ctx.llm_loaded, timeout=10_000):
         panel.load_button.click()
     assert hub_window.ctx.session.path == path
@@ -312,12 +361,15 @@ def test_real_pause_keeps_the_partial_file_and_resume_completes(hub_window, hub,
     with qtbot.waitSignal(panel.model_downloaded, timeout=30_000) as blocker:
         panel.downloads.resume(d)
     assert d.state == DONE and Path(blocker.args[0]).stat().st_size == d.total
-    assert ("GET", f"bytes={have}-") in {(m, rng) for m, path, rng, _s, _n in hub.log if path.startswith("/cdn/")}
+    assert ("GET", f"bytes={have}-") in {
+        (m, rng) for m, path, rng, _s, _n in hub.log if path.startswith("/cdn/")
+    }
     qtbot.waitUntil(lambda: blocker.args[0] in picker_paths(hub_window), timeout=5000)
 
 
-def test_real_download_interrupted_by_quitting_resumes_at_the_next_start(make_window, hub, qtbot, tmp_path,
-                                                                         data_dir):
+def test_real_download_interrupted_by_quitting_resumes_at_the_next_start(
+    make_window, hub, qtbot, tmp_path, data_dir
+):
     w = make_window(FakeEngine(hub=HubAdapter()))
     panel = discover(w)
     search(panel, qtbot, "tiny", n_repos=1)
@@ -336,7 +388,9 @@ def test_real_download_interrupted_by_quitting_resumes_at_the_next_start(make_wi
     assert panel2.downloads.model.rowCount() == 1 and panel2.earlier_label.text()
     with qtbot.waitSignal(panel2.model_downloaded, timeout=30_000) as blocker:
         panel2.resume_all()
-    assert ("GET", f"bytes={have}-") in {(m, rng) for m, path, rng, _s, _n in hub.log if path.startswith("/cdn/")}
+    assert ("GET", f"bytes={have}-") in {
+        (m, rng) for m, path, rng, _s, _n in hub.log if path.startswith("/cdn/")
+    }
     assert Path(blocker.args[0]).stat().st_size == panel2.downloads.model.download(0).total
 
 
@@ -351,7 +405,9 @@ def test_real_cancel_deletes_the_partial_file(hub_window, hub, qtbot, tmp_path):
     panel.downloads.cancel(d)
     qtbot.waitUntil(lambda: panel.downloads.model.rowCount() == 0, timeout=20_000)
     assert not [b for b in blobs(tmp_path) if b.name.endswith(".incomplete")]
-    assert HubAdapter().cached_models() == [] and not any("Q4_K_M" in p for p in picker_paths(hub_window))
+    assert HubAdapter().cached_models() == [] and not any(
+        "Q4_K_M" in p for p in picker_paths(hub_window)
+    )
 
 
 def test_real_gated_repo_asks_for_a_token_and_works_with_it(hub_window, hub, qtbot):
@@ -369,7 +425,9 @@ def test_real_gated_repo_asks_for_a_token_and_works_with_it(hub_window, hub, qtb
 
 
 def test_real_disk_full_is_said_before_the_transfer(hub_window, hub, qtbot, monkeypatch, tmp_path):
-    monkeypatch.setattr("engine.hub.client.shutil.disk_usage", lambda _p: FakeDisk(1 << 30, 1 << 30, 1024))
+    monkeypatch.setattr(
+        "engine.hub.client.shutil.disk_usage", lambda _p: FakeDisk(1 << 30, 1 << 30, 1024)
+    )
     panel = discover(hub_window)
     search(panel, qtbot, "tiny", n_repos=1)
     select_file(panel, qtbot, "tiny-llama-Q4_K_M.gguf")

@@ -8,17 +8,28 @@ from engine.backends import DeviceMemory
 
 
 def test_memory_figures_from_engine_report():
-    report = MemoryReport(weights_bytes=10, weights_resident_bytes=None, kv_bytes=4,
-                          kv_used_bytes=3, kv_per_seq_used=[1, 2], estimate=True)
+    report = MemoryReport(
+        weights_bytes=10,
+        weights_resident_bytes=None,
+        kv_bytes=4,
+        kv_used_bytes=3,
+        kv_per_seq_used=[1, 2],
+        estimate=True,
+    )
     fig = MemoryFigures.from_report(report)
     assert fig.weights_resident_bytes == 0 and fig.rss_bytes == 0
     assert fig.kv_per_seq_used == (1, 2) and fig.total_bytes == report.total_bytes == 14
 
 
 def test_memory_figures_carry_the_devices_shares():
-    report = MemoryReport(weights_bytes=10, weights_resident_bytes=None, kv_bytes=4, kv_used_bytes=0,
-                          compute_bytes=6, devices=(DeviceMemory("CPU", 7, 1, 3, 1),
-                                                    DeviceMemory("GL0", 3, 3, 3, 3)))
+    report = MemoryReport(
+        weights_bytes=10,
+        weights_resident_bytes=None,
+        kv_bytes=4,
+        kv_used_bytes=0,
+        compute_bytes=6,
+        devices=(DeviceMemory("CPU", 7, 1, 3, 1), DeviceMemory("GL0", 3, 3, 3, 3)),
+    )
     fig = MemoryFigures.from_report(report)
     assert fig.devices == (DeviceShare("CPU", 7, 1, 3, 1), DeviceShare("GL0", 3, 3, 3, 3))
     assert fig.gpu_shares == (fig.devices[1],) and fig.host_bytes == fig.total_bytes - 9 == 11

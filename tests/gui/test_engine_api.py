@@ -18,7 +18,15 @@ import pytest
 
 from app.dto import LoadParams
 from app.engine_adapter import EngineAdapter, HubAdapter, LlmSession, _StepStream, layer_of
-from app.engine_api import ChatLlmApi, EngineApi, HubApi, RemoteApi, ReplyStream, ServerHandle, SessionApi
+from app.engine_api import (
+    ChatLlmApi,
+    EngineApi,
+    HubApi,
+    RemoteApi,
+    ReplyStream,
+    ServerHandle,
+    SessionApi,
+)
 from app.remote_adapter import RemoteAdapter, RemoteChat, RemoteReplyStream
 
 from .fake_engine import FakeEngine, FakeHub, FakeServer, FakeSession, FakeStream
@@ -50,8 +58,10 @@ def _attributes(proto: type) -> dict[str, str]:
 
 def _params(fn) -> list[tuple[str, object, object, object]]:
     hints = get_type_hints(fn)
-    return [(p.name, p.kind, p.default, hints.get(p.name))
-            for p in inspect.signature(fn).parameters.values()]
+    return [
+        (p.name, p.kind, p.default, hints.get(p.name))
+        for p in inspect.signature(fn).parameters.values()
+    ]
 
 
 def _defining_class(cls: type, name: str) -> type:
@@ -65,7 +75,9 @@ def test_implementation_defines_every_protocol_method_with_its_signature(proto, 
         owner = _defining_class(impl, name)
         assert owner is not proto, f"{impl.__name__}.{name} is only the Protocol's stub"
         ours, theirs = getattr(impl, name), getattr(proto, name)
-        assert _params(ours) == _params(theirs), f"{impl.__name__}.{name} differs from {proto.__name__}"
+        assert _params(ours) == _params(theirs), (
+            f"{impl.__name__}.{name} differs from {proto.__name__}"
+        )
         got, want = get_type_hints(ours).get("return"), get_type_hints(theirs).get("return")
         covariant = isinstance(got, type) and want in got.__mro__  # a fake may return its fake
         assert got == want or covariant, f"{impl.__name__}.{name} returns {got}, not {want}"
@@ -95,12 +107,28 @@ def test_fake_and_real_session_set_every_attribute(tiny_llama_path, tmp_path):
 
 @pytest.mark.slow  # a whole mypy run of app/ and the fakes: ~20 s of a core
 def test_mypy_accepts_the_implementations():
-    files = ["app/engine_api.py", "app/engine_adapter.py", "app/dto.py", "app/errors.py",
-             "tests/gui/fake_engine.py"]
+    files = [
+        "app/engine_api.py",
+        "app/engine_adapter.py",
+        "app/dto.py",
+        "app/errors.py",
+        "tests/gui/fake_engine.py",
+    ]
     result = subprocess.run(
-        [sys.executable, "-m", "mypy", "--follow-imports=silent", "--ignore-missing-imports",
-         "--cache-dir=/dev/null", "--no-error-summary", *files],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--follow-imports=silent",
+            "--ignore-missing-imports",
+            "--cache-dir=/dev/null",
+            "--no-error-summary",
+            *files,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
 

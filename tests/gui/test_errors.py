@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from app.errors import AppError, LoadCancelled, plain_error
-from engine.errors import GGUFError, InsufficientMemoryError, MetadataError, MissingTensorError, UnsupportedQuantError
+from engine.errors import (
+    GGUFError,
+    InsufficientMemoryError,
+    MetadataError,
+    MissingTensorError,
+    UnsupportedQuantError,
+)
 
 
 def test_plain_error_names_the_problem_and_keeps_engine_message():
@@ -16,8 +22,12 @@ def test_plain_error_names_the_problem_and_keeps_engine_message():
 def test_plain_error_prefers_the_most_specific_class():
     assert plain_error(MissingTensorError("blk.0.attn_q")).startswith("The model file is missing")
     assert plain_error(GGUFError("bad magic")).startswith("This file is not a usable GGUF")
-    assert plain_error(MetadataError("key 'llama.block_count'")).startswith("The model file's metadata")
-    assert plain_error(InsufficientMemoryError("needs 800 GiB")).startswith("This model does not fit")
+    assert plain_error(MetadataError("key 'llama.block_count'")).startswith(
+        "The model file's metadata"
+    )
+    assert plain_error(InsufficientMemoryError("needs 800 GiB")).startswith(
+        "This model does not fit"
+    )
 
 
 def test_plain_error_ignores_look_alike_class_names():

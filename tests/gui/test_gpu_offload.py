@@ -35,8 +35,10 @@ def _window(make_window, qtbot, *devices):
 def _open(w, qtbot, path):
     w.picker.open_path(path)
     panel = w.picker.load_panel
-    qtbot.waitUntil(lambda: panel.info is not None and "RAM is free" in panel.estimate_label.text(),
-                    timeout=3000)
+    qtbot.waitUntil(
+        lambda: panel.info is not None and "RAM is free" in panel.estimate_label.text(),
+        timeout=3000,
+    )
     return panel
 
 
@@ -50,7 +52,11 @@ def test_backends_panel_lists_every_device(make_window, qtbot):
     panel = w.dashboard.backends
     assert list(panel.device_labels) == ["CPU", "GL0"]
     gl = panel.device_labels["GL0"].text()
-    assert FAKE_GL0.description in gl and "8.0 GiB total · 6.0 GiB free" in gl and gl.endswith("· available")
+    assert (
+        FAKE_GL0.description in gl
+        and "8.0 GiB total · 6.0 GiB free" in gl
+        and gl.endswith("· available")
+    )
     assert "GL 4.5, compute" in gl
     assert panel.labels["CPU"].text() not in ("", "…")  # the CPU rows stay
     # a listed GL device names its renderer: the display's renderer rows step aside
@@ -73,8 +79,9 @@ def test_backends_panel_with_the_cpu_alone_keeps_the_opengl_rows(make_window, qt
 
 
 # load panel: the GPU layers control -----------------------------------------------------------
-@pytest.mark.parametrize("devices, why", [((), "No GPU device found"),
-                                          ((FAKE_GL0_MISSING,), "compute shaders need 4.3")])
+@pytest.mark.parametrize(
+    "devices, why", [((), "No GPU device found"), ((FAKE_GL0_MISSING,), "compute shaders need 4.3")]
+)
 def test_gpu_layers_disabled_with_the_reason(make_window, qtbot, gguf_path, devices, why):
     w = _window(make_window, qtbot, *devices)
     panel = _open(w, qtbot, gguf_path)
@@ -103,15 +110,25 @@ def test_estimate_shows_the_cpu_gpu_split(make_window, qtbot, gguf_path, n_gpu):
     panel.set_params(replace(panel.params(), n_gpu_layers=n_gpu))
     on = N_LAYER if n_gpu < 0 else min(n_gpu, N_LAYER)
     head = HEAD_BYTES if n_gpu < 0 or n_gpu > N_LAYER else 0
-    qtbot.waitUntil(lambda: _segments(panel.gpu_bar).get("Weights") == on * LAYER_BYTES + head, timeout=3000)
+    qtbot.waitUntil(
+        lambda: _segments(panel.gpu_bar).get("Weights") == on * LAYER_BYTES + head, timeout=3000
+    )
     assert panel.gpu_bar.isVisibleTo(panel) and panel.ram_title.isVisibleTo(panel)
-    assert panel.ram_title.text() == f"CPU (RAM): {N_LAYER - on} layer" + ("" if N_LAYER - on == 1 else "s")
+    assert panel.ram_title.text() == f"CPU (RAM): {N_LAYER - on} layer" + (
+        "" if N_LAYER - on == 1 else "s"
+    )
     gpu, cpu = _segments(panel.gpu_bar), _segments(panel.estimate_bar)
     assert gpu["Compute"] == cpu["Compute"] == COMPUTE_BYTES
-    assert cpu["KV cache"] + gpu["KV cache"] == w.ctx.engine.estimate(gguf_path, panel.params()).kv_bytes
+    assert (
+        cpu["KV cache"] + gpu["KV cache"]
+        == w.ctx.engine.estimate(gguf_path, panel.params()).kv_bytes
+    )
     assert panel.gpu_bar.capacity == FAKE_GL0.free_bytes
     assert f"GL0 (GPU memory): {on} layer" in panel.gpu_title.text()
-    assert "The CPU needs" in panel.estimate_label.text() and "GL0 needs about" in panel.estimate_label.text()
+    assert (
+        "The CPU needs" in panel.estimate_label.text()
+        and "GL0 needs about" in panel.estimate_label.text()
+    )
     assert panel.estimate_label.styleSheet() == ""  # fits: no warning colour
     panel.gpu_all.setChecked(False)
     panel.n_gpu_layers.setValue(0)
@@ -123,7 +140,9 @@ def test_estimate_warns_when_the_gpu_share_does_not_fit(make_window, qtbot, gguf
     w = _window(make_window, qtbot, small)
     panel = _open(w, qtbot, gguf_path)
     panel.n_gpu_layers.setValue(2)
-    qtbot.waitUntil(lambda: "will not fit in GPU memory" in panel.estimate_label.text(), timeout=3000)
+    qtbot.waitUntil(
+        lambda: "will not fit in GPU memory" in panel.estimate_label.text(), timeout=3000
+    )
     assert "#d9534f" in panel.estimate_label.styleSheet()
     assert "use fewer GPU layers" in panel.estimate_label.text()
 
@@ -132,7 +151,9 @@ def test_estimate_says_when_the_gpu_memory_is_unknown(make_window, qtbot, gguf_p
     w = _window(make_window, qtbot, replace(FAKE_GL0, total_bytes=None, free_bytes=None))
     panel = _open(w, qtbot, gguf_path)
     panel.n_gpu_layers.setValue(1)
-    qtbot.waitUntil(lambda: "does not report its memory" in panel.estimate_label.text(), timeout=3000)
+    qtbot.waitUntil(
+        lambda: "does not report its memory" in panel.estimate_label.text(), timeout=3000
+    )
 
 
 def test_load_passes_gpu_layers_and_settings_keep_them(make_window, qtbot, gguf_path):
@@ -165,7 +186,10 @@ def test_dashboard_shows_one_bar_per_device(make_window, qtbot, gguf_path):
     for name, bar in d.device_bars.items():
         seg = _segments(bar)
         assert (seg["Weights"], seg["KV cache"], seg["Compute"]) == (
-            shares[name].weights_bytes, shares[name].kv_bytes, shares[name].compute_bytes)
+            shares[name].weights_bytes,
+            shares[name].kv_bytes,
+            shares[name].compute_bytes,
+        )
     assert d.device_bars["GL0"].capacity == FAKE_GL0.total_bytes
     assert d.device_bars["CPU"].capacity == 0
     assert d.device_titles["GL0"].text().startswith("GL0: 2 layers")
@@ -204,7 +228,9 @@ def test_adapter_lists_devices_and_splits_the_estimate(gl0_registry, tiny_llama_
     cpu, gl0 = fig.devices
     assert (gl0.device, gl0.n_layers, cpu.n_layers) == ("GL0", 1, info.n_layer - 1)
     assert gl0.capacity_bytes == 6 << 30 and gl0.verdict == "fits" and cpu.verdict == ""
-    assert fig.compute_bytes == 2 * gl0.compute_bytes and fig.kv_bytes == cpu.kv_bytes + gl0.kv_bytes
+    assert (
+        fig.compute_bytes == 2 * gl0.compute_bytes and fig.kv_bytes == cpu.kv_bytes + gl0.kv_bytes
+    )
     every = adapter.estimate(info.path, replace(base, n_gpu_layers=-1)).devices
     assert every[1].n_layers == info.n_layer and every[0].n_layers == 0
     but_first = adapter.estimate(info.path, replace(base, n_gpu_layers=info.n_layer)).devices
@@ -238,8 +264,12 @@ def test_adapter_load_passes_gpu_layers_to_the_engine(gl0_registry, tiny_llama_p
     monkeypatch.setattr(engine.model, "load_model", recording)
     adapter = EngineAdapter()
     info = adapter.inspect(str(tiny_llama_path))
-    session = adapter.load(info.path, LoadParams(n_ctx=256, n_seq_max=1, n_batch=64, n_ubatch=64,
-                                                 n_gpu_layers=-1), lambda f, m: None, threading.Event())
+    session = adapter.load(
+        info.path,
+        LoadParams(n_ctx=256, n_seq_max=1, n_batch=64, n_ubatch=64, n_gpu_layers=-1),
+        lambda f, m: None,
+        threading.Event(),
+    )
     try:
         assert seen == {"n_gpu_layers": info.n_layer + 1, "device": "GL0"}
     finally:

@@ -14,7 +14,9 @@ from app.storage import Conversation, Message
 
 def test_chat_list_model_passes_modeltester_while_streaming(qtmodeltester):
     model = ChatListModel()
-    model.set_messages([Message("user", "hi", 1), Message("assistant", "hello", 2, {"n_generated": 1})])
+    model.set_messages(
+        [Message("user", "hi", 1), Message("assistant", "hello", 2, {"n_generated": 1})]
+    )
     qtmodeltester.check(model, force_py=True)
     model.append(Message("user", "more", 3))
     model.append(Message("assistant", "", 4), streaming=True)
@@ -51,7 +53,11 @@ def test_conversation_list_model_rename_emits_title_edited(qtmodeltester, qtbot)
 
 def test_llm_file_table_model_lists_unusable_files_with_reason(qtmodeltester):
     model = LlmFileTableModel()
-    model.add_or_update(LlmFileInfo("/a.gguf", "a", "llama", 135_000_000, {"Q4_1": 10, "F32": 2}, 90 << 20, 8192, True))
+    model.add_or_update(
+        LlmFileInfo(
+            "/a.gguf", "a", "llama", 135_000_000, {"Q4_1": 10, "F32": 2}, 90 << 20, 8192, True
+        )
+    )
     model.add_or_update(LlmFileInfo("/b.gguf", "b", error="unsupported quant type IQ2_XS"))
     model.add_or_update(LlmFileInfo("/a.gguf", "a2", "llama"))  # update in place
     assert model.rowCount() == 2
@@ -61,8 +67,12 @@ def test_llm_file_table_model_lists_unusable_files_with_reason(qtmodeltester):
 
 def test_layer_table_model(qtmodeltester):
     model = LayerTableModel()
-    model.set_rows([TensorRow(-1, "token_embd.weight", "Q8_0", (64, 300), 20400),
-                    TensorRow(0, "blk.0.attn_q.weight", "Q4_1", (64, 64), 2560)])
+    model.set_rows(
+        [
+            TensorRow(-1, "token_embd.weight", "Q8_0", (64, 300), 20400),
+            TensorRow(0, "blk.0.attn_q.weight", "Q4_1", (64, 64), 2560),
+        ]
+    )
     assert model.total_bytes() == 22960 and model.n_layers() == 1
     qtmodeltester.check(model, force_py=True)
 
@@ -74,12 +84,16 @@ def test_slot_table_model_follows_report(qtmodeltester):
     model.set_figures(MemoryFigures(kv_bytes=2000, kv_per_seq_used=(600, 10)))
     qtmodeltester.check(model, force_py=True)
     # a unified pool: any slot may fill all of it, so a share never passes 100 %
-    model.set_figures(MemoryFigures(kv_bytes=2000, kv_seq_capacity_bytes=2000, kv_per_seq_used=(1500, 0)))
+    model.set_figures(
+        MemoryFigures(kv_bytes=2000, kv_seq_capacity_bytes=2000, kv_per_seq_used=(1500, 0))
+    )
     assert model.index(0, 2).data() == "75.0 %"
 
 
 def test_starter_list_model(qtmodeltester):
     model = StarterListModel()
-    model.set_starters([StarterModel("smollm2", "d", 1 << 20, None), StarterModel("gemma", "", 0, "/x")])
+    model.set_starters(
+        [StarterModel("smollm2", "d", 1 << 20, None), StarterModel("gemma", "", 0, "/x")]
+    )
     assert "not downloaded" in model.index(0).data() and "downloaded" in model.index(1).data()
     qtmodeltester.check(model, force_py=True)

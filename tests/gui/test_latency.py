@@ -31,7 +31,9 @@ def p95(probe: LagProbe) -> float:
 
 
 @pytest.mark.perf
-def test_event_loop_latency_while_loading_and_generating(make_window, qtbot, gguf_path, perf_figure):
+def test_event_loop_latency_while_loading_and_generating(
+    make_window, qtbot, gguf_path, perf_figure
+):
     w = make_window(FakeEngine(reply=" ".join(["tok"] * 150), delay=0.01, load_time=0.6, busy=True))
     probe = latency_probe()
     probe.start()

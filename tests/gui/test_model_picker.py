@@ -45,8 +45,10 @@ def test_load_cancel_keeps_nothing_loaded(make_window, qtbot, gguf_path):
     qtbot.waitUntil(lambda: panel.progress.value() > 0, timeout=3000)
     panel.cancel_load()
     # `cancelled` and then `finished` (which frees the panel) arrive as two queued events
-    qtbot.waitUntil(lambda: panel.status.text() == "Loading cancelled." and panel.load_button.isEnabled(),
-                    timeout=5000)
+    qtbot.waitUntil(
+        lambda: panel.status.text() == "Loading cancelled." and panel.load_button.isEnabled(),
+        timeout=5000,
+    )
     assert w.ctx.session is None
 
 
@@ -56,6 +58,8 @@ def test_estimate_shown_against_free_ram(window, qtbot, gguf_path):
     qtbot.waitUntil(lambda: "RAM is free" in panel.estimate_label.text(), timeout=3000)
     before = {s.label: s.value for s in panel.estimate_bar.segments}["KV cache"]
     panel.n_ctx.setValue(panel.n_ctx.value() * 2)
-    qtbot.waitUntil(lambda: {s.label: s.value for s in panel.estimate_bar.segments}["KV cache"] == 2 * before,
-                    timeout=3000)
+    qtbot.waitUntil(
+        lambda: {s.label: s.value for s in panel.estimate_bar.segments}["KV cache"] == 2 * before,
+        timeout=3000,
+    )
     assert panel.estimate_bar.capacity > 0

@@ -38,7 +38,10 @@ def test_real_engine_end_to_end(real_window, qtbot):
     send(w, qtbot, "Say hello in five words.", timeout=300_000)
     reply = w.chat.chat_model.message(1)
     assert reply.content.strip() and reply.stats["n_generated"] > 0
-    assert reply.stats["replay"]["model_sha256"] == w.ctx.session.sha256 and len(w.ctx.session.sha256) == 64
+    assert (
+        reply.stats["replay"]["model_sha256"] == w.ctx.session.sha256
+        and len(w.ctx.session.sha256) == 64
+    )
 
     # dashboard numbers are the engine's report
     report = w.ctx.session.memory()
@@ -78,7 +81,10 @@ def test_real_engine_estimate_matches_allocation(real_window, qtbot):
         w.picker.load_panel.start_load()
     real = w.ctx.session.memory()
     assert (estimate.kv_bytes, estimate.compute_bytes, estimate.weights_bytes) == (
-        real.kv_bytes, real.compute_bytes, real.weights_bytes)
+        real.kv_bytes,
+        real.compute_bytes,
+        real.weights_bytes,
+    )
 
 
 def test_real_engine_inspect_lists_bad_file_with_reason(tmp_path):

@@ -69,7 +69,9 @@ def oai():
     server.stop()
 
 
-def fill_dialog(qtbot, open_dialog, url: str, key: str = "", name: str = "", cancel: bool = False) -> EndpointDialog:
+def fill_dialog(
+    qtbot, open_dialog, url: str, key: str = "", name: str = "", cancel: bool = False
+) -> EndpointDialog:
     """Open the add/edit dialog with `open_dialog()`, type into it and press Save; a refused
     URL keeps it open (or `cancel`): then it is closed with Cancel. Returns the dialog."""
     open_dialog()
@@ -91,8 +93,14 @@ def window_of(bound_method):
 def add_server(window, qtbot, url: str, key: str = "", name: str = "") -> None:
     panel = window.picker.remote
     fill_dialog(qtbot, panel.add_endpoint, url, key, name)
-    qtbot.waitUntil(lambda: panel.current_endpoint() is not None and panel.current_endpoint().url == url
-                    and (url in panel.servers or "error" == panel.status.objectName()), timeout=10000)
+    qtbot.waitUntil(
+        lambda: (
+            panel.current_endpoint() is not None
+            and panel.current_endpoint().url == url
+            and (url in panel.servers or "error" == panel.status.objectName())
+        ),
+        timeout=10000,
+    )
 
 
 def choose(window, qtbot, model: str) -> None:
@@ -106,7 +114,9 @@ def choose(window, qtbot, model: str) -> None:
 # -- add, list, key ---------------------------------------------------------------------------
 
 
-def test_remote_add_server_lists_its_models_and_keeps_the_key_in_the_keyring(window, qtbot, oai, memory_keyring):
+def test_remote_add_server_lists_its_models_and_keeps_the_key_in_the_keyring(
+    window, qtbot, oai, memory_keyring
+):
     panel = window.picker.remote
     dialog = fill_dialog(qtbot, panel.add_endpoint, oai.url + "/v1/", KEY, "Test box")
     assert "system keyring (MemoryKeyring)" in dialog.key_note.text()
@@ -121,14 +131,18 @@ def test_remote_add_server_lists_its_models_and_keeps_the_key_in_the_keyring(win
     assert oai.url in settings_file.read_text() and KEY not in settings_file.read_text()
 
 
-def test_remote_servers_and_keys_survive_a_restart(make_window, qtbot, oai, memory_keyring, data_dir):
+def test_remote_servers_and_keys_survive_a_restart(
+    make_window, qtbot, oai, memory_keyring, data_dir
+):
     w = make_window()
     add_server(w, qtbot, oai.url, KEY, "Box")
     w.close()
     w2 = make_window(directory=data_dir)
     panel = w2.picker.remote
     assert [e.url for e in panel.endpoints.endpoints()] == [oai.url]
-    qtbot.waitUntil(lambda: panel.models.ids() == ["alpha", "beta"], timeout=10000)  # the key came back
+    qtbot.waitUntil(
+        lambda: panel.models.ids() == ["alpha", "beta"], timeout=10000
+    )  # the key came back
 
 
 def test_remote_without_keyring_keeps_the_key_for_the_session(window, qtbot, oai, no_keyring):
@@ -146,7 +160,9 @@ def test_remote_without_keyring_keeps_the_key_for_the_session(window, qtbot, oai
 def test_remote_dialog_refuses_an_invalid_url(window, qtbot):
     panel = window.picker.remote
     dialog = fill_dialog(qtbot, panel.add_endpoint, "ftp://nowhere", cancel=True)
-    assert dialog.error_label.isVisibleTo(dialog) and "not an http(s) URL" in dialog.error_label.text()
+    assert (
+        dialog.error_label.isVisibleTo(dialog) and "not an http(s) URL" in dialog.error_label.text()
+    )
     assert panel.endpoints.rowCount() == 0
 
 
@@ -157,29 +173,48 @@ def test_remote_wrong_key_and_non_openai_server_are_explained(window, qtbot, oai
     assert panel.models.rowCount() == 0 and "not connected" in panel.endpoints.index(0).data()
     oai.not_json = True
     fill_dialog(qtbot, panel.edit_endpoint, oai.url, KEY)
-    qtbot.waitUntil(lambda: "did not answer like an OpenAI-compatible server" in panel.status.text(), timeout=10000)
+    qtbot.waitUntil(
+        lambda: "did not answer like an OpenAI-compatible server" in panel.status.text(),
+        timeout=10000,
+    )
 
 
 # -- chat --------------------------------------------------------------------------------------
 
 
-def test_remote_chat_streams_into_the_chat_view_and_is_remembered(window, qtbot, oai, memory_keyring):
+def test_remote_chat_streams_into_the_chat_view_and_is_remembered(
+    window, qtbot, oai, memory_keyring
+):
     add_server(window, qtbot, oai.url, KEY, "Box")
     choose(window, qtbot, "beta")
     assert window.tabs.currentIndex() == 0 and "beta @ Box" in window.llm_label.text()
-    window.ctx.settings.sampling = window.ctx.settings.sampling.__class__(temperature=0.25, top_p=0.5, seed=9,
-                                                                          max_tokens=77)
+    window.ctx.settings.sampling = window.ctx.settings.sampling.__class__(
+        temperature=0.25, top_p=0.5, seed=9, max_tokens=77
+    )
     texts: list[str] = []
-    window.chat.chat_model.dataChanged.connect(lambda *_: texts.append(window.chat.chat_model.message(1).content))
+    window.chat.chat_model.dataChanged.connect(
+        lambda *_: texts.append(window.chat.chat_model.message(1).content)
+    )
     send(window, qtbot, "Hello remote")
     reply = window.chat.chat_model.message(1)
     assert reply.content == openai_server.REPLY
     assert 1 < len(texts) and texts[0] != reply.content  # it grew in steps: streamed, not at once
     body = oai.requests[-1]
-    assert body["model"] == "beta" and body["messages"][-1] == {"role": "user", "content": "Hello remote"}
-    assert (body["temperature"], body["top_p"], body["seed"], body["max_tokens"]) == (0.25, 0.5, 9, 77)
+    assert body["model"] == "beta" and body["messages"][-1] == {
+        "role": "user",
+        "content": "Hello remote",
+    }
+    assert (body["temperature"], body["top_p"], body["seed"], body["max_tokens"]) == (
+        0.25,
+        0.5,
+        9,
+        77,
+    )
     assert "top_k" not in body  # a plain OpenAI server gets OpenAI's fields only
-    assert not window.sampling.inputs["top_k"].isEnabled() and "Not sent" in window.sampling.inputs["min_p"].toolTip()
+    assert (
+        not window.sampling.inputs["top_k"].isEnabled()
+        and "Not sent" in window.sampling.inputs["min_p"].toolTip()
+    )
     assert window.sampling.inputs["temperature"].isEnabled()
     replay = reply.stats["replay"]
     assert (replay["endpoint"], replay["model"]) == (oai.url, "beta")
@@ -192,7 +227,10 @@ def test_remote_chat_streams_into_the_chat_view_and_is_remembered(window, qtbot,
     window.ctx.clear_remote()
     assert window.ctx.chat_llm is None
     window.chat.open_conversation(conversation_id)
-    qtbot.waitUntil(lambda: window.ctx.chat_llm is not None and window.ctx.chat_llm.name == "beta", timeout=10000)
+    qtbot.waitUntil(
+        lambda: window.ctx.chat_llm is not None and window.ctx.chat_llm.name == "beta",
+        timeout=10000,
+    )
     assert window.ctx.remote_endpoint is not None and window.ctx.remote_endpoint.url == oai.url
     # the server gone: opening the conversation says so, and nothing crashes
     window.chat.new_conversation()
@@ -204,17 +242,24 @@ def test_remote_chat_streams_into_the_chat_view_and_is_remembered(window, qtbot,
     assert window.ctx.chat_llm is None
 
 
-def test_remote_editing_the_chosen_server_chooses_its_model_again_with_the_new_key(window, qtbot, oai,
-                                                                                   memory_keyring):
+def test_remote_editing_the_chosen_server_chooses_its_model_again_with_the_new_key(
+    window, qtbot, oai, memory_keyring
+):
     add_server(window, qtbot, oai.url, "wrong-key", "Box")
-    qtbot.waitUntil(lambda: "refused the API key" in window.picker.remote.status.text(), timeout=10000)
+    qtbot.waitUntil(
+        lambda: "refused the API key" in window.picker.remote.status.text(), timeout=10000
+    )
     fill_dialog(qtbot, window.picker.remote.edit_endpoint, oai.url, KEY, "Box")
     qtbot.waitUntil(lambda: window.picker.remote.models.ids() == ["alpha", "beta"], timeout=10000)
     choose(window, qtbot, "alpha")
     oai.api_key = "rotated"
     fill_dialog(qtbot, window.picker.remote.edit_endpoint, oai.url, "rotated", "Box 2")
-    qtbot.waitUntil(lambda: window.ctx.remote_endpoint is not None and window.ctx.remote_endpoint.name == "Box 2",
-                    timeout=10000)
+    qtbot.waitUntil(
+        lambda: (
+            window.ctx.remote_endpoint is not None and window.ctx.remote_endpoint.name == "Box 2"
+        ),
+        timeout=10000,
+    )
     assert memory_keyring.entries[(SERVICE, oai.url)] == "rotated"
     send(window, qtbot, "hi")
     assert window.chat.chat_model.message(1).content == openai_server.REPLY  # the new key was used
@@ -227,13 +272,17 @@ def test_remote_stop_closes_the_stream_and_the_server_sees_it(window, qtbot, oai
     window.chat_pane.input.setPlainText("go on forever")
     window.chat_pane.submit()
     qtbot.waitUntil(lambda: len(window.chat.chat_model.message(1).content) > 20, timeout=10000)
-    with qtbot.waitSignal(window.chat.busy_changed, timeout=5000, check_params_cb=lambda busy: not busy):
+    with qtbot.waitSignal(
+        window.chat.busy_changed, timeout=5000, check_params_cb=lambda busy: not busy
+    ):
         window.chat_pane.stop_button.click()
     assert oai.cancelled.wait(5), "the server's stream was not closed"
     assert window.chat.chat_model.message(1).stats["finish_reason"] == "stopped"
 
 
-def test_remote_model_gone_and_dropped_connection_are_errors_not_crashes(window, qtbot, oai, memory_keyring):
+def test_remote_model_gone_and_dropped_connection_are_errors_not_crashes(
+    window, qtbot, oai, memory_keyring
+):
     add_server(window, qtbot, oai.url, KEY)
     choose(window, qtbot, "beta")
     oai.models = ("alpha",)  # the server no longer has it
@@ -249,13 +298,17 @@ def test_remote_model_gone_and_dropped_connection_are_errors_not_crashes(window,
         window.chat_pane.submit()
     assert "ended in the middle of the reply" in failed.args[0]
     qtbot.waitUntil(lambda: not window.chat.busy(), timeout=5000)
-    assert window.chat.chat_model.message(window.chat.chat_model.rowCount() - 1).content  # what came is kept
+    assert window.chat.chat_model.message(
+        window.chat.chat_model.rowCount() - 1
+    ).content  # what came is kept
 
 
 # -- a real ggstation server: slots and throughput in the dashboard ------------------------------------
 
 
-def test_remote_ggstation_slots_and_throughput_in_the_dashboard(window, qtbot, ggstation, memory_keyring):
+def test_remote_ggstation_slots_and_throughput_in_the_dashboard(
+    window, qtbot, ggstation, memory_keyring
+):
     add_server(window, qtbot, ggstation.url, "sekret", "ggstation box")
     panel, dash = window.picker.remote, window.dashboard
     assert "ggstation server · 2 slots · dashboard from /slots and /metrics" in panel.status.text()

@@ -11,7 +11,14 @@ import pytest
 from keyring.backend import KeyringBackend
 from keyring.errors import KeyringError, PasswordSetError
 
-from app.dto import EndpointInfo, RemoteLoad, RemoteModelInfo, RemoteServerState, RemoteSlotRow, SamplingSettings
+from app.dto import (
+    EndpointInfo,
+    RemoteLoad,
+    RemoteModelInfo,
+    RemoteServerState,
+    RemoteSlotRow,
+    SamplingSettings,
+)
 from app.engine_api import RemoteApi
 from app.item_models.endpoint_list_model import ENDPOINT_ROLE, EndpointListModel
 from app.item_models.remote_model_list_model import MODEL_ID_ROLE, RemoteModelListModel
@@ -58,7 +65,9 @@ def test_key_store_falls_back_to_the_session_when_the_keyring_refuses(locked_key
 def test_endpoint_list_model(qtmodeltester):
     model = EndpointListModel()
     model.set_endpoints([EndpointInfo("A", "http://a"), EndpointInfo("", "http://b")])
-    assert model.index(1).data() == "http://b" and model.index(0).data(ENDPOINT_ROLE).url == "http://a"
+    assert (
+        model.index(1).data() == "http://b" and model.index(0).data(ENDPOINT_ROLE).url == "http://a"
+    )
     model.set_status("http://a", "ggstation · 1 model")
     assert model.index(0).data() == "A\nggstation · 1 model"
     assert model.add_or_replace(EndpointInfo("C", "http://c"), old_url="http://b") == 1
@@ -72,7 +81,10 @@ def test_endpoint_list_model(qtmodeltester):
 def test_remote_model_list_model(qtmodeltester):
     model = RemoteModelListModel()
     model.set_models((RemoteModelInfo("m1", 4096), RemoteModelInfo("org/m2")))
-    assert model.index(0).data() == "m1   ·   context 4,096" and model.index(1).data(MODEL_ID_ROLE) == "org/m2"
+    assert (
+        model.index(0).data() == "m1   ·   context 4,096"
+        and model.index(1).data(MODEL_ID_ROLE) == "org/m2"
+    )
     qtmodeltester.check(model, force_py=True)
 
 
@@ -82,7 +94,9 @@ def test_slot_table_model_shows_remote_slots_then_local_again(qtmodeltester):
     model = SlotTableModel()
     model.set_remote_slots((RemoteSlotRow(0, 1000, True, 250), RemoteSlotRow(1, 1000, False, 0)))
     assert [model.index(0, c).data() for c in range(3)] == ["0 · busy", "250 tokens", "25.0 %"]
-    model.set_figures(MemoryFigures(kv_bytes=2000, kv_per_seq_used=(500, 0, 0)))  # ignored meanwhile
+    model.set_figures(
+        MemoryFigures(kv_bytes=2000, kv_per_seq_used=(500, 0, 0))
+    )  # ignored meanwhile
     assert model.rowCount() == 2
     qtmodeltester.check(model, force_py=True)
     model.clear_remote()
@@ -124,11 +138,17 @@ def test_remote_poller_reports_rate_and_errors_and_keeps_polling(qtbot):
     from engine.errors import RemoteError
 
     url = "http://x"
-    remote = ScriptedRemote([RemoteLoad(url, tokens_predicted_total=100.0),
-                             RemoteLoad(url, tokens_predicted_total=160.0),
-                             RemoteError("Cannot reach http://x", RemoteError.UNREACHABLE),
-                             RemoteLoad(url, tokens_predicted_total=200.0)])
-    poller = RemotePoller(remote, EndpointInfo("", url), "", RemoteServerState(url, "ggstation"), interval_s=0.01)
+    remote = ScriptedRemote(
+        [
+            RemoteLoad(url, tokens_predicted_total=100.0),
+            RemoteLoad(url, tokens_predicted_total=160.0),
+            RemoteError("Cannot reach http://x", RemoteError.UNREACHABLE),
+            RemoteLoad(url, tokens_predicted_total=200.0),
+        ]
+    )
+    poller = RemotePoller(
+        remote, EndpointInfo("", url), "", RemoteServerState(url, "ggstation"), interval_s=0.01
+    )
     loads: list[RemoteLoad] = []
     poller.polled.connect(loads.append)
     t = threading.Thread(target=poller.run)
@@ -143,7 +163,9 @@ def test_remote_poller_reports_rate_and_errors_and_keeps_polling(qtbot):
 
 
 def test_remote_chat_context_and_sampling_fields():
-    server = RemoteServerState("http://x", "openai", (RemoteModelInfo("m", 8192), RemoteModelInfo("n")), n_ctx=0)
+    server = RemoteServerState(
+        "http://x", "openai", (RemoteModelInfo("m", 8192), RemoteModelInfo("n")), n_ctx=0
+    )
     assert RemoteChat(EndpointInfo("", "http://x"), "", "m", server).n_ctx_seq == 8192
     chat = RemoteChat(EndpointInfo("", "http://x"), "", "n", server)
     assert chat.n_ctx_seq == 0 and chat.endpoint == "http://x"  # not known: the worker does not cut

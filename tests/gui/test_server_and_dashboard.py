@@ -59,7 +59,10 @@ def test_dashboard_figures_equal_engine_report(loaded_window, qtbot):
     qtbot.waitUntil(lambda: w.dashboard.figures.kv_used_bytes == report.kv_used_bytes, timeout=3000)
     fig = w.dashboard.figures
     assert (fig.weights_bytes, fig.kv_bytes, fig.compute_bytes) == (
-        report.weights_bytes, report.kv_bytes, report.compute_bytes)
+        report.weights_bytes,
+        report.kv_bytes,
+        report.compute_bytes,
+    )
     assert w.dashboard.figure_labels["KV cache"].text() == human_bytes(report.kv_bytes)
     assert w.dashboard.slot_model.rowCount() == len(report.kv_per_seq_used)
     segments = {s.label: s.value for s in w.dashboard.bar.segments}
@@ -107,10 +110,20 @@ def test_dashboard_shows_the_repacked_copies(window):
     pages in RAM: said in the weights figure's detail and drawn as their own segment, the
     mapped-but-not-resident rest shrinking by as much; nothing said of them on the float path."""
     d = window.dashboard
-    d.set_figures(MemoryFigures(weights_bytes=100 << 20, weights_resident_bytes=90 << 20, total_bytes=100 << 20))
+    d.set_figures(
+        MemoryFigures(
+            weights_bytes=100 << 20, weights_resident_bytes=90 << 20, total_bytes=100 << 20
+        )
+    )
     assert "repacked" not in d.figure_labels["Weights.detail"].text()
-    d.set_figures(MemoryFigures(weights_bytes=100 << 20, weights_resident_bytes=3 << 20,
-                                repacked_bytes=95 << 20, total_bytes=100 << 20))
+    d.set_figures(
+        MemoryFigures(
+            weights_bytes=100 << 20,
+            weights_resident_bytes=3 << 20,
+            repacked_bytes=95 << 20,
+            total_bytes=100 << 20,
+        )
+    )
     assert d.figure_labels["Weights"].text() == human_bytes(100 << 20)
     assert human_bytes(95 << 20) in d.figure_labels["Weights.detail"].text()
     segments = {s.label: s.value for s in d.bar.segments}
@@ -118,8 +131,14 @@ def test_dashboard_shows_the_repacked_copies(window):
     assert segments["Weights mapped, not resident"] == 2 << 20
     # the copies are resident weights on the timeline; the bar never holds more than the weights
     assert d.timeline.series["Weights resident"].points[-1][1] == 98 << 20
-    d.set_figures(MemoryFigures(weights_bytes=100 << 20, weights_resident_bytes=8 << 20,
-                                repacked_bytes=97 << 20, total_bytes=100 << 20))
+    d.set_figures(
+        MemoryFigures(
+            weights_bytes=100 << 20,
+            weights_resident_bytes=8 << 20,
+            repacked_bytes=97 << 20,
+            total_bytes=100 << 20,
+        )
+    )
     segments = {s.label: s.value for s in d.bar.segments}
     assert (segments["Weights repacked"], segments["Weights resident"]) == (97 << 20, 3 << 20)
     assert segments["Weights mapped, not resident"] == 0

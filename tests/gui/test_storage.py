@@ -21,7 +21,10 @@ def test_store_commits_each_message_immediately(tmp_path):
 def test_store_delete_from_drops_the_tail(tmp_path):
     store = ConversationStore(tmp_path / "c.sqlite3")
     cid = store.create("t")
-    ids = [store.add_message(cid, Message(r, t)) for r, t in (("user", "a"), ("assistant", "b"), ("user", "c"))]
+    ids = [
+        store.add_message(cid, Message(r, t))
+        for r, t in (("user", "a"), ("assistant", "b"), ("user", "c"))
+    ]
     store.delete_from(cid, ids[1])
     assert [m.content for m in store.messages(cid)] == ["a"]
 
@@ -43,7 +46,11 @@ def test_store_export_markdown_and_json(tmp_path):
     md = store.export_markdown(cid)
     assert md.startswith("# Demo") and "## Assistant\n\nhello" in md
     data = json.loads(store.export_json(cid))
-    assert data["messages"][1] == {"role": "assistant", "content": "hello", "stats": {"n_generated": 1}}
+    assert data["messages"][1] == {
+        "role": "assistant",
+        "content": "hello",
+        "stats": {"n_generated": 1},
+    }
 
 
 def test_store_rename_and_delete_cascade(tmp_path):

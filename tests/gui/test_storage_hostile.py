@@ -15,8 +15,13 @@ from .conftest import send
 
 RACE_ROUNDS = 25
 DEEP = 100_000
-GOOD = {"title": "Good", "messages": [{"role": "user", "content": "hi"},
-                                      {"role": "assistant", "content": "hello", "stats": {"n_generated": 1}}]}
+GOOD = {
+    "title": "Good",
+    "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello", "stats": {"n_generated": 1}},
+    ],
+}
 
 
 def _export(**change) -> str:
@@ -29,7 +34,9 @@ HOSTILE = {
     "nested lists": "[" * DEEP + "]" * DEEP,
     "nested objects": '{"a":' * DEEP + "1" + "}" * DEEP,
     "nested stats": _export(stats="STATS").replace('"STATS"', '{"a":' * DEEP + "1" + "}" * DEEP),
-    "stats nested 900 deep": _export(stats="STATS").replace('"STATS"', '{"a":' * 900 + "1" + "}" * 900),
+    "stats nested 900 deep": _export(stats="STATS").replace(
+        '"STATS"', '{"a":' * 900 + "1" + "}" * 900
+    ),
     "not json": "{not json",
     "empty": "",
     "an integer of 5000 digits": '{"messages": [], "title": ' + "7" * 5000 + "}",
@@ -53,7 +60,9 @@ HOSTILE = {
     "sampling as a list": _export(stats={"replay": {"sampling": [1]}}),
     "finish reason an object": _export(stats={"finish_reason": {}}),
     "a lone surrogate": _export(content="SURR").replace("SURR", "\\ud800"),
-    "a lone surrogate in stats": _export(stats={"replay": {"model": "SURR"}}).replace("SURR", "\\udfff"),
+    "a lone surrogate in stats": _export(stats={"replay": {"model": "SURR"}}).replace(
+        "SURR", "\\udfff"
+    ),
 }
 
 
@@ -65,10 +74,13 @@ def banner(w) -> str:
 def pick(monkeypatch):
     """pick(path): the import dialog chooses `path`."""
     chosen = [""]
-    monkeypatch.setattr("app.main_window.QFileDialog.getOpenFileName", lambda *a, **k: (chosen[0], ""))
+    monkeypatch.setattr(
+        "app.main_window.QFileDialog.getOpenFileName", lambda *a, **k: (chosen[0], "")
+    )
 
     def choose(path) -> None:
         chosen[0] = str(path)
+
     return choose
 
 
@@ -90,7 +102,9 @@ def _still_imports(window, qtbot, pick, tmp_path) -> None:
 
 
 @pytest.mark.parametrize("case", HOSTILE, ids=list(HOSTILE))
-def test_import_hostile_file_shows_an_error_and_changes_nothing(window, qtbot, pick, tmp_path, case):
+def test_import_hostile_file_shows_an_error_and_changes_nothing(
+    window, qtbot, pick, tmp_path, case
+):
     path = tmp_path / "hostile.json"
     path.write_text(HOSTILE[case], encoding="utf-8")
     exceptions = _import_through_the_button(window, qtbot, pick, path)
@@ -143,27 +157,48 @@ def test_import_accepts_a_bom_and_what_the_app_exports(tmp_path):
     store = ConversationStore(tmp_path / "c.sqlite3")
     cid = store.create("Round trip")
     store.add_message(cid, Message("user", "hé \x00 ✓"))
-    store.add_message(cid, Message("assistant", "ok", stats={
-        "n_prompt": 3, "n_generated": 1, "n_cached": 0, "t_prompt_ms": 1.5, "t_gen_ms": 2, "ttft_ms": None,
-        "finish_reason": "stop", "dropped_messages": 0,
-        "replay": {"model": "m.gguf", "sampling": {"seed": 1, "temperature": 0.7}, "n_ctx": 4096}}))
+    store.add_message(
+        cid,
+        Message(
+            "assistant",
+            "ok",
+            stats={
+                "n_prompt": 3,
+                "n_generated": 1,
+                "n_cached": 0,
+                "t_prompt_ms": 1.5,
+                "t_gen_ms": 2,
+                "ttft_ms": None,
+                "finish_reason": "stop",
+                "dropped_messages": 0,
+                "replay": {
+                    "model": "m.gguf",
+                    "sampling": {"seed": 1, "temperature": 0.7},
+                    "n_ctx": 4096,
+                },
+            },
+        ),
+    )
     path = tmp_path / "export.json"
     path.write_bytes(b"\xef\xbb\xbf" + store.export_json(cid).encode("utf-8"))
     copy = store.import_file(path)
     assert store.export_json(copy) == store.export_json(cid)
 
 
-@pytest.mark.parametrize(("case", "words"), [
-    ("nested lists", "it is nested too deeply"),
-    ("not json", "it is not valid JSON (Expecting property name"),
-    ("a list at the top", "it holds a JSON list, not an object"),
-    ("messages text", "its messages are a text, not a list"),
-    ("content a number", "the content of message 2 is a number, not text"),
-    ("unknown role", "the role of message 2 is not one of user, assistant, system"),
-    ("a count as text", "the stats of message 2: n_prompt is not a count of tokens"),
-    ("stats nested 900 deep", "the stats of message 2 are nested more than"),
-    ("a lone surrogate", "the content of message 2 holds an invalid character"),
-])
+@pytest.mark.parametrize(
+    ("case", "words"),
+    [
+        ("nested lists", "it is nested too deeply"),
+        ("not json", "it is not valid JSON (Expecting property name"),
+        ("a list at the top", "it holds a JSON list, not an object"),
+        ("messages text", "its messages are a text, not a list"),
+        ("content a number", "the content of message 2 is a number, not text"),
+        ("unknown role", "the role of message 2 is not one of user, assistant, system"),
+        ("a count as text", "the stats of message 2: n_prompt is not a count of tokens"),
+        ("stats nested 900 deep", "the stats of message 2 are nested more than"),
+        ("a lone surrogate", "the content of message 2 holds an invalid character"),
+    ],
+)
 def test_parse_export_names_what_is_wrong(case, words):
     with pytest.raises(ImportFormatError) as caught:
         storage.parse_export(HOSTILE[case])
@@ -173,6 +208,7 @@ def test_parse_export_names_what_is_wrong(case, words):
 def test_import_json_turns_memory_error_into_a_format_error(tmp_path, monkeypatch):
     def too_big(text):
         raise MemoryError
+
     monkeypatch.setattr(storage.json, "loads", too_big)
     store = ConversationStore(tmp_path / "c.sqlite3")
     with pytest.raises(ImportFormatError, match="too large"):
@@ -196,7 +232,9 @@ def test_store_two_processes_open_a_new_file_at_once(tmp_path):
     ctx = multiprocessing.get_context("spawn")  # no forked copy of the test's Qt state
     paths = [str(tmp_path / f"race{i}" / "conversations.sqlite3") for i in range(RACE_ROUNDS)]
     barrier, results = ctx.Barrier(2), ctx.Queue()
-    workers = [ctx.Process(target=_open_in_lockstep, args=(barrier, paths, results)) for _ in range(2)]
+    workers = [
+        ctx.Process(target=_open_in_lockstep, args=(barrier, paths, results)) for _ in range(2)
+    ]
     for w in workers:
         w.start()
     outcomes = [results.get(timeout=30) for _ in range(2 * RACE_ROUNDS)]

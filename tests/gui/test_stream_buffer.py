@@ -42,9 +42,12 @@ def test_frame_pacer_keeps_the_gui_share_and_its_bounds():
 def _count_updates(w):
     """Streaming-row model updates and relayout requests, counted during one reply."""
     counts = {"updates": 0, "relayouts": 0, "frames": 0}
-    w.chat.chat_model.dataChanged.connect(lambda *_: counts.__setitem__("updates", counts["updates"] + 1))
+    w.chat.chat_model.dataChanged.connect(
+        lambda *_: counts.__setitem__("updates", counts["updates"] + 1)
+    )
     w.chat_pane.delegate.sizeHintChanged.connect(
-        lambda *_: counts.__setitem__("relayouts", counts["relayouts"] + 1))
+        lambda *_: counts.__setitem__("relayouts", counts["relayouts"] + 1)
+    )
     on_frame = w.chat._on_frame
 
     def counted_frame() -> None:
@@ -84,7 +87,12 @@ def test_streaming_relayouts_only_when_the_reply_grows_a_line(make_window, qtbot
     assert 0 < counts["relayouts"] < counts["updates"] // 2
     # and the view knows the reply's final height (the scroll range follows it)
     view, index = w.chat_pane.view, w.chat.chat_model.index(1)
-    assert w.chat_pane._heights[1] == w.chat_pane._row_height(index) == view.visualRect(index).height() > 100
+    assert (
+        w.chat_pane._heights[1]
+        == w.chat_pane._row_height(index)
+        == view.visualRect(index).height()
+        > 100
+    )
 
 
 class _RecordingPacer(FramePacer):

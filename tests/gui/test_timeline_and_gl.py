@@ -15,7 +15,9 @@ from app.widgets.timeline_chart import MAX_WINDOW_S, MIN_WINDOW_S, WINDOW_S, Ser
 
 @pytest.fixture
 def chart(qtbot):
-    c = TimelineChart([Series("RSS", QColor("gray")), Series("tokens/s", QColor("orange"), right_axis=True)])
+    c = TimelineChart(
+        [Series("RSS", QColor("gray")), Series("tokens/s", QColor("orange"), right_axis=True)]
+    )
     qtbot.addWidget(c)
     return c
 
@@ -54,8 +56,12 @@ def test_opengl_info_falls_back_to_the_engines_gl_device(monkeypatch):
     and an unavailable device is never shown as if it were there."""
     monkeypatch.setattr(gl_info, "_qt_info", lambda: None)
     cpu = DeviceDesc("CPU", "CPU", "Some CPU")
-    gl = DeviceDesc("GL0", "OpenGL", "llvmpipe (LLVM 15.0.6, 256 bits) (4.5 (Core Profile) Mesa 22.3.6)",
-                    caps=("GL 4.5", "compute", "EGL surfaceless"))
+    gl = DeviceDesc(
+        "GL0",
+        "OpenGL",
+        "llvmpipe (LLVM 15.0.6, 256 bits) (4.5 (Core Profile) Mesa 22.3.6)",
+        caps=("GL 4.5", "compute", "EGL surfaceless"),
+    )
     renderer, version = gl_info.opengl_info([cpu, gl])
     assert renderer.startswith("llvmpipe (LLVM 15.0.6") and "EGL surfaceless" in renderer
     assert version == "GL 4.5"
@@ -68,9 +74,23 @@ def test_opengl_line_follows_the_devices_the_engine_found(qtbot):
     names it (this machine's Mesa EGL in CI); where it has none, 'not available'."""
     from engine.backends import list_devices
 
-    devices = [DeviceDesc(d.name, d.backend, d.description, d.total_bytes, d.free_bytes, d.caps, d.available,
-                          d.reason) for d in list_devices()]
-    renderer, version = gl_info._device_info(devices) or (gl_info.NOT_AVAILABLE, gl_info.NOT_AVAILABLE)
+    devices = [
+        DeviceDesc(
+            d.name,
+            d.backend,
+            d.description,
+            d.total_bytes,
+            d.free_bytes,
+            d.caps,
+            d.available,
+            d.reason,
+        )
+        for d in list_devices()
+    ]
+    renderer, version = gl_info._device_info(devices) or (
+        gl_info.NOT_AVAILABLE,
+        gl_info.NOT_AVAILABLE,
+    )
     gl = next((d for d in devices if d.backend == "OpenGL"), None)
     assert gl is not None  # discovery always lists GL0, available or not
     if gl.available:

@@ -34,11 +34,15 @@ def test_presets_apply_and_save(window, monkeypatch):
     panel = window.sampling
     panel.preset_combo.setCurrentText("Precise")
     assert window.ctx.settings.sampling.temperature == 0.2
-    monkeypatch.setattr("app.widgets.sampling_panel.QInputDialog.getText", lambda *a, **k: ("Mine", True))
+    monkeypatch.setattr(
+        "app.widgets.sampling_panel.QInputDialog.getText", lambda *a, **k: ("Mine", True)
+    )
     panel.inputs["top_k"].setValue(7)
     panel._save_preset()
     assert window.ctx.settings.user_presets["Mine"]["top_k"] == 7
-    assert window.ctx.settings.presets()["Mine"] == SamplingSettings(**window.ctx.settings.user_presets["Mine"])
+    assert window.ctx.settings.presets()["Mine"] == SamplingSettings(
+        **window.ctx.settings.user_presets["Mine"]
+    )
 
 
 def test_shortcuts_new_chat_and_search(loaded_window, qtbot):

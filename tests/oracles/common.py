@@ -45,8 +45,11 @@ class GGUFModel:
         n_embd, n_head = self.key("embedding_length"), self.key("attention.head_count")
         head_dim = self.key("attention.key_length", n_embd // n_head)
         return dict(
-            n_layer=self.key("block_count"), n_embd=n_embd, n_head=n_head,
-            n_head_kv=self.key("attention.head_count_kv", n_head), head_dim=head_dim,
+            n_layer=self.key("block_count"),
+            n_embd=n_embd,
+            n_head=n_head,
+            n_head_kv=self.key("attention.head_count_kv", n_head),
+            head_dim=head_dim,
             n_rot=self.key("rope.dimension_count", head_dim),
             eps=self.key("attention.layer_norm_rms_epsilon", 1e-5),
             rope_base=self.key("rope.freq_base", 10000.0),
@@ -83,9 +86,16 @@ def softcap(x: np.ndarray, cap: float) -> np.ndarray:
     return cap * np.tanh(x / cap) if cap else x
 
 
-def rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, neox: bool,
-         freq_scale: float = 1.0, factors: np.ndarray | None = None,
-         attn_factor: float = 1.0) -> np.ndarray:
+def rope(
+    x: np.ndarray,
+    pos: np.ndarray,
+    n_rot: int,
+    base: float,
+    neox: bool,
+    freq_scale: float = 1.0,
+    factors: np.ndarray | None = None,
+    attn_factor: float = 1.0,
+) -> np.ndarray:
     """ggml_rope_ext without YaRN: x (T, heads, D); pair i of the first n_rot dims turns by
     pos * freq_scale * base^(-2i/n_rot) / factors[i]; cos and sin are scaled by attn_factor.
     NEOX pairs are (i, i + n_rot/2), NORM pairs (2i, 2i+1)."""
@@ -103,8 +113,9 @@ def rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, neox: bool,
     return x
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, window: int = 0,
-              cap: float = 0.0) -> np.ndarray:
+def attention(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, window: int = 0, cap: float = 0.0
+) -> np.ndarray:
     """Causal softmax attention of one sequence from position 0: q (T, H, D), k (T, G, D),
     v (T, G, Dv); query head h reads KV head h // (H/G). Scores q.k * scale, soft-capped
     when cap > 0; with a window, token t sees positions t-window+1..t. Returns (T, H*Dv)."""

@@ -11,7 +11,14 @@ from .common import attention, gelu, rms_norm, rope, softcap, swa_layers
 
 def forward(m, tokens, n_ctx_seq):
     z = m.sizes()
-    T, H, G, D, L, E = len(tokens), z["n_head"], z["n_head_kv"], z["head_dim"], z["n_layer"], z["n_embd"]
+    T, H, G, D, L, E = (
+        len(tokens),
+        z["n_head"],
+        z["n_head_kv"],
+        z["head_dim"],
+        z["n_layer"],
+        z["n_embd"],
+    )
     pos, eps = np.arange(T), z["eps"]
     window = m.key("attention.sliding_window", 4096)
     swa = swa_layers(m, L, 2)

@@ -10,7 +10,14 @@ from .common import attention, gelu, rms_norm, rope, softcap, swa_layers
 
 def forward(m, tokens, n_ctx_seq):
     z = m.sizes()
-    T, H, G, D, L, E = len(tokens), z["n_head"], z["n_head_kv"], z["head_dim"], z["n_layer"], z["n_embd"]
+    T, H, G, D, L, E = (
+        len(tokens),
+        z["n_head"],
+        z["n_head_kv"],
+        z["head_dim"],
+        z["n_layer"],
+        z["n_embd"],
+    )
     pos, eps = np.arange(T), z["eps"]
     window = m.key("attention.sliding_window", 0)
     swa = swa_layers(m, L, 6) if window else [False] * L

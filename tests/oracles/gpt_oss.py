@@ -38,7 +38,11 @@ def moe(m, il, h, k):
     W = lambda name: m.layer(il, name)
     logits = h @ W("ffn_gate_inp.weight").T + W("ffn_gate_inp.bias")  # (T, n_expert)
     gate, up, down = W("ffn_gate_exps.weight"), W("ffn_up_exps.weight"), W("ffn_down_exps.weight")
-    bg, bu, bd = W("ffn_gate_exps.bias"), W("ffn_up_exps.bias"), W("ffn_down_exps.bias")  # (n_expert, n)
+    bg, bu, bd = (
+        W("ffn_gate_exps.bias"),
+        W("ffn_up_exps.bias"),
+        W("ffn_down_exps.bias"),
+    )  # (n_expert, n)
     out = np.zeros_like(h)
     for t in range(len(h)):
         sel = np.argsort(-logits[t], kind="stable")[:k]
@@ -53,13 +57,35 @@ def moe(m, il, h, k):
 def _rope(m, z, x, pos):
     base = z["rope_base"]
     if m.key("rope.scaling.type") != "yarn":
-        return yarn.rope(x, pos, z["n_rot"], True, base=base, freq_scale=1.0, ext_factor=0.0, attn_factor=1.0,
-                         beta_fast=32.0, beta_slow=1.0, n_ctx_orig=m.key("context_length"))
+        return yarn.rope(
+            x,
+            pos,
+            z["n_rot"],
+            True,
+            base=base,
+            freq_scale=1.0,
+            ext_factor=0.0,
+            attn_factor=1.0,
+            beta_fast=32.0,
+            beta_slow=1.0,
+            n_ctx_orig=m.key("context_length"),
+        )
     fs = 1.0 / m.key("rope.scaling.factor")
     attn = yarn.context_attn_factor(fs, 1.0, m.key("rope.scaling.attn_factor", 1.0))
     n_orig = m.key("rope.scaling.original_context_length", m.key("context_length"))
-    return yarn.rope(x, pos, z["n_rot"], True, base=base, freq_scale=fs, ext_factor=1.0, attn_factor=attn,
-                     beta_fast=32.0, beta_slow=1.0, n_ctx_orig=n_orig)
+    return yarn.rope(
+        x,
+        pos,
+        z["n_rot"],
+        True,
+        base=base,
+        freq_scale=fs,
+        ext_factor=1.0,
+        attn_factor=attn,
+        beta_fast=32.0,
+        beta_slow=1.0,
+        n_ctx_orig=n_orig,
+    )
 
 
 def forward(m, tokens, n_ctx_seq):
@@ -75,7 +101,9 @@ def forward(m, tokens, n_ctx_seq):
         q = _rope(m, z, (h @ W("attn_q.weight").T + W("attn_q.bias")).reshape(T, H, D), pos)
         k = _rope(m, z, (h @ W("attn_k.weight").T + W("attn_k.bias")).reshape(T, G, D), pos)
         v = (h @ W("attn_v.weight").T + W("attn_v.bias")).reshape(T, G, -1)
-        a = attention_sinks(q, k, v, z["n_rot"] ** -0.5, window if swa[il] else 0, W("attn_sinks.weight"))
+        a = attention_sinks(
+            q, k, v, z["n_rot"] ** -0.5, window if swa[il] else 0, W("attn_sinks.weight")
+        )
         x = x + a @ W("attn_output.weight").T + W("attn_output.bias")
         x = x + moe(m, il, rms_norm(x, W("post_attention_norm.weight"), eps), k_used)
     return rms_norm(x, m.tensor("output_norm.weight"), eps) @ m.tensor("output.weight").T

@@ -18,7 +18,9 @@ def forward(m, tokens, n_ctx_seq):
     kq_scale = m.key("attention.scale", 0.0) or D**-0.5
     use_rope = m.key("rope.scaling.finetuned", True)
     factors = m.tensor("rope_freqs.weight") if m.has("rope_freqs.weight") else None
-    turn = lambda a: rope(a, pos, z["n_rot"], z["rope_base"], neox=False, factors=factors) if use_rope else a
+    turn = lambda a: (
+        rope(a, pos, z["n_rot"], z["rope_base"], neox=False, factors=factors) if use_rope else a
+    )
     x = m.tensor("token_embd.weight")[tokens] * emb_scale
     for il in range(z["n_layer"]):
         W = lambda name, il=il: m.layer(il, name + ".weight")

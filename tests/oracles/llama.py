@@ -14,8 +14,9 @@ def forward(m, tokens, n_ctx_seq):
     scaling = m.key("rope.scaling.type", "none")
     freq_scale = 1.0 / m.key("rope.scaling.factor", 1.0) if scaling == "linear" else 1.0
     factors = m.tensor("rope_freqs.weight") if m.has("rope_freqs.weight") else None
-    turn = lambda x: rope(x, pos, z["n_rot"], z["rope_base"], neox=False, freq_scale=freq_scale,
-                          factors=factors)
+    turn = lambda x: rope(
+        x, pos, z["n_rot"], z["rope_base"], neox=False, freq_scale=freq_scale, factors=factors
+    )
     x = m.tensor("token_embd.weight")[tokens]
     for il in range(z["n_layer"]):
         h = rms_norm(x, m.layer(il, "attn_norm.weight"), z["eps"])

@@ -30,7 +30,14 @@ def yarn(n_rot, base, factor, n_ctx_orig, beta_fast=32.0, beta_slow=1.0):
 
 def forward(m, tokens, n_ctx_seq):
     z = m.sizes()
-    T, H, G, D, L, eps = len(tokens), z["n_head"], z["n_head_kv"], z["head_dim"], z["n_layer"], z["eps"]
+    T, H, G, D, L, eps = (
+        len(tokens),
+        z["n_head"],
+        z["n_head_kv"],
+        z["head_dim"],
+        z["n_layer"],
+        z["eps"],
+    )
     pos = np.arange(T)
     window = m.key("attention.sliding_window", 0)
     swa = swa_layers(m, L, 4) if window > 0 else [False] * L
@@ -40,7 +47,9 @@ def forward(m, tokens, n_ctx_seq):
         freq_scale = 1.0 / m.key("rope.scaling.factor", 1.0)
     if scaling == "yarn":
         n_ctx_orig = m.key("rope.scaling.original_context_length", m.key("context_length"))
-        factors, mscale = yarn(z["n_rot"], z["rope_base"], m.key("rope.scaling.factor", 1.0), n_ctx_orig)
+        factors, mscale = yarn(
+            z["n_rot"], z["rope_base"], m.key("rope.scaling.factor", 1.0), n_ctx_orig
+        )
         attn_factor *= mscale
     x = m.tensor("token_embd.weight")[tokens]
     for il in range(L):
@@ -48,8 +57,16 @@ def forward(m, tokens, n_ctx_seq):
         if swa[il]:
             turn = lambda a: rope(a, pos, z["n_rot"], z["rope_base"], neox=True)
         else:
-            turn = lambda a: rope(a, pos, z["n_rot"], z["rope_base"], neox=True, freq_scale=freq_scale,
-                                  factors=factors, attn_factor=attn_factor)
+            turn = lambda a: rope(
+                a,
+                pos,
+                z["n_rot"],
+                z["rope_base"],
+                neox=True,
+                freq_scale=freq_scale,
+                factors=factors,
+                attn_factor=attn_factor,
+            )
         q = rms_norm(x @ W("attn_q").T, W("attn_q_norm"), eps)
         k = rms_norm(x @ W("attn_k").T, W("attn_k_norm"), eps)
         v = (x @ W("attn_v").T).reshape(T, G, -1)

@@ -18,8 +18,9 @@ def forward(m, tokens, n_ctx_seq):
     which = "rope_factors_long.weight" if n_ctx_seq > n_ctx_orig else "rope_factors_short.weight"
     factors = m.tensor(which) if m.has(which) else None
     attn_factor = m.key("rope.scaling.attn_factor", 1.0)
-    turn = lambda x: rope(x, pos, z["n_rot"], z["rope_base"], neox=True, factors=factors,
-                          attn_factor=attn_factor)
+    turn = lambda x: rope(
+        x, pos, z["n_rot"], z["rope_base"], neox=True, factors=factors, attn_factor=attn_factor
+    )
     x = m.tensor("token_embd.weight")[tokens]
     for il in range(z["n_layer"]):
         h = rms_norm(x, m.layer(il, "attn_norm.weight"), z["eps"])

@@ -28,7 +28,9 @@ def forward(m, tokens, n_ctx_seq):
         kk = rope(kk, pos, z["n_rot"], z["rope_base"], neox=True)
         x = x + attention(q, kk, v, D**-0.5) @ m.layer(il, "attn_output.weight").T
         h = rms_norm(x, m.layer(il, "ffn_norm.weight"), z["eps"])
-        shared = silu(h @ m.layer(il, "ffn_gate_shexp.weight").T) * (h @ m.layer(il, "ffn_up_shexp.weight").T)
+        shared = silu(h @ m.layer(il, "ffn_gate_shexp.weight").T) * (
+            h @ m.layer(il, "ffn_up_shexp.weight").T
+        )
         shared = shared @ m.layer(il, "ffn_down_shexp.weight").T
         gate = 1.0 / (1.0 + np.exp(-(h @ m.layer(il, "ffn_gate_inp_shexp.weight"))))
         x = x + moe_ffn(m, il, h, k, norm_w=False) + gate[:, None] * shared

@@ -16,23 +16,38 @@ def corr_dims(n_dims: int, n_ctx_orig: int, base: float, beta_fast: float, beta_
     return max(0.0, math.floor(dim(beta_fast))), min(n_dims - 1.0, math.ceil(dim(beta_slow)))
 
 
-def context_attn_factor(freq_scale: float, ext_factor: float, rope_attn_factor: float = 1.0,
-                        log_mul: float = 0.0) -> float:
+def context_attn_factor(
+    freq_scale: float, ext_factor: float, rope_attn_factor: float = 1.0, log_mul: float = 0.0
+) -> float:
     """cparams.yarn_attn_factor as llama_context computes it."""
     attn = 1.0
     if ext_factor != 0:
+
         def get_mscale(scale, mscale):
             return 1.0 if scale <= 1.0 else 0.1 * mscale * math.log(scale) + 1.0
 
         factor = 1.0 / freq_scale
-        attn = get_mscale(factor, 1.0) / get_mscale(factor, log_mul) if log_mul else get_mscale(factor, 1.0)
+        attn = (
+            get_mscale(factor, 1.0) / get_mscale(factor, log_mul)
+            if log_mul
+            else get_mscale(factor, 1.0)
+        )
         attn *= 1.0 / (1.0 + 0.1 * math.log(factor))
     return attn * rope_attn_factor
 
 
-def cos_sin(pos: np.ndarray, n_dims: int, base: float, freq_scale: float, ext_factor: float,
-            attn_factor: float, beta_fast: float, beta_slow: float, n_ctx_orig: int,
-            freq_factors=None):
+def cos_sin(
+    pos: np.ndarray,
+    n_dims: int,
+    base: float,
+    freq_scale: float,
+    ext_factor: float,
+    attn_factor: float,
+    beta_fast: float,
+    beta_slow: float,
+    n_ctx_orig: int,
+    freq_factors=None,
+):
     """ggml_rope_cache_init: (T, n_dims/2) cos and sin of each position and rotated pair."""
     lo, hi = corr_dims(n_dims, n_ctx_orig, base, beta_fast, beta_slow)
     theta_scale = base ** (-2.0 / n_dims)

@@ -73,10 +73,25 @@ def offload_model(model, n_gpu_layers: int):
         gm.close()
         log.warning("OpenGL: nothing to offload; every layer runs on the CPU")
         return None
-    log.info("OpenGL: %d of %d layers%s on %s (%.1f MiB of weights)", gm.n_layers, model.cfg.n_layer,
-             " and the output head" if gm.head else "", dev.ctx.renderer, gm.weights_bytes / 2**20)
+    log.info(
+        "OpenGL: %d of %d layers%s on %s (%.1f MiB of weights)",
+        gm.n_layers,
+        model.cfg.n_layer,
+        " and the output head" if gm.head else "",
+        dev.ctx.renderer,
+        gm.weights_bytes / 2**20,
+    )
     return gm
 
 
-__all__ = ["BACKEND", "NAME", "GLContext", "GLContextLostError", "GLOutOfMemoryError",
-           "GLUnavailableError", "device", "offload_model", "probe"]
+__all__ = [
+    "BACKEND",
+    "NAME",
+    "GLContext",
+    "GLContextLostError",
+    "GLOutOfMemoryError",
+    "GLUnavailableError",
+    "device",
+    "offload_model",
+    "probe",
+]

@@ -32,7 +32,12 @@ EGL_CONTEXT_MAJOR_VERSION, EGL_CONTEXT_MINOR_VERSION = 0x3098, 0x30FB
 EGL_CONTEXT_OPENGL_PROFILE_MASK, EGL_CONTEXT_OPENGL_CORE_PROFILE_BIT = 0x30FD, 0x1
 EGL_CONTEXT_OPENGL_ROBUST_ACCESS, EGL_CONTEXT_OPENGL_RESET_NOTIFICATION_STRATEGY = 0x31B2, 0x31BD
 EGL_LOSE_CONTEXT_ON_RESET = 0x31BF
-EGL_RENDERABLE_TYPE, EGL_OPENGL_BIT, EGL_SURFACE_TYPE, EGL_PBUFFER_BIT = 0x3040, 0x0008, 0x3033, 0x0001
+EGL_RENDERABLE_TYPE, EGL_OPENGL_BIT, EGL_SURFACE_TYPE, EGL_PBUFFER_BIT = (
+    0x3040,
+    0x0008,
+    0x3033,
+    0x0001,
+)
 GL_VENDOR, GL_RENDERER, GL_VERSION, GL_EXTENSIONS = 0x1F00, 0x1F01, 0x1F02, 0x1F03
 GL_MAJOR_VERSION, GL_MINOR_VERSION, GL_NUM_EXTENSIONS = 0x821B, 0x821C, 0x821D
 GL_NO_ERROR, GL_OUT_OF_MEMORY, GL_CONTEXT_LOST = 0, 0x0505, 0x0507
@@ -46,23 +51,40 @@ vp, u32, i32, f32 = ctypes.c_void_p, ctypes.c_uint, ctypes.c_int, ctypes.c_float
 sz, cp = ctypes.c_ssize_t, ctypes.c_char_p
 # name -> (restype, argtypes): every GL entry point the backend calls
 GL_FUNCS: dict[str, tuple[Any, list]] = {
-    "glGetString": (cp, [u32]), "glGetStringi": (cp, [u32, u32]), "glGetIntegerv": (None, [u32, vp]),
+    "glGetString": (cp, [u32]),
+    "glGetStringi": (cp, [u32, u32]),
+    "glGetIntegerv": (None, [u32, vp]),
     "glGetInteger64v": (None, [u32, vp]),
-    "glGetError": (u32, []), "glFinish": (None, []), "glFlush": (None, []),
+    "glGetError": (u32, []),
+    "glFinish": (None, []),
+    "glFlush": (None, []),
     "glGetGraphicsResetStatus": (u32, []),
-    "glCreateShader": (u32, [u32]), "glShaderSource": (None, [u32, i32, vp, vp]),
-    "glCompileShader": (None, [u32]), "glGetShaderiv": (None, [u32, u32, vp]),
-    "glGetShaderInfoLog": (None, [u32, i32, vp, cp]), "glDeleteShader": (None, [u32]),
-    "glCreateProgram": (u32, []), "glAttachShader": (None, [u32, u32]), "glLinkProgram": (None, [u32]),
-    "glGetProgramiv": (None, [u32, u32, vp]), "glGetProgramInfoLog": (None, [u32, i32, vp, cp]),
-    "glDeleteProgram": (None, [u32]), "glUseProgram": (None, [u32]),
-    "glGetUniformLocation": (i32, [u32, cp]), "glUniform1iv": (None, [i32, i32, vp]),
+    "glCreateShader": (u32, [u32]),
+    "glShaderSource": (None, [u32, i32, vp, vp]),
+    "glCompileShader": (None, [u32]),
+    "glGetShaderiv": (None, [u32, u32, vp]),
+    "glGetShaderInfoLog": (None, [u32, i32, vp, cp]),
+    "glDeleteShader": (None, [u32]),
+    "glCreateProgram": (u32, []),
+    "glAttachShader": (None, [u32, u32]),
+    "glLinkProgram": (None, [u32]),
+    "glGetProgramiv": (None, [u32, u32, vp]),
+    "glGetProgramInfoLog": (None, [u32, i32, vp, cp]),
+    "glDeleteProgram": (None, [u32]),
+    "glUseProgram": (None, [u32]),
+    "glGetUniformLocation": (i32, [u32, cp]),
+    "glUniform1iv": (None, [i32, i32, vp]),
     "glUniform1fv": (None, [i32, i32, vp]),
-    "glGenBuffers": (None, [i32, vp]), "glDeleteBuffers": (None, [i32, vp]), "glBindBuffer": (None, [u32, u32]),
-    "glBufferData": (None, [u32, sz, vp, u32]), "glBufferSubData": (None, [u32, sz, sz, vp]),
-    "glGetBufferSubData": (None, [u32, sz, sz, vp]), "glBindBufferBase": (None, [u32, u32, u32]),
+    "glGenBuffers": (None, [i32, vp]),
+    "glDeleteBuffers": (None, [i32, vp]),
+    "glBindBuffer": (None, [u32, u32]),
+    "glBufferData": (None, [u32, sz, vp, u32]),
+    "glBufferSubData": (None, [u32, sz, sz, vp]),
+    "glGetBufferSubData": (None, [u32, sz, sz, vp]),
+    "glBindBufferBase": (None, [u32, u32, u32]),
     "glCopyBufferSubData": (None, [u32, u32, sz, sz, sz]),
-    "glDispatchCompute": (None, [u32, u32, u32]), "glMemoryBarrier": (None, [u32]),
+    "glDispatchCompute": (None, [u32, u32, u32]),
+    "glMemoryBarrier": (None, [u32]),
 }
 
 
@@ -156,17 +178,29 @@ def _displays(egl: ctypes.CDLL) -> list[tuple[str, int]]:
 
 
 def _attribs(robust: bool) -> ctypes.Array:
-    a = [EGL_CONTEXT_MAJOR_VERSION, 4, EGL_CONTEXT_MINOR_VERSION, 3,
-         EGL_CONTEXT_OPENGL_PROFILE_MASK, EGL_CONTEXT_OPENGL_CORE_PROFILE_BIT]
+    a = [
+        EGL_CONTEXT_MAJOR_VERSION,
+        4,
+        EGL_CONTEXT_MINOR_VERSION,
+        3,
+        EGL_CONTEXT_OPENGL_PROFILE_MASK,
+        EGL_CONTEXT_OPENGL_CORE_PROFILE_BIT,
+    ]
     if robust:
-        a += [EGL_CONTEXT_OPENGL_ROBUST_ACCESS, 1,
-              EGL_CONTEXT_OPENGL_RESET_NOTIFICATION_STRATEGY, EGL_LOSE_CONTEXT_ON_RESET]
+        a += [
+            EGL_CONTEXT_OPENGL_ROBUST_ACCESS,
+            1,
+            EGL_CONTEXT_OPENGL_RESET_NOTIFICATION_STRATEGY,
+            EGL_LOSE_CONTEXT_ON_RESET,
+        ]
     return (i32 * (len(a) + 1))(*a, EGL_NONE)
 
 
 def _any_config(egl: ctypes.CDLL, dpy: int) -> int | None:
     """An EGLConfig for desktop OpenGL (pbuffer-capable), or None."""
-    attrs = (i32 * 5)(EGL_RENDERABLE_TYPE, EGL_OPENGL_BIT, EGL_SURFACE_TYPE, EGL_PBUFFER_BIT, EGL_NONE)
+    attrs = (i32 * 5)(
+        EGL_RENDERABLE_TYPE, EGL_OPENGL_BIT, EGL_SURFACE_TYPE, EGL_PBUFFER_BIT, EGL_NONE
+    )
     configs, n = (vp * 1)(), i32()
     if not egl.eglChooseConfig(dpy, attrs, configs, 1, ctypes.byref(n)) or n.value < 1:
         return None
@@ -219,7 +253,9 @@ class GLContext:
         self.lost = False
         self.closed = False
         ready: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._run, args=(ready,), name="ggstation-gl", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(ready,), name="ggstation-gl", daemon=True
+        )
         self._thread.start()
         err = ready.get()
         if err is not None:
@@ -262,10 +298,14 @@ class GLContext:
         gl.glGetIntegerv(GL_MINOR_VERSION, ctypes.byref(minor))
         self.gl_version = (major.value, minor.value)
         if self.gl_version < (4, 3):
-            raise GLUnavailableError(f"{self.renderer}: OpenGL {self.version} is older than 4.3 (no compute shaders)")
+            raise GLUnavailableError(
+                f"{self.renderer}: OpenGL {self.version} is older than 4.3 (no compute shaders)"
+            )
         n = i32()
         gl.glGetIntegerv(GL_NUM_EXTENSIONS, ctypes.byref(n))
-        self.extensions = frozenset((gl.glGetStringi(GL_EXTENSIONS, i) or b"").decode() for i in range(n.value))
+        self.extensions = frozenset(
+            (gl.glGetStringi(GL_EXTENSIONS, i) or b"").decode() for i in range(n.value)
+        )
         gl.glGetError()
 
     def call(self, fn: Callable[..., T], *args: Any) -> T:

@@ -16,7 +16,12 @@ from . import shaders
 from .context import GL_CONTEXT_LOST, GL_OUT_OF_MEMORY, GLContext, GLContextLostError
 
 NAME = "GL0"  # the one OpenGL device, named as llama.cpp names devices (backend + index)
-GL_COMPUTE_SHADER, GL_COMPILE_STATUS, GL_LINK_STATUS, GL_INFO_LOG_LENGTH = 0x91B9, 0x8B81, 0x8B82, 0x8B84
+GL_COMPUTE_SHADER, GL_COMPILE_STATUS, GL_LINK_STATUS, GL_INFO_LOG_LENGTH = (
+    0x91B9,
+    0x8B81,
+    0x8B82,
+    0x8B84,
+)
 GL_SHADER_STORAGE_BUFFER, GL_COPY_READ_BUFFER, GL_COPY_WRITE_BUFFER = 0x90D2, 0x8F36, 0x8F37
 GL_STATIC_DRAW, GL_DYNAMIC_DRAW = 0x88E4, 0x88E8
 GL_MAX_SHADER_STORAGE_BLOCK_SIZE = 0x90DE
@@ -71,8 +76,10 @@ class GLDevice:
         gl = self.gl
         size = max(4, -(-nbytes // 4) * 4)
         if size > self.max_block_bytes:
-            raise GLOutOfMemoryError(f"{nbytes} bytes of {kind} exceed the {self.max_block_bytes} bytes a shader "
-                                     f"storage block may have on {self.ctx.renderer}")
+            raise GLOutOfMemoryError(
+                f"{nbytes} bytes of {kind} exceed the {self.max_block_bytes} bytes a shader "
+                f"storage block may have on {self.ctx.renderer}"
+            )
         gl.glGetError()
         ids = (ctypes.c_uint * 1)()
         gl.glGenBuffers(1, ids)
@@ -83,8 +90,12 @@ class GLDevice:
             host = np.zeros(size, np.uint8)
             if data is not None:
                 host[: data.nbytes] = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
-            gl.glBufferData(GL_SHADER_STORAGE_BUFFER, size, host.ctypes.data,
-                            GL_STATIC_DRAW if kind == "weights" else GL_DYNAMIC_DRAW)
+            gl.glBufferData(
+                GL_SHADER_STORAGE_BUFFER,
+                size,
+                host.ctypes.data,
+                GL_STATIC_DRAW if kind == "weights" else GL_DYNAMIC_DRAW,
+            )
         err = gl.glGetError()
         if err != 0:
             gl.glDeleteBuffers(1, ids)
@@ -92,7 +103,9 @@ class GLDevice:
                 self.ctx.lost = True
                 raise GLContextLostError(f"the OpenGL context on {self.ctx.renderer} was lost")
             what = "out of GPU memory" if err == GL_OUT_OF_MEMORY else f"GL error 0x{err:x}"
-            raise GLOutOfMemoryError(f"cannot allocate {nbytes} bytes of {kind} on {self.ctx.renderer}: {what}")
+            raise GLOutOfMemoryError(
+                f"cannot allocate {nbytes} bytes of {kind} on {self.ctx.renderer}: {what}"
+            )
         self.bytes[kind] += size
         return Buffer(ids[0], size, kind)
 
@@ -117,7 +130,9 @@ class GLDevice:
     def copy(self, src: Buffer, src_off: int, dst: Buffer, dst_off: int, nbytes: int) -> None:
         self.gl.glBindBuffer(GL_COPY_READ_BUFFER, src.id)
         self.gl.glBindBuffer(GL_COPY_WRITE_BUFFER, dst.id)
-        self.gl.glCopyBufferSubData(GL_COPY_READ_BUFFER, GL_COPY_WRITE_BUFFER, src_off, dst_off, nbytes)
+        self.gl.glCopyBufferSubData(
+            GL_COPY_READ_BUFFER, GL_COPY_WRITE_BUFFER, src_off, dst_off, nbytes
+        )
 
     # programs ------------------------------------------------------------------------------
     def program(self, name: str) -> tuple[int, int, int]:
@@ -159,8 +174,14 @@ class GLDevice:
         get_log(obj, len(buf), None, buf)
         return buf.value.decode(errors="replace").strip()
 
-    def dispatch(self, name: str, groups: tuple[int, ...], buffers: tuple[Buffer, ...],
-                 ints: tuple[int, ...] = (), floats: tuple[float, ...] = ()) -> None:
+    def dispatch(
+        self,
+        name: str,
+        groups: tuple[int, ...],
+        buffers: tuple[Buffer, ...],
+        ints: tuple[int, ...] = (),
+        floats: tuple[float, ...] = (),
+    ) -> None:
         """Run shader `name` over groups (x, y[, z]) workgroups with buffers at bindings 0, 1, ..."""
         gl = self.gl
         prog, p_loc, f_loc = self.program(name)

@@ -62,11 +62,20 @@ def spec_reason(spec: DecoderSpec) -> str:
     one place that decides which architectures it runs (the rest is config-level, in
     unsupported_reason)."""
     layer = spec.layer
-    missing = [name for name, used in (
-        ("fused Q|K|V and gate|up weights", layer.fused), ("a mixture of experts", layer.moe),
-        ("residual scaling", layer.residual_scale), ("attention sinks", layer.sinks),
-        ("an output projection bias", layer.o_bias), ("Q/K norms over whole projections", layer.qk_norm == "whole"),
-        ("sublayers without pre-norms", not layer.pre_norms), ("logit scaling", spec.logit_scale)) if used]
+    missing = [
+        name
+        for name, used in (
+            ("fused Q|K|V and gate|up weights", layer.fused),
+            ("a mixture of experts", layer.moe),
+            ("residual scaling", layer.residual_scale),
+            ("attention sinks", layer.sinks),
+            ("an output projection bias", layer.o_bias),
+            ("Q/K norms over whole projections", layer.qk_norm == "whole"),
+            ("sublayers without pre-norms", not layer.pre_norms),
+            ("logit scaling", spec.logit_scale),
+        )
+        if used
+    ]
     return ", ".join(missing)
 
 
@@ -76,17 +85,29 @@ def gl_plan(spec: DecoderSpec) -> ArchPlan:
     layer = spec.layer
     caps = dict(final_softcap=_final_softcap) if spec.final_softcap else {}
     caps |= dict(attn_softcap=_attn_softcap) if layer.attn_softcap else {}
-    return ArchPlan(layer.act, layer.post_norms, layer.qk_norm == "head", qkv_bias=layer.qkv_bias,
-                    ffn_norm=layer.ffn_norm, **caps)
+    return ArchPlan(
+        layer.act,
+        layer.post_norms,
+        layer.qk_norm == "head",
+        qkv_bias=layer.qkv_bias,
+        ffn_norm=layer.ffn_norm,
+        **caps,
+    )
 
 
 def unsupported_reason(model) -> str:
     """Why this model cannot offload at all ("" when it can)."""
     missing = spec_reason(model.arch.spec)
     if missing:
-        return f"architecture {model.arch.name} has no OpenGL implementation (OpenGL lacks {missing})"
+        return (
+            f"architecture {model.arch.name} has no OpenGL implementation (OpenGL lacks {missing})"
+        )
     cfg = model.cfg
-    if cfg.head_dim % 2 or cfg.head_dim_v % 2 or max(cfg.head_dim, cfg.head_dim_v) > shaders.ATTN_MAX_DIM:
+    if (
+        cfg.head_dim % 2
+        or cfg.head_dim_v % 2
+        or max(cfg.head_dim, cfg.head_dim_v) > shaders.ATTN_MAX_DIM
+    ):
         return f"head size {cfg.head_dim} is not supported by the OpenGL attention shader"
     # the RoPE shader turns rope_dim / 2 pairs on every layer (smollm3's NoPE layers turn none)
     if any(cfg.layer_rope(il, cfg.n_ctx_train).n_rot != cfg.rope_dim for il in range(cfg.n_layer)):
@@ -113,8 +134,10 @@ class GpuTensor:
 def tensor_reason(w: QTensor, max_bytes: int) -> str:
     """Why w cannot be on the GPU ("" when it can)."""
     if w.nbytes > max_bytes:
-        return (f"its {w.nbytes / 2**20:.0f} MiB exceed the {max_bytes / 2**20:.0f} MiB one shader storage "
-                "block may hold")
+        return (
+            f"its {w.nbytes / 2**20:.0f} MiB exceed the {max_bytes / 2**20:.0f} MiB one shader storage "
+            "block may hold"
+        )
     if w.qtype not in shaders.MATMUL_TYPES:
         return f"{w.qtype.name} has no OpenGL shader"
     if w.n_cols % 32:
@@ -122,8 +145,17 @@ def tensor_reason(w: QTensor, max_bytes: int) -> str:
     return ""
 
 
-def matmul_gl(dev: GLDevice, w: GpuTensor, T: int, scratch: Buffer, x_off: int, x_stride: int, o_off: int,
-              o_stride: int, acc: bool) -> None:
+def matmul_gl(
+    dev: GLDevice,
+    w: GpuTensor,
+    T: int,
+    scratch: Buffer,
+    x_off: int,
+    x_stride: int,
+    o_off: int,
+    o_stride: int,
+    acc: bool,
+) -> None:
     """out rows (T, n_rows) at o_off (+)= x rows (T, n_cols) at x_off @ w.T. On a GPU
     (dev.cooperative) a workgroup per row and token; on a software rasteriser an invocation
     per row, one token per pass for a few (decode), four from MATMUL4_MIN_TOKENS (prefill)."""
@@ -135,8 +167,12 @@ def matmul_gl(dev: GLDevice, w: GpuTensor, T: int, scratch: Buffer, x_off: int, 
         name, groups = f"matmul4_{q}", (n_groups(w.n_rows), -(-T // 4), 1)
     else:
         name, groups = f"matmul_{q}", (n_groups(w.n_rows), n_groups(T, shaders.MATMUL_TOKENS), 1)
-    dev.dispatch(name, groups, (scratch, w.buf),
-                 (w.n_rows, w.n_cols, w.row_bytes, T, x_off, x_stride, o_off, o_stride, int(acc)))
+    dev.dispatch(
+        name,
+        groups,
+        (scratch, w.buf),
+        (w.n_rows, w.n_cols, w.row_bytes, T, x_off, x_stride, o_off, o_stride, int(acc)),
+    )
 
 
 class GpuModel:
@@ -178,7 +214,9 @@ class GpuModel:
 
     def _place(self, v):
         if isinstance(v, np.ndarray):  # a norm vector
-            buf = self.ctx.call(self.dev.alloc, v.nbytes, "weights", np.ascontiguousarray(v, np.float32))
+            buf = self.ctx.call(
+                self.dev.alloc, v.nbytes, "weights", np.ascontiguousarray(v, np.float32)
+            )
             self._buffers.append(buf)
             self.host_bytes += v.nbytes
             return buf
@@ -212,8 +250,16 @@ class GpuContext:
     RoPE, then rows of logits when the head is on the GPU.
     """
 
-    def __init__(self, gm: GpuModel, cfg: ModelConfig, n_ubatch: int, n_ctx_seq: int, n_stream: int,
-                 type_k: str, type_v: str):
+    def __init__(
+        self,
+        gm: GpuModel,
+        cfg: ModelConfig,
+        n_ubatch: int,
+        n_ctx_seq: int,
+        n_stream: int,
+        type_k: str,
+        type_v: str,
+    ):
         self.gm, self.cfg, self.ctx, self.dev = gm, cfg, gm.ctx, gm.dev
         self.U, self.n_cells, self.n_stream = n_ubatch, n_ctx_seq, n_stream
         self.layers = frozenset(range(gm.first_layer, cfg.n_layer))
@@ -228,7 +274,9 @@ class GpuContext:
         vbytes = n_stream * n_ctx_seq * G * cfg.head_dim_v * (2 if self.vf16 else 4)
         self._layout(n_ctx_seq)  # (raises before anything is allocated)
         try:
-            self.scratch = self.ctx.call(self.dev.alloc, compute_buffer_bytes(cfg, n_ubatch, n_ctx_seq), "compute")
+            self.scratch = self.ctx.call(
+                self.dev.alloc, compute_buffer_bytes(cfg, n_ubatch, n_ctx_seq), "compute"
+            )
             for il in sorted(self.layers):
                 self._k[il] = self.ctx.call(self.dev.alloc, kbytes, "kv")
                 self._v[il] = self.ctx.call(self.dev.alloc, vbytes, "kv")
@@ -247,22 +295,30 @@ class GpuContext:
             self.off[name], self.width[name] = at, shape[-1]
             at += int(np.prod(shape))
         t = self.off["tile"]
-        self.i_pos, self.i_stream, self.i_cell, self.i_base, self.i_sel = (t + i * U for i in range(5))
+        self.i_pos, self.i_stream, self.i_cell, self.i_base, self.i_sel = (
+            t + i * U for i in range(5)
+        )
         ropes: dict[tuple, int] = {}
         self.rope_of: dict[int, int] = {}
         for il in sorted(self.layers):
             r = cfg.layer_rope(il, n_ctx_seq)
             key = (r.inv_freq.tobytes(), r.neox, r.attn_factor)
             self.rope_of[il] = ropes.setdefault(key, len(ropes))
-        self.ropes = [next(cfg.layer_rope(il, n_ctx_seq) for il in sorted(self.layers) if self.rope_of[il] == i)
-                      for i in range(len(ropes))]
+        self.ropes = [
+            next(
+                cfg.layer_rope(il, n_ctx_seq) for il in sorted(self.layers) if self.rope_of[il] == i
+            )
+            for i in range(len(ropes))
+        ]
         self.half = cfg.rope_dim // 2
         self.t_rope = t + 5 * U
         self.t_logits = self.t_rope + len(ropes) * 2 * U * self.half
         room = self.width["tile"] - (self.t_logits - t)
         self.logit_rows = room // cfg.n_vocab if self.gm.head else 0
         if room < 0 or (self.gm.head and self.logit_rows < 1):
-            raise ValueError("the compute scratch has no room for the RoPE tables and a row of logits")
+            raise ValueError(
+                "the compute scratch has no room for the RoPE tables and a row of logits"
+            )
 
     @property
     def device_name(self) -> str:
@@ -310,14 +366,21 @@ class GpuContext:
         sel = np.flatnonzero(s.logits)
         # (offset, values) for the scratch: per token its position, stream, cell and the cell
         # of its sequence's position 0; the rows that want output; cos and sin of each RoPE
-        inputs = [(self.i_pos, s.pos), (self.i_stream, stream), (self.i_cell, base + s.pos),
-                  (self.i_base, base), (self.i_sel, sel)]
+        inputs = [
+            (self.i_pos, s.pos),
+            (self.i_stream, stream),
+            (self.i_cell, base + s.pos),
+            (self.i_base, base),
+            (self.i_sel, sel),
+        ]
         inputs = [(o, np.asarray(v, np.int32).view(np.float32)) for o, v in inputs]
         for i, r in enumerate(self.ropes):
             theta = s.pos[:, None].astype(np.float64) * r.inv_freq[None, :]
             co = self.t_rope + i * 2 * self.U * self.half
-            inputs += [(co, (np.cos(theta) * r.attn_factor).astype(np.float32)),
-                       (co + self.U * self.half, (np.sin(theta) * r.attn_factor).astype(np.float32))]
+            inputs += [
+                (co, (np.cos(theta) * r.attn_factor).astype(np.float32)),
+                (co + self.U * self.half, (np.sin(theta) * r.attn_factor).astype(np.float32)),
+            ]
         self._host, self._path = s.tile, s.path
         x = np.ascontiguousarray(s.x)
         inputs.append((self.off["x"], x))
@@ -330,7 +393,9 @@ class GpuContext:
                     op(T)
         if self.gm.head:
             if len(sel):
-                self.ctx.call(self._submit, [lambda T: self._head(T, sel, out, embeddings)], T, inputs)
+                self.ctx.call(
+                    self._submit, [lambda T: self._head(T, sel, out, embeddings)], T, inputs
+                )
             return True
         self.ctx.call(self.dev.download, self.scratch, 4 * self.off["x"], x)
         s.x[:] = x
@@ -365,17 +430,31 @@ class GpuContext:
             out[:n] *= c
 
     # ops -------------------------------------------------------------------------------------
-    def _matmul_at(self, w: GpuTensor, T: int, x_off: int, x_stride: int, o_off: int, o_stride: int,
-                   acc: bool) -> None:
+    def _matmul_at(
+        self, w: GpuTensor, T: int, x_off: int, x_stride: int, o_off: int, o_stride: int, acc: bool
+    ) -> None:
         matmul_gl(self.dev, w, T, self.scratch, x_off, x_stride, o_off, o_stride, acc)
 
-    def _norm_rows(self, rows: int, src: str | int, dst: str | int, w: Buffer, n: int = 0, mode: int = 0,
-                   gather: int = -1) -> None:
+    def _norm_rows(
+        self,
+        rows: int,
+        src: str | int,
+        dst: str | int,
+        w: Buffer,
+        n: int = 0,
+        mode: int = 0,
+        gather: int = -1,
+    ) -> None:
         n = n or self.cfg.n_embd
         so = self.off[src] if isinstance(src, str) else src
         do = self.off[dst] if isinstance(dst, str) else dst
-        self.dev.dispatch("rmsnorm", groups_1d(rows), (self.scratch, w),
-                          (rows, n, so, n, do, n, mode, gather), (self.cfg.norm_eps,))
+        self.dev.dispatch(
+            "rmsnorm",
+            groups_1d(rows),
+            (self.scratch, w),
+            (rows, n, so, n, do, n, mode, gather),
+            (self.cfg.norm_eps,),
+        )
 
     def _build_plan(self) -> list[tuple[bool, list[Op]]]:
         """The ops of every offloaded layer, grouped into runs that stay on the GL thread."""
@@ -411,7 +490,9 @@ class GpuContext:
 
     def _bias_op(self, name: str, b: Buffer) -> Op:
         o, w = self.off[name], self.width[name]
-        return lambda T: self.dev.dispatch("add_rows", groups_1d(T * w), (self.scratch, b), (o, T * w, w))
+        return lambda T: self.dev.dispatch(
+            "add_rows", groups_1d(T * w), (self.scratch, b), (o, T * w, w)
+        )
 
     def _layer_ops(self, il: int, lw: dict) -> list[tuple[bool, Op]]:
         cfg, plan = self.cfg, self.gm.plan
@@ -423,7 +504,11 @@ class GpuContext:
         ops: list[tuple[bool, Op]] = []
         g = self._gpu
         ops.append(g(lambda T: self._norm_rows(T, "x", "h", lw["attn_norm"])))
-        ops += [self._mm(lw["attn_q"], "h", "q"), self._mm(lw["attn_k"], "h", "k"), self._mm(lw["attn_v"], "h", "v")]
+        ops += [
+            self._mm(lw["attn_q"], "h", "q"),
+            self._mm(lw["attn_k"], "h", "k"),
+            self._mm(lw["attn_v"], "h", "v"),
+        ]
         if plan.qkv_bias:
             for name in ("q", "k", "v"):
                 ops.append(g(self._bias_op(name, lw[f"attn_{name}_bias"])))
@@ -433,16 +518,51 @@ class GpuContext:
 
         def rope(T: int) -> None:
             for name, heads in (("q", H), ("k", G)):
-                dev.dispatch("rope", groups_1d(T * heads * half), (sc,),
-                             (off[name], T, heads, D, half, neox, co, co + self.U * half))
+                dev.dispatch(
+                    "rope",
+                    groups_1d(T * heads * half),
+                    (sc,),
+                    (off[name], T, heads, D, half, neox, co, co + self.U * half),
+                )
             kw, vw = G * D, G * Dv
-            dev.dispatch("kv_store", groups_1d(T * (kw + vw) // 2), (sc, kb, vb),
-                         (off["k"], off["v"], T, kw, vw, self.i_stream, self.i_cell, self.n_cells,
-                          int(self.kf16), int(self.vf16)))
-            dev.dispatch("attention", (H, T), (sc, kb, vb),
-                         (off["q"], off["attn"], H, G, D, Dv, self.i_pos, self.i_stream, self.i_base,
-                          self.n_cells, window, int(self.kf16), int(self.vf16)),
-                         (cfg.kq_scale, plan.attn_softcap(cfg)))
+            dev.dispatch(
+                "kv_store",
+                groups_1d(T * (kw + vw) // 2),
+                (sc, kb, vb),
+                (
+                    off["k"],
+                    off["v"],
+                    T,
+                    kw,
+                    vw,
+                    self.i_stream,
+                    self.i_cell,
+                    self.n_cells,
+                    int(self.kf16),
+                    int(self.vf16),
+                ),
+            )
+            dev.dispatch(
+                "attention",
+                (H, T),
+                (sc, kb, vb),
+                (
+                    off["q"],
+                    off["attn"],
+                    H,
+                    G,
+                    D,
+                    Dv,
+                    self.i_pos,
+                    self.i_stream,
+                    self.i_base,
+                    self.n_cells,
+                    window,
+                    int(self.kf16),
+                    int(self.vf16),
+                ),
+                (cfg.kq_scale, plan.attn_softcap(cfg)),
+            )
 
         ops.append(g(rope))
         if plan.post_norms:
@@ -453,8 +573,16 @@ class GpuContext:
         ops.append(g(lambda T: self._norm_rows(T, "x", "h", lw[plan.ffn_norm])))
         ops += [self._mm(lw["ffn_gate"], "h", "gate"), self._mm(lw["ffn_up"], "h", "up")]
         F, kind = cfg.n_ff, 0 if plan.act == "silu" else 1
-        ops.append(g(lambda T: dev.dispatch("gated_act", groups_1d(T * F), (sc,),
-                                            (off["gate"], off["up"], T * F, kind, F, F, F))))
+        ops.append(
+            g(
+                lambda T: dev.dispatch(
+                    "gated_act",
+                    groups_1d(T * F),
+                    (sc,),
+                    (off["gate"], off["up"], T * F, kind, F, F, F),
+                )
+            )
+        )
         if plan.post_norms:
             ops.append(self._mm(lw["ffn_down"], "gate", "o"))
             ops.append(g(lambda T: self._norm_rows(T, "o", "x", lw["post_ffw_norm"], mode=1)))
@@ -469,7 +597,6 @@ class GpuContext:
         self._k, self._v = {}, {}
         if bufs and self.ctx.usable:
             self.ctx.call(_free_all, self.dev, bufs)
-
 
 
 def _free_all(dev: GLDevice, bufs: list[Buffer]) -> None:

@@ -511,8 +511,16 @@ void main() {
 }
 """
 
-OPS = {"rmsnorm": RMSNORM, "rope": ROPE, "kv_store": KV_STORE, "attention": ATTENTION,
-       "gated_act": GATED_ACT, "add": ADD, "add_rows": ADD_ROWS, "scale": SCALE}
+OPS = {
+    "rmsnorm": RMSNORM,
+    "rope": ROPE,
+    "kv_store": KV_STORE,
+    "attention": ATTENTION,
+    "gated_act": GATED_ACT,
+    "add": ADD,
+    "add_rows": ADD_ROWS,
+    "scale": SCALE,
+}
 LOCAL_SIZE = {"attention": ATTN_WG}
 COOP_PREFIX = "matmulcoop_"
 DEFAULT_LOCAL = 64
@@ -528,9 +536,18 @@ def source(name: str) -> str:
         kind, qname = name.split("_", 1)
         aligned = qname.endswith("_a")
         qtype = Q[qname.removesuffix("_a").upper()]
-        body = {"matmul4": BLK[qtype] + MATMUL4, "matmulcoop": DOT[qtype] + MATMUL_COOP,
-                "matmul": DOT[qtype] + MATMUL}[kind]
-        return head + ("#define ALIGNED\n" if aligned else "") + READERS + VEC + body.replace("LOCAL", str(local))
+        body = {
+            "matmul4": BLK[qtype] + MATMUL4,
+            "matmulcoop": DOT[qtype] + MATMUL_COOP,
+            "matmul": DOT[qtype] + MATMUL,
+        }[kind]
+        return (
+            head
+            + ("#define ALIGNED\n" if aligned else "")
+            + READERS
+            + VEC
+            + body.replace("LOCAL", str(local))
+        )
     body = OPS[name]
     return head + body.replace("LOCAL", str(local))
 

@@ -17,7 +17,7 @@ from .._kern import check_shapes, group_sums
 
 # These kernels contain code from those modules too: whether numba's cache may serve them
 # depends on their digest when this file was generated (see jit.generated_kernel).
-_parallel_kernel = jit.generated_kernel(__file__, (_ir, _kern, dense), "181b89169683950b")
+_parallel_kernel = jit.generated_kernel(__file__, (_ir, _kern, dense), "7f1261e7b417ce87")
 
 _layout = dense.F32Layout()
 _G, _BB, _BE = _layout.group, _layout.block_bytes, _layout.block_elems

@@ -17,7 +17,7 @@ from .._kern import check_packed, check_shapes, code_sums, group_sums
 
 # These kernels contain code from those modules too: whether numba's cache may serve them
 # depends on their digest when this file was generated (see jit.generated_kernel).
-_parallel_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, q4_1), "02db57c1304fb459")
+_parallel_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, q4_1), "a768259f22e6034b")
 
 _layout = q4_1.Q4_1Layout()
 _G, _BB, _BE = _layout.group, _layout.block_bytes, _layout.block_elems
@@ -257,7 +257,7 @@ def matvec_multi_same_x_i8_q4_1(raws, x, outs):
     _kern.launch_matvec_multi_same_x(_matvec_multi_same_x_i8_q4_1, raws, x, outs)
 
 
-_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, q4_1), "02db57c1304fb459", parallel=False)
+_kernel = jit.generated_kernel(__file__, (_ir, _kern, _q8, q4_1), "a768259f22e6034b", parallel=False)
 _SG = _layout.rp_sum_group  # x codes per sum of the offsets and mins
 _gdot1 = _ir.make_group_dot_i8(_layout, 1)  # llama.cpp's integer dots over R interleaved rows
 _gdot2 = _ir.make_group_dot_i8(_layout, 2)
