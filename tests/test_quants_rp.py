@@ -235,6 +235,7 @@ def _group_kernel(gdot):
     return run
 
 
+@pytest.mark.slow  # compiles every interleaved kernel of each instruction path: ~45 s
 def test_interleaved_instruction_paths(monkeypatch):
     """vpdpbusd (VNNI: signed weights flipped to unsigned, 128 * sum(x) taken off), pmaddubsw +
     pmaddwd (AVX2: signed weights through the sign trick), their 512-bit forms (16 rows a

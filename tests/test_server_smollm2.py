@@ -80,6 +80,7 @@ def test_serve_raw_http_errors(server):
     assert httpx.post(server.url + "/v1/embeddings", json={"input": "x"}).status_code == 501
 
 
+@pytest.mark.slow  # a minute of 16 streams on 2 cores
 def test_serve_16_concurrent_clients(server):
     run_clients(
         server.url,
