@@ -110,9 +110,7 @@ class StreamTiming:
         bound (a rate of 0 would say the server sent nothing)."""
         if self.n < 2:
             return 0.0
-        t0, t1 = self.t_tokens[0], self.t_tokens[-1]
-        if t1 <= t0 and self.t_sent is not None:
-            t0 = self.t_sent
+        t0, t1 = self.t_start, self.t_tokens[-1]
         return (self.n - 1) / (t1 - t0) if t1 > t0 else 0.0
 
     @property
