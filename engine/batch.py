@@ -2,6 +2,9 @@
 
 Each entry is a token at a position in a sequence, and says whether its logits are wanted.
 One batch may mix sequences: a prompt chunk of one and single decode tokens of others.
+Entries with a negative token take their input row from `embd` instead (image embeddings, as
+llama_batch.embd); `attn_end`, when set, is the last position each entry attends to (an image
+span whose tokens see each other, non-causally; llama_set_causal_attn(false) for the span).
 """
 
 from __future__ import annotations
@@ -17,12 +20,18 @@ class Batch:
     pos: np.ndarray  # (n,) int32
     seq_id: np.ndarray  # (n,) int32
     logits: np.ndarray  # (n,) bool: return logits (or embeddings) for this entry
+    embd: np.ndarray | None = None  # (n, n_embd) float32: the input rows of negative tokens
+    attn_end: np.ndarray | None = None  # (n,) int32: last position seen (default: pos)
 
     def __post_init__(self):
         n = len(self.tokens)
         for name, field in (("pos", self.pos), ("seq_id", self.seq_id), ("logits", self.logits)):
             if len(field) != n:
                 raise ValueError(f"batch field '{name}' has {len(field)} entries, expected {n}")
+        if self.embd is not None and len(self.embd) != n:
+            raise ValueError(f"batch field 'embd' has {len(self.embd)} rows, expected {n}")
+        if self.attn_end is not None and len(self.attn_end) != n:
+            raise ValueError(f"batch field 'attn_end' has {len(self.attn_end)} entries, expected {n}")
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -57,12 +66,31 @@ class Batch:
     def concat(cls, batches: list[Batch]) -> Batch:
         if not batches:
             return cls.make([], [], [], [])
-        return cls.make(
-            np.concatenate([b.tokens for b in batches]),
-            np.concatenate([b.pos for b in batches]),
-            np.concatenate([b.seq_id for b in batches]),
-            np.concatenate([b.logits for b in batches]),
+        embd = attn_end = None
+        if any(b.embd is not None for b in batches):
+            width = next(b.embd.shape[1] for b in batches if b.embd is not None)
+            embd = np.concatenate(
+                [b.embd if b.embd is not None else np.zeros((len(b), width), np.float32) for b in batches]
+            )
+        if any(b.attn_end is not None for b in batches):
+            attn_end = np.concatenate(
+                [b.attn_end if b.attn_end is not None else b.pos for b in batches]
+            ).astype(np.int32)
+        return cls(
+            np.concatenate([b.tokens for b in batches]).astype(np.int32),
+            np.concatenate([b.pos for b in batches]).astype(np.int32),
+            np.concatenate([b.seq_id for b in batches]).astype(np.int32),
+            np.concatenate([b.logits for b in batches]).astype(np.bool_),
+            embd,
+            attn_end,
         )
 
     def slice(self, i0: int, i1: int) -> Batch:
-        return Batch(self.tokens[i0:i1], self.pos[i0:i1], self.seq_id[i0:i1], self.logits[i0:i1])
+        return Batch(
+            self.tokens[i0:i1],
+            self.pos[i0:i1],
+            self.seq_id[i0:i1],
+            self.logits[i0:i1],
+            None if self.embd is None else self.embd[i0:i1],
+            None if self.attn_end is None else self.attn_end[i0:i1],
+        )

@@ -19,9 +19,23 @@ def validate_batch(ctx, batch: Batch) -> None:
     if len(batch) == 0:
         raise EngineError("empty batch")
     V = ctx.cfg.n_vocab
-    if batch.tokens.min() < 0 or batch.tokens.max() >= V:
-        bad = int(batch.tokens[(batch.tokens < 0) | (batch.tokens >= V)][0])
+    low = 0 if batch.embd is None else -(1 << 31)  # negative: the entry's row of embd
+    if batch.tokens.min() < low or batch.tokens.max() >= V:
+        bad = int(batch.tokens[(batch.tokens < low) | (batch.tokens >= V)][0])
         raise EngineError(f"token id {bad} out of range [0, {V})")
+    if batch.embd is not None and batch.embd.shape != (len(batch), ctx.cfg.n_embd):
+        raise EngineError(
+            f"batch embeddings have shape {batch.embd.shape}, expected ({len(batch)}, "
+            f"{ctx.cfg.n_embd})"
+        )
+    if batch.attn_end is not None:
+        if np.any(batch.attn_end < batch.pos):
+            raise EngineError("attn_end must not be before the entry's own position")
+        if ctx.gpu is not None and np.any(batch.attn_end > batch.pos):
+            raise EngineError(
+                "non-causal image tokens are not supported with layers offloaded to the GPU "
+                "(-ngl 0 runs them)"
+            )
     if batch.seq_id.min() < 0 or batch.seq_id.max() >= ctx.n_seq_max:
         raise EngineError(f"sequence id out of range [0, {ctx.n_seq_max})")
     for s in np.unique(batch.seq_id):
@@ -61,7 +75,10 @@ def _forward(ctx, ub: Batch, out: np.ndarray, embeddings: bool) -> None:
     s = UbatchState(ctx, ub)
     arch.embed(s, w)
     gpu = ctx.gpu  # the last layers (and maybe the head) on a GPU, or None
-    steps = step.for_context(ctx) if len(ub) <= MATVEC_MAX_TOKENS else None
+    # the compiled decode steps attend causally: an image span that sees itself takes the
+    # generic path
+    causal = ub.attn_end is None or not np.any(ub.attn_end > ub.pos)
+    steps = step.for_context(ctx) if len(ub) <= MATVEC_MAX_TOKENS and causal else None
     us = steps.for_ubatch(s) if steps is not None else None
     for il in range(len(w.layers) if gpu is None else gpu.gm.first_layer):
         if us is None or not us.run(il):

@@ -758,19 +758,31 @@ def store_kv_f32(dst, st, cell, src):
 
 
 def attention_chunk(
-    q, kf, vf, pos, window, scale, softcap, out, sinks: np.ndarray | None = None, k0: int = 0
+    q,
+    kf,
+    vf,
+    pos,
+    window,
+    scale,
+    softcap,
+    out,
+    sinks: np.ndarray | None = None,
+    k0: int = 0,
+    vis: np.ndarray | None = None,
 ) -> None:
     """Batch attention for one sequence's chunk with numpy BLAS (prefill path).
 
     q (m, H, D) queries at positions pos (m,); kf (L, G, D) and vf (L, G, Dv) float32 keys and
     values for positions k0..k0+L-1 of that sequence (every position a query sees); out
-    (m, H, Dv). softcap and sinks as attention_tokens.
+    (m, H, Dv). softcap and sinks as attention_tokens. vis (m,): the last key position each
+    query sees when that is after its own (an image span's tokens see each other); the
+    sliding window still counts back from the query's own position.
     """
     m, H, D = q.shape
     L, G, _ = kf.shape
     rep = H // G
     kpos = k0 + np.arange(L)
-    mask = kpos[None, :] > pos[:, None]  # (m, L) causal
+    mask = kpos[None, :] > (pos if vis is None else vis)[:, None]  # (m, L) causal
     if window > 0:
         mask |= kpos[None, :] <= (pos[:, None] - window)
     neg = np.where(mask, np.float32(-np.inf), np.float32(0.0))

@@ -41,7 +41,7 @@ from .errors import (
     KVCacheFullError,
     SchedulerStoppedError,
 )
-from .seams import DecodeContext, GenerationTokenizer, ServedModel
+from .seams import DecodeContext, GenerationTokenizer, MediaSpanLike, ServedModel
 from .sequence import GenerationStep, SequenceGenerator
 from .tasks import (
     EmbeddingRequest,
@@ -93,6 +93,9 @@ class _Slot:
     next_token: int = -1  # sampled, not yet fed
     n_generated: int = 0
     embd_rows: list[np.ndarray] = field(default_factory=list)
+    media: dict[int, MediaSpanLike] = field(default_factory=dict)  # the prompt's, by start
+    # the image spans whose KV sits in the sequence: start -> (span id, n_tokens)
+    cache_media: dict[int, tuple[str, int]] = field(default_factory=dict)
     last_request: Any = None  # the request it runs or ran last, its id and reused prefix (/slots)
     last_task_id: int = -1
     n_prompt_cached: int = 0
@@ -111,6 +114,22 @@ class _Entry:
     tokens: list[int]
     pos0: int
     wants_logits: bool
+    span: MediaSpanLike | None = None  # an image span: its tokens are placeholders
+
+
+def media_prefix(
+    n: int, cached: dict[int, tuple[str, int]], media: dict[int, MediaSpanLike]
+) -> int:
+    """The longest reusable prefix of at most n tokens when image spans are involved: it
+    never ends inside an image, and covers an image only when the cached one has the same
+    id (equal placeholders are not proof: they are a hash's residue)."""
+    for start in sorted(media):
+        span = media[start]
+        if start >= n:
+            break
+        if start + span.n_tokens > n or cached.get(start) != (span.id, span.n_tokens):
+            return start
+    return n
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -370,10 +389,29 @@ class Scheduler:
         if n >= self.n_ctx_seq:
             raise ContextOverflowError(n, self.n_ctx_seq)
         n_vocab = self.ctx.n_vocab
-        bad = next((int(t) for t in request.prompt if not 0 <= int(t) < n_vocab), None)
+        media = getattr(request, "media", ()) if isinstance(request, GenerationRequest) else ()
+        placeholders = np.zeros(n, np.bool_)
+        for span in media:
+            if span.start < 0 or span.end > n or placeholders[span.start : span.end].any():
+                raise InvalidRequestError("image spans must lie inside the prompt, apart")
+            placeholders[span.start : span.end] = True
+        bad = next(
+            (
+                int(t)
+                for i, t in enumerate(request.prompt)
+                if not (0 <= int(t) < n_vocab or (placeholders[i] and int(t) < 0))
+            ),
+            None,
+        )
         if bad is not None:
             raise InvalidRequestError(
                 f"token id {bad} is out of range (vocabulary has {n_vocab} tokens)"
+            )
+        big = max((span.n_tokens for span in media), default=0)
+        if big > self.n_batch:
+            raise InvalidRequestError(
+                f"an image of {big} tokens does not fit in one batch (n_batch = {self.n_batch}); "
+                "raise -b/--batch-size"
             )
         if not -1 <= request.id_slot < self.n_slots:
             raise InvalidRequestError(
@@ -446,11 +484,16 @@ class Scheduler:
         if isinstance(req, GenerationRequest) and req.cache_prompt:
             # keep the common prefix, but always recompute the last prompt token (its logits)
             n_reuse = min(common_prefix(slot.cache_tokens, req.prompt), len(req.prompt) - 1)
+            media = {m.start: m for m in req.media}
+            if media or slot.cache_media:
+                n_reuse = media_prefix(n_reuse, slot.cache_media, media)
         if n_reuse == 0:
             self.ctx.kv.seq_clear(slot.id)
         else:
             self.ctx.kv.seq_rm(slot.id, n_reuse, -1)
         del slot.cache_tokens[n_reuse:]
+        slot.cache_media = {k: v for k, v in slot.cache_media.items() if k < n_reuse}
+        slot.media = {m.start: m for m in req.media} if isinstance(req, GenerationRequest) else {}
         slot.handle, handle.slot_id = handle, slot.id
         slot.last_request, slot.last_task_id, slot.n_prompt_cached = req, handle.id, n_reuse
         self.metrics.n_prompt_tokens_cached_total += n_reuse
@@ -495,7 +538,15 @@ class Scheduler:
                 budget -= 1
         for slot in self.slots:
             if slot.state is SlotState.PROMPT and budget > 0:
+                span = slot.media.get(slot.i_prompt)
+                if span is not None:  # an image: decoded whole, in a batch of its own
+                    chunk = slot.prompt[span.start : span.end]
+                    last = span.end == len(slot.prompt)
+                    return [_Entry(slot, chunk, slot.i_prompt, last, span)]
                 chunk = slot.prompt[slot.i_prompt : slot.i_prompt + budget]
+                nxt = min((k for k in slot.media if k > slot.i_prompt), default=None)
+                if nxt is not None:
+                    chunk = chunk[: nxt - slot.i_prompt]
                 last = slot.i_prompt + len(chunk) == len(slot.prompt)
                 entries.append(_Entry(slot, chunk, slot.i_prompt, last))
                 budget -= len(chunk)
@@ -511,6 +562,20 @@ class Scheduler:
         n_keep = max(0, min(self.n_ctx_seq - 4, n_keep))
         n_left = n_past - n_keep
         n_discard = max(0, min(n_left // 2, n_left - 1))
+        if slot.cache_media:  # never cut an image: keep it whole, or drop it whole
+            for st, (_, n) in slot.cache_media.items():
+                if st < n_keep < st + n:
+                    n_keep = st
+            end = n_keep + n_discard
+            for st, (_, n) in slot.cache_media.items():
+                if st < end < st + n:
+                    end = st + n
+            n_discard = min(end, n_past - 1) - n_keep
+            slot.cache_media = {
+                (st if st < n_keep else st - n_discard): v
+                for st, v in slot.cache_media.items()
+                if st + v[1] <= n_keep or st >= n_keep + n_discard
+            }
         self.ctx.kv.seq_shift_discard(slot.id, n_keep, n_discard)
         del slot.cache_tokens[n_keep : n_keep + n_discard]
         assert slot.generator is not None
@@ -534,6 +599,14 @@ class Scheduler:
             )
             for e in entries
         ]
+        for i, e in enumerate(entries):
+            if e.span is not None:
+                b = parts[i]
+                end = np.full(len(b), e.pos0 + len(e.tokens) - 1, np.int32)
+                parts[i] = Batch(
+                    b.tokens, b.pos, b.seq_id, b.logits, e.span.embed(),
+                    end if e.span.non_causal else None,
+                )
         batch = parts[0] if len(parts) == 1 else Batch.concat(parts)
         return self.ctx.decode(batch, embeddings=embeddings)
 
@@ -560,6 +633,8 @@ class Scheduler:
         row = 0
         for e in entries:
             slot = e.slot
+            if e.span is not None:
+                slot.cache_media[e.pos0] = (e.span.id, e.span.n_tokens)
             slot.cache_tokens.extend(e.tokens)
             m.n_tokens_max = max(m.n_tokens_max, len(slot.cache_tokens))
             if slot.state is SlotState.PROMPT:
@@ -609,6 +684,7 @@ class Scheduler:
             if not slot.busy and slot.cache_tokens:
                 self.ctx.kv.seq_clear(slot.id)
                 slot.cache_tokens = []
+                slot.cache_media = {}
         ok = []
         for e in entries:
             try:
@@ -707,7 +783,9 @@ class Scheduler:
             except Exception:
                 log.exception("seq_clear")
             slot.cache_tokens = []
+            slot.cache_media = {}
         slot.state = SlotState.IDLE
+        slot.media = {}
         slot.handle = None
         slot.generator = None
         slot.embd_rows = []

@@ -17,6 +17,22 @@ if TYPE_CHECKING:
     from .batch import Batch
 
 
+class MediaSpanLike(Protocol):
+    """An image span of a prompt, as the scheduler decodes it (engine.vision.MediaSpan)."""
+
+    @property
+    def start(self) -> int: ...
+    @property
+    def n_tokens(self) -> int: ...
+    @property
+    def end(self) -> int: ...
+    @property
+    def id(self) -> str: ...
+    @property
+    def non_causal(self) -> bool: ...
+    def embed(self) -> np.ndarray: ...
+
+
 class SequenceCache(Protocol):
     """The KV-cache operations on one sequence that the scheduler performs (llama_memory_seq_*)."""
 

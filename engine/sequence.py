@@ -125,7 +125,8 @@ class SequenceGenerator:
             from .grammar import GrammarMatcher  # llguidance only for constrained requests
 
             self.matcher = GrammarMatcher(grammar, tokenizer)
-        self._history = list(prompt_tokens)  # prompt + generated: the penalties' window
+        # prompt + generated: the penalties' window (image positions, negative, are no tokens)
+        self._history = [t for t in prompt_tokens if t >= 0]
         self.tokens: list[int] = []  # generated ids
         self.text = ""  # text released so far (concatenation of every text_delta)
         self.finish_reason: str | None = None

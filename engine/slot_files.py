@@ -369,6 +369,9 @@ def restore(scheduler: Scheduler, slot_id: int, loaded: SlotFile | SlotFileError
         slot.cache_tokens = []
         raise SlotFileError(f"Unable to restore slot: {e}") from None
     slot.cache_tokens = list(loaded.tokens)
+    # image spans are not in the file: a restored image's KV is reused only once an
+    # identical image is decoded again at that place (scheduler.media_prefix)
+    slot.cache_media = {}
     return len(loaded.tokens)
 
 
@@ -384,4 +387,5 @@ def erase(scheduler: Scheduler, slot_id: int) -> dict[str, Any]:
     n = len(slot.cache_tokens)
     scheduler.ctx.kv.seq_clear(slot.id)
     slot.cache_tokens = []
+    slot.cache_media = {}
     return {"n_erased": n}

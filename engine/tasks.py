@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 import numpy as np
 
 from .sampling import SamplingParams
+from .seams import MediaSpanLike
 from .sequence import GenerationStep
 
 if TYPE_CHECKING:
@@ -54,6 +55,9 @@ class GenerationRequest:
         wake_interval_s: while tokens come faster, wake the consumer about this often (a
             consumer that shows them at a lower rate, like the desktop app's chat, asks for
             its own frame interval; RequestHandle).
+        media: the prompt's image spans (engine.vision.MediaPrompt.media): their positions
+            in `prompt` hold negative placeholder ids, and each is decoded from its
+            embeddings, in one batch of its own.
     """
 
     prompt: list[int]
@@ -66,6 +70,7 @@ class GenerationRequest:
     grammar: Grammar | None = None
     return_progress: bool = False
     wake_interval_s: float = WAKE_INTERVAL_S
+    media: Sequence[MediaSpanLike] = ()
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,14 @@ class UbatchState:
         self.path: str = ctx.decode_path  # the context's decode path, passed to every mat-mul
         self.n_tokens, self.tokens, self.pos, self.seq_id = T, ub.tokens, ub.pos, ub.seq_id
         self.logits = ub.logits  # (T,) bool: entries that want output
+        self.embd = ub.embd  # (T, n_embd) rows for the entries with a negative token, or None
+        # the last position each entry sees (image spans that see each other), or None: causal
+        self.attn_end = ub.attn_end
+        self.noncausal: set[int] = (
+            set()
+            if ub.attn_end is None
+            else {int(q) for q in np.unique(ub.seq_id[ub.attn_end > ub.pos])}
+        )
         self.x, self.h, self.o = b.x[:T], b.h[:T], b.o[:T]  # residual, normed input, block output
         self.q, self.k, self.v, self.attn = b.q[:T], b.k[:T], b.v[:T], b.attn[:T]
         self.gate, self.up = b.gate[:T], b.up[:T]
@@ -52,7 +60,11 @@ class UbatchState:
         seqs, first = np.unique(ub.seq_id, return_index=True)
         self.groups = [(int(q), np.flatnonzero(ub.seq_id == q)) for q in seqs[np.argsort(first)]]
         # tokens of sequences with few tokens here: the per-token attention kernel serves them
-        small = [idx for _, idx in self.groups if len(idx) <= DECODE_TOKENS]
+        small = [
+            idx
+            for q, idx in self.groups
+            if len(idx) <= DECODE_TOKENS and q not in self.noncausal
+        ]
         self.small = np.concatenate(small) if small else None
         # (tokens, kv.token_cells of them) per attention-kernel call, made at the first layer
         # (after the cells are reserved) and kept for the others
@@ -146,18 +158,20 @@ def attention(
     T, H, Dv = s.n_tokens, q.shape[1], v.shape[2]
     attn = s.attn.reshape(T, H, Dv)
     for seq, idx in s.groups:
-        if len(idx) > DECODE_TOKENS:  # a prompt chunk: BLAS over the sequence's cache
-            kf, vf = kv.read_f32(il, seq, int(s.pos[idx[-1]]) + 1)
+        # a prompt chunk (or an image span that sees itself): BLAS over the sequence's cache
+        if len(idx) > DECODE_TOKENS or seq in s.noncausal:
             qs, ps = q[idx], s.pos[idx]
+            vis = ps if s.attn_end is None else s.attn_end[idx]
+            kf, vf = kv.read_f32(il, seq, int(vis.max()) + 1)
             res = np.empty((len(idx), H, Dv), np.float32)
             # Chunks of queries, each against only the keys it can see (its causal prefix,
             # within the window): half the score matrix of a causal prompt is never computed.
             n_parts = max(parallel.pool_size(), -(-len(idx) // PREFILL_QUERY_CHUNK))
             parts = parallel.split(len(idx), n_parts)
 
-            def rows(p, _w, qs=qs, ps=ps, res=res, kf=kf, vf=vf, parts=parts):
+            def rows(p, _w, qs=qs, ps=ps, vis=vis, res=res, kf=kf, vf=vf, parts=parts):
                 a, e = parts[p]
-                hi = int(ps[e - 1]) + 1  # a sequence's positions increase through the chunk
+                hi = int(vis[a:e].max()) + 1  # the last key any of these queries sees
                 lo = max(0, int(ps[a]) - window + 1) if window > 0 else 0
                 ops.attention_chunk(
                     qs[a:e],
@@ -170,6 +184,7 @@ def attention(
                     res[a:e],
                     sinks,
                     lo,
+                    None if vis is ps else vis[a:e],
                 )
 
             parallel.run_parts(rows, len(parts))
@@ -225,10 +240,18 @@ def ffn_fused(s: UbatchState, h: np.ndarray, gate_up: QTensor, down: QTensor) ->
 
 
 def embed(s: UbatchState, w, scale: float = 1.0) -> None:
-    """s.x = token embeddings of the ubatch, times scale (gemma: sqrt(n_embd))."""
-    get_rows(w.token_embd, s.tokens, s.x)
+    """s.x = token embeddings of the ubatch, times scale (gemma: sqrt(n_embd)); the entries
+    with a negative token take their row of s.embd, unscaled (llama.cpp scales token inputs
+    only: an image's embeddings enter as the projector made them)."""
+    tokens, rows = s.tokens, None
+    if s.embd is not None:
+        rows = np.flatnonzero(tokens < 0)
+        tokens = np.where(tokens < 0, 0, tokens).astype(np.int32)
+    get_rows(w.token_embd, tokens, s.x)
     if scale != 1.0:
         s.x *= np.float32(scale)
+    if rows is not None and len(rows):
+        s.x[rows] = s.embd[rows]
 
 
 def head(s: UbatchState, w, out: np.ndarray, embeddings: bool, softcap: float = 0.0) -> None:
