@@ -114,19 +114,28 @@ def rope(
 
 
 def attention(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, window: int = 0, cap: float = 0.0
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    scale: float,
+    window: int = 0,
+    cap: float = 0.0,
+    vis: np.ndarray | None = None,
 ) -> np.ndarray:
     """Causal softmax attention of one sequence from position 0: q (T, H, D), k (T, G, D),
     v (T, G, Dv); query head h reads KV head h // (H/G). Scores q.k * scale, soft-capped
-    when cap > 0; with a window, token t sees positions t-window+1..t. Returns (T, H*Dv)."""
+    when cap > 0; with a window, token t sees positions t-window+1..t. vis (T,): the last
+    position each token sees when not its own (an image's tokens see the whole image).
+    Returns (T, H*Dv)."""
     T, H, _ = q.shape
     G = k.shape[1]
     out = np.zeros((T, H, v.shape[-1]))
     for t in range(T):
         lo = max(0, t - window + 1) if window else 0
+        hi = t + 1 if vis is None else int(vis[t]) + 1
         for h in range(H):
             g = h // (H // G)
-            s = softcap(k[lo : t + 1, g] @ q[t, h] * scale, cap)
+            s = softcap(k[lo:hi, g] @ q[t, h] * scale, cap)
             p = np.exp(s - s.max())
-            out[t, h] = (p / p.sum()) @ v[lo : t + 1, g]
+            out[t, h] = (p / p.sum()) @ v[lo:hi, g]
     return out.reshape(T, -1)

@@ -8,7 +8,9 @@ import numpy as np
 from .common import attention, gelu, rms_norm, rope, softcap, swa_layers
 
 
-def forward(m, tokens, n_ctx_seq):
+def forward(m, tokens, n_ctx_seq, embd=None, vis=None):
+    """embd: {position: row} of image embeddings entering unscaled (tokens there are
+    placeholders); vis: the last position each token sees (an image's tokens see each other)."""
     z = m.sizes()
     T, H, G, D, L, E = (
         len(tokens),
@@ -22,7 +24,10 @@ def forward(m, tokens, n_ctx_seq):
     window = m.key("attention.sliding_window", 0)
     swa = swa_layers(m, L, 6) if window else [False] * L
     scale = (E / H if L == 62 else D) ** -0.5
+    tokens = np.where(np.asarray(tokens) < 0, 0, tokens)
     x = m.tensor("token_embd.weight")[tokens] * np.sqrt(E)
+    for i, row in (embd or {}).items():
+        x[i] = row
     for il in range(L):
         W = lambda name, il=il: m.layer(il, name + ".weight")
         base = m.key("rope.freq_base_swa", 10000.0) if swa[il] else z["rope_base"]
@@ -31,7 +36,7 @@ def forward(m, tokens, n_ctx_seq):
         k = rms_norm((h @ W("attn_k").T).reshape(T, G, D), W("attn_k_norm"), eps)
         v = (h @ W("attn_v").T).reshape(T, G, -1)
         q, k = rope(q, pos, z["n_rot"], base, neox=True), rope(k, pos, z["n_rot"], base, neox=True)
-        o = attention(q, k, v, scale, window if swa[il] else 0) @ W("attn_output").T
+        o = attention(q, k, v, scale, window if swa[il] else 0, vis=vis) @ W("attn_output").T
         x = x + rms_norm(o, W("post_attention_norm"), eps)
         h = rms_norm(x, W("ffn_norm"), eps)
         a = gelu(h @ W("ffn_gate").T) * (h @ W("ffn_up").T)
