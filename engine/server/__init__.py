@@ -46,6 +46,7 @@ def start_server(
     options: ServerOptions | None = None,
     chat_template=None,
     request_log=None,
+    projector=None,
 ) -> ServerHandle:
     """Serve an already-loaded model over HTTP on a background thread.
 
@@ -58,6 +59,7 @@ def start_server(
         options: full ServerOptions (api_keys/cors/request_log override its fields).
         chat_template: a ChatTemplate to use instead of the model's.
         request_log: callback(dict) after every request (method, path, status, duration_ms).
+        projector: the model's engine.vision.Projector (its mmproj), for images in prompts.
 
     Returns:
         A ServerHandle (engine.server.http) with .url, .port and .stop().
@@ -79,7 +81,7 @@ def start_server(
     if request_log is not None:
         opts.request_log = request_log
     state = ServerState(opts)
-    state.set_ready(scheduler, chat_template)
+    state.set_ready(scheduler, chat_template, projector)
     app = create_app(state)
     if opts.sleep_idle_seconds >= 0:
         from . import sleep

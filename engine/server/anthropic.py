@@ -19,8 +19,8 @@ in order, each closed before the next opens), message_delta and message_stop.
 
 Errors keep the server's {"error": {code, message, type}} body, which llama-server sends on
 these routes too, with "type": "error" added at the top so that Anthropic's clients read
-them as well. An image is a 500 "image input is not supported", as llama-server answers
-without a multimodal projector.
+them as well. Images (base64 or url sources) become image parts, which engine/server/media.py
+loads; without a multimodal projector they are llama-server's 500 "image input is not supported".
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from starlette.responses import JSONResponse, Response
 
 from ..errors import APIError
 from ..sequence import GenerationStep
-from ..tokenizer.chat_template import encode_chat_prompt
 from . import requests as rq
 from .bodies import parse_body
 from .errors import api_error, format_validation_errors, invalid
@@ -56,9 +55,6 @@ from .tool_calls import ReplyReading, StreamParser, ToolCall, new_call_id
 router = APIRouter()
 
 DEFAULT_MAX_TOKENS = 4096  # llama-server's value when a request leaves max_tokens out
-NO_IMAGES = (
-    "image input is not supported - hint: if this is unexpected, you may need to provide the mmproj"
-)
 
 
 # -- request bodies ---------------------------------------------------------------------------
@@ -214,17 +210,6 @@ def _convert_message(i: int, msg: AnthropicMessage) -> list[dict[str, Any]]:
     return out + results
 
 
-def _check_media(messages: list[dict[str, Any]]) -> None:
-    for m in messages:
-        parts = m.get("content")
-        if isinstance(parts, list) and any(
-            isinstance(p, dict) and p.get("type") == "image_url" for p in parts
-        ):
-            raise APIError(
-                500, NO_IMAGES, "server_error"
-            )  # llama-server's answer without an mmproj
-
-
 def _tool_choice(choice: dict[str, Any] | str | None) -> str | None:
     kind = choice.get("type") if isinstance(choice, dict) else choice
     return {"auto": "auto", "any": "required", "tool": "required", "none": "none"}.get(str(kind))
@@ -269,7 +254,6 @@ def to_chat(body: CountTokensRequest) -> _ChatBody:
         messages.append({"role": "system", "content": system})
     for i, m in enumerate(body.messages):
         messages.extend(_convert_message(i, m))
-    _check_media(messages)
     chat: dict[str, Any] = {"messages": messages, "model": body.model}
     tools = _tools(body.tools)
     if tools:
@@ -583,8 +567,7 @@ async def count_tokens(request: Request) -> Response:
         body = await parse_body(request, CountTokensRequest)
 
         def count() -> int:
-            prompt = rq.render_chat(s, to_chat(body))
-            return len(encode_chat_prompt(s.tokenizer, prompt))
+            return len(rq.chat_prompt_tokens(s, to_chat(body)))
 
         return JSONResponse({"input_tokens": await run_in_threadpool(count)})
     except Exception as e:

@@ -108,12 +108,7 @@ IGNORED: list[tuple[str, int | str]] = [  # (options, nargs)
     ("--warmup --no-warmup", 0),
     ("--spm-infill", 0),
     ("-cb --cont-batching -nocb --no-cont-batching", 0),
-    ("-mm --mmproj", 1),
-    ("--mmproj-auto --no-mmproj --no-mmproj-auto", 0),
-    ("--mmproj-offload --no-mmproj-offload", 0),
     ("-mmdev --mmproj-device", 1),
-    ("--image-min-tokens", 1),
-    ("--image-max-tokens", 1),
     ("--reuse-port", 0),
     ("--path", 1),
     ("--tools", 1),
@@ -131,7 +126,6 @@ IGNORED: list[tuple[str, int | str]] = [  # (options, nargs)
     ("--threads-http", 1),
     ("-to --timeout", 1),
     ("--cache-reuse", 1),
-    ("--media-path", 1),
     ("--reasoning-format", 1),
     ("--reasoning-budget", 1),
     ("--reasoning-budget-message", 1),
@@ -178,6 +172,7 @@ ENV = {
     "LLAMA_ARG_MODEL": "--model",
     "LLAMA_ARG_HF_REPO": "--hf-repo",
     "LLAMA_ARG_HF_FILE": "--hf-file",
+    "LLAMA_ARG_MMPROJ": "--mmproj",
     "LLAMA_ARG_THREADS": "--threads",
     "LLAMA_ARG_CTX_SIZE": "--ctx-size",
     "LLAMA_ARG_N_PREDICT": "--n-predict",
@@ -267,6 +262,12 @@ def _on_off_auto(value: str) -> str:
     """llama.cpp's truthy/falsy spellings of on/off (anything else is left for `choices`)."""
     v = value.strip().lower()
     return "on" if v in _TRUE else "off" if v in _FALSE else v
+
+
+def _directory(value: str) -> str:
+    if not os.path.isdir(value):
+        raise argparse.ArgumentTypeError(f"not a directory: {value}")
+    return value
 
 
 def _sleep_seconds(value: str) -> float:
@@ -477,6 +478,14 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="PATH",
         help="directory for slot files: POST /slots/{id}?action=save|restore (default: disabled)",
+    )
+    g.add_argument(
+        "--media-path",
+        type=_directory,
+        default=None,
+        metavar="PATH",
+        help="directory for loading local media files; files can be accessed via file:// URLs "
+        "using relative paths (default: disabled)",
     )
     g.add_argument(
         "--sleep-idle-seconds",

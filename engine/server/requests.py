@@ -26,6 +26,7 @@ from ..errors import APIError, TemplateError, TemplateLimitError
 from ..sampling import DEFAULT_SEED, SamplingParams, sampler_names
 from ..scheduler import GenerationRequest
 from ..tokenizer.chat_template import encode_chat_prompt
+from . import media
 from .constraints import request_grammar
 from .errors import exceed_context, invalid
 from .schemas import (
@@ -40,6 +41,7 @@ from .tool_calls import THINK_OPEN, ReplyReading, is_harmony_template, prompt_op
 
 if TYPE_CHECKING:
     from ..seams import PromptTemplate
+    from ..vision import MediaSpan
     from .state import ServerState
 
 # request field -> SamplingParams field
@@ -182,8 +184,11 @@ def _is_id(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def tokenize_prompts(state: ServerState, prompt: Any) -> list[list[int]]:
-    """llama-server's tokenize_input_prompts: one token list per prompt.
+Prompt = tuple[list[int], tuple["MediaSpan", ...]]  # a prompt's tokens and its images' spans
+
+
+def tokenize_prompts(state: ServerState, prompt: Any) -> list[Prompt]:
+    """llama-server's tokenize_input_prompts: one token list (and image spans) per prompt.
 
     A list with any token id in it is one prompt (ids, or ids mixed with text); any other
     list holds several prompts, each text, ids, mixed, or a prompt object.
@@ -199,30 +204,28 @@ def tokenize_prompts(state: ServerState, prompt: Any) -> list[list[int]]:
     return [_subprompt(state, prompt)]
 
 
-def tokenize_prompt(state: ServerState, prompt: Any) -> list[int]:
-    """One prompt's tokens (several prompts are a 400 here)."""
-    prompts = tokenize_prompts(state, prompt)
-    if len(prompts) > 1:
-        raise invalid("several prompts are not accepted here; send one prompt")
-    return prompts[0]
-
-
-def _subprompt(state: ServerState, p: Any) -> list[int]:
+def _subprompt(state: ServerState, p: Any) -> Prompt:
     if isinstance(p, str) or (
         isinstance(p, list) and all(_is_id(x) or isinstance(x, str) for x in p)
     ):
-        return check_tokens(state, _tokenize_mixed(state, p))
+        return check_tokens(state, _tokenize_mixed(state, p)), ()
     if isinstance(p, dict) and PROMPT_STRING_KEY in p:
-        if p.get(MULTIMODAL_KEY) is not None:
-            raise invalid("multimodal data was provided, but this server has no multimodal support")
         text = p[PROMPT_STRING_KEY]
+        if p.get(MULTIMODAL_KEY) is not None:
+            # {"prompt_string": "... <__media__> ...", "multimodal_data": [base64, ...]}
+            images = media.multimodal_data(state, p[MULTIMODAL_KEY])
+            if not isinstance(text, str):
+                raise invalid(f"'{PROMPT_STRING_KEY}' must be a string with 'multimodal_data'")
+            refuse_oversized(state, len(text.encode("utf-8", "surrogatepass")))
+            mp = media.tokenize(state, text, images)
+            return list(mp.tokens), tuple(mp.media)
         if not isinstance(text, (str, list)) or (
             isinstance(text, list) and not all(_is_id(x) or isinstance(x, str) for x in text)
         ):
             raise invalid(
                 f"'{PROMPT_STRING_KEY}' must be a string or a list of token ids and strings"
             )
-        return check_tokens(state, _tokenize_mixed(state, text))
+        return check_tokens(state, _tokenize_mixed(state, text)), ()
     raise invalid(
         "'prompt' elements must be a string, a list of token ids, a list mixing token ids "
         f"and strings, or an object with a '{PROMPT_STRING_KEY}'"
@@ -317,8 +320,11 @@ def chat_template(state: ServerState) -> PromptTemplate:
     return state.chat_template
 
 
-def _messages(body: ChatCompletionRequest | ApplyTemplateRequest) -> list[dict]:
-    """The messages as the template sees them, checked as llama-server checks them."""
+def _messages(
+    state: ServerState, body: ChatCompletionRequest | ApplyTemplateRequest, images: list[bytes]
+) -> list[dict]:
+    """The messages as the template sees them, checked as llama-server checks them; each
+    image part becomes the media marker, its bytes appended to `images` in order."""
     out = []
     for i, m in enumerate(body.messages):
         d = m.model_dump(exclude_none=True)
@@ -331,12 +337,7 @@ def _messages(body: ChatCompletionRequest | ApplyTemplateRequest) -> list[dict]:
                 )
         c = d.get("content")
         if isinstance(c, list):
-            for part in c:
-                if part.get("type") not in (None, "text"):
-                    raise invalid(
-                        f"messages[{i}]: content part of type {part.get('type')!r} is not "
-                        "supported (text only: this server has no multimodal support)"
-                    )
+            d["content"] = media.content_with_markers(state, c, images, f"messages[{i}]")
         out.append(d)
     return out
 
@@ -370,13 +371,22 @@ def _content_text(message: dict, delimiter: str = "\n\n") -> str:
 
 
 def render_chat(state: ServerState, body: ChatCompletionRequest | ApplyTemplateRequest) -> str:
-    """Apply the chat template; a template that rejects the messages is a 400.
+    """Apply the chat template (images loaded, each a media marker in the text)."""
+    return render_chat_media(state, body)[0]
+
+
+def render_chat_media(
+    state: ServerState, body: ChatCompletionRequest | ApplyTemplateRequest
+) -> tuple[str, list[bytes]]:
+    """The rendered prompt and the images its media markers stand for, in order; a template
+    that rejects the messages is a 400.
 
     A continued final message: the conversation before it, rendered up to the generation
     prompt, followed by the message's text, which the model then goes on with.
     """
     template = chat_template(state)
-    messages = _messages(body)
+    images: list[bytes] = []
+    messages = _messages(state, body, images)
     kwargs = dict(state.options.chat_template_kwargs or {})
     kwargs.update(body.chat_template_kwargs or {})
     _check_template_kwargs(kwargs)
@@ -386,8 +396,9 @@ def render_chat(state: ServerState, body: ChatCompletionRequest | ApplyTemplateR
             head = template.render(
                 messages[:-1], add_generation_prompt=True, tools=body.tools, **kwargs
             )
-            return head + _content_text(messages[-1])
-        return template.render(messages, add_generation_prompt=add_gen, tools=body.tools, **kwargs)
+            return head + _content_text(messages[-1]), images
+        text = template.render(messages, add_generation_prompt=add_gen, tools=body.tools, **kwargs)
+        return text, images
     except TemplateLimitError:
         raise  # the model's template is at fault (its limits grow with the input): a 500, as llama-server
     except TemplateError as e:
@@ -453,9 +464,9 @@ def chat_request(state: ServerState, body: ChatCompletionRequest) -> tuple[Gener
     if body.top_logprobs is not None and not body.logprobs:
         raise invalid("top_logprobs requires logprobs to be set to true")
     template = chat_template(state)
-    text = render_chat(state, body)
+    text, images = render_chat_media(state, body)
     refuse_oversized(state, len(text.encode("utf-8", "surrogatepass")))
-    ids = encode_chat_prompt(state.tokenizer, text)
+    ids, spans = _chat_prompt(state, text, images)
     n_probs = (body.top_logprobs or 0) if body.logprobs else (body.n_probs or 0)
     req = GenerationRequest(
         prompt=ids,
@@ -466,8 +477,27 @@ def chat_request(state: ServerState, body: ChatCompletionRequest) -> tuple[Gener
         id_slot=-1 if body.id_slot is None else body.id_slot,
         n_keep=body.n_keep,
         grammar=grammar,
+        media=spans,
     )
     return req, text
+
+
+def chat_prompt_tokens(state: ServerState, body: ChatCompletionRequest) -> list[int]:
+    """The prompt tokens a chat body renders to (each image its projected tokens)."""
+    text, images = render_chat_media(state, body)
+    refuse_oversized(state, len(text.encode("utf-8", "surrogatepass")))
+    return _chat_prompt(state, text, images)[0]
+
+
+def _chat_prompt(
+    state: ServerState, text: str, images: list[bytes]
+) -> tuple[list[int], tuple[MediaSpan, ...]]:
+    """A rendered chat's tokens and image spans. With a projector, llama-server tokenizes every
+    chat through mtmd_tokenize: a marker typed as text with no image is then a 400."""
+    if not images and (state.projector is None or media.MEDIA_MARKER not in text):
+        return encode_chat_prompt(state.tokenizer, text), ()
+    prompt = media.tokenize(state, text, images)
+    return list(prompt.tokens), tuple(prompt.media)
 
 
 def completion_requests(state: ServerState, body: CompletionRequest) -> list[GenerationRequest]:
@@ -478,7 +508,7 @@ def completion_requests(state: ServerState, body: CompletionRequest) -> list[Gen
     prompts = tokenize_prompts(state, body.prompt)
     n_probs = body.n_probs if body.n_probs is not None else (body.logprobs or 0)
     base = GenerationRequest(
-        prompt=prompts[0],
+        prompt=prompts[0][0],
         params=sampling_params(state, body, n_probs=n_probs),
         n_predict=n_predict(state, body.n_predict, body.max_tokens),
         stop=stop_list(body.stop),
@@ -487,7 +517,7 @@ def completion_requests(state: ServerState, body: CompletionRequest) -> list[Gen
         n_keep=body.n_keep,
         grammar=grammar,
     )
-    return [dataclasses.replace(base, prompt=ids) for ids in prompts]
+    return [dataclasses.replace(base, prompt=ids, media=spans) for ids, spans in prompts]
 
 
 def completion_request(

@@ -128,6 +128,22 @@ def _content_tokens(tok, content: Any) -> list[int]:
     return tok.encode("".join(text), add_special=True, parse_special=True)
 
 
+def _has_media(items: Any) -> bool:
+    """Whether any input is a prompt object with multimodal_data or a content array with a
+    media part."""
+    for x in items if isinstance(items, list) else [items]:
+        if not isinstance(x, dict):
+            continue
+        if x.get("multimodal_data"):
+            return True
+        content = x.get("content")
+        if isinstance(content, list) and any(
+            isinstance(p, dict) and p.get("type") in _MEDIA_TYPES for p in content
+        ):
+            return True
+    return False
+
+
 def check_size(s, prompts: list[list[int]], pooling: str) -> None:
     """llama-server's limits: a prompt pooled over all its tokens (not 'last') is computed in
     one physical batch, so it may not exceed --ubatch-size; none may fill a slot's context."""
@@ -160,6 +176,9 @@ async def _embed(request: Request, oai: bool):
         )  # llama-server: "content" is not OpenAI's, so the answer is not
     else:
         raise invalid('"input" or "content" must be provided')
+    if s.projector is not None and _has_media(items):
+        # llama-server embeds images too; our embedding requests carry no image spans yet
+        raise invalid("images in embedding inputs are not supported yet: send text only")
     prompts = await run_in_threadpool(embedding_prompts, s.tokenizer, items)
     check_size(s, prompts, pooling)
     norm = s.options.embd_normalize if body.embd_normalize is None else body.embd_normalize

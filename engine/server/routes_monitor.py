@@ -13,6 +13,7 @@ from ..version import __version__
 from . import requests as rq
 from .bodies import parse_body
 from .errors import not_supported
+from .media import MEDIA_MARKER
 from .routing import server_state
 
 router = APIRouter()
@@ -55,7 +56,9 @@ async def models(request: Request):
                 "type": "model",
                 "description": "",
                 "tags": [""],
-                "capabilities": ["completion"] + (["embeddings"] if s.options.embeddings else []),
+                "capabilities": ["completion"]
+                + (["multimodal"] if s.projector is not None else [])
+                + (["embeddings"] if s.options.embeddings else []),
                 "parameters": "",
                 "details": {"format": "gguf"},
             }
@@ -81,7 +84,8 @@ async def props(request: Request):
         "total_slots": s.n_slots,
         "model_alias": s.model_alias,
         "model_path": s.model_path,
-        "modalities": {"vision": False, "video": False, "audio": False},
+        "modalities": {"vision": s.projector is not None, "video": False, "audio": False},
+        "media_marker": MEDIA_MARKER,
         "endpoint_slots": opts.slots,
         "endpoint_props": opts.props_writable,
         "endpoint_metrics": opts.metrics,

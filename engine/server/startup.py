@@ -158,6 +158,7 @@ def server_options(args: argparse.Namespace, p: params.CommonParams | None = Non
         prefill_assistant=args.prefill_assistant,
         slot_save_path=_slot_save_path(args),
         sleep_idle_seconds=args.sleep_idle_seconds,
+        media_path=args.media_path,
     )
 
 

@@ -22,6 +22,7 @@ from ..sampling import SamplingParams
 if TYPE_CHECKING:
     from ..scheduler import Scheduler
     from ..seams import PromptTemplate, ServedModel, ServerTokenizer
+    from ..vision import Projector
 
 DEFAULT_BODY_LIMIT = 8 * 1024 * 1024
 
@@ -71,6 +72,7 @@ class ServerOptions:
     prefill_assistant: bool = True  # a chat ending with an assistant message continues it
     slot_save_path: str | None = None  # --slot-save-path: POST /slots/{id}?action=save|restore
     sleep_idle_seconds: float = -1  # --sleep-idle-seconds: unload the model when idle (-1: never)
+    media_path: str | None = None  # --media-path: the folder file:// image URLs may read from
 
 
 class ServerState:
@@ -86,17 +88,25 @@ class ServerState:
         self.error: str | None = None
         self._scheduler: Scheduler | None = None
         self.chat_template: PromptTemplate | None = None
+        self.projector: Projector | None = None  # the mmproj (-mm): images in prompts
         self.t_start = time.time()
         self.created = int(self.t_start)
         self._ready = threading.Event()
         self.sleep: Sleeper | None = None  # set by sleep.install (--sleep-idle-seconds)
 
     # -- lifecycle -----------------------------------------------------------------
-    def set_ready(self, scheduler: Scheduler, chat_template: PromptTemplate | None = None) -> None:
-        """Attach a running scheduler whose `model` is set; the tokenizer comes from it."""
+    def set_ready(
+        self,
+        scheduler: Scheduler,
+        chat_template: PromptTemplate | None = None,
+        projector: Projector | None = None,
+    ) -> None:
+        """Attach a running scheduler whose `model` is set; the tokenizer comes from it.
+        `projector`: the multimodal projector loaded with the model, if any."""
         if scheduler.model is None:
             raise EngineError("the server needs a scheduler that carries its model")
         self._scheduler = scheduler
+        self.projector = projector
         self.chat_template = chat_template if chat_template is not None else self._model_template()
         self.status = ServerStatus.READY
         self._ready.set()
