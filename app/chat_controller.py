@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from PySide6.QtCore import QObject, QTimer, Signal
@@ -20,6 +21,7 @@ from .item_models.chat_list_model import ChatListModel
 from .item_models.conversation_list_model import ConversationListModel
 from .storage import Message
 from .stream_buffer import FramePacer, StepBuffer, merge_steps
+from .vision_files import ImageAttachment, with_markers
 from .workers import GenerationWorker
 
 SAVE_INTERVAL_S = 1.0  # a streaming reply is rewritten in the store at most this often
@@ -37,7 +39,8 @@ class ChatController(QObject):
     failed = Signal(str)
     conversation_opened = Signal(int, str)  # id, title
     storage_failed = Signal(str)  # a history read or write failed: what, and why, in words
-    edit_refused = Signal(int, str)  # row, text: the edit was not applied; give the text back
+    # row, text, images: the edit was not applied; give them back
+    edit_refused = Signal(int, str, list)
     conversation_llm = Signal(
         str, str
     )  # endpoint URL ('' for a local file), model: who answered last
@@ -140,18 +143,23 @@ class ChatController(QObject):
     def busy(self) -> bool:
         return self._worker is not None
 
-    def send(self, text: str) -> None:
+    def send(self, text: str, images: Sequence[ImageAttachment] = ()) -> None:
         text = text.strip()
-        if not text or self.busy():
+        if (not text and not images) or self.busy():
             return
         session = self._loaded_session()
         if session is None:
             return
-        message = Message("user", text)
+        if images and not session.projector:
+            self.failed.emit(
+                f"{session.name} cannot read images: no projector (mmproj) file was loaded with it."
+            )
+            return
+        message = Message("user", text, images=list(images))
         self.chat_model.append(message)  # on screen first: a failed write must not lose it
         try:
             if not self.conversation_id:
-                title = " ".join(text.split()[:8])[:60] or "New chat"
+                title = " ".join(text.split()[:8])[:60] or _image_title(images)
                 self.conversation_id = self.ctx.store.create(title, self.ctx.settings.system_prompt)
                 self.conversation_opened.emit(self.conversation_id, title)
             self.ctx.store.add_message(
@@ -175,16 +183,17 @@ class ChatController(QObject):
             return
         self._start_reply(session)
 
-    def edit(self, row: int, text: str) -> None:
-        """Replace user message `row` with `text`, dropping everything after it, and resend."""
+    def edit(self, row: int, text: str, images: Sequence[ImageAttachment] = ()) -> None:
+        """Replace user message `row` with `text` (and `images`), dropping everything after it,
+        and resend."""
         if self.busy() or self.chat_model.message(row).role != "user":
             return
         if self._loaded_session() is None:  # checked before truncating, so nothing is lost
             return
         if not self._truncate(row):
-            self.edit_refused.emit(row, text)  # the input box was cleared on submit
+            self.edit_refused.emit(row, text, list(images))  # the input box was cleared on submit
             return
-        self.send(text)
+        self.send(text, images)
 
     def _loaded_session(self) -> ChatLlmApi | None:
         """The LLM to chat with (loaded, or on a remote server), or None after telling the user
@@ -216,13 +225,28 @@ class ChatController(QObject):
         self.chat_model.set_error(message, f"Not saved: {describe_storage_error(e)}")
         self._storage_error(what, e)
 
-    def _history(self) -> list[dict]:
+    def _history(self, vision: bool) -> list[dict]:
+        """The messages as the LLM sees them. A message's images go with it (engine_api.py's
+        ChatLlmApi): one MEDIA_MARKER each in its content, their bytes under "images". An LLM
+        without a projector gets the text only."""
         system = self.ctx.settings.system_prompt.strip()
         head = [{"role": "system", "content": system}] if system else []
-        return head + [{"role": m.role, "content": m.content} for m in self.chat_model.messages()]
+        out = []
+        for m in self.chat_model.messages():
+            if vision and m.images:
+                out.append(
+                    {
+                        "role": m.role,
+                        "content": with_markers(m.content, len(m.images)),
+                        "images": [i.data for i in m.images],
+                    }
+                )
+            else:
+                out.append({"role": m.role, "content": m.content})
+        return head + out
 
     def _start_reply(self, session: ChatLlmApi) -> None:
-        history = self._history()
+        history = self._history(bool(session.projector))
         reply = self._reply = Message("assistant", "")
         self.chat_model.append(reply, streaming=True)
         self._reply_id, self._saved_at = 0, time.monotonic()
@@ -258,6 +282,9 @@ class ChatController(QObject):
         text, step = merge_steps(self._buffer.drain())
         if step is None:
             return False
+        self.chat_model.set_phase("" if text else step.phase)
+        if step.phase:  # the engine is still encoding an image: no tokens to count yet
+            return True
         now = time.monotonic()
         if text:
             self.chat_model.append_delta(text)
@@ -296,3 +323,7 @@ class ChatController(QObject):
         self._worker = None
         self.refresh_conversations()
         self.busy_changed.emit(False)
+
+
+def _image_title(images: Sequence[ImageAttachment]) -> str:
+    return images[0].name[:60] if images else "New chat"

@@ -35,6 +35,12 @@ class LlmFileInfo:
     n_expert_used: int = 0  # experts each token runs through
     active_params: int = 0  # parameters one token runs through
     n_layer: int = 0  # repeating layers (the GPU layers control goes to n_layer + 1: with the head)
+    mmproj: str = ""  # the vision projector paired with it (app/vision_files.py), '' for none
+    mmproj_note: str = ""  # which projector and why, or why there is none, in words
+
+    @property
+    def vision(self) -> bool:
+        return bool(self.mmproj)
 
     @property
     def main_quant(self) -> str:
@@ -54,6 +60,7 @@ class LoadParams:
     n_gpu_layers: int = (
         0  # -ngl: the last N layers on the GPU, the head counting as the last; -1 = all
     )
+    mmproj: str = ""  # the vision projector to load with the model ('' text only)
 
 
 @dataclass(frozen=True)
@@ -186,6 +193,9 @@ class ReplyStep:
     n_cached: int = 0
     t_prompt_ms: float = 0.0
     t_gen_ms: float = 0.0
+    # what the engine is doing before the first token, when it says ("encoding image 1 of 2");
+    # a step with a phase carries no text
+    phase: str = ""
 
 
 @dataclass(frozen=True)

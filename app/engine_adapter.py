@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -63,6 +63,7 @@ if TYPE_CHECKING:
         Scheduler,
     )
     from engine.backends import DeviceInfo
+    from engine.vision import Projector
 
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.")
 _FLOAT_TYPES = {"F32", "F16", "BF16", "F64"}
@@ -109,6 +110,39 @@ class _StepStream(ReplyStream):
         self._handle.cancel()
 
 
+class _MediaStream(ReplyStream):
+    """A prompt with images: encodes each image (its embedding is cached on the span, where the
+    scheduler finds it) on the iterating thread, saying so with a `phase` step before each, then
+    submits the request. cancel() stops between images and reaches the request once submitted."""
+
+    def __init__(self, scheduler: Scheduler, request: Any, media: Sequence[Any]):
+        self._scheduler, self._request, self._media = scheduler, request, media
+        self._cancel = threading.Event()
+        self._handle: RequestHandle | None = None
+
+    def __iter__(self) -> Iterator[ReplyStep]:
+        n = len(self._media)
+        for i, span in enumerate(self._media):
+            if self._cancel.is_set():
+                yield ReplyStep("", "cancelled", 0, 0)
+                return
+            yield ReplyStep("", None, 0, 0, phase=f"encoding image {i + 1} of {n}")
+            span.embed()
+        if self._cancel.is_set():
+            yield ReplyStep("", "cancelled", 0, 0)
+            return
+        self._handle = self._scheduler.submit(self._request)
+        if self._cancel.is_set():  # cancelled between the check and the submit
+            self._handle.cancel()
+        yield from _StepStream(self._handle)
+
+    def cancel(self) -> None:
+        self._cancel.set()
+        handle = self._handle
+        if handle is not None:
+            handle.cancel()
+
+
 class LlmSession(SessionApi):
     """A loaded LLM: its context and scheduler thread, shared by the chat pane and the server."""
 
@@ -123,13 +157,23 @@ class LlmSession(SessionApi):
     template_source: str
     template_name: str
     endpoint: str = ""  # loaded here
+    projector: str
 
     def __init__(
-        self, llm: Model, ctx: Context, scheduler: Scheduler, params: LoadParams, sha256: str
+        self,
+        llm: Model,
+        ctx: Context,
+        scheduler: Scheduler,
+        params: LoadParams,
+        sha256: str,
+        projector: Projector | None = None,
     ):
         from engine import ChatTemplate
 
         self.llm, self.ctx, self.scheduler, self.params = llm, ctx, scheduler, params
+        self._projector = projector
+        self.projector = str(projector.path) if projector is not None else ""
+        self._last_media: tuple[tuple, Any] | None = None  # (key, MediaPrompt) count, then send
         self.path = str(llm.path)
         self.name = Path(self.path).stem
         self.arch = llm.cfg.arch
@@ -164,7 +208,29 @@ class LlmSession(SessionApi):
 
         return chat_prompt_tokens(self._template, self.llm.tokenizer, messages)
 
+    def _media_prompt(self, messages: list[dict]) -> Any:
+        """The prompt with its images (engine.vision's MediaPrompt); the last one is kept, since
+        the worker counts the prompt's tokens and then sends the same messages."""
+        images = [data for m in messages for data in m.get("images", ())]
+        key = (tuple(str(m.get("content")) for m in messages), tuple(map(hash, images)))
+        if self._last_media is not None and self._last_media[0] == key:
+            return self._last_media[1]
+        assert self._projector is not None
+        text = self._template.render(
+            [{"role": m["role"], "content": m["content"]} for m in messages],
+            add_generation_prompt=True,
+        )
+        # engine.vision's MediaError (a file it cannot decode) says which image and why
+        prompt = self._projector.tokenize(self.llm.tokenizer, text, images, add_special=True)
+        self._last_media = (key, prompt)
+        return prompt
+
+    def _has_images(self, messages: list[dict]) -> bool:
+        return self._projector is not None and any(m.get("images") for m in messages)
+
     def count_tokens(self, messages: list[dict]) -> int:
+        if self._has_images(messages):
+            return len(self._media_prompt(messages).tokens)
         return len(self._tokens(messages))
 
     def generate(self, messages: list[dict], sampling: SamplingSettings) -> ReplyStream:
@@ -180,13 +246,24 @@ class LlmSession(SessionApi):
             ignore_eos=sampling.ignore_eos,
             logprobs=False,  # the chat shows none: spare the softmax
         )
+        media: tuple = ()
+        if self._has_images(messages):
+            prompt = self._media_prompt(messages)
+            tokens, media = list(prompt.tokens), tuple(prompt.media)
+        else:
+            tokens = self._tokens(messages)
+        # only with images, so that text chats do not depend on GenerationRequest.media
+        with_media: dict[str, Any] = {"media": media} if media else {}
         request = GenerationRequest(
-            prompt=self._tokens(messages),
+            prompt=tokens,
             params=sp,
             n_predict=sampling.max_tokens,
             stop=self._template.stop_strings,
-            wake_interval_s=FRAME_MS / 1000,
-        )  # shown once a frame anyway
+            wake_interval_s=FRAME_MS / 1000,  # shown once a frame anyway
+            **with_media,
+        )
+        if media:
+            return _MediaStream(self.scheduler, request, media)
         return _StepStream(self.scheduler.submit(request))
 
     def start_server(self, settings: ServerSettings, on_log: LogFn) -> ServerHandle:
@@ -423,6 +500,8 @@ class EngineAdapter(EngineApi):
             type_k=params.type_k,
             type_v=params.type_k,
         )
+        # the projector only when there is one: InitParams gains mmproj with engine.vision
+        vision: dict[str, Any] = {"mmproj": params.mmproj} if params.mmproj else {}
         loaded = init_from_params(
             path,
             InitParams(
@@ -431,6 +510,7 @@ class EngineAdapter(EngineApi):
                 n_gpu_layers=n_gpu,
                 device=gpu.name if gpu and n_gpu else None,
                 scheduler=SchedulerParams(),
+                **vision,
             ),
             progress=report,
         )
@@ -440,7 +520,10 @@ class EngineAdapter(EngineApi):
             loaded.close()
             raise
         assert loaded.scheduler is not None
-        return LlmSession(loaded.model, loaded.ctx, loaded.scheduler.start(), params, sha)
+        projector = getattr(loaded, "projector", None) if params.mmproj else None
+        return LlmSession(
+            loaded.model, loaded.ctx, loaded.scheduler.start(), params, sha, projector
+        )
 
     def starter_models(self) -> list[StarterModel]:
         from engine import STARTER_MODELS, cached_path

@@ -69,6 +69,11 @@ class ChatLlmApi(Protocol):
     template_source: str  # the chat template text in use ('' when the server applies its own)
     template_name: str  # 'gguf' for the model's own template, else the built-in's name
     endpoint: str  # '' for a model loaded here; else the remote server's base URL
+    # the vision projector (mmproj) loaded with it, '' when it reads no images. With one, a
+    # message dict may carry "images": its image files' bytes, in the order of the
+    # MEDIA_MARKERs (app/vision_files.py) in its content; count_tokens counts their tokens and
+    # generate's stream yields a ReplyStep with `phase` set while it encodes each
+    projector: str
 
     def count_tokens(self, messages: list[dict]) -> int: ...
 

@@ -219,6 +219,7 @@ class MainWindow(QMainWindow):
             LLAMA_ONLY_FIELDS if plain else set(),
             f"Not sent: {remote.label} speaks plain OpenAI" if remote is not None else "",
         )
+        self.chat_pane.set_vision(vision_reason(llm, remote is not None))
         self.chat_pane.set_context(0, self.chat.n_ctx())
         self.chat_pane.view.viewport().update()
 
@@ -325,3 +326,17 @@ class MainWindow(QMainWindow):
         self.save_state()
         self.ctx.shutdown()
         super().closeEvent(event)
+
+
+def vision_reason(llm: ChatLlmApi | None, remote: bool) -> str:
+    """Why images cannot be attached for `llm`, '' when they can."""
+    if llm is None:
+        return "Load a model to attach images."
+    if remote:
+        return "Images are not sent to remote servers yet."
+    if not llm.projector:
+        return (
+            f"{llm.name} reads text only: no projector file (mmproj*.gguf) was found beside "
+            "the model."
+        )
+    return ""

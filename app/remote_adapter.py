@@ -73,6 +73,7 @@ class RemoteChat(ChatLlmApi):
     template_source: str
     template_name: str
     endpoint: str
+    projector: str  # '' : images are not sent to remote servers (yet)
 
     def __init__(self, endpoint: EndpointInfo, api_key: str, model: str, server: RemoteServerState):
         self._endpoint, self._key, self._server = endpoint, api_key, server
@@ -81,6 +82,7 @@ class RemoteChat(ChatLlmApi):
         self.n_ctx = self.n_ctx_seq = (listed.n_ctx if listed else 0) or server.n_ctx
         self.sha256, self.template_source, self.template_name = "", "", "server"
         self.endpoint = endpoint.url
+        self.projector = ""
 
     def count_tokens(self, messages: list[dict]) -> int:
         chars = sum(len(json.dumps(m.get("content", ""), ensure_ascii=False)) for m in messages)

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .vision_files import ImageAttachment
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
     id INTEGER PRIMARY KEY,
@@ -36,6 +38,19 @@ CREATE TABLE IF NOT EXISTS messages (
     created REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
+-- attached images: the bytes once per content (sha256), and which message shows them in order
+CREATE TABLE IF NOT EXISTS images (
+    sha256 TEXT PRIMARY KEY,
+    data BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS message_images (
+    message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+    position INTEGER NOT NULL,
+    sha256 TEXT NOT NULL,
+    name TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (message_id, position)
+);
+CREATE INDEX IF NOT EXISTS message_images_by_sha ON message_images(sha256);
 """
 SCHEMA_VERSION = 1
 
@@ -68,6 +83,8 @@ class Message:
     content: str
     id: int = 0
     stats: dict = field(default_factory=dict)
+    # in the order their markers stand in the prompt; kept as bytes, so reopening needs no file
+    images: list[ImageAttachment] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -153,6 +170,13 @@ class ConversationStore:
     def delete(self, conversation_id: int) -> None:
         with self._db:
             self._db.execute("DELETE FROM conversations WHERE id=?", (conversation_id,))
+            self._drop_unused_images()
+
+    def _drop_unused_images(self) -> None:
+        """Image bytes no message shows any more (inside the caller's transaction)."""
+        self._db.execute(
+            "DELETE FROM images WHERE sha256 NOT IN (SELECT sha256 FROM message_images)"
+        )
 
     def title(self, conversation_id: int) -> str:
         row = self._db.execute("SELECT title FROM conversations WHERE id=?", (conversation_id,))
@@ -185,8 +209,20 @@ class ConversationStore:
             self._db.execute(
                 "UPDATE conversations SET updated=? WHERE id=?", (now, conversation_id)
             )
+            self._insert_images(int(cur.lastrowid), message.images)
         message.id = int(cur.lastrowid)
         return message.id
+
+    def _insert_images(self, message_id: int, images: list[ImageAttachment]) -> None:
+        for position, image in enumerate(images):
+            self._db.execute(
+                "INSERT OR IGNORE INTO images(sha256, data) VALUES (?,?)",
+                (image.sha256, image.data),
+            )
+            self._db.execute(
+                "INSERT INTO message_images(message_id, position, sha256, name) VALUES (?,?,?,?)",
+                (message_id, position, image.sha256, image.name),
+            )
 
     def update_message(self, message_id: int, content: str, stats: dict | None = None) -> None:
         with self._db:
@@ -205,16 +241,29 @@ class ConversationStore:
                 "DELETE FROM messages WHERE conversation_id=? AND id>=?",
                 (conversation_id, message_id),
             )
+            self._drop_unused_images()
 
     def messages(self, conversation_id: int) -> list[Message]:
         rows = self._db.execute(
             "SELECT id, role, content, stats FROM messages WHERE conversation_id=? ORDER BY id",
             (conversation_id,),
         )
-        return [
+        out = [
             Message(role, content, mid, json.loads(stats or "{}"))
             for mid, role, content, stats in rows
         ]
+        by_id = {m.id: m for m in out}
+        # one query for the whole conversation; a missing blob comes back empty, and the bubble
+        # shows a placeholder for it as for bytes that no longer decode
+        images = self._db.execute(
+            "SELECT mi.message_id, mi.sha256, mi.name, i.data FROM message_images mi "
+            "JOIN messages m ON m.id = mi.message_id LEFT JOIN images i ON i.sha256 = mi.sha256 "
+            "WHERE m.conversation_id=? ORDER BY mi.message_id, mi.position",
+            (conversation_id,),
+        )
+        for mid, sha, name, data in images:
+            by_id[mid].images.append(ImageAttachment(bytes(data or b""), sha, name))
+        return out
 
     def import_file(self, path: str | Path) -> int:
         """import_json of the file at `path`, read only if it is a regular file of at most

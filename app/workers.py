@@ -30,6 +30,7 @@ from .engine_api import ChatLlmApi, EngineApi, RemoteApi, ReplyStream, SessionAp
 from .errors import AppError, LoadCancelled, plain_error
 from .machine import now_ms
 from .stream_buffer import StepBuffer
+from .vision_files import is_projector_file, with_projector
 
 UNKNOWN_CTX = 1 << 30  # fit_to_context's bound for a remote model whose context size is not known
 
@@ -135,7 +136,8 @@ class CallWorker(TaskWorker):
 
 
 class InspectWorker(TaskWorker):
-    """Reads metadata of GGUF files (a folder is scanned recursively), one signal per file."""
+    """Reads metadata of GGUF files (a folder is scanned recursively), one signal per file,
+    each paired with the vision projector beside it (app/vision_files.py)."""
 
     file_inspected = Signal(object)  # LlmFileInfo
 
@@ -146,11 +148,16 @@ class InspectWorker(TaskWorker):
     def work(self) -> None:
         for p in self._paths:
             path = Path(p)
-            files = sorted(path.rglob("*.gguf")) if path.is_dir() else [path]
+            # a folder's projectors pair with its models instead of being listed as models
+            files = (
+                [f for f in sorted(path.rglob("*.gguf")) if not is_projector_file(str(f))]
+                if path.is_dir()
+                else [path]
+            )
             for f in files:
                 if self._cancel.is_set():
                     return
-                self.file_inspected.emit(self._engine.inspect(str(f)))
+                self.file_inspected.emit(with_projector(self._engine.inspect(str(f))))
 
 
 class ModelLoadWorker(TaskWorker):

@@ -25,6 +25,8 @@ class RowView(NamedTuple):
     streaming: bool
     error: str
     is_last: bool
+    images: tuple = ()  # ImageAttachment, in order
+    phase: str = ""  # the streaming reply's "encoding image 1 of 2" before its first token
 
 
 class ChatListModel(QAbstractListModel):
@@ -33,6 +35,7 @@ class ChatListModel(QAbstractListModel):
         self._messages: list[Message] = []
         self._streaming_row = -1
         self._errors: dict[int, str] = {}
+        self._phase = ""  # of the streaming row
 
     def rowCount(self, parent=QModelIndex()) -> int:  # noqa: N802
         return 0 if parent.isValid() else len(self._messages)
@@ -70,6 +73,7 @@ class ChatListModel(QAbstractListModel):
     def set_messages(self, messages: list[Message]) -> None:
         self.beginResetModel()
         self._messages, self._streaming_row, self._errors = list(messages), -1, {}
+        self._phase = ""
         self.endResetModel()
 
     def append(self, message: Message, streaming: bool = False) -> int:
@@ -89,8 +93,18 @@ class ChatListModel(QAbstractListModel):
         idx = self.index(row)
         self.dataChanged.emit(idx, idx, [Qt.ItemDataRole.DisplayRole])
 
+    def set_phase(self, phase: str) -> None:
+        """What the streaming reply is waiting on ('' once text comes)."""
+        row = self._streaming_row
+        if row < 0 or phase == self._phase:
+            return
+        self._phase = phase
+        idx = self.index(row)
+        self.dataChanged.emit(idx, idx, [Qt.ItemDataRole.DisplayRole])
+
     def finish_streaming(self, stats: dict | None = None, error: str = "") -> None:
         row, self._streaming_row = self._streaming_row, -1
+        self._phase = ""
         if row < 0:
             return
         if stats is not None:
@@ -129,6 +143,8 @@ class ChatListModel(QAbstractListModel):
             row == self._streaming_row,
             self._errors.get(row, ""),
             row == len(self._messages) - 1,
+            tuple(m.images),
+            self._phase if row == self._streaming_row else "",
         )
 
     def message(self, row: int) -> Message:

@@ -44,6 +44,8 @@ class LlmFileTableModel(ColumnTableModel):
         if role == Qt.ItemDataRole.ToolTipRole:
             if col == 6 and info.template_name:
                 return f"chat template: {info.template_name}"
+            if col == 1 and info.mmproj_note:
+                return info.mmproj_note
             return info.error or self._quant_tooltip(info) or info.path
         if role == Qt.ItemDataRole.ForegroundRole and info.error and col == 7:
             return QColor("#d9534f")
@@ -57,7 +59,7 @@ class LlmFileTableModel(ColumnTableModel):
             return "–"
         return (
             info.name,
-            info.arch,
+            f"{info.arch} + vision" if info.vision else info.arch,
             human_count(info.n_params),
             info.main_quant,
             human_bytes(info.file_size),

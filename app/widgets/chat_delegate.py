@@ -16,8 +16,10 @@ from PySide6.QtGui import (
     QColor,
     QFont,
     QFontDatabase,
+    QImage,
     QPainter,
     QPalette,
+    QPixmap,
     QTextCharFormat,
     QTextCursor,
     QTextDocument,
@@ -38,6 +40,8 @@ from ..theme import is_dark, mix
 
 MARGIN, GAP, PAD, RADIUS = 16, 10, 12, 10
 CACHE_SIZE = 256
+THUMB_H, THUMB_MAX_W, THUMB_GAP = 96, 160, 6  # attached images in a bubble
+UNREADABLE = "image unreadable"
 
 
 @dataclass
@@ -49,6 +53,7 @@ class _Layout:
     footer: QRect  # stats line (assistant) or empty
     actions: list[tuple[str, QRect]] = field(default_factory=list)
     code_copies: list[tuple[str, QRect]] = field(default_factory=list)
+    thumbs: list[QRect] = field(default_factory=list)  # one per attached image, in order
 
     def moved(self, dx: int, dy: int) -> _Layout:
         if not dx and not dy:
@@ -61,6 +66,7 @@ class _Layout:
             self.footer.translated(dx, dy),
             [(n, r.translated(dx, dy)) for n, r in self.actions],
             [(t, r.translated(dx, dy)) for t, r in self.code_copies],
+            [r.translated(dx, dy) for r in self.thumbs],
         )
 
 
@@ -81,6 +87,7 @@ class ChatDelegate(QStyledItemDelegate):
         self._live_doc: tuple[tuple, tuple[QTextDocument, float]] | None = None
         self._live_layout: tuple[tuple, _Layout] | None = None
         self.hover_row = -1
+        self.thumbnails = ThumbnailCache()
 
     # documents ------------------------------------------------------------------------------
     def _document(
@@ -138,6 +145,7 @@ class ChatDelegate(QStyledItemDelegate):
             v.role,
             streaming,
             self._footer_text(v),
+            tuple(i.sha256 for i in v.images),
             tuple(self._action_names(v)),
             option.palette.color(QPalette.ColorRole.Text).rgb(),
             option.font.pointSizeF(),
@@ -171,6 +179,8 @@ class ChatDelegate(QStyledItemDelegate):
             v.text, max_w - 2 * PAD, option.palette, option.font, v.streaming
         )
         content_w = int(ideal) + 1 if is_user else max_w - 2 * PAD
+        thumbs, thumbs_w, thumbs_h = self._thumb_rects(v.images, max_w - 2 * PAD)
+        content_w = max(content_w, thumbs_w)
         actions = self._action_names(v)
         actions_w = sum(fm.horizontalAdvance(a) + 18 for a in actions)
         stats = self._footer_text(v)  # a short user message still shows all of "⚠ Not saved: …"
@@ -184,15 +194,16 @@ class ChatDelegate(QStyledItemDelegate):
             doc.setTextWidth(width - 2 * PAD)
         header_h, line_h = fm.height() + 4, fm.height() + 6
         footer_h = line_h if stats else 0
-        height = PAD + header_h + int(doc.size().height()) + footer_h + line_h + PAD // 2
+        height = PAD + header_h + thumbs_h + int(doc.size().height()) + footer_h + line_h + PAD // 2
         left = option.rect.right() - MARGIN - width + 1 if is_user else option.rect.left() + MARGIN
         bubble = QRect(left, option.rect.top() + GAP // 2, width, height)
         header = QRect(left + PAD, bubble.top() + PAD - 2, width - 2 * PAD, header_h)
-        doc_origin = QPointF(left + PAD, header.bottom() + 2)
+        doc_origin = QPointF(left + PAD, header.bottom() + 2 + thumbs_h)
         footer = QRect(
             left + PAD, int(doc_origin.y() + doc.size().height()) + 4, width - 2 * PAD, footer_h
         )
         lay = _Layout(bubble, doc, doc_origin, header, footer)
+        lay.thumbs = [r.translated(left + PAD, header.bottom() + 2) for r in thumbs]
         x, y = left + PAD, footer.bottom() + 2 if footer_h else footer.top()
         for name in actions:
             w = fm.horizontalAdvance(name) + 10
@@ -200,6 +211,21 @@ class ChatDelegate(QStyledItemDelegate):
             x += w + 8
         lay.code_copies = _code_copy_rects(doc, doc_origin, fm)
         return lay
+
+    def _thumb_rects(self, images, width: int) -> tuple[list[QRect], int, int]:
+        """Each image's rect from the top-left of the thumbnail rows, the rows' width and
+        height (with the gap under them): THUMB_H high, wrapped at `width`."""
+        rects: list[QRect] = []
+        x = y = used_w = 0
+        for image in images:
+            w = min(self.thumbnails.width_at(image, THUMB_H), width)
+            if x and x + w > width:
+                x, y = 0, y + THUMB_H + THUMB_GAP
+            rects.append(QRect(x, y, w, THUMB_H))
+            x += w + THUMB_GAP
+            used_w = max(used_w, x - THUMB_GAP)
+        height = y + THUMB_H + THUMB_GAP + 2 if rects else 0
+        return rects, used_w, height
 
     @staticmethod
     def _action_names(v: RowView) -> list[str]:
@@ -231,6 +257,7 @@ class ChatDelegate(QStyledItemDelegate):
         painter.setBrush(_bubble_colour(pal, index.data(ROLE_ROLE)))
         painter.drawRoundedRect(QRectF(lay.bubble), RADIUS, RADIUS)
         self._paint_header(painter, option, index, lay)
+        self._paint_thumbs(painter, option, index, lay)
         painter.translate(lay.doc_origin)
         ctx = QAbstractTextDocumentLayout.PaintContext()
         ctx.palette.setColor(QPalette.ColorRole.Text, pal.color(QPalette.ColorRole.Text))
@@ -252,11 +279,36 @@ class ChatDelegate(QStyledItemDelegate):
         role = index.data(ROLE_ROLE)
         label = {"user": "You", "assistant": "Assistant"}.get(role, role.capitalize())
         if index.data(STREAMING_ROLE):
-            label += "  · generating…"
+            phase = self._row(index).phase
+            label += f"  · {phase}…" if phase else "  · generating…"
         painter.drawText(
             lay.header, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, label
         )
         painter.setFont(option.font)
+
+    def _paint_thumbs(self, painter, option, index, lay: _Layout) -> None:
+        images = self._row(index).images
+        for image, rect in zip(images, lay.thumbs, strict=False):
+            pixmap = self.thumbnails.pixmap(image, THUMB_H)
+            if pixmap is not None:
+                painter.drawPixmap(rect, pixmap)
+                continue
+            # a blob that no longer decodes (or went missing): say so where the image was
+            pal = option.palette
+            painter.setPen(
+                mix(pal.color(QPalette.ColorRole.Text), pal.color(QPalette.ColorRole.Base), 0.5)
+            )
+            painter.setBrush(pal.color(QPalette.ColorRole.Base))
+            painter.drawRoundedRect(QRectF(rect).adjusted(0.5, 0.5, -0.5, -0.5), 6, 6)
+            painter.drawText(
+                rect, Qt.AlignmentFlag.AlignCenter | Qt.TextFlag.TextWordWrap, UNREADABLE
+            )
+            painter.setBrush(Qt.BrushStyle.NoBrush)
+            painter.setPen(Qt.PenStyle.NoPen)
+
+    def thumbnail_rects(self, option, index) -> list[QRect]:
+        """For tests: where each attached image of a row is drawn."""
+        return list(self._layout(option, index).thumbs)
 
     def _paint_footer(self, painter, option, index, lay: _Layout) -> None:
         pal = option.palette
@@ -311,6 +363,36 @@ class ChatDelegate(QStyledItemDelegate):
     def action_rects(self, option, index) -> dict[str, QRect]:
         """For tests: where each action of a row is drawn."""
         return dict(self._layout(option, index).actions)
+
+
+class ThumbnailCache:
+    """Scaled pixmaps of attached images by (sha256, height); None for bytes Qt cannot decode.
+    Decoded once: the delegate asks for them at every layout and paint."""
+
+    def __init__(self, size: int = CACHE_SIZE) -> None:
+        self._pixmaps: OrderedDict[tuple[str, int], QPixmap | None] = OrderedDict()
+        self._size = size
+
+    def pixmap(self, image, height: int) -> QPixmap | None:
+        key = (image.sha256, height)
+        if key in self._pixmaps:
+            self._pixmaps.move_to_end(key)
+            return self._pixmaps[key]
+        decoded = QImage.fromData(image.data) if image.data else QImage()
+        pixmap = None
+        if not decoded.isNull():
+            scaled = decoded.scaledToHeight(height, Qt.TransformationMode.SmoothTransformation)
+            if scaled.width() > THUMB_MAX_W:  # a panorama: its middle, not a sliver
+                scaled = scaled.copy((scaled.width() - THUMB_MAX_W) // 2, 0, THUMB_MAX_W, height)
+            pixmap = QPixmap.fromImage(scaled)
+        self._pixmaps[key] = pixmap
+        if len(self._pixmaps) > self._size:
+            self._pixmaps.popitem(last=False)
+        return pixmap
+
+    def width_at(self, image, height: int) -> int:
+        pixmap = self.pixmap(image, height)
+        return pixmap.width() if pixmap is not None else height  # the placeholder is square
 
 
 def _bubble_colour(pal: QPalette, role: str) -> QColor:

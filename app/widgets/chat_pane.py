@@ -1,23 +1,33 @@
-"""ChatPane: the message list (model + delegate), the context gauge and the input box."""
+"""ChatPane: the message list (model + delegate), the context gauge, the input box and the
+images attached to the next message (button, drop onto the chat, paste)."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import QModelIndex, Qt, QTimer, Signal
-from PySide6.QtGui import QGuiApplication, QKeySequence, QPainter, QPalette
+from PySide6.QtCore import QBuffer, QByteArray, QMimeData, QModelIndex, Qt, QTimer, Signal
+from PySide6.QtGui import QGuiApplication, QImage, QKeySequence, QPainter, QPalette, QPixmap
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QFileDialog,
     QHBoxLayout,
     QLabel,
     QListView,
     QPlainTextEdit,
     QPushButton,
     QStyleOptionViewItem,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
 
 from ..context_policy import CONTEXT_POLICY
 from ..item_models.chat_list_model import ChatListModel
+from ..vision_files import (
+    IMAGE_FILTER,
+    AttachmentError,
+    ImageAttachment,
+    is_image_path,
+    read_image_file,
+)
 from .chat_delegate import ChatDelegate
 from .context_gauge import WARN_AT, ContextGauge
 
@@ -55,9 +65,20 @@ class ChatView(QListView):
 
 
 class MessageInput(QPlainTextEdit):
-    """Ctrl+Enter sends; Enter makes a new line."""
+    """Ctrl+Enter sends; Enter makes a new line. A pasted or dropped image (or image file) is
+    handed to the pane as an attachment instead of becoming text."""
 
     submitted = Signal()
+    media_received = Signal(object)  # QMimeData holding images
+
+    def canInsertFromMimeData(self, source: QMimeData) -> bool:  # noqa: N802
+        return has_images(source) or super().canInsertFromMimeData(source)
+
+    def insertFromMimeData(self, source: QMimeData) -> None:  # noqa: N802
+        if has_images(source):
+            self.media_received.emit(source)
+            return
+        super().insertFromMimeData(source)
 
     def keyPressEvent(self, event) -> None:  # noqa: N802
         ctrl = event.modifiers() & Qt.KeyboardModifier.ControlModifier
@@ -67,9 +88,92 @@ class MessageInput(QPlainTextEdit):
         super().keyPressEvent(event)
 
 
+def has_images(mime: QMimeData) -> bool:
+    return mime.hasImage() or any(is_image_path(u.toLocalFile()) for u in mime.urls())
+
+
+def attachments_from(mime: QMimeData) -> tuple[list[ImageAttachment], list[str]]:
+    """The images in a drop or paste (image files first, else the image itself, as PNG), and
+    what could not be attached, in words."""
+    images, errors = [], []
+    for url in mime.urls():
+        path = url.toLocalFile()
+        if not path:
+            continue
+        try:
+            images.append(read_image_file(path))
+        except AttachmentError as e:
+            errors.append(str(e))
+    if not images and not errors and mime.hasImage():
+        image = QImage(mime.imageData())
+        if not image.isNull():
+            data = QByteArray()
+            buffer = QBuffer(data)
+            buffer.open(QBuffer.OpenModeFlag.WriteOnly)
+            image.save(buffer, "PNG")
+            images.append(ImageAttachment.from_bytes(bytes(data.data()), "pasted image.png"))
+    return images, errors
+
+
+class AttachmentStrip(QWidget):
+    """The images attached to the next message, as thumbnails with a remove button each."""
+
+    removed = Signal(int)  # index
+
+    THUMB = 56
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self._row = QHBoxLayout(self)
+        self._row.setContentsMargins(0, 0, 0, 4)
+        self._row.setSpacing(6)
+        self._row.addStretch(1)
+        self.setVisible(False)
+
+    def set_images(self, images: list[ImageAttachment]) -> None:
+        while self._row.count() > 1:  # the stretch stays last
+            item = self._row.takeAt(0)
+            if item.widget() is not None:
+                item.widget().deleteLater()
+        for i, image in enumerate(images):
+            self._row.insertWidget(i, self._chip(i, image))
+        self.setVisible(bool(images))
+
+    def _chip(self, index: int, image: ImageAttachment) -> QWidget:
+        chip = QWidget(objectName="attachment")
+        row = QHBoxLayout(chip)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.setSpacing(2)
+        thumb = QLabel()
+        thumb.setFixedSize(self.THUMB, self.THUMB)
+        thumb.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        pixmap = QPixmap()
+        if pixmap.loadFromData(image.data):
+            scaled = pixmap.scaled(
+                self.THUMB,
+                self.THUMB,
+                Qt.AspectRatioMode.KeepAspectRatio,
+                Qt.TransformationMode.SmoothTransformation,
+            )
+            thumb.setPixmap(scaled)
+            thumb.setFixedSize(scaled.size())  # the remove button beside the picture
+        else:  # sent anyway: the engine says why it cannot read it
+            thumb.setText("?")
+        thumb.setToolTip(f"{image.name} ({len(image.data) / 1024:.0f} KiB)")
+        remove = QToolButton(text="✕", autoRaise=True)
+        remove.setToolTip(f"Remove {image.name}")
+        remove.clicked.connect(lambda: self.removed.emit(index))
+        row.addWidget(thumb)
+        row.addWidget(remove, 0, Qt.AlignmentFlag.AlignTop)
+        return chip
+
+    def count(self) -> int:
+        return self._row.count() - 1
+
+
 class ChatPane(QWidget):
-    send_requested = Signal(str)
-    edit_submitted = Signal(int, str)  # row, new text
+    send_requested = Signal(str, list)  # text, [ImageAttachment]
+    edit_submitted = Signal(int, str, list)  # row, new text, its images
     stop_requested = Signal()
     regenerate_requested = Signal()
 
@@ -78,6 +182,9 @@ class ChatPane(QWidget):
         self.chat_model = chat_model
         self._editing_row = -1
         self._follow = True
+        self.pending: list[ImageAttachment] = []  # attached to the next message
+        self._vision_reason = "Load a model to attach images."  # '' when images can be attached
+        self.setAcceptDrops(True)  # over the message list; the input box handles its own
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(0)
@@ -85,6 +192,7 @@ class ChatPane(QWidget):
         layout.addWidget(self._build_view(), 1)
         layout.addWidget(self._build_input())
         self.set_busy(False)
+        self.set_vision(self._vision_reason)
 
     # building -------------------------------------------------------------------------------
     def _build_header(self) -> QWidget:
@@ -134,10 +242,16 @@ class ChatPane(QWidget):
         notice_row.addWidget(self.notice, 1)
         notice_row.addWidget(self.cancel_edit_button)
         col.addLayout(notice_row)
+        self.attachments = AttachmentStrip()
+        self.attachments.removed.connect(self.remove_attachment)
+        col.addWidget(self.attachments)
         row = QHBoxLayout()
         self.input = MessageInput(placeholderText="Message the model…  (Ctrl+Enter to send)")
         self.input.setFixedHeight(self.input.fontMetrics().lineSpacing() * 3 + 18)
         self.input.submitted.connect(self.submit)
+        self.input.media_received.connect(self.attach_mime)
+        self.attach_button = QPushButton("Image…")
+        self.attach_button.clicked.connect(self.choose_images)
         self.send_button = QPushButton("Send", objectName="primary")
         shortcut = QKeySequence("Ctrl+Return").toString(QKeySequence.SequenceFormat.NativeText)
         self.send_button.setToolTip(f"Send ({shortcut})")
@@ -148,42 +262,100 @@ class ChatPane(QWidget):
         buttons = QVBoxLayout()
         buttons.addWidget(self.send_button)
         buttons.addWidget(self.stop_button)
+        row.addWidget(self.attach_button, 0, Qt.AlignmentFlag.AlignTop)
         row.addWidget(self.input, 1)
         row.addLayout(buttons)
         col.addLayout(row)
         return box
 
+    # attachments ----------------------------------------------------------------------------
+    def set_vision(self, reason: str) -> None:
+        """'' when the chat's model reads images; else why not, shown on the attach button."""
+        self._vision_reason = reason
+        self.attach_button.setEnabled(not reason)
+        self.attach_button.setToolTip(reason or "Attach images (or drop them here, or paste)")
+        if reason and self.pending:
+            self.pending = []
+            self.attachments.set_images([])
+
+    def choose_images(self) -> None:
+        paths, _ = QFileDialog.getOpenFileNames(self, "Attach images", "", IMAGE_FILTER)
+        self.attach_paths(paths)
+
+    def attach_paths(self, paths: list[str]) -> None:
+        images, errors = [], []
+        for path in paths:
+            try:
+                images.append(read_image_file(path))
+            except AttachmentError as e:
+                errors.append(str(e))
+        self._attach(images, errors)
+
+    def attach_mime(self, mime: QMimeData) -> None:
+        self._attach(*attachments_from(mime))
+
+    def _attach(self, images: list[ImageAttachment], errors: list[str]) -> None:
+        if images and self._vision_reason:
+            self._show_notice(f"Images cannot be attached: {self._vision_reason}")
+            return
+        self.pending.extend(images)
+        self.attachments.set_images(self.pending)
+        self._show_notice("; ".join(errors))
+
+    def remove_attachment(self, index: int) -> None:
+        if 0 <= index < len(self.pending):
+            del self.pending[index]
+            self.attachments.set_images(self.pending)
+
+    def dragEnterEvent(self, event) -> None:  # noqa: N802
+        if has_images(event.mimeData()):
+            event.acceptProposedAction()
+
+    def dropEvent(self, event) -> None:  # noqa: N802
+        self.attach_mime(event.mimeData())
+        event.acceptProposedAction()
+
     # behaviour ------------------------------------------------------------------------------
     def submit(self) -> None:
         text = self.input.toPlainText().strip()
-        if not text or not self.send_button.isEnabled():
+        if (not text and not self.pending) or not self.send_button.isEnabled():
             return
+        images, self.pending = self.pending, []
+        self.attachments.set_images([])
         self.input.clear()
         if self._editing_row >= 0:
             row, self._editing_row = self._editing_row, -1
             self._show_notice("")
-            self.edit_submitted.emit(row, text)
+            self.edit_submitted.emit(row, text, images)
         else:
-            self.send_requested.emit(text)
+            self.send_requested.emit(text, images)
 
     def begin_edit(self, row: int) -> None:
         self._editing_row = row
-        self.input.setPlainText(self.chat_model.message(row).content)
+        message = self.chat_model.message(row)
+        self.input.setPlainText(message.content)
+        self.pending = list(message.images)  # resent with the edit unless removed
+        self.attachments.set_images(self.pending)
         self.input.setFocus()
         self._show_notice(
             "Editing an earlier message: sending replaces it and drops everything after it."
         )
         self.cancel_edit_button.show()
 
-    def resume_edit(self, row: int, text: str) -> None:
+    def resume_edit(self, row: int, text: str, images: list | None = None) -> None:
         """Back into editing `row` with the text the user had submitted (the edit was refused)."""
         self.begin_edit(row)
         self.input.setPlainText(text)
+        if images is not None:
+            self.pending = list(images)
+            self.attachments.set_images(self.pending)
 
     def cancel_edit(self) -> None:
         if self._editing_row >= 0:
             self._editing_row = -1
             self.input.clear()
+            self.pending = []
+            self.attachments.set_images([])
             self._show_notice("")
 
     def is_editing(self) -> bool:

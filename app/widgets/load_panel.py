@@ -159,6 +159,7 @@ class LoadPanel(QWidget):
             base.n_batch,
             base.n_ubatch,
             n_gpu,
+            self.info.mmproj if self.info is not None and not self.info.error else "",
         )
 
     def set_params(self, p: LoadParams) -> None:
@@ -222,8 +223,10 @@ class LoadPanel(QWidget):
             self.details.setText(
                 f"{info.arch} · {human_count(info.n_params)} parameters{_experts_words(info)} · {info.main_quant} · "
                 f"{human_bytes(info.file_size)} · trained on {info.n_ctx_train:,} tokens · "
-                f"chat template: {_template_words(info)}"
+                f"chat template: {_template_words(info)} · "
+                + (f"vision, {info.mmproj_note}" if info.mmproj else "text only")
             )
+            self.details.setToolTip(info.mmproj_note)
         self._update_buttons()
         self._update_gpu_control()
         self._schedule_estimate()

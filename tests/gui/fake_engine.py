@@ -56,6 +56,7 @@ N_LAYER = 4
 EMBD_BYTES, LAYER_BYTES, HEAD_BYTES = 20_000, 15_000, 10_000
 WEIGHTS_BYTES = EMBD_BYTES + N_LAYER * LAYER_BYTES + HEAD_BYTES
 COMPUTE_BYTES, METADATA_BYTES = 300_000, 4_000
+IMAGE_TOKENS = 64  # what the fake projector counts per image
 
 FAKE_CPU = DeviceDesc("CPU", "CPU", "Fake CPU @ 3.0 GHz, numba target fake", 16 << 30, 8 << 30)
 FAKE_GL0 = DeviceDesc(
@@ -137,9 +138,18 @@ def spin(seconds: float) -> None:
 
 
 class FakeStream(ReplyStream):
-    def __init__(self, text: str, n_prompt: int, delay: float, busy: bool = False):
+    def __init__(
+        self,
+        text: str,
+        n_prompt: int,
+        delay: float,
+        busy: bool = False,
+        n_images: int = 0,
+        encode_s: float = 0.0,
+    ):
         self._words = text.split(" ")
         self._n_prompt, self._delay, self._busy = n_prompt, delay, busy
+        self._n_images, self._encode_s = n_images, encode_s
         self._cancel = threading.Event()
         self.n_generated = 0
 
@@ -148,6 +158,11 @@ class FakeStream(ReplyStream):
 
     def __iter__(self) -> Iterator[ReplyStep]:
         t0 = time.perf_counter()
+        for i in range(self._n_images):  # as the adapter's stream: a phase step, then the work
+            yield ReplyStep("", None, 0, 0, phase=f"encoding image {i + 1} of {self._n_images}")
+            if self._cancel.wait(self._encode_s):
+                yield self._step("", "cancelled", t0)
+                return
         for i, w in enumerate(self._words):
             if self._busy:
                 spin(self._delay)
@@ -182,6 +197,7 @@ class FakeSession(SessionApi):
     template_source: str
     template_name: str
     endpoint: str = ""
+    projector: str
 
     def __init__(
         self,
@@ -194,6 +210,8 @@ class FakeSession(SessionApi):
     ):
         self.path, self.params, self.reply, self.delay, self.busy = path, params, reply, delay, busy
         self.gpu = gpu
+        self.projector = params.mmproj  # a fake projector: each image counts IMAGE_TOKENS
+        self.encode_s = 0.0  # how long each image "encodes" (tests of the encoding phase)
         self.name = Path(path).stem
         self.arch, self.n_params = "llama", 1_234_567
         self.n_ctx = self.n_ctx_seq = params.n_ctx  # one unified cache, as the chat pane sees it
@@ -227,13 +245,15 @@ class FakeSession(SessionApi):
         )
 
     def count_tokens(self, messages: list[dict]) -> int:
-        return sum(len(m["content"].split()) + 4 for m in messages) + 1
+        words = sum(len(m["content"].split()) + 4 for m in messages) + 1
+        return words + IMAGE_TOKENS * sum(len(m.get("images", ())) for m in messages)
 
     def generate(self, messages: list[dict], sampling: SamplingSettings) -> FakeStream:
         self.last_messages = list(messages)
         n_prompt = self.count_tokens(messages)
         self._used = n_prompt + len(self.reply.split())
-        s = FakeStream(self.reply, n_prompt, self.delay, self.busy)
+        n_images = sum(len(m.get("images", ())) for m in messages)
+        s = FakeStream(self.reply, n_prompt, self.delay, self.busy, n_images, self.encode_s)
         self.streams.append(s)
         return s
 
