@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 
 from .sampling import SamplingParams
 from .scheduler import Scheduler
-from .seams import DecodeContext, GenerationTokenizer
+from .seams import DecodeContext, GenerationTokenizer, MediaSpanLike
 from .sequence import GenerationStep
 from .tasks import GenerationRequest
 
@@ -28,6 +28,7 @@ def generate(
     n_keep: int = 0,
     context_shift: bool = False,
     cancel: threading.Event | None = None,
+    media: Sequence[MediaSpanLike] = (),
 ) -> Iterator[GenerationStep]:
     """Generate from a fresh sequence 0 of `ctx`: the prompt in chunks of n_batch, then
     token by token.
@@ -43,6 +44,7 @@ def generate(
         context_shift: when the context is full, discard half of what follows n_keep and
             continue (llama.cpp --context-shift) instead of finishing with 'length'.
         cancel: when set, generation stops before the next model call (no final step).
+        media: the prompt's image spans (engine.vision.MediaPrompt.media).
 
     Yields:
         One GenerationStep per sampled token; the last one has finish_reason set.
@@ -54,5 +56,7 @@ def generate(
     if n_predict == 0:
         return
     scheduler = Scheduler(ctx, tokenizer, n_slots=1, context_shift=context_shift, n_keep=n_keep)
-    request = GenerationRequest(list(prompt_tokens), params or SamplingParams(), n_predict, stop)
+    request = GenerationRequest(
+        list(prompt_tokens), params or SamplingParams(), n_predict, stop, media=tuple(media)
+    )
     yield from scheduler.stream(request, cancel)

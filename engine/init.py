@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from .context import Context, ContextParams
     from .model import Model, ProgressFn
     from .scheduler import Scheduler
+    from .vision import Projector
 
 
 def init_threads(n_threads: int, warn: Callable[[str], None] | None = None) -> int:
@@ -60,6 +61,9 @@ class InitParams:
     n_gpu_layers: int = 0
     device: str | None = None
     scheduler: SchedulerParams | None = None  # None: no scheduler (generate, bench, perplexity)
+    mmproj: str | None = None  # a multimodal projector to load beside the model
+    image_min_tokens: int | None = None
+    image_max_tokens: int | None = None
 
 
 @dataclass
@@ -71,9 +75,12 @@ class Loaded:
     model: Model
     ctx: Context
     scheduler: Scheduler | None = None
+    projector: Projector | None = None  # the mmproj, when one was given
 
     def close(self) -> None:
         """Give back the model's map, weights and GPU buffers (a started scheduler stops first)."""
+        if self.projector is not None:
+            self.projector.close()
         self.model.close()
 
 
@@ -102,6 +109,7 @@ def init_from_params(
     from .context import Context
     from .model import load_model
 
+    projector = None
     # the model is loaded for its context's decode path (the kernels it loads, the copies it makes)
     model = load_model(
         path,
@@ -116,6 +124,18 @@ def init_from_params(
             check(model)
         if progress is not None:
             progress(1.0, "allocating the KV cache and compute buffers")
+        projector = None
+        if params.mmproj is not None:
+            from .vision import load_projector
+
+            if progress is not None:
+                progress(1.0, f"loading the multimodal projector {Path(params.mmproj).name}")
+            projector = load_projector(
+                params.mmproj,
+                model,
+                image_min_tokens=params.image_min_tokens,
+                image_max_tokens=params.image_max_tokens,
+            )
         ctx = Context(model, params.context)
         scheduler = None
         if params.scheduler is not None:
@@ -132,6 +152,8 @@ def init_from_params(
                 n_keep=sp.n_keep,
             )
     except BaseException:
+        if projector is not None:
+            projector.close()
         model.close()
         raise
-    return Loaded(Path(path), model, ctx, scheduler)
+    return Loaded(Path(path), model, ctx, scheduler, projector)

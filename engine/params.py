@@ -491,9 +491,76 @@ def add_chat_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_mmproj_args(parser: argparse.ArgumentParser, *, images: bool = True) -> None:
+    """The multimodal projector's flags (llama.cpp's -mm/--mmproj, --no-mmproj,
+    --mmproj-offload, --image-min-tokens/--image-max-tokens) and, for the one-shot commands,
+    --image FILE (repeatable, as llama-mtmd-cli's)."""
+    g = group(parser, COMMON)
+    g.add_argument(
+        "-mm",
+        "--mmproj",
+        metavar="FILE",
+        default=None,
+        help="multimodal projector file (an mmproj GGUF) for image input; with -hf, the repo's "
+        "mmproj file is used unless --no-mmproj (env: LLAMA_ARG_MMPROJ)",
+    )
+    g.add_argument(
+        "--mmproj-auto",
+        "--no-mmproj",
+        "--no-mmproj-auto",
+        dest="mmproj_auto",
+        action=_BoolFlag,
+        default=True,
+        help="with -hf, use the repo's mmproj file when it has one (default: on)",
+    )
+    g.add_argument(
+        "--mmproj-offload",
+        "--no-mmproj-offload",
+        dest="mmproj_offload",
+        action=_BoolFlag,
+        default=True,
+        help="accepted for llama.cpp compatibility: the projector always runs on the CPU here",
+    )
+    g.add_argument(
+        "--image-min-tokens",
+        metavar="N",
+        type=_int_at_least(1, "--image-min-tokens"),
+        default=None,
+        help="minimum tokens per image for projectors with a dynamic resolution (idefics3)",
+    )
+    g.add_argument(
+        "--image-max-tokens",
+        metavar="N",
+        type=_int_at_least(1, "--image-max-tokens"),
+        default=None,
+        help="maximum tokens per image for projectors with a dynamic resolution (idefics3)",
+    )
+    if images:
+        g.add_argument(
+            "--image",
+            dest="images",
+            metavar="FILE",
+            action="append",
+            default=[],
+            help="an image file for the prompt (repeatable; needs --mmproj); each goes where the "
+            "prompt has a <__media__> marker, or before the prompt's text when it has none",
+        )
+
+
+class _BoolFlag(argparse.Action):
+    """A switch whose "--no-..." spellings turn it off (llama.cpp's paired flags)."""
+
+    def __init__(self, option_strings, dest, default=True, **kw):
+        super().__init__(option_strings, dest, nargs=0, default=default, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, not str(option_string).startswith("--no-"))
+
+
 def add_common_args(parser: argparse.ArgumentParser, *, prompt: bool = True) -> None:
     """Model, context, generation and sampling flags: what every generating command takes."""
     add_model_args(parser)
+    add_mmproj_args(parser, images=prompt)
     add_context_args(parser)
     add_generation_args(parser, prompt=prompt)
     add_sampling_args(parser)
@@ -701,6 +768,12 @@ class CommonParams:
     decode_path: str | None = (
         None  # --int8 "int8", --no-int8 "float"; None: quants.default_decode_path()
     )
+    mmproj: str | None = None  # -mm/--mmproj
+    mmproj_auto: bool = True  # --no-mmproj turns it off: -hf then skips the repo's mmproj
+    mmproj_offload: bool = True
+    image_min_tokens: int | None = None
+    image_max_tokens: int | None = None
+    images: tuple[str, ...] = ()  # --image (chat, generate)
 
     @property
     def n_slots(self) -> int:
@@ -737,6 +810,8 @@ def common_params(args: argparse.Namespace) -> CommonParams:
             kw[name] = value
     if "antiprompt" in kw:
         kw["antiprompt"] = tuple(kw["antiprompt"])
+    if "images" in kw:
+        kw["images"] = tuple(kw["images"] or ())
     if "no_mem_check" in vars(args):
         kw["mem_check"] = not args.no_mem_check
     if "temp" in vars(args):  # the parser has the sampling group
@@ -776,6 +851,9 @@ def init_params(
         n_gpu_layers=p.n_gpu_layers,
         device=p.device,
         scheduler=scheduler,
+        mmproj=p.mmproj if p.mmproj_auto else None,  # --no-mmproj wins, as in llama.cpp
+        image_min_tokens=p.image_min_tokens,
+        image_max_tokens=p.image_max_tokens,
     )
 
 

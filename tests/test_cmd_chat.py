@@ -111,7 +111,7 @@ def test_chat_session_second_turn_reuses_the_cache():
     n_first = chat.scheduler.ctx.n_decoded
     last = chat.respond("again", lambda s: None)
     assert last.n_cached > 0
-    assert chat.scheduler.ctx.n_decoded - n_first < len(chat.prompt_tokens())
+    assert chat.scheduler.ctx.n_decoded - n_first < len(chat.prompt_tokens()[0])
 
 
 def test_chat_session_regenerate_replaces_the_reply():

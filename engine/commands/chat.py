@@ -5,7 +5,8 @@ SIGINT handler, then loop: read a line (prompt_toolkit: line editing and history
 conversation with the chat template, generate and stream the reply.
 
 Ctrl+C while a reply streams stops it and returns to the prompt; Ctrl+C or Ctrl+D at an empty
-prompt exits. Commands: /exit, /clear, /regen, /save FILE, /load FILE. When stdin is not a
+prompt exits. Commands: /exit, /clear, /regen, /save FILE, /load FILE, /image FILE (with
+-mm/--mmproj; --image FILE attaches images to the first message). When stdin is not a
 terminal, the whole input is one user message and the reply is printed once.
 """
 
@@ -18,6 +19,7 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,10 +29,13 @@ from ..sampling import SamplingParams, resolve_seed
 from ..scheduler import GenerationRequest, Scheduler
 from ..seams import ChatTokenizer, DecodeContext, PromptTemplate
 from ..sequence import GenerationStep
-from .generate import InterruptFlag, load_for_generation, timings_text
+from .generate import InterruptFlag, load_for_generation, read_images, timings_text
+
+if TYPE_CHECKING:
+    from ..vision import Projector
 
 HELP = (
-    "commands: /exit, /clear (new conversation), /regen, /save FILE, /load FILE\n"
+    "commands: /exit, /clear (new conversation), /regen, /save FILE, /load FILE, /image FILE\n"
     "Ctrl+C stops a reply; Ctrl+C or Ctrl+D at an empty prompt exits"
 )
 
@@ -71,8 +76,12 @@ class ChatSession:
         n_predict: int = -1,
         keep: int = 0,
         context_shift: bool = False,
+        projector: Projector | None = None,
     ):
         self.template = template
+        self.projector = projector
+        self.images: list[bytes] = []  # the conversation's images, in the order of its markers
+        self.pending: list[bytes] = []  # attached (--image, /image) for the next message
         self.tokenizer = tokenizer
         self.sampling = sampling
         self.system_prompt = system_prompt
@@ -91,6 +100,13 @@ class ChatSession:
         self.messages = (
             [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         )
+        self.images = []
+
+    def attach(self, image: bytes) -> None:
+        """An image for the next user message (EngineError without a projector)."""
+        if self.projector is None:
+            raise EngineError("images need a multimodal projector: pass -mm/--mmproj FILE")
+        self.pending.append(image)
 
     def respond(
         self, text: str, on_delta: Callable[[str], None], cancel: threading.Event | None = None
@@ -101,11 +117,18 @@ class ChatSession:
             EngineError: e.g. the conversation no longer fits in the context; the user
                 message is then dropped again.
         """
-        self.messages.append({"role": "user", "content": text})
+        from ..vision import MEDIA_MARKER
+
+        images, self.pending = self.pending, []
+        # llama-mtmd-cli puts a message's images before its text
+        self.messages.append({"role": "user", "content": MEDIA_MARKER * len(images) + text})
+        self.images.extend(images)
         try:
             return self._reply(on_delta, cancel)
         except EngineError:
             self.messages.pop()
+            if images:
+                del self.images[-len(images) :]
             raise
 
     def regenerate(
@@ -128,23 +151,36 @@ class ChatSession:
             raise EngineError(f"cannot save conversation to '{path}': {e}") from None
 
     def load(self, path: str) -> None:
-        self.messages = load_messages(path)
+        from ..vision import MEDIA_MARKER
 
-    def prompt_tokens(self) -> list[int]:
-        """The rendered conversation, tokenized, ready for the assistant's turn."""
+        messages = load_messages(path)
+        if any(MEDIA_MARKER in m["content"] for m in messages):
+            raise EngineError(f"'{path}' refers to images, which /save does not keep")
+        self.messages, self.images = messages, []
+
+    def prompt_tokens(self) -> tuple[list[int], tuple]:
+        """The rendered conversation, tokenized, ready for the assistant's turn, and its
+        image spans."""
         from ..tokenizer.chat_template import chat_prompt_tokens
 
-        return chat_prompt_tokens(self.template, self.tokenizer, self.messages)
+        if not self.images:
+            return chat_prompt_tokens(self.template, self.tokenizer, self.messages), ()
+        assert self.projector is not None
+        text = self.template.render(self.messages, add_generation_prompt=True)
+        mp = self.projector.tokenize(self.tokenizer, text, self.images, add_special=True)
+        return mp.tokens, mp.media
 
     def _reply(
         self, on_delta: Callable[[str], None], cancel: threading.Event | None
     ) -> GenerationStep | None:
         seed, self._next_seed = self._next_seed, int(self._seeds.integers(0, 2**32 - 1))
+        tokens, media = self.prompt_tokens()
         request = GenerationRequest(
-            self.prompt_tokens(),
+            tokens,
             dataclasses.replace(self.sampling, seed=seed),
             self.n_predict,
             self.template.stop_strings,
+            media=media,
         )
         parts: list[str] = []
         last = None
@@ -180,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
 
     p = params.common_params(args)
     template_override = params.chat_template_override(p)
-    model, ctx = load_for_generation(p)
+    model, ctx, projector = load_for_generation(p)
     template = ChatTemplate.from_gguf(model.gguf, override=template_override)
     chat = ChatSession(
         ctx,
@@ -191,7 +227,10 @@ def run(args: argparse.Namespace) -> int:
         n_predict=p.n_predict,
         keep=p.n_keep,
         context_shift=p.context_shift,
+        projector=projector,
     )
+    for image in read_images(p.images):  # --image: attached to the first message
+        chat.attach(image)
     flag = InterruptFlag().install()
     if not sys.stdin.isatty():
         return _run_once(chat, flag, p.verbose)
@@ -254,6 +293,11 @@ def _command(chat: ChatSession, line: str, flag: InterruptFlag, verbose: bool) -
     elif name == "/load":
         chat.load(arg)
         print(f"(loaded {len(chat.messages)} messages from {arg})", file=sys.stderr)
+    elif name == "/image" and not arg:
+        print("usage: /image FILE", file=sys.stderr)
+    elif name == "/image":
+        chat.attach(read_images([arg])[0])
+        print(f"({arg} attached to your next message)", file=sys.stderr)
     else:
         print(f"unknown command {name}\n{HELP}", file=sys.stderr)
     return False

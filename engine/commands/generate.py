@@ -37,8 +37,17 @@ def run(args: argparse.Namespace) -> int:
     prompt = params.read_prompt(p)
     if prompt is None:
         raise EngineError("no prompt given: use -p/--prompt TEXT or -f/--file FNAME")
-    model, ctx = load_for_generation(p)
-    tokens = model.tokenizer.encode(prompt, add_special=True, parse_special=True)
+    model, ctx, projector = load_for_generation(p)
+    media: tuple = ()
+    if p.images:
+        from ..vision import MEDIA_MARKER
+
+        if MEDIA_MARKER not in prompt:  # llama-mtmd-cli: the images go before the text
+            prompt = MEDIA_MARKER * len(p.images) + prompt
+        mp = media_prompt(projector, model.tokenizer, prompt, p.images)
+        tokens, media = mp.tokens, mp.media
+    else:
+        tokens = model.tokenizer.encode(prompt, add_special=True, parse_special=True)
     tokens = ensure_not_empty(tokens, model.tokenizer)
     flag = InterruptFlag().install()
 
@@ -56,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         n_keep=p.n_keep,
         context_shift=p.context_shift,
         cancel=flag.event,
+        media=media,
     ):
         if last.text_delta:
             out.write(last.text_delta)
@@ -71,10 +81,35 @@ def run(args: argparse.Namespace) -> int:
 # -- shared with engine/commands/chat.py ---------------------------------------------------
 
 
+def read_images(paths) -> list[bytes]:
+    """The --image files' bytes (EngineError naming a file that cannot be read)."""
+    out = []
+    for path in paths:
+        try:
+            with open(path, "rb") as fh:
+                out.append(fh.read())
+        except OSError as e:
+            raise EngineError(f"cannot read image '{path}': {e.strerror or e}") from None
+    return out
+
+
+def media_prompt(projector, tokenizer, text: str, image_paths, add_special: bool = True):
+    """A prompt text with <__media__> markers and its --image files, tokenized by the
+    projector (llama-mtmd-cli's mtmd_tokenize); EngineError without a projector."""
+    if projector is None:
+        raise EngineError("--image needs a multimodal projector: pass -mm/--mmproj FILE")
+    return projector.tokenize(
+        tokenizer, text, read_images(image_paths), add_special=add_special, parse_special=True
+    )
+
+
 def load_for_generation(p: params.CommonParams):
-    """Seed start-up steps 2-3: initialise the backend, load the model, create the context."""
+    """Seed start-up steps 2-3: initialise the backend, load the model (and its projector),
+    create the context. Returns (model, ctx, projector or None)."""
     from ..init import init_from_params
 
+    if p.images and not p.mmproj:
+        raise EngineError("--image needs a multimodal projector: pass -mm/--mmproj FILE")
     try:
         n_threads = init_threads(p.n_threads)
         path = model_path(p, p.n_ctx)
@@ -89,7 +124,7 @@ def load_for_generation(p: params.CommonParams):
             f"n_ctx {ctx.n_ctx} (train {cfg.n_ctx_train}), {n_threads} threads",
             file=sys.stderr,
         )
-    return model, ctx
+    return model, ctx, loaded.projector
 
 
 def ensure_not_empty(tokens: list[int], tokenizer) -> list[int]:

@@ -1,10 +1,9 @@
 """Prompts with images (llama.cpp's mtmd): a loaded projector bound to its text model, which
 turns text holding media markers plus image bytes into one token list with image spans.
 
-Each image becomes what tools/mtmd/mtmd.cpp makes of it for the projector type: the begin/end
-text around it (gemma3's <start_of_image> ... <end_of_image>), or idefics3's grid of slices
-(<fake_token_around_image><row_r_col_c> before each, a newline after each row but the last) and
-its overview image (\\n\\n<fake_token_around_image><global-img> ... <fake_token_around_image>).
+Each image becomes what tools/mtmd/mtmd.cpp makes of it for the projector type (the layout
+engine/vision/preprocess.py gives): the begin/end text around it (gemma3's <start_of_image>
+... <end_of_image>), or idefics3's grid of slices and overview image with their markers.
 An image span's positions hold placeholder ids, negative so they can never be a token, derived
 from the image's hash, so two prompts with the same image share a cacheable prefix; the span
 itself (MediaSpan) carries the hash and encodes its tile once, on first use.
@@ -30,7 +29,6 @@ MEDIA_MARKER = "<__media__>"  # mtmd_default_marker()
 
 # the projectors whose image tokens see each other (mtmd_decode_use_non_causal)
 _NON_CAUSAL = frozenset({"gemma3"})
-_WRAP = {"gemma3": ("<start_of_image>", "<end_of_image>")}
 
 
 class MediaTokenizer(Protocol):
@@ -223,35 +221,14 @@ class Projector:
         return MediaPrompt(tokens, tuple(media))
 
     def _add_image(self, pre, sha: str, add_text, add_span, tokenizer, tokens: list[int]) -> None:
-        kind = self.projector_type
-        beg, end = _WRAP.get(kind, ("", ""))
-        add_text(beg, True)
-        if kind == "idefics3" and (pre.grid is not None or len(pre.tiles) > 1):
-            rows, cols = pre.grid if pre.grid is not None else (0, 0)
-            slices, overview = pre.tiles[: rows * cols], pre.tiles[rows * cols :]
-            k = 0
-            for y in range(rows):
-                for x in range(cols):
-                    add_text(f"<fake_token_around_image><row_{y + 1}_col_{x + 1}>", True)
-                    add_span(slices[k], f"{sha}:{k}")
-                    k += 1
-                if y != rows - 1:
-                    tokens.extend(self._lookup(tokenizer, "\n"))
-            tokens.extend(
-                self._lookup(tokenizer, "\n\n", "<fake_token_around_image>", "<global-img>")
-            )
-            for t in overview:
-                add_span(t, f"{sha}:{k}")
-                k += 1
-            tokens.extend(self._lookup(tokenizer, "<fake_token_around_image>"))
-        else:
-            if len(pre.tiles) != 1:
-                raise MediaError(
-                    f"projector '{kind}' preprocessed the image into {len(pre.tiles)} tiles; "
-                    "tiled images are not supported for it"
-                )
-            add_span(pre.tiles[0], f"{sha}:0")
-        add_text(end, True)
+        """The image's text and tiles in mtmd.cpp's order (preprocess gives the layout)."""
+        for kind, item in pre.layout:
+            if kind == "text":
+                add_text(item, True)
+            elif kind == "piece":
+                tokens.extend(self._lookup(tokenizer, item))
+            else:
+                add_span(pre.tiles[item], f"{sha}:{item}")
 
     _lookup_cache: dict[str, int]
 
