@@ -110,23 +110,44 @@ class _StepStream(ReplyStream):
         self._handle.cancel()
 
 
+def _encode_phases(media: Sequence[Any]) -> list[str]:
+    """Each span's "encoding image 1 of 2" (with its part, for an image cut into several tiles:
+    a span's id is "<image sha>:<tile>")."""
+    keys = [str(span.id).split(":")[0] for span in media]
+    images = list(dict.fromkeys(keys))
+    out, seen = [], dict.fromkeys(images, 0)
+    for key in keys:
+        seen[key] += 1
+        parts = keys.count(key)
+        phase = f"encoding image {images.index(key) + 1} of {len(images)}"
+        out.append(phase + (f", part {seen[key]} of {parts}" if parts > 1 else ""))
+    return out
+
+
+def _new_spans(media: Sequence[Any], n_new_images: int) -> list[Any]:
+    """The spans of the last `n_new_images` images (the message being sent). Earlier messages'
+    images are left to the scheduler, which needs them only when its prompt cache lost them."""
+    keys = [str(span.id).split(":")[0] for span in media]
+    new = set(list(dict.fromkeys(reversed(keys)))[:n_new_images]) if n_new_images else set()
+    return [span for span, key in zip(media, keys, strict=True) if key in new]
+
+
 class _MediaStream(ReplyStream):
-    """A prompt with images: encodes each image (its embedding is cached on the span, where the
-    scheduler finds it) on the iterating thread, saying so with a `phase` step before each, then
-    submits the request. cancel() stops between images and reaches the request once submitted."""
+    """A prompt with images: encodes the sent message's images (each embedding is kept on its
+    span, where the scheduler finds it) on the iterating thread, saying so with a `phase` step
+    before each, then submits the request. cancel() stops between images and reaches the request once submitted."""
 
     def __init__(self, scheduler: Scheduler, request: Any, media: Sequence[Any]):
-        self._scheduler, self._request, self._media = scheduler, request, media
+        self._scheduler, self._request, self._media = scheduler, request, list(media)
         self._cancel = threading.Event()
         self._handle: RequestHandle | None = None
 
     def __iter__(self) -> Iterator[ReplyStep]:
-        n = len(self._media)
-        for i, span in enumerate(self._media):
+        for phase, span in zip(_encode_phases(self._media), self._media, strict=True):
             if self._cancel.is_set():
                 yield ReplyStep("", "cancelled", 0, 0)
                 return
-            yield ReplyStep("", None, 0, 0, phase=f"encoding image {i + 1} of {n}")
+            yield ReplyStep("", None, 0, 0, phase=phase)
             span.embed()
         if self._cancel.is_set():
             yield ReplyStep("", "cancelled", 0, 0)
@@ -262,8 +283,9 @@ class LlmSession(SessionApi):
             wake_interval_s=FRAME_MS / 1000,  # shown once a frame anyway
             **with_media,
         )
-        if media:
-            return _MediaStream(self.scheduler, request, media)
+        new = _new_spans(media, len(messages[-1].get("images", ())) if messages else 0)
+        if new:
+            return _MediaStream(self.scheduler, request, new)
         return _StepStream(self.scheduler.submit(request))
 
     def start_server(self, settings: ServerSettings, on_log: LogFn) -> ServerHandle:

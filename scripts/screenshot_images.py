@@ -100,6 +100,15 @@ def main() -> int:
     pane.input.setPlainText("And these two: which one is at night?")
     wait_until(lambda: False, 0.5)
     window.grab().save(str(out / "chat-images.png"))
+    # the encoding phase, from the fake's slow "encoder", then Stop
+    engine.sessions[-1].encode_s = 5.0
+    pane.submit()
+    model = window.chat.chat_model
+    wait_until(lambda: model.rowCount() == 4 and model.row_view(3).phase != "", 5)
+    wait_until(lambda: False, 0.3)
+    window.grab().save(str(out / "chat-images-encoding.png"))
+    window.chat.stop()
+    wait_until(lambda: not window.chat.busy(), 5)
     # a stored image that no longer decodes shows a placeholder, never a crash
     broken = ImageAttachment(b"\x89PNG broken", "0" * 64, "broken.png")
     window.chat.chat_model.message(0).images.append(broken)

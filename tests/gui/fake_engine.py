@@ -252,7 +252,8 @@ class FakeSession(SessionApi):
         self.last_messages = list(messages)
         n_prompt = self.count_tokens(messages)
         self._used = n_prompt + len(self.reply.split())
-        n_images = sum(len(m.get("images", ())) for m in messages)
+        # as the adapter: the images of the message being sent are encoded before the reply
+        n_images = len(messages[-1].get("images", ())) if messages else 0
         s = FakeStream(self.reply, n_prompt, self.delay, self.busy, n_images, self.encode_s)
         self.streams.append(s)
         return s

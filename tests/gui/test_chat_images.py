@@ -21,6 +21,7 @@ from app.vision_files import (
     quant_tag,
     read_image_file,
 )
+from mmprojgen import write_test_image, write_tiny_vlm_pair
 
 from .conftest import load, send
 from .fake_engine import IMAGE_TOKENS
@@ -214,6 +215,92 @@ def test_encoding_shows_progress_and_stop_cancels_it(vision_window, qtbot, tmp_p
         w.chat_pane.stop_button.click()
     assert model.message(1).stats["finish_reason"] == "stopped"
     assert model.row_view(1).phase == ""
+
+
+# the real engine ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def real_vlm(tmp_path_factory):
+    """The real adapter's session over a tiny gemma3 model and its mmproj (picked by pairing)."""
+    import threading
+
+    from app.dto import LoadParams
+    from app.engine_adapter import EngineAdapter
+
+    folder = tmp_path_factory.mktemp("vlm")
+    lm, _ = write_tiny_vlm_pair(folder, "gemma3")
+    pairing = find_mmproj(str(lm))
+    params = LoadParams(n_ctx=256, n_seq_max=1, n_batch=64, n_ubatch=64, mmproj=pairing.mmproj)
+    session = EngineAdapter().load(str(lm), params, lambda f, m: None, threading.Event())
+    yield session, folder
+    session.close()
+
+
+def test_real_engine_counts_encodes_and_answers_an_image(real_vlm):
+    from app.dto import SamplingSettings
+
+    session, folder = real_vlm
+    assert session.projector.endswith("gemma3-mmproj-f32.gguf")
+    image = write_test_image(folder / "a.png", 40, 30, seed=1)
+    with_image = [{"role": "user", "content": MEDIA_MARKER + "what?", "images": [image]}]
+    text_only = [{"role": "user", "content": "what?"}]
+    assert session.count_tokens(with_image) > session.count_tokens(text_only)
+    steps = list(session.generate(with_image, SamplingSettings(max_tokens=4, seed=1)))
+    assert steps[0].phase == "encoding image 1 of 1" and not steps[0].text_delta
+    assert steps[-1].finish_reason == "length" and steps[-1].n_generated == 4
+    assert steps[-1].n_prompt == session.count_tokens(with_image)
+
+
+def test_real_engine_encodes_only_the_sent_messages_images_up_front(real_vlm):
+    from app.dto import SamplingSettings
+
+    session, folder = real_vlm
+    old = write_test_image(folder / "old.png", 32, 32, seed=3)
+    new = write_test_image(folder / "new.png", 48, 24, seed=4)
+    history = [
+        {"role": "user", "content": MEDIA_MARKER + "first", "images": [old]},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": MEDIA_MARKER + "second", "images": [new]},
+    ]
+    steps = list(session.generate(history, SamplingSettings(max_tokens=2, seed=1)))
+    assert [s.phase for s in steps if s.phase] == ["encoding image 1 of 1"]
+    assert steps[-1].finish_reason == "length"  # the scheduler encoded the older image itself
+
+
+def test_encode_phases_name_images_and_their_parts():
+    from types import SimpleNamespace
+
+    from app.engine_adapter import _encode_phases, _new_spans
+
+    spans = [SimpleNamespace(id=i) for i in ("a:0", "b:0", "b:1", "c:0")]
+    assert _encode_phases(spans[1:]) == [
+        "encoding image 1 of 2, part 1 of 2",
+        "encoding image 1 of 2, part 2 of 2",
+        "encoding image 2 of 2",
+    ]
+    assert [s.id for s in _new_spans(spans, 2)] == ["b:0", "b:1", "c:0"]
+    assert _new_spans(spans, 0) == []
+
+
+def test_real_engine_cancel_before_encoding_submits_nothing(real_vlm):
+    from app.dto import SamplingSettings
+
+    session, folder = real_vlm
+    image = write_test_image(folder / "b.png", 24, 24, seed=2)
+    stream = session.generate(
+        [{"role": "user", "content": MEDIA_MARKER, "images": [image]}], SamplingSettings()
+    )
+    stream.cancel()
+    assert [s.finish_reason for s in stream] == ["cancelled"]
+
+
+def test_real_engine_names_a_corrupt_image(real_vlm):
+    from app.dto import SamplingSettings
+    from engine.vision import MediaError
+
+    session, _ = real_vlm
+    broken = [{"role": "user", "content": MEDIA_MARKER + "hi", "images": [b"\x89PNG broken"]}]
+    with pytest.raises(MediaError, match="failed to load image"):
+        session.generate(broken, SamplingSettings())
 
 
 def test_marker_is_the_engines():
