@@ -11,7 +11,7 @@ import logging
 import mmap
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -68,10 +68,27 @@ class MemoryReport:
     # and int8 decode paths make them on first use, 0 on the float path), whose mapped pages
     # are let go: they replace the mapped bytes in RAM rather than add to them
     repacked_bytes: int = 0
+    # the multimodal projector (--mmproj), on the CPU: its mapped weights and the largest
+    # activation set of one image tile's encode (engine/vision)
+    projector_weights_bytes: int = 0
+    projector_compute_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
-        return self.weights_bytes + self.kv_bytes + self.compute_bytes + self.metadata_bytes
+        return (
+            self.weights_bytes
+            + self.kv_bytes
+            + self.compute_bytes
+            + self.metadata_bytes
+            + self.projector_weights_bytes
+            + self.projector_compute_bytes
+        )
+
+    def with_projector(self, weights_bytes: int, compute_bytes: int) -> MemoryReport:
+        """This report with a multimodal projector's two rows filled in."""
+        return replace(
+            self, projector_weights_bytes=weights_bytes, projector_compute_bytes=compute_bytes
+        )
 
     @property
     def host_bytes(self) -> int:

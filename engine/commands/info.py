@@ -22,6 +22,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     params.add_hf_args(p)
     g.add_argument(
+        "-mm",
+        "--mmproj",
+        metavar="FILE",
+        default=None,
+        help="a multimodal projector: its weights and encode buffer join the estimate",
+    )
+    g.add_argument(
         "-c",
         "--ctx-size",
         metavar="N",
@@ -111,6 +118,12 @@ def run(args: argparse.Namespace) -> int:
         n_gpu_layers=n_gpu,
         gpu_device=gpu.name if gpu else "GL0",
     )
+    projector = None
+    if args.mmproj:
+        from ..vision import estimate_projector
+
+        projector = estimate_projector(args.mmproj)
+        est = est.with_projector(*projector)
     fit = memory_fit(est)
     gpu_fits = device_fits(est, [gpu] if gpu else [])
     n_ctx_seq = ctx_per_seq(n_ctx, n_seq, unified)
@@ -175,6 +188,14 @@ def run(args: argparse.Namespace) -> int:
         ("  KV cache", _mib(est.kv_bytes)),
         ("  compute buffer", _mib(est.compute_bytes)),
         ("  metadata", _mib(est.metadata_bytes)),
+        *(
+            [
+                ("  projector weights", _mib(est.projector_weights_bytes)),
+                ("  image encode buffer", _mib(est.projector_compute_bytes)),
+            ]
+            if projector
+            else []
+        ),
         ("  total", _mib(est.total_bytes)),
         *_device_rows(est, gpu_fits, args.n_gpu_layers, gpu),
         (

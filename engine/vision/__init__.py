@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from .clip_file import SUPPORTED_PROJECTORS, ClipHParams, UnsupportedProjectorError
 from .errors import MediaError
-from .mtmd import MEDIA_MARKER, MediaPrompt, MediaSpan, Projector, load_projector
+from .mtmd import (
+    MEDIA_MARKER,
+    MediaPrompt,
+    MediaSpan,
+    Projector,
+    estimate_projector,
+    load_projector,
+)
 
 __all__ = [
     "MEDIA_MARKER",
@@ -20,5 +27,6 @@ __all__ = [
     "MediaSpan",
     "Projector",
     "UnsupportedProjectorError",
+    "estimate_projector",
     "load_projector",
 ]

@@ -148,14 +148,11 @@ class Projector:
         self.file.close()
 
     def weights_bytes(self) -> int:
-        return self.weights.nbytes()
+        return self.file.tensor_data_bytes
 
     def compute_bytes(self) -> int:
-        """The largest activation set of one tile's encode (the attention scores of one head,
-        the MLP's hidden rows, the residual and its normed copy), for the memory estimate."""
-        hp = self.hparams
-        T = hp.n_patches_side**2 + 1
-        return 4 * T * (T + hp.n_ff + 6 * hp.n_embd) + 4 * self.weights.max_cols() * 1024
+        """The largest activation set of one tile's encode, for the memory report."""
+        return encode_bytes(self.hparams, self.weights.max_cols())
 
     # ---------------------------------------------------------------- images and tokens
     def _encoder(self, tile: np.ndarray) -> Callable[[], np.ndarray]:
@@ -253,6 +250,23 @@ class Projector:
         return out
 
 
+def encode_bytes(hp: ClipHParams, max_cols: int) -> int:
+    """The largest activation set of one tile's encode: one head's attention scores, the MLP's
+    hidden rows, the residual stream and its temporaries, and the dequantised-tile scratch."""
+    T = hp.n_patches_side**2 + 1
+    return 4 * T * (T + hp.n_ff + 6 * hp.n_embd) + 4 * max_cols * 1024
+
+
+def estimate_projector(path: str) -> tuple[int, int]:
+    """(weights, compute) bytes of an mmproj file without binding it to a model (`info`)."""
+    f, hp = open_clip(path)
+    try:
+        widest = max(hp.n_ff, hp.n_embd * hp.n_merge**2, hp.projection_dim, hp.n_embd)
+        return f.tensor_data_bytes, encode_bytes(hp, widest)
+    finally:
+        f.close()
+
+
 def load_projector(
     path: str,
     model,
@@ -277,6 +291,8 @@ __all__ = [
     "MediaPrompt",
     "MediaSpan",
     "Projector",
+    "encode_bytes",
+    "estimate_projector",
     "load_projector",
     "placeholder_id",
 ]
