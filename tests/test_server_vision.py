@@ -107,6 +107,8 @@ class _Images(http.server.BaseHTTPRequestHandler):
     def do_GET(self):  # noqa: N802 (http.server's name)
         if self.path == "/a.png":
             body, status = PNG, 200
+        elif self.path == "/text":
+            body, status = b"<html>hello</html>", 200
         elif self.path == "/big":
             body, status = b"\0" * (server_media.MAX_DOWNLOAD_BYTES + 1), 200
         else:
@@ -349,6 +351,24 @@ def test_two_images_in_order(vlm):
     assert two["usage"]["prompt_tokens"] > one["usage"]["prompt_tokens"]
 
 
+def test_remote_images_that_fail(vlm, image_host):
+    """test_vision_api.py's cases: a 404 and a page that is not an image are errors."""
+    for path, status in (("/404", 500), ("/page.html", 500)):
+        r = httpx.post(
+            vlm.url + "/v1/chat/completions", json=chat_body(image_part(image_host + path))
+        )
+        assert r.status_code == status, r.text
+    r = httpx.post(
+        vlm.url + "/v1/chat/completions", json=chat_body(image_part(image_host + "/text"))
+    )
+    assert r.status_code == 400 and "image" in r.json()["error"]["message"]
+    r = httpx.post(
+        vlm.url + "/completion",
+        json={"prompt": {"prompt_string": "What is this:\n", "multimodal_data": [""]}},
+    )
+    assert r.status_code == 400
+
+
 def test_completion_multimodal_data(vlm):
     body = {
         "prompt": {
@@ -475,3 +495,36 @@ def test_embeddings_with_images_are_refused_clearly(tmp_path):
     finally:
         handle.stop()
         sched.stop()
+
+
+def test_serve_flags_load_the_projector(tmp_path):
+    """`serve -m LM -mm MMPROJ --media-path DIR`: the flags, startup's load, a listener."""
+    from engine import params
+    from engine.server import flags, startup
+    from engine.server.http import listen
+    from engine.server.state import ServerState
+
+    lm, mm = write_tiny_vlm_pair(tmp_path, "gemma3")
+    (tmp_path / "media").mkdir()
+    (tmp_path / "media" / "a.png").write_bytes(PNG)
+    argv = ["-m", str(lm), "-mm", str(mm), "-c", "512", "-np", "1"]
+    args = flags.parse_serve_args([*argv, "--media-path", str(tmp_path / "media")])
+    assert not args.ignored
+    p = params.common_params(args)
+    state = ServerState(startup.server_options(args, p))
+    sched = startup.load(args, p, state, Path(lm), 2).start()
+    handle = listen(state, "127.0.0.1", 0, app=startup.build_app(state))
+    try:
+        assert state.projector is not None and state.projector.projector_type == "gemma3"
+        r = httpx.post(
+            handle.url + "/v1/chat/completions", json=chat_body(image_part("file://a.png"))
+        )
+        assert r.status_code == 200, r.text
+    finally:
+        handle.stop()
+        sched.stop()
+    with pytest.raises(SystemExit):  # llama-server: "not a directory"
+        flags.parse_serve_args([*argv, "--media-path", str(tmp_path / "nope")])
+    # --no-mmproj wins over -mm, as in llama.cpp
+    args = flags.parse_serve_args([*argv, "--no-mmproj"])
+    assert params.init_params(params.common_params(args), 1).mmproj is None

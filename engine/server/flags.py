@@ -232,7 +232,6 @@ IGNORED_ENV = (
     "LLAMA_ARG_MAIN_GPU",
     "LLAMA_ARG_NUMA",
     "LLAMA_ARG_CONT_BATCHING",
-    "LLAMA_ARG_MMPROJ",
     "LLAMA_ARG_ROPE_SCALING_TYPE",
     "LLAMA_ARG_ROPE_SCALE",
     "LLAMA_ARG_ROPE_FREQ_BASE",
@@ -571,6 +570,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     from .. import params
 
     params.add_model_args(parser)
+    params.add_mmproj_args(parser, images=False)
     params.add_context_args(parser)
     params.add_generation_args(parser, prompt=False)
     params.add_sampling_args(parser)

@@ -200,7 +200,13 @@ def load(
     )
     loaded = init_from_params(path, params.init_params(p, n_threads, slots))
     assert loaded.scheduler is not None
-    state.set_ready(loaded.scheduler, chat_template(p, loaded.model))
+    state.set_ready(loaded.scheduler, chat_template(p, loaded.model), loaded.projector)
+    if loaded.projector is not None:
+        log.info(
+            "loaded multimodal projector %s (%s)",
+            loaded.projector.path,
+            loaded.projector.projector_type,
+        )
     log.info("model %s loaded in %.2f s", path, time.perf_counter() - t0)
     return loaded.scheduler
 
