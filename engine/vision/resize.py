@@ -20,6 +20,7 @@ import math
 import numpy as np
 from PIL import Image
 
+from .. import parallel
 from .errors import MediaError
 
 RESIZE_ALGOS = {
@@ -29,6 +30,9 @@ RESIZE_ALGOS = {
 }
 PAD_STYLES = ("none", "ceil", "nearest")  # llama.cpp's PAD_NONE, PAD_CEIL, PAD_NEAREST
 MAX_RESIZE_SIDE = 65536  # resize_pillow's sanity bound on a target side
+
+BAND_ROWS = 64  # the fewest rows worth a pool task
+PARALLEL_MIN_BYTES = 1 << 20
 
 _f32 = np.float32
 
@@ -45,12 +49,30 @@ def resample(img: np.ndarray, width: int, height: int, algo: str) -> np.ndarray:
     # one pass per call: Pillow picks the order of its two passes itself (vertical first for
     # some shapes), llama.cpp always runs the horizontal one first, and the uint8 rounding
     # between them makes the order show
-    im, method = Image.fromarray(img, "RGB"), RESIZE_ALGOS[algo]
-    if width != im.width:
-        im = im.resize((width, im.height), method)
-    if height != im.height:
-        im = im.resize((width, height), method)
-    return np.asarray(im)
+    method = RESIZE_ALGOS[algo]
+    if width != img.shape[1]:
+        img = _horizontal(np.ascontiguousarray(img), width, method)
+    if height == img.shape[0]:
+        return img
+    return np.asarray(Image.fromarray(img, "RGB").resize((width, height), method))
+
+
+def _horizontal(img: np.ndarray, width: int, method: Image.Resampling) -> np.ndarray:
+    """The horizontal pass, in bands of rows on the engine's pool (rows are independent, and
+    Pillow lets go of the GIL while it resamples): the costly pass of a big photo."""
+    h = img.shape[0]
+    n = min(parallel.pool_size(), h // BAND_ROWS) if img.size >= PARALLEL_MIN_BYTES else 1
+    if n <= 1:
+        return np.asarray(Image.fromarray(img, "RGB").resize((width, h), method))
+    out = np.empty((h, width, 3), np.uint8)
+    bands = parallel.split(h, n)
+
+    def part(p: int, _worker: int) -> None:
+        a, b = bands[p]
+        out[a:b] = np.asarray(Image.fromarray(img[a:b], "RGB").resize((width, b - a), method))
+
+    parallel.run_parts(part, n)
+    return out
 
 
 def resize(
