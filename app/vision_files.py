@@ -1,9 +1,10 @@
 """Image attachments and the model -> mmproj pairing: the app's files for vision, Qt-free.
 
-Pairing follows llama.cpp's `-hf` (common/download.cpp find_best_sibling): among the GGUFs whose
-name contains "mmproj" in the model's folder, the one whose quantisation tag is closest in bits
-to the model's wins (an exact tag match first). So `gemma-3-4b-it-Q4_K_M.gguf` with
-`mmproj-F16.gguf` and `mmproj-Q8_0.gguf` beside it pairs with the Q8_0 one, and says so.
+Pairing is the engine's, the rule llama.cpp's `-hf` downloads by (engine/hub/siblings.py,
+common/download.cpp find_best_mmproj): among the GGUFs whose name contains "mmproj" in the
+model's folder, the one whose quantisation bits are closest to the model's wins, the first by
+name on a tie. So `gemma-3-4b-it-Q4_K_M.gguf` with `mmproj-F16.gguf` and `mmproj-Q8_0.gguf`
+beside it pairs with the Q8_0 one, and says so.
 
 An attachment is kept as its bytes, named by their sha256: the conversation store holds the
 bytes (not the path), so moving or deleting the original never empties a bubble.
@@ -12,11 +13,14 @@ bytes (not the path), so moving or deleting the original never empties a bubble.
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from engine.hub.siblings import best_mmproj, is_sibling, quant_tag
+
 from .dto import LlmFileInfo
+
+__all__ = ["quant_tag"]  # re-exported: the engine's rule is the app's
 
 # the marker llama.cpp's mtmd_default_marker() returns; engine.vision.MEDIA_MARKER is the same
 # string (tests/gui/test_chat_images.py checks it once the engine has it)
@@ -24,8 +28,6 @@ MEDIA_MARKER = "<__media__>"
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp")
 IMAGE_FILTER = "Images (" + " ".join(f"*{s}" for s in IMAGE_SUFFIXES) + ")"
 MAX_IMAGE_BYTES = 32 * 1024 * 1024  # a photo is a few MB; bounds what one attachment holds
-_TAG = re.compile(r"[-.]([A-Z0-9_]+)$", re.IGNORECASE)  # llama.cpp's re_tag
-_SPLIT = re.compile(r"^(.+)-([0-9]{5})-of-([0-9]{5})$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -73,38 +75,10 @@ def with_markers(text: str, n_images: int) -> str:
 
 
 # pairing ----------------------------------------------------------------------------------------
-def quant_tag(filename: str) -> str:
-    """The quantisation tag of a GGUF name ("Q4_K_M", "F16"), '' when there is none."""
-    stem = filename[:-5] if filename.lower().endswith(".gguf") else filename
-    split = _SPLIT.match(stem)
-    m = _TAG.search(split.group(1) if split else stem)
-    return m.group(1).upper() if m else ""
-
-
-def quant_bits(filename: str) -> int:
-    """The first number in the tag (Q4_K_M -> 4, F16 -> 16, BF16 -> 16), 0 without one."""
-    m = re.search(r"\d+", quant_tag(filename))
-    return int(m.group()) if m else 0
-
-
 @dataclass(frozen=True)
 class Pairing:
     mmproj: str  # the projector's path, '' when none was found
     note: str  # why this one, or why none, in words
-
-
-def best_mmproj(model_name: str, candidates: list[str]) -> str:
-    """Of `candidates` (file names containing "mmproj"), the one llama.cpp's -hf would take:
-    an exact tag match, else the closest quantisation bits; the first listed on a tie."""
-    if not candidates:
-        return ""
-    tag, bits = quant_tag(model_name), quant_bits(model_name)
-
-    def rank(name: str) -> tuple[int, int]:
-        exact = bool(tag) and f"-{tag}." in name.upper()
-        return (0 if exact else 1, abs(quant_bits(name) - bits))
-
-    return min(candidates, key=rank)
 
 
 def find_mmproj(model_path: str) -> Pairing:
@@ -113,16 +87,13 @@ def find_mmproj(model_path: str) -> Pairing:
     if "mmproj" in model.name.lower():
         return Pairing("", "this file is a projector (mmproj), not a model")
     try:
-        found = sorted(
-            p.name
-            for p in model.parent.iterdir()
-            if p.suffix.lower() == ".gguf" and "mmproj" in p.name.lower() and p.is_file()
-        )
+        names = sorted(p.name for p in model.parent.iterdir() if p.is_file())
     except OSError:
-        found = []
-    if not found:
+        names = []
+    found = [n for n in names if is_sibling(n)]  # the engine's candidates
+    chosen = best_mmproj(found, model.name)
+    if chosen is None:
         return Pairing("", f"no projector file (mmproj*.gguf) beside {model.name}")
-    chosen = best_mmproj(model.name, found)
     if len(found) == 1:
         return Pairing(str(model.parent / chosen), f"projector: {chosen}")
     others = ", ".join(n for n in found if n != chosen)

@@ -1,10 +1,12 @@
 """What the model-running commands share beyond engine/params.py: the model's path (a Hub
-download shown on stderr), the thread count's sanity check (one clear line for -t 0 or
--t 100000) and the garbage collector's pause while `generate` and `chat` start."""
+download shown on stderr; for serve, chat and generate with its -hf projector), the thread
+count's sanity check (one clear line for -t 0 or -t 100000) and the garbage collector's pause
+while `generate` and `chat` start."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import sys
 from pathlib import Path
@@ -19,6 +21,29 @@ def model_path(args: argparse.Namespace | params.CommonParams, n_ctx: int | None
     from .hub_pull import ConsoleReport
 
     return resolve_model_path(params.model_source(args, n_ctx), ConsoleReport(sys.stderr))
+
+
+def model_and_projector(
+    p: params.CommonParams, n_ctx: int | None = None
+) -> tuple[Path, params.CommonParams]:
+    """For the commands that take images (serve, chat, generate: llama.cpp's mmproj_examples):
+    model_path's model and `p` with its projector. With -hf, and neither -mm nor --no-mmproj,
+    that is the repository's mmproj GGUF, downloaded beside the model (engine/hub/pull.py
+    resolve_model_paths); a repository without one leaves `p.mmproj` None.
+
+    Returns:
+        (the model's Path, CommonParams with `mmproj` set when -hf brought one).
+    """
+    from ..hub.pull import resolve_model_paths
+    from .hub_pull import ConsoleReport
+
+    auto = p.mmproj is None and p.mmproj_auto
+    found = resolve_model_paths(
+        params.model_source(p, n_ctx), ConsoleReport(sys.stderr), mmproj=auto
+    )
+    if found.mmproj is not None:
+        p = dataclasses.replace(p, mmproj=str(found.mmproj))
+    return found.model, p
 
 
 def init_threads(n_threads: int) -> int:

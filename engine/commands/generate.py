@@ -15,7 +15,7 @@ import threading
 
 from .. import params
 from ..errors import EngineError
-from .common import init_threads, model_path, resume_collector
+from .common import init_threads, model_and_projector, resume_collector
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -108,11 +108,13 @@ def load_for_generation(p: params.CommonParams):
     create the context. Returns (model, ctx, projector or None)."""
     from ..init import init_from_params
 
-    if p.images and not p.mmproj:
+    if p.images and not p.mmproj and not (p.hf_repo and p.mmproj_auto):
         raise EngineError("--image needs a multimodal projector: pass -mm/--mmproj FILE")
     try:
         n_threads = init_threads(p.n_threads)
-        path = model_path(p, p.n_ctx)
+        path, p = model_and_projector(p, p.n_ctx)  # -hf brings the repo's mmproj
+        if p.images and not p.mmproj:  # -hf's repository had none
+            raise EngineError("--image needs a multimodal projector: pass -mm/--mmproj FILE")
         loaded = init_from_params(path, params.init_params(p, n_threads))
         model, ctx = loaded.model, loaded.ctx
     finally:

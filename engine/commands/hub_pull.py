@@ -45,6 +45,7 @@ class ConsoleReport:
 
     def found(self, file) -> None:
         self.spec, self.filename = file.spec, file.filename
+        self.bar = None  # a projector after its model: a bar of its own
         print(f"{file.spec}: {file.filename}{_parts(file)}, {_size(file.size)}", file=self.out)
 
     def fit(self, fit) -> None:
@@ -52,8 +53,9 @@ class ConsoleReport:
         self.bar = ProgressBar(self.filename, self.out)  # its clock starts as the download does
 
     def progress(self, done: int, total: int) -> None:
-        if self.bar is not None:
-            self.bar(done, total)
+        if self.bar is None:  # no fit came first (a projector): the download starts now
+            self.bar = ProgressBar(self.filename, self.out)
+        self.bar(done, total)
 
     def saved(self, path: Path | None) -> None:
         if self.bar is not None:

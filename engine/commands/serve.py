@@ -22,7 +22,7 @@ import time
 from .. import params
 from ..errors import EngineError
 from ..server import flags, startup
-from .common import init_threads, model_path
+from .common import init_threads, model_and_projector
 
 log = logging.getLogger("ggstation.serve")
 
@@ -75,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"main: server is listening on {handle.url} - loading the model", file=sys.stderr)
     _discover_devices(p.n_gpu_layers != 0)  # 4. the registry, while /health answers "loading"
     try:
-        scheduler = startup.load(args, p, state, model_path(p, p.n_ctx), n_threads)  # 10.
+        path, p = model_and_projector(p, p.n_ctx)  # with -hf, the repo's mmproj too
+        scheduler = startup.load(args, p, state, path, n_threads)  # 10.
     except KeyboardInterrupt:
         handle.stop(2.0)
         return 130

@@ -3,14 +3,17 @@
     search(text, limit=20, token=None) -> list[HubRepo]        one API call; file sizes unknown
     repo(repo_id, token=None, revision="main") -> HubRepo      one API call; sizes, sha256, commit
     resolve("user/repo[:quant]", filename=None, token=None) -> HubFile
+    resolve_with_mmproj(same) -> (HubFile, HubFile | None)    the model and the repo's projector
     download(file, token=None, progress=None, cancel=None) -> Path   (first part of the set)
     cached_models() -> list[HubFile]                           complete GGUFs in the HF cache
     remove_cached(file) -> bool                                its links and blobs out of the cache
 
 Quant choice follows llama.cpp (common/download.cpp find_best_model): the tag is matched
 case-insensitively as `<tag>[.-]` in the file's path; without a tag Q4_K_M, then Q8_0, then the
-first model file. mmproj/imatrix/draft files are not models; a split set
-(`-00001-of-0000N.gguf`) is one file, chosen by its first part.
+first model file. mmproj/imatrix/draft files are not models: a listing keeps them apart as
+`HubRepo.companions`, and the projector that goes with a model is llama.cpp's pick
+(engine/hub/siblings.py). A split set (`-00001-of-0000N.gguf`) is one file, chosen by its first
+part.
 
 Whether a file would load here, from its header alone before any download, is engine/hub/fit.py's
 remote_fit, on top of this module; what every request shares (endpoint, timeout, errors) is
@@ -65,6 +68,7 @@ from .session import (
     transport_errors,
     unreachable,
 )
+from .siblings import best_mmproj
 
 log = logging.getLogger(__name__)
 
@@ -127,8 +131,10 @@ class HubFile:
 
     @property
     def spec(self) -> str:
-        """What -hf takes to name this file: "user/repo:QUANT" (or just the repo)."""
-        return f"{self.repo_id}:{self.quant}" if self.quant else self.repo_id
+        """What -hf takes to name this file: "user/repo:QUANT" (or just the repo, which is
+        also what a companion such as an mmproj shows: -hf names models only)."""
+        named = self.quant and is_model_file(self.filename)
+        return f"{self.repo_id}:{self.quant}" if named else self.repo_id
 
 
 @dataclass(frozen=True)
@@ -142,6 +148,9 @@ class HubRepo:
     gated: bool = False
     files: list[HubFile] = field(default_factory=list)
     commit: str | None = None  # None in search results
+    # the GGUFs that are not models (mmproj, imatrix, draft heads), grouped as `files` are:
+    # what -hf downloads beside a model (resolve_with_mmproj)
+    companions: list[HubFile] = field(default_factory=list)
 
 
 # -- names ------------------------------------------------------------------------------------
@@ -223,13 +232,16 @@ def is_model_file(path: str) -> bool:
     return name.lower().endswith(".gguf") and not any(k in name for k in NOT_MODEL)
 
 
-def group_files(repo_id: str, parts: list[HubPart], revision: str = "main") -> list[HubFile]:
-    """The model files of a listing, split sets grouped under their first part, in listing order.
-    A set with a part missing from the listing is left out."""
+def group_files(
+    repo_id: str, parts: list[HubPart], revision: str = "main", *, models: bool = True
+) -> list[HubFile]:
+    """The model files of a listing (with models=False: its other GGUFs, the companions), split
+    sets grouped under their first part, in listing order. A set with a part missing from the
+    listing is left out."""
     by_set: dict[tuple[str, int], dict[int, HubPart]] = {}
     for p in parts:
         info = split_info(p.filename)
-        if info is None or not is_model_file(p.filename):
+        if info is None or is_model_file(p.filename) != models:
             continue
         prefix, _tag, index, count = info
         by_set.setdefault((prefix, count), {})[index] = p
@@ -380,6 +392,7 @@ def _repo_from_info(info: Any, commit: str | None) -> HubRepo:
         gated=bool(info.gated),
         files=group_files(info.id, parts, commit or "main"),
         commit=commit,
+        companions=group_files(info.id, parts, commit or "main", models=False),
     )
 
 
@@ -489,8 +502,9 @@ def _snapshot_ggufs(snap: Path) -> list[str]:
     return sorted(found, key=lambda name: name.split("/"))
 
 
-def _local_files(repo_id: str, revision: str = "main") -> list[HubFile]:
-    """The model files of a cached snapshot, each with local_path when all its parts are there."""
+def _local_files(repo_id: str, revision: str = "main", *, models: bool = True) -> list[HubFile]:
+    """The model files (models=False: the companions) of a cached snapshot, each with
+    local_path when all its parts are there."""
     found = _cached_snapshot(repo_id, revision)
     if found is None:
         return []
@@ -501,7 +515,10 @@ def _local_files(repo_id: str, revision: str = "main") -> list[HubFile]:
         if path is not None:
             with contextlib.suppress(OSError):
                 parts.append(HubPart(name, path.stat().st_size))  # stat follows the link
-    return [replace(f, local_path=snap / f.filename) for f in group_files(repo_id, parts, commit)]
+    return [
+        replace(f, local_path=snap / f.filename)
+        for f in group_files(repo_id, parts, commit, models=models)
+    ]
 
 
 def with_local_path(f: HubFile) -> HubFile:
@@ -602,6 +619,28 @@ def resolve(spec: str, filename: str | None = None, token: str | None = None) ->
     Raises:
         HubError: see `choose()`, plus OFFLINE (nothing cached), AUTH, NOT_FOUND, HUB.
     """
+    return _resolve(spec, filename, token)[0]
+
+
+def resolve_with_mmproj(
+    spec: str, filename: str | None = None, token: str | None = None
+) -> tuple[HubFile, HubFile | None]:
+    """The model `resolve()` gives and, from the same listing, the projector llama.cpp's -hf
+    downloads with it (siblings.best_mmproj: in the model's directory or one above, the
+    quantisation closest to the model's); None when the repository has none. Offline, both
+    come from the cached snapshot, so only a projector downloaded before is found.
+
+    Raises:
+        HubError: as resolve().
+    """
+    model, companions = _resolve(spec, filename, token)
+    name = best_mmproj([c.filename for c in companions], model.filename)
+    mmproj = next((c for c in companions if c.filename == name), None)
+    return model, (with_local_path(mmproj) if mmproj is not None else None)
+
+
+def _resolve(spec: str, filename: str | None, token: str | None) -> tuple[HubFile, list[HubFile]]:
+    """(the model, the repository's companions) from one listing, or the cache's."""
     repo_id, tag = parse_spec(spec)
     if offline():
         return _resolve_cached(repo_id, tag, filename, "HF_HUB_OFFLINE is set")
@@ -611,18 +650,19 @@ def resolve(spec: str, filename: str | None = None, token: str | None = None) ->
         if e.reason != HubError.OFFLINE:
             raise
         return _resolve_cached(repo_id, tag, filename, str(e))
-    return with_local_path(choose(listing.files, tag, filename, repo_id))
+    return with_local_path(choose(listing.files, tag, filename, repo_id)), listing.companions
 
 
-def _resolve_cached(repo_id: str, tag: str | None, filename: str | None, why: str) -> HubFile:
+def _resolve_cached(
+    repo_id: str, tag: str | None, filename: str | None, why: str
+) -> tuple[HubFile, list[HubFile]]:
     files = _local_files(repo_id)
     if not files:
         raise HubError(
             f"{repo_id}: not in the cache {cache_dir()}, and the Hub cannot be used ({why})",
             HubError.OFFLINE,
         )
-    f = choose(files, tag, filename, repo_id)
-    return f
+    return choose(files, tag, filename, repo_id), _local_files(repo_id, models=False)
 
 
 # -- download ---------------------------------------------------------------------------------
@@ -670,10 +710,9 @@ def download(
         or file.size is None
         or any(p.sha256 is None and p.blob_id is None for p in file.parts)
     ):
-        file = choose(
-            repo(file.repo_id, token, file.revision).files,
-            filename=file.filename,
-            repo_id=file.repo_id,
+        listing = repo(file.repo_id, token, file.revision)
+        file = choose(  # a projector is looked up among the companions
+            listing.files + listing.companions, filename=file.filename, repo_id=file.repo_id
         )
     return _Downloader(file, token, progress, cancel).run()
 
