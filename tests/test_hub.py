@@ -360,6 +360,7 @@ def test_cli_hf_flag_on_generate_and_info(server, capsys):
                 "0",
                 "-c",
                 "64",
+                "--no-mmproj",  # the fixture's mmproj is not a projector
             ]
         )
         == 0
@@ -455,6 +456,7 @@ def test_serve_hf_downloads_then_serves(server):
         "-c",
         "128",
         "--ready-json",
+        "--no-mmproj",  # the fixture's mmproj is not a projector
     ]
     proc = subprocess.Popen(
         cmd,
