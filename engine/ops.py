@@ -392,6 +392,38 @@ def _swiglu_fused_rows(gu, out):  # gu (T, 2F): gate | up halves of one fused pr
 
 _swiglu = kernel(_swiglu_rows)
 _geglu = kernel(_geglu_rows)
+
+
+def _softmax_rows(s, scale):  # (T, L) in place: each row becomes softmax(scale * row)
+    T, L = s.shape
+    for t in range(T):
+        m = np.float32(-np.inf)
+        for j in range(L):
+            v = s[t, j] * scale
+            s[t, j] = v
+            m = max(m, v)
+        inv = np.float32(1.0) / _exp_row(s, t, L, m)  # type: ignore[call-arg]
+        for j in range(L):
+            s[t, j] *= inv
+
+
+_softmax = kernel(_softmax_rows)
+
+
+def softmax_rows(s: np.ndarray, scale: float) -> None:
+    """s (T, L) C-contiguous float32, in place: softmax(scale * s) of every row, the rows
+    split over the workers (a vision tower's attention scores, thousands of rows a head)."""
+    sc = np.float32(scale)
+    if s.shape[0] < PARALLEL_MIN_ROWS or parallel.pool_size() == 1:
+        _softmax(s, sc)
+        return
+    parts = parallel.split(s.shape[0], parallel.pool_size())
+
+    def run(p, _w):
+        a, e = parts[p]
+        _softmax(s[a:e], sc)
+
+    parallel.run_parts(run, len(parts))
 _swiglu_fused = kernel(_swiglu_fused_rows)
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType
 
+from .. import ops
 from ..errors import GGUFError, MissingTensorError
 from ..gguf_file import GGUFFile
 from ..quants import TILE_ROWS, QTensor, matmul
@@ -200,20 +201,39 @@ def _f16(x: np.ndarray) -> np.ndarray:
     return x.astype(np.float16).astype(np.float32)
 
 
-def gelu(x: np.ndarray) -> np.ndarray:
-    """ggml_gelu on the CPU: the tanh GELU of the float16-rounded input, rounded to float16
-    (GGML_GELU_FP16's table), exact outside [-10, 10]."""
-    h = _f16(x)
+def _f16_table(fn) -> np.ndarray:
+    """fn over every float16 value, computed in float32 and rounded to float16, as float32:
+    ggml's CPU tables (ggml_table_gelu_f16, ggml_table_gelu_quick_f16)."""
+    h = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+    with np.errstate(all="ignore"):
+        return fn(h).astype(np.float16).astype(np.float32)
+
+
+def _gelu_f32(h: np.ndarray) -> np.ndarray:
     c = np.float32(math.sqrt(2.0 / math.pi))
-    y = np.float32(0.5) * h * (np.float32(1.0) + np.tanh(c * h * (1 + np.float32(0.044715) * h * h)))
-    y = _f16(y)
-    return np.where(x <= -10.0, np.float32(0.0), np.where(x >= 10.0, x, y)).astype(np.float32)
+    return np.float32(0.5) * h * (np.float32(1.0) + np.tanh(c * h * (1 + np.float32(0.044715) * h * h)))
+
+
+def _gelu_quick_f32(h: np.ndarray) -> np.ndarray:
+    return h * (np.float32(1.0) / (np.float32(1.0) + np.exp(np.float32(-1.702) * h)))
+
+
+_GELU = _f16_table(_gelu_f32)
+_GELU_QUICK = _f16_table(_gelu_quick_f32)
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """ggml_gelu on the CPU: the float16-rounded input looked up in GGML_GELU_FP16's table,
+    exact outside [-10, 10]."""
+    y = _GELU[x.astype(np.float16).view(np.uint16)]
+    np.copyto(y, np.float32(0.0), where=x <= -10.0)
+    np.copyto(y, x, where=x >= 10.0)
+    return y
 
 
 def gelu_quick(x: np.ndarray) -> np.ndarray:
     """ggml_gelu_quick on the CPU: x * sigmoid(1.702 x) through the float16 table."""
-    h = _f16(x)
-    return _f16(h * (np.float32(1.0) / (np.float32(1.0) + np.exp(np.float32(-1.702) * h))))
+    return _GELU_QUICK[x.astype(np.float16).view(np.uint16)]
 
 
 def _act(op: str, x: np.ndarray) -> np.ndarray:
@@ -263,16 +283,14 @@ def patch_embed(hp: ClipHParams, w: ClipWeights, tile: np.ndarray) -> np.ndarray
 
 
 def _attention(hp: ClipHParams, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Full (bidirectional) multi-head attention over the patches, one head at a time."""
     T, H, D = q.shape[0], hp.n_head, hp.head_dim
     q3, k3, v3 = q.reshape(T, H, D), k.reshape(T, H, D), v.reshape(T, H, D)
     out = np.empty((T, H, D), np.float32)
-    scale = np.float32(1.0 / math.sqrt(D))
+    s = np.empty((T, T), np.float32)
     for h in range(H):
-        s = q3[:, h, :] @ k3[:, h, :].T
-        s *= scale
-        s -= s.max(axis=1, keepdims=True)
-        np.exp(s, out=s)
-        s /= s.sum(axis=1, keepdims=True)
+        np.matmul(np.ascontiguousarray(q3[:, h, :]), np.ascontiguousarray(k3[:, h, :]).T, out=s)
+        ops.softmax_rows(s, 1.0 / math.sqrt(D))
         out[:, h, :] = s @ v3[:, h, :]
     return out.reshape(T, H * D)
 
