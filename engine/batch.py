@@ -31,7 +31,9 @@ class Batch:
         if self.embd is not None and len(self.embd) != n:
             raise ValueError(f"batch field 'embd' has {len(self.embd)} rows, expected {n}")
         if self.attn_end is not None and len(self.attn_end) != n:
-            raise ValueError(f"batch field 'attn_end' has {len(self.attn_end)} entries, expected {n}")
+            raise ValueError(
+                f"batch field 'attn_end' has {len(self.attn_end)} entries, expected {n}"
+            )
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -70,7 +72,10 @@ class Batch:
         if any(b.embd is not None for b in batches):
             width = next(b.embd.shape[1] for b in batches if b.embd is not None)
             embd = np.concatenate(
-                [b.embd if b.embd is not None else np.zeros((len(b), width), np.float32) for b in batches]
+                [
+                    b.embd if b.embd is not None else np.zeros((len(b), width), np.float32)
+                    for b in batches
+                ]
             )
         if any(b.attn_end is not None for b in batches):
             attn_end = np.concatenate(

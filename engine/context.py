@@ -200,8 +200,7 @@ class Context:
         self.kv.reserve_batch(
             {int(q): int(batch.pos[batch.seq_id == q][-1]) + 1 for q in np.unique(batch.seq_id)}
         )
-        if batch.attn_end is not None:
-            _check_spans_whole(batch, self.n_ubatch)
+        _check_spans_whole(batch, self.n_ubatch)
         width = self.cfg.n_embd if embeddings else self.cfg.n_vocab
         out = np.empty((batch.n_outputs, width), np.float32)
         row = 0
@@ -237,10 +236,13 @@ class Context:
 def _check_spans_whole(batch: Batch, n_ubatch: int) -> None:
     """A non-causal span (entries that see positions after their own) must sit in one
     ubatch: its later tokens' keys do not exist yet when an earlier ubatch runs."""
+    end = batch.attn_end
+    if end is None:
+        return
     for i0 in range(n_ubatch, len(batch), n_ubatch):
         a, b = i0 - 1, i0
-        if batch.seq_id[a] == batch.seq_id[b] and batch.attn_end[a] > batch.pos[a]:
-            n = int(batch.attn_end[a] - batch.pos[a]) + 1
+        if batch.seq_id[a] == batch.seq_id[b] and end[a] > batch.pos[a]:
+            n = int(end[a] - batch.pos[a]) + 1
             raise EngineError(
                 f"an image of more than {n} tokens does not fit in one ubatch "
                 f"(n_ubatch = {n_ubatch}); raise -ub/--ubatch-size"

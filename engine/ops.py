@@ -424,6 +424,8 @@ def softmax_rows(s: np.ndarray, scale: float) -> None:
         _softmax(s[a:e], sc)
 
     parallel.run_parts(run, len(parts))
+
+
 _swiglu_fused = kernel(_swiglu_fused_rows)
 
 

@@ -604,7 +604,11 @@ class Scheduler:
                 b = parts[i]
                 end = np.full(len(b), e.pos0 + len(e.tokens) - 1, np.int32)
                 parts[i] = Batch(
-                    b.tokens, b.pos, b.seq_id, b.logits, e.span.embed(),
+                    b.tokens,
+                    b.pos,
+                    b.seq_id,
+                    b.logits,
+                    e.span.embed(),
                     end if e.span.non_causal else None,
                 )
         batch = parts[0] if len(parts) == 1 else Batch.concat(parts)

@@ -80,6 +80,11 @@ class GenerationTokenizer(Protocol):
 class ChatTokenizer(GenerationTokenizer, Protocol):
     """A tokenizer that also turns rendered chat text into prompt tokens."""
 
+    @property
+    def add_eos(self) -> bool: ...
+    @property
+    def eos_id(self) -> int | None: ...
+
     def encode(
         self, text: str, add_special: bool = True, parse_special: bool = False
     ) -> list[int]: ...

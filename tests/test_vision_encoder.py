@@ -7,13 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gguf import GGUFWriter
-from mmprojgen import DEFAULT_SHAPES, F16, F32, Q8_0, write_tiny_mmproj
-from vision_oracle import encode as oracle_encode
 
 from engine.errors import GGUFError
 from engine.vision import UnsupportedProjectorError
 from engine.vision.clip_file import open_clip
 from engine.vision.encoder import encode_tile, load_weights, n_output_tokens
+from mmprojgen import DEFAULT_SHAPES, F16, F32, Q8_0, write_tiny_mmproj
+from vision_oracle import encode as oracle_encode
 
 N_EMBD_LM = 64
 # relative error against the float64 oracle: float32 arithmetic and ggml's float16 GELU table
@@ -109,7 +109,12 @@ def test_missing_tensor_is_named(tmp_path):
     for field in r.fields.values():
         if field.name.startswith("GGUF.") or field.name == "general.architecture":
             continue
-        w.add_key_value(field.name, field.contents(), field.types[0], field.types[-1] if len(field.types) > 1 else None)
+        w.add_key_value(
+            field.name,
+            field.contents(),
+            field.types[0],
+            field.types[-1] if len(field.types) > 1 else None,
+        )
     for t in r.tensors:
         if t.name != "mm.model.fc.weight":
             w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)

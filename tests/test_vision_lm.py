@@ -6,10 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from mmprojgen import write_tiny_vlm_pair
-from oracles import ORACLES
-from oracles.common import GGUFModel
-from vision_oracle import encode as oracle_encode
 
 from engine.batch import Batch
 from engine.context import Context, ContextParams
@@ -20,6 +16,10 @@ from engine.scheduler import Scheduler
 from engine.tasks import GenerationRequest
 from engine.vision import MediaSpan, load_projector
 from engine.vision.mtmd import placeholder_id
+from mmprojgen import write_tiny_vlm_pair
+from oracles import ORACLES
+from oracles.common import GGUFModel
+from vision_oracle import encode as oracle_encode
 
 F32 = dict(type_k="f32", type_v="f32")
 TEXT_A = [5, 17, 42, 9, 100, 3]
@@ -147,4 +147,6 @@ def test_a_too_small_ubatch_for_a_non_causal_image_is_a_clear_error(tmp_path):
     n = span.n_tokens
     b = Batch.for_sequence(np.array([placeholder_id(span.id, i) for i in range(n)]), 0)
     with pytest.raises(EngineError, match="ubatch"):
-        ctx.decode(Batch(b.tokens, b.pos, b.seq_id, b.logits, span.embed(), np.full(n, n - 1, np.int32)))
+        ctx.decode(
+            Batch(b.tokens, b.pos, b.seq_id, b.logits, span.embed(), np.full(n, n - 1, np.int32))
+        )

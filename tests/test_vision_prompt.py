@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from mmprojgen import write_test_image, write_tiny_vlm_pair
 
 from engine.cli import main
 from engine.errors import EngineError
 from engine.model import load_model
 from engine.vision import MEDIA_MARKER, MediaError, load_projector
+from mmprojgen import write_test_image, write_tiny_vlm_pair
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,9 @@ def test_idefics3_slices_then_the_overview(pairs):
 
 def test_llava_one_span_of_patch_tokens(pairs):
     _, _, model, proj = pairs["mlp"]
-    mp = proj.tokenize(model.tokenizer, MEDIA_MARKER + "hi", [write_test_image(None, 20, 30, 1)], add_special=True)
+    mp = proj.tokenize(
+        model.tokenizer, MEDIA_MARKER + "hi", [write_test_image(None, 20, 30, 1)], add_special=True
+    )
     assert [m.n_tokens for m in mp.media] == [16] and not mp.media[0].non_causal
 
 
@@ -84,7 +86,9 @@ def test_marker_and_image_counts_must_agree(pairs):
 
 
 @pytest.mark.parametrize(
-    "data", [b"", b"not an image at all", b"\x89PNG\r\n\x1a\n" + b"\0" * 40], ids=["empty", "text", "truncated-png"]
+    "data",
+    [b"", b"not an image at all", b"\x89PNG\r\n\x1a\n" + b"\0" * 40],
+    ids=["empty", "text", "truncated-png"],
 )
 def test_a_corrupt_image_is_a_media_error(pairs, data):
     _, _, model, proj = pairs["mlp"]
@@ -94,7 +98,9 @@ def test_a_corrupt_image_is_a_media_error(pairs, data):
 
 def test_embeddings_are_computed_once(pairs):
     _, _, model, proj = pairs["gemma3"]
-    mp = proj.tokenize(model.tokenizer, MEDIA_MARKER, [write_test_image(None, 30, 30, 5)], add_special=True)
+    mp = proj.tokenize(
+        model.tokenizer, MEDIA_MARKER, [write_test_image(None, 30, 30, 5)], add_special=True
+    )
     a = mp.media[0].embed()
     assert mp.media[0].embed() is a and np.isfinite(a).all() and a.shape == (16, proj.n_embd)
 
@@ -121,7 +127,9 @@ def test_generate_image_errors(pairs, tmp_path, capsys):
     assert "--mmproj" in capsys.readouterr().err
     bad = tmp_path / "bad.png"
     bad.write_bytes(b"garbage")
-    rc = main(["generate", "-m", str(lm), "-mm", str(mm), "--image", str(bad), "-p", "x", "-n", "1"])
+    rc = main(
+        ["generate", "-m", str(lm), "-mm", str(mm), "--image", str(bad), "-p", "x", "-n", "1"]
+    )
     assert rc != 0 and "failed to load image" in capsys.readouterr().err
     rc = main(["generate", "-m", str(lm), "-mm", str(lm), "-p", "x", "-n", "1"])
     assert rc != 0 and "not a multimodal projector" in capsys.readouterr().err

@@ -61,9 +61,7 @@ class UbatchState:
         self.groups = [(int(q), np.flatnonzero(ub.seq_id == q)) for q in seqs[np.argsort(first)]]
         # tokens of sequences with few tokens here: the per-token attention kernel serves them
         small = [
-            idx
-            for q, idx in self.groups
-            if len(idx) <= DECODE_TOKENS and q not in self.noncausal
+            idx for q, idx in self.groups if len(idx) <= DECODE_TOKENS and q not in self.noncausal
         ]
         self.small = np.concatenate(small) if small else None
         # (tokens, kv.token_cells of them) per attention-kernel call, made at the first layer
@@ -243,15 +241,15 @@ def embed(s: UbatchState, w, scale: float = 1.0) -> None:
     """s.x = token embeddings of the ubatch, times scale (gemma: sqrt(n_embd)); the entries
     with a negative token take their row of s.embd, unscaled (llama.cpp scales token inputs
     only: an image's embeddings enter as the projector made them)."""
-    tokens, rows = s.tokens, None
-    if s.embd is not None:
-        rows = np.flatnonzero(tokens < 0)
+    tokens, embd = s.tokens, s.embd
+    if embd is not None:
         tokens = np.where(tokens < 0, 0, tokens).astype(np.int32)
     get_rows(w.token_embd, tokens, s.x)
     if scale != 1.0:
         s.x *= np.float32(scale)
-    if rows is not None and len(rows):
-        s.x[rows] = s.embd[rows]
+    if embd is not None:
+        rows = np.flatnonzero(s.tokens < 0)
+        s.x[rows] = embd[rows]
 
 
 def head(s: UbatchState, w, out: np.ndarray, embeddings: bool, softcap: float = 0.0) -> None:

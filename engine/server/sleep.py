@@ -227,6 +227,7 @@ class _SleepingTokenizer:
     def __init__(self, tok: Any):
         self.n_vocab: int = tok.n_vocab
         self.add_bos: bool = tok.add_bos
+        self.add_eos: bool = tok.add_eos
         self.bos_id: int | None = tok.bos_id
         self.eos_id: int | None = tok.eos_id
         self.eog_ids: Collection[int] = frozenset(tok.eog_ids)

@@ -43,6 +43,7 @@ class FakeTokenizer:
     eos_id: int | None = EOS
     eog_ids = frozenset({EOS})
     add_bos = True
+    add_eos = False
     vocab_type = 2  # llama.cpp's LLAMA_VOCAB_TYPE_BPE
     max_token_bytes = 4  # "<unk>" is 5 bytes, but never a piece of text: one byte a token
 

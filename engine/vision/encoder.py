@@ -59,12 +59,13 @@ class ClipWeights:
     pre_ln: tuple[np.ndarray, np.ndarray | None] | None
     post_ln: tuple[np.ndarray, np.ndarray | None] | None
     layers: list[VitLayer]
-    mm: dict[str, QTensor | np.ndarray]  # the projector's tensors by short name
+    mm: dict[str, QTensor]  # the projector's matrices by short name ("0", "fc")
+    mm_v: dict[str, np.ndarray]  # its vectors and dense arrays ("0_b", "soft_emb_norm")
 
     def max_cols(self) -> int:
         """The widest matrix input, for the dequantised-tile scratch."""
         cols = [t.n_cols for lw in self.layers for t in (lw.q, lw.up, lw.down)]
-        cols += [t.n_cols for t in self.mm.values() if isinstance(t, QTensor)]
+        cols += [t.n_cols for t in self.mm.values()]
         return max(cols, default=1)
 
     def nbytes(self) -> int:
@@ -72,7 +73,7 @@ class ClipWeights:
         for lw in self.layers:
             for v in vars(lw).values():
                 total += _nbytes(v)
-        return total + sum(_nbytes(v) for v in self.mm.values())
+        return total + sum(_nbytes(v) for v in (*self.mm.values(), *self.mm_v.values()))
 
 
 def _nbytes(v: object) -> int:
@@ -149,12 +150,13 @@ def load_weights(f: GGUFFile, hp: ClipHParams, n_embd_lm: int) -> ClipWeights:
                 down_b=_opt_vec(f, f"{down}.bias", E),
             )
         )
-    mm: dict[str, QTensor | np.ndarray] = {}
+    mm: dict[str, QTensor] = {}
+    mm_v: dict[str, np.ndarray] = {}
     kind = hp.projector_type
     if kind == "gemma3":
         need("mm.soft_emb_norm.weight")
         need("mm.input_projection.weight")
-        mm["soft_emb_norm"] = f.vector("mm.soft_emb_norm.weight", E)
+        mm_v["soft_emb_norm"] = f.vector("mm.soft_emb_norm.weight", E)
         proj = f.vector("mm.input_projection.weight")
         if proj.size != E * n_embd_lm:
             raise GGUFError(
@@ -162,9 +164,9 @@ def load_weights(f: GGUFFile, hp: ClipHParams, n_embd_lm: int) -> ClipWeights:
                 f"{E} x {n_embd_lm} (the text model's embedding length)"
             )
         # ggml shape (n_embd_lm, E): clip.cpp multiplies by its transpose
-        mm["input_projection"] = np.ascontiguousarray(proj.reshape(E, n_embd_lm))
+        mm_v["input_projection"] = np.ascontiguousarray(proj.reshape(E, n_embd_lm))
         # ggml multiplies a float16 matrix with float16-rounded activations
-        mm["input_projection_f16"] = np.array(
+        mm_v["input_projection_f16"] = np.array(
             f.tensors["mm.input_projection.weight"].qtype == GGMLQuantizationType.F16
         )
     elif kind == "idefics3":
@@ -175,10 +177,10 @@ def load_weights(f: GGUFFile, hp: ClipHParams, n_embd_lm: int) -> ClipWeights:
         w0 = f.qtensor("mm.0.weight")
         if w0.n_cols != E * max(1, len(hp.feature_layers) or 1):
             raise GGUFError(f"{f.path}: mm.0.weight takes {w0.n_cols} inputs, expected {E}")
-        mm["0"], mm["0_b"] = w0, f.vector("mm.0.bias", w0.n_rows)
+        mm["0"], mm_v["0_b"] = w0, f.vector("mm.0.bias", w0.n_rows)
         if "mm.2.weight" in f.tensors:
             w2 = f.qtensor("mm.2.weight", (w0.n_rows, n_embd_lm))
-            mm["2"], mm["2_b"] = w2, f.vector("mm.2.bias", n_embd_lm)
+            mm["2"], mm_v["2_b"] = w2, f.vector("mm.2.bias", n_embd_lm)
         elif w0.n_rows != n_embd_lm:
             raise GGUFError(f"{f.path}: mm.0 gives {w0.n_rows} outputs, expected {n_embd_lm}")
     return ClipWeights(
@@ -191,6 +193,7 @@ def load_weights(f: GGUFFile, hp: ClipHParams, n_embd_lm: int) -> ClipWeights:
         post_ln=ln("v.post_ln"),
         layers=layers,
         mm=mm,
+        mm_v=mm_v,
     )
 
 
@@ -211,7 +214,11 @@ def _f16_table(fn) -> np.ndarray:
 
 def _gelu_f32(h: np.ndarray) -> np.ndarray:
     c = np.float32(math.sqrt(2.0 / math.pi))
-    return np.float32(0.5) * h * (np.float32(1.0) + np.tanh(c * h * (1 + np.float32(0.044715) * h * h)))
+    return (
+        np.float32(0.5)
+        * h
+        * (np.float32(1.0) + np.tanh(c * h * (1 + np.float32(0.044715) * h * h)))
+    )
 
 
 def _gelu_quick_f32(h: np.ndarray) -> np.ndarray:
@@ -357,9 +364,9 @@ def encode_tile(
         emb = np.concatenate(stack, axis=1) if stack else x
         off = 1 if w.class_embd is not None else 0
         emb = emb[off : off + ph * pw]
-        y = gelu(mm(w.mm["0"], emb, w.mm["0_b"]))  # type: ignore[arg-type]
+        y = gelu(mm(w.mm["0"], emb, w.mm_v["0_b"]))
         if "2" in w.mm:
-            y = mm(w.mm["2"], y, w.mm["2_b"])  # type: ignore[arg-type]
+            y = mm(w.mm["2"], y, w.mm_v["2_b"])
         return y
     x = x + w.pos_embd[: x.shape[0]]
     x = vit(hp, w, x, hp.n_layer, mm)
@@ -370,12 +377,12 @@ def encode_tile(
         g = x.reshape(ph // k, k, pw // k, k, hp.n_embd).mean(axis=(1, 3), dtype=np.float32)
         g = np.ascontiguousarray(g.reshape(-1, hp.n_embd))
         ms = (g.astype(np.float64) ** 2).mean(axis=1, keepdims=True).astype(np.float32)
-        g = g / np.sqrt(ms + np.float32(hp.eps)) * w.mm["soft_emb_norm"]
-        if bool(w.mm["input_projection_f16"]):
+        g = g / np.sqrt(ms + np.float32(hp.eps)) * w.mm_v["soft_emb_norm"]
+        if bool(w.mm_v["input_projection_f16"]):
             g = _f16(g)
-        return np.ascontiguousarray(g @ w.mm["input_projection"], np.float32)  # type: ignore[operator]
+        return np.ascontiguousarray(g @ w.mm_v["input_projection"], np.float32)
     # idefics3
-    return mm(w.mm["fc"], pixel_shuffle(x, ph, pw, hp.n_merge))  # type: ignore[arg-type]
+    return mm(w.mm["fc"], pixel_shuffle(x, ph, pw, hp.n_merge))
 
 
 def _one_layer(hp: ClipHParams, w: ClipWeights, il: int, x: np.ndarray, mm: _Mm) -> np.ndarray:

@@ -34,11 +34,14 @@ _NON_CAUSAL = frozenset({"gemma3"})
 class MediaTokenizer(Protocol):
     """What tokenize() needs of the text model's tokenizer."""
 
-    add_bos: bool
-    add_eos: bool
-    bos_id: int | None
-    eos_id: int | None
-
+    @property
+    def add_bos(self) -> bool: ...
+    @property
+    def bos_id(self) -> int | None: ...
+    @property
+    def add_eos(self) -> bool: ...
+    @property
+    def eos_id(self) -> int | None: ...
     @property
     def n_vocab(self) -> int: ...
     def encode(
@@ -194,7 +197,9 @@ class Projector:
             if n <= 0:
                 raise MediaError("the image gives no image tokens (too small for this projector)")
             tokens.extend(placeholder_id(image_id, i) for i in range(n))
-            media.append(MediaSpan(len(tokens) - n, n, image_id, self.non_causal, self._encoder(tile)))
+            media.append(
+                MediaSpan(len(tokens) - n, n, image_id, self.non_causal, self._encoder(tile))
+            )
 
         for i, part in enumerate(parts):
             add_text(part, parse_special)
@@ -237,7 +242,11 @@ class Projector:
             if piece not in cache:
                 want = piece.encode()
                 found = next(
-                    (t for t in range(tokenizer.n_vocab) if tokenizer.token_to_piece(t, True) == want),
+                    (
+                        t
+                        for t in range(tokenizer.n_vocab)
+                        if tokenizer.token_to_piece(t, True) == want
+                    ),
                     None,
                 )
                 if found is None:
