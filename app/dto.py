@@ -115,6 +115,14 @@ class MemoryFigures:
     repacked_bytes: int = (
         0  # of the weights, those held as interleaved copies (replacing mapped pages)
     )
+    # the vision projector (mmproj), always in RAM: its weights and one image tile's encode
+    # buffer; both are in total_bytes and host_bytes, and in no device's share
+    projector_weights_bytes: int = 0
+    projector_compute_bytes: int = 0
+
+    @property
+    def projector_bytes(self) -> int:
+        return self.projector_weights_bytes + self.projector_compute_bytes
 
     @property
     def gpu_shares(self) -> tuple[DeviceShare, ...]:
@@ -155,6 +163,8 @@ class MemoryFigures:
             total_bytes=int(report.total_bytes),
             devices=devices,
             repacked_bytes=int(report.repacked_bytes),
+            projector_weights_bytes=int(report.projector_weights_bytes),
+            projector_compute_bytes=int(report.projector_compute_bytes),
         )
 
 
@@ -238,6 +248,7 @@ class HubRepoInfo:
     likes: int = 0
     gated: bool = False
     n_files: int = 0  # GGUF model files (a split set counts once)
+    vision: bool = False  # the listing has a projector (mmproj) GGUF: its models read images
 
 
 @dataclass(frozen=True)
@@ -251,6 +262,17 @@ class HubFileInfo:
     n_parts: int = 1
     local_path: str | None = None  # the first part in the Hugging Face cache, when complete
     default: bool = False  # the file `-hf repo` picks without a quant tag
+    # the repository's projector that downloads with it, as -hf brings it ('' for none), and its
+    # size (None when the listing did not say); local_path is set only when both are cached
+    mmproj: str = ""
+    mmproj_bytes: int | None = None
+
+    @property
+    def download_bytes(self) -> int | None:
+        """The model and its projector, what a download moves."""
+        if self.size_bytes is None:
+            return None
+        return self.size_bytes + (self.mmproj_bytes or 0)
 
 
 @dataclass(frozen=True)

@@ -221,7 +221,12 @@ class LlmSession(SessionApi):
         return sorted(rows, key=lambda r: (r.layer if r.layer >= 0 else 1 << 30, r.name))
 
     def memory(self) -> MemoryFigures:
-        return MemoryFigures.from_report(self.ctx.memory_report())
+        report = self.ctx.memory_report()
+        if self._projector is not None:  # the context knows nothing of the projector
+            report = report.with_projector(
+                self._projector.weights_bytes(), self._projector.compute_bytes()
+            )
+        return MemoryFigures.from_report(report)
 
     def _tokens(self, messages: list[dict]) -> list[int]:
         """The same prompt `ggstation chat` and the server's chat endpoint build."""
@@ -313,35 +318,62 @@ class LlmSession(SessionApi):
 
 class HubAdapter(HubApi):
     """engine.hub.client behind the HubApi Protocol. Keeps each repository's last listing, so that fit
-    and download use its sizes, checksums and commit without asking the Hub again."""
+    and download use its sizes, checksums and commit without asking the Hub again.
+
+    A model of a repository with projector (mmproj) GGUFs downloads with the one llama.cpp's -hf
+    brings (engine.hub.siblings' rule), into the same snapshot folder, where the model list
+    pairs them (app/vision_files.py)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._known: dict[tuple[str, str], HubFile] = {}  # (repo_id, filename) -> listed file
+        # (repo_id, model filename) -> its projector, None for none (from the last listing)
+        self._mmproj: dict[tuple[str, str], HubFile | None] = {}
 
     def search(self, text: str, token: str | None) -> list[HubRepoInfo]:
         from engine.hub import client as hub
+        from engine.hub.siblings import is_sibling
 
         return [
-            HubRepoInfo(r.repo_id, r.downloads, r.likes, r.gated, len(r.files))
+            HubRepoInfo(
+                r.repo_id,
+                r.downloads,
+                r.likes,
+                r.gated,
+                len(r.files),
+                any(is_sibling(c.filename) for c in r.companions),
+            )
             for r in hub.search(text, token=token or None)
         ]
 
     def files(self, repo_id: str, token: str | None) -> list[HubFileInfo]:
         from engine.hub import client as hub
+        from engine.hub.siblings import best_mmproj
 
-        listed = hub.repo(repo_id, token=token or None).files
+        listing = hub.repo(repo_id, token=token or None)
+        listed = listing.files
         if not listed:
             return []
         default = hub.choose(listed, repo_id=repo_id)
+        names = [c.filename for c in listing.companions]
+        by_name = {c.filename: c for c in listing.companions}
+        paired = {f.filename: by_name.get(best_mmproj(names, f.filename) or "") for f in listed}
         with self._lock:
-            self._known.update({(repo_id, f.filename): f for f in listed})
+            self._known.update({(repo_id, f.filename): f for f in listed + listing.companions})
+            self._mmproj.update({(repo_id, name): mm for name, mm in paired.items()})
         cached = {
             (c.repo_id, c.filename): c.local_path
             for c in hub.cached_models()
             if c.repo_id == repo_id
         }
-        return [_hub_file_info(f, cached.get((repo_id, f.filename)), f is default) for f in listed]
+        out = []
+        for f in listed:
+            mm = paired[f.filename]
+            local = cached.get((repo_id, f.filename))
+            if mm is not None and hub.with_local_path(mm).local_path is None:
+                local = None  # downloaded, but not what -hf brings: the projector is missing
+            out.append(_hub_file_info(f, local, f is default, mm))
+        return out
 
     def fit(self, repo_id: str, filename: str, token: str | None) -> HubFitInfo:
         from engine.hub.fit import remote_fit
@@ -375,12 +407,32 @@ class HubAdapter(HubApi):
         from engine.hub import client as hub
 
         file = self._file(repo_id, filename, token)
-        return str(hub.download(file, token=token or None, progress=progress, cancel=cancel))
+        mmproj = self._projector(repo_id, filename, token)
+        extra = (mmproj.size or 0) if mmproj is not None else 0
+        # one bar over both files: the projector's bytes are counted from the start
+        path = hub.download(
+            file,
+            token=token or None,
+            progress=lambda done, total: progress(done, total + extra),
+            cancel=cancel,
+        )
+        if mmproj is not None:
+            model_bytes = file.size or path.stat().st_size
+
+            def after_model(done: int, total: int) -> None:
+                progress(model_bytes + done, model_bytes + total)
+
+            hub.download(mmproj, token=token or None, progress=after_model, cancel=cancel)
+        return str(path)
 
     def discard(self, repo_id: str, filename: str, token: str | None) -> None:
         from engine.hub import client as hub
 
         hub.discard_partial(self._file(repo_id, filename, token))
+        with self._lock:
+            mmproj = self._mmproj.get((repo_id, filename))
+        if mmproj is not None:
+            hub.discard_partial(mmproj)
 
     def cached_models(self) -> list[HubFileInfo]:
         from engine.hub import client as hub
@@ -394,6 +446,20 @@ class HubAdapter(HubApi):
         with self._lock:
             known = self._known.get((repo_id, filename))
         return known or hub.resolve(repo_id, filename=filename, token=token or None)
+
+    def _projector(self, repo_id: str, filename: str, token: str | None) -> HubFile | None:
+        """The projector that downloads with the model: from its listing, else looked up (one
+        API call; offline: from the cache, where it is there only if downloaded before)."""
+        from engine.hub import client as hub
+
+        key = (repo_id, filename)
+        with self._lock:
+            if key in self._mmproj:
+                return self._mmproj[key]
+        _model, mmproj = hub.resolve_with_mmproj(repo_id, filename=filename, token=token or None)
+        with self._lock:
+            self._mmproj[key] = mmproj
+        return mmproj
 
 
 def _estimated_shares(report: MemoryReport, gpus: list[DeviceInfo]) -> tuple[DeviceShare, ...]:
@@ -418,7 +484,9 @@ def _estimated_shares(report: MemoryReport, gpus: list[DeviceInfo]) -> tuple[Dev
     return tuple(shares)
 
 
-def _hub_file_info(f: HubFile, local_path: Path | None, default: bool = False) -> HubFileInfo:
+def _hub_file_info(
+    f: HubFile, local_path: Path | None, default: bool = False, mmproj: HubFile | None = None
+) -> HubFileInfo:
     return HubFileInfo(
         f.repo_id,
         f.filename,
@@ -427,6 +495,8 @@ def _hub_file_info(f: HubFile, local_path: Path | None, default: bool = False) -
         len(f.parts),
         str(local_path) if local_path else None,
         default,
+        mmproj.filename if mmproj is not None else "",
+        mmproj.size if mmproj is not None else None,
     )
 
 
@@ -484,6 +554,10 @@ class EngineAdapter(EngineApi):
             n_gpu_layers=n_gpu,
             gpu_device=gpu.name if gpu else "GL0",
         )
+        if params.mmproj:  # the paired projector loads with the model, into RAM
+            from engine.vision import estimate_projector
+
+            report = report.with_projector(*estimate_projector(params.mmproj))
         return MemoryFigures.from_report(report, _estimated_shares(report, [gpu] if gpu else []))
 
     def _placement(self, info: ModelInfo, params: LoadParams) -> tuple[DeviceInfo | None, int]:

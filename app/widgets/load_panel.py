@@ -22,7 +22,7 @@ from ..dto import DeviceShare, LlmFileInfo, LoadParams, MemoryFigures
 from ..format import human_bytes, human_count
 from ..machine import available_ram
 from ..workers import CallWorker, ModelLoadWorker
-from .memory_dashboard import COLOURS
+from .memory_dashboard import COLOURS, projector_segments
 from .stacked_bar import Segment, StackedBar
 
 KV_TYPES = ("f16", "f32", "q8_0")
@@ -258,11 +258,15 @@ class LoadPanel(QWidget):
             if host
             else (fig.weights_bytes, fig.kv_bytes, fig.compute_bytes)
         )
+        # the bar adds up to the RAM the sentence below names (host_bytes): the CPU's share,
+        # the tensor descriptors and the vision projector, which stays in RAM
         self.estimate_bar.set_segments(
             [
                 Segment("Weights", w, COLOURS["weights"]),
                 Segment("KV cache", kv, COLOURS["kv"]),
                 Segment("Compute", compute, COLOURS["compute"]),
+                Segment("Metadata", fig.metadata_bytes, COLOURS["metadata"]),
+                *projector_segments(fig),
             ],
             capacity=free,
             capacity_label="Free RAM",

@@ -37,12 +37,24 @@ COLOURS = {
     "compute": QColor("#3fb950"),
     "metadata": QColor("#d29922"),
     "rss": QColor("#8b949e"),
+    "projector": QColor("#1f9bab"),
+    "projector_buffer": QColor("#8fd6de"),
     "tok_s": QColor("#f0883e"),
     "server_tok_s": QColor("#db61a2"),
 }
 SLOTS_TITLE = "KV cache per slot"
 SERVER_TOK_S = "server tokens/s"
-FIGURES = ("Weights", "KV cache", "Compute buffer", "Metadata", "Process RSS", "Engine total")
+PROJECTOR_WEIGHTS, IMAGE_BUFFER = "Projector weights", "Image encode buffer"
+FIGURES = (
+    "Weights",
+    "KV cache",
+    "Compute buffer",
+    "Metadata",
+    PROJECTOR_WEIGHTS,
+    IMAGE_BUFFER,
+    "Process RSS",
+    "Engine total",
+)
 
 
 class MemoryDashboard(QWidget):
@@ -70,6 +82,7 @@ class MemoryDashboard(QWidget):
         grid.setContentsMargins(0, 0, 0, 0)
         grid.setHorizontalSpacing(10)
         self.figure_labels: dict[str, QLabel] = {}
+        self.figure_cards: dict[str, QFrame] = {}
         for col, name in enumerate(FIGURES):
             card = QFrame(objectName="card")
             inner = QVBoxLayout(card)
@@ -82,7 +95,10 @@ class MemoryDashboard(QWidget):
             inner.addWidget(detail)
             self.figure_labels[name] = value
             self.figure_labels[name + ".detail"] = detail
+            self.figure_cards[name] = card
             grid.addWidget(card, 0, col)
+        for name in (PROJECTOR_WEIGHTS, IMAGE_BUFFER):  # shown with a vision model only
+            self.figure_cards[name].hide()
         return box
 
     def _build_bar(self) -> QWidget:
@@ -183,8 +199,13 @@ class MemoryDashboard(QWidget):
         self._set_figure("KV cache", fig.kv_bytes, f"{human_bytes(fig.kv_used_bytes)} in use")
         self._set_figure("Compute buffer", fig.compute_bytes, "allocated once")
         self._set_figure("Metadata", fig.metadata_bytes, "tensor descriptors")
+        self._set_figure(PROJECTOR_WEIGHTS, fig.projector_weights_bytes, "vision encoder, in RAM")
+        self._set_figure(IMAGE_BUFFER, fig.projector_compute_bytes, "one image tile's encode")
+        for name in (PROJECTOR_WEIGHTS, IMAGE_BUFFER):
+            self.figure_cards[name].setVisible(fig.projector_bytes > 0)
         self._set_figure("Process RSS", fig.rss_bytes, "whole process")
-        self._set_figure("Engine total", fig.total_bytes, "weights + KV + compute")
+        self._set_figure("Engine total", fig.total_bytes, _total_words(fig))
+        # the segments add up to the total: every figure above is one (or, split, several)
         self.bar.set_segments(
             [
                 Segment("Weights resident", resident, COLOURS["weights"]),
@@ -196,6 +217,7 @@ class MemoryDashboard(QWidget):
                 Segment("KV free", max(fig.kv_bytes - fig.kv_used_bytes, 0), COLOURS["kv_free"]),
                 Segment("Compute", fig.compute_bytes, COLOURS["compute"]),
                 Segment("Metadata", fig.metadata_bytes, COLOURS["metadata"]),
+                *projector_segments(fig),
             ]
         )
         self._set_device_bars(fig.devices)
@@ -220,14 +242,18 @@ class MemoryDashboard(QWidget):
             desc = known.get(d.device)
             capacity = (desc.total_bytes or 0) if desc is not None and desc.is_gpu else 0
             layers = "layer" if d.n_layers == 1 else "layers"
+            # the projector runs on the CPU: its rows are the CPU column's too
+            extra = projector_segments(self.figures) if d.device == "CPU" else []
             self.device_titles[d.device].setText(
-                f"{d.device}: {d.n_layers} {layers} · {human_bytes(d.total_bytes)}"
+                f"{d.device}: {d.n_layers} {layers} · "
+                f"{human_bytes(d.total_bytes + sum(int(s.value) for s in extra))}"
             )
             self.device_bars[d.device].set_segments(
                 [
                     Segment("Weights", d.weights_bytes, COLOURS["weights"]),
                     Segment("KV cache", d.kv_bytes, COLOURS["kv"]),
                     Segment("Compute", d.compute_bytes, COLOURS["compute"]),
+                    *extra,
                 ],
                 capacity=capacity,
                 capacity_label="Device memory",
@@ -279,6 +305,22 @@ class MemoryDashboard(QWidget):
     def _set_figure(self, name: str, value: int, detail: str) -> None:
         self.figure_labels[name].setText(human_bytes(value))
         self.figure_labels[name + ".detail"].setText(detail)
+
+
+def projector_segments(fig: MemoryFigures) -> list[Segment]:
+    """The vision projector's two rows of a bar ([] without one); the load panel's estimate
+    draws the same."""
+    if not fig.projector_bytes:
+        return []
+    return [
+        Segment(PROJECTOR_WEIGHTS, fig.projector_weights_bytes, COLOURS["projector"]),
+        Segment(IMAGE_BUFFER, fig.projector_compute_bytes, COLOURS["projector_buffer"]),
+    ]
+
+
+def _total_words(fig: MemoryFigures) -> str:
+    words = "weights + KV + compute + metadata"
+    return words + " + projector" if fig.projector_bytes else words
 
 
 def _table(model, stretch: int, max_rows: int = 0) -> QTableView:
