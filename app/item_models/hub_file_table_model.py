@@ -110,7 +110,8 @@ class HubFileTableModel(ColumnTableModel):
         if col == COL_SIZE:
             return size_text(f)
         if col == COL_FILE:
-            return f"{f.filename}  · downloaded" if f.local_path else f.filename
+            name = f"{f.filename}  + {f.mmproj}" if f.mmproj else f.filename
+            return f"{name}  · downloaded" if f.local_path else name
         if f.filename in self._checking:
             return "checking…"
         if f.filename in self._errors:
@@ -127,6 +128,9 @@ class HubFileTableModel(ColumnTableModel):
         lines = [f.filename]
         if f.default:
             lines.append("The file `-hf` picks when no quant is given.")
+        if f.mmproj:
+            size = f" ({human_bytes(f.mmproj_bytes)})" if f.mmproj_bytes else ""
+            lines.append(f"Reads images: its projector {f.mmproj}{size} downloads with it.")
         if f.local_path:
             lines.append(f"Downloaded: {f.local_path}")
         if f.filename in self._errors:

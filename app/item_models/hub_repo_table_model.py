@@ -27,7 +27,7 @@ class HubRepoTableModel(ColumnTableModel):
             return None
         r, col = self._rows[index.row()], index.column()
         if role == Qt.ItemDataRole.DisplayRole:
-            name = f"{r.repo_id}  · gated" if r.gated else r.repo_id
+            name = r.repo_id + ("  · vision" if r.vision else "") + ("  · gated" if r.gated else "")
             return (name, human_count(r.downloads), human_count(r.likes))[col]
         if role == SORT_ROLE:
             return (r.repo_id.lower(), r.downloads, r.likes)[col]
@@ -39,9 +39,14 @@ class HubRepoTableModel(ColumnTableModel):
                 if r.gated
                 else ""
             )
+            vision = (
+                "\nVision: it has a projector (mmproj) that downloads with its models."
+                if r.vision
+                else ""
+            )
             return (
                 f"{r.repo_id}\n{r.n_files} GGUF model file(s) · {r.downloads:,} downloads · "
-                f"{r.likes:,} likes{gated}"
+                f"{r.likes:,} likes{vision}{gated}"
             )
         if role == REPO_ROLE:
             return r

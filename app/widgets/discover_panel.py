@@ -388,6 +388,8 @@ class DiscoverPanel(QWidget):
             f"{escape(fit.arch)} · {human_count(fit.n_params)} parameters · trained on "
             f"{fit.n_ctx_train:,} tokens · {'chat template' if fit.has_chat_template else 'no chat template'}"
         )
+        if f.mmproj:
+            facts += f"<br>{escape(_projector_words(f))}"
         if not fit.supported:
             return (
                 f"{facts}<br><span style='color:{RED.name()}'><b>Not supported by this engine:</b> "
@@ -407,7 +409,7 @@ class DiscoverPanel(QWidget):
         self.load_button.setVisible(bool(f.local_path))
         self.download_button.setVisible(not f.local_path)
         self.download_button.setEnabled(d is None or not d.active)
-        size = f" ({human_bytes(f.size_bytes)})" if f.size_bytes else ""
+        size = f" ({human_bytes(f.download_bytes)})" if f.download_bytes else ""
         if d is not None and d.active:
             text, tip = "Downloading…", "See Downloads below."
         elif d is not None and d.state in (PAUSED, FAILED):
@@ -445,7 +447,7 @@ class DiscoverPanel(QWidget):
         if f is None or f.local_path:
             return
         self._clear_error()
-        d = self.downloads.start(f.repo_id, f.filename, f.quant, f.size_bytes or 0)
+        d = self.downloads.start(f.repo_id, f.filename, f.quant, f.download_bytes or 0)
         self.download_table.setCurrentIndex(
             self.downloads.model.index(self.downloads.model.row_of(d), 0)
         )
@@ -575,3 +577,14 @@ class DiscoverPanel(QWidget):
         worker.result.connect(result)
         worker.hub_failed.connect(self._on_call_failed)
         self.ctx.pool.start(worker)
+
+
+def _projector_words(f: HubFileInfo) -> str:
+    """What downloads with a vision model, or '' for a text-only one."""
+    if not f.mmproj:
+        return ""
+    size = f" ({human_bytes(f.mmproj_bytes)})" if f.mmproj_bytes else ""
+    return (
+        f"Reads images: its projector {f.mmproj}{size} downloads with it, as llama.cpp's -hf "
+        f"brings it, and loads with it (the fit below counts the model alone)."
+    )
