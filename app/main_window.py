@@ -329,11 +329,12 @@ class MainWindow(QMainWindow):
 
 
 def vision_reason(llm: ChatLlmApi | None, remote: bool) -> str:
-    """Why images cannot be attached for `llm`, '' when they can."""
+    """Why images cannot be attached for `llm`, '' when they can. A remote server's model gets
+    them (app/remote_adapter.py); whether it reads them only the server knows, and says."""
     if llm is None:
         return "Load a model to attach images."
     if remote:
-        return "Images are not sent to remote servers yet."
+        return ""
     if not llm.projector:
         return (
             f"{llm.name} reads text only: no projector file (mmproj*.gguf) was found beside "
