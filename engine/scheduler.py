@@ -601,6 +601,16 @@ class Scheduler:
         ]
         for i, e in enumerate(entries):
             if e.span is not None:
+                cached = e.span.encoded
+                embd = e.span.embed()
+                if not cached:
+                    log.info(
+                        "slot %d: image %s encoded in %.1f ms (%d tokens)",
+                        e.slot.id,
+                        e.span.id[:12],
+                        e.span.t_encode_ms,
+                        e.span.n_tokens,
+                    )
                 b = parts[i]
                 end = np.full(len(b), e.pos0 + len(e.tokens) - 1, np.int32)
                 parts[i] = Batch(
@@ -608,7 +618,7 @@ class Scheduler:
                     b.pos,
                     b.seq_id,
                     b.logits,
-                    e.span.embed(),
+                    embd,
                     end if e.span.non_causal else None,
                 )
         batch = parts[0] if len(parts) == 1 else Batch.concat(parts)

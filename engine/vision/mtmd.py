@@ -67,6 +67,11 @@ class MediaSpan:
     def end(self) -> int:
         return self.start + self.n_tokens
 
+    @property
+    def encoded(self) -> bool:
+        """Whether embed() has run (its result is kept)."""
+        return self._embd is not None
+
     def embed(self) -> np.ndarray:
         """(n_tokens, n_embd) float32 embeddings for the text model (encoded once)."""
         if self._embd is None:
