@@ -389,7 +389,7 @@ class Scheduler:
         if n >= self.n_ctx_seq:
             raise ContextOverflowError(n, self.n_ctx_seq)
         n_vocab = self.ctx.n_vocab
-        media = getattr(request, "media", ()) if isinstance(request, GenerationRequest) else ()
+        media = request.media
         placeholders = np.zeros(n, np.bool_)
         for span in media:
             if span.start < 0 or span.end > n or placeholders[span.start : span.end].any():
@@ -493,7 +493,7 @@ class Scheduler:
             self.ctx.kv.seq_rm(slot.id, n_reuse, -1)
         del slot.cache_tokens[n_reuse:]
         slot.cache_media = {k: v for k, v in slot.cache_media.items() if k < n_reuse}
-        slot.media = {m.start: m for m in req.media} if isinstance(req, GenerationRequest) else {}
+        slot.media = {m.start: m for m in req.media}
         slot.handle, handle.slot_id = handle, slot.id
         slot.last_request, slot.last_task_id, slot.n_prompt_cached = req, handle.id, n_reuse
         self.metrics.n_prompt_tokens_cached_total += n_reuse
@@ -538,19 +538,25 @@ class Scheduler:
                 budget -= 1
         for slot in self.slots:
             if slot.state is SlotState.PROMPT and budget > 0:
-                span = slot.media.get(slot.i_prompt)
-                if span is not None:  # an image: decoded whole, in a batch of its own
-                    chunk = slot.prompt[span.start : span.end]
-                    last = span.end == len(slot.prompt)
-                    return [_Entry(slot, chunk, slot.i_prompt, last, span)]
-                chunk = slot.prompt[slot.i_prompt : slot.i_prompt + budget]
-                nxt = min((k for k in slot.media if k > slot.i_prompt), default=None)
-                if nxt is not None:
-                    chunk = chunk[: nxt - slot.i_prompt]
-                last = slot.i_prompt + len(chunk) == len(slot.prompt)
-                entries.append(_Entry(slot, chunk, slot.i_prompt, last))
-                budget -= len(chunk)
+                e = self._prompt_entry(slot, budget)
+                if e.span is not None:  # an image: decoded whole, in a batch of its own
+                    return [e]
+                entries.append(e)
+                budget -= len(e.tokens)
         return entries
+
+    def _prompt_entry(self, slot: _Slot, budget: int) -> _Entry:
+        """The slot's next piece of prompt: the image span starting there, whole, or text of
+        at most `budget` tokens that stops before the next image."""
+        i = slot.i_prompt
+        span = slot.media.get(i)
+        if span is not None:
+            return _Entry(slot, slot.prompt[i : span.end], i, span.end == len(slot.prompt), span)
+        chunk = slot.prompt[i : i + budget]
+        nxt = min((k for k in slot.media if k > i), default=None)
+        if nxt is not None:
+            chunk = chunk[: nxt - i]
+        return _Entry(slot, chunk, i, i + len(chunk) == len(slot.prompt))
 
     def _shift_context(self, slot: _Slot) -> None:
         """llama-server's context shift: keep n_keep (+ BOS) tokens, drop half of the rest,
@@ -751,9 +757,7 @@ class Scheduler:
     def _run_embedding_chunk(self, slot: _Slot) -> None:
         assert slot.handle is not None and isinstance(slot.handle.request, EmbeddingRequest)
         req = slot.handle.request
-        entry = _Entry(
-            slot, slot.prompt[slot.i_prompt : slot.i_prompt + self.n_batch], slot.i_prompt, True
-        )
+        entry = self._prompt_entry(slot, self.n_batch)
         try:
             rows = self._decode([entry], embeddings=True)
         except Exception as e:

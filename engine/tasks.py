@@ -93,6 +93,7 @@ class EmbeddingRequest:
         2  # llama.cpp --embd-normalize: -1 none, 0 max-abs int16, 1 L1, 2 L2, >2 p-norm
     )
     id_slot: int = -1
+    media: Sequence[MediaSpanLike] = ()  # image spans, as GenerationRequest.media
 
 
 @dataclass(frozen=True)

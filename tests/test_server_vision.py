@@ -481,15 +481,35 @@ def test_image_larger_than_the_context(tmp_path):
         sched.stop()
 
 
-def test_embeddings_with_images_are_refused_clearly(tmp_path):
+def test_embeddings_with_images(tmp_path):
+    """/embeddings takes images as llama-server does: an OpenAI content array with image_url
+    parts, or a prompt object with multimodal_data; the image changes the vector, the same
+    image gives the same vector, and a corrupt one is a 400 that leaves the server serving."""
     sched, handle = serve_pair(tmp_path, "mlp", n_ctx=256, embeddings=True)
+    other = write_test_image(None, 30, 20, 9)
     try:
+        vecs = []
         for body in (
             {"input": [{"content": [{"type": "text", "text": "a"}, image_part(data_uri(PNG))]}]},
-            {"content": [{"prompt_string": "a <__media__>", "multimodal_data": ["AAAA"]}]},
+            {
+                "input": [
+                    {
+                        "prompt_string": "a<__media__>",
+                        "multimodal_data": [base64.b64encode(PNG).decode()],
+                    }
+                ]
+            },
+            {"input": [{"content": [{"type": "text", "text": "a"}, image_part(data_uri(other))]}]},
         ):
             r = httpx.post(handle.url + "/v1/embeddings", json=body)
-            assert r.status_code == 400 and "not supported yet" in r.json()["error"]["message"]
+            assert r.status_code == 200, r.text
+            vecs.append(r.json()["data"][0]["embedding"])
+            assert r.json()["usage"]["prompt_tokens"] > 16  # the image's 16 tokens count
+        assert vecs[0] == pytest.approx(vecs[1], abs=1e-6)  # the same image, two request forms
+        assert max(abs(x - y) for x, y in zip(vecs[0], vecs[2], strict=True)) > 1e-4
+        bad = {"input": [{"content": [image_part("data:image/png;base64,AAAA")]}]}
+        r = httpx.post(handle.url + "/v1/embeddings", json=bad)
+        assert r.status_code == 400
         r = httpx.post(handle.url + "/v1/embeddings", json={"input": "a"})
         assert r.status_code == 200 and len(r.json()["data"]) == 1
     finally:

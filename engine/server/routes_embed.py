@@ -19,6 +19,8 @@ from starlette.concurrency import run_in_threadpool
 from ..errors import APIError
 from ..scheduler import EmbeddingRequest
 from ..tasks import EmbeddingResult
+from ..vision import MediaPrompt
+from . import media
 from . import requests as rq
 from .bodies import parse_body
 from .errors import api_error, invalid, not_supported
@@ -144,12 +146,39 @@ def _has_media(items: Any) -> bool:
     return False
 
 
+def _media_prompts(s, items: Any) -> list[MediaPrompt]:
+    """Embedding inputs with images (llama-server embeds them too): each a prompt object with
+    multimodal_data, an OpenAI content array with image parts, or plain text."""
+    out = []
+    for i, x in enumerate(items if isinstance(items, list) else [items]):
+        images: list[bytes] = []
+        if isinstance(x, dict) and x.get("multimodal_data"):
+            text = x.get("prompt_string")
+            if not isinstance(text, str):
+                raise invalid("'prompt_string' must be a string when 'multimodal_data' is given")
+            images = media.multimodal_data(s, x["multimodal_data"])
+        elif isinstance(x, dict) and isinstance(x.get("content"), list):
+            text = media.content_with_markers(s, x["content"], images, f"input[{i}]")
+            if not isinstance(text, str):  # text parts only
+                text = "".join(str(p.get("text") or "") for p in text)
+        elif isinstance(x, str):
+            text = x
+        else:
+            raise invalid(
+                f"input[{i}]: with images, each input is a string, a prompt object with "
+                "multimodal_data or an OpenAI content array"
+            )
+        out.append(media.tokenize(s, text, images))
+    return out
+
+
 def check_size(s, prompts: list[list[int]], pooling: str) -> None:
     """llama-server's limits: a prompt pooled over all its tokens (not 'last') is computed in
     one physical batch, so it may not exceed --ubatch-size; none may fill a slot's context."""
     n_ubatch = int(getattr(s.scheduler.ctx, "n_ubatch", s.scheduler.n_batch))
     for ids in prompts:
-        rq.check_tokens(s, ids)
+        if min(ids, default=0) >= 0:  # a projector's prompt holds image placeholders (< 0)
+            rq.check_tokens(s, ids)
         if pooling != "last" and len(ids) > n_ubatch:
             raise invalid(
                 f"input ({len(ids)} tokens) is too large to process. increase the physical batch "
@@ -177,15 +206,22 @@ async def _embed(request: Request, oai: bool):
     else:
         raise invalid('"input" or "content" must be provided')
     if s.projector is not None and _has_media(items):
-        # llama-server embeds images too; our embedding requests carry no image spans yet
-        raise invalid("images in embedding inputs are not supported yet: send text only")
-    prompts = await run_in_threadpool(embedding_prompts, s.tokenizer, items)
+        mps = await run_in_threadpool(_media_prompts, s, items)
+        prompts, media = [mp.tokens for mp in mps], [mp.media for mp in mps]
+    else:
+        prompts = await run_in_threadpool(embedding_prompts, s.tokenizer, items)
+        media = [()] * len(prompts)
     check_size(s, prompts, pooling)
     norm = s.options.embd_normalize if body.embd_normalize is None else body.embd_normalize
     if pooling == "none":
         norm = -1  # llama-server: per-token vectors are never normalised
     results = await _run(
-        request, s, [EmbeddingRequest(ids, pooling=pooling, normalize=norm) for ids in prompts]
+        request,
+        s,
+        [
+            EmbeddingRequest(ids, pooling=pooling, normalize=norm, media=m)
+            for ids, m in zip(prompts, media, strict=True)
+        ],
     )
     if not isinstance(results, list):
         return results  # the client went away
