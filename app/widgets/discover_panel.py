@@ -375,6 +375,7 @@ class DiscoverPanel(QWidget):
             self.load_button.hide()
             return
         self.detail_title.setText(f"{f.quant or 'File'} · {f.filename} · {size_text(f)}")
+        self.fit_label.setToolTip(_projector_words(f))
         self.fit_label.setText(self._fit_html(f))
         self._update_download_button(f)
 
@@ -388,8 +389,9 @@ class DiscoverPanel(QWidget):
             f"{escape(fit.arch)} · {human_count(fit.n_params)} parameters · trained on "
             f"{fit.n_ctx_train:,} tokens · {'chat template' if fit.has_chat_template else 'no chat template'}"
         )
-        if f.mmproj:
-            facts += f"<br>{escape(_projector_words(f))}"
+        if f.mmproj:  # one line more would not show: the splitter gives the box its height
+            size = f", {human_bytes(f.mmproj_bytes)}" if f.mmproj_bytes else ""
+            facts += f" · reads images (+ {escape(f.mmproj)}{size})"
         if not fit.supported:
             return (
                 f"{facts}<br><span style='color:{RED.name()}'><b>Not supported by this engine:</b> "

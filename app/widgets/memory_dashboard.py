@@ -44,14 +44,16 @@ COLOURS = {
 }
 SLOTS_TITLE = "KV cache per slot"
 SERVER_TOK_S = "server tokens/s"
+# the projector's two rows of the bars; one card shows both (with a card each, the row of cards
+# set the window's minimum width near 1200 px)
 PROJECTOR_WEIGHTS, IMAGE_BUFFER = "Projector weights", "Image encode buffer"
+PROJECTOR = "Projector"
 FIGURES = (
     "Weights",
     "KV cache",
     "Compute buffer",
     "Metadata",
-    PROJECTOR_WEIGHTS,
-    IMAGE_BUFFER,
+    PROJECTOR,
     "Process RSS",
     "Engine total",
 )
@@ -97,8 +99,7 @@ class MemoryDashboard(QWidget):
             self.figure_labels[name + ".detail"] = detail
             self.figure_cards[name] = card
             grid.addWidget(card, 0, col)
-        for name in (PROJECTOR_WEIGHTS, IMAGE_BUFFER):  # shown with a vision model only
-            self.figure_cards[name].hide()
+        self.figure_cards[PROJECTOR].hide()  # shown with a vision model only
         return box
 
     def _build_bar(self) -> QWidget:
@@ -199,12 +200,18 @@ class MemoryDashboard(QWidget):
         self._set_figure("KV cache", fig.kv_bytes, f"{human_bytes(fig.kv_used_bytes)} in use")
         self._set_figure("Compute buffer", fig.compute_bytes, "allocated once")
         self._set_figure("Metadata", fig.metadata_bytes, "tensor descriptors")
-        self._set_figure(PROJECTOR_WEIGHTS, fig.projector_weights_bytes, "vision encoder, in RAM")
-        self._set_figure(IMAGE_BUFFER, fig.projector_compute_bytes, "one image tile's encode")
-        for name in (PROJECTOR_WEIGHTS, IMAGE_BUFFER):
-            self.figure_cards[name].setVisible(fig.projector_bytes > 0)
+        self._set_figure(
+            PROJECTOR,
+            fig.projector_weights_bytes,
+            f"+ {human_bytes(fig.projector_compute_bytes)} image buffer",
+        )
+        self.figure_cards[PROJECTOR].setVisible(fig.projector_bytes > 0)
+        self.figure_cards[PROJECTOR].setToolTip(
+            f"{PROJECTOR_WEIGHTS}: the mmproj's tensors, in RAM.\n{IMAGE_BUFFER}: the largest "
+            "activations of one image tile's encode."
+        )
         self._set_figure("Process RSS", fig.rss_bytes, "whole process")
-        self._set_figure("Engine total", fig.total_bytes, _total_words(fig))
+        self._set_figure("Engine total", fig.total_bytes, "sum of the bar")
         # the segments add up to the total: every figure above is one (or, split, several)
         self.bar.set_segments(
             [
@@ -316,11 +323,6 @@ def projector_segments(fig: MemoryFigures) -> list[Segment]:
         Segment(PROJECTOR_WEIGHTS, fig.projector_weights_bytes, COLOURS["projector"]),
         Segment(IMAGE_BUFFER, fig.projector_compute_bytes, COLOURS["projector_buffer"]),
     ]
-
-
-def _total_words(fig: MemoryFigures) -> str:
-    words = "weights + KV + compute + metadata"
-    return words + " + projector" if fig.projector_bytes else words
 
 
 def _table(model, stretch: int, max_rows: int = 0) -> QTableView:

@@ -11,7 +11,7 @@ import pytest
 from app.dto import DeviceShare, LoadParams, MemoryFigures
 from app.format import human_bytes
 from app.vision_files import find_mmproj
-from app.widgets.memory_dashboard import IMAGE_BUFFER, PROJECTOR_WEIGHTS
+from app.widgets.memory_dashboard import IMAGE_BUFFER, PROJECTOR, PROJECTOR_WEIGHTS
 from mmprojgen import write_tiny_vlm_pair
 
 PARAMS = LoadParams(n_ctx=256, n_seq_max=1, n_batch=64, n_ubatch=64)
@@ -71,22 +71,32 @@ def test_loaded_session_reports_the_projector_as_the_estimate_did(vlm):
     assert fig.total_bytes == parts
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="engine.vision.estimate_projector sizes gemma3's encode buffer with n_embd * n_merge**2 "
+    "columns (a pooling, no matrix that wide), Projector.compute_bytes with its widest matrix: "
+    "the estimate's image encode buffer is 593.5 KiB, the loaded one 337.5 KiB (engine/vision/mtmd.py)",
+)
+def test_estimate_and_loaded_image_buffer_agree(vlm):
+    adapter, lm, mmproj, session = vlm
+    est = adapter.estimate(lm, replace(PARAMS, mmproj=mmproj))
+    assert est.projector_compute_bytes == session.memory().projector_compute_bytes
+
+
 def test_dashboard_shows_projector_rows_that_add_up_to_the_total(window, vlm):
     d = window.dashboard
     fig = vlm[3].memory()
     d.set_figures(fig)
-    for name, value in (
-        (PROJECTOR_WEIGHTS, fig.projector_weights_bytes),
-        (IMAGE_BUFFER, fig.projector_compute_bytes),
-    ):
-        assert d.figure_cards[name].isVisibleTo(d)
-        assert d.figure_labels[name].text() == human_bytes(value)
+    assert d.figure_cards[PROJECTOR].isVisibleTo(d)
+    assert d.figure_labels[PROJECTOR].text() == human_bytes(fig.projector_weights_bytes)
+    detail = d.figure_labels[PROJECTOR + ".detail"].text()
+    assert detail == f"+ {human_bytes(fig.projector_compute_bytes)} image buffer"
     seg = _segments(d.bar)
     assert seg[PROJECTOR_WEIGHTS] == fig.projector_weights_bytes
     assert seg[IMAGE_BUFFER] == fig.projector_compute_bytes
     assert d.bar.total() == fig.total_bytes
     assert d.figure_labels["Engine total"].text() == human_bytes(fig.total_bytes)
-    assert "projector" in d.figure_labels["Engine total.detail"].text()
+    assert d.figure_labels["Engine total.detail"].text() == "sum of the bar"
 
 
 def test_dashboard_hides_projector_rows_for_a_text_model(window, vlm):
@@ -95,8 +105,7 @@ def test_dashboard_hides_projector_rows_for_a_text_model(window, vlm):
     fig = replace(vlm[3].memory(), projector_weights_bytes=0, projector_compute_bytes=0)
     fig = replace(fig, total_bytes=fig.total_bytes - vlm[3].memory().projector_bytes)
     d.set_figures(fig)
-    assert not d.figure_cards[PROJECTOR_WEIGHTS].isVisibleTo(d)
-    assert not d.figure_cards[IMAGE_BUFFER].isVisibleTo(d)
+    assert not d.figure_cards[PROJECTOR].isVisibleTo(d)
     assert PROJECTOR_WEIGHTS not in _segments(d.bar)
     assert d.bar.total() == fig.total_bytes
 
