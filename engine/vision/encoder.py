@@ -25,8 +25,11 @@ from gguf import GGMLQuantizationType
 from .. import ops
 from ..errors import GGUFError, MissingTensorError
 from ..gguf_file import GGUFFile
-from ..quants import TILE_ROWS, QTensor, matmul
+from ..quants import TILE_ROWS, QTensor, matmul, vec_dot_types
 from .clip_file import ClipHParams
+
+
+_VEC_DOT = vec_dot_types()
 
 
 @dataclass
@@ -268,7 +271,14 @@ class _Mm:
 
     def __call__(self, w: QTensor, x: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
         out = np.empty((x.shape[0], w.n_rows), np.float32)
-        matmul(w, np.ascontiguousarray(x, np.float32), out, self.scratch, self.path)
+        # ggml's mul_mat first puts the activations on the weight's vec_dot grid (float16 for
+        # F16, q8_0 / q8_1 / q8_K blocks for the quantised types): so does the int8 path
+        path = self.path
+        if w.qtype == GGMLQuantizationType.F16:
+            x = _f16(x)
+        elif w.qtype in _VEC_DOT:
+            path = "int8"
+        matmul(w, np.ascontiguousarray(x, np.float32), out, self.scratch, path)
         if b is not None:
             out += b
         return out
