@@ -28,7 +28,6 @@ from ..gguf_file import GGUFFile
 from ..quants import TILE_ROWS, QTensor, matmul, vec_dot_types
 from .clip_file import ClipHParams
 
-
 _VEC_DOT = vec_dot_types()
 
 
