@@ -275,7 +275,18 @@ def estimate_projector(path: str) -> tuple[int, int]:
     """(weights, compute) bytes of an mmproj file without binding it to a model (`info`)."""
     f, hp = open_clip(path)
     try:
-        widest = max(hp.n_ff, hp.n_embd * hp.n_merge**2, hp.projection_dim, hp.n_embd)
+        # the widest matrix input, as ClipWeights.max_cols() finds it once bound
+        widest = max(
+            (
+                int(t.shape[0])
+                for name, t in f.tensors.items()
+                if len(t.shape) == 2
+                and name.endswith(".weight")
+                and (name.startswith("v.blk.") or name.startswith("mm."))
+                and name != "mm.input_projection.weight"  # gemma3's: a dense array, no tiles
+            ),
+            default=1,
+        )
         return f.tensor_data_bytes, encode_bytes(hp, widest)
     finally:
         f.close()

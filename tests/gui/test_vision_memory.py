@@ -71,12 +71,6 @@ def test_loaded_session_reports_the_projector_as_the_estimate_did(vlm):
     assert fig.total_bytes == parts
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine.vision.estimate_projector sizes gemma3's encode buffer with n_embd * n_merge**2 "
-    "columns (a pooling, no matrix that wide), Projector.compute_bytes with its widest matrix: "
-    "the estimate's image encode buffer is 593.5 KiB, the loaded one 337.5 KiB (engine/vision/mtmd.py)",
-)
 def test_estimate_and_loaded_image_buffer_agree(vlm):
     adapter, lm, mmproj, session = vlm
     est = adapter.estimate(lm, replace(PARAMS, mmproj=mmproj))
