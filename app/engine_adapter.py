@@ -143,12 +143,18 @@ class _MediaStream(ReplyStream):
         self._handle: RequestHandle | None = None
 
     def __iter__(self) -> Iterator[ReplyStep]:
+        from engine.vision import EncodeCancelled
+
         for phase, span in zip(_encode_phases(self._media), self._media, strict=True):
             if self._cancel.is_set():
                 yield ReplyStep("", "cancelled", 0, 0)
                 return
             yield ReplyStep("", None, 0, 0, phase=phase)
-            span.embed()
+            try:
+                span.embed(self._cancel)  # Stop is heard between the tower's layers
+            except EncodeCancelled:
+                yield ReplyStep("", "cancelled", 0, 0)
+                return
         if self._cancel.is_set():
             yield ReplyStep("", "cancelled", 0, 0)
             return

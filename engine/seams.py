@@ -8,6 +8,7 @@ drifts from the real thing is a type error (mypy) instead of a `getattr` default
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -34,7 +35,7 @@ class MediaSpanLike(Protocol):
     def encoded(self) -> bool: ...
     @property
     def t_encode_ms(self) -> float: ...
-    def embed(self) -> np.ndarray: ...
+    def embed(self, cancel: threading.Event | None = None) -> np.ndarray: ...
 
 
 class SequenceCache(Protocol):

@@ -128,3 +128,21 @@ def test_missing_tensor_is_named(tmp_path):
             load_weights(f, hp, N_EMBD_LM)
     finally:
         f.close()
+
+
+def test_an_encode_stops_between_layers_when_cancelled(tmp_path):
+    import threading
+
+    from engine.vision import EncodeCancelled
+
+    path = write_tiny_mmproj(tmp_path / "mm.gguf", "gemma3", N_EMBD_LM)
+    f, hp = open_clip(str(path))
+    try:
+        w = load_weights(f, hp, N_EMBD_LM)
+        stop = threading.Event()
+        stop.set()
+        with pytest.raises(EncodeCancelled):
+            encode_tile(hp, w, _tile(hp.image_size, 1), cancel=stop)
+        assert encode_tile(hp, w, _tile(hp.image_size, 1), cancel=threading.Event()).shape[0] == 16
+    finally:
+        f.close()

@@ -8,6 +8,7 @@ SUPPORTED_PROJECTORS, UnsupportedProjectorError.
 from __future__ import annotations
 
 from .clip_file import SUPPORTED_PROJECTORS, ClipHParams, UnsupportedProjectorError
+from .encoder import EncodeCancelled
 from .errors import MediaError
 from .mtmd import (
     MEDIA_MARKER,
@@ -22,6 +23,7 @@ __all__ = [
     "MEDIA_MARKER",
     "SUPPORTED_PROJECTORS",
     "ClipHParams",
+    "EncodeCancelled",
     "MediaError",
     "MediaPrompt",
     "MediaSpan",

@@ -17,13 +17,14 @@ computes it.
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 
 import numpy as np
 from gguf import GGMLQuantizationType
 
 from .. import ops
-from ..errors import GGUFError, MissingTensorError
+from ..errors import EngineError, GGUFError, MissingTensorError
 from ..gguf_file import GGUFFile
 from ..quants import TILE_ROWS, QTensor, matmul, vec_dot_types
 from .clip_file import ClipHParams
@@ -264,9 +265,10 @@ def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, eps: float) -
 class _Mm:
     """x @ W.T for the tower's QTensors with one scratch for the dequantised tiles."""
 
-    def __init__(self, max_cols: int, path: str | None):
+    def __init__(self, max_cols: int, path: str | None, cancel: threading.Event | None = None):
         self.scratch = np.empty(TILE_ROWS * max_cols, np.float32)
         self.path = path
+        self.cancel = cancel  # checked between layers (_one_layer)
 
     def __call__(self, w: QTensor, x: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
         out = np.empty((x.shape[0], w.n_rows), np.float32)
@@ -345,13 +347,23 @@ def n_output_tokens(hp: ClipHParams, tile_h: int, tile_w: int) -> int:
     return ph * pw
 
 
+class EncodeCancelled(EngineError):
+    """An image encode stopped between two layers because its caller asked (the app's Stop)."""
+
+
 def encode_tile(
-    hp: ClipHParams, w: ClipWeights, tile: np.ndarray, path: str | None = None
+    hp: ClipHParams,
+    w: ClipWeights,
+    tile: np.ndarray,
+    path: str | None = None,
+    cancel: threading.Event | None = None,
 ) -> np.ndarray:
-    """The text model's embeddings (n_tokens, n_embd_lm) of one normalised (h, w, 3) tile."""
+    """The text model's embeddings (n_tokens, n_embd_lm) of one normalised (h, w, 3) tile.
+    cancel: checked before each layer; when set, EncodeCancelled (a big tower's layer is a
+    few seconds on two cores, so a Stop waits at most that)."""
     P = hp.patch_size
     ph, pw = tile.shape[0] // P, tile.shape[1] // P
-    mm = _Mm(w.max_cols(), path)
+    mm = _Mm(w.max_cols(), path, cancel)
     x = patch_embed(hp, w, tile)
     kind = hp.projector_type
     if kind == "mlp":
@@ -395,6 +407,8 @@ def encode_tile(
 
 
 def _one_layer(hp: ClipHParams, w: ClipWeights, il: int, x: np.ndarray, mm: _Mm) -> np.ndarray:
+    if mm.cancel is not None and mm.cancel.is_set():
+        raise EncodeCancelled("image encoding cancelled")
     lw = w.layers[il]
     h = layer_norm(x, lw.ln1_w, lw.ln1_b, hp.eps)
     a = _attention(hp, mm(lw.q, h, lw.q_b), mm(lw.k, h, lw.k_b), mm(lw.v, h, lw.v_b))

@@ -59,7 +59,7 @@ class MediaSpan:
     n_tokens: int
     id: str  # the image's sha256 over its decoded pixels, plus the tile index
     non_causal: bool
-    _encode: Callable[[], np.ndarray] = field(repr=False)
+    _encode: Callable[[threading.Event | None], np.ndarray] = field(repr=False)
     _embd: np.ndarray | None = field(default=None, repr=False)
     t_encode_ms: float = 0.0
 
@@ -72,11 +72,12 @@ class MediaSpan:
         """Whether embed() has run (its result is kept)."""
         return self._embd is not None
 
-    def embed(self) -> np.ndarray:
-        """(n_tokens, n_embd) float32 embeddings for the text model (encoded once)."""
+    def embed(self, cancel: threading.Event | None = None) -> np.ndarray:
+        """(n_tokens, n_embd) float32 embeddings for the text model (encoded once). cancel:
+        when set during the encode, encoder.EncodeCancelled (nothing is kept)."""
         if self._embd is None:
             t0 = time.perf_counter()
-            e = self._encode()
+            e = self._encode(cancel)
             if e.shape[0] != self.n_tokens:
                 raise MediaError(
                     f"the image encoder gave {e.shape[0]} embeddings, expected {self.n_tokens}"
@@ -163,10 +164,10 @@ class Projector:
         return encode_bytes(self.hparams, self.weights.max_cols())
 
     # ---------------------------------------------------------------- images and tokens
-    def _encoder(self, tile: np.ndarray) -> Callable[[], np.ndarray]:
-        def run() -> np.ndarray:
+    def _encoder(self, tile: np.ndarray) -> Callable[[threading.Event | None], np.ndarray]:
+        def run(cancel: threading.Event | None = None) -> np.ndarray:
             with self._lock:
-                return encode_tile(self.hparams, self.weights, tile, self.decode_path)
+                return encode_tile(self.hparams, self.weights, tile, self.decode_path, cancel)
 
         return run
 
