@@ -410,6 +410,11 @@ def _softmax_rows(s, scale):  # (T, L) in place: each row becomes softmax(scale 
 _softmax = kernel(_softmax_rows)
 
 
+def softmax_rows_serial(s: np.ndarray, scale: float) -> None:
+    """softmax_rows on the calling thread (a worker that already has its share)."""
+    _softmax(s, np.float32(scale))
+
+
 def softmax_rows(s: np.ndarray, scale: float) -> None:
     """s (T, L) C-contiguous float32, in place: softmax(scale * s) of every row, the rows
     split over the workers (a vision tower's attention scores, thousands of rows a head)."""

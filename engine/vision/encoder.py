@@ -23,9 +23,10 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from .. import ops
+from .. import ops, parallel
 from ..errors import EngineError, GGUFError, MissingTensorError
 from ..gguf_file import GGUFFile
+from ..jit import kernel
 from ..quants import TILE_ROWS, QTensor, matmul, vec_dot_types
 from .clip_file import ClipHParams
 
@@ -203,8 +204,47 @@ def load_weights(f: GGUFFile, hp: ClipHParams, n_embd_lm: int) -> ClipWeights:
 # --- the pieces ---------------------------------------------------------------------------
 
 
+def _f16_rows(x, out):  # float32 rounded to the nearest float16 (ties to even), as float32
+    flat, res = x.reshape(-1).view(np.uint32), out.reshape(-1).view(np.uint32)
+    for i in range(flat.size):
+        b = flat[i]
+        mag = b & np.uint32(0x7FFFFFFF)
+        if mag >= np.uint32(0x477FF000):  # rounds past float16's largest (65504), or nan/inf
+            if mag > np.uint32(0x7F800000):
+                res[i] = b  # nan
+            else:
+                res[i] = (b & np.uint32(0x80000000)) | np.uint32(0x7F800000)
+        elif mag >= np.uint32(0x38800000):  # float16 normals: keep 10 of 23 mantissa bits
+            r = b + np.uint32(0x0FFF) + ((b >> np.uint32(13)) & np.uint32(1))
+            res[i] = r & np.uint32(0xFFFFE000)
+        else:  # float16 subnormals: multiples of 2^-24
+            v = x.reshape(-1)[i]
+            out.reshape(-1)[i] = np.float32(np.rint(v * np.float32(16777216.0))) / np.float32(
+                16777216.0
+            )
+
+
+_f16_kernel = kernel(_f16_rows)
+
+
 def _f16(x: np.ndarray) -> np.ndarray:
-    return x.astype(np.float16).astype(np.float32)
+    """x rounded to float16 precision, kept as float32 (what ggml's float16 conversions give),
+    rows spread over the engine's workers."""
+    x = np.ascontiguousarray(x, np.float32)
+    out = np.empty_like(x)
+    x2 = x.reshape(x.shape[0] if x.ndim >= 2 else 1, -1)
+    o2 = out.reshape(x2.shape)
+    if x2.shape[0] < 64 or parallel.pool_size() == 1:
+        _f16_kernel(x2, o2)
+        return out
+    parts = parallel.split(x2.shape[0], parallel.pool_size())
+
+    def run(p: int, _w: int) -> None:
+        a, e = parts[p]
+        _f16_kernel(x2[a:e], o2[a:e])
+
+    parallel.run_parts(run, len(parts))
+    return out
 
 
 def _f16_table(fn) -> np.ndarray:
@@ -301,15 +341,22 @@ def patch_embed(hp: ClipHParams, w: ClipWeights, tile: np.ndarray) -> np.ndarray
 
 
 def _attention(hp: ClipHParams, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """Full (bidirectional) multi-head attention over the patches, one head at a time."""
+    """Full (bidirectional) multi-head attention over the patches: the heads spread over the
+    engine's workers, each with one-thread BLAS and its own score matrix (the engine's rule:
+    its pool, not BLAS's threads, owns the cores)."""
     T, H, D = q.shape[0], hp.n_head, hp.head_dim
     q3, k3, v3 = q.reshape(T, H, D), k.reshape(T, H, D), v.reshape(T, H, D)
     out = np.empty((T, H, D), np.float32)
-    s = np.empty((T, T), np.float32)
-    for h in range(H):
+    scores = [np.empty((T, T), np.float32) for _ in range(min(H, parallel.pool_size()))]
+    scale = np.float32(1.0 / math.sqrt(D))
+
+    def head(h: int, worker: int) -> None:
+        s = scores[worker]
         np.matmul(np.ascontiguousarray(q3[:, h, :]), np.ascontiguousarray(k3[:, h, :]).T, out=s)
-        ops.softmax_rows(s, 1.0 / math.sqrt(D))
+        ops.softmax_rows_serial(s, scale)
         out[:, h, :] = s @ v3[:, h, :]
+
+    parallel.run_parts(head, H)
     return out.reshape(T, H * D)
 
 
