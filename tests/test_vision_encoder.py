@@ -146,3 +146,22 @@ def test_an_encode_stops_between_layers_when_cancelled(tmp_path):
         assert encode_tile(hp, w, _tile(hp.image_size, 1), cancel=threading.Event()).shape[0] == 16
     finally:
         f.close()
+
+
+def test_gelu_tables_are_ggmls():
+    """The numba lookups equal numpy's float16 rounding into ggml's tables, edges included."""
+    from engine.vision import encoder as E
+
+    rng = np.random.default_rng(0)
+    scales = (1e-9, 1e-7, 1e-5, 1e-3, 1.0, 5.0, 9.99, 100.0, 7e4)
+    x = np.concatenate([rng.standard_normal(20000) * s for s in scales]).astype(np.float32)
+    edges = [np.inf, -np.inf, 65504, 65519, 65520, -65520, 6.1e-5, 5.96e-8, 2.98e-8, 0.0, -10, 10]
+    x = np.concatenate([x, np.array(edges, np.float32)])
+    with np.errstate(all="ignore"):
+        h = x.astype(np.float16).view(np.uint16)
+        want_gelu = np.where(x <= -10, 0, np.where(x >= 10, x, E._GELU[h])).astype(np.float32)
+        want_quick = E._GELU_QUICK[h]
+        for got, want in ((E.gelu(x), want_gelu), (E.gelu_quick(x), want_quick)):
+            same = (got == want) | (np.isnan(got) & np.isnan(want))
+            assert same.all(), x[~same][:5]
+        assert (E._f16(x) == x.astype(np.float16).astype(np.float32)).all()

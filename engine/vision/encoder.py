@@ -272,18 +272,77 @@ _GELU = _f16_table(_gelu_f32)
 _GELU_QUICK = _f16_table(_gelu_quick_f32)
 
 
+def _f16_bits(b):  # float32 bits -> the bits of the nearest float16 (ties to even)
+    sign = (b >> np.uint32(16)) & np.uint32(0x8000)
+    mag = b & np.uint32(0x7FFFFFFF)
+    if mag > np.uint32(0x7F800000):
+        return sign | np.uint32(0x7E00)  # nan
+    if mag >= np.uint32(0x477FF000):
+        return sign | np.uint32(0x7C00)  # inf, or rounds past 65504
+    if mag >= np.uint32(0x38800000):  # normal
+        r = mag + np.uint32(0x0FFF) + ((mag >> np.uint32(13)) & np.uint32(1))
+        return sign | ((r - np.uint32(0x38000000)) >> np.uint32(13))
+    if mag < np.uint32(0x33000000):  # below half the smallest subnormal
+        return sign
+    e = mag >> np.uint32(23)
+    m = (mag & np.uint32(0x7FFFFF)) | np.uint32(0x800000)
+    shift = np.uint32(126) - e  # 14..24: the subnormal's quantum is 2^-24
+    r = m >> shift
+    rem = m & ((np.uint32(1) << shift) - np.uint32(1))
+    half = np.uint32(1) << (shift - np.uint32(1))
+    if rem > half or (rem == half and (r & np.uint32(1))):
+        r += np.uint32(1)
+    return sign | r
+
+
+def _table_rows(x, table, lo, hi, out):  # out = table[f16(x)]; x >= hi: x; x <= lo: 0
+    flat, res = x.reshape(-1), out.reshape(-1)
+    bits = flat.view(np.uint32)
+    for i in range(flat.size):
+        v = flat[i]
+        if v <= lo:
+            res[i] = np.float32(0.0)
+        elif v >= hi:
+            res[i] = v
+        else:
+            res[i] = table[_f16_bits(bits[i])]
+
+
+_f16_bits = kernel(_f16_bits)
+_table_kernel = kernel(_table_rows)
+
+
+def _lookup(x: np.ndarray, table: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """table[float16(x)] (ggml's activation tables), x <= lo -> 0 and x >= hi -> x, rows
+    spread over the engine's workers."""
+    x = np.ascontiguousarray(x, np.float32)
+    out = np.empty_like(x)
+    x2 = x.reshape(x.shape[0] if x.ndim >= 2 else 1, -1)
+    o2 = out.reshape(x2.shape)
+    lo32, hi32 = np.float32(lo), np.float32(hi)
+    if x2.shape[0] < 64 or parallel.pool_size() == 1:
+        _table_kernel(x2, table, lo32, hi32, o2)
+        return out
+    parts = parallel.split(x2.shape[0], parallel.pool_size())
+
+    def run(p: int, _w: int) -> None:
+        a, e = parts[p]
+        _table_kernel(x2[a:e], table, lo32, hi32, o2[a:e])
+
+    parallel.run_parts(run, len(parts))
+    return out
+
+
 def gelu(x: np.ndarray) -> np.ndarray:
     """ggml_gelu on the CPU: the float16-rounded input looked up in GGML_GELU_FP16's table,
     exact outside [-10, 10]."""
-    y = _GELU[x.astype(np.float16).view(np.uint16)]
-    np.copyto(y, np.float32(0.0), where=x <= -10.0)
-    np.copyto(y, x, where=x >= 10.0)
-    return y
+    return _lookup(x, _GELU, -10.0, 10.0)
 
 
 def gelu_quick(x: np.ndarray) -> np.ndarray:
-    """ggml_gelu_quick on the CPU: x * sigmoid(1.702 x) through the float16 table."""
-    return _GELU_QUICK[x.astype(np.float16).view(np.uint16)]
+    """ggml_gelu_quick on the CPU: x * sigmoid(1.702 x) through the float16 table (for every
+    input: no clamp)."""
+    return _lookup(x, _GELU_QUICK, np.nan, np.nan)  # NaN bounds: no comparison holds
 
 
 def _act(op: str, x: np.ndarray) -> np.ndarray:
