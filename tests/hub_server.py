@@ -26,7 +26,9 @@ Usage (a pytest fixture would wrap this):
 
 Faults for tests: `server.drops[filename] = [n, ...]` ends the next GET of that file after n
 body bytes (one entry per GET); `server.chunk_delay_s` slows every body; `server.log` records
-(method, path, range, status, body bytes sent) for each request.
+(method, path, range, status, body bytes sent) for each request. `gate = server.gate(filename, n)`
+holds the next GET of that file after n body bytes until `gate.release()` (`gate.reached` is set
+once those n bytes are out): a test stops a download mid-file without racing a chunk delay.
 
 A hostile or compromised Hub: a file name in `repos` is listed as `rfilename` as it is
 ("../../x.gguf", "/abs/x.gguf"); `start(..., commits={repo_id: sha})` sets the commit the
@@ -79,6 +81,18 @@ class HubRepo:
         return self._meta[path]
 
 
+@dataclass
+class Gate:
+    """A body held after `after` bytes: `reached` once they are sent, then waits for release()."""
+
+    after: int
+    reached: threading.Event = field(default_factory=threading.Event)
+    released: threading.Event = field(default_factory=threading.Event)
+
+    def release(self) -> None:
+        self.released.set()
+
+
 class HubServer:
     """The server; `url` is what HF_ENDPOINT takes."""
 
@@ -89,6 +103,7 @@ class HubServer:
         self.token = token
         self.drops: dict[str, list[int]] = {}
         self.chunk_delay_s = 0.0
+        self.gates: dict[str, Gate] = {}
         self.log: list[tuple[str, str, str | None, int, int]] = []
         self.connections: set = (
             set()
@@ -102,8 +117,15 @@ class HubServer:
         )
         self._thread.start()
 
+    def gate(self, filename: str, after: int) -> Gate:
+        """Holds the next GET of `filename` after `after` body bytes until Gate.release()."""
+        gate = self.gates[filename] = Gate(after)
+        return gate
+
     def stop(self) -> None:
         """Stops listening and drops every open connection: the Hub is gone."""
+        for gate in self.gates.values():  # a held body never outlives the server
+            gate.release()
         self._httpd.shutdown()
         self._httpd.server_close()
         for sock in list(self.connections):
@@ -387,16 +409,28 @@ class _HubHandler(BaseHTTPRequestHandler):
             return self._record(status, 0)
         drops = self.hub.drops.get(name)
         cut = drops.pop(0) if drops else None
-        sent = self._body(repo.files[name], start, stop, cut)
+        gate = self.hub.gates.pop(name, None)
+        sent = self._body(repo.files[name], start, stop, cut, gate)
         self._record(status, sent)
 
-    def _body(self, path: Path, start: int, stop: int, cut: int | None) -> int:
-        """Writes bytes [start, stop) of `path`; with `cut`, ends the connection after cut bytes."""
+    def _body(
+        self, path: Path, start: int, stop: int, cut: int | None, gate: Gate | None = None
+    ) -> int:
+        """Writes bytes [start, stop) of `path`; with `cut`, ends the connection after cut bytes;
+        with `gate`, stops after gate.after bytes until it is released."""
         sent = 0
         with open(path, "rb") as f:
             f.seek(start)
             while sent < stop - start:
                 n = min(_CHUNK, stop - start - sent)
+                if gate is not None:
+                    if sent == gate.after:
+                        self.wfile.flush()
+                        gate.reached.set()
+                        gate.released.wait(timeout=60)  # a failed test never holds it for good
+                        gate = None
+                    else:
+                        n = min(n, gate.after - sent)
                 if cut is not None:
                     n = min(n, cut - sent)
                     if n <= 0:

@@ -151,19 +151,31 @@ def test_a_cancelled_projector_download_resumes_and_discard_removes_its_part(
 ):
     panel = discover(hub_window, qtbot, "acme")
     f = open_repo(panel, qtbot, VLM, "tiny-vlm-Q8_0.gguf")
-    hub.chunk_delay_s = 0.05
+    # the Hub holds the projector halfway until released: the pause lands mid-projector every
+    # time (a chunk delay raced the worker's 0.1 s progress throttle and the GUI's reaction, and
+    # lost when the projector's last chunk came first)
+    gate = hub.gate(f.mmproj, f.mmproj_bytes // 2)
     panel.download_selected()
     (d,) = panel.downloads.model.rows()
-    qtbot.waitUntil(lambda: d.done > f.size_bytes, timeout=20_000)  # into the projector
-    panel.downloads.pause(d)
-    qtbot.waitUntil(lambda: d.state == PAUSED, timeout=20_000)
     blobs = tmp_path / "hf-home" / "hub" / "models--acme--TinyVLM-GGUF" / "blobs"
-    assert [b for b in blobs.iterdir() if b.name.endswith(".incomplete")]
-    hub.chunk_delay_s = 0.0
-    with qtbot.waitSignal(panel.model_downloaded, timeout=30_000) as blocker:
+
+    def partial() -> list[Path]:
+        return [b for b in blobs.iterdir() if b.name.endswith(".incomplete")]
+
+    qtbot.waitUntil(gate.reached.is_set, timeout=10_000)  # the model is in, the projector half
+    qtbot.waitUntil(lambda: any(p.stat().st_size for p in partial()), timeout=10_000)
+    panel.downloads.pause(d)
+    gate.release()  # the next bytes reach the client, which sees the pause and stops
+    qtbot.waitUntil(lambda: d.state == PAUSED, timeout=10_000)
+    (part,) = partial()
+    kept = part.stat().st_size
+    assert 0 < kept < f.mmproj_bytes  # stopped inside the projector, its part kept
+    with qtbot.waitSignal(panel.model_downloaded, timeout=10_000) as blocker:
         panel.downloads.resume(d)
     assert (Path(blocker.args[0]).parent / f.mmproj).stat().st_size == f.mmproj_bytes
-    assert not [b for b in blobs.iterdir() if b.name.endswith(".incomplete")]
+    assert not partial()
+    ranges = [e[2] for e in hub.log if e[0] == "GET" and e[1].startswith("/cdn/")]
+    assert f"bytes={kept}-" in ranges  # resumed from the kept part, not started over
 
 
 def _never():
