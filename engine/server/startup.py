@@ -8,6 +8,7 @@ Everything here logs; printing start-up lines for a person is the command's job.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -249,7 +250,7 @@ def in_process_server(argv: list[str], verify: Callable[[Path], None] | None = N
     Returns:
         (scheduler, the single-model ASGI app).
     """
-    from ..hub.pull import resolve_model_path
+    from ..hub.pull import resolve_model_paths
     from ..init import init_threads
     from .state import ServerState
 
@@ -257,7 +258,13 @@ def in_process_server(argv: list[str], verify: Callable[[Path], None] | None = N
     p = params.common_params(args)
     setup_logging(args)
     check_flags(args)
-    path = resolve_model_path(params.model_source(p, p.n_ctx))
+    # as `serve` does: with -hf (no -mm, no --no-mmproj) the repository's mmproj comes too
+    found = resolve_model_paths(
+        params.model_source(p, p.n_ctx), mmproj=p.mmproj is None and p.mmproj_auto
+    )
+    path = found.model
+    if found.mmproj is not None:
+        p = dataclasses.replace(p, mmproj=str(found.mmproj))
     if verify is not None:
         verify(path)
     n_threads = init_threads(p.n_threads, warn=log.warning)
