@@ -150,3 +150,38 @@ def test_a_too_small_ubatch_for_a_non_causal_image_is_a_clear_error(tmp_path):
         ctx.decode(
             Batch(b.tokens, b.pos, b.seq_id, b.logits, span.embed(), np.full(n, n - 1, np.int32))
         )
+
+
+def test_two_slots_on_a_unified_cache_decode_images_together(pair):
+    """Two requests with images at once, in parallel slots sharing one unified KV pool: each
+    gets the first token its prompt alone gets."""
+    import threading
+
+    kind, model, proj, lm, mm = pair
+    ctx = Context(model, ContextParams(n_ctx=128, n_seq_max=2, kv_unified=True, **F32))
+    sch = Scheduler(ctx, model.tokenizer, model=model).start()
+    try:
+        reqs, wants = [], []
+        for seed, sid in ((5, "aa"), (6, "bb")):
+            tile = _tile(proj, seed)
+            span = _span(proj, tile, len(TEXT_A), sid * 32)
+            prompt = TEXT_A + [placeholder_id(span.id, i) for i in range(span.n_tokens)] + TEXT_B
+            reqs.append(
+                GenerationRequest(
+                    prompt, SamplingParams(temperature=0.0), n_predict=1, media=(span,)
+                )
+            )
+            wants.append(int(np.argmax(_oracle(lm, mm, tile, span)[-1])))
+        got: list[int] = [0, 0]
+
+        def run(i: int) -> None:
+            got[i] = list(sch.submit(reqs[i]))[0].token
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert got == wants, kind
+    finally:
+        sch.stop()
