@@ -80,12 +80,12 @@ class Batch:
         if any(b.attn_end is not None for b in batches):
             attn_end = np.concatenate(
                 [b.attn_end if b.attn_end is not None else b.pos for b in batches]
-            ).astype(np.int32)
+            ).astype(np.int32, copy=False)
         return cls(
-            np.concatenate([b.tokens for b in batches]).astype(np.int32),
-            np.concatenate([b.pos for b in batches]).astype(np.int32),
-            np.concatenate([b.seq_id for b in batches]).astype(np.int32),
-            np.concatenate([b.logits for b in batches]).astype(np.bool_),
+            np.concatenate([b.tokens for b in batches]).astype(np.int32, copy=False),
+            np.concatenate([b.pos for b in batches]).astype(np.int32, copy=False),
+            np.concatenate([b.seq_id for b in batches]).astype(np.int32, copy=False),
+            np.concatenate([b.logits for b in batches]).astype(np.bool_, copy=False),
             embd,
             attn_end,
         )

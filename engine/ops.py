@@ -49,9 +49,9 @@ def _rmsnorm_inplace_rows(x, w, eps):  # x (T, E) in place
 def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> None:
     """out = x / rms(x) * w, row-wise; x and out may be the same buffer (the same results)."""
     if out is x:
-        _rows(lambda x_: _rmsnorm_inplace(x_, w, np.float32(eps)), x.shape[0], x)
+        by_rows(lambda x_: _rmsnorm_inplace(x_, w, np.float32(eps)), x.shape[0], x)
     else:
-        _rows(lambda x_, out_: _rmsnorm(x_, w, np.float32(eps), out_), x.shape[0], x, out)
+        by_rows(lambda x_, out_: _rmsnorm(x_, w, np.float32(eps), out_), x.shape[0], x, out)
 
 
 @kernel
@@ -91,7 +91,7 @@ def rope(
     """Rotate the first 2*len(inv_freq) dims of every head of x (T, H, D) in place by token
     positions (angle pos * inv_freq[i] for pair i, see config.Rope); cos and sin are
     multiplied by mscale (LongRoPE's attention factor)."""
-    _rows(lambda x_, p_: _rope(x_, p_, inv_freq, neox, float(mscale)), x.shape[0], x, pos)
+    by_rows(lambda x_, p_: _rope(x_, p_, inv_freq, neox, float(mscale)), x.shape[0], x, pos)
 
 
 def _rope_table_rows(pos, inv_freq, mscale, cs):  # cs (T, half, 2): cos, sin as _rope_rows has them
@@ -115,13 +115,13 @@ def rope_table(pos: np.ndarray, inv_freq: np.ndarray, mscale: float = 1.0) -> np
     them: a prompt's queries and keys, and every layer with the same RoPE, share one table
     instead of each computing T * n_rot / 2 cosines and sines again."""
     cs = np.empty((pos.shape[0], inv_freq.shape[0], 2), np.float32)
-    _rows(lambda p_, c_: _rope_table(p_, inv_freq, float(mscale), c_), pos.shape[0], pos, cs)
+    by_rows(lambda p_, c_: _rope_table(p_, inv_freq, float(mscale), c_), pos.shape[0], pos, cs)
     return cs
 
 
 def rope_apply(x: np.ndarray, cs: np.ndarray, neox: bool) -> None:
     """`rope` of x (T, H, D) in place from a rope_table of its positions: the same results."""
-    _rows(lambda x_, c_: _rope_apply(x_, c_, neox), x.shape[0], x, cs)
+    by_rows(lambda x_, c_: _rope_apply(x_, c_, neox), x.shape[0], x, cs)
 
 
 # ggml_swiglu_oai's constants as llama.cpp's gpt-oss graph passes them
@@ -149,7 +149,7 @@ _swiglu_oai = kernel(_swiglu_oai_rows)
 PARALLEL_MIN_ROWS = 8
 
 
-def _rows(fn, n_rows: int, *rows) -> None:
+def by_rows(fn, n_rows: int, *rows) -> None:
     """fn(*rows) for a row-wise serial kernel, rows split over the workers when there are many
     (every argument is an array of n_rows rows)."""
     if n_rows < PARALLEL_MIN_ROWS or parallel.pool_size() == 1:
@@ -166,7 +166,7 @@ def _rows(fn, n_rows: int, *rows) -> None:
 
 def gated_act(act: str, g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
     """out = act(g) * u with act "silu" or "gelu" (tanh approximation); out may alias g."""
-    _rows(_geglu if act == "gelu" else _swiglu, g.shape[0], g, u, out)
+    by_rows(_geglu if act == "gelu" else _swiglu, g.shape[0], g, u, out)
 
 
 def swiglu_oai(
@@ -179,12 +179,12 @@ def swiglu_oai(
     """out = x * sigmoid(alpha * x) * (y + 1) with x = min(g, limit), y = clamp(u, +-limit)
     (ggml_swiglu_oai, gpt-oss's expert activation); out may alias g."""
     a, lim = np.float32(alpha), np.float32(limit)
-    _rows(lambda g_, u_, o_: _swiglu_oai(g_, u_, o_, a, lim), g.shape[0], g, u, out)
+    by_rows(lambda g_, u_, o_: _swiglu_oai(g_, u_, o_, a, lim), g.shape[0], g, u, out)
 
 
 def swiglu_fused(gu: np.ndarray, out: np.ndarray) -> None:
     """out (T, F) = silu(gu[:, :F]) * gu[:, F:] for a fused gate|up projection (T, 2F)."""
-    _rows(_swiglu_fused, gu.shape[0], gu, out)
+    by_rows(_swiglu_fused, gu.shape[0], gu, out)
 
 
 # Keys/values are read KV_BLOCK positions at a time into a per-thread float32 block.
@@ -410,25 +410,10 @@ def _softmax_rows(s, scale):  # (T, L) in place: each row becomes softmax(scale 
 _softmax = kernel(_softmax_rows)
 
 
-def softmax_rows_serial(s: np.ndarray, scale: float) -> None:
-    """softmax_rows on the calling thread (a worker that already has its share)."""
-    _softmax(s, np.float32(scale))
-
-
 def softmax_rows(s: np.ndarray, scale: float) -> None:
-    """s (T, L) C-contiguous float32, in place: softmax(scale * s) of every row, the rows
-    split over the workers (a vision tower's attention scores, thousands of rows a head)."""
-    sc = np.float32(scale)
-    if s.shape[0] < PARALLEL_MIN_ROWS or parallel.pool_size() == 1:
-        _softmax(s, sc)
-        return
-    parts = parallel.split(s.shape[0], parallel.pool_size())
-
-    def run(p, _w):
-        a, e = parts[p]
-        _softmax(s[a:e], sc)
-
-    parallel.run_parts(run, len(parts))
+    """s (T, L) C-contiguous float32, in place: softmax(scale * s) of every row, on the calling
+    thread (a vision tower's attention runs one head per worker)."""
+    _softmax(s, np.float32(scale))
 
 
 _swiglu_fused = kernel(_swiglu_fused_rows)

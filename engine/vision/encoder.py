@@ -72,21 +72,6 @@ class ClipWeights:
         cols += [t.n_cols for t in self.mm.values()]
         return max(cols, default=1)
 
-    def nbytes(self) -> int:
-        total = self.patch_w.nbytes + self.pos_embd.nbytes
-        for lw in self.layers:
-            for v in vars(lw).values():
-                total += _nbytes(v)
-        return total + sum(_nbytes(v) for v in (*self.mm.values(), *self.mm_v.values()))
-
-
-def _nbytes(v: object) -> int:
-    if isinstance(v, QTensor):
-        return int(v.raw.nbytes)
-    if isinstance(v, np.ndarray):
-        return int(v.nbytes)
-    return 0
-
 
 def _opt_vec(f: GGUFFile, name: str, n: int) -> np.ndarray | None:
     return f.vector(name, n) if name in f.tensors else None
@@ -227,24 +212,19 @@ def _f16_rows(x, out):  # float32 rounded to the nearest float16 (ties to even),
 _f16_kernel = kernel(_f16_rows)
 
 
-def _f16(x: np.ndarray) -> np.ndarray:
-    """x rounded to float16 precision, kept as float32 (what ggml's float16 conversions give),
-    rows spread over the engine's workers."""
+def _elementwise(x: np.ndarray, fn) -> np.ndarray:
+    """fn(rows, out_rows) of a float32 copy-free view of x, the rows spread over the engine's
+    workers (ops.by_rows: small inputs stay on the calling thread)."""
     x = np.ascontiguousarray(x, np.float32)
     out = np.empty_like(x)
     x2 = x.reshape(x.shape[0] if x.ndim >= 2 else 1, -1)
-    o2 = out.reshape(x2.shape)
-    if x2.shape[0] < 64 or parallel.pool_size() == 1:
-        _f16_kernel(x2, o2)
-        return out
-    parts = parallel.split(x2.shape[0], parallel.pool_size())
-
-    def run(p: int, _w: int) -> None:
-        a, e = parts[p]
-        _f16_kernel(x2[a:e], o2[a:e])
-
-    parallel.run_parts(run, len(parts))
+    ops.by_rows(fn, x2.shape[0], x2, out.reshape(x2.shape))
     return out
+
+
+def _f16(x: np.ndarray) -> np.ndarray:
+    """x rounded to float16 precision, kept as float32 (what ggml's float16 conversions give)."""
+    return _elementwise(x, _f16_kernel)
 
 
 def _f16_table(fn) -> np.ndarray:
@@ -313,24 +293,9 @@ _table_kernel = kernel(_table_rows)
 
 
 def _lookup(x: np.ndarray, table: np.ndarray, lo: float, hi: float) -> np.ndarray:
-    """table[float16(x)] (ggml's activation tables), x <= lo -> 0 and x >= hi -> x, rows
-    spread over the engine's workers."""
-    x = np.ascontiguousarray(x, np.float32)
-    out = np.empty_like(x)
-    x2 = x.reshape(x.shape[0] if x.ndim >= 2 else 1, -1)
-    o2 = out.reshape(x2.shape)
+    """table[float16(x)] (ggml's activation tables), x <= lo -> 0 and x >= hi -> x."""
     lo32, hi32 = np.float32(lo), np.float32(hi)
-    if x2.shape[0] < 64 or parallel.pool_size() == 1:
-        _table_kernel(x2, table, lo32, hi32, o2)
-        return out
-    parts = parallel.split(x2.shape[0], parallel.pool_size())
-
-    def run(p: int, _w: int) -> None:
-        a, e = parts[p]
-        _table_kernel(x2[a:e], table, lo32, hi32, o2[a:e])
-
-    parallel.run_parts(run, len(parts))
-    return out
+    return _elementwise(x, lambda xs, os: _table_kernel(xs, table, lo32, hi32, os))
 
 
 def gelu(x: np.ndarray) -> np.ndarray:
@@ -412,7 +377,7 @@ def _attention(hp: ClipHParams, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> 
     def head(h: int, worker: int) -> None:
         s = scores[worker]
         np.matmul(np.ascontiguousarray(q3[:, h, :]), np.ascontiguousarray(k3[:, h, :]).T, out=s)
-        ops.softmax_rows_serial(s, scale)
+        ops.softmax_rows(s, scale)
         out[:, h, :] = s @ v3[:, h, :]
 
     parallel.run_parts(head, H)

@@ -100,10 +100,6 @@ class MediaPrompt:
     tokens: list[int]
     media: tuple[MediaSpan, ...]
 
-    @property
-    def n_images(self) -> int:
-        return len({m.id.split(":")[0] for m in self.media})
-
 
 def placeholder_id(image_id: str, i: int) -> int:
     """The (negative) id at position i of an image span: never a real token, equal for the
